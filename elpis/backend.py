@@ -1,0 +1,91 @@
+"""The backend interface: one sequence at a time, verify a token tree in one call, commit a path.
+
+Two implementations: `elpis.reference` (exact numerics, any device) and `elpis.exl3` (ExLlamaV3 on a GPU).
+The speculation loop and the server never branch on which one runs.
+
+Vocabulary of a round:
+  - the *committed context* is every token whose effect is in the backend state, plus the *anchor*: the
+    last committed token, whose own forward pass has not run yet.
+  - `verify(tokens, parents)` runs R rows in one call. Row 0 is the anchor (`parents[0] == -1`), rows
+    1..R-1 are draft tokens with `parents[r] < r`. Row r's logits are the target's next-token logits after
+    committed context + the tokens on the path root..r (each row sees exactly its ancestors and itself, at
+    positions given by its depth).
+  - `commit(rows)` takes a root-first path `[0, r1, ..., r_{c-1}]` (the acceptor's committed rows) and makes
+    the state equal to the state after running the anchor and the draft tokens of r1..r_{c-1} one by one.
+    The target token of the last committed row becomes the next anchor, supplied by the caller as
+    `tokens[0]` of the next `verify`.
+  - Plain decoding is `verify([anchor], [-1])` then `commit([0])`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str  # "reference" or "exl3"
+    model_id: str  # the id served at /v1/models
+    vocab_size: int  # width of a logits row (may exceed the tokenizer's vocabulary: padding ids)
+    max_context: int  # committed tokens + rows of one verify must stay within this
+    stop_token_ids: tuple[int, ...]  # the model's own end-of-turn / end-of-text ids
+    device: str  # "cpu", "cuda:0", ...
+
+
+class BackendError(RuntimeError):
+    """A fatal engine failure: the server turns unhealthy instead of answering garbage."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    info: BackendInfo
+
+    def begin(self, prompt: Sequence[int]) -> int:
+        """Start a sequence whose committed context is `prompt` (`prompt[-1]` is the anchor).
+
+        Reuses the longest cached prefix of `prompt` and prefills the rest. Returns how many prompt
+        tokens were served from the prefix cache (reported as `cached_tokens`).
+        """
+        ...
+
+    def verify(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Logits of every row, float32 `[len(tokens), info.vocab_size]`, on the backend's device."""
+        ...
+
+    def commit(self, rows: Sequence[int]) -> None:
+        """Advance the state along the accepted root-first path of the last `verify`."""
+        ...
+
+    def finish(self) -> None:
+        """End the sequence; its state may stay cached for later prefix reuse."""
+        ...
+
+    def position(self) -> int:
+        """Number of committed tokens whose effect is in the state (the anchor excluded)."""
+        ...
+
+
+@dataclass(frozen=True)
+class DraftBlock:
+    """What a drafter proposes after the anchor: for each depth 1..D, candidates best first.
+
+    `candidates[d]` holds `(token_id, log_prob)` pairs for draft position d+1. For a chain drafter each
+    list has one entry. A tree builder picks rows from these (best-first by summed log-probability).
+    """
+
+    candidates: list[list[tuple[int, float]]]
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    def propose(self, context: Sequence[int], depth: int, top_k: int) -> DraftBlock:
+        """Candidates for up to `depth` positions after `context` (whose last token is the anchor)."""
+        ...
+
+    def reset(self) -> None:
+        """Forget per-sequence state (called when a new sequence begins)."""
+        ...
