@@ -1,0 +1,155 @@
+"""The speculation loop: draft a tree, verify it in one call, let the proven acceptor decide, commit.
+
+One round:
+  1. the drafter proposes candidates after the committed context; `build_tree` picks rows (anchor first);
+  2. `backend.verify` computes every row's logits in one call;
+  3. every row's target token is drawn by `sample_rows`, keyed by (seed, absolute position);
+  4. `elpis.accept.tree` decides which rows are committed (stops and the remaining max_tokens included);
+  5. `backend.commit` advances the state along those rows; the drafter sees the longer context next time.
+Without a drafter every tree is the anchor alone: that is plain decoding, the baseline of every
+invariance test. Text is produced token by token (detokeniser, stop strings) so round boundaries never
+change it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+
+from elpis import accept
+from elpis.backend import Backend, BackendError, Drafter
+from elpis.spec.detok import Decoder, IncrementalDetokenizer
+from elpis.spec.request import GenerationRequest, GenerationStats, Step, TokenLogprob, stop_ids_for
+from elpis.spec.sampling import sample_rows, top_logprobs
+from elpis.spec.stops import StopStringScanner
+from elpis.spec.tree import MAX_ROWS, DraftTree, build_tree, choose_row_count, verify_costs
+
+DEFAULT_TREE_BUDGET = 8
+DEFAULT_DRAFT_TOP_K = 4
+
+
+class SpeculativeGenerator:
+    def __init__(self, backend: Backend, tokenizer: Decoder, drafter: Drafter | None = None,
+                 tree_budget: int = DEFAULT_TREE_BUDGET, draft_top_k: int = DEFAULT_DRAFT_TOP_K) -> None:
+        if not 1 <= tree_budget <= MAX_ROWS:
+            raise ValueError(f"tree budget must be in 1..{MAX_ROWS} rows (anchor included), "
+                             f"got {tree_budget}")
+        if draft_top_k < 1:
+            raise ValueError(f"draft_top_k must be >= 1, got {draft_top_k}")
+        self.backend, self.tokenizer, self.drafter = backend, tokenizer, drafter
+        self.tree_budget = tree_budget if drafter is not None else 1
+        self.draft_top_k = draft_top_k
+
+    def stop_ids(self, request: GenerationRequest) -> tuple[int, ...]:
+        return stop_ids_for(request, self.backend.info.stop_token_ids)
+
+    def _validate(self, request: GenerationRequest, stops: Sequence[int]) -> None:
+        info = self.backend.info
+        if len(request.prompt_ids) > info.max_context:
+            raise ValueError(f"prompt has {len(request.prompt_ids)} tokens; "
+                             f"the context holds {info.max_context}")
+        for name, ids in (("prompt", request.prompt_ids), ("stop token", stops)):
+            bad = [t for t in ids if t >= info.vocab_size]
+            if bad:
+                raise ValueError(f"{name} ids {bad[:4]} are outside the vocabulary "
+                                 f"(0..{info.vocab_size - 1})")
+
+    def _tree(self, context: list[int], remaining: int, room: int, costs: list[float] | None) -> DraftTree:
+        rows = min(self.tree_budget, room)
+        depth = min(rows - 1, remaining - 1)  # a row at depth d commits the (d+1)-th token of the round
+        if self.drafter is None or depth < 1:
+            return DraftTree((context[-1],), (-1,), (0,), (0.0,))
+        block = self.drafter.propose(context, depth, self.draft_top_k)
+        tree = build_tree(context[-1], block, rows, max_depth=depth, vocab_size=self.backend.info.vocab_size)
+        return tree.prefix(choose_row_count(tree, costs[:rows] if costs else None))
+
+    def _verify(self, tree: DraftTree) -> torch.Tensor:
+        logits = self.backend.verify(tree.tokens, tree.parents)
+        expected = (len(tree), self.backend.info.vocab_size)
+        if tuple(logits.shape) != expected or logits.dtype != torch.float32:
+            raise BackendError(f"verify returned {logits.dtype} {tuple(logits.shape)}, "
+                               f"expected float32 {expected}")
+        return logits
+
+    def generate(self, request: GenerationRequest,
+                 should_stop: Callable[[], bool] = lambda: False) -> Iterator[Step]:
+        """Run one request to the end; one Step per round, the last one has finish_reason and stats.
+
+        A bad request raises ValueError here, before anything runs; the backend sequence begins at the
+        first `next()` and is always finished, also when the caller abandons the iterator."""
+        stops = self.stop_ids(request)
+        self._validate(request, stops)
+        return self._run(request, stops, should_stop)
+
+    def _run(self, request: GenerationRequest, stops: tuple[int, ...],
+             should_stop: Callable[[], bool]) -> Iterator[Step]:
+        cached = self.backend.begin(request.prompt_ids)
+        try:
+            yield from self._rounds(request, stops, cached, should_stop)
+        finally:
+            self.backend.finish()
+
+    def _rounds(self, request: GenerationRequest, stops: tuple[int, ...], cached: int,
+                should_stop: Callable[[], bool]) -> Iterator[Step]:
+        backend, sampling = self.backend, request.sampling
+        if self.drafter is not None:
+            self.drafter.reset()
+        costs = None
+        if self.drafter is not None:
+            costs = verify_costs(getattr(backend, "verify_cost", None), self.tree_budget)
+        context = list(request.prompt_ids)
+        detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_ids)
+        scanner = StopStringScanner(request.stop_strings)
+        stats = GenerationStats(prompt_tokens=len(request.prompt_ids), cached_tokens=cached)
+        want_logprobs = request.top_logprobs is not None
+
+        def final(ids: list[int], logprobs: list[TokenLogprob] | None, reason: str) -> Step:
+            if scanner.cut is None and scanner.feed(detokenizer.flush()):
+                reason = "stop"
+            return Step(ids, scanner.release(final=True), logprobs, reason, stats)
+
+        while True:
+            if should_stop():
+                yield final([], [] if want_logprobs else None, "cancelled")
+                return
+            remaining = request.max_tokens - stats.completion_tokens
+            room = backend.info.max_context - backend.position()
+            if room < 1:
+                yield final([], [] if want_logprobs else None, "length")
+                return
+            tree = self._tree(context, remaining, room, costs)
+            logits = self._verify(tree)
+            base = len(context)  # absolute position of the token the anchor row draws
+            targets = sample_rows(logits, sampling, [base + d for d in tree.depths])
+            decision = accept.tree(tree.parents, tree.tokens, targets, stops, remaining)
+            if not (1 <= decision.count == len(decision.rows) and decision.rows[0] == 0):
+                raise RuntimeError(f"acceptor returned an impossible decision {decision}")
+            backend.commit(decision.rows)
+            committed = [targets[r] for r in decision.rows]
+            context.extend(committed)
+            stats.rounds += 1
+            stats.committed_per_round.append(decision.count)
+            stats.accepted_depths.append(decision.count - 1)
+            stats.tree_rows.append(len(tree))
+
+            ids: list[int] = []
+            logprobs: list[TokenLogprob] | None = [] if want_logprobs else None
+            hit_stop_string = False
+            for row, token in zip(decision.rows, committed, strict=True):
+                ids.append(token)
+                if logprobs is not None:
+                    logprobs.append(top_logprobs(logits[row], token, request.top_logprobs or 0))
+                if token in stops:
+                    break  # the acceptor ended the round here; a stop token's text is never emitted
+                if scanner.feed(detokenizer.push(token)):
+                    hit_stop_string = True
+                    break
+            stats.completion_tokens += len(ids)
+            if hit_stop_string:
+                yield Step(ids, scanner.release(final=True), logprobs, "stop", stats)
+                return
+            if decision.ends:
+                yield final(ids, logprobs, "stop" if committed[-1] in stops else "length")
+                return
+            yield Step(ids, scanner.release(final=False), logprobs)

@@ -1,0 +1,155 @@
+"""Target-token sampling that speculation cannot change.
+
+Every verify row's target token is a pure function of (that row's logits, the sampling parameters, the
+request seed, the absolute position of the token being drawn). The randomness is a counter-based hash of
+(seed, position), not a stateful generator, so it does not matter which round, which row or how many rows
+compute the token: plain decoding and any speculative schedule draw the same uniform for the same position
+and, given the same logits, the same token. Each row is processed on its own as a 1-D tensor so the
+floating-point work never depends on how many rows share a verify call.
+
+Filter order (the vLLM order): temperature, top_k (ties kept by lowest id), top_p (over the top-k
+renormalised distribution, sorted by probability with ties by lowest id, the smallest prefix reaching
+top_p), min_p (relative to the most likely token). The kept tokens are sampled by inverse CDF in token-id
+order, in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling controls of one request. temperature 0 means greedy (argmax, lowest id on ties)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k filter
+    min_p: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number, got {self.temperature!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (isinstance(self.top_p, int | float) and 0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if not (isinstance(self.min_p, int | float) and 0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijective avalanche on 64-bit integers."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)
+
+
+def position_uniform(seed: int, position: int) -> float:
+    """A uniform in [0, 1) keyed by (request seed, absolute token position); 53 random bits."""
+    if position < 0:
+        raise ValueError(f"position must be >= 0, got {position}")
+    key = _mix64((seed & _MASK64) ^ 0x9E3779B97F4A7C15)
+    bits = _mix64((key + (position & _MASK64) * 0xD1B54A32D192ED03) & _MASK64)
+    return (bits >> 11) * (1.0 / (1 << 53))
+
+
+def _check_finite_max(row: torch.Tensor, index: int) -> None:
+    # torch.argmax treats NaN as the maximum, so a NaN anywhere shows up here; +inf is refused as well.
+    value = float(row[index])
+    if not math.isfinite(value):
+        raise ValueError(f"logits row has a non-finite maximum ({value}): the backend produced garbage")
+
+
+def greedy_tokens(logits: torch.Tensor) -> list[int]:
+    """Argmax of every row (lowest id on ties). Exact, so rows may be reduced together."""
+    if logits.dim() != 2:
+        raise ValueError(f"expected logits [rows, vocab], got shape {tuple(logits.shape)}")
+    ids = torch.argmax(logits, dim=1)
+    best = logits.gather(1, ids.unsqueeze(1)).squeeze(1)
+    if not bool(torch.isfinite(best).all()):
+        raise ValueError("logits contain a non-finite row maximum: the backend produced garbage")
+    return [int(i) for i in ids.tolist()]
+
+
+def kept_probabilities(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The filtered, unnormalised float64 distribution of one row (zero where a filter removed a token)."""
+    scaled = row.to(torch.float64) / params.temperature
+    top = int(torch.argmax(scaled))
+    _check_finite_max(scaled, top)
+    probs = torch.exp(scaled - scaled[top])
+    vocab = probs.shape[0]
+    if params.top_k or params.top_p < 1.0:
+        # Stable sort: equal probabilities keep ascending id order, so ties are cut by lowest id.
+        order = torch.sort(probs, descending=True, stable=True).indices
+        keep = vocab if params.top_k == 0 else min(params.top_k, vocab)
+        if params.top_p < 1.0:
+            head = probs[order[:keep]]
+            cumulative = torch.cumsum(head, dim=0)
+            reach = params.top_p * float(cumulative[-1])
+            # Smallest prefix whose mass reaches top_p (at least one token).
+            keep = min(keep, int(torch.searchsorted(cumulative, torch.tensor([reach], dtype=torch.float64,
+                                                                              device=row.device))) + 1)
+        mask = torch.zeros(vocab, dtype=torch.bool, device=row.device)
+        mask[order[:keep]] = True
+        probs = torch.where(mask, probs, torch.zeros_like(probs))
+    if params.min_p > 0.0:
+        # The most likely token has probability 1 after the shift, so min_p is an absolute threshold here.
+        probs = torch.where(probs >= params.min_p, probs, torch.zeros_like(probs))
+    return probs
+
+
+def sample_row(row: torch.Tensor, params: SamplingParams, position: int) -> int:
+    """The target token for one logits row drawn for absolute `position` under `params`."""
+    if row.dim() != 1:
+        raise ValueError(f"expected one logits row, got shape {tuple(row.shape)}")
+    if params.greedy:
+        return greedy_tokens(row.unsqueeze(0))[0]
+    probs = kept_probabilities(row, params)
+    cdf = torch.cumsum(probs, dim=0)
+    total = float(cdf[-1])
+    target = position_uniform(params.seed, position) * total
+    index = int(torch.searchsorted(cdf, torch.tensor([target], dtype=torch.float64, device=row.device),
+                                   right=True))
+    if index >= probs.shape[0] or float(probs[index]) == 0.0:
+        # target rounded up to the total: take the last token with mass.
+        index = int(torch.nonzero(probs).max())
+    return index
+
+
+def sample_rows(logits: torch.Tensor, params: SamplingParams, positions: Sequence[int]) -> list[int]:
+    """Target tokens of every row of a verify result; row r is drawn for absolute `positions[r]`."""
+    if logits.dim() != 2 or logits.shape[0] != len(positions):
+        raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(positions)} positions")
+    if params.greedy:
+        return greedy_tokens(logits)
+    return [sample_row(logits[r], params, positions[r]) for r in range(len(positions))]
+
+
+def top_logprobs(row: torch.Tensor, token: int, count: int) -> tuple[int, float, list[tuple[int, float]]]:
+    """(token, its log-probability, the `count` most likely (id, log-probability)) from the raw logits."""
+    if not 0 <= count <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {count}")
+    logprobs = torch.log_softmax(row.to(torch.float64), dim=0)
+    alternatives: list[tuple[int, float]] = []
+    if count:
+        best = torch.topk(logprobs, min(count, logprobs.shape[0]))
+        pairs = zip(best.indices.tolist(), best.values.tolist(), strict=True)
+        alternatives = sorted(((int(i), float(v)) for i, v in pairs), key=lambda p: (-p[1], p[0]))
+    return token, float(logprobs[token]), alternatives

@@ -1,0 +1,142 @@
+"""Sampling: deterministic per (seed, position), faithful to the filtered distribution, batch-independent."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from elpis.spec.sampling import (
+    SamplingParams,
+    greedy_tokens,
+    kept_probabilities,
+    position_uniform,
+    sample_row,
+    sample_rows,
+    top_logprobs,
+)
+
+
+def test_position_uniform_is_a_pure_function_of_seed_and_position() -> None:
+    assert position_uniform(7, 123) == position_uniform(7, 123)
+    values = [position_uniform(7, p) for p in range(20000)]
+    assert all(0.0 <= v < 1.0 for v in values)
+    assert len(set(values)) == len(values)
+    assert abs(sum(values) / len(values) - 0.5) < 0.01
+    # Each tenth of [0, 1) gets its share.
+    deciles = [0] * 10
+    for v in values:
+        deciles[int(v * 10)] += 1
+    assert all(1800 < d < 2200 for d in deciles)
+    assert position_uniform(8, 123) != position_uniform(7, 123)
+    assert position_uniform(-1, 5) == position_uniform((1 << 64) - 1, 5)  # seeds are taken mod 2^64
+    with pytest.raises(ValueError, match="position"):
+        position_uniform(0, -1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"min_p": 1.1}, "min_p"),
+        ({"seed": "1"}, "seed"),
+    ],
+)
+def test_bad_parameters_are_refused(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_greedy_takes_the_lowest_id_among_equal_maxima() -> None:
+    logits = torch.tensor([[0.0, 3.0, 1.0, 3.0], [5.0, 5.0, 5.0, 5.0], [-1.0, -2.0, -0.5, -9.0]])
+    assert greedy_tokens(logits) == [1, 0, 2]
+    assert sample_rows(logits, SamplingParams(), [0, 1, 2]) == [1, 0, 2]
+
+
+def test_non_finite_logits_are_refused() -> None:
+    bad = torch.tensor([0.0, float("nan"), 1.0])
+    with pytest.raises(ValueError, match="non-finite"):
+        sample_row(bad, SamplingParams(), 0)
+    with pytest.raises(ValueError, match="non-finite"):
+        sample_row(bad, SamplingParams(temperature=1.0), 0)
+    masked = torch.tensor([0.0, float("-inf"), 1.0])  # -inf (padding ids) is fine: zero probability
+    assert sample_row(masked, SamplingParams(temperature=1.0), 0) in (0, 2)
+
+
+def _frequencies(row: torch.Tensor, params: SamplingParams, draws: int) -> torch.Tensor:
+    counts = torch.zeros(row.shape[0])
+    for position in range(draws):
+        counts[sample_row(row, params, position)] += 1
+    return counts / draws
+
+
+def test_samples_follow_the_tempered_distribution() -> None:
+    row = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 1.0])
+    params = SamplingParams(temperature=0.7, seed=3)
+    expected = torch.softmax(row.double() / 0.7, dim=0).float()
+    observed = _frequencies(row, params, 6000)
+    assert torch.allclose(observed, expected, atol=0.025), (observed, expected)
+
+
+def test_filters_keep_exactly_the_documented_sets() -> None:
+    row = torch.tensor([1.0, 3.0, 2.0, 3.0, 0.0, -2.0])
+    # top_k 2 keeps the two 3.0 logits (ids 1 and 3); top_k 3 adds id 2.
+    kept = kept_probabilities(row, SamplingParams(temperature=1.0, top_k=2)) > 0
+    assert kept.nonzero().flatten().tolist() == [1, 3]
+    kept = kept_probabilities(row, SamplingParams(temperature=1.0, top_k=3)) > 0
+    assert kept.nonzero().flatten().tolist() == [1, 2, 3]
+    # Ties cut at the boundary by lowest id: top_k 1 keeps id 1 only.
+    kept = kept_probabilities(row, SamplingParams(temperature=1.0, top_k=1)) > 0
+    assert kept.nonzero().flatten().tolist() == [1]
+    probs = torch.softmax(row.double(), dim=0)
+    # top_p: sorted probabilities p1 = p3 > p2 > p0 > p4 > p5; the smallest prefix reaching top_p.
+    two = float(probs[1] + probs[3])
+    kept = kept_probabilities(row, SamplingParams(temperature=1.0, top_p=two - 1e-9)) > 0
+    assert kept.nonzero().flatten().tolist() == [1, 3]
+    kept = kept_probabilities(row, SamplingParams(temperature=1.0, top_p=two + 1e-9)) > 0
+    assert kept.nonzero().flatten().tolist() == [1, 2, 3]
+    # min_p relative to the best token: exp(2-3) = 0.37 passes 0.3, exp(1-3) = 0.135 does not.
+    kept = kept_probabilities(row, SamplingParams(temperature=1.0, min_p=0.3)) > 0
+    assert kept.nonzero().flatten().tolist() == [1, 2, 3]
+
+
+def test_filtered_samples_stay_in_the_kept_set_with_renormalised_frequencies() -> None:
+    row = torch.tensor([1.0, 3.0, 2.0, 3.0, 0.0, -2.0])
+    params = SamplingParams(temperature=1.3, top_k=3, seed=11)
+    observed = _frequencies(row, params, 4000)
+    assert observed[[0, 4, 5]].sum() == 0
+    kept = torch.softmax(row[[1, 2, 3]].double() / 1.3, dim=0).float()
+    assert torch.allclose(observed[[1, 2, 3]], kept, atol=0.03)
+
+
+def test_a_row_draws_the_same_token_alone_or_among_other_rows() -> None:
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(16, 5000, generator=generator) * 3
+    params = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, min_p=0.01, seed=42)
+    positions = list(range(100, 116))
+    together = sample_rows(logits, params, positions)
+    alone = [sample_rows(logits[r : r + 1].clone(), params, [positions[r]])[0] for r in range(16)]
+    assert together == alone
+    # The same row drawn for another position or seed generally gives other tokens.
+    shifted = sample_rows(logits, params, [p + 1 for p in positions])
+    reseeded = sample_rows(logits, SamplingParams(temperature=0.9, top_p=0.95, top_k=50, min_p=0.01, seed=43),
+                           positions)
+    assert shifted != together and reseeded != together
+
+
+def test_top_logprobs_are_the_raw_log_softmax() -> None:
+    row = torch.tensor([0.5, 2.0, 2.0, -1.0, 1.0])
+    token, logprob, alternatives = top_logprobs(row, 4, 3)
+    expected = torch.log_softmax(row.double(), dim=0)
+    assert token == 4 and math.isclose(logprob, float(expected[4]))
+    assert [i for i, _ in alternatives] == [1, 2, 4]
+    assert all(math.isclose(v, float(expected[i])) for i, v in alternatives)
+    assert top_logprobs(row, 0, 0)[2] == []
+    with pytest.raises(ValueError, match="top_logprobs"):
+        top_logprobs(row, 0, 21)
