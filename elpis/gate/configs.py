@@ -1,0 +1,116 @@
+"""Configurations: named ways of turning a token sequence into next-token logits.
+
+A configuration is written as a spec string `kind:key=value,key=value` (e.g. `reference:dtype=fp64`,
+`reference:dtype=fp32,rows=8`, `exl3:patches=3032`). The kind picks a provider module
+(`elpis.gate.providers`) whose `configuration(model, options)` returns a `LogitsModel`. The canonical
+spec (options sorted) is the configuration's identity: it is what the measurement ledger records and
+what rule files name, so it must capture every switch that changes numerics.
+
+`BackendLogits` adapts any `elpis.backend.Backend` (the served path: `begin` / `verify` / `commit`):
+teacher forcing runs the sequence through verify calls of `rows` chained rows each, and greedy decoding
+is plain decoding (`verify([anchor], [-1])`, `commit([0])`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from elpis.backend import Backend
+from elpis.gate.providers import load_provider
+
+
+@runtime_checkable
+class LogitsModel(Protocol):
+    spec: str
+    vocab_size: int  # width of the rows compared (a provider trims padding to the tokenizer's vocabulary)
+
+    def teacher_forced(self, tokens: Sequence[int]) -> torch.Tensor:
+        """`[len(tokens) - 1, vocab_size]` logits; row i is the distribution of tokens[i + 1]."""
+        ...
+
+    def greedy(self, prompt: Sequence[int], steps: int) -> list[int]:
+        """`steps` greedy tokens after `prompt` (argmax, lowest id on ties; no stop tokens)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Spec:
+    kind: str
+    options: Mapping[str, str]
+
+    @property
+    def text(self) -> str:
+        opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        return f"{self.kind}:{opts}" if opts else self.kind
+
+
+def parse_spec(text: str) -> Spec:
+    kind, _, rest = text.strip().partition(":")
+    if not kind or not kind.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"configuration {text!r} must look like kind:key=value,key=value")
+    options: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key or not value:
+            raise ValueError(f"configuration {text!r}: option {item!r} is not key=value")
+        if key in options:
+            raise ValueError(f"configuration {text!r}: option {key!r} given twice")
+        options[key] = value
+    return Spec(kind, options)
+
+
+def canonical(text: str) -> str:
+    return parse_spec(text).text
+
+
+def make_configuration(text: str, model: Path) -> LogitsModel:
+    spec = parse_spec(text)
+    made = load_provider(spec.kind).configuration(model, dict(spec.options))
+    if made.spec != spec.text:
+        raise ValueError(f"provider {spec.kind} built {made.spec!r} for {spec.text!r}")
+    return made
+
+
+class BackendLogits:
+    """A `LogitsModel` over the served path of any `Backend`."""
+
+    def __init__(self, spec: str, backend: Backend, rows: int, vocab_size: int) -> None:
+        if rows < 1:
+            raise ValueError(f"rows must be at least 1, got {rows}")
+        if vocab_size > backend.info.vocab_size:
+            raise ValueError(f"vocabulary {vocab_size} is wider than the backend's logits")
+        self.spec, self.backend, self.rows, self.vocab_size = spec, backend, rows, vocab_size
+
+    def teacher_forced(self, tokens: Sequence[int]) -> torch.Tensor:
+        tokens = list(tokens)
+        if len(tokens) < 2:
+            raise ValueError("teacher forcing needs at least two tokens")
+        self.backend.begin(tokens[:1])
+        out = []
+        try:
+            for start in range(0, len(tokens) - 1, self.rows):
+                chunk = tokens[start : min(start + self.rows, len(tokens) - 1)]
+                logits = self.backend.verify(chunk, [-1, *range(len(chunk) - 1)])
+                out.append(logits[:, : self.vocab_size].to("cpu"))
+                self.backend.commit(list(range(len(chunk))))
+        finally:
+            self.backend.finish()
+        return torch.cat(out)
+
+    def greedy(self, prompt: Sequence[int], steps: int) -> list[int]:
+        self.backend.begin(list(prompt))
+        anchor, produced = prompt[-1], []
+        try:
+            for _ in range(steps):
+                logits = self.backend.verify([anchor], [-1])
+                anchor = int(torch.argmax(logits[0, : self.vocab_size]))
+                produced.append(anchor)
+                self.backend.commit([0])
+        finally:
+            self.backend.finish()
+        return produced
