@@ -1,0 +1,740 @@
+"""The aiohttp application: routes, authentication, body limits, and the request -> job -> response path.
+
+Data flows one way: body -> pydantic model -> prompt tokens (template + tokenizer, off the event loop) ->
+a generation job on the scheduler's engine thread -> steps -> channel splitter -> JSON or SSE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_urldispatcher import _default_expect_handler
+
+from elpis.server import sse
+from elpis.server.auth import Authorizer
+from elpis.server.channels import OutputSplitter, TextEvent, ToolCallEvent, prompt_opens_reasoning
+from elpis.server.errors import APIError, bad_request, error_body
+from elpis.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from elpis.server.metrics import Metrics
+from elpis.server.prompting import chat_input, render_chat
+from elpis.server.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    NamedToolChoice,
+    RenderRequest,
+    SamplingFields,
+    TokenizeRequest,
+    parse_json_body,
+    validate_request,
+)
+from elpis.server.responses import (
+    ChatTurn,
+    ResponseHead,
+    chat_logprobs,
+    completion_logprobs,
+    new_id,
+    tool_call_object,
+    usage,
+)
+from elpis.server.scheduler import Job, JobEnd, Scheduler
+from elpis.server.service import ModelService
+from elpis.server.toolcalls import ToolCallDecoder
+from elpis.spec import GenerationRequest, SamplingParams, Step
+
+log = logging.getLogger("elpis.server")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+OPEN_PATHS = frozenset({"/health"})  # everything else needs the API key
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int = 32 * 1024 * 1024
+    header_timeout_s: float = 60.0
+    body_timeout_s: float = 300.0
+    write_timeout_s: float = 60.0
+    keepalive_s: float = 10.0  # SSE comment after this long without a write
+    max_queue: int = 64
+    shutdown_grace_s: float = 30.0  # the running request may finish for this long on SIGTERM
+    default_chat_max_tokens: int = 4096
+    default_completion_max_tokens: int = 256
+
+
+class ClientGone(Exception):
+    """The client closed the connection or stopped reading."""
+
+
+def error_response(err: APIError) -> web.Response:
+    headers = dict(err.headers)
+    if err.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    response = web.json_response(err.body(), status=err.status, headers=headers)
+    if err.close:
+        response.force_close()
+    return response
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+
+
+class OpenAIServer:
+    def __init__(
+        self, authorizer: Authorizer, limits: Limits = Limits(), service: ModelService | None = None
+    ):
+        self.authorizer = authorizer
+        self.limits = limits
+        self.service = service
+        self.load_failure: str | None = None
+        self.scheduler = Scheduler(limits.max_queue)
+        self.metrics = Metrics()
+
+    # ---------------------------------------------------------------------------------------- the app
+
+    def make_app(self) -> web.Application:
+        app = web.Application(
+            middlewares=[self._errors, self._auth], client_max_size=self.limits.max_body_bytes
+        )
+        app.on_startup.append(self._startup)
+        routes = [
+            ("GET", "/health", self.health),
+            ("GET", "/v1/models", self.models),
+            ("GET", "/metrics", self.prometheus),
+            ("POST", "/v1/chat/completions", self.chat),
+            ("POST", "/v1/chat/completions/render", self.render),
+            ("POST", "/v1/completions", self.completions),
+            ("POST", "/tokenize", self.tokenize),
+            ("POST", "/detokenize", self.detokenize),
+        ]
+        for method, path, handler in routes:
+            app.router.add_route(method, path, handler, expect_handler=self._expect)
+        return app
+
+    async def _startup(self, app: web.Application) -> None:
+        self.scheduler.start()
+
+    def set_service(self, service: ModelService) -> None:
+        self.service = service
+        log.info("[serve] ready: %s", service.describe())
+
+    def set_load_failure(self, reason: str) -> None:
+        self.load_failure = reason
+        log.error("[serve] model failed to load: %s", reason)
+
+    # ---------------------------------------------------------------------------------- middlewares
+
+    def _authorized(self, request: web.Request) -> bool:
+        return request.path in OPEN_PATHS or self.authorizer.allows(
+            request.headers.getall("Authorization", [])
+        )
+
+    @staticmethod
+    def _unauthorized() -> APIError:
+        return APIError(
+            401, "missing or invalid API key (Authorization: Bearer <key>)", "invalid_api_key", close=True
+        )
+
+    async def _expect(self, request: web.Request) -> web.StreamResponse | None:
+        # `Expect: 100-continue`: answer auth and size problems before the client sends the body.
+        if not self._authorized(request):
+            return error_response(self._unauthorized())
+        if request.content_length is not None and request.content_length > self.limits.max_body_bytes:
+            return error_response(self._too_large())
+        return await _default_expect_handler(request)
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not self._authorized(request):
+            raise self._unauthorized()  # the body is never read
+        return await handler(request)
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        route = request.match_info.route.resource
+        endpoint = route.canonical if route is not None else "other"
+        try:
+            response = await handler(request)
+        except APIError as err:
+            response = error_response(err)
+        except web.HTTPException as exc:
+            code = _HTTP_CODES.get(exc.status, "invalid_request")
+            message = "not found" if exc.status == 404 else exc.reason
+            response = error_response(APIError(exc.status, message, code, close=exc.status == 413))
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception as exc:
+            log.error("[serve] internal error: %s", type(exc).__name__, exc_info=exc)
+            response = error_response(APIError(500, "internal server error", "internal_error"))
+        self.metrics.request_done(endpoint, response.status)
+        return response
+
+    # --------------------------------------------------------------------------------------- helpers
+
+    def _too_large(self) -> APIError:
+        return APIError(
+            413,
+            f"the request body is larger than {self.limits.max_body_bytes} bytes",
+            "body_too_large",
+            close=True,
+        )
+
+    async def read_json(self, request: web.Request) -> dict[str, Any]:
+        limit = self.limits.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise self._too_large()
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.limits.body_timeout_s):
+                while chunk := await request.content.read(1 << 16):
+                    size += len(chunk)
+                    if size > limit:
+                        raise self._too_large()
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise APIError(
+                408, "the request body did not arrive in time", "request_timeout", close=True
+            ) from None
+        if not chunks:
+            raise bad_request("the request body is empty; send a JSON object")
+        return parse_json_body(b"".join(chunks))
+
+    def ready(self) -> ModelService:
+        if self.scheduler.failure is not None:
+            raise APIError(503, "the engine failed and the server needs a restart", "generation_failed")
+        if self.scheduler.shutting_down:
+            raise APIError(503, "the server is shutting down", "server_shutting_down")
+        if self.load_failure is not None:
+            raise APIError(503, "the model failed to load", "model_load_failed")
+        if self.service is None:
+            raise APIError(503, "the model is still loading", "model_loading", headers={"Retry-After": "5"})
+        return self.service
+
+    def _check_model(self, service: ModelService, name: str | None) -> None:
+        if name is not None and name != service.model_id:
+            raise APIError(
+                404,
+                f"model {name!r} is not served here; this server serves {service.model_id!r}",
+                "model_not_found",
+                param="model",
+            )
+
+    @staticmethod
+    def _budget(service: ModelService, prompt_len: int, asked: int | None, default: int) -> int:
+        limit = service.max_context
+        if prompt_len >= limit:
+            raise APIError(
+                400,
+                f"the prompt has {prompt_len} tokens; the context holds {limit}",
+                "context_length_exceeded",
+                param="messages",
+            )
+        if asked is None:
+            return min(default, limit - prompt_len)
+        if prompt_len + asked > limit:
+            raise APIError(
+                400,
+                f"the prompt ({prompt_len} tokens) plus max_tokens ({asked}) is {prompt_len + asked} tokens, "
+                f"more than the context of {limit} tokens",
+                "context_length_exceeded",
+                param="max_tokens",
+            )
+        return asked
+
+    @staticmethod
+    def _sampling(fields: SamplingFields) -> SamplingParams:
+        temperature = float(fields.temperature or 0.0)
+        seed = fields.seed
+        if seed is None:
+            seed = secrets.randbits(63) if temperature > 0 else 0
+        return SamplingParams(
+            temperature=temperature,
+            top_p=1.0 if fields.top_p is None else float(fields.top_p),
+            top_k=0 if fields.top_k in (None, -1) else int(fields.top_k),
+            min_p=float(fields.min_p or 0.0),
+            seed=seed,
+        )
+
+    def _start_job(
+        self,
+        service: ModelService,
+        fields: SamplingFields,
+        prompt_ids: list[int],
+        max_tokens: int,
+        top_logprobs: int | None,
+    ) -> Job:
+        stop = threading.Event()
+        try:
+            request = GenerationRequest(
+                prompt_ids=tuple(prompt_ids),
+                max_tokens=max_tokens,
+                sampling=self._sampling(fields),
+                stop_token_ids=fields.stop_ids(),
+                stop_strings=fields.stop_strings(),
+                ignore_eos=fields.ignore_eos,
+                top_logprobs=top_logprobs,
+            )
+            steps: Iterator[Step] = service.generator.generate(request, should_stop=stop.is_set)
+        except ValueError as exc:  # the generator checks ids, stops and limits before anything runs
+            raise bad_request(str(exc)) from None
+        return self.scheduler.submit(lambda should_stop: steps, stop=stop)
+
+    async def _next_item(self, job: Job, on_idle: Callable[[], Awaitable[None]] | None) -> Any:
+        while True:
+            try:
+                return await job.next(self.limits.keepalive_s if on_idle else None)
+            except TimeoutError:
+                assert on_idle is not None
+                await on_idle()
+
+    def _finished(self, job: Job, step: Step) -> None:
+        if step.stats is not None:
+            stats = step.stats
+            self.metrics.generation_done(
+                prompt_tokens=stats.prompt_tokens,
+                completion_tokens=stats.completion_tokens,
+                cached_tokens=stats.cached_tokens,
+                committed_per_round=stats.committed_per_round,
+            )
+
+    def _abandon(self, job: Job) -> None:
+        if job.state != "done":
+            self.metrics.cancelled += 1
+            log.info("[serve] request cancelled: client disconnected")
+        self.scheduler.cancel(job)
+
+    @staticmethod
+    def _shutdown_cut() -> APIError:
+        return APIError(503, "the server is shutting down; the answer was cut off", "server_shutting_down")
+
+    # ------------------------------------------------------------------------------------ endpoints
+
+    async def health(self, request: web.Request) -> web.Response:
+        if request.content_length or "Transfer-Encoding" in request.headers:
+            raise APIError(400, "GET /health takes no body", close=True)
+        try:
+            service = self.ready()
+        except APIError as err:
+            return web.json_response({"status": "unavailable", **err.body()}, status=503)
+        return web.json_response({"status": "ok", "model": service.model_id})
+
+    async def models(self, request: web.Request) -> web.Response:
+        service = self.ready()
+        entry = {
+            "id": service.model_id,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "elpis",
+            "max_model_len": service.max_context,
+        }
+        return web.json_response({"object": "list", "data": [entry]})
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        text = self.metrics.render(
+            queue_depth=self.scheduler.queue_depth,
+            running=int(self.scheduler.running is not None),
+            healthy=self.scheduler.healthy and self.service is not None,
+        )
+        return web.Response(text=text, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    # ----------------------------------------------------------------------------------------- chat
+
+    def _prepare_chat(self, service: ModelService, request: ChatRequest) -> tuple[str, list[int]]:
+        if service.template is None:
+            raise bad_request("this model has no chat template; use /v1/completions")
+        text = render_chat(service.template, chat_input(request))
+        return text, list(service.tokenizer.encode(text, special=True))
+
+    async def render(self, request: web.Request) -> web.Response:
+        service = self.ready()
+        chat = validate_request(RenderRequest, await self.read_json(request))
+        self._check_model(service, chat.model)
+        text, ids = await asyncio.to_thread(self._prepare_chat, service, chat)
+        asked = chat.output_budget()
+        self._budget(service, len(ids), asked, 1)
+        return web.json_response({"prompt": text, "token_ids": ids, "count": len(ids)})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        service = self.ready()
+        chat = validate_request(ChatRequest, await self.read_json(request))
+        self._check_model(service, chat.model)
+        text, prompt_ids = await asyncio.to_thread(self._prepare_chat, service, chat)
+        max_tokens = self._budget(
+            service, len(prompt_ids), chat.output_budget(), self.limits.default_chat_max_tokens
+        )
+        top_logprobs = (chat.top_logprobs or 0) if chat.logprobs else None
+        decoder = None
+        if chat.tools_enabled() and chat.tools:
+            only = chat.tool_choice.function.name if isinstance(chat.tool_choice, NamedToolChoice) else None
+            decoder = ToolCallDecoder(
+                {tool.function.name: tool.function.parameters for tool in chat.tools},
+                only=only,
+                parallel=chat.parallel_tool_calls is not False,
+            )
+        splitter = OutputSplitter(starts_in_reasoning=prompt_opens_reasoning(text), tools=decoder)
+        job = self._start_job(service, chat, prompt_ids, max_tokens, top_logprobs)
+        head = ResponseHead(new_id("chatcmpl-"), service.model_id, "chat.completion")
+        try:
+            if chat.stream:
+                head.object = "chat.completion.chunk"
+                return await self._stream_chat(request, service, chat, job, splitter, prompt_ids, head)
+            return await self._whole_chat(service, chat, job, splitter, prompt_ids, head)
+        finally:
+            self._abandon(job)
+
+    @staticmethod
+    def _chat_finish(reason: str, splitter: OutputSplitter, chat: ChatRequest) -> str:
+        if reason == "stop" and splitter.tool_calls:
+            return "tool_calls"
+        if reason == "stop" and chat.tool_choice not in (None, "auto", "none") and not splitter.tool_calls:
+            log.warning("[tool] unparsed: tool_choice asked for a call and none was made")
+        return reason
+
+    async def _whole_chat(
+        self,
+        service: ModelService,
+        chat: ChatRequest,
+        job: Job,
+        splitter: OutputSplitter,
+        prompt_ids: list[int],
+        head: ResponseHead,
+    ) -> web.Response:
+        turn = ChatTurn()
+        token_ids: list[int] = []
+        logprobs: list[Any] = []
+        final: Step | None = None
+        while True:
+            item = await self._next_item(job, None)
+            if isinstance(item, JobEnd):
+                if item.error is not None:
+                    raise item.error
+                break
+            step: Step = item
+            token_ids += step.token_ids
+            logprobs += step.logprobs or []
+            turn.add(splitter.feed(step.text))
+            if step.finish_reason is not None:
+                turn.add(splitter.finish(stopped=step.finish_reason == "stop"))
+                final = step
+                self._finished(job, step)
+        assert final is not None and final.stats is not None and final.finish_reason is not None
+        if final.finish_reason == "cancelled":
+            raise self._shutdown_cut()
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": turn.message(splitter.saw_reasoning),
+            "logprobs": chat_logprobs(logprobs, service.token_text) if chat.logprobs else None,
+            "finish_reason": self._chat_finish(final.finish_reason, splitter, chat),
+        }
+        if chat.return_token_ids:
+            choice.update(prompt_token_ids=prompt_ids, token_ids=token_ids)
+        return web.json_response(head.envelope([choice], usage=usage(final.stats)))
+
+    async def _open_stream(
+        self, request: web.Request
+    ) -> tuple[web.StreamResponse, Callable[[bytes], Awaitable[None]]]:
+        response = web.StreamResponse(status=200, headers=sse.HEADERS)
+        await response.prepare(request)
+
+        async def write(data: bytes) -> None:
+            try:
+                await asyncio.wait_for(response.write(data), self.limits.write_timeout_s)
+            except (ConnectionError, TimeoutError, RuntimeError) as exc:
+                raise ClientGone(type(exc).__name__) from None
+
+        return response, write
+
+    async def _stream_chat(
+        self,
+        request: web.Request,
+        service: ModelService,
+        chat: ChatRequest,
+        job: Job,
+        splitter: OutputSplitter,
+        prompt_ids: list[int],
+        head: ResponseHead,
+    ) -> web.StreamResponse:
+        response, write = await self._open_stream(request)
+        usage_field = {"usage": None} if chat.include_usage() else {}
+        pending_ids: list[int] = []
+        pending_logprobs: list[Any] = []
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish,
+                **extra,
+            }
+            if chat.logprobs and pending_logprobs:
+                choice["logprobs"] = chat_logprobs(pending_logprobs, service.token_text)
+            if chat.return_token_ids:
+                choice["token_ids"] = list(pending_ids)
+            pending_ids.clear()
+            pending_logprobs.clear()
+            return sse.data_frame(head.envelope([choice], **usage_field))
+
+        def deltas(events: Sequence[TextEvent | ToolCallEvent]) -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = []
+            for event in events:
+                if isinstance(event, TextEvent):
+                    key = "reasoning_content" if event.channel == "reasoning" else "content"
+                    out.append({key: event.text})
+                    continue
+                call = tool_call_object(event)
+                out.append(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": event.index,
+                                "id": call["id"],
+                                "type": "function",
+                                "function": {"name": call["function"]["name"], "arguments": ""},
+                            }
+                        ]
+                    }
+                )
+                out.append(
+                    {
+                        "tool_calls": [
+                            {"index": event.index, "function": {"arguments": call["function"]["arguments"]}}
+                        ]
+                    }
+                )
+            return out
+
+        async def keepalive() -> None:
+            await write(sse.KEEPALIVE)
+
+        try:
+            first: dict[str, Any] = {"role": "assistant", "content": ""}
+            # with return_token_ids, the prompt ids ride on the first chunk
+            await write(chunk(first, **({"prompt_token_ids": prompt_ids} if chat.return_token_ids else {})))
+            final: Step | None = None
+            while True:
+                item = await self._next_item(job, keepalive)
+                if isinstance(item, JobEnd):
+                    if item.error is not None:
+                        await write(sse.data_frame(item.error.body()))
+                        return response
+                    break
+                step: Step = item
+                pending_ids.extend(step.token_ids)
+                pending_logprobs.extend(step.logprobs or [])
+                events = splitter.feed(step.text)
+                if step.finish_reason is not None:
+                    events += splitter.finish(stopped=step.finish_reason == "stop")
+                    final = step
+                    self._finished(job, step)
+                for delta in deltas(events):
+                    await write(chunk(delta))
+            assert final is not None and final.stats is not None and final.finish_reason is not None
+            if final.finish_reason == "cancelled":
+                await write(sse.data_frame(self._shutdown_cut().body()))
+                return response
+            await write(chunk({}, self._chat_finish(final.finish_reason, splitter, chat)))
+            if chat.include_usage():
+                await write(sse.data_frame(head.envelope([], usage=usage(final.stats))))
+            await write(sse.DONE)
+        except ClientGone as gone:
+            log.info("[serve] stream ended early: %s", gone)
+        return response
+
+    # ---------------------------------------------------------------------------------- completions
+
+    def _prepare_completion(self, service: ModelService, completion: CompletionRequest) -> list[int]:
+        ids = completion.prompt_ids()
+        if ids is None:
+            assert isinstance(completion.prompt, str)
+            return list(service.tokenizer.encode(completion.prompt, special=True))
+        bad = [i for i in ids if not 0 <= i < service.vocab_size]
+        if bad:
+            raise bad_request(
+                f"prompt token ids {bad[:4]} are outside the vocabulary (0..{service.vocab_size - 1})",
+                "prompt",
+            )
+        return ids
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        service = self.ready()
+        completion = validate_request(CompletionRequest, await self.read_json(request))
+        self._check_model(service, completion.model)
+        prompt_ids = await asyncio.to_thread(self._prepare_completion, service, completion)
+        max_tokens = self._budget(
+            service, len(prompt_ids), completion.max_tokens, self.limits.default_completion_max_tokens
+        )
+        job = self._start_job(service, completion, prompt_ids, max_tokens, completion.logprobs)
+        head = ResponseHead(new_id("cmpl-"), service.model_id, "text_completion")
+        try:
+            if completion.stream:
+                return await self._stream_completion(request, service, completion, job, prompt_ids, head)
+            return await self._whole_completion(service, completion, job, prompt_ids, head)
+        finally:
+            self._abandon(job)
+
+    async def _whole_completion(
+        self,
+        service: ModelService,
+        completion: CompletionRequest,
+        job: Job,
+        prompt_ids: list[int],
+        head: ResponseHead,
+    ) -> web.Response:
+        texts: list[str] = []
+        token_ids: list[int] = []
+        logprobs: list[Any] = []
+        final: Step | None = None
+        while True:
+            item = await self._next_item(job, None)
+            if isinstance(item, JobEnd):
+                if item.error is not None:
+                    raise item.error
+                break
+            step: Step = item
+            texts.append(step.text)
+            token_ids += step.token_ids
+            logprobs += step.logprobs or []
+            if step.finish_reason is not None:
+                final = step
+                self._finished(job, step)
+        assert final is not None and final.stats is not None and final.finish_reason is not None
+        if final.finish_reason == "cancelled":
+            raise self._shutdown_cut()
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": "".join(texts),
+            "logprobs": completion_logprobs(logprobs, service.token_text, 0)
+            if completion.logprobs is not None
+            else None,
+            "finish_reason": final.finish_reason,
+        }
+        if completion.return_token_ids:
+            choice.update(prompt_token_ids=prompt_ids, token_ids=token_ids)
+        return web.json_response(head.envelope([choice], usage=usage(final.stats)))
+
+    async def _stream_completion(
+        self,
+        request: web.Request,
+        service: ModelService,
+        completion: CompletionRequest,
+        job: Job,
+        prompt_ids: list[int],
+        head: ResponseHead,
+    ) -> web.StreamResponse:
+        response, write = await self._open_stream(request)
+        usage_field = {"usage": None} if completion.include_usage() else {}
+        offset = 0
+        first = True
+
+        async def keepalive() -> None:
+            await write(sse.KEEPALIVE)
+
+        try:
+            final: Step | None = None
+            while True:
+                item = await self._next_item(job, keepalive)
+                if isinstance(item, JobEnd):
+                    if item.error is not None:
+                        await write(sse.data_frame(item.error.body()))
+                        return response
+                    break
+                step: Step = item
+                if step.finish_reason is not None:
+                    final = step
+                    self._finished(job, step)
+                    if step.finish_reason == "cancelled":
+                        await write(sse.data_frame(self._shutdown_cut().body()))
+                        return response
+                if not (step.text or step.token_ids or step.finish_reason):
+                    continue
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "text": step.text,
+                    "logprobs": None,
+                    "finish_reason": step.finish_reason,
+                }
+                if completion.logprobs is not None and step.logprobs:
+                    choice["logprobs"] = completion_logprobs(step.logprobs, service.token_text, offset)
+                if completion.return_token_ids:
+                    choice["token_ids"] = step.token_ids
+                    if first:
+                        choice["prompt_token_ids"] = prompt_ids
+                first = False
+                offset += len(step.text)
+                await write(sse.data_frame(head.envelope([choice], **usage_field)))
+            assert final is not None and final.stats is not None
+            if completion.include_usage():
+                await write(sse.data_frame(head.envelope([], usage=usage(final.stats))))
+            await write(sse.DONE)
+        except ClientGone as gone:
+            log.info("[serve] stream ended early: %s", gone)
+        return response
+
+    # ----------------------------------------------------------------------------- tokenize / detokenize
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        service = self.ready()
+        body = validate_request(TokenizeRequest, await self.read_json(request))
+        self._check_model(service, body.model)
+
+        def work() -> list[int]:
+            if body.prompt is not None:
+                return list(service.tokenizer.encode(body.prompt, special=body.add_special_tokens))
+            if service.template is None:
+                raise bad_request("this model has no chat template; send a prompt")
+            chat = ChatRequest.model_construct(
+                messages=body.messages,
+                tools=body.tools,
+                tool_choice=None,
+                parallel_tool_calls=None,
+                response_format=None,
+                reasoning_effort=None,
+                chat_template_kwargs=body.chat_template_kwargs,
+            )
+            prepared = chat_input(chat)
+            text = service.template.render(
+                prepared.messages,
+                tools=prepared.tools,
+                add_generation_prompt=body.add_generation_prompt,
+                **prepared.kwargs,
+            )
+            return list(service.tokenizer.encode(text, special=True))
+
+        try:
+            ids = await asyncio.to_thread(work)
+        except ValueError as exc:
+            raise bad_request(f"chat template: {exc}", "messages") from None
+        out: dict[str, Any] = {"count": len(ids), "max_model_len": service.max_context, "tokens": ids}
+        if body.return_token_strs:
+            out["token_strs"] = [service.token_text(i) for i in ids]
+        return web.json_response(out)
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        service = self.ready()
+        body = validate_request(DetokenizeRequest, await self.read_json(request))
+        self._check_model(service, body.model)
+        bad = [i for i in body.tokens if not 0 <= i < service.vocab_size]
+        if bad:
+            raise bad_request(
+                f"token ids {bad[:4]} are outside the vocabulary (0..{service.vocab_size - 1})", "tokens"
+            )
+        text = await asyncio.to_thread(service.tokenizer.decode, body.tokens)
+        return web.json_response({"prompt": text})
+
+    # ------------------------------------------------------------------------------------- shutdown
+
+    async def shutdown(self) -> bool:
+        """Stop taking work, let the running request finish (bounded), cancel it if it does not."""
+        return await self.scheduler.shutdown(self.limits.shutdown_grace_s)
+
+
+__all__ = ["Limits", "OpenAIServer", "error_body"]

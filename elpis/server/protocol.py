@@ -1,0 +1,447 @@
+"""Request bodies of the OpenAI-compatible endpoints, validated with pydantic.
+
+Unknown fields are refused with 400 naming the field. Two kinds of fields that clients send routinely are
+accepted without effect, and are listed here so the behaviour is documented in one place:
+
+- `IGNORED_FIELDS`: bookkeeping with no effect on the answer (`user`, `metadata`, `store`,
+  `service_tier`, `safety_identifier`, `prompt_cache_key`); accepted with any value.
+- neutral-only fields: `n` (only 1), `frequency_penalty` and `presence_penalty` (only 0),
+  `repetition_penalty` (only 1), `logit_bias` (only empty), `skip_special_tokens` (only true),
+  `modalities` (only ["text"]), and on completions `best_of` (only 1), `echo` (only false) and `suffix`
+  (only null or ""). Any other value is refused, because honouring it would change the output.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from elpis.server.errors import APIError, bad_request
+from elpis.server.schema_values import strict_json_loads
+
+IGNORED_FIELDS = frozenset(
+    {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
+)
+ModelT = TypeVar("ModelT", bound=BaseModel)
+MAX_STOP_STRINGS = 16
+MAX_STOP_IDS = 16
+MAX_TOP_LOGPROBS = 20
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def _neutral(value: Any, expected: Any, field: str, why: str) -> Any:
+    if value is not None and value != expected:
+        raise ValueError(f"{field} must be {json.dumps(expected)} ({why})")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- messages
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("type") != "text":
+            raise ValueError(f"only text content parts are supported, not {str(data.get('type'))[:40]!r}")
+        return data
+
+
+Content = str | list[TextPart]
+
+
+def content_text(content: Content | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content)
+
+
+class FunctionCall(Strict):
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class ToolCallIn(Strict):
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+    index: int | None = None  # some clients echo the streamed index back
+
+
+class SystemMessage(Strict):
+    role: Literal["system", "developer"]  # "developer" is OpenAI's newer name for the system role
+    content: Content
+    name: str | None = None
+
+
+class UserMessage(Strict):
+    role: Literal["user"]
+    content: Content
+    name: str | None = None
+
+
+class AssistantMessage(Strict):
+    role: Literal["assistant"]
+    content: Content | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    reasoning_content: str | None = None
+    name: str | None = None
+    refusal: str | None = None
+
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> AssistantMessage:
+        if self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message needs content or tool_calls")
+        return self
+
+
+class ToolMessage(Strict):
+    role: Literal["tool"]
+    content: Content
+    tool_call_id: str = Field(min_length=1)
+    name: str | None = None
+
+
+Message = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
+
+
+# ------------------------------------------------------------------------------------------------- tools
+
+
+class FunctionDef(Strict):
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # accepted; there is no grammar to enforce it yet
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        if schema is not None and schema and schema.get("type", "object") != "object":
+            raise ValueError('the parameters schema must have "type": "object"')
+        return schema
+
+
+class ToolDef(Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
+
+
+# ---------------------------------------------------------------------------------------- other objects
+
+
+class StreamOptions(Strict):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None  # sent by vLLM clients; usage comes once, at the end
+
+
+class ResponseFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatTemplateKwargs(Strict):
+    enable_thinking: bool | None = None
+    reasoning_effort: Literal["xhigh", "medium", "low"] | None = None
+    preserve_thinking: bool | None = None
+
+
+# ----------------------------------------------------------------------------------------------- requests
+
+
+class SamplingFields(Strict):
+    """Fields shared by chat and completions."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str | int] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    return_token_ids: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # neutral-only (see the module docstring)
+    n: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    skip_special_tokens: bool | None = None
+    modalities: list[str] | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, v: int | None) -> int | None:
+        return _neutral(v, 1, "n", "one choice per request")
+
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _penalty(cls, v: float | None) -> float | None:
+        return _neutral(v, 0, "penalties", "penalties are not supported")
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _repetition(cls, v: float | None) -> float | None:
+        return _neutral(v, 1, "repetition_penalty", "penalties are not supported")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v:
+            raise ValueError("logit_bias is not supported")
+        return v
+
+    @field_validator("skip_special_tokens")
+    @classmethod
+    def _skip(cls, v: bool | None) -> bool | None:
+        return _neutral(v, True, "skip_special_tokens", "special tokens are always left out of text")
+
+    @field_validator("modalities")
+    @classmethod
+    def _modalities(cls, v: list[str] | None) -> list[str] | None:
+        return _neutral(v, ["text"], "modalities", "text only")
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str | int] | None) -> str | list[str | int] | None:
+        items = [v] if isinstance(v, str) else (v or [])
+        strings = [item for item in items if isinstance(item, str)]
+        ids = [item for item in items if isinstance(item, int)]
+        if any(not s for s in strings):
+            raise ValueError("stop strings must not be empty")
+        if len(strings) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        if any(i < 0 for i in ids) or len(ids) > MAX_STOP_IDS:
+            raise ValueError(f"stop ids must be >= 0, at most {MAX_STOP_IDS}")
+        return v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_ids(cls, v: list[int] | None) -> list[int] | None:
+        if v and (any(i < 0 for i in v) or len(v) > MAX_STOP_IDS):
+            raise ValueError(f"stop_token_ids must be >= 0, at most {MAX_STOP_IDS}")
+        return v
+
+    def check(self) -> None:
+        """Rules across fields (after pydantic has checked each field on its own)."""
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options requires stream: true", "stream_options")
+
+    def stop_strings(self) -> tuple[str, ...]:
+        items = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return tuple(dict.fromkeys(item for item in items if isinstance(item, str)))
+
+    def stop_ids(self) -> tuple[int, ...]:
+        items = [] if isinstance(self.stop, str) else (self.stop or [])
+        ids = [item for item in items if isinstance(item, int)] + list(self.stop_token_ids or [])
+        return tuple(dict.fromkeys(ids))
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(SamplingFields):
+    messages: list[Message] = Field(min_length=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None
+
+    def check(self) -> None:
+        super().check()
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise bad_request("send max_tokens or max_completion_tokens, not both", "max_completion_tokens")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs requires logprobs: true", "top_logprobs")
+        names = [tool.function.name for tool in self.tools or []]
+        if len(set(names)) != len(names):
+            raise bad_request("tool names must be unique", "tools")
+        choice = self.tool_choice
+        if choice not in (None, "none") and not names:
+            raise bad_request("tool_choice other than none needs tools", "tool_choice")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise bad_request(
+                f"tool_choice names {choice.function.name!r}, which is not among the tools", "tool_choice"
+            )
+        if self.response_format is not None and self.response_format.type == "json_schema":
+            raise bad_request(
+                "response_format json_schema is not supported (no grammar yet); use json_object",
+                "response_format",
+            )
+
+    def output_budget(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def tools_enabled(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    best_of: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v: int | None) -> int | None:
+        return _neutral(v, 1, "best_of", "one candidate per request")
+
+    @field_validator("echo")
+    @classmethod
+    def _echo(cls, v: bool | None) -> bool | None:
+        return _neutral(v, False, "echo", "the prompt is not echoed")
+
+    @field_validator("suffix")
+    @classmethod
+    def _suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise ValueError("suffix is not supported")
+        return v
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: str | list[int] | list[list[int]]) -> str | list[int] | list[list[int]]:
+        if isinstance(v, list) and v and isinstance(v[0], list) and len(v) != 1:
+            raise ValueError("one prompt per request")
+        if isinstance(v, str) and not v:
+            raise ValueError("the prompt is empty")
+        if isinstance(v, list) and (not v or (isinstance(v[0], list) and not v[0])):
+            raise ValueError("the prompt is empty")
+        return v
+
+    def prompt_ids(self) -> list[int] | None:
+        if isinstance(self.prompt, str):
+            return None
+        ids = self.prompt[0] if self.prompt and isinstance(self.prompt[0], list) else self.prompt
+        return list(ids)  # type: ignore[arg-type]
+
+
+class RenderRequest(ChatRequest):
+    """`/v1/chat/completions/render`: the chat body; nothing is generated."""
+
+    def check(self) -> None:
+        super().check()
+        if self.stream:
+            raise bad_request("render does not stream", "stream")
+
+
+class TokenizeRequest(Strict):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    tools: list[ToolDef] | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None
+    return_token_strs: bool = False
+
+    def check(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise bad_request("send exactly one of prompt and messages", "prompt")
+
+
+class DetokenizeRequest(Strict):
+    model: str | None = None
+    tokens: list[int]
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+
+
+def parse_json_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = strict_json_loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise bad_request("the request body is not UTF-8") from None
+    except (ValueError, RecursionError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not out:
+            out = str(part)
+        else:
+            out += f".{part}"
+    return out
+
+
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
+_TYPE_TAGS = {"str", "int", "bool", "float", "dict", "list"}
+
+
+def _clean_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    # pydantic puts union branches ("str", "list[...]") and discriminator tags ("assistant") into `loc`
+    kept: list[Any] = []
+    for part in loc:
+        if isinstance(part, str) and ("[" in part or part in _TYPE_TAGS):
+            continue
+        if isinstance(part, str) and part in _ROLES and kept and isinstance(kept[-1], int):
+            continue
+        kept.append(part)
+    return tuple(kept)
+
+
+def validate_request(model: type[ModelT], body: dict[str, Any]) -> ModelT:
+    """Validate a decoded body; any problem is an APIError(400) naming the field."""
+    fields = {key: value for key, value in body.items() if key not in IGNORED_FIELDS}
+    try:
+        request = model.model_validate(fields)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        for error in errors:  # an unknown field is the most useful thing to report
+            if error["type"] == "extra_forbidden":
+                name = _location(_clean_loc(tuple(error["loc"])))
+                raise bad_request(f"Unsupported field: {name}", param=name) from None
+        # the deepest error is the most specific (a failed union reports every branch)
+        error = max(errors, key=lambda e: len(_clean_loc(tuple(e["loc"]))))
+        name = _location(_clean_loc(tuple(error["loc"])))
+        message = str(error["msg"]).removeprefix("Value error, ")
+        raise bad_request(f"{name}: {message}" if name else message, param=name or None) from None
+    except (RecursionError, ValueError, TypeError) as exc:  # pragma: no cover - pydantic reports these
+        raise APIError(400, f"invalid request: {exc}") from None
+    check = getattr(request, "check", None)
+    if check is not None:
+        check()
+    return request
