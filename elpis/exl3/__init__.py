@@ -1,0 +1,61 @@
+"""The GPU engine: ExLlamaV3 (EXL3 Qwen3.8-27B + DFlash2 draft) behind `elpis.backend.Backend`.
+
+`load_backend(model_dir, draft_dir, max_context, model_id)` is what `elpis serve --backend exl3` calls; the
+returned backend carries its DFlash2 drafter as `backend.drafter` (None without a draft directory). Nothing
+here imports exllamav3 until a backend is loaded, so CPU machines can import the package.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from elpis.exl3.backend import Exl3Backend
+
+GiB = 1 << 30
+
+
+def load_backend(
+    model_dir: str | Path,
+    draft_dir: str | Path | None,
+    max_context: int = 262_144,
+    model_id: str = "qwen3.8-27b",
+    *,
+    host_cache_gib: float = 8.0,
+    disk_cache_dir: str | Path | None = None,
+    prefix_cache: bool = True,
+    fixed_rows: int | None = 8,
+    warmup: bool = True,
+) -> Exl3Backend:
+    """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
+
+    `host_cache_gib`: host-RAM tier for evicted prefix pages (0 disables it). `disk_cache_dir`: persist
+    prefix pages and snapshots there, in a subdirectory bound to the model files and cache geometry.
+    `fixed_rows`: every verify runs this many rows (None: as many as asked; faster plain decoding, but a
+    row's arithmetic then depends on the row count, see elpis/exl3/backend.py).
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("the exl3 backend needs a CUDA GPU (use --backend reference on CPU)")
+    from elpis.exl3.backend import Exl3Backend
+    from elpis.exl3.engine import CACHE_TOKENS, load_engine
+    from elpis.exl3.persist import bound_cache_dir
+
+    if not 1 <= max_context <= CACHE_TOKENS - 16:
+        raise ValueError(f"max_context must be in 1..{CACHE_TOKENS - 16}, got {max_context}")
+    engine = load_engine(Path(model_dir), Path(draft_dir) if draft_dir else None, warmup=warmup)
+    disk = bound_cache_dir(Path(disk_cache_dir), engine) if disk_cache_dir else None
+    return Exl3Backend(
+        engine,
+        model_id=model_id,
+        max_context=max_context,
+        fixed_rows=fixed_rows,
+        host_cache_bytes=int(host_cache_gib * GiB),
+        disk_cache_dir=disk,
+        prefix_cache=prefix_cache,
+    )
+
+
+__all__ = ["load_backend"]

@@ -1,0 +1,370 @@
+"""The `Backend` over ExLlamaV3: prefill, chain verify, commit with K/V and Gated DeltaNet rewind.
+
+One sequence at a time (`begin` ... `finish`). The paged 3-bit K/V cache and the recurrent state are
+ExLlamaV3's; this module decides what runs and keeps the bookkeeping:
+
+- `begin`: reuse the longest exact prefix from the prefix cache (`elpis.exl3.prefix`), prefill the rest in
+  chunks whose boundaries depend only on absolute positions (2048-token chunks, a cut at the last page
+  boundary, like ExLlamaV3's own generator, so the stock comparison is bit-exact), feeding the DFlash2
+  draft's K/V from the target's tap layers after every chunk.
+- `verify`: one forward over the anchor and the draft rows with the recurrent state's history on, so the
+  rejected rows can be undone. Rows must form a chain (`parents == [-1, 0, 1, ...]`); trees raise
+  `ValueError` until tree verify lands (issue 8). With `fixed_rows` every call runs that many rows (padding
+  with copies of the last token), so a row's arithmetic never depends on how many rows the caller sent:
+  plain decoding and speculative decoding then run the very same kernels on the anchor row.
+- `commit`: the accepted prefix of the chain stays; the Gated DeltaNet state is rewound by replaying the
+  accepted rows from the committed state (ExLlamaV3's `GDNState.rewind`); K/V of rejected rows are left in
+  place and overwritten by the next round; the draft's K/V are updated from the accepted rows' tap states.
+
+Acceptance is never decided here: `elpis.spec` calls `elpis.accept` and passes the committed rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from elpis.backend import BackendError, BackendInfo
+from elpis.exl3.engine import CHUNK, Engine
+from elpis.exl3.prefix import PAGE, GiB, PrefixCache, Snapshot, prefill_boundaries, prefix_key
+
+MAX_ROWS = 16
+
+
+def check_chain(parents: Sequence[int], rows: int) -> None:
+    if len(parents) != rows:
+        raise ValueError(f"verify got {rows} tokens but {len(parents)} parents")
+    if not 1 <= rows <= MAX_ROWS:
+        raise ValueError(f"verify takes 1..{MAX_ROWS} rows, got {rows}")
+    if list(parents) != list(range(-1, rows - 1)):
+        if parents[0] != -1 or any(not 0 <= p < r for r, p in enumerate(parents) if r):
+            raise ValueError(
+                f"parents {list(parents)} are not a tree (parents[0] == -1, 0 <= parents[r] < r)"
+            )
+        raise ValueError(
+            f"the exl3 backend verifies chains only (parents [-1, 0, 1, ...]); got the tree {list(parents)}. "
+            "Tree verify is issue 8; run the speculation core with draft_top_k=1 until then"
+        )
+
+
+def stock_table_width(tokens_needed: int) -> int:
+    """Block-table width in pages, rounded up to 16 like ExLlamaV3's generator (the split-K attention kernels
+    derive their split count from the width, so matching it keeps results equal to stock)."""
+    pages = -(-tokens_needed // PAGE)
+    return -(-pages // 16) * 16
+
+
+class CachePageStore:
+    """`PageStore` over the target's and the draft's quantized K/V caches (same page layout) and the
+    recurrent state of the backend's one slot."""
+
+    def __init__(self, backend: Exl3Backend) -> None:
+        self.backend = backend
+        engine = backend.engine
+        caches = [engine.cache] + ([engine.draft_cache] if engine.draft_cache is not None else [])
+        self.parts: list[torch.Tensor] = []
+        for cache in caches:
+            for layer in cache.layers.values():
+                self.parts += [t for t in layer.get_tensors() if t is not None]
+        self.sizes = [t[0].numel() * t.element_size() for t in self.parts]
+        self.page_bytes = sum(self.sizes)
+        self.staging = torch.empty(self.page_bytes, dtype=torch.uint8, pin_memory=True)
+
+    def read_page(self, page: int) -> torch.Tensor:
+        offset = 0
+        for t, n in zip(self.parts, self.sizes, strict=True):
+            self.staging[offset : offset + n].copy_(t[page].reshape(-1).view(torch.uint8), non_blocking=True)
+            offset += n
+        torch.cuda.synchronize(self.backend.engine.device)
+        return self.staging.clone()
+
+    def write_page(self, page: int, data: torch.Tensor) -> None:
+        if data.numel() != self.page_bytes:
+            raise ValueError(f"page data has {data.numel()} bytes, the cache layout needs {self.page_bytes}")
+        offset = 0
+        for t, n in zip(self.parts, self.sizes, strict=True):
+            t[page].reshape(-1).view(torch.uint8).copy_(data[offset : offset + n])
+            offset += n
+
+    def save_state(self) -> dict[str, torch.Tensor]:
+        stashed = self.backend.state.stash()
+        out: dict[str, torch.Tensor] = {}
+        for key, value in stashed.items():
+            if isinstance(key, tuple):
+                recurrent, conv = value
+                name = ".".join(str(k) for k in key)
+                out[f"{name}.recurrent"] = recurrent.contiguous()
+                out[f"{name}.conv"] = conv.contiguous()
+        return out
+
+    def load_state(self, state: dict[str, torch.Tensor], position: int) -> None:
+        gdn = self.backend.state
+        stashed: dict[Any, Any] = {"position": position, "checkpoint_size": gdn.checkpoint_size}
+        for key in gdn.cache.get_all_recurrent_layers():
+            name = ".".join(str(k) for k in key)
+            stashed[key] = (state[f"{name}.recurrent"], state[f"{name}.conv"])
+        gdn.position = position
+        gdn.unstash(stashed)
+
+
+@dataclass
+class _Pending:
+    rows: int  # rows the caller asked for
+    run: int  # rows that ran (>= rows with fixed_rows padding)
+    tokens: list[int]
+    export: list[torch.Tensor] | None  # tap-layer states of every row (draft conditioning)
+    kvp: int
+
+
+class Exl3Backend:
+    """See the module docstring. `drafter` is the DFlash2 drafter bound to this backend (None without a
+    draft model): it drafts from the backend's own state and must be used with this backend only."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        model_id: str,
+        max_context: int,
+        fixed_rows: int | None = 8,
+        host_cache_bytes: int = 8 * GiB,
+        snapshot_bytes: int = 4 * GiB,
+        disk_cache_dir: Path | None = None,
+        prefix_cache: bool = True,
+    ) -> None:
+        if max_context + MAX_ROWS > engine.cache_tokens:
+            raise ValueError(
+                f"max_context {max_context} + {MAX_ROWS} verify rows exceeds the "
+                f"{engine.cache_tokens}-token cache"
+            )
+        if fixed_rows is not None and not 1 <= fixed_rows <= MAX_ROWS:
+            raise ValueError(f"fixed_rows must be in 1..{MAX_ROWS}")
+        self.engine = engine
+        self.fixed_rows = fixed_rows
+        self.info = BackendInfo(
+            "exl3", model_id, engine.vocab_size, max_context, engine.stop_token_ids, str(engine.device)
+        )
+        self.num_pages = engine.cache_tokens // PAGE
+        self.prefix = PrefixCache(
+            CachePageStore(self),
+            self.num_pages,
+            chunk=CHUNK,
+            host_bytes=host_cache_bytes,
+            snapshot_bytes=snapshot_bytes,
+            disk_dir=disk_cache_dir,
+            enabled=prefix_cache,
+        )
+        self.export_layers = (
+            set(engine.draft.draft_verifier_params["export_state_layers"])
+            if engine.draft is not None
+            else None
+        )
+        self.block_size = int(engine.draft_config.block_size) if engine.draft_config is not None else 0
+        self.state: Any = None
+        self.tokens: list[int] = []
+        self.keys: list[bytes] = []
+        self.pages: list[int] = []
+        self.snaps: list[Snapshot] = []
+        self.anchor: int | None = None
+        self.pending: _Pending | None = None
+        self.active = False
+        self.last_prefill_seconds = 0.0
+        self.drafter = None
+        if engine.draft is not None:
+            from elpis.exl3.drafter import DFlash2Drafter
+
+            self.drafter = DFlash2Drafter(self)
+
+    # -- pages ------------------------------------------------------------------------------------------
+    def ensure_pages(self, tokens: int) -> None:
+        """Pages for positions < `tokens` of the active sequence."""
+        if tokens > self.engine.cache_tokens:
+            raise BackendError(f"position {tokens} is past the {self.engine.cache_tokens}-token cache")
+        while len(self.pages) * PAGE < tokens:
+            self.pages.append(self.prefix.allocate())
+
+    def block_table(self, width: int) -> torch.Tensor:
+        """Host int32 [1, width] table of the sequence's pages (unused columns 0; never read past the
+        cache lengths)."""
+        table = torch.zeros((1, width), dtype=torch.int32)
+        n = min(width, len(self.pages))
+        table[0, :n] = torch.tensor(self.pages[:n], dtype=torch.int32)
+        return table
+
+    def _register_full_pages(self) -> None:
+        """Name every page the committed tokens now fill (they become shareable prefix pages)."""
+        from elpis.exl3.prefix import page_key
+
+        while (len(self.keys) + 1) * PAGE <= len(self.tokens):
+            i = len(self.keys)
+            prev = self.keys[-1] if self.keys else b""
+            key = page_key(prev, self.tokens[i * PAGE : (i + 1) * PAGE])
+            self.keys.append(key)
+            self.prefix.register(key, self.pages[i])
+
+    # -- Backend ----------------------------------------------------------------------------------------
+    def position(self) -> int:
+        return len(self.tokens)
+
+    def begin(self, prompt: Sequence[int]) -> int:
+        if self.active:
+            raise BackendError("begin() while a sequence is active: finish() it first")
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("empty prompt")
+        if len(prompt) > self.info.max_context:
+            raise ValueError(f"prompt has {len(prompt)} tokens; the context holds {self.info.max_context}")
+        bad = [t for t in prompt if not 0 <= t < self.info.vocab_size]
+        if bad:
+            raise ValueError(
+                f"prompt ids {bad[:4]} are outside the vocabulary (0..{self.info.vocab_size - 1})"
+            )
+        t0 = time.perf_counter()
+        self.active = True
+        self.state = self.engine.cache.get_new_state()
+        try:
+            body = prompt[:-1]
+            plan, self.pages = self.prefix.begin(body)
+            self.tokens = body[: plan.reuse]
+            self.keys = plan.keys[: plan.reuse // PAGE]
+            self.state.position = plan.reuse
+            self.snaps = []
+            self._prefill(body, plan.keys)
+            self._register_full_pages()
+        except Exception:
+            self._release()
+            raise
+        self.anchor = prompt[-1]
+        self.pending = None
+        torch.cuda.synchronize(self.engine.device)
+        self.last_prefill_seconds = time.perf_counter() - t0
+        return plan.reuse
+
+    def _prefill(self, body: list[int], keys: list[bytes]) -> None:
+        engine = self.engine
+        end = len(body)
+        for stop in prefill_boundaries(len(self.tokens), end, CHUNK):
+            start = len(self.tokens)
+            self.ensure_pages(stop)
+            table = self.block_table(stock_table_width(stop))
+            seqlens = torch.tensor([start], dtype=torch.int32)
+            params: dict[str, Any] = {
+                "attn_mode": "flash_attn",
+                "block_table": table,
+                "cache": engine.cache,
+                "cache_seqlens": seqlens,
+                "recurrent_states": [self.state],
+            }
+            if self.export_layers:
+                params["export_state_layers"] = self.export_layers
+            ids = torch.tensor([body[start:stop]], dtype=torch.long)
+            engine.model.prefill(ids, params)
+            if engine.draft is not None:
+                engine.draft.update_kv_from_target(
+                    target_hidden=params["export_states"],
+                    cache=engine.draft_cache,
+                    params={"block_table": table, "cache_seqlens": seqlens},
+                )
+            self.tokens.extend(body[start:stop])
+            if self.prefix.wants_snapshot(stop, end):
+                tail = self.prefix.store.read_page(self.pages[stop // PAGE]) if stop % PAGE else None
+                snap = Snapshot(stop, prefix_key(body, stop, keys), self.prefix.store.save_state(), tail)
+                self.prefix.add_snapshot(snap)
+                self.snaps.append(snap)
+
+    def verify(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        if not self.active:
+            raise BackendError("verify() without an active sequence")
+        if self.pending is not None:
+            raise BackendError("verify() twice without commit()")
+        tokens = [int(t) for t in tokens]
+        check_chain(parents, len(tokens))
+        bad = [t for t in tokens if not 0 <= t < self.info.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:4]} are outside the vocabulary")
+        if self.anchor is not None and tokens[0] != self.anchor:
+            raise ValueError(
+                f"row 0 must be the anchor {self.anchor} (the prompt's last token), got {tokens[0]}"
+            )
+        rows = len(tokens)
+        kvp = self.position()
+        if kvp + rows > self.info.max_context + MAX_ROWS:
+            raise ValueError(f"{rows} rows at position {kvp} run past the context ({self.info.max_context})")
+        run = max(rows, self.fixed_rows or 1)
+        ids = tokens + [tokens[-1]] * (run - rows)
+        out, export = self._forward(ids, kvp)
+        self.pending = _Pending(rows, run, tokens, export, kvp)
+        return out[0, :rows, : self.info.vocab_size].float()
+
+    def _forward(self, ids: list[int], kvp: int) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        engine = self.engine
+        run = len(ids)
+        self.ensure_pages(kvp + max(run, self.block_size))
+        params: dict[str, Any] = {
+            "attn_mode": "flash_attn",
+            "block_table": self.block_table(stock_table_width(kvp + 1 + 2 * (run - 1))),
+            "cache": engine.cache,
+            "cache_seqlens": torch.tensor([kvp], dtype=torch.int32),
+            "recurrent_states": [self.state],
+            "recurrent_history": run > 1,
+        }
+        if self.export_layers:
+            params["export_state_layers"] = self.export_layers
+        out = engine.model.forward(torch.tensor([ids], dtype=torch.long), params)
+        self._last_table = params["block_table"]
+        return out, params.get("export_states")
+
+    def commit(self, rows: Sequence[int]) -> None:
+        pending = self.pending
+        if pending is None:
+            raise BackendError("commit() without a verify()")
+        rows = list(rows)
+        if not rows or rows != list(range(len(rows))) or len(rows) > pending.rows:
+            raise ValueError(
+                f"commit rows {rows} are not a root-first prefix of the verified chain ({pending.rows} rows)"
+            )
+        count = len(rows)
+        if pending.run > 1:
+            self.state.rewind(pending.run - count)  # replays the accepted rows from the committed state
+        engine = self.engine
+        if engine.draft is not None and pending.export is not None:
+            engine.draft.update_kv_from_target(
+                target_hidden=[t[:, :count] for t in pending.export],
+                cache=engine.draft_cache,
+                params={
+                    "block_table": self._last_table,
+                    "cache_seqlens": torch.tensor([pending.kvp], dtype=torch.int32),
+                },
+                lengths=[count],
+            )
+        self.tokens.extend(pending.tokens[:count])
+        self._register_full_pages()
+        self.pending = None
+        self.anchor = None  # the caller supplies the next anchor (the last committed row's target token)
+
+    def finish(self) -> None:
+        if not self.active:
+            return
+        self.pending = None  # an abandoned round: its rows were never committed, the state is dropped below
+        try:
+            self.prefix.persist(self.keys, self.pages, self.snaps)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self.prefix.release(self.pages)
+        if self.state is not None:
+            self.state.free()
+        self.state, self.pages, self.tokens, self.keys, self.snaps = None, [], [], [], []
+        self.anchor, self.pending, self.active = None, None, False
+
+    def verify_cost(self, rows: int) -> float | None:
+        """Relative cost of `rows` rows: constant with fixed_rows (every call runs the same shape)."""
+        if self.fixed_rows is not None and rows <= self.fixed_rows:
+            return 1.0
+        return None

@@ -1,0 +1,128 @@
+"""The benchmark's arithmetic and report, from a results document shaped like the workers' output."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import pytest
+
+from elpis.bench import report, workload
+from elpis.exl3 import geometry
+
+
+@pytest.fixture(scope="module")
+def arith():
+    return workload.arithmetic(
+        geometry.load_facts("text_config.json"), geometry.load_facts("draft_config.json")
+    )
+
+
+def test_model_arithmetic_matches_published_sizes(arith):
+    assert abs(arith.target_bytes / 1e9 - 13.18) < 0.01  # trellis body + 6 bpw head, as measured by stock
+    assert abs(arith.linear_params / 1e9 - 24.35) < 0.01
+    assert arith.kv_bytes_per_token == 16 * 896  # 16 attention layers, 3-bit K and V + fp16 scales
+    assert arith.gdn_state_bytes == 48 * 48 * 128 * 128 * 2
+    # 2 FLOPs per weight per token, plus attention growing with context
+    assert abs(arith.prefill_flops(0, 1) / 1e9 - 2 * (24.35 + 0.18) - 48 * 6 * 48 * 128 * 128 / 1e9) < 0.1
+    assert arith.prefill_flops(0, 262000) / 262000 > 1.9 * arith.prefill_flops(0, 1024) / 1024
+    assert arith.round_bytes(1024, True) > arith.round_bytes(1024, False) + arith.head_bytes
+
+
+def run_entry(c: int, cached: int, ttft: float, round_ms: float, plain_ms: float) -> dict:
+    def part(ms: float, t: float) -> dict:
+        return {
+            "ttft_seconds": t,
+            "round_median_ms": ms,
+            "tokens_per_round": [1] * 20,
+            "cached": cached,
+            "decode_tokens_per_joule": 0.1,
+            "power": {"mean_w": 500.0},
+        }
+
+    return {
+        "context": c,
+        "label": workload.label(c),
+        "spec": part(round_ms, ttft),
+        "plain": part(plain_ms, 0.01),
+    }
+
+
+def doc() -> dict:
+    stock = [
+        run_entry(1024, 0, 0.5, 26.0, 14.5),
+        run_entry(8192, 0, 3.0, 27.0, 15.0),
+        run_entry(32768, 8192, 9.0, 28.0, 15.5),
+    ]
+    elpis = [
+        run_entry(1024, 0, 0.4, 20.0, 12.0),
+        run_entry(8192, 0, 2.5, 21.0, 12.5),
+        run_entry(32768, 7936, 8.0, 22.0, 13.0),
+    ]
+    return {
+        "title": "test",
+        "facts": {"gpu": "X"},
+        "model_note": "synthetic",
+        "ceilings": {"copy": {"bytes_per_s": 4.3e12}, "matmul": {"flop_per_s": 7.9e14}},
+        "systems": {
+            "stock": {
+                "checkpoints": stock,
+                "fresh_ttft": [{"context": 8192, "seconds": [3.0]}],
+                "peak": {"max_allocated_gib": 19.0},
+                "complete": True,
+                "errors": [],
+            },
+            "elpis": {
+                "checkpoints": elpis,
+                "fresh_ttft": [],
+                "peak": {"max_allocated_gib": 18.0},
+                "cap_gib": 24.0,
+                "complete": False,
+                "errors": ["deadline reached"],
+            },
+        },
+    }
+
+
+def test_cumulative_ttft_only_from_matching_checkpoints():
+    data = doc()
+    stock = report.cumulative_ttft(data["systems"]["stock"]["checkpoints"])
+    assert stock[32768] == {"seconds": 12.0, "cumulative": True}
+    elpis = report.cumulative_ttft(data["systems"]["elpis"]["checkpoints"])
+    assert elpis[32768]["cumulative"] is False  # 7936 cached tokens are no checkpoint: not summed
+
+
+def test_report_files(arith, tmp_path):
+    paths = report.write(doc(), arith, tmp_path, "t")
+    assert [p.name for p in paths] == ["t.json", "t.md", "t.png"]
+    data = json.loads(paths[0].read_text())
+    ratio = {r["label"]: r for r in data["ratios"]}
+    assert ratio["1K"]["round_ms"] == pytest.approx(26.0 / 20.0)
+    frac = data["table"]["stock"][0]["round_frac_limit"]
+    assert frac == pytest.approx(arith.round_bytes(1024, True) / 4.3e12 / 0.026)
+    md = paths[1].read_text()
+    assert "| stock | 1K |" in md and "under a 24.0 GiB cap" in md and "deadline reached" in md
+    assert paths[2].stat().st_size > 1000
+
+
+def test_bench_cli_modes():
+    from elpis.bench import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["engine", "--model", "m", "--draft", "d"])
+    assert args.mode == "engine" and args.cap_gib == 24.0
+    with pytest.raises(SystemExit):
+        parser.parse_args([])  # a mode is required
+
+
+def test_report_mode_rerenders(arith, tmp_path):
+    from elpis.bench import cli
+
+    data = doc()
+    data["arithmetic"] = dataclasses.asdict(arith)
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    assert cli.run_report(path) == 0
+    assert (tmp_path / "r.md").is_file() and (tmp_path / "r.png").is_file()

@@ -1,0 +1,80 @@
+"""The parts of the exl3 backend that need no GPU: row-shape checks, block-table width, patch registry."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from elpis.exl3 import patches
+from elpis.exl3.backend import check_chain, stock_table_width
+
+
+def test_chain_parents_accepted():
+    for rows in range(1, 17):
+        check_chain(list(range(-1, rows - 1)), rows)
+
+
+@pytest.mark.parametrize("parents", [[-1, 0, 0], [-1, 0, 1, 1], [-1, 0, 0, 2]])
+def test_trees_refused_until_tree_verify(parents):
+    with pytest.raises(ValueError, match="chains only"):
+        check_chain(parents, len(parents))
+
+
+@pytest.mark.parametrize(
+    ("parents", "rows", "message"),
+    [
+        ([0, 0], 2, "not a tree"),
+        ([-1, 1], 2, "not a tree"),
+        ([-1], 2, "parents"),
+        ([], 0, "1..16"),
+        (list(range(-1, 16)), 17, "1..16"),
+    ],
+)
+def test_bad_parents(parents, rows, message):
+    with pytest.raises(ValueError, match=message):
+        check_chain(parents, rows)
+
+
+def test_table_width_rounds_like_stock():
+    assert stock_table_width(1) == 16
+    assert stock_table_width(16 * 256) == 16
+    assert stock_table_width(16 * 256 + 1) == 32
+    assert stock_table_width(262144 + 15) == 1040
+
+
+def test_registry_loads_and_documents_every_patch():
+    loaded = patches.load_registry()
+    assert loaded, "the registry lists the run-time patches"
+    readme = (patches.REGISTRY.parent / "README.md").read_text()
+    for p in loaded:
+        assert p.switch.startswith("ELPIS_PATCH_") and p.evidence and p.purpose
+        assert p.id in readme, f"{p.id} missing from patches/README.md"
+
+
+def test_patch_switch_values(monkeypatch):
+    p = patches.load_registry()[0]
+    monkeypatch.setenv(p.switch, "1")
+    assert p.enabled()
+    monkeypatch.setenv(p.switch, "0")
+    assert not p.enabled()
+    monkeypatch.setenv(p.switch, "yes")
+    with pytest.raises(ValueError, match="'0' or '1'"):
+        p.enabled()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"switch": "EXL3_FOO"}, "ELPIS_PATCH_"),
+        ({"kind": "fork"}, "kind"),
+        ({"env": {}}, "sets no variables"),
+    ],
+)
+def test_bad_registry_entries(tmp_path, change, message):
+    data = json.loads(patches.REGISTRY.read_text())
+    entry = {**data["patches"][0], **change}
+    path = tmp_path / "registry.json"
+    path.write_text(json.dumps({"patches": [entry]}))
+    with pytest.raises(ValueError, match=message):
+        patches.load_registry(path)

@@ -1,0 +1,287 @@
+"""GPU tests of the exl3 backend on the synthetic --small checkpoint (run with `pytest -m gpu` on a CUDA
+machine with the gpu extra). ELPIS_SMALL_DIR may name an existing `elpis synth --small` output; otherwise one
+is written into a temporary directory.
+
+What they establish: the checkpoint loads through ExLlamaV3's normal loader; generation through the
+speculation core gives the same tokens with the DFlash2 draft on and off, and with a drafter whose
+proposals are accepted; elpis's chain verify gives stock ExLlamaV3's own generator's tokens token for token;
+prefix reuse (GPU tier, and disk across a restart) gives the same tokens as a cold run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from elpis.backend import DraftBlock
+
+pytestmark = pytest.mark.gpu
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> Path:
+    given = os.environ.get("ELPIS_SMALL_DIR")
+    if given:
+        return Path(given)
+    from elpis.exl3.synth import write_small
+
+    out = tmp_path_factory.mktemp("synth") / "small"
+    write_small(out, seed=0)
+    return out
+
+
+@pytest.fixture(scope="module")
+def backend(small):
+    from elpis.exl3 import load_backend
+
+    b = load_backend(
+        small / "target", small / "draft", max_context=65536, model_id="small", host_cache_gib=1.0
+    )
+    yield b
+
+
+@pytest.fixture(scope="module")
+def decoder(small):
+    from elpis.bench.worker import BenchDecoder
+
+    return BenchDecoder(small / "target")
+
+
+def prompt(n: int, seed: int, vocab: int) -> list[int]:
+    from elpis.bench.workload import prompt as make
+
+    return make(n, seed, vocab)
+
+
+def generate(backend, decoder, ids: Sequence[int], tokens: int, drafter=None, budget: int = 8):
+    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+
+    gen = SpeculativeGenerator(
+        backend, decoder, drafter=drafter, tree_budget=budget if drafter else 1, draft_top_k=1
+    )
+    request = GenerationRequest(
+        prompt_ids=tuple(ids), max_tokens=tokens, sampling=SamplingParams(), ignore_eos=True
+    )
+    out, stats = [], None
+    for step in gen.generate(request):
+        out.extend(step.token_ids)
+        if step.finish_reason is not None:
+            stats = step.stats
+    return out, stats
+
+
+class ReplayDrafter:
+    """Proposes a known continuation: most rounds accept every row."""
+
+    def __init__(self, prompt_len: int, continuation: Sequence[int]) -> None:
+        self.prompt_len, self.continuation = prompt_len, list(continuation)
+
+    def reset(self) -> None:
+        pass
+
+    def propose(self, context, depth, top_k) -> DraftBlock:
+        done = len(context) - self.prompt_len
+        ahead = self.continuation[done : done + depth]
+        return DraftBlock([[(t, 0.0)] for t in ahead])
+
+
+def test_small_checkpoint_loads(backend, small):
+    info = backend.info
+    assert info.name == "exl3" and info.vocab_size == 32768
+    assert backend.drafter is not None
+    assert 248046 in info.stop_token_ids
+    cfg = json.loads((small / "target" / "config.json").read_text())
+    assert cfg["synthetic"] is True
+
+
+def test_draft_on_off_same_tokens(backend, decoder):
+    vocab = backend.info.vocab_size
+    for seed, length in ((1, 700), (2, 3000)):
+        ids = prompt(length, seed, vocab)
+        plain, _ = generate(backend, decoder, ids, 48)
+        drafted, stats = generate(backend, decoder, ids, 48, drafter=backend.drafter)
+        first = next((i for i, (a, b) in enumerate(zip(drafted, plain, strict=True)) if a != b), None)
+        assert first is None, f"prompt {seed}: the draft changed the output at token {first}"
+        assert stats.rounds == len(stats.committed_per_round)
+
+
+def test_accepted_drafts_same_tokens(backend, decoder):
+    """A drafter that proposes the true continuation: rows are accepted, the output must not change."""
+    vocab = backend.info.vocab_size
+    ids = prompt(1500, 3, vocab)
+    plain, _ = generate(backend, decoder, ids, 64)
+    replayed, stats = generate(backend, decoder, ids, 64, drafter=ReplayDrafter(len(ids), plain))
+    first = next((i for i, (a, b) in enumerate(zip(replayed, plain, strict=True)) if a != b), None)
+    assert max(stats.committed_per_round) > 1, "the replay drafter should have been accepted"
+    assert first is None, f"accepted drafts changed the output at token {first}"
+
+
+def test_tree_parents_refused(backend):
+    ids = prompt(300, 4, backend.info.vocab_size)
+    backend.begin(ids)
+    try:
+        with pytest.raises(ValueError, match="chains only"):
+            backend.verify([ids[-1], 5, 6], [-1, 0, 0])
+    finally:
+        backend.finish()
+
+
+def test_matches_stock_generator(backend, decoder, small):
+    """Stock ExLlamaV3 (its Generator, DFlash2 chain, argmax) and elpis (spec core + proven acceptor) give
+    the same tokens from the same synthetic weights."""
+    import torch
+    from exllamav3 import Cache, Config, Generator, Job, Model, Tokenizer
+    from exllamav3.cache import CacheLayer_quant
+    from exllamav3.generator.sampler import ArgmaxSampler
+
+    from elpis.exl3.engine import MAX_HISTORY
+
+    config = Config.from_directory(str(small / "target"))
+    model = Model.from_config(config)
+    cache = Cache(
+        model,
+        max_num_tokens=65536,
+        layer_type=CacheLayer_quant,
+        k_bits=3,
+        v_bits=3,
+        max_batch_size=1,
+        max_history=MAX_HISTORY,
+    )
+    dconfig = Config.from_directory(str(small / "draft"))
+    draft = Model.from_config(dconfig)
+    dcache = Cache(
+        draft,
+        max_num_tokens=65536,
+        layer_type=CacheLayer_quant,
+        k_bits=3,
+        v_bits=3,
+        max_batch_size=1,
+        max_history=MAX_HISTORY,
+    )
+    draft.load(device="cuda:0")
+    model.load(device="cuda:0")
+    gen = Generator(
+        model,
+        cache,
+        Tokenizer.from_config(config),
+        draft_model=draft,
+        draft_cache=dcache,
+        num_draft_tokens=7,
+        max_chunk_size=2048,
+        max_batch_size=1,
+    )
+    try:
+        for seed, length in ((5, 1000), (6, 5000)):
+            ids = prompt(length, seed, backend.info.vocab_size)
+            job = Job(
+                input_ids=torch.tensor([ids]), max_new_tokens=40, sampler=ArgmaxSampler(), stop_conditions=[]
+            )
+            gen.enqueue(job)
+            stock: list[int] = []
+            while gen.num_remaining_jobs():
+                for r in gen.iterate():
+                    if r.get("stage") == "streaming" and r.get("token_ids") is not None:
+                        stock += r["token_ids"].view(-1).tolist()
+            ours, _ = generate(backend, decoder, ids, 40, drafter=backend.drafter)
+            first = next((i for i, (a, b) in enumerate(zip(ours, stock, strict=False)) if a != b), None)
+            assert first is None and len(ours) == len(stock) == 40, f"prompt {seed}: diverges at {first}"
+    finally:
+        gen.close()
+        model.unload()
+        draft.unload()
+
+
+def test_prefix_reuse_is_exact(backend, decoder):
+    vocab = backend.info.vocab_size
+    first = prompt(6000, 7, vocab)
+    answer, stats = generate(backend, decoder, first, 16, drafter=backend.drafter)
+    second = first + answer + prompt(700, 8, vocab)
+    warm, stats = generate(backend, decoder, second, 32, drafter=backend.drafter)
+    assert stats.cached_tokens >= 4096, stats.cached_tokens
+    backend.prefix.enabled = False
+    try:
+        cold, cold_stats = generate(backend, decoder, second, 32, drafter=backend.drafter)
+    finally:
+        backend.prefix.enabled = True
+    assert cold_stats.cached_tokens == 0
+    assert warm == cold
+
+
+RESTART = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    sys.path.insert(0, {repo!r})
+    from tests.exl3.test_gpu import generate, prompt
+    from elpis.bench.worker import BenchDecoder
+    from elpis.exl3 import load_backend
+    small, disk, turn = Path({small!r}), {disk!r}, {turn}
+    b = load_backend(small / "target", small / "draft", max_context=65536, model_id="small",
+                     host_cache_gib=1.0, disk_cache_dir=disk, prefix_cache=disk is not None)
+    d = BenchDecoder(small / "target")
+    vocab = b.info.vocab_size
+    first = prompt(9000, 11, vocab)
+    if turn == 1:
+        answer, stats = generate(b, d, first, 24, drafter=b.drafter)
+        print(json.dumps({{"answer": answer}}))
+    else:
+        answer = json.loads({answer!r})
+        second = first + answer + prompt(500, 12, vocab)
+        out, stats = generate(b, d, second, 24, drafter=b.drafter)
+        print(json.dumps({{"tokens": out, "cached": stats.cached_tokens}}))
+""")
+
+
+def _run_turn(small: Path, disk: str | None, turn: int, answer: list[int] | None = None) -> dict:
+    script = RESTART.format(repo=str(REPO), small=str(small), disk=disk, turn=turn, answer=json.dumps(answer))
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_restart_reuses_disk_prefix(small, tmp_path):
+    disk = str(tmp_path / "prefix")
+    answer = _run_turn(small, disk, 1)["answer"]
+    warm = _run_turn(small, disk, 2, answer)  # a fresh process: only the disk tier can serve the prefix
+    cold = _run_turn(small, None, 2, answer)
+    assert warm["cached"] >= 8192, warm["cached"]
+    assert cold["cached"] == 0
+    assert warm["tokens"] == cold["tokens"]
+
+
+def test_24gib_budget_full_model():
+    """The full configuration under a 24 GiB cap: 262,000-token prefill + 128 decoded tokens. Needs the
+    full synthetic checkpoints (ELPIS_FULL_TARGET / ELPIS_FULL_DRAFT); `elpis bench engine` records the
+    same run."""
+    target, draft = os.environ.get("ELPIS_FULL_TARGET"), os.environ.get("ELPIS_FULL_DRAFT")
+    if not (target and draft):
+        pytest.skip("set ELPIS_FULL_TARGET and ELPIS_FULL_DRAFT to the elpis synth --full/--draft outputs")
+    script = textwrap.dedent(f"""
+        import json, sys, torch
+        sys.path.insert(0, {str(REPO)!r})
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(24 * 2**30 / total)
+        from tests.exl3.test_gpu import generate, prompt
+        from elpis.bench.worker import BenchDecoder
+        from elpis.exl3 import load_backend
+        b = load_backend({target!r}, {draft!r})
+        ids = prompt(262000, 1, b.info.vocab_size)
+        out, stats = generate(b, BenchDecoder({target!r}), ids, 128, drafter=b.drafter)
+        print(json.dumps({{"tokens": len(out), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}}))
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=900, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["tokens"] == 128 and result["peak_gib"] < 24.0
