@@ -197,7 +197,7 @@ class Exl3Backend:
         return table
 
     def _register_full_pages(self) -> None:
-        """Name every page the committed tokens now fill (they become shareable prefix pages)."""
+        """Name every page the prefill has filled (they become shareable prefix pages)."""
         from elpis.exl3.prefix import page_key
 
         while (len(self.keys) + 1) * PAGE <= len(self.tokens):
@@ -312,6 +312,9 @@ class Exl3Backend:
             "cache_seqlens": torch.tensor([kvp], dtype=torch.int32),
             "recurrent_states": [self.state],
             "recurrent_history": run > 1,
+            # pinned, stream-ordered embedding upload: every round ends in a token read-back (a sync) before
+            # the staging buffer is written again
+            "pinned_staging": True,
         }
         if self.export_layers:
             params["export_state_layers"] = self.export_layers
@@ -342,8 +345,9 @@ class Exl3Backend:
                 },
                 lengths=[count],
             )
+        # Pages filled here are not named for reuse: decode rounds compute K/V with other kernels than
+        # prefill, and a restored prefix must hold exactly the K/V a cold prefill would have written.
         self.tokens.extend(pending.tokens[:count])
-        self._register_full_pages()
         self.pending = None
         self.anchor = None  # the caller supplies the next anchor (the last committed row's target token)
 

@@ -205,7 +205,7 @@ class PrefixCache:
                     self.free.append(page)
 
     def register(self, key: bytes, page: int) -> None:
-        """`page` now holds the full page named `key` (prefilled or committed tokens only)."""
+        """`page` now holds the full page named `key` (written by prefill only; see the module docstring)."""
         if not self.enabled or key in self.gpu or page in self.page_key:
             return
         self.gpu[key] = page

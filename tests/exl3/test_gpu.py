@@ -103,6 +103,33 @@ def test_small_checkpoint_loads(backend, small):
     assert cfg["synthetic"] is True
 
 
+def direct_rounds(backend, ids: list[int], tokens: int, draft: bool) -> list[int]:
+    """Rounds straight on the backend, committing only the anchor row (always a valid commit: no draft
+    token is accepted, so no acceptance decision is needed): exercises begin/propose/verify/commit."""
+    backend.begin(ids)
+    out, anchor = [], ids[-1]
+    try:
+        for _ in range(tokens):
+            rows = [anchor]
+            if draft:
+                block = backend.drafter.propose(ids + out, 7, 1)
+                rows += [c[0][0] for c in block.candidates]
+            logits = backend.verify(rows, list(range(-1, len(rows) - 1)))
+            assert logits.shape == (len(rows), backend.info.vocab_size) and logits.dtype.is_floating_point
+            assert bool(logits.isfinite().all())
+            backend.commit([0])
+            anchor = int(logits[0].argmax())
+            out.append(anchor)
+    finally:
+        backend.finish()
+    return out
+
+
+def test_engine_rounds_draft_on_off(backend):
+    ids = prompt(2500, 9, backend.info.vocab_size)
+    assert direct_rounds(backend, ids, 24, draft=True) == direct_rounds(backend, ids, 24, draft=False)
+
+
 def test_draft_on_off_same_tokens(backend, decoder):
     vocab = backend.info.vocab_size
     for seed, length in ((1, 700), (2, 3000)):
