@@ -12,7 +12,6 @@ import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -21,7 +20,8 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from elpis.server import sse
 from elpis.server.auth import Authorizer
 from elpis.server.channels import OutputSplitter, TextEvent, ToolCallEvent, prompt_opens_reasoning
-from elpis.server.errors import APIError, bad_request, error_body
+from elpis.server.errors import APIError, bad_request
+from elpis.server.limits import Limits
 from elpis.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from elpis.server.metrics import Metrics
 from elpis.server.prompting import chat_input, render_chat
@@ -56,19 +56,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/health"})  # everything else needs the API key
 
 
-@dataclass(frozen=True)
-class Limits:
-    max_body_bytes: int = 32 * 1024 * 1024
-    header_timeout_s: float = 60.0
-    body_timeout_s: float = 300.0
-    write_timeout_s: float = 60.0
-    keepalive_s: float = 10.0  # SSE comment after this long without a write
-    max_queue: int = 64
-    shutdown_grace_s: float = 30.0  # the running request may finish for this long on SIGTERM
-    default_chat_max_tokens: int = 4096
-    default_completion_max_tokens: int = 256
-
-
 class ClientGone(Exception):
     """The client closed the connection or stopped reading."""
 
@@ -88,10 +75,10 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large
 
 class OpenAIServer:
     def __init__(
-        self, authorizer: Authorizer, limits: Limits = Limits(), service: ModelService | None = None
+        self, authorizer: Authorizer, limits: Limits | None = None, service: ModelService | None = None
     ):
         self.authorizer = authorizer
-        self.limits = limits
+        self.limits = limits or Limits()
         self.service = service
         self.load_failure: str | None = None
         self.scheduler = Scheduler(limits.max_queue)
@@ -737,4 +724,4 @@ class OpenAIServer:
         return await self.scheduler.shutdown(self.limits.shutdown_grace_s)
 
 
-__all__ = ["Limits", "OpenAIServer", "error_body"]
+__all__ = ["Limits", "OpenAIServer"]

@@ -75,8 +75,11 @@ class HeaderDeadlineHandler(RequestHandler):
 
     async def finish_response(self, request: Any, resp: Any, start_time: Any) -> Any:
         result = await super().finish_response(request, resp, start_time)
-        if not self._messages and self.transport is not None:
+        if resp.keep_alive and request.content.is_eof() and not self._messages and self.transport is not None:
             self._arm()  # the connection stays open for the next request: its headers get the deadline
+        # Otherwise aiohttp either closes the connection (after a short lingering read of an unread body,
+        # so the client sees the answer) or reads that body first; its keep-alive timeout then bounds the
+        # wait for the next request's headers (closing without a 408).
         return result
 
 

