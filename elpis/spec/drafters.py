@@ -87,13 +87,25 @@ class NgramDrafter:
 class OracleDrafter:
     """The target itself, run on a second backend instance of the same model: proposes the continuation
     the target will commit (greedy, or sampled with the request's own seed and positions), with the next
-    most likely tokens as alternatives."""
+    most likely tokens as alternatives.
+
+    It keeps its own sequence running and extends it only as far as asked, so over a whole request it
+    costs one plain decode; a context that is not an extension of what it has seen (another request, or a
+    target that diverged) restarts it from that context.
+    """
+
+    MAX_ALTERNATIVES = 8
 
     def __init__(self, backend: Backend, sampling: SamplingParams) -> None:
         self.backend, self.sampling = backend, sampling
+        self._sequence: list[int] = []  # the oracle's committed context, anchor last
+        self._levels: dict[int, list[tuple[int, float]]] = {}  # absolute position -> candidates
+        self._active = False
 
     def reset(self) -> None:
-        pass
+        if self._active:
+            self.backend.finish()
+        self._sequence, self._levels, self._active = [], {}, False
 
     def propose(self, context: Sequence[int], depth: int, top_k: int) -> DraftBlock:
         return DraftBlock(self.continuation_with_alternatives(context, depth, top_k))
@@ -104,25 +116,24 @@ class OracleDrafter:
 
         if depth < 1 or top_k < 1:
             return []
-        room = self.backend.info.max_context - len(context) + 1
-        depth = min(depth, room)
-        levels: list[list[tuple[int, float]]] = []
-        self.backend.begin(list(context))
-        try:
-            anchor = context[-1]
-            for d in range(depth):
-                row = self.backend.verify([anchor], [-1])[0]
-                token = sample_row(row, self.sampling, len(context) + d)
-                logprobs = torch.log_softmax(row.to(torch.float64), dim=0)
-                others = torch.topk(logprobs, min(top_k, logprobs.shape[0])).indices.tolist()
-                level = [(token, 0.0)] + [(int(t), min(float(logprobs[t]), 0.0)) for t in others
-                                          if int(t) != token]
-                levels.append(level[:top_k])
-                self.backend.commit([0])
-                anchor = token
-        finally:
-            self.backend.finish()
-        return levels
+        length = len(context)
+        if not (self._active and len(self._sequence) >= length and self._sequence[:length] == list(context)):
+            self.reset()
+            self.backend.begin(list(context))
+            self._sequence, self._active = list(context), True
+        wanted = min(length + depth, self.backend.info.max_context)
+        while len(self._sequence) < wanted:
+            row = self.backend.verify([self._sequence[-1]], [-1])[0]
+            position = len(self._sequence)
+            token = sample_row(row, self.sampling, position)
+            logprobs = torch.log_softmax(row.to(torch.float64), dim=0)
+            others = torch.topk(logprobs, self.MAX_ALTERNATIVES).indices.tolist()
+            self._levels[position] = [(token, 0.0)] + [
+                (int(t), min(float(logprobs[t]), 0.0)) for t in others if int(t) != token
+            ]
+            self.backend.commit([0])
+            self._sequence.append(token)
+        return [self._levels[p][:top_k] for p in range(length, min(length + depth, len(self._sequence)))]
 
 
 class RandomDrafter:

@@ -1,0 +1,74 @@
+"""Shared fixtures: tiny random models (two seeds) written and loaded once, backends over them, and a helper
+that runs one request to the end."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from elpis.backend import Drafter
+from elpis.reference.backend import ReferenceBackend
+from elpis.reference.loader import load_model
+from elpis.reference.model import ReferenceModel
+from elpis.reference.synth import write_tiny
+from elpis.spec import GenerationRequest, GenerationStats, SpeculativeGenerator, Step
+from elpis.text import Tokenizer, load_tokenizer
+
+TINY_SEEDS = (0, 1)
+
+
+@dataclass
+class TinyModel:
+    seed: int
+    path: Path
+    model: ReferenceModel
+    tokenizer: Tokenizer
+
+    def backend(self, max_context: int = 4096) -> ReferenceBackend:
+        """A fresh backend (own state and prefix cache) over the shared weights."""
+        return ReferenceBackend(self.model, model_id=f"tiny{self.seed}", max_context=max_context,
+                                stop_token_ids=self.tokenizer.eos_ids or (248046,))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[int, TinyModel]:
+    models = {}
+    for seed in TINY_SEEDS:
+        path = write_tiny(tmp_path_factory.mktemp(f"tiny{seed}") / "model", seed=seed)
+        models[seed] = TinyModel(seed, path, load_model(path, dtype=torch.float32), load_tokenizer(path))
+    return models
+
+
+@dataclass
+class Outcome:
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    logprobs: list | None
+    stats: GenerationStats
+    steps: list[Step]
+
+    def same_output(self, other: Outcome) -> bool:
+        return (self.token_ids, self.text, self.finish_reason, self.logprobs) == (
+            other.token_ids, other.text, other.finish_reason, other.logprobs)
+
+
+def run_request(backend, tokenizer, request: GenerationRequest, drafter: Drafter | None = None,
+                tree_budget: int = 8, should_stop: Callable[[], bool] = lambda: False) -> Outcome:
+    generator = SpeculativeGenerator(backend, tokenizer, drafter=drafter, tree_budget=tree_budget)
+    steps = list(generator.generate(request, should_stop=should_stop))
+    assert steps and all(s.finish_reason is None and s.stats is None for s in steps[:-1])
+    last = steps[-1]
+    assert last.finish_reason is not None and last.stats is not None
+    logprobs = None if request.top_logprobs is None else [lp for s in steps for lp in s.logprobs]
+    token_ids = [t for s in steps for t in s.token_ids]
+    return Outcome(token_ids, "".join(s.text for s in steps), last.finish_reason, logprobs, last.stats, steps)
+
+
+@pytest.fixture(scope="session")
+def run() -> Callable[..., Outcome]:
+    return run_request
