@@ -127,14 +127,15 @@ def chain(draft: Sequence[int], target: Sequence[int], stops: Sequence[int], bud
     except AttributeError:
         b = _buffers()
     k, ns = len(draft), len(stops)
-    if k > 15 or ns > 4 or len(target) != k + 1:
+    if k > 15 or len(target) != k + 1:
         raise ValueError(_shape_reason("chain", draft=draft, target=target, stops=stops))
     cells = b.chain_cells
     try:
         cells[_CK] = k
-        cells[_CN] = ns
+        cells[_CN] = ns  # the glue rejects ns > 4 in its own order, before reading any stop slot
         cells[_CB] = budget
-        cells[_CS : _CS + ns] = stops
+        if ns <= 4:
+            cells[_CS : _CS + ns] = stops
         cells[_CD : _CD + k] = draft
         cells[_CT : _CT + k + 1] = target
     except (TypeError, OverflowError):
@@ -154,14 +155,15 @@ def tree(
     except AttributeError:
         b = _buffers()
     rows, ns = len(parents), len(stops)
-    if not 0 < rows <= 16 or ns > 4 or len(draft) != rows or len(target) != rows:
+    if not 0 < rows <= 16 or len(draft) != rows or len(target) != rows:
         raise ValueError(_shape_reason("tree", parents=parents, draft=draft, target=target, stops=stops))
     cells = b.tree_cells
     try:
         cells[_TR] = rows
-        cells[_TN] = ns
+        cells[_TN] = ns  # the glue rejects ns > 4 after the parents, before reading any stop slot
         cells[_TB] = budget
-        cells[_TS : _TS + ns] = stops
+        if ns <= 4:
+            cells[_TS : _TS + ns] = stops
         cells[_TP : _TP + rows] = parents
         cells[_TD : _TD + rows] = draft
         cells[_TT : _TT + rows] = target
@@ -190,10 +192,10 @@ def tree_masks(parents: Sequence[int]) -> TreeMasks:
         cells[0] = rows
         cells[1 : 1 + rows] = parents
     except (TypeError, OverflowError):
-        raise ValueError(_value_reason(None, parents=parents)) from None
+        raise ValueError(_value_reason(_NO_BUDGET, parents=parents)) from None
     code = b.masks(cells, b.depth, b.ancestors)
     if code != 0:
-        _raise_for(code, None, parents=parents)
+        _raise_for(code, _NO_BUDGET, parents=parents)
     return _new_masks(TreeMasks, tuple(b.unpack(b.depth, rows)), tuple(b.unpack(b.ancestors, rows)))
 
 
@@ -209,18 +211,12 @@ def batch(kind: str, cells: np.ndarray) -> dict[str, np.ndarray]:
 # --- error reporting (slow path only) ---------------------------------------------------------------
 
 
+_NO_BUDGET = object()  # tree_masks has no budget
+
+
 def _shape_reason(kind: str, **args: Sequence[int]) -> str:
     lengths = ", ".join(f"len({name})={len(value)}" for name, value in args.items())
-    if len(args.get("stops", ())) > abi.MAX_STOPS and _sizes_ok(kind, args):
-        return f"{abi.ERROR_REASONS[abi.ERR_STOPS]} (got {lengths})"
     return f"{abi.ERROR_REASONS[abi.ERR_SIZE]}: {abi.SIZE_RULES[kind]} (got {lengths})"
-
-
-def _sizes_ok(kind: str, args: dict[str, Sequence[int]]) -> bool:
-    if kind == "chain":
-        return len(args["draft"]) <= abi.MAX_DRAFT and len(args["target"]) == len(args["draft"]) + 1
-    rows = len(args["parents"])
-    return 0 < rows <= abi.MAX_ROWS and len(args["draft"]) == rows and len(args["target"]) == rows
 
 
 def _not_integer(value: Any) -> bool:
@@ -236,7 +232,7 @@ def _value_reason(budget: Any, **seqs: Sequence[Any]) -> str:
     for i, p in enumerate(seqs.get("parents", ())):
         if _not_integer(p) or not -(2**63) <= operator.index(p) < 2**63:
             return f"{abi.ERROR_REASONS[abi.ERR_PARENT]} (got parents[{i}] = {p!r})"
-    if budget is not None and (_not_integer(budget) or not 0 < operator.index(budget) <= abi.BUDGET_MAX):
+    if budget is not _NO_BUDGET and (_not_integer(budget) or not 0 < operator.index(budget) <= abi.BUDGET_MAX):
         return f"{abi.ERROR_REASONS[abi.ERR_BUDGET]} (got {budget!r})"
     return _id_reason(seqs) or "bad input: every value must be an integer"
 
@@ -261,6 +257,8 @@ def _raise_for(code: int, budget: Any, **seqs: Sequence[Any]) -> None:
     elif code == abi.ERR_ID:
         found = _id_reason(seqs)
         detail = found[len(reason) :] if found else ""
+    elif code == abi.ERR_STOPS:
+        detail = f" (got {len(seqs['stops'])} stops)"
     elif code == abi.ERR_PARENT:
         detail = f" (got parents = {list(seqs['parents'])!r})"
     raise ValueError(reason + detail)

@@ -250,13 +250,14 @@ def _compile(root: Path, staging: Path, objects: Path, cc: str) -> None:
     built = []
     for unit in units:
         obj = objects / (unit.stem + ".o")
-        _run_compiler([cc, *CFLAGS, *includes, "-c", str(unit), "-o", str(obj)], unit.name)
-        built.append(str(obj))
-    _run_compiler([cc, *LDFLAGS, "-o", str(staging / loader.LIBRARY), *built], loader.LIBRARY)
+        # Compiled from its own directory by bare name, so no build path ends up in the library.
+        _run_compiler([cc, *CFLAGS, *includes, "-c", unit.name, "-o", str(obj)], unit.name, cwd=unit.parent)
+        built.append(obj.name)
+    _run_compiler([cc, *LDFLAGS, "-o", str(staging / loader.LIBRARY), *built], loader.LIBRARY, cwd=objects)
 
 
-def _run_compiler(command: list[str], what: str) -> None:
-    result = subprocess.run(command, capture_output=True, text=True)
+def _run_compiler(command: list[str], what: str, cwd: Path) -> None:
+    result = subprocess.run(command, capture_output=True, text=True, cwd=cwd)
     if result.returncode != 0:
         raise BuildError("compile", f"{what}: {' '.join(command)}\n{result.stderr.strip()}")
 

@@ -34,7 +34,6 @@ KEYS = frozenset(
 )
 ROOT_SOURCE_DIRS = ("bend", "proofs", "codegen", "ext")
 PACKAGE_SOURCE_DIRS = ("bend", "accept")  # under the running elpis package
-PACKAGE_SOURCE_SUFFIXES = (".py", ".lark", ".j2", ".jinja")
 # Python distributions whose versions are recorded; those marked True must match at admission.
 DISTRIBUTIONS = {
     "cffi": True,
@@ -68,7 +67,7 @@ def digest(identity: dict[str, Any]) -> str:
     return hashlib.sha256(canonical(body)).hexdigest()
 
 
-def _files_under(base: Path, rel: str, suffixes: tuple[str, ...] | None = None) -> list[Path]:
+def _files_under(base: Path, rel: str) -> list[Path]:
     top = base / rel
     if not top.exists():
         return []
@@ -76,8 +75,7 @@ def _files_under(base: Path, rel: str, suffixes: tuple[str, ...] | None = None) 
     for path in sorted(top.rglob("*")):
         if "__pycache__" in path.parts or path.is_dir():
             continue
-        if suffixes is None or path.suffix in suffixes:
-            found.append(path)
+        found.append(path)
     return found
 
 
@@ -89,7 +87,7 @@ def source_files(root: Path) -> dict[str, Path]:
             files[path.relative_to(root).as_posix()] = path
     package_parent = PACKAGE_DIR.parent
     for rel in PACKAGE_SOURCE_DIRS:
-        for path in _files_under(PACKAGE_DIR, rel, PACKAGE_SOURCE_SUFFIXES):
+        for path in _files_under(PACKAGE_DIR, rel):
             files[path.relative_to(package_parent).as_posix()] = path
     return files
 
