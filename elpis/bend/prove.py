@@ -1,0 +1,172 @@
+"""`prove_all`: parse and check every module, then discharge every law.
+
+A law with a proof def (Bend style: `def Laws.name(..)`) is checked by the proof kernel
+(`kernel.py`); a law without one is discharged by z3 (`smt.py`). Every law also gets a vacuity
+check (its hypotheses are satisfiable). Nothing is skipped: a law that neither layer proves is a
+failure naming the law and its file:line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from elpis.bend.check import BASE, Program, load
+from elpis.bend.errors import BendError
+from elpis.paths import REPO_ROOT
+
+PROOF_ENTRY = Path("proofs/PROOF.bend")
+LAWS_ENTRY = Path("bend/LAWS.bend")
+SOURCE_DIRS = ("bend", "proofs")
+
+
+@dataclass
+class ProofReport:
+    ok: bool
+    failures: list[str] = field(default_factory=list)
+    certificates: list[dict] = field(default_factory=list)
+    sources: list[Path] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def source_files(root: Path) -> list[Path]:
+    out: list[Path] = []
+    for d in SOURCE_DIRS:
+        base = root / d
+        if base.is_dir():
+            out.extend(sorted(p for p in base.rglob("*.bend") if p.is_file()))
+    return out
+
+
+def load_program(root: Path) -> Program:
+    """Load proofs/PROOF.bend and everything it imports; refuse stray or unchecked modules."""
+    root = root.resolve()
+    entry = root / PROOF_ENTRY
+    if not entry.is_file():
+        raise BendError(f"{PROOF_ENTRY}: missing (it must import bend/LAWS.bend and every proof module)")
+    prog = load(root, [entry])
+    laws_key = LAWS_ENTRY.as_posix()
+    proof_mod = prog.modules[PROOF_ENTRY.as_posix()]
+    if laws_key not in proof_mod.aliases.values():
+        raise BendError(f"{PROOF_ENTRY}:1:1: PROOF.bend must import ../bend/LAWS.bend")
+    loaded = {k for k in prog.modules if k != BASE}
+    for path in source_files(root):
+        rel = path.relative_to(root).as_posix()
+        if rel not in loaded:
+            raise BendError(
+                f"{rel}:1:1: not imported (directly or not) by {PROOF_ENTRY}: every module is checked"
+            )
+    return prog
+
+
+def _law_keys(prog: Program, only: set[str] | None) -> list[str]:
+    keys = []
+    for mod in prog.order:
+        for key, law in prog.laws.items():
+            if law.module == mod and (only is None or law.name in only):
+                keys.append(key)
+    return keys
+
+
+def discharge(root: Path, keys: list[str]) -> list[dict]:
+    """Prove the given laws; one result dict per law (runs in worker processes too)."""
+    from elpis.bend.kernel import check_proof
+    from elpis.bend.smt import LawSmt
+    from elpis.bend.vacuity import vacuity_witness
+
+    prog = load_program(root)
+    results = []
+    for key in keys:
+        law = prog.laws[key]
+        start = time.perf_counter()
+        try:
+            if key in prog.proofs:
+                cert = check_proof(prog, key)
+                witness = vacuity_witness(prog, law)
+                cert["vacuity_witness"] = witness
+                results.append(
+                    {
+                        "key": key,
+                        "ok": True,
+                        "message": f"proved by the kernel ({cert['steps']} steps)",
+                        "certificate": cert,
+                    }
+                )
+            else:
+                out = LawSmt(prog, law).run()
+                results.append(
+                    {"key": key, "ok": out.ok, "message": out.message, "certificate": out.certificate}
+                )
+        except BendError as err:
+            results.append({"key": key, "ok": False, "message": str(err), "certificate": None})
+        results[-1]["seconds"] = round(time.perf_counter() - start, 3)
+        results[-1]["name"] = law.name
+        results[-1]["location"] = law.loc
+    return results
+
+
+def prove_all(
+    root: Path = REPO_ROOT,
+    *,
+    jobs: int | None = None,
+    only: set[str] | None = None,
+    progress: Callable[[dict], None] | None = None,
+) -> ProofReport:
+    start = time.perf_counter()
+    root = Path(root).resolve()
+    report = ProofReport(ok=False, sources=source_files(root))
+    try:
+        prog = load_program(root)
+    except BendError as err:
+        report.failures.append(str(err))
+        report.seconds = time.perf_counter() - start
+        return report
+    keys = _law_keys(prog, only)
+    if not keys:
+        report.failures.append("no laws to prove" if only is None else f"no law named {sorted(only)}")
+    jobs = jobs or min(2, os.cpu_count() or 1)
+    batches = _balance(keys, jobs)
+    results: list[dict] = []
+    if jobs <= 1 or len(keys) <= 1:
+        for batch in batches:
+            for r in discharge(root, batch):
+                results.append(r)
+                if progress:
+                    progress(r)
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for batch_results in pool.map(discharge, [root] * len(batches), batches):
+                for r in batch_results:
+                    results.append(r)
+                    if progress:
+                        progress(r)
+    order = {k: i for i, k in enumerate(keys)}
+    results.sort(key=lambda r: order[r["key"]])
+    for r in results:
+        if r["ok"]:
+            report.certificates.append(r["certificate"])
+        else:
+            report.failures.append(f"{r['location']}: law {r['name']}: {r['message']}")
+    report.ok = not report.failures
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _balance(keys: list[str], jobs: int) -> list[list[str]]:
+    """Round-robin the laws over `jobs` batches (laws of one module have similar cost)."""
+    batches: list[list[str]] = [[] for _ in range(max(1, jobs))]
+    for i, key in enumerate(keys):
+        batches[i % len(batches)].append(key)
+    return [b for b in batches if b]
+
+
+def sources_digest(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(p.as_posix().encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()

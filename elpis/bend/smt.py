@@ -1,0 +1,249 @@
+"""Discharge a law with z3, one query per shape, with a vacuity check and a certificate.
+
+Shapes. A list variable is either bounded or unbounded. It is bounded by L when the law's own
+hypotheses rule out every longer list: with the variable set to L+1 fresh elements followed by a
+tail of unknown shape (and the other variables unknown, or enumerated over their bounded shapes),
+some hypothesis evaluates to false without ever looking at that tail — so it is false for every
+longer list. Bounded variables are then enumerated over every length 0..L; unbounded ones stay
+symbolic (`SOpaque`). The shapes together cover every input, so "unsat in every shape" proves the
+law outright.
+
+Per shape: assert the hypotheses, check they are satisfiable (the vacuity check: a law whose
+hypotheses hold in no shape at all fails), then assert the negated claim and require unsat.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import z3
+
+from elpis.bend.check import Program
+from elpis.bend.core import FunT, LawInfo, ListT, free_vars
+from elpis.bend.errors import BendError
+from elpis.bend.symexec import SData, SNat, SOpaque, Sorts, SymExec, is_false
+
+MAX_BOUND = 32
+MAX_SHAPES = 20000
+QUERY_TIMEOUT_MS = 120_000
+
+
+@dataclass
+class SmtOutcome:
+    ok: bool
+    message: str
+    certificate: dict
+    witness: dict | None = None  # a model of the hypotheses (vacuity witness) or a counterexample
+    shapes: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def solver_version() -> str:
+    return f"z3 {z3.get_version_string()}"
+
+
+class LawSmt:
+    def __init__(self, prog: Program, law: LawInfo) -> None:
+        self.prog = prog
+        self.law = law
+        self.sorts = Sorts(prog)
+        for c in law.hyps:
+            if c.hyp.binders:
+                raise BendError(
+                    f"{law.loc}: law {law.name}: hypothesis {c.source} quantifies over values; "
+                    "such laws need a kernel proof (a def proving it), not the SMT layer"
+                )
+
+    # ------------------------------------------------------------ shapes
+    def bounds(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for c in self.law.values:
+            if not isinstance(c.ty, ListT):
+                continue
+            relevant = [h for h in self.law.hyps if c.name in _hyp_vars(h)]
+            if not relevant:
+                continue
+            for limit in range(MAX_BOUND + 1):
+                if self._refuted_beyond(c.name, limit, relevant, found):
+                    found[c.name] = limit
+                    break
+        return found
+
+    def _refuted_beyond(self, name: str, limit: int, hyps: list, found: dict[str, int]) -> bool:
+        others = sorted({v for h in hyps for v in _hyp_vars(h)} & set(found))
+        for lengths in itertools.product(*[range(found[o] + 1) for o in others]):
+            ex = SymExec(self.prog, self.sorts)
+            env = self._values(ex, dict(zip(others, lengths, strict=True)))
+            ty = self._var_ty(name)
+            items = [ex.fresh(f"{name}{i}", ty.elem) for i in range(limit + 1)]
+            env[name] = ex.list_of(items, ty, ex.fresh(f"{name}_tail", ty))
+            if not any(is_false(self._hyp_value(ex, h, env)) for h in hyps):
+                return False
+        return True
+
+    def _var_ty(self, name: str):
+        return next(c.ty for c in self.law.values if c.name == name)
+
+    def _values(self, ex: SymExec, lengths: dict[str, int]) -> dict[str, object]:
+        env: dict[str, object] = {}
+        for c in self.law.values:
+            if c.name in lengths:
+                items = [ex.fresh(f"{c.source}{i}", c.ty.elem) for i in range(lengths[c.name])]
+                env[c.name] = ex.list_of(items, c.ty)
+            else:
+                env[c.name] = ex.fresh(c.source, c.ty)
+        return env
+
+    def _hyp_value(self, ex: SymExec, clause, env: dict[str, object]) -> object:
+        eq = clause.hyp.eq
+        return ex.equal(ex.eval(eq.lhs, env), ex.eval(eq.rhs, env), eq.ty)
+
+    # ------------------------------------------------------------ discharge
+    def run(self) -> SmtOutcome:
+        start = time.perf_counter()
+        bounded = self.bounds()
+        names = sorted(bounded)
+        total = 1
+        for n in names:
+            total *= bounded[n] + 1
+        if total > MAX_SHAPES:
+            raise BendError(
+                f"{self.law.loc}: law {self.law.name}: {total} shapes is too many for the SMT layer"
+            )
+        shape_certs = []
+        satisfiable = 0
+        witness = None
+        self._pruned: dict[tuple, bool] = {}
+        for lengths in itertools.product(*[range(bounded[n] + 1) for n in names]):
+            shape = dict(zip(names, lengths, strict=True))
+            if self._ruled_out(shape):
+                continue
+            result = self._query(shape)
+            if result is None:
+                continue  # the hypotheses are false for this shape by evaluation alone
+            cert, verdict, model_values = result
+            shape_certs.append(cert)
+            if cert["hypotheses"] == "sat":
+                satisfiable += 1
+                witness = witness or model_values
+            if verdict != "unsat":
+                return self._outcome(False, verdict, shape_certs, start, model_values, bounded)
+        if satisfiable == 0:
+            return self._outcome(False, "vacuous", shape_certs, start, None, bounded)
+        return self._outcome(True, "unsat", shape_certs, start, witness, bounded)
+
+    def _ruled_out(self, shape: dict[str, int]) -> bool:
+        """Is some hypothesis false by evaluation alone for this shape? (memoised per hypothesis)"""
+        for i, h in enumerate(self.law.hyps):
+            mentioned = tuple(sorted(n for n in _hyp_vars(h) if n in shape))
+            key = (i, tuple(shape[n] for n in mentioned))
+            if key not in self._pruned:
+                ex = SymExec(self.prog, self.sorts)
+                env = self._values(ex, {n: shape[n] for n in mentioned})
+                self._pruned[key] = is_false(self._hyp_value(ex, h, env))
+            if self._pruned[key]:
+                return True
+        return False
+
+    def _query(self, shape: dict[str, int]):
+        ex = SymExec(self.prog, self.sorts)
+        env = self._values(ex, shape)
+        hyps = [self._hyp_value(ex, h, env) for h in self.law.hyps]
+        if any(is_false(h) for h in hyps):
+            return None
+        goal = ex.equal(ex.eval(self.law.goal.lhs, env), ex.eval(self.law.goal.rhs, env), self.law.goal.ty)
+        t0 = time.perf_counter()
+        solver = z3.Solver()
+        solver.set("timeout", QUERY_TIMEOUT_MS)
+        solver.add(*ex.side)
+        solver.add(*[h if not isinstance(h, bool) else z3.BoolVal(h) for h in hyps])
+        hyp_result = solver.check()
+        model_values = self._decode(solver.model(), env) if hyp_result == z3.sat else None
+        solver.add(z3.Not(goal) if not isinstance(goal, bool) else z3.BoolVal(not goal))
+        smt2 = solver.to_smt2()
+        result = solver.check()
+        if result == z3.sat:
+            model_values = self._decode(solver.model(), env)
+        cert = {
+            "shape": {self._source(n): v for n, v in shape.items()},
+            "hypotheses": str(hyp_result),
+            "result": str(result),
+            "smt2_sha256": hashlib.sha256(smt2.encode()).hexdigest(),
+            "seconds": round(time.perf_counter() - t0, 4),
+        }
+        return cert, str(result), model_values
+
+    def _source(self, core_name: str) -> str:
+        return next(c.source for c in self.law.clauses if c.name == core_name)
+
+    def _decode(self, model: z3.ModelRef, env: dict[str, object]) -> dict:
+        out = {}
+        for c in self.law.values:
+            out[c.source] = _show(model, env[c.name], c.ty)
+        return out
+
+    def _outcome(self, ok, verdict, certs, start, values, bounded) -> SmtOutcome:
+        seconds = time.perf_counter() - start
+        joined = "".join(c["smt2_sha256"] for c in certs)
+        cert = {
+            "law": self.law.name,
+            "module": self.law.module,
+            "location": self.law.loc,
+            "method": "smt",
+            "solver": solver_version(),
+            "bounds": {self._source(n): v for n, v in sorted(bounded.items())},
+            "unbounded": [
+                c.source for c in self.law.values if isinstance(c.ty, ListT) and c.name not in bounded
+            ],
+            "shapes": certs,
+            "smt2_sha256": hashlib.sha256(joined.encode()).hexdigest(),
+            "result": verdict,
+            "seconds": round(seconds, 3),
+        }
+        if ok:
+            msg = f"proved by z3 over {len(certs)} shape(s)"
+        elif verdict == "vacuous":
+            msg = "its hypotheses are unsatisfiable (vacuous law)"
+        elif verdict == "sat":
+            msg = f"false: counterexample {values}"
+        else:
+            msg = f"z3 answered {verdict} (no proof)"
+        return SmtOutcome(ok, msg, cert, values, len(certs), seconds)
+
+
+def _hyp_vars(clause) -> set[str]:
+    eq = clause.hyp.eq
+    return free_vars(eq.lhs) | free_vars(eq.rhs)
+
+
+def _show(model: z3.ModelRef, v: object, ty) -> object:
+    if isinstance(ty, FunT):
+        return "<function>"
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int):
+        return v
+    if isinstance(v, SNat):
+        return model.eval(v.e, model_completion=True).as_long()
+    if isinstance(v, z3.BitVecRef):
+        return model.eval(v, model_completion=True).as_long()
+    if isinstance(v, z3.BoolRef):
+        return z3.is_true(model.eval(v, model_completion=True))
+    if isinstance(v, SData):
+        for guard, ctor, fields in v.alts:
+            g = guard if isinstance(guard, bool) else z3.is_true(model.eval(guard, model_completion=True))
+            if not g:
+                continue
+            if ctor == "Nil":
+                return []
+            if ctor == "Con":
+                elem_ty = ty.elem if isinstance(ty, ListT) else None
+                return [_show(model, fields[0], elem_ty), *_show(model, fields[1], ty)]
+            return {ctor: [_show(model, f, None) for f in fields]}
+    if isinstance(v, SOpaque):
+        return str(model.eval(v.term, model_completion=True))
+    return str(v)
