@@ -16,6 +16,7 @@ RuntimeError("acceptor not built: run make build"), and any failed admission che
 from __future__ import annotations
 
 import operator
+import struct
 import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -44,9 +45,7 @@ class TreeMasks(NamedTuple):
     ancestors: tuple[int, ...]  # bit j of ancestors[r] is set iff j is r or an ancestor of r
 
 
-_new_chain = ChainDecision.__new__
-_new_tree = TreeDecision.__new__
-_new_masks = TreeMasks.__new__
+_tuple_new = tuple.__new__  # builds the named tuples without a Python-level __new__ call
 
 _admit_lock = threading.Lock()
 _acceptor: Any = None
@@ -81,10 +80,12 @@ class _Buffers:
 
     def __init__(self, acceptor: Any) -> None:
         ffi, lib = acceptor.ffi, acceptor.lib
-        self.ffi = ffi
         self.chain_cells = ffi.new("int64_t[]", abi.CHAIN_CELLS)
         self.tree_cells = ffi.new("int64_t[]", abi.TREE_CELLS)
         self.masks_cells = ffi.new("int64_t[]", abi.MASKS_CELLS)
+        self.chain_view = ffi.buffer(self.chain_cells)
+        self.tree_view = ffi.buffer(self.tree_cells)
+        self.masks_view = ffi.buffer(self.masks_cells)
         self.path = ffi.new("uint8_t[]", abi.MAX_ROWS)
         self.depth = ffi.new("uint8_t[]", abi.MAX_ROWS)
         self.ancestors = ffi.new("uint16_t[]", abi.MAX_ROWS)
@@ -100,24 +101,42 @@ def _buffers() -> _Buffers:
     return buffers
 
 
-# Cell offsets as plain locals of the hot functions (module constants cost a global lookup each).
-_CK, _CB, _CN, _CS, _CD, _CT = (
-    abi.CHAIN_K,
-    abi.CHAIN_BUDGET,
-    abi.CHAIN_NSTOPS,
-    abi.CHAIN_STOPS,
-    abi.CHAIN_DRAFT,
-    abi.CHAIN_TARGET,
+# Packing: one precompiled little-endian struct layout per (size, stop count). Unused slots are pad bytes,
+# so they keep whatever an earlier call left there: the glue neither validates nor reads them.
+def _layout(*fields: tuple[int, int]) -> struct.Struct:
+    """fields: (cell offset, number of cells) in increasing offset order."""
+    fmt, at = "<", 0
+    for offset, count in fields:
+        fmt += f"{(offset - at) * 8}x" if offset > at else ""
+        fmt += f"{count}q" if count else ""
+        at = offset + count
+    return struct.Struct(fmt)
+
+
+assert (
+    (abi.CHAIN_K, abi.CHAIN_BUDGET, abi.CHAIN_NSTOPS)
+    == (0, 1, 2)
+    == (abi.TREE_ROWS, abi.TREE_BUDGET, abi.TREE_NSTOPS)
 )
-_TR, _TB, _TN, _TS, _TP, _TD, _TT = (
-    abi.TREE_ROWS,
-    abi.TREE_BUDGET,
-    abi.TREE_NSTOPS,
-    abi.TREE_STOPS,
-    abi.TREE_PARENTS,
-    abi.TREE_DRAFT,
-    abi.TREE_TARGET,
-)
+_S = abi.MAX_STOPS + 1
+_CHAIN_LAYOUTS = [
+    _layout((0, 3), (abi.CHAIN_STOPS, ns), (abi.CHAIN_DRAFT, k), (abi.CHAIN_TARGET, k + 1))
+    for k in range(abi.MAX_DRAFT + 1)
+    for ns in range(_S)
+]
+_TREE_LAYOUTS = [None] * _S + [  # rows = 0 never gets here
+    _layout(
+        (0, 3),
+        (abi.TREE_STOPS, ns),
+        (abi.TREE_PARENTS, rows),
+        (abi.TREE_DRAFT, rows),
+        (abi.TREE_TARGET, rows),
+    )
+    for rows in range(1, abi.MAX_ROWS + 1)
+    for ns in range(_S)
+]
+_MASKS_LAYOUTS = [None] + [_layout((abi.MASKS_ROWS, 1), (abi.MASKS_PARENTS, rows)) for rows in range(1, 17)]
+_PACK_ERRORS = (struct.error, TypeError, OverflowError)
 
 
 def chain(draft: Sequence[int], target: Sequence[int], stops: Sequence[int], budget: int) -> ChainDecision:
@@ -129,21 +148,17 @@ def chain(draft: Sequence[int], target: Sequence[int], stops: Sequence[int], bud
     k, ns = len(draft), len(stops)
     if k > 15 or len(target) != k + 1:
         raise ValueError(_shape_reason("chain", draft=draft, target=target, stops=stops))
-    cells = b.chain_cells
     try:
-        cells[_CK] = k
-        cells[_CN] = ns  # the glue rejects ns > 4 in its own order, before reading any stop slot
-        cells[_CB] = budget
         if ns <= 4:
-            cells[_CS : _CS + ns] = stops
-        cells[_CD : _CD + k] = draft
-        cells[_CT : _CT + k + 1] = target
-    except (TypeError, OverflowError):
+            _CHAIN_LAYOUTS[k * 5 + ns].pack_into(b.chain_view, 0, k, budget, ns, *stops, *draft, *target)
+        else:  # the glue reports the stop count in its own checking order, before reading any stop slot
+            _CHAIN_LAYOUTS[k * 5].pack_into(b.chain_view, 0, k, budget, ns, *draft, *target)
+    except _PACK_ERRORS:
         raise ValueError(_value_reason(budget, stops=stops, draft=draft, target=target)) from None
-    code = b.chain(cells)
+    code = b.chain(b.chain_cells)
     if code < 2:
         _raise_for(code, budget, stops=stops, draft=draft, target=target)
-    return _new_chain(ChainDecision, code >> 1, code & 1 == 1)
+    return _tuple_new(ChainDecision, (code >> 1, code & 1 == 1))
 
 
 def tree(
@@ -157,25 +172,23 @@ def tree(
     rows, ns = len(parents), len(stops)
     if not 0 < rows <= 16 or len(draft) != rows or len(target) != rows:
         raise ValueError(_shape_reason("tree", parents=parents, draft=draft, target=target, stops=stops))
-    cells = b.tree_cells
     try:
-        cells[_TR] = rows
-        cells[_TN] = ns  # the glue rejects ns > 4 after the parents, before reading any stop slot
-        cells[_TB] = budget
         if ns <= 4:
-            cells[_TS : _TS + ns] = stops
-        cells[_TP : _TP + rows] = parents
-        cells[_TD : _TD + rows] = draft
-        cells[_TT : _TT + rows] = target
-    except (TypeError, OverflowError):
+            _TREE_LAYOUTS[rows * 5 + ns].pack_into(
+                b.tree_view, 0, rows, budget, ns, *stops, *parents, *draft, *target
+            )
+        else:  # the glue checks the parents first, then reports the stop count
+            _TREE_LAYOUTS[rows * 5].pack_into(b.tree_view, 0, rows, budget, ns, *parents, *draft, *target)
+    except _PACK_ERRORS:
         raise ValueError(
             _value_reason(budget, parents=parents, stops=stops, draft=draft, target=target)
         ) from None
-    code = b.tree(cells, b.path)
+    path = b.path
+    code = b.tree(b.tree_cells, path)
     if code < 2:
         _raise_for(code, budget, parents=parents, stops=stops, draft=draft, target=target)
     count = code >> 1
-    return _new_tree(TreeDecision, tuple(b.unpack(b.path, count)), count, code & 1 == 1)
+    return _tuple_new(TreeDecision, (tuple(b.unpack(path, count)), count, code & 1 == 1))
 
 
 def tree_masks(parents: Sequence[int]) -> TreeMasks:
@@ -187,16 +200,14 @@ def tree_masks(parents: Sequence[int]) -> TreeMasks:
     rows = len(parents)
     if not 0 < rows <= 16:
         raise ValueError(_shape_reason("masks", parents=parents))
-    cells = b.masks_cells
     try:
-        cells[0] = rows
-        cells[1 : 1 + rows] = parents
-    except (TypeError, OverflowError):
+        _MASKS_LAYOUTS[rows].pack_into(b.masks_view, 0, rows, *parents)
+    except _PACK_ERRORS:
         raise ValueError(_value_reason(_NO_BUDGET, parents=parents)) from None
-    code = b.masks(cells, b.depth, b.ancestors)
+    code = b.masks(b.masks_cells, b.depth, b.ancestors)
     if code != 0:
         _raise_for(code, _NO_BUDGET, parents=parents)
-    return _new_masks(TreeMasks, tuple(b.unpack(b.depth, rows)), tuple(b.unpack(b.ancestors, rows)))
+    return _tuple_new(TreeMasks, (tuple(b.unpack(b.depth, rows)), tuple(b.unpack(b.ancestors, rows))))
 
 
 def batch(kind: str, cells: np.ndarray) -> dict[str, np.ndarray]:
@@ -232,7 +243,9 @@ def _value_reason(budget: Any, **seqs: Sequence[Any]) -> str:
     for i, p in enumerate(seqs.get("parents", ())):
         if _not_integer(p) or not -(2**63) <= operator.index(p) < 2**63:
             return f"{abi.ERROR_REASONS[abi.ERR_PARENT]} (got parents[{i}] = {p!r})"
-    if budget is not _NO_BUDGET and (_not_integer(budget) or not 0 < operator.index(budget) <= abi.BUDGET_MAX):
+    if budget is not _NO_BUDGET and (
+        _not_integer(budget) or not 0 < operator.index(budget) <= abi.BUDGET_MAX
+    ):
         return f"{abi.ERROR_REASONS[abi.ERR_BUDGET]} (got {budget!r})"
     return _id_reason(seqs) or "bad input: every value must be an integer"
 

@@ -10,7 +10,9 @@ everything against the sources, so a stale previous build still cannot be served
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -240,7 +242,8 @@ def _compile(root: Path, staging: Path, objects: Path, cc: str) -> None:
     objects.mkdir(parents=True)
     try:
         ffi = _load_ffi_definition(root)
-        ffi.emit_c_code(str(staging / identity.WRAPPER_C))
+        with contextlib.redirect_stdout(io.StringIO()):  # cffi announces "generating ..." on stdout
+            ffi.emit_c_code(str(staging / identity.WRAPPER_C))
     except BuildError:
         raise
     except Exception as exc:

@@ -77,6 +77,7 @@ class _State:
     locals: dict[str, set[str]] = field(default_factory=dict)
     structs: dict[str, list[str]] = field(default_factory=dict)
     var_struct: dict[tuple[str | None, str], str] = field(default_factory=dict)
+    containers: set[tuple[str | None, str]] = field(default_factory=set)  # pointers and arrays
     changed: bool = False
 
 
@@ -135,6 +136,8 @@ def _check_ast(ast: c_ast.FileAST, name: str) -> list[str]:
                 continue
             if "const" not in _qualifiers(node.type):
                 problems.append(f"{name}: mutable file-scope variable {node.name!r}")
+            if isinstance(node.type, (c_ast.ArrayDecl, c_ast.PtrDecl)):
+                state.containers.add((None, node.name))
         elif isinstance(node, c_ast.Typedef):
             _record_struct(node.type, state)
     for missing in sorted(set(EXPORTS) - exported):
@@ -156,10 +159,14 @@ def _check_ast(ast: c_ast.FileAST, name: str) -> list[str]:
                 struct = _struct_name(node.type)
                 if struct:
                     state.var_struct[fname, node.name] = struct
+                if isinstance(node.type, (c_ast.ArrayDecl, c_ast.PtrDecl)):
+                    state.containers.add((fname, node.name))
         for pname, ptype in zip(state.params[fname], _param_types(fn.decl), strict=True):
             struct = _struct_name(ptype)
             if struct:
                 state.var_struct[fname, pname] = struct
+            if isinstance(ptype, (c_ast.ArrayDecl, c_ast.PtrDecl)):
+                state.containers.add((fname, pname))
 
     state.changed = True
     while state.changed:
@@ -298,6 +305,19 @@ def _init_exprs(expr: c_ast.Node) -> list[c_ast.Node]:
     return [expr]
 
 
+def _container(expr: c_ast.Node | None, fname: str, state: _State) -> bool:
+    """Whether an expression is a pointer or array (of tokens, when tainted), not a token value."""
+    if isinstance(expr, c_ast.ID):
+        return _var_key(fname, expr.name, state) in state.containers
+    if isinstance(expr, c_ast.BinaryOp) and expr.op in ("+", "-"):
+        return _container(expr.left, fname, state) != _container(expr.right, fname, state)
+    if isinstance(expr, c_ast.UnaryOp) and expr.op == "&":
+        return True
+    if isinstance(expr, c_ast.Cast):
+        return _cast_names(expr.to_type) == "pointer"
+    return False
+
+
 def _mark_var(key: tuple[str | None, str], state: _State) -> None:
     if key not in state.tainted_vars:
         state.tainted_vars.add(key)
@@ -408,6 +428,8 @@ def _violations(fname: str, fn: c_ast.FuncDef, state: _State) -> list[str]:
             if node.op in ("&&", "||"):
                 truth(node.left, node.op, node)
                 truth(node.right, node.op, node)
+            elif _offset_of_token_array(node, fname, state):
+                continue  # p + n on a token array is a shorter token array, not arithmetic on ids
             elif node.op not in _EQUALITY and (tainted(node.left) or tainted(node.right)):
                 kind = "ordering comparison" if node.op in _ORDERING else "operator"
                 out.append(f"{_where(node)}: token value in {kind} '{node.op}'")
@@ -437,6 +459,26 @@ def _violations(fname: str, fn: c_ast.FuncDef, state: _State) -> list[str]:
                     f"{_where(node)}: call to {callee or 'a function pointer'}, not defined in this file"
                 )
     return out
+
+
+def _offset_of_token_array(node: c_ast.BinaryOp, fname: str, state: _State) -> bool:
+    if node.op not in ("+", "-"):
+        return False
+    left, right = node.left, node.right
+    if node.op == "-":  # only array - integer, never integer - array or array - array
+        return (
+            _container(left, fname, state)
+            and not _tainted(right, fname, state)
+            and not _container(right, fname, state)
+        )
+    for array, offset in ((left, right), (right, left)):
+        if (
+            _container(array, fname, state)
+            and not _tainted(offset, fname, state)
+            and not _container(offset, fname, state)
+        ):
+            return True
+    return False
 
 
 def _cast_names(typename: c_ast.Node) -> str:

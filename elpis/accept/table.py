@@ -162,7 +162,7 @@ def _budgets(bits: _Bits, small_limit: np.ndarray) -> np.ndarray:
     return np.where(kind < 0.5, small, np.where(kind < 0.75, anywhere, top))
 
 
-def _random_chain_block(seed: int, first: int, n: int) -> np.ndarray:
+def random_chain_block(seed: int, first: int, n: int) -> np.ndarray:
     bits = _Bits(seed, first, n)
     cells = bits.garbage(abi.CHAIN_CELLS)
     pos = np.arange(abi.MAX_ROWS)[None, :]
@@ -270,7 +270,7 @@ def _random_parents(bits: _Bits) -> np.ndarray:
     return parents
 
 
-def _random_tree_block(seed: int, first: int, n: int) -> np.ndarray:
+def random_tree_block(seed: int, first: int, n: int) -> np.ndarray:
     bits = _Bits(seed, first, n)
     cells = bits.garbage(abi.TREE_CELLS)
     pos = np.arange(abi.MAX_ROWS)[None, :]
@@ -318,7 +318,7 @@ def _masks8_blocks() -> Iterator[np.ndarray]:
     yield cells
 
 
-def _random_masks_block(seed: int, first: int, n: int) -> np.ndarray:
+def random_masks_block(seed: int, first: int, n: int) -> np.ndarray:
     bits = _Bits(seed, first, n)
     cells = bits.garbage(abi.MASKS_CELLS)
     rows = 1 + bits.below(np.asarray(abi.MAX_ROWS))[:, 0]
@@ -355,7 +355,7 @@ SECTIONS: tuple[Section, ...] = (
         "chain",
         CHAIN_RANDOM,
         {"seed": CHAIN_SEED},
-        _seeded(_random_chain_block, CHAIN_SEED, CHAIN_RANDOM),
+        _seeded(random_chain_block, CHAIN_SEED, CHAIN_RANDOM),
     ),
     Section(
         "tree8",
@@ -369,7 +369,7 @@ SECTIONS: tuple[Section, ...] = (
         "tree",
         TREE_RANDOM,
         {"seed": TREE_SEED},
-        _seeded(_random_tree_block, TREE_SEED, TREE_RANDOM),
+        _seeded(random_tree_block, TREE_SEED, TREE_RANDOM),
     ),
     Section("masks8", "masks", 5040, {}, _masks8_blocks),
     Section(
@@ -377,6 +377,6 @@ SECTIONS: tuple[Section, ...] = (
         "masks",
         MASKS_RANDOM,
         {"seed": MASKS_SEED},
-        _seeded(_random_masks_block, MASKS_SEED, MASKS_RANDOM),
+        _seeded(random_masks_block, MASKS_SEED, MASKS_RANDOM),
     ),
 )
