@@ -89,10 +89,15 @@ def scan(c_file: Path, h_file: Path, cc: str = "gcc") -> list[str]:
         for kind, name in _INCLUDE.findall(text):
             ok = name in ALLOWED_SYSTEM_HEADERS if kind == "<" else name in allowed_local
             if not ok:
-                problems.append(f"{path.name}: includes {kind}{name}: only <stdint.h>/<stdbool.h> allowed")
+                closing = ">" if kind == "<" else '"'
+                problems.append(
+                    f"{path.name}: includes {kind}{name}{closing}: only <stdint.h>/<stdbool.h> allowed"
+                )
         for pattern, what in _FORBIDDEN_TEXT:
             if pattern.search(text):
                 problems.append(f"{path.name}: contains {what}")
+    if problems:  # a foreign header would not even preprocess against the stand-ins
+        return problems
     ast = _parse(c_file, h_file.parent, cc)
     problems += _check_ast(ast, c_file.name)
     return problems
