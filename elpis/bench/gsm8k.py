@@ -115,7 +115,7 @@ def workload(client: Any, model: str, questions: int, max_tokens: int) -> dict[s
                 "seconds": seconds,
                 "tok_s": tokens / seconds if seconds > 0 else None,
                 "rounds": spec["rounds"] if spec else None,
-                "committed": spec.get("committed") if spec else None,
+                "committed": spec["committed"] if spec else None,
                 "answer": answer,
                 "gold": task.gold,
                 "correct": same_answer(answer, task.gold),
@@ -153,10 +153,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     with_rounds = [r for r in rows if r["rounds"]]
     if with_rounds:
         rounds = sum(r["rounds"] for r in with_rounds)
-        committed = sum(
-            r["committed"] if r["committed"] is not None else r["completion_tokens"] for r in with_rounds
-        )
-        summary["tokens_per_round"] = committed / rounds
+        summary["tokens_per_round"] = sum(r["committed"] for r in with_rounds) / rounds
         summary["rounds"] = rounds
     return summary
 

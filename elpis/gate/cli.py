@@ -1,6 +1,6 @@
 """`elpis gate`: per-op error against fp64, teacher-forced model comparison, verdicts.
 
-elpis gate op      --backend reference --model DIR [--ops attention,gdn.prefill] [--contexts 128,512] [--rows 1,8]
+elpis gate op      --backend reference --model DIR [--ops attention,gemm] [--contexts 128] [--rows 1,8]
 elpis gate model   --model DIR --reference SPEC --arm NAME=SPEC [--arm ...] [corpus sizes]
 elpis gate verdict --rules FILE --measurement FILE.json --candidate ARM --patch ID
 """
@@ -210,7 +210,9 @@ def _model(args: argparse.Namespace) -> int:
     results = _results_dir(args.results)
     stem = f"model-{args.label}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(measurement.measured_at))}"
     path = measurement.save(results, stem)
-    record_measurement(results, arms, measurement.measured_at, path.name)
+    record_measurement(
+        results, {name: arm.spec for name, arm in built.items()}, measurement.measured_at, path.name
+    )
     _print_measurement(measurement)
     print(f"saved {path}")
     return 0
@@ -237,7 +239,8 @@ def _print_measurement(measurement) -> None:
     Console().print(table)
     for name, arm in measurement.arms.items():
         print(
-            f"{name}: greedy first divergence per prompt {arm.first_divergence} (of {measurement.greedy_tokens})"
+            f"{name}: greedy first divergence per prompt {arm.first_divergence} "
+            f"(of {measurement.greedy_tokens} tokens)"
         )
 
 
@@ -274,6 +277,7 @@ def _verdict(args: argparse.Namespace) -> int:
         )
     Console().print(table)
     print(
-        f"{args.patch}: {verdict.verdict} (rule {verdict.rule_id}, sha256 {verdict.rule_sha256[:12]}) -> {verdict.path}"
+        f"{args.patch}: {verdict.verdict} (rule {verdict.rule_id}, sha256 {verdict.rule_sha256[:12]}) "
+        f"-> {verdict.path}"
     )
     return 0 if verdict.ships else 1

@@ -63,22 +63,34 @@ def served_model(client: openai.OpenAI, requested: str | None) -> str:
     return ids[0]
 
 
-# Keys under which a server may put speculation statistics inside `usage` (elpis's own first).
-SPEC_USAGE_KEYS = ("speculation", "elpis", "exl3_spec")
+# Where a server may put speculation statistics inside `usage`: elpis's own block first
+# (`speculation: {rounds, committed_tokens, ...}`), then the published EXL3 server's (`exl3_spec: {rounds,
+# committed}`).
+SPEC_USAGE_KEYS = ("speculation", "exl3_spec")
 
 
-def speculation_stats(usage: Any) -> dict[str, Any] | None:
-    """Speculation statistics from a response's `usage` block if the server sent them, else None.
+def speculation_stats(usage: Any) -> dict[str, int] | None:
+    """`{"rounds": R, "committed": C}` from a response's `usage` block, or None if the server sent none.
 
-    Returns at least `rounds` and `committed` (tokens committed by those rounds) when present.
+    Refuses inconsistent numbers (rounds < 1 with tokens, committed tokens beyond the completion).
     """
     if usage is None:
         return None
     extra = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)
     for key in SPEC_USAGE_KEYS:
         block = extra.get(key)
-        if isinstance(block, dict) and isinstance(block.get("rounds"), int):
-            return block
+        if not isinstance(block, dict) or not isinstance(block.get("rounds"), int):
+            continue
+        committed = block.get("committed_tokens", block.get("committed"))
+        if not isinstance(committed, int):
+            raise ClientError(f"usage.{key} has rounds but no committed token count")
+        rounds, completion = block["rounds"], extra.get("completion_tokens")
+        if rounds < 0 or committed < rounds or (isinstance(completion, int) and committed > completion):
+            raise ClientError(
+                f"usage.{key} is inconsistent: {rounds} rounds, {committed} committed, "
+                f"{completion} completion tokens"
+            )
+        return {"rounds": rounds, "committed": committed}
     return None
 
 

@@ -2,9 +2,10 @@
 
 A configuration is written as a spec string `kind:key=value,key=value` (e.g. `reference:dtype=fp64`,
 `reference:dtype=fp32,rows=8`, `exl3:patches=3032`). The kind picks a provider module
-(`elpis.gate.providers`) whose `configuration(model, options)` returns a `LogitsModel`. The canonical
-spec (options sorted) is the configuration's identity: it is what the measurement ledger records and
-what rule files name, so it must capture every switch that changes numerics.
+(`elpis.gate.providers`) whose `configuration(model, options)` returns a `LogitsModel`. The model's
+`.spec` is the full canonical spec (options sorted, every applicable default written out): the
+configuration's identity, which the measurement ledger records and rule files name, so it must capture
+every switch that changes numerics.
 
 `BackendLogits` adapts any `elpis.backend.Backend` (the served path: `begin` / `verify` / `commit`):
 teacher forcing runs the sequence through verify calls of `rows` chained rows each, and greedy decoding
@@ -69,9 +70,16 @@ def canonical(text: str) -> str:
 
 
 def make_configuration(text: str, model: Path) -> LogitsModel:
+    """Build a configuration. Its `.spec` is the provider's full canonical spec: the options asked for
+    plus every default that applies, so two ways of asking for the same thing share one identity."""
     spec = parse_spec(text)
     made = load_provider(spec.kind).configuration(model, dict(spec.options))
-    if made.spec != spec.text:
+    full = parse_spec(made.spec)
+    if (
+        made.spec != full.text
+        or full.kind != spec.kind
+        or any(full.options.get(k) != v for k, v in spec.options.items())
+    ):
         raise ValueError(f"provider {spec.kind} built {made.spec!r} for {spec.text!r}")
     return made
 

@@ -52,8 +52,13 @@ class PositionMetrics:
         return int(self.kl.shape[0])
 
 
-def compare_logits(ref: torch.Tensor, arm: torch.Tensor, targets: Sequence[int]) -> PositionMetrics:
-    """Compare two `[n, vocab]` logit blocks position by position; `targets[i]` follows position i."""
+def compare_logits(
+    ref: torch.Tensor, arm: torch.Tensor, targets: Sequence[int], *, block: int = 32
+) -> PositionMetrics:
+    """Compare two `[n, vocab]` logit blocks position by position; `targets[i]` follows position i.
+
+    Rows are processed `block` at a time so float64 temporaries stay small with a 248K vocabulary.
+    """
     if ref.shape != arm.shape or ref.dim() != 2:
         raise ValueError(
             f"logit shapes differ or are not [n, vocab]: {tuple(ref.shape)} vs {tuple(arm.shape)}"
@@ -61,20 +66,29 @@ def compare_logits(ref: torch.Tensor, arm: torch.Tensor, targets: Sequence[int])
     n = ref.shape[0]
     if len(targets) != n:
         raise ValueError(f"{len(targets)} targets for {n} logit rows")
-    ref_logp = torch.log_softmax(ref.detach().to(torch.float64).cpu(), dim=-1)
-    arm_logp = torch.log_softmax(arm.detach().to(torch.float64).cpu(), dim=-1)
-    ref_p = ref_logp.exp()
-    # Vocabulary entries the reference gives probability 0 contribute nothing (0 log 0 = 0).
-    terms = torch.where(ref_p > 0, ref_p * (ref_logp - arm_logp), torch.zeros_like(ref_p))
-    kl = terms.sum(dim=-1).clamp_min(0.0)  # rounding can leave -1e-17 on identical rows
     idx = torch.as_tensor(list(targets), dtype=torch.long).unsqueeze(1)
     if n and (int(idx.min()) < 0 or int(idx.max()) >= ref.shape[1]):
         raise ValueError("a target id lies outside the logit width")
+    kl, top1, nll_ref, nll_arm = [], [], [], []
+    for start in range(0, n, block):
+        rows = slice(start, start + block)
+        ref_logp = torch.log_softmax(ref[rows].detach().to(device="cpu", dtype=torch.float64), dim=-1)
+        arm_logp = torch.log_softmax(arm[rows].detach().to(device="cpu", dtype=torch.float64), dim=-1)
+        ref_p = ref_logp.exp()
+        terms = ref_p * (ref_logp - arm_logp)
+        terms.masked_fill_(ref_p == 0, 0.0)  # 0 log 0 = 0: ids the reference rules out contribute nothing
+        kl.append(terms.sum(dim=-1).clamp_min(0.0))  # rounding can leave -1e-17 on identical rows
+        top1.append(ref_logp.argmax(dim=-1) == arm_logp.argmax(dim=-1))
+        nll_ref.append(-ref_logp.gather(1, idx[rows]).squeeze(1))
+        nll_arm.append(-arm_logp.gather(1, idx[rows]).squeeze(1))
+    if not n:
+        empty = np.zeros(0)
+        return PositionMetrics(empty, np.zeros(0, dtype=bool), empty, empty)
     return PositionMetrics(
-        kl=kl.numpy(),
-        top1=(ref_logp.argmax(dim=-1) == arm_logp.argmax(dim=-1)).numpy(),
-        nll_ref=(-ref_logp.gather(1, idx).squeeze(1)).numpy(),
-        nll_arm=(-arm_logp.gather(1, idx).squeeze(1)).numpy(),
+        kl=torch.cat(kl).numpy(),
+        top1=torch.cat(top1).numpy(),
+        nll_ref=torch.cat(nll_ref).numpy(),
+        nll_arm=torch.cat(nll_arm).numpy(),
     )
 
 

@@ -37,7 +37,7 @@ CACHE_GROUP = 32
 
 
 def _grouped_attention(q, keys, values, visible, scores_fn) -> torch.Tensor:
-    """Softmax attention with grouped K/V heads; `scores_fn(q, k)` gives [kv, group, T, N] raw dot products."""
+    """Grouped-head softmax attention; `scores_fn(q, k)` gives the raw dot products [kv, group, T, N]."""
     tokens, heads, dim = q.shape
     kv_heads = keys.shape[1]
     grouped = q.reshape(tokens, kv_heads, heads // kv_heads, dim).permute(1, 2, 0, 3)  # [kv, group, T, d]

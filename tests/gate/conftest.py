@@ -90,7 +90,7 @@ class StubServer:
             "prompt_tokens": 20 + index,
             "completion_tokens": len(words),
             "total_tokens": 20 + index + len(words),
-            "speculation": {"rounds": max(1, len(words) // 2), "committed": len(words)},
+            "speculation": {"rounds": max(1, len(words) // 2), "committed_tokens": len(words)},
         }
         finish = "length" if len(words) == body["max_tokens"] else "stop"
         return web.json_response(
@@ -190,3 +190,11 @@ def key_file(tmp_path: Path) -> Path:
     path.write_text(STUB_KEY + "\n")
     path.chmod(0o600)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `elpis synth --tiny` checkpoint: random weights, the real Qwen3.8 vocabulary and template."""
+    from elpis.reference.synth import write_tiny
+
+    return write_tiny(tmp_path_factory.mktemp("tiny") / "model", seed=0)

@@ -1,0 +1,123 @@
+"""Teacher-forced model comparison through real reference-backend configurations, and the whole
+measure -> ledger -> verdict pipeline through the CLI with the repository's committed rule file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from elpis.cli import main as elpis_main
+from elpis.gate.compare import CorpusPlan, build_corpus, compare_models, first_divergence, model_text
+from elpis.gate.configs import BackendLogits, canonical, make_configuration, parse_spec
+from elpis.gate.ledger import first_measured
+from elpis.gate.rules import RULES_DIR, load_rules
+from elpis.gate.verdicts import latest
+
+PLAN = CorpusPlan(wikitext_chunks=2, wikitext_tokens=20, gsm8k=0, aime=0, greedy_prompts=1, greedy_tokens=4)
+
+
+def test_spec_parsing_and_canonical_form() -> None:
+    assert canonical("reference:rows=8,dtype=fp32") == "reference:dtype=fp32,rows=8"
+    assert parse_spec("exl3").options == {}
+    for bad in ("", ":x=1", "reference:rows", "reference:a=1,a=2"):
+        with pytest.raises(ValueError):
+            parse_spec(bad)
+    with pytest.raises(ValueError, match="unknown backend"):
+        make_configuration("tpu:x=1", Path("."))
+
+
+def test_first_divergence() -> None:
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+
+
+@pytest.fixture(scope="module")
+def configs(tiny_model: Path):
+    specs = {
+        "ref": "reference:dtype=fp64,path=prefill",
+        "decode": "reference:dtype=fp32,mode=exact,path=verify,rows=16",
+        "prefill": "reference:dtype=fp32,path=prefill",
+        "bf16w": "reference:dtype=fp32,path=prefill,weights=bf16",
+    }
+    return {name: make_configuration(spec, tiny_model) for name, spec in specs.items()}
+
+
+def test_reference_options_are_validated(tiny_model: Path) -> None:
+    for bad in ("reference:dtype=fp16", "reference:path=prefill,rows=8", "reference:rows=0", "reference:x=1",
+                "reference:attention=flash"):  # fmt: skip
+        with pytest.raises(ValueError):
+            make_configuration(bad, tiny_model)
+    assert make_configuration("reference:dtype=fp32", tiny_model).spec == (
+        "reference:dtype=fp32,mode=exact,path=verify,rows=16"
+    )
+
+
+def test_verify_chunking_is_row_invariant_and_matches_prefill(configs) -> None:
+    tokens = list(range(1000, 1023))
+    decode = configs["decode"]
+    by16 = decode.teacher_forced(tokens)
+    by5 = BackendLogits(decode.spec, decode.backend, 5, decode.vocab_size).teacher_forced(tokens)
+    assert by16.shape == (22, decode.vocab_size)
+    assert torch.equal(by16, by5)  # exact rows: every row is a decode step, whatever the call size
+    prefill = configs["prefill"].teacher_forced(tokens)
+    assert (by16 - prefill.float()).abs().max() < 1e-3  # same positions, fp32 rounding apart
+
+
+def test_comparison_of_configurations(configs, tiny_model: Path) -> None:
+    encode, render = model_text(tiny_model)
+    docs, prompts = build_corpus(encode, render, PLAN)
+    assert [d.stratum for d in docs] == ["wikitext", "wikitext"] and len(prompts) == 1
+    arms = {name: configs[name] for name in ("decode", "prefill", "bf16w")}
+    arms["same"] = make_configuration("reference:dtype=fp64,path=prefill", tiny_model)
+    m = compare_models("unit", str(tiny_model), configs["ref"], arms, docs, prompts, PLAN.greedy_tokens)
+    summary = m.summary()
+    assert summary["same"]["all"]["mean_kl"] == 0.0 and summary["same"]["all"]["top1"] == 1.0
+    assert summary["same"]["all"]["dnll"] == 0.0
+    for name in ("decode", "prefill"):
+        assert 0.0 < summary[name]["all"]["mean_kl"] < 1e-8
+    assert summary["bf16w"]["all"]["mean_kl"] > 100 * summary["prefill"]["all"]["mean_kl"]
+    assert m.arms["same"].first_divergence == [None]
+    assert len(m.nll_ref) == sum(d.positions for d in m.documents) == 38
+
+
+@pytest.mark.slow
+def test_measure_then_judge_with_the_committed_rule(tiny_model: Path, tmp_path: Path) -> None:
+    """`elpis gate model` then `elpis gate verdict` with `cpu-reference-r1` (committed before this runs)."""
+    rule_path = RULES_DIR / "cpu-reference-r1.toml"
+    rules = load_rules(rule_path).spec
+    results = tmp_path / "results"
+    arms = {"decode": rules.floors[0], "prefill": rules.floors[1],
+            "bf16w": "reference:dtype=fp32,path=prefill,weights=bf16",
+            "batched": "reference:dtype=fp32,mode=batched,path=verify,rows=8"}  # fmt: skip
+    argv = ["gate", "model", "--model", str(tiny_model), "--reference", rules.reference, "--label", "unit",
+            "--wikitext-chunks", "2", "--wikitext-tokens", "24", "--gsm8k", "0", "--aime", "1",
+            "--greedy-prompts", "1", "--greedy-tokens", "3", "--results", str(results)]  # fmt: skip
+    for name, spec in arms.items():
+        argv += ["--arm", f"{name}={spec}"]
+    assert elpis_main(argv) == 0
+    [measurement] = sorted(results.glob("model-unit-*.json"))
+    record = json.loads(measurement.read_text())
+    assert record["arms"] == arms and record["identity"]["versions"]["torch"]
+    assert first_measured(results, arms["bf16w"]) == record["measured_at"]
+
+    def verdict(candidate: str) -> int:
+        return elpis_main(["gate", "verdict", "--rules", str(rule_path), "--measurement", str(measurement),
+                           "--candidate", candidate, "--patch", f"unit-{candidate}",
+                           "--results", str(results)])  # fmt: skip
+
+    assert verdict("bf16w") == 1  # rounded weights: far outside the fp32 noise
+    found = latest("unit-bf16w", results)
+    assert found is not None and found.verdict == "FAIL" and not found.ships
+    assert found.record["rule"]["sha256"] == load_rules(rule_path).sha256
+    code = verdict("batched")
+    found = latest("unit-batched", results)
+    assert found is not None and code == (0 if found.verdict == "PASS" else 1)
+    # a floor is not a candidate
+    assert verdict("decode") == 2
+    checks = {(c["scope"], c["metric"]) for c in found.record["checks"]}
+    assert ("all", "mean_kl") in checks and ("aime", "top1") in checks
+    assert np.isfinite([c["lower_margin"] for c in found.record["checks"]]).all()
