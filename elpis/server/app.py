@@ -7,6 +7,7 @@ a generation job on the scheduler's engine thread -> steps -> channel splitter -
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import threading
@@ -534,7 +535,15 @@ class OpenAIServer:
             await write(sse.DONE)
         except ClientGone as gone:
             log.info("[serve] stream ended early: %s", gone)
+        except Exception as exc:  # the 200 is already out: report in the stream, as OpenAI does
+            await self._stream_failure(write, exc)
         return response
+
+    @staticmethod
+    async def _stream_failure(write: Callable[[bytes], Awaitable[None]], exc: Exception) -> None:
+        log.error("[serve] internal error while streaming: %s", type(exc).__name__, exc_info=exc)
+        with contextlib.suppress(ClientGone):
+            await write(sse.data_frame(APIError(500, "internal server error", "internal_error").body()))
 
     # ---------------------------------------------------------------------------------- completions
 
@@ -664,6 +673,8 @@ class OpenAIServer:
             await write(sse.DONE)
         except ClientGone as gone:
             log.info("[serve] stream ended early: %s", gone)
+        except Exception as exc:  # the 200 is already out: report in the stream, as OpenAI does
+            await self._stream_failure(write, exc)
         return response
 
     # ----------------------------------------------------------------------------- tokenize / detokenize

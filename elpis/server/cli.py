@@ -52,8 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     model.add_argument(
         "--draft",
-        default="ngram",
-        help="none (plain decoding), ngram (prompt lookup) or a DFlash2 draft directory (exl3)",
+        help="none (plain decoding), ngram (prompt lookup) or a DFlash2 draft directory (exl3); default: "
+        "none on the reference backend (it computes each verify row as its own decode step, so drafting "
+        "cannot pay off there), ngram on exl3",
     )
     model.add_argument(
         "--tree-budget", type=int, default=8, help="rows per verify round, anchor included (1..16)"
@@ -66,6 +67,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     model.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="reference backend")
     model.add_argument("--device", default="cpu", help="reference backend device (cpu, cuda:0)")
+    model.add_argument(
+        "--host-cache-gib",
+        type=float,
+        default=8.0,
+        help="exl3: host-RAM tier for evicted prefix-cache pages (0 = off)",
+    )
+    model.add_argument(
+        "--prefix-cache-dir",
+        type=Path,
+        help="exl3: persist the prefix cache here across restarts (bound to the model files)",
+    )
 
     access = parser.add_argument_group("access")
     key = access.add_mutually_exclusive_group()
@@ -140,8 +152,29 @@ def check_acceptor() -> None:
         raise RuntimeError(f"acceptor self-check gave {decision}, expected one committed token and an end")
 
 
+def draft_choice(args: argparse.Namespace) -> str:
+    return args.draft or ("none" if args.backend == "reference" else "ngram")
+
+
+def verify_model_files(target_dir: Path, draft_dir: Path | None) -> None:
+    """Real checkpoints must match the pinned manifest (SHA-256 of every file) before they are loaded;
+    synthetic ones (config.json says "synthetic": true) are exempt. Raises ManifestError."""
+    from elpis import manifest
+
+    try:
+        manifest.require_synthetic(target_dir, draft_dir if draft_dir is not None else target_dir)
+        return
+    except manifest.ManifestError:
+        pass
+    if draft_dir is not None:
+        manifest.verify(target_dir, draft_dir, show_progress=True)
+    else:
+        manifest.check_dir("target", target_dir, manifest.load_manifest()["target"])
+
+
 def build_service(args: argparse.Namespace) -> ModelService:
     """Load tokenizer, template, backend and drafter; the generator ties them together."""
+    from elpis.server.service import ModelService
     from elpis.spec import SpeculativeGenerator
     from elpis.spec.drafters import NgramDrafter
     from elpis.text import load_chat_template, load_tokenizer
@@ -161,17 +194,23 @@ def build_service(args: argparse.Namespace) -> ModelService:
             model_path, dtype=args.dtype, device=args.device, max_context=args.max_context, model_id=model_id
         )
     else:
-        try:
-            from elpis.exl3 import load_backend as load_exl3_backend  # type: ignore[attr-defined]
-        except ImportError as exc:
-            raise ValueError(f"the exl3 backend is not available here: {exc}") from None
+        from elpis.exl3 import load_backend as load_exl3_backend
+
+        draft_dir = None if draft_choice(args) in ("none", "ngram") else Path(draft_choice(args))
+        verify_model_files(model_path, draft_dir)
+        options = {} if args.max_context is None else {"max_context": args.max_context}
         backend = load_exl3_backend(
-            model_path, draft=args.draft, max_context=args.max_context, model_id=model_id or REAL_MODEL_ID
+            model_path,
+            draft_dir,
+            model_id=model_id or REAL_MODEL_ID,
+            host_cache_gib=args.host_cache_gib,
+            disk_cache_dir=args.prefix_cache_dir,
+            **options,
         )
     drafter = None
-    if args.draft == "ngram":
+    if draft_choice(args) == "ngram":
         drafter = NgramDrafter()
-    elif args.draft != "none":
+    elif draft_choice(args) != "none":
         drafter = getattr(backend, "drafter", None)
         if drafter is None:
             raise ValueError(f"--draft {args.draft}: a draft model directory needs the exl3 backend")
@@ -278,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.tree_budget <= 16:
         print(f"elpis serve: --tree-budget must be in 1..16, got {args.tree_budget}", file=sys.stderr)
         return EXIT_REFUSED
-    if args.draft not in ("none", "ngram") and args.backend != "exl3":
+    if draft_choice(args) not in ("none", "ngram") and args.backend != "exl3":
         print(f"elpis serve: --draft {args.draft}: a draft model needs --backend exl3", file=sys.stderr)
         return EXIT_REFUSED
     log.info("[serve] %s", auth_line)

@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 import time
 
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from elpis.server.service import ModelService
 from elpis.spec import SpeculativeGenerator
@@ -21,6 +24,7 @@ from elpis.spec.drafters import NgramDrafter
 
 from .conftest import API_KEY, running_server
 from .scripted import ScriptedBackend
+from .test_protocol import bodies
 
 CALL = (
     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
@@ -87,6 +91,7 @@ def slow(qwen_text):
 
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+HTTP = httpx.Client(timeout=30)  # one client: making one per request costs more than the request
 
 
 def user(text: str) -> list[dict]:
@@ -337,19 +342,23 @@ def test_401_for_missing_or_wrong_keys(fast) -> None:
 
 
 def raw_exchange(server, request: bytes, wait: float = 5.0) -> tuple[bytes, float]:
-    """Send raw bytes; return everything received until the server closes, and when the first byte came."""
+    """Send raw bytes; return the first response (head and body) and how long it took to start coming."""
     start = time.monotonic()
-    first = None
+    first = float("inf")
+    data = b""
     with socket.create_connection(("127.0.0.1", server.port), timeout=wait) as sock:
         sock.sendall(request)
-        data = b""
         try:
             while chunk := sock.recv(65536):
-                first = first or time.monotonic() - start
+                first = min(first, time.monotonic() - start)
                 data += chunk
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]
+                if length and len(body) >= int(length[0].split(b":")[1]):
+                    break
         except TimeoutError:
             pass
-    return data, first if first is not None else float("inf")
+    return data, first
 
 
 def test_401_comes_before_the_body_is_read(fast) -> None:
@@ -506,3 +515,43 @@ def test_completions_text_ids_and_stream(fast) -> None:
     assert streamed == reply.choices[0].text
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="scripted", prompt=[10**9], max_tokens=5)
+
+
+def test_keepalive_comments_while_queued(slow) -> None:
+    busy = threading.Thread(
+        target=lambda: slow.client().chat.completions.create(
+            model="scripted", messages=user("SCRIPT:long"), max_tokens=40
+        )
+    )
+    busy.start()
+    deadline = time.monotonic() + 10
+    while slow.server.scheduler.running is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        frames = sse_frames(slow, {"messages": user("SCRIPT:hello"), "stream": True})
+    finally:
+        busy.join()
+    first_content = next(i for i, f in enumerate(frames) if '"content":"Hello' in f)
+    assert ": keep-alive" in frames[1:first_content]  # sent while waiting behind the busy request
+    assert frames[0].startswith("data: ") and '"role":"assistant"' in frames[0]
+
+
+# ------------------------------------------------------------------------------------- fuzz over HTTP
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(body=bodies, path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/tokenize"]))
+def test_fuzzed_requests_get_clean_answers(fast, body: dict, path: str) -> None:
+    body = {**body, "max_tokens": 4} if "max_tokens" in body else body
+    raw = json.dumps(body)  # may carry NaN/Infinity, which the server must refuse cleanly
+    headers = {**AUTH, "Content-Type": "application/json"}
+    response = HTTP.post(fast.url + path, content=raw, headers=headers)
+    assert response.status_code in (200, 400, 404), response.text
+    if response.status_code != 200:
+        error = response.json()["error"]
+        assert error["message"] and error["type"] == "invalid_request_error"
+    assert HTTP.get(fast.url + "/health").status_code == 200
