@@ -95,6 +95,7 @@ class OpenAIServer:
         routes = [
             ("GET", "/health", self.health),
             ("GET", "/v1/models", self.models),
+            ("GET", "/v1/models/{model}", self.model),
             ("GET", "/metrics", self.prometheus),
             ("POST", "/v1/chat/completions", self.chat),
             ("POST", "/v1/chat/completions/render", self.render),
@@ -314,16 +315,23 @@ class OpenAIServer:
             return web.json_response({"status": "unavailable", **err.body()}, status=503)
         return web.json_response({"status": "ok", "model": service.model_id})
 
-    async def models(self, request: web.Request) -> web.Response:
-        service = self.ready()
-        entry = {
+    @staticmethod
+    def _model_entry(service: ModelService) -> dict[str, Any]:
+        return {
             "id": service.model_id,
             "object": "model",
             "created": int(time.time()),
             "owned_by": "elpis",
             "max_model_len": service.max_context,
         }
-        return web.json_response({"object": "list", "data": [entry]})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [self._model_entry(self.ready())]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        service = self.ready()
+        self._check_model(service, request.match_info["model"])
+        return web.json_response(self._model_entry(service))
 
     async def prometheus(self, request: web.Request) -> web.Response:
         text = self.metrics.render(

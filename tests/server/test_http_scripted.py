@@ -486,6 +486,9 @@ def test_models_metrics_tokenize_detokenize(fast) -> None:
     headers = {"Authorization": f"Bearer {API_KEY}"}
     models = fast.client().models.list()
     assert [m.id for m in models.data] == ["scripted"]
+    assert fast.client().models.retrieve("scripted").id == "scripted"
+    with pytest.raises(openai.NotFoundError):
+        fast.client().models.retrieve("gpt-4o")
     ids = httpx.post(fast.url + "/tokenize", json={"prompt": "Hello world"}, headers=headers).json()
     assert ids["count"] == len(ids["tokens"]) > 0 and ids["max_model_len"] == 4096
     text = httpx.post(fast.url + "/detokenize", json={"tokens": ids["tokens"]}, headers=headers).json()
