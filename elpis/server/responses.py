@@ -13,18 +13,26 @@ from elpis.spec import GenerationStats
 
 
 def usage(stats: GenerationStats) -> dict[str, Any]:
-    committed = sum(stats.committed_per_round)
+    """OpenAI usage plus cached tokens and speculation stats.
+
+    `committed_tokens` counts the tokens the rounds delivered (= completion_tokens); tokens the acceptor
+    committed past a stop string in the last round are cut from the answer and counted apart, as
+    `discarded_tokens`, so committed_tokens <= completion_tokens always holds.
+    """
+    delivered = stats.completion_tokens
+    discarded = max(0, sum(stats.committed_per_round) - delivered)
     return {
         "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.completion_tokens,
-        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+        "completion_tokens": delivered,
+        "total_tokens": stats.prompt_tokens + delivered,
         "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
         "speculation": {
             "rounds": stats.rounds,
-            "committed_tokens": committed,
-            "tokens_per_round": round(committed / stats.rounds, 4) if stats.rounds else 0.0,
+            "committed_tokens": delivered,
+            "tokens_per_round": round(delivered / stats.rounds, 4) if stats.rounds else 0.0,
             "accepted_draft_tokens": sum(stats.accepted_depths),
             "verified_rows": sum(stats.tree_rows),
+            "discarded_tokens": discarded,
         },
     }
 

@@ -134,7 +134,8 @@ def test_plain_chat_splits_reasoning_and_reports_usage(fast) -> None:
     expected = len(fast.server.service.tokenizer.encode(SCRIPTS["hello"])) + 1  # + the end-of-turn token
     assert usage.completion_tokens == expected
     spec = usage.model_extra["speculation"]
-    assert spec["rounds"] >= 1 and spec["committed_tokens"] >= usage.completion_tokens
+    assert spec["rounds"] >= 1 and spec["committed_tokens"] == usage.completion_tokens
+    assert spec["tokens_per_round"] == round(usage.completion_tokens / spec["rounds"], 4)
 
 
 def test_thinking_off_gives_content_only(fast) -> None:
@@ -288,6 +289,8 @@ def test_stop_strings_across_multi_token_rounds(fast) -> None:
         )
         assert reply.choices[0].message.content == text.split(stop)[0]
         assert reply.choices[0].finish_reason == "stop"
+        spec = reply.usage.model_extra["speculation"]
+        assert spec["committed_tokens"] == reply.usage.completion_tokens  # what the stop cut is counted apart
         streamed = "".join(
             c.choices[0].delta.content or ""
             for c in client.chat.completions.create(
