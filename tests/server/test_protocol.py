@@ -203,7 +203,7 @@ bodies = st.dictionaries(
 )
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=bodies, model=st.sampled_from([ChatRequest, CompletionRequest, RenderRequest, TokenizeRequest]))
 def test_validation_never_raises_anything_but_a_400(body: dict, model) -> None:
     try:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from elpis.server.schema_values import convert_value, parameter_schema, strict_json_loads
 from elpis.server.toolcalls import RawCall, ToolCallDecoder, scan_call
@@ -162,3 +165,81 @@ def test_strict_json_loads_refuses_duplicates_and_constants() -> None:
     with pytest.raises(ValueError):
         strict_json_loads("[NaN]")
     assert strict_json_loads('{"a": [1.5]}') == {"a": [1.5]}
+
+
+# ------------------------------------------------------------------------------------- fuzz
+
+MARKUP = [
+    "<function=",
+    "<parameter=",
+    "</parameter>",
+    "</function>",
+    "</tool_call>",
+    "<tool_call>",
+    ">",
+    "\n",
+]
+markup_text = st.lists(
+    st.one_of(st.sampled_from(MARKUP), st.sampled_from(["f", "a", "1", "[", "{"]), st.text(max_size=4)),
+    max_size=25,
+).map("".join)
+json_leaf = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=4)
+TYPES = ["string", "integer", "number", "boolean", "null", "array", "object", "bogus"]
+leaf_schema = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(TYPES) | st.lists(st.sampled_from(TYPES), max_size=3),
+        "enum": st.lists(json_leaf, max_size=3),
+        "const": json_leaf,
+    },
+)
+schemas = st.recursive(
+    leaf_schema,
+    lambda inner: st.fixed_dictionaries(
+        {}, optional={"anyOf": st.lists(inner, max_size=3), "oneOf": st.lists(inner | json_leaf, max_size=3)}
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=markup_text, final=st.booleans(), close_at_end=st.booleans())
+def test_scanner_never_raises_and_complete_means_closed(body: str, final: bool, close_at_end: bool) -> None:
+    scan = scan_call(body, final=final, close_at_end=close_at_end)
+    assert scan.status in ("complete", "incomplete", "invalid")
+    if final:
+        assert scan.status != "incomplete"
+    if scan.status == "complete":
+        assert scan.call is not None and 0 < scan.end <= len(body)
+        assert body[: scan.end].rstrip().endswith(("</tool_call>", "</function>"))
+
+
+def readings(raw: str) -> list:
+    """Every value the text may legitimately become: itself, its JSON, or a Python-style literal."""
+    out: list = [raw]
+    with contextlib.suppress(ValueError, RecursionError):
+        out.append(strict_json_loads(raw))
+    literals = {"True": True, "False": False, "None": None}
+    if raw.strip() in literals:
+        out.append(literals[raw.strip()])
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    values=st.lists(st.tuples(st.text(min_size=1, max_size=5), st.text(max_size=12)), max_size=5),
+    schema=schemas,
+)
+def test_decoder_always_produces_a_json_object_of_the_given_values(values, schema) -> None:
+    unique = tuple(dict(values).items())
+    decoder = ToolCallDecoder({"f": {"type": "object", "properties": {key: schema for key, _ in unique}}})
+    call = decoder.decode(RawCall("f", unique), 0)
+    assert not isinstance(call, str)
+    arguments = json.loads(call.arguments)
+    assert isinstance(arguments, dict) and list(arguments) == [key for key, _ in unique]
+    for key, raw in unique:  # nothing is invented: the value is the text, its JSON, or its literal
+        assert any(
+            arguments[key] == option and type(arguments[key]) is type(option) for option in readings(raw)
+        )
+        if schema == {"type": "string"}:
+            assert arguments[key] == raw
