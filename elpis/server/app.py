@@ -82,7 +82,7 @@ class OpenAIServer:
         self.limits = limits or Limits()
         self.service = service
         self.load_failure: str | None = None
-        self.scheduler = Scheduler(limits.max_queue)
+        self.scheduler = Scheduler(self.limits.max_queue)
         self.metrics = Metrics()
 
     # ---------------------------------------------------------------------------------------- the app
