@@ -39,6 +39,7 @@ class ScriptedBackend:
         self.scripts = {name: tokenizer.encode(text) for name, text in scripts.items()}
         self.delay_s = delay_s
         self.verify_calls = 0
+        self.begun: list[str] = []  # script names, in the order their sequences began
         self._finished: list[list[int]] = []
         self._lock = threading.Lock()  # detects overlapping sequences (the scheduler must prevent them)
         self._active = False
@@ -56,6 +57,7 @@ class ScriptedBackend:
         prompt = [int(t) for t in prompt]
         names = _MARKER.findall(self.tokenizer.decode(prompt))
         name = names[-1] if names else "default"
+        self.begun.append(name)
         if name == "explode":
             self._active = False
             raise BackendError("scripted device failure")

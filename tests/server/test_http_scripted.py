@@ -448,6 +448,28 @@ def test_client_disconnect_mid_stream_cancels_and_the_server_stays_correct(slow)
     assert reply.choices[0].message.content == "Hello! How can I help?"
 
 
+def test_a_queued_request_whose_client_leaves_never_runs(slow) -> None:
+    busy = threading.Thread(
+        target=lambda: slow.client().chat.completions.create(
+            model="scripted", messages=user("SCRIPT:long"), max_tokens=30
+        )
+    )
+    busy.start()
+    deadline = time.monotonic() + 10
+    while slow.server.scheduler.running is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    body = {"model": "scripted", "messages": user("SCRIPT:nothink"), "stream": True}
+    with httpx.stream("POST", slow.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=30) as r:
+        next(r.iter_lines())  # the role chunk: the request is queued behind the busy one
+        assert slow.server.scheduler.queue_depth == 1
+    deadline = time.monotonic() + 5
+    while slow.server.scheduler.queue_depth and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert slow.server.scheduler.queue_depth == 0  # dropped as soon as the client left
+    busy.join()
+    assert "nothink" not in slow.backend.begun
+
+
 def test_fifty_concurrent_clients_all_complete_correctly(fast) -> None:
     async def everyone() -> list:
         client = fast.async_client(timeout=120)
