@@ -90,8 +90,8 @@ class OracleDrafter:
     most likely tokens as alternatives.
 
     It keeps its own sequence running and extends it only as far as asked, so over a whole request it
-    costs one plain decode; a context that is not an extension of what it has seen (another request, or a
-    target that diverged) restarts it from that context.
+    costs one plain decode; a context that disagrees with what it has seen (another request, or a target
+    that diverged) restarts it from that context.
     """
 
     MAX_ALTERNATIVES = 8
@@ -117,7 +117,8 @@ class OracleDrafter:
         if depth < 1 or top_k < 1:
             return []
         length = len(context)
-        if not (self._active and len(self._sequence) >= length and self._sequence[:length] == list(context)):
+        common = min(length, len(self._sequence))
+        if not (self._active and self._sequence[:common] == list(context[:common])):
             self.reset()
             self.backend.begin(list(context))
             self._sequence, self._active = list(context), True
@@ -125,7 +126,9 @@ class OracleDrafter:
         while len(self._sequence) < wanted:
             row = self.backend.verify([self._sequence[-1]], [-1])[0]
             position = len(self._sequence)
-            token = sample_row(row, self.sampling, position)
+            # Tokens the target already committed are followed, not re-drawn: the state then comes from
+            # decode steps only, like the target's (a fresh prefill may differ in the last bits).
+            token = context[position] if position < length else sample_row(row, self.sampling, position)
             logprobs = torch.log_softmax(row.to(torch.float64), dim=0)
             others = torch.topk(logprobs, self.MAX_ALTERNATIVES).indices.tolist()
             self._levels[position] = [(token, 0.0)] + [

@@ -10,7 +10,7 @@ floating-point work never depends on how many rows share a verify call.
 Filter order (the vLLM order): temperature, top_k (ties kept by lowest id), top_p (over the top-k
 renormalised distribution, sorted by probability with ties by lowest id, the smallest prefix reaching
 top_p), min_p (relative to the most likely token). The kept tokens are sampled by inverse CDF in token-id
-order, in float64.
+order, in float64. Only as much of the vocabulary is sorted as the filters need.
 """
 
 from __future__ import annotations
@@ -88,31 +88,51 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
     return [int(i) for i in ids.tolist()]
 
 
-def kept_probabilities(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The filtered, unnormalised float64 distribution of one row (zero where a filter removed a token)."""
+def _stable_top(probs: torch.Tensor, count: int) -> torch.Tensor:
+    """Ids of the `count` most likely tokens, most likely first, ties by lowest id: exactly the head of a
+    stable descending sort, without sorting the whole vocabulary."""
+    if count >= probs.shape[0]:
+        return torch.sort(probs, descending=True, stable=True).indices
+    threshold = torch.topk(probs, count, sorted=False).values.min()
+    candidates = torch.nonzero(probs >= threshold).flatten()  # ascending ids, every tie included
+    order = torch.sort(probs[candidates], descending=True, stable=True).indices
+    return candidates[order][:count]
+
+
+def kept_distribution(row: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens the filters keep (ascending ids) and their unnormalised float64 weights."""
     scaled = row.to(torch.float64) / params.temperature
     top = int(torch.argmax(scaled))
     _check_finite_max(scaled, top)
-    probs = torch.exp(scaled - scaled[top])
+    probs = torch.exp(scaled - scaled[top])  # the most likely token has weight exactly 1
     vocab = probs.shape[0]
     if params.top_k or params.top_p < 1.0:
-        # Stable sort: equal probabilities keep ascending id order, so ties are cut by lowest id.
-        order = torch.sort(probs, descending=True, stable=True).indices
-        keep = vocab if params.top_k == 0 else min(params.top_k, vocab)
+        limit = vocab if params.top_k == 0 else min(params.top_k, vocab)
         if params.top_p < 1.0:
-            head = probs[order[:keep]]
-            cumulative = torch.cumsum(head, dim=0)
-            reach = params.top_p * float(cumulative[-1])
-            # Smallest prefix whose mass reaches top_p (at least one token).
-            keep = min(keep, int(torch.searchsorted(cumulative, torch.tensor([reach], dtype=torch.float64,
-                                                                              device=row.device))) + 1)
-        mask = torch.zeros(vocab, dtype=torch.bool, device=row.device)
-        mask[order[:keep]] = True
-        probs = torch.where(mask, probs, torch.zeros_like(probs))
+            mass = probs.sum() if limit == vocab else probs[_stable_top(probs, limit)].sum()
+            reach = params.top_p * float(mass)
+            # Widen the sorted head until it holds top_p of the mass (peaked rows stop at the first try).
+            width = min(64, limit)
+            while True:
+                head = _stable_top(probs, width)
+                cumulative = torch.cumsum(probs[head], dim=0)
+                if float(cumulative[-1]) >= reach or width == limit:
+                    break
+                width = min(width * 8, limit)
+            reach_t = torch.tensor([reach], dtype=torch.float64, device=row.device)
+            keep = min(width, int(torch.searchsorted(cumulative, reach_t)) + 1)  # smallest prefix reaching it
+            ids = head[:keep]
+        else:
+            ids = _stable_top(probs, limit)
+        ids = torch.sort(ids).values
+    else:
+        ids = torch.arange(vocab, device=row.device)
+    weights = probs[ids]
     if params.min_p > 0.0:
-        # The most likely token has probability 1 after the shift, so min_p is an absolute threshold here.
-        probs = torch.where(probs >= params.min_p, probs, torch.zeros_like(probs))
-    return probs
+        # Relative to the most likely token, whose weight is 1 (it survives every filter).
+        chosen = weights >= params.min_p
+        ids, weights = ids[chosen], weights[chosen]
+    return ids, weights
 
 
 def sample_row(row: torch.Tensor, params: SamplingParams, position: int) -> int:
@@ -121,16 +141,15 @@ def sample_row(row: torch.Tensor, params: SamplingParams, position: int) -> int:
         raise ValueError(f"expected one logits row, got shape {tuple(row.shape)}")
     if params.greedy:
         return greedy_tokens(row.unsqueeze(0))[0]
-    probs = kept_probabilities(row, params)
-    cdf = torch.cumsum(probs, dim=0)
-    total = float(cdf[-1])
-    target = position_uniform(params.seed, position) * total
+    ids, weights = kept_distribution(row, params)
+    cdf = torch.cumsum(weights, dim=0)
+    target = position_uniform(params.seed, position) * float(cdf[-1])
     index = int(torch.searchsorted(cdf, torch.tensor([target], dtype=torch.float64, device=row.device),
                                    right=True))
-    if index >= probs.shape[0] or float(probs[index]) == 0.0:
-        # target rounded up to the total: take the last token with mass.
-        index = int(torch.nonzero(probs).max())
-    return index
+    if index >= weights.shape[0] or float(weights[index]) == 0.0:
+        # target rounded up to the total: take the last token with weight.
+        index = int(torch.nonzero(weights).max())
+    return int(ids[index])
 
 
 def sample_rows(logits: torch.Tensor, params: SamplingParams, positions: Sequence[int]) -> list[int]:

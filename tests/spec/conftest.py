@@ -34,6 +34,29 @@ class TinyModel:
                                 stop_token_ids=self.tokenizer.eos_ids or (248046,))
 
 
+class RecordingBackend:
+    """A real backend that also records the (tokens, parents) of every verify call."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.info, self.verified = inner, inner.info, []
+        self.begin, self.commit = inner.begin, inner.commit
+        self.finish, self.position = inner.finish, inner.position
+
+    def verify(self, tokens, parents):
+        self.verified.append((tuple(tokens), tuple(parents)))
+        return self.inner.verify(tokens, parents)
+
+    def depths(self) -> list[int]:
+        """Deepest row of each verify call."""
+        out = []
+        for _, parents in self.verified:
+            depth = [0] * len(parents)
+            for r in range(1, len(parents)):
+                depth[r] = depth[parents[r]] + 1
+            out.append(max(depth))
+        return out
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[int, TinyModel]:
     models = {}
@@ -72,3 +95,8 @@ def run_request(backend, tokenizer, request: GenerationRequest, drafter: Drafter
 @pytest.fixture(scope="session")
 def run() -> Callable[..., Outcome]:
     return run_request
+
+
+@pytest.fixture(scope="session")
+def recording() -> type[RecordingBackend]:
+    return RecordingBackend

@@ -32,12 +32,13 @@ def plain_text(model, prompt, run):
     return run(model.backend(), model.tokenizer, GenerationRequest(prompt, MAX_TOKENS, ignore_eos=True))
 
 
-def test_max_tokens_is_exact_within_one_commit(model, prompt, run) -> None:
+def test_max_tokens_is_exact_within_one_commit(model, prompt, run, recording) -> None:
     request = GenerationRequest(prompt, 5, ignore_eos=True)
-    outcome = run(model.backend(), model.tokenizer, request, _oracle(model, request), tree_budget=16)
+    backend = recording(model.backend())
+    outcome = run(backend, model.tokenizer, request, _oracle(model, request), tree_budget=16)
     assert len(outcome.token_ids) == 5 and outcome.finish_reason == "length"
     assert outcome.stats.rounds == 1 and outcome.stats.committed_per_round == [5]
-    assert outcome.stats.tree_rows == [5]  # the tree is never deeper than the budget left
+    assert backend.depths() == [4]  # no row deeper than the budget left: alternatives fill the width
 
 
 def test_a_stop_id_inside_a_commit_ends_there(model, prompt, run, plain_text) -> None:

@@ -10,7 +10,7 @@ import torch
 from elpis.spec.sampling import (
     SamplingParams,
     greedy_tokens,
-    kept_probabilities,
+    kept_distribution,
     position_uniform,
     sample_row,
     sample_rows,
@@ -84,26 +84,43 @@ def test_samples_follow_the_tempered_distribution() -> None:
     assert torch.allclose(observed, expected, atol=0.025), (observed, expected)
 
 
+def _kept(row: torch.Tensor, params: SamplingParams) -> list[int]:
+    ids, weights = kept_distribution(row, params)
+    assert bool((weights > 0).all())
+    return ids.tolist()
+
+
 def test_filters_keep_exactly_the_documented_sets() -> None:
     row = torch.tensor([1.0, 3.0, 2.0, 3.0, 0.0, -2.0])
     # top_k 2 keeps the two 3.0 logits (ids 1 and 3); top_k 3 adds id 2.
-    kept = kept_probabilities(row, SamplingParams(temperature=1.0, top_k=2)) > 0
-    assert kept.nonzero().flatten().tolist() == [1, 3]
-    kept = kept_probabilities(row, SamplingParams(temperature=1.0, top_k=3)) > 0
-    assert kept.nonzero().flatten().tolist() == [1, 2, 3]
+    assert _kept(row, SamplingParams(temperature=1.0, top_k=2)) == [1, 3]
+    assert _kept(row, SamplingParams(temperature=1.0, top_k=3)) == [1, 2, 3]
     # Ties cut at the boundary by lowest id: top_k 1 keeps id 1 only.
-    kept = kept_probabilities(row, SamplingParams(temperature=1.0, top_k=1)) > 0
-    assert kept.nonzero().flatten().tolist() == [1]
+    assert _kept(row, SamplingParams(temperature=1.0, top_k=1)) == [1]
     probs = torch.softmax(row.double(), dim=0)
     # top_p: sorted probabilities p1 = p3 > p2 > p0 > p4 > p5; the smallest prefix reaching top_p.
     two = float(probs[1] + probs[3])
-    kept = kept_probabilities(row, SamplingParams(temperature=1.0, top_p=two - 1e-9)) > 0
-    assert kept.nonzero().flatten().tolist() == [1, 3]
-    kept = kept_probabilities(row, SamplingParams(temperature=1.0, top_p=two + 1e-9)) > 0
-    assert kept.nonzero().flatten().tolist() == [1, 2, 3]
+    assert _kept(row, SamplingParams(temperature=1.0, top_p=two - 1e-9)) == [1, 3]
+    assert _kept(row, SamplingParams(temperature=1.0, top_p=two + 1e-9)) == [1, 2, 3]
     # min_p relative to the best token: exp(2-3) = 0.37 passes 0.3, exp(1-3) = 0.135 does not.
-    kept = kept_probabilities(row, SamplingParams(temperature=1.0, min_p=0.3)) > 0
-    assert kept.nonzero().flatten().tolist() == [1, 2, 3]
+    assert _kept(row, SamplingParams(temperature=1.0, min_p=0.3)) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_partial_sorting_keeps_what_a_full_stable_sort_keeps(seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    # Coarse logits: many exact ties; a flat row needs the top_p head to widen several times.
+    row = torch.randint(-40, 40, (20000,), generator=generator).float() / (4.0 if seed % 2 else 40.0)
+    for top_k, top_p in ((0, 0.9), (30, 1.0), (500, 0.7), (0, 0.3), (7, 0.5)):
+        params = SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p)
+        probs = torch.exp(row.double() - row.max().double())
+        order = torch.sort(probs, descending=True, stable=True).indices
+        limit = top_k or len(row)
+        head = order[:limit]
+        cumulative = torch.cumsum(probs[head], dim=0)
+        keep = int((cumulative < top_p * float(probs[head].sum())).sum()) + 1 if top_p < 1 else limit
+        expected = sorted(head[: min(keep, limit)].tolist())
+        assert _kept(row, params) == expected, (top_k, top_p)
 
 
 def test_filtered_samples_stay_in_the_kept_set_with_renormalised_frequencies() -> None:
