@@ -80,3 +80,15 @@ def test_text_side_of_the_tiny_checkpoint(tiny_dir: Path) -> None:
     assert backend.info.model_id == tiny_dir.name
     backend.begin(ids)
     assert backend.verify([ids[-1]], [-1]).shape == (1, 248320)
+
+
+def test_load_backend_dtypes(tiny_dir: Path) -> None:
+    backend = load_backend(tiny_dir, dtype="float64", max_context=64, model_id="tiny64")
+    assert backend.model.weights.head.dtype == torch.float64 and backend.info.model_id == "tiny64"
+    backend.begin([5, 6])
+    assert backend.verify([6], [-1]).dtype == torch.float32
+    for bad in ("bfloat16", torch.float16, "int8"):
+        with pytest.raises(ValueError, match="float32 or float64"):
+            load_backend(tiny_dir, dtype=bad)
+    with pytest.raises(FileNotFoundError):
+        load_backend(tiny_dir / "missing")
