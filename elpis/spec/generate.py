@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from elpis import accept
+from elpis.accept.abi import BUDGET_MAX
 from elpis.backend import Backend, BackendError, Drafter
 from elpis.spec.detok import Decoder, IncrementalDetokenizer
 from elpis.spec.request import GenerationRequest, GenerationStats, Step, TokenLogprob, stop_ids_for
@@ -46,6 +47,8 @@ class SpeculativeGenerator:
 
     def _validate(self, request: GenerationRequest, stops: Sequence[int]) -> None:
         info = self.backend.info
+        if request.max_tokens > BUDGET_MAX:
+            raise ValueError(f"max_tokens must be at most {BUDGET_MAX}, got {request.max_tokens}")
         if len(request.prompt_ids) > info.max_context:
             raise ValueError(f"prompt has {len(request.prompt_ids)} tokens; "
                              f"the context holds {info.max_context}")

@@ -197,6 +197,8 @@ def test_bad_requests_are_refused_before_anything_runs(model, prompt) -> None:
         short.generate(GenerationRequest(prompt, 4))
     with pytest.raises(ValueError, match="max_tokens"):
         GenerationRequest(prompt, 0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        generator.generate(GenerationRequest(prompt, 2**48))
     with pytest.raises(ValueError, match="prompt_ids"):
         GenerationRequest((), 4)
     with pytest.raises(ValueError, match="stop strings"):

@@ -157,3 +157,19 @@ def test_top_logprobs_are_the_raw_log_softmax() -> None:
     assert top_logprobs(row, 0, 0)[2] == []
     with pytest.raises(ValueError, match="top_logprobs"):
         top_logprobs(row, 0, 21)
+
+
+@pytest.mark.gpu
+def test_sampling_on_cuda_is_batch_independent_and_filters_alike() -> None:
+    generator = torch.Generator().manual_seed(1)
+    logits = (torch.randn(16, 50000, generator=generator) * 3).cuda()
+    params = SamplingParams(temperature=0.8, top_p=0.9, top_k=100, min_p=0.02, seed=9)
+    positions = list(range(40, 56))
+    together = sample_rows(logits, params, positions)
+    alone = [sample_rows(logits[r : r + 1].clone(), params, [positions[r]])[0] for r in range(16)]
+    assert together == alone
+    assert greedy_tokens(logits) == greedy_tokens(logits.cpu())
+    row = torch.tensor([1.0, 3.0, 2.0, 3.0, 0.0, -2.0])
+    for kwargs in ({"top_k": 2}, {"top_p": 0.8}, {"min_p": 0.3}):
+        cpu = _kept(row, SamplingParams(temperature=1.0, **kwargs))
+        assert _kept(row.cuda(), SamplingParams(temperature=1.0, **kwargs)) == cpu
