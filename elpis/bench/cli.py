@@ -38,6 +38,8 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--cap-gib", type=float, default=24.0, help="GPU memory cap for elpis (0: none)")
+    p.add_argument("--elpis-loop", choices=("spec", "direct"), default="spec",
+                   help="spec (default): speculation core + proven acceptor; direct: backend rounds only")
     p.add_argument("--title", default=None)
     p.add_argument(
         "--model-note",
@@ -148,8 +150,10 @@ def run_engine(args: argparse.Namespace) -> int:
         ]
         if args.checkpoints:
             cmd += ["--checkpoints", args.checkpoints]
-        if system == "elpis" and args.cap_gib:
-            cmd += ["--cap-gib", str(args.cap_gib)]
+        if system == "elpis":
+            cmd += ["--elpis-loop", args.elpis_loop]
+            if args.cap_gib:
+                cmd += ["--cap-gib", str(args.cap_gib)]
         print(f"== {system}: {' '.join(cmd)}", flush=True)
         proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:

@@ -169,6 +169,8 @@ def markdown(doc: dict[str, Any]) -> str:
             + (f" (under a {cap} GiB cap)" if cap else "")
             + f"; complete: {data.get('complete')}"
         )
+        if data.get("loop") == "direct":
+            lines.append(f"  - {system} ran the direct backend loop (anchor row committed, no acceptor call)")
         for err in data.get("errors", []):
             lines.append(f"  - note: {err.splitlines()[0]}")
     lines.append("")

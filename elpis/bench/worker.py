@@ -109,8 +109,46 @@ class ElpisSystem:
         res.data["load_seconds"] = time.perf_counter() - t0
         self.decoder = BenchDecoder(args.model)
         self.vocab = self.backend.info.vocab_size
+        self.loop = args.elpis_loop
+
+    def generate_direct(self, prompt: list[int], tokens: int, draft: bool) -> dict[str, Any]:
+        """Rounds straight on the backend without the speculation core: commit the anchor row only (valid
+        whatever the draft holds, so no acceptance decision is made), next anchor = argmax of row 0. Only
+        for machines where the acceptor is not built; the results say which loop ran."""
+        backend = self.backend
+        backend.fixed_rows = 8 if draft else None
+        stamps, counts, draft_seconds = [], [], []
+        start = time.perf_counter()
+        cached = backend.begin(prompt)
+        try:
+            context, anchor = list(prompt), prompt[-1]
+            for _ in range(tokens):
+                rows = [anchor]
+                if draft:
+                    t = time.perf_counter()
+                    block = backend.drafter.propose(context, 7, 1)
+                    draft_seconds.append(time.perf_counter() - t)
+                    rows += [c[0][0] for c in block.candidates]
+                logits = backend.verify(rows, list(range(-1, len(rows) - 1)))
+                anchor = int(logits[0].argmax())
+                backend.commit([0])
+                context.append(anchor)
+                stamps.append(time.perf_counter())
+                counts.append(1)
+        finally:
+            backend.finish()
+            backend.fixed_rows = 8
+        return {
+            "start": start,
+            "stamps": stamps,
+            "counts": counts,
+            "cached": cached,
+            "draft_seconds": draft_seconds,
+        }
 
     def generate(self, prompt: list[int], tokens: int, draft: bool) -> dict[str, Any]:
+        if self.loop == "direct":
+            return self.generate_direct(prompt, tokens, draft)
         from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
 
         backend = self.backend
@@ -281,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
             from elpis.exl3 import patches
 
             res.data["patches"] = patches.applied()
+            res.data["loop"] = args.elpis_loop
         res.data["peak_after_load"] = peak_memory()
         res.save()
         sampler = hardware.PowerSampler()
@@ -364,6 +403,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--final-tokens", type=int, default=128, help="tokens decoded at the last checkpoint")
     parser.add_argument("--cap-gib", type=float, default=None)
+    parser.add_argument(
+        "--elpis-loop",
+        choices=("spec", "direct"),
+        default="spec",
+        help="spec: the speculation core with the proven acceptor (the product path); "
+        "direct: "
+        "backend rounds committing the anchor row only (for machines without the acceptor)",
+    )
     args = parser.parse_args(argv)
     return run(args)
 
