@@ -215,8 +215,16 @@ def _generate(root: Path, out_dir: Path) -> dict[str, Path]:
         from elpis.bend.codegen import generate
     except ImportError as exc:
         raise BuildError("generate", f"the code generator is not available: {exc}") from exc
+    from elpis.bend.errors import BendError
+
     out_dir.mkdir(parents=True)
-    paths = [Path(p) for p in generate(out_dir, root)]
+    try:
+        paths = [Path(p) for p in generate(out_dir, root)]
+    except BendError as exc:
+        # The generator runs its own token scan over the C it renders and refuses to write it; that
+        # refusal is a C-scan verdict, so it is reported as that layer.
+        layer = "c-scan" if "token discipline" in str(exc) else "generate"
+        raise BuildError(layer, str(exc)) from exc
     names = {p.name: p for p in paths}
     expected = {identity.GENERATED_H, identity.GENERATED_C}
     if set(names) != expected or len(paths) != len(expected):

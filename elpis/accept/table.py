@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from itertools import product
 from typing import Any
 
@@ -54,13 +55,21 @@ CHAIN_SEED, TREE_SEED, MASKS_SEED = 0xE1715_0001, 0xE1715_0002, 0xE1715_0003
 CHAIN_RANDOM, TREE_RANDOM, MASKS_RANDOM = 65_536, 65_536, 16_384
 
 
+# One block: how many decisions it holds, and how to make its cells on demand.
+Block = tuple[int, Callable[[], np.ndarray]]
+
+
 @dataclass(frozen=True)
 class Section:
     name: str
     kind: str  # "chain" | "tree" | "masks"
     rows: int
     params: dict[str, Any]
-    blocks: Callable[[], Iterator[np.ndarray]]
+    parts: Callable[[], list[Block]]  # the section's blocks, in order, each made independently
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        for _, make in self.parts():
+            yield make()
 
 
 def _cells(n: int, width: int) -> np.ndarray:
@@ -97,15 +106,18 @@ def _chain_pattern_block(k: int, stop_class: tuple[int, int | None], lo: int, hi
     return cells
 
 
-def _chain_pattern_blocks(ks: range, classes: tuple) -> Callable[[], Iterator[np.ndarray]]:
-    def blocks() -> Iterator[np.ndarray]:
+def _chain_pattern_blocks(ks: range, classes: tuple) -> Callable[[], list[Block]]:
+    def parts() -> list[Block]:
+        out = []
         for k in ks:
             total = 2 ** (2 * k + 1) * len(_chain_budgets(k))
             for stop_class in classes:
                 for lo in range(0, total, BLOCK):
-                    yield _chain_pattern_block(k, stop_class, lo, min(total, lo + BLOCK))
+                    hi = min(total, lo + BLOCK)
+                    out.append((hi - lo, partial(_chain_pattern_block, k, stop_class, lo, hi)))
+        return out
 
-    return blocks
+    return parts
 
 
 def _chain_pattern_rows(ks: range, classes: tuple) -> int:
@@ -133,20 +145,28 @@ class _Bits:
     def ids(self, width: int) -> np.ndarray:
         """32-bit ids; one in 32 is an edge value (0, 1, 2^31, 2^32 - 1)."""
         z = self.draw(width)
-        ids = (z & np.uint64(0xFFFFFFFF)).astype(np.int64)
-        edge = (z >> np.uint64(32)) & np.uint64(31) == 0
-        return np.where(edge, _EDGE_IDS[((z >> np.uint64(40)) & np.uint64(3)).astype(np.int64)], ids)
+        ids = (z >> np.uint64(32)).view(np.int64)
+        edge = (z & np.uint64(31)) == 0
+        return np.where(edge, _EDGE_IDS[(z >> np.uint64(5)) & np.uint64(3)], ids)
 
-    def unit(self, width: int) -> np.ndarray:
-        """Uniform floats in [0, 1)."""
-        return (self.draw(width) >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+    def choose(self, weights: list[float | np.ndarray], width: int) -> np.ndarray:
+        """Index of the option drawn per cell, option j with probability weights[j] (the weights, which
+        may be per-decision columns, sum to 1; the last option takes the rest)."""
+        roll = self.draw(width) >> np.uint64(11)  # 53 random bits
+        index = np.zeros(roll.shape, dtype=np.int64)
+        edge = np.zeros((self.n, 1), dtype=np.float64)
+        for weight in weights[:-1]:
+            edge = edge + np.asarray(weight, dtype=np.float64).reshape(-1, 1)
+            index += roll >= (edge * 2.0**53).astype(np.uint64)
+        return index
 
-    def below(self, limit: np.ndarray, width: int = 1) -> np.ndarray:
-        """Uniform integers in [0, limit) (limit broadcast against (n, width))."""
-        return (self.unit(width) * limit).astype(np.int64)
+    def below(self, limit: np.ndarray | int, width: int = 1) -> np.ndarray:
+        """Uniform integers in [0, limit) for limit < 2^32 (limit broadcast against (n, width))."""
+        high = self.draw(width) >> np.uint64(32)
+        return ((high * np.asarray(limit).astype(np.uint64)) >> np.uint64(32)).view(np.int64)
 
     def pick(self, choices: list[float]) -> np.ndarray:
-        return np.asarray(choices)[self.below(np.asarray(len(choices)))[:, 0]]
+        return np.asarray(choices)[self.below(len(choices))[:, 0]]
 
 
 _EDGE_IDS = np.asarray([0, 1, 2**31, abi.ID_MAX], dtype=np.int64)
@@ -154,35 +174,30 @@ _EDGE_IDS = np.asarray([0, 1, 2**31, abi.ID_MAX], dtype=np.int64)
 
 def _budgets(bits: _Bits, small_limit: np.ndarray) -> np.ndarray:
     """Half small (where caps bite), a quarter anywhere in the domain, a quarter at the top edge."""
-    kind = bits.unit(1)[:, 0]
+    kind = bits.below(4)[:, 0]
     small = 1 + bits.below(small_limit[:, None])[:, 0]
-    anywhere = 1 + bits.below(np.asarray(float(abi.BUDGET_MAX)))[:, 0]
-    anywhere = np.minimum(anywhere, abi.BUDGET_MAX)
-    top = abi.BUDGET_MAX - bits.below(np.asarray(3))[:, 0]
-    return np.where(kind < 0.5, small, np.where(kind < 0.75, anywhere, top))
+    anywhere = np.minimum(1 + (bits.draw(1)[:, 0] >> np.uint64(16)).view(np.int64), abi.BUDGET_MAX)
+    top = abi.BUDGET_MAX - bits.below(3)[:, 0]
+    return np.choose(kind, [small, small, anywhere, top])
 
 
 def random_chain_block(seed: int, first: int, n: int) -> np.ndarray:
     bits = _Bits(seed, first, n)
     cells = bits.garbage(abi.CHAIN_CELLS)
     pos = np.arange(abi.MAX_ROWS)[None, :]
-    k = bits.below(np.asarray(abi.MAX_DRAFT + 1))[:, 0]
+    k = bits.below(abi.MAX_DRAFT + 1)[:, 0]
     target = bits.ids(abi.MAX_ROWS)
     # Drafts match with a per-decision probability; misses are either the next target (an off-by-one
     # temptation) or fresh ids.
-    p_match = bits.pick([0.5, 0.8, 0.95, 1.0])[:, None]
-    roll = bits.unit(abi.MAX_DRAFT)
-    draft = np.where(
-        roll < p_match,
-        target[:, : abi.MAX_DRAFT],
-        np.where(roll < p_match + (1 - p_match) / 3, target[:, 1:], bits.ids(abi.MAX_DRAFT)),
-    )
-    nstops = bits.below(np.asarray(abi.MAX_STOPS + 1))[:, 0]
+    p_match = bits.pick([0.5, 0.8, 0.95, 1.0])
+    how = bits.choose([p_match, (1 - p_match) / 3, 2 * (1 - p_match) / 3], abi.MAX_DRAFT)
+    draft = np.choose(how, [target[:, : abi.MAX_DRAFT], target[:, 1:], bits.ids(abi.MAX_DRAFT)])
+    nstops = bits.below(abi.MAX_STOPS + 1)[:, 0]
     copy_from = bits.below(k[:, None] + 1, abi.MAX_STOPS)
     from_target = np.take_along_axis(target, copy_from, axis=1)
     from_draft = np.take_along_axis(draft, np.minimum(copy_from, abi.MAX_DRAFT - 1), axis=1)
-    roll = bits.unit(abi.MAX_STOPS)
-    stops = np.where(roll < 0.4, from_target, np.where(roll < 0.5, from_draft, bits.ids(abi.MAX_STOPS)))
+    how = bits.choose([0.4, 0.1, 0.5], abi.MAX_STOPS)
+    stops = np.choose(how, [from_target, from_draft, bits.ids(abi.MAX_STOPS)])
     budget = _budgets(bits, k + 3)
 
     cells[:, abi.CHAIN_K] = k
@@ -198,7 +213,7 @@ def _keep(cells: np.ndarray, start: int, values: np.ndarray, used: np.ndarray) -
     """Write values into the used slots, leave the garbage in the others."""
     width = values.shape[1]
     region = cells[:, start : start + width]
-    region[used] = values[used]
+    np.copyto(region, values, where=used)
 
 
 # --- trees ------------------------------------------------------------------------------------------
@@ -252,19 +267,22 @@ def _tree8_block(first: int, shapes: np.ndarray) -> np.ndarray:
     return cells
 
 
-def _tree8_blocks() -> Iterator[np.ndarray]:
+def _tree8_blocks() -> list[Block]:
     shapes = shapes8()
+    blocks = []
     for first in range(0, len(shapes), TREE8_SHAPES_PER_BLOCK):
-        yield _tree8_block(first, shapes[first : first + TREE8_SHAPES_PER_BLOCK])
+        chunk = shapes[first : first + TREE8_SHAPES_PER_BLOCK]
+        blocks.append((len(chunk) * len(TREE8_VARIANTS), partial(_tree8_block, first, chunk)))
+    return blocks
 
 
 def _random_parents(bits: _Bits) -> np.ndarray:
     """Random legal parents for 16 rows; per decision a chance of chain-like links (deep paths)."""
     n = bits.n
     pos = np.arange(abi.MAX_ROWS)
-    chainy = bits.pick([0.0, 0.5, 0.9])[:, None]
+    chainy = bits.pick([0.0, 0.5, 0.9])
     anywhere = bits.below(pos[None, :], abi.MAX_ROWS)
-    parents = np.where(bits.unit(abi.MAX_ROWS) < chainy, pos[None, :] - 1, anywhere)
+    parents = np.where(bits.choose([chainy, 1 - chainy], abi.MAX_ROWS) == 0, pos[None, :] - 1, anywhere)
     parents[:, 0] = -1
     assert parents.shape == (n, abi.MAX_ROWS)
     return parents
@@ -274,29 +292,23 @@ def random_tree_block(seed: int, first: int, n: int) -> np.ndarray:
     bits = _Bits(seed, first, n)
     cells = bits.garbage(abi.TREE_CELLS)
     pos = np.arange(abi.MAX_ROWS)[None, :]
-    rows = 1 + bits.below(np.asarray(abi.MAX_ROWS))[:, 0]
+    rows = 1 + bits.below(abi.MAX_ROWS)[:, 0]
     parents = _random_parents(bits)
     target = bits.ids(abi.MAX_ROWS)
     # Sometimes a row repeats an earlier row's target, so equal ids show up off the parent link too.
     earlier = np.take_along_axis(target, bits.below(pos, abi.MAX_ROWS), axis=1)
-    target = np.where(bits.unit(abi.MAX_ROWS) < 0.15, earlier, target)
+    target = np.where(bits.choose([0.15, 0.85], abi.MAX_ROWS) == 0, earlier, target)
     parent_target = np.take_along_axis(target, np.maximum(parents, 0), axis=1)
     other = np.take_along_axis(target, bits.below(rows[:, None], abi.MAX_ROWS), axis=1)
     # A row's draft matches its parent's target with a per-decision probability; misses are its own
     # target (a tempting mistake), another row's target, or a fresh id.
-    p_match = bits.pick([0.3, 0.7, 0.95])[:, None]
-    roll = bits.unit(abi.MAX_ROWS)
+    p_match = bits.pick([0.3, 0.7, 0.95])
     miss = (1 - p_match) / 3
-    draft = np.where(
-        roll < p_match,
-        parent_target,
-        np.where(
-            roll < p_match + miss, target, np.where(roll < p_match + 2 * miss, other, bits.ids(abi.MAX_ROWS))
-        ),
-    )
-    nstops = bits.below(np.asarray(abi.MAX_STOPS + 1))[:, 0]
+    how = bits.choose([p_match, miss, miss, miss], abi.MAX_ROWS)
+    draft = np.choose(how, [parent_target, target, other, bits.ids(abi.MAX_ROWS)])
+    nstops = bits.below(abi.MAX_STOPS + 1)[:, 0]
     from_target = np.take_along_axis(target, bits.below(rows[:, None], abi.MAX_STOPS), axis=1)
-    stops = np.where(bits.unit(abi.MAX_STOPS) < 0.5, from_target, bits.ids(abi.MAX_STOPS))
+    stops = np.where(bits.choose([0.5, 0.5], abi.MAX_STOPS) == 0, from_target, bits.ids(abi.MAX_STOPS))
     budget = _budgets(bits, rows + 2)
 
     used = pos < rows[:, None]
@@ -310,29 +322,33 @@ def random_tree_block(seed: int, first: int, n: int) -> np.ndarray:
     return cells
 
 
-def _masks8_blocks() -> Iterator[np.ndarray]:
+def _masks8_block() -> np.ndarray:
     shapes = shapes8()
     cells = _cells(len(shapes), abi.MASKS_CELLS)
     cells[:, abi.MASKS_ROWS] = 8
     cells[:, abi.MASKS_PARENTS : abi.MASKS_PARENTS + 8] = shapes
-    yield cells
+    return cells
+
+
+def _masks8_blocks() -> list[Block]:
+    return [(5040, _masks8_block)]
 
 
 def random_masks_block(seed: int, first: int, n: int) -> np.ndarray:
     bits = _Bits(seed, first, n)
     cells = bits.garbage(abi.MASKS_CELLS)
-    rows = 1 + bits.below(np.asarray(abi.MAX_ROWS))[:, 0]
+    rows = 1 + bits.below(abi.MAX_ROWS)[:, 0]
     cells[:, abi.MASKS_ROWS] = rows
     _keep(cells, abi.MASKS_PARENTS, _random_parents(bits), np.arange(abi.MAX_ROWS)[None, :] < rows[:, None])
     return cells
 
 
-def _seeded(make: Callable[[int, int, int], np.ndarray], seed: int, total: int) -> Callable[[], Iterator]:
-    def blocks() -> Iterator[np.ndarray]:
-        for first in range(0, total, BLOCK):
-            yield make(seed, first, min(BLOCK, total - first))
+def _seeded(make: Callable[[int, int, int], np.ndarray], seed: int, total: int) -> Callable[[], list[Block]]:
+    def parts() -> list[Block]:
+        sizes = [(first, min(BLOCK, total - first)) for first in range(0, total, BLOCK)]
+        return [(n, partial(make, seed, first, n)) for first, n in sizes]
 
-    return blocks
+    return parts
 
 
 SECTIONS: tuple[Section, ...] = (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ OUTPUTS: dict[str, tuple[tuple[str, str, tuple[int, ...]], ...]] = {
 }
 _CELLS = {"chain": abi.CHAIN_CELLS, "tree": abi.TREE_CELLS, "masks": abi.MASKS_CELLS}
 
+THREADS = 2  # the CI machine has two cores
 Outputs = dict[str, np.ndarray]
 Progress = Callable[[int], None]  # called with the number of decisions just checked
 
@@ -107,24 +109,42 @@ def _first_difference(expected: Outputs, actual: Outputs) -> tuple[int, str] | N
 
 
 def _describe(
-    section: Section, offset: int, cells: np.ndarray, expected: Outputs, actual: Outputs, name: str
+    section: Section,
+    first: int,
+    offset: int,
+    cells: np.ndarray,
+    expected: Outputs,
+    actual: Outputs,
+    name: str,
 ) -> str:
     def at(outputs: Outputs) -> str:
         return ", ".join(f"{key}={np.asarray(v[offset]).tolist()}" for key, v in outputs.items())
 
     return (
-        f"section {section.name} decision {offset}: {name} differs; cells={cells[offset].tolist()}; "
+        f"section {section.name} decision {first + offset}: {name} differs; cells={cells[offset].tolist()}; "
         f"table: {at(expected)}; library: {at(actual)}"
     )
 
 
-def _blocks(section: Section) -> Iterator[tuple[int, np.ndarray]]:
-    first = 0
-    for cells in section.blocks():
-        yield first, cells
-        first += len(cells)
-    if first != section.rows:
-        raise TableMismatch(f"section {section.name}: enumerated {first} decisions, expected {section.rows}")
+def _tasks() -> list[tuple[Section, int, int, Callable[[], np.ndarray]]]:
+    """(section, first decision, decisions, block maker) for every block of the table, in order."""
+    tasks = []
+    for section in SECTIONS:
+        first = 0
+        for rows, make in section.parts():
+            tasks.append((section, first, rows, make))
+            first += rows
+        if first != section.rows:
+            raise TableMismatch(
+                f"section {section.name}: blocks hold {first} decisions, expected {section.rows}"
+            )
+    return tasks
+
+
+def _in_parallel(work: Callable[[Any], Any], tasks: list[Any]) -> Iterator[Any]:
+    """Run blocks on two threads, results in order: numpy and the cffi batch calls release the GIL."""
+    with ThreadPoolExecutor(max_workers=THREADS) as pool:
+        yield from pool.map(work, tasks)
 
 
 # --- writing (build) and re-checking (admission) ----------------------------------------------------
@@ -132,26 +152,32 @@ def _blocks(section: Section) -> Iterator[tuple[int, np.ndarray]]:
 
 def write_checked(path: Path, ffi: Any, lib: Any, progress: Progress | None = None) -> None:
     """Compute every expected output with the oracle, require the library to agree, write the file."""
-    arrays: list[np.ndarray] = []
-    for section in SECTIONS:
-        parts: dict[str, list[np.ndarray]] = {name: [] for name, _, _ in OUTPUTS[section.kind]}
-        for first, cells in _blocks(section):
-            expected = oracle_outputs(section.kind, cells)
-            actual = library_outputs(ffi, lib, section.kind, cells)
-            diff = _first_difference(expected, actual)
-            if diff is not None:
-                offset, name = diff
-                raise TableMismatch(
-                    _describe(section, offset, cells, expected, actual, name).replace(
-                        f"decision {offset}", f"decision {first + offset}"
-                    )
-                )
-            for name in parts:
-                parts[name].append(expected[name])
-            if progress:
-                progress(len(cells))
-        for name, dtype, _ in OUTPUTS[section.kind]:
-            arrays.append(np.concatenate(parts[name]).astype(dtype, copy=False))
+
+    def check(task: tuple[Section, int, int, Callable[[], np.ndarray]]) -> Outputs:
+        section, first, rows, make = task
+        cells = make()
+        if len(cells) != rows:
+            raise TableMismatch(f"section {section.name}: a block made {len(cells)} decisions, not {rows}")
+        expected = oracle_outputs(section.kind, cells)
+        actual = library_outputs(ffi, lib, section.kind, cells)
+        diff = _first_difference(expected, actual)
+        if diff is not None:
+            offset, name = diff
+            raise TableMismatch(_describe(section, first, offset, cells, expected, actual, name))
+        if progress:
+            progress(rows)
+        return expected
+
+    tasks = _tasks()
+    parts: dict[tuple[str, str], list[np.ndarray]] = {}
+    for (section, _, _, _), expected in zip(tasks, _in_parallel(check, tasks), strict=True):
+        for name, _, _ in OUTPUTS[section.kind]:
+            parts.setdefault((section.name, name), []).append(expected[name])
+    arrays = [
+        np.concatenate(parts[s.name, name]).astype(dtype, copy=False)
+        for s in SECTIONS
+        for name, dtype, _ in OUTPUTS[s.kind]
+    ]
     head = _canonical(header())
     with open(path, "wb") as f:
         f.write(MAGIC)
@@ -180,9 +206,8 @@ def read(path: Path) -> dict[tuple[str, str], np.ndarray]:
         size = count * dtype.itemsize
         if at + size > len(data):
             raise TableMismatch("table file: truncated")
-        arrays[spec["section"], spec["name"]] = np.frombuffer(
-            data, dtype=dtype, count=count, offset=at
-        ).reshape(spec["shape"])
+        array = np.frombuffer(data, dtype=dtype, count=count, offset=at)
+        arrays[spec["section"], spec["name"]] = array.reshape(spec["shape"])
         at += size
     if at != len(data):
         raise TableMismatch("table file: trailing bytes")
@@ -192,12 +217,17 @@ def read(path: Path) -> dict[tuple[str, str], np.ndarray]:
 def recheck(path: Path, ffi: Any, lib: Any) -> None:
     """Re-run every stored decision through the library; any difference raises TableMismatch."""
     arrays = read(path)
-    for section in SECTIONS:
-        for first, cells in _blocks(section):
-            stop = first + len(cells)
-            expected = {name: arrays[section.name, name][first:stop] for name, _, _ in OUTPUTS[section.kind]}
-            actual = library_outputs(ffi, lib, section.kind, cells)
-            diff = _first_difference(expected, actual)
-            if diff is not None:
-                offset, name = diff
-                raise TableMismatch(_describe(section, offset, cells, expected, actual, name))
+
+    def check(task: tuple[Section, int, int, Callable[[], np.ndarray]]) -> None:
+        section, first, rows, make = task
+        cells = make()
+        stop = first + rows
+        expected = {name: arrays[section.name, name][first:stop] for name, _, _ in OUTPUTS[section.kind]}
+        actual = library_outputs(ffi, lib, section.kind, cells)
+        diff = _first_difference(expected, actual)
+        if diff is not None:
+            offset, name = diff
+            raise TableMismatch(_describe(section, first, offset, cells, expected, actual, name))
+
+    for _ in _in_parallel(check, _tasks()):
+        pass

@@ -1,0 +1,300 @@
+"""Teeth: each planted bug makes `build()` fail, and the failure names the layer that caught it.
+
+Every test copies the parts of the repository the build reads from a root (bend/, proofs/, codegen/,
+ext/) into a temporary root, plants one bug by a textual edit that must match exactly where expected,
+and builds that root into a temporary output. The Python that generates, builds and admits (elpis/) is
+the running package, as in a real build.
+
+Cost: a Bend mutation needs a real proof run of the mutated root. Mutations outside bend/ and proofs/
+cannot change what the prover sees (it reads only those two trees; each such test asserts they are
+byte-identical to the pristine copy), so those builds reuse the pristine root's proof certificates
+instead of proving the same files again. The pristine root itself is built once, in full, first.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elpis.accept import build as build_module
+from elpis.accept import identity, loader, table
+from elpis.accept.build import BuildError, build
+from elpis.paths import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+PROVER_INPUTS = ("bend", "proofs")
+
+
+def _copy_root(target: Path) -> Path:
+    for rel in identity.ROOT_SOURCE_DIRS:
+        shutil.copytree(REPO_ROOT / rel, target / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The unmutated copy, built in full once (proof run included): a mutation that fails is then
+    failing because of the mutation, not because the copy is incomplete."""
+    base = tmp_path_factory.mktemp("pristine")
+    root = _copy_root(base / "root")
+    result = build(root, base / "out" / "accept")
+    certificates = (result.out / identity.CERTIFICATES).read_bytes()
+    return {"root": root, "result": result, "certificates": certificates}
+
+
+def _same_tree(a: Path, b: Path) -> bool:
+    cmp = filecmp.dircmp(a, b, ignore=["__pycache__"])
+
+    def clean(c: filecmp.dircmp) -> bool:
+        shallow_equal = not (c.left_only or c.right_only or c.diff_files or c.funny_files)
+        content_equal = all(
+            filecmp.cmp(Path(c.left) / f, Path(c.right) / f, shallow=False) for f in c.same_files
+        )
+        return shallow_equal and content_equal and all(clean(sub) for sub in c.subdirs.values())
+
+    return clean(cmp)
+
+
+def _mutated(tmp_path: Path, pristine: dict[str, Any], path: str, old: str, new: str, count: int = 1) -> Path:
+    root = tmp_path / "root"
+    shutil.copytree(pristine["root"], root, ignore=shutil.ignore_patterns("__pycache__"))
+    file = root / path
+    text = file.read_text()
+    assert text.count(old) == count, (
+        f"{path}: the mutation's pattern occurs {text.count(old)} times, not {count}"
+    )
+    file.write_text(text.replace(old, new))
+    return root
+
+
+def _reuse_pristine_proofs(monkeypatch: pytest.MonkeyPatch, pristine: dict[str, Any], root: Path) -> None:
+    for rel in PROVER_INPUTS:
+        assert _same_tree(pristine["root"] / rel, root / rel), (
+            f"{rel}/ differs: this mutation needs a proof run"
+        )
+    import json
+
+    certificates = json.loads(pristine["certificates"])
+    monkeypatch.setattr(build_module, "_prove", lambda r: certificates)
+
+
+def _fails(
+    root: Path, tmp_path: Path, layer: str, *, before_admission: Callable[[Path], None] | None = None
+) -> str:
+    out = tmp_path / "out" / "accept"
+    with pytest.raises(BuildError) as info:
+        build(root, out, before_admission=before_admission)
+    assert info.value.layer == layer, (
+        f"caught by {info.value.layer}, not {layer}: {info.value.message[:2000]}"
+    )
+    assert not out.exists(), "a failed build must not leave an output"
+    return info.value.message
+
+
+def test_pristine_copy_builds_and_matches_the_repository_build(
+    pristine: dict[str, Any], build_dir: Path
+) -> None:
+    built = pristine["result"].identity
+    loader.admit(pristine["result"].out, pristine["root"])
+    # Same sources, same compiler: the generated C, the library and the table are byte-identical.
+    repo = loader.admit(build_dir, REPO_ROOT).identity
+    for name in (
+        identity.GENERATED_C,
+        identity.GENERATED_H,
+        identity.WRAPPER_C,
+        loader.LIBRARY,
+        identity.TABLE,
+    ):
+        assert built["artifacts"][name] == repo["artifacts"][name], name
+
+
+# --- Bend implementation mutations: caught by the prover --------------------------------------------
+
+BEND_MUTATIONS = [
+    pytest.param(
+        "bend/chain.bend",
+        "  match ends miss:\n"
+        "    case True{} _:\n"
+        "      Ty.ChainDecision{n, True{}}\n"
+        "    case False{} True{}:\n"
+        "      Ty.ChainDecision{n, False{}}\n",
+        "  match miss ends:\n"
+        "    case True{} _:\n"
+        "      Ty.ChainDecision{n, False{}}\n"
+        "    case False{} True{}:\n"
+        "      Ty.ChainDecision{n, True{}}\n",
+        1,
+        id="rule order swapped: mismatch before stop",
+    ),
+    pytest.param(
+        "bend/chain.bend",
+        "Nat.is_ge(n, budget)",
+        "Nat.is_gt(n, budget)",
+        1,
+        id="budget off by one",
+    ),
+    pytest.param(
+        "bend/chain.bend",
+        "  Bool.or(is_stop(t, stops), Nat.is_ge(n, budget))\n",
+        "  Nat.is_ge(n, budget)\n",
+        1,
+        id="stop ignored",
+    ),
+    pytest.param(
+        "bend/tree.bend",
+        "      +h = hit(stopped, p, cur, d, want)\n",
+        "      +h = Bool.and(hit(stopped, p, cur, d, want), Bool.not(sibling_later(pt, dt, cur, want)))\n",
+        2,
+        id="highest child instead of lowest",
+    ),
+]
+# The highest-child mutation takes a matching child only if no later sibling matches; it needs this def.
+SIBLING_LATER = """
+def sibling_later(ps: List<Nat>, ds: List<Ty.Tok>, +cur: Nat, +want: Ty.Tok) -> Bool:
+  match ps ds:
+    case p <> pt d <> dt:
+      Bool.or(Bool.and(Nat.is_eq(p, cur), U32.is_eq(d, want)), sibling_later(pt, dt, cur, want))
+    case _ _:
+      False{}
+"""
+
+
+@pytest.mark.parametrize(("path", "old", "new", "count"), BEND_MUTATIONS)
+def test_bend_mutation_is_caught_by_the_prover(
+    pristine: dict[str, Any], tmp_path: Path, path: str, old: str, new: str, count: int
+) -> None:
+    root = _mutated(tmp_path, pristine, path, old, new, count)
+    if "sibling_later" in new:
+        with open(root / path, "a") as f:
+            f.write(SIBLING_LATER)
+    message = _fails(root, tmp_path, "prove")
+    # The prover must reject a law, not the syntax or types of the mutated file.
+    assert "laws that do not check" in message, message
+
+
+# --- code generation: caught by the C scan or the table ---------------------------------------------
+
+
+def test_ordering_on_ids_in_the_codegen_template_is_caught_by_the_c_scan(
+    pristine: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _mutated(
+        tmp_path,
+        pristine,
+        "codegen/acceptors.c.j2",
+        "  *ends = d.ends;\n}\n\nvoid elpis_tree_accept(",
+        "  *ends = d.ends || (k > 0u && draft[0] < target[0]);\n}\n\nvoid elpis_tree_accept(",
+    )
+    _reuse_pristine_proofs(monkeypatch, pristine, root)
+    message = _fails(root, tmp_path, "c-scan")
+    assert "'<'" in message
+
+
+def test_wrong_count_in_the_codegen_template_is_caught_by_the_table(
+    pristine: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug outside the proved Bend (in the C wrapper around it) that no scan can see."""
+    root = _mutated(
+        tmp_path,
+        pristine,
+        "codegen/acceptors.c.j2",
+        "  *count = (uint32_t)d.count;\n  *ends = d.ends;\n}\n\nvoid elpis_tree_accept(",
+        "  *count = (uint32_t)d.count - (d.count > 8u);\n  *ends = d.ends;\n}\n\nvoid elpis_tree_accept(",
+    )
+    _reuse_pristine_proofs(monkeypatch, pristine, root)
+    message = _fails(root, tmp_path, "table")
+    assert "library disagrees with the oracle" in message and "chain_random" in message
+
+
+# --- glue, table pin, build directory: caught by the table check or admission -----------------------
+
+
+def test_glue_skipping_the_parent_check_is_caught_by_admission(
+    pristine: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _mutated(
+        tmp_path,
+        pristine,
+        "ext/elpis_glue.c",
+        "    if (!parents_ok(parent_cells, rows)) return ELPIS_ERR_PARENT;\n"
+        "    const int64_t ns = cells[ELPIS_TREE_NSTOPS];",
+        "    const int64_t ns = cells[ELPIS_TREE_NSTOPS];",
+    )
+    _reuse_pristine_proofs(monkeypatch, pristine, root)
+    message = _fails(root, tmp_path, "admission")
+    assert "probe 'tree" in message
+
+
+def test_stale_pinned_hash_is_caught_by_the_table_layer(
+    pristine: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _reuse_pristine_proofs(monkeypatch, pristine, pristine["root"])
+    monkeypatch.setattr(loader, "TABLE_SHA256", "0" * 64)
+    message = _fails(pristine["root"], tmp_path, "table")
+    assert "is not the pinned" in message
+
+
+def test_changed_table_definition_is_caught_by_the_table_layer(
+    pristine: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table that silently shrank (a section enumerating fewer decisions) no longer hashes to the pin."""
+    _reuse_pristine_proofs(monkeypatch, pristine, pristine["root"])
+    shrunk = tuple(
+        s
+        if s.name != "chain_random"
+        else table.Section(
+            s.name, s.kind, 8192, s.params, table._seeded(table.random_chain_block, table.CHAIN_SEED, 8192)
+        )
+        for s in table.SECTIONS
+    )
+    monkeypatch.setattr(table, "SECTIONS", shrunk)
+    monkeypatch.setattr("elpis.accept.tablefile.SECTIONS", shrunk)
+    message = _fails(pristine["root"], tmp_path, "table")
+    assert "is not the pinned" in message
+
+
+def test_tampered_library_byte_is_caught_by_admission(
+    pristine: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _reuse_pristine_proofs(monkeypatch, pristine, pristine["root"])
+
+    def flip(staging: Path) -> None:
+        lib = staging / loader.LIBRARY
+        data = bytearray(lib.read_bytes())
+        data[len(data) // 3] ^= 0x40
+        lib.write_bytes(bytes(data))
+
+    message = _fails(pristine["root"], tmp_path, "admission", before_admission=flip)
+    assert f"{loader.LIBRARY}: SHA-256" in message
+
+
+def test_extra_file_in_the_build_is_caught_by_admission(
+    pristine: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _reuse_pristine_proofs(monkeypatch, pristine, pristine["root"])
+    message = _fails(
+        pristine["root"],
+        tmp_path,
+        "admission",
+        before_admission=lambda s: (s / "stray.so").write_bytes(b"\x7fELF"),
+    )
+    assert "unexpected files ['stray.so']" in message
+
+
+def test_a_failed_build_keeps_the_previous_output(
+    pristine: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _reuse_pristine_proofs(monkeypatch, pristine, pristine["root"])
+    out = tmp_path / "out" / "accept"
+    build(pristine["root"], out)
+    before = identity.sha256_file(out / identity.IDENTITY)
+    with pytest.raises(BuildError):
+        build(pristine["root"], out, before_admission=lambda s: (s / "stray").write_text("x"))
+    assert identity.sha256_file(out / identity.IDENTITY) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["accept"], "staging left behind"
