@@ -17,6 +17,7 @@ ExLlamaV3's; this module decides what runs and keeps the bookkeeping:
   place and overwritten by the next round; the draft's K/V are updated from the accepted rows' tap states.
 
 Acceptance is never decided here: `elpis.spec` calls `elpis.accept` and passes the committed rows.
+Every entry point runs under `torch.inference_mode()`: ExLlamaV3 allocates its caches and states in it.
 """
 
 from __future__ import annotations
@@ -211,6 +212,7 @@ class Exl3Backend:
     def position(self) -> int:
         return len(self.tokens)
 
+    @torch.inference_mode()
     def begin(self, prompt: Sequence[int]) -> int:
         if self.active:
             raise BackendError("begin() while a sequence is active: finish() it first")
@@ -277,6 +279,7 @@ class Exl3Backend:
                 self.prefix.add_snapshot(snap)
                 self.snaps.append(snap)
 
+    @torch.inference_mode()
     def verify(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         if not self.active:
             raise BackendError("verify() without an active sequence")
@@ -322,6 +325,7 @@ class Exl3Backend:
         self._last_table = params["block_table"]
         return out, params.get("export_states")
 
+    @torch.inference_mode()
     def commit(self, rows: Sequence[int]) -> None:
         pending = self.pending
         if pending is None:
@@ -351,6 +355,7 @@ class Exl3Backend:
         self.pending = None
         self.anchor = None  # the caller supplies the next anchor (the last committed row's target token)
 
+    @torch.inference_mode()
     def finish(self) -> None:
         if not self.active:
             return

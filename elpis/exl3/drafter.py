@@ -80,6 +80,7 @@ class DFlash2Drafter:
         )
         return chain[0, 1:], logits[0, :, :vocab]
 
+    @torch.inference_mode()
     def propose(self, context: Sequence[int], depth: int, top_k: int) -> DraftBlock:
         if depth < 0 or top_k < 1:
             raise ValueError(f"depth must be >= 0 and top_k >= 1, got {depth}, {top_k}")

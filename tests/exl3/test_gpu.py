@@ -62,7 +62,8 @@ def prompt(n: int, seed: int, vocab: int) -> list[int]:
     return make(n, seed, vocab)
 
 
-def generate(backend, decoder, ids: Sequence[int], tokens: int, drafter=None, budget: int = 8):
+def spec_generate(backend, decoder, ids: Sequence[int], tokens: int, drafter=None, budget: int = 8):
+    """The product path: the speculation core with the compiled, proven acceptor (chain: draft_top_k=1)."""
     from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
 
     gen = SpeculativeGenerator(
@@ -76,7 +77,55 @@ def generate(backend, decoder, ids: Sequence[int], tokens: int, drafter=None, bu
         out.extend(step.token_ids)
         if step.finish_reason is not None:
             stats = step.stats
-    return out, stats
+    return out, stats.cached_tokens, stats.committed_per_round
+
+
+def oracle_generate(backend, ids: Sequence[int], tokens: int, drafter=None, budget: int = 8):
+    """The same chain rounds, greedy, with each acceptance decided by the test oracle
+    (`elpis.accept.oracle`, the one place allowed to restate the rule), so the engine can be tested on a
+    machine where the compiled acceptor is not built. Returns (tokens, cached, committed per round)."""
+    import numpy as np
+
+    from elpis.accept import abi, oracle
+
+    cached = backend.begin(list(ids))
+    out, context, anchor, per_round = [], list(ids), ids[-1], []
+    try:
+        while len(out) < tokens:
+            remaining = tokens - len(out)
+            depth = min(budget - 1, remaining - 1)
+            draft: list[int] = []
+            if drafter is not None and depth >= 1:
+                draft = [c[0][0] for c in drafter.propose(context, depth, 1).candidates][:depth]
+            logits = backend.verify([anchor, *draft], list(range(-1, len(draft))))
+            targets = [int(t) for t in logits.argmax(dim=-1).tolist()]
+            cells = np.zeros((1, abi.CHAIN_CELLS), dtype=np.int64)
+            cells[0, abi.CHAIN_K] = len(draft)
+            cells[0, abi.CHAIN_BUDGET] = remaining  # no stop ids: cells[0, abi.CHAIN_NSTOPS] stays 0
+            cells[0, abi.CHAIN_DRAFT : abi.CHAIN_DRAFT + len(draft)] = draft
+            cells[0, abi.CHAIN_TARGET : abi.CHAIN_TARGET + len(targets)] = targets
+            count = int(oracle.chain(cells)[0]) >> 1
+            backend.commit(list(range(count)))
+            committed = targets[:count]
+            out += committed
+            context += committed
+            anchor = committed[-1]
+            per_round.append(count)
+    finally:
+        backend.finish()
+    return out, cached, per_round
+
+
+def acceptor_built() -> bool:
+    from elpis import accept
+
+    try:
+        accept.chain([], [1], [], 1)
+    except RuntimeError as exc:
+        if "not built" in str(exc):
+            return False
+        raise
+    return True
 
 
 class ReplayDrafter:
@@ -134,22 +183,32 @@ def test_draft_on_off_same_tokens(backend, decoder):
     vocab = backend.info.vocab_size
     for seed, length in ((1, 700), (2, 3000)):
         ids = prompt(length, seed, vocab)
-        plain, _ = generate(backend, decoder, ids, 48)
-        drafted, stats = generate(backend, decoder, ids, 48, drafter=backend.drafter)
+        plain, _, _ = oracle_generate(backend, ids, 48)
+        drafted, _, rounds = oracle_generate(backend, ids, 48, drafter=backend.drafter)
         first = next((i for i, (a, b) in enumerate(zip(drafted, plain, strict=True)) if a != b), None)
         assert first is None, f"prompt {seed}: the draft changed the output at token {first}"
-        assert stats.rounds == len(stats.committed_per_round)
+        assert sum(rounds) == 48
 
 
 def test_accepted_drafts_same_tokens(backend, decoder):
     """A drafter that proposes the true continuation: rows are accepted, the output must not change."""
     vocab = backend.info.vocab_size
     ids = prompt(1500, 3, vocab)
-    plain, _ = generate(backend, decoder, ids, 64)
-    replayed, stats = generate(backend, decoder, ids, 64, drafter=ReplayDrafter(len(ids), plain))
+    plain, _, _ = oracle_generate(backend, ids, 64)
+    replayed, _, rounds = oracle_generate(backend, ids, 64, drafter=ReplayDrafter(len(ids), plain))
     first = next((i for i, (a, b) in enumerate(zip(replayed, plain, strict=True)) if a != b), None)
-    assert max(stats.committed_per_round) > 1, "the replay drafter should have been accepted"
+    assert max(rounds) > 1, "the replay drafter should have been accepted"
     assert first is None, f"accepted drafts changed the output at token {first}"
+
+
+def test_spec_core_path_equals_oracle_rounds(backend, decoder):
+    """The product path (SpeculativeGenerator + compiled acceptor) commits what the oracle rounds commit."""
+    if not acceptor_built():
+        pytest.skip("the compiled acceptor is not built here (run make build first)")
+    ids = prompt(1200, 10, backend.info.vocab_size)
+    plain, _, _ = oracle_generate(backend, ids, 32)
+    for drafter in (None, backend.drafter, ReplayDrafter(len(ids), plain)):
+        assert spec_generate(backend, decoder, ids, 32, drafter=drafter)[0] == plain
 
 
 def test_tree_parents_refused(backend):
@@ -218,7 +277,7 @@ def test_matches_stock_generator(backend, decoder, small):
                 for r in gen.iterate():
                     if r.get("stage") == "streaming" and r.get("token_ids") is not None:
                         stock += r["token_ids"].view(-1).tolist()
-            ours, _ = generate(backend, decoder, ids, 40, drafter=backend.drafter)
+            ours, _, _ = oracle_generate(backend, ids, 40, drafter=backend.drafter)
             first = next((i for i, (a, b) in enumerate(zip(ours, stock, strict=False)) if a != b), None)
             assert first is None and len(ours) == len(stock) == 40, f"prompt {seed}: diverges at {first}"
     finally:
@@ -230,16 +289,16 @@ def test_matches_stock_generator(backend, decoder, small):
 def test_prefix_reuse_is_exact(backend, decoder):
     vocab = backend.info.vocab_size
     first = prompt(6000, 7, vocab)
-    answer, stats = generate(backend, decoder, first, 16, drafter=backend.drafter)
+    answer, _, _ = oracle_generate(backend, first, 16, drafter=backend.drafter)
     second = first + answer + prompt(700, 8, vocab)
-    warm, stats = generate(backend, decoder, second, 32, drafter=backend.drafter)
-    assert stats.cached_tokens >= 4096, stats.cached_tokens
+    warm, cached, _ = oracle_generate(backend, second, 32, drafter=backend.drafter)
+    assert cached >= 4096, cached
     backend.prefix.enabled = False
     try:
-        cold, cold_stats = generate(backend, decoder, second, 32, drafter=backend.drafter)
+        cold, cold_cached, _ = oracle_generate(backend, second, 32, drafter=backend.drafter)
     finally:
         backend.prefix.enabled = True
-    assert cold_stats.cached_tokens == 0
+    assert cold_cached == 0
     assert warm == cold
 
 
@@ -247,23 +306,21 @@ RESTART = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     sys.path.insert(0, {repo!r})
-    from tests.exl3.test_gpu import generate, prompt
-    from elpis.bench.worker import BenchDecoder
+    from tests.exl3.test_gpu import oracle_generate, prompt
     from elpis.exl3 import load_backend
     small, disk, turn = Path({small!r}), {disk!r}, {turn}
     b = load_backend(small / "target", small / "draft", max_context=65536, model_id="small",
                      host_cache_gib=1.0, disk_cache_dir=disk, prefix_cache=disk is not None)
-    d = BenchDecoder(small / "target")
     vocab = b.info.vocab_size
     first = prompt(9000, 11, vocab)
     if turn == 1:
-        answer, stats = generate(b, d, first, 24, drafter=b.drafter)
+        answer, _, _ = oracle_generate(b, first, 24, drafter=b.drafter)
         print(json.dumps({{"answer": answer}}))
     else:
         answer = json.loads({answer!r})
         second = first + answer + prompt(500, 12, vocab)
-        out, stats = generate(b, d, second, 24, drafter=b.drafter)
-        print(json.dumps({{"tokens": out, "cached": stats.cached_tokens}}))
+        out, cached, _ = oracle_generate(b, second, 24, drafter=b.drafter)
+        print(json.dumps({{"tokens": out, "cached": cached}}))
 """)
 
 
@@ -298,12 +355,11 @@ def test_24gib_budget_full_model():
         sys.path.insert(0, {str(REPO)!r})
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(24 * 2**30 / total)
-        from tests.exl3.test_gpu import generate, prompt
-        from elpis.bench.worker import BenchDecoder
+        from tests.exl3.test_gpu import oracle_generate, prompt
         from elpis.exl3 import load_backend
         b = load_backend({target!r}, {draft!r})
         ids = prompt(262000, 1, b.info.vocab_size)
-        out, stats = generate(b, BenchDecoder({target!r}), ids, 128, drafter=b.drafter)
+        out, _, _ = oracle_generate(b, ids, 128, drafter=b.drafter)
         print(json.dumps({{"tokens": len(out), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}}))
     """)
     proc = subprocess.run(
