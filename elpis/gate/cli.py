@@ -117,7 +117,7 @@ def _op(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from elpis.gate import ops as gate_ops
-    from elpis.gate.identity import identity
+    from elpis.gate.identity import identity, model_fingerprint
 
     console = Console(stderr=True)
     found = gate_ops.load_ops(args.backend, Path(args.model) if args.model else None, _options(args.option))
@@ -143,8 +143,14 @@ def _op(args: argparse.Namespace) -> int:
         "options": _options(args.option),
         "identity": identity(),
     }
+    if args.model:
+        from elpis.gate.compare import resolve_model
+
+        header["identity"]["model"] = model_fingerprint(resolve_model(Path(args.model)))
     record = gate_ops.save(results, out, header)
-    table = Table("op", "context", "rows", "impl", "mean", "p99", "max", title="relative error against fp64")
+    table = Table(title="relative error against fp64")
+    for column in ("op", "context", "rows", "impl", "mean", "p99", "max"):
+        table.add_column(column, no_wrap=True)
     for cell in results:
         for name, s in cell.stats.items():
             table.add_row(
@@ -170,9 +176,9 @@ def _op(args: argparse.Namespace) -> int:
 def _model(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from elpis.gate.compare import CorpusPlan, build_corpus, compare_models, model_text
+    from elpis.gate.compare import CorpusPlan, build_corpus, compare_models, model_text, resolve_model
     from elpis.gate.configs import canonical, make_configuration
-    from elpis.gate.identity import identity
+    from elpis.gate.identity import identity, model_fingerprint
     from elpis.gate.ledger import record_measurement
 
     arms: dict[str, str] = {}
@@ -206,7 +212,7 @@ def _model(args: argparse.Namespace) -> int:
             plan.greedy_tokens,
             progress=lambda text: status.update(text),
         )
-    measurement.identity = identity()
+    measurement.identity = {**identity(), "model": model_fingerprint(resolve_model(model_path))}
     results = _results_dir(args.results)
     stem = f"model-{args.label}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(measurement.measured_at))}"
     path = measurement.save(results, stem)
@@ -222,7 +228,9 @@ def _print_measurement(measurement) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("arm", "scope", "positions", "mean KL", "p99 KL", "top-1", "ΔNLL", title=measurement.label)
+    table = Table(title=measurement.label)
+    for column in ("arm", "scope", "positions", "mean KL", "p99 KL", "top-1", "ΔNLL"):
+        table.add_column(column, no_wrap=True)
     for name, scopes in measurement.summary().items():
         for scope, s in scopes.items():
             if scope == "greedy":
@@ -262,9 +270,9 @@ def _verdict(args: argparse.Namespace) -> int:
         op_candidate=args.op_candidate,
     )
     verdict = write(verdict, results)
-    table = Table(
-        "scope", "check", "value", "limit", "margin", "lower margin", "outcome", title=f"{args.patch}"
-    )
+    table = Table(title=args.patch)
+    for column in ("scope", "check", "value", "limit", "margin", "lower margin", "outcome"):
+        table.add_column(column, no_wrap=True)
     for c in verdict.record["checks"]:
         table.add_row(
             c["scope"],

@@ -72,7 +72,8 @@ SPEC_USAGE_KEYS = ("speculation", "exl3_spec")
 def speculation_stats(usage: Any) -> dict[str, int] | None:
     """`{"rounds": R, "committed": C}` from a response's `usage` block, or None if the server sent none.
 
-    Refuses inconsistent numbers (rounds < 1 with tokens, committed tokens beyond the completion).
+    Refuses inconsistent numbers (negative counts, committed tokens beyond the completion). Committed
+    tokens may be fewer than rounds: a round whose tokens all fall after a stop string delivers none.
     """
     if usage is None:
         return None
@@ -85,7 +86,7 @@ def speculation_stats(usage: Any) -> dict[str, int] | None:
         if not isinstance(committed, int):
             raise ClientError(f"usage.{key} has rounds but no committed token count")
         rounds, completion = block["rounds"], extra.get("completion_tokens")
-        if rounds < 0 or committed < rounds or (isinstance(completion, int) and committed > completion):
+        if rounds < 0 or committed < 0 or (isinstance(completion, int) and committed > completion):
             raise ClientError(
                 f"usage.{key} is inconsistent: {rounds} rounds, {committed} committed, "
                 f"{completion} completion tokens"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import platform
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 from elpis.paths import REPO_ROOT
@@ -40,6 +42,24 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def model_fingerprint(path: Path) -> dict[str, Any]:
+    """SHA-256 of a model file, or of every file of a model directory (name -> digest)."""
+
+    def digest(file: Path) -> str:
+        h = hashlib.sha256()
+        with file.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+
+    if path.is_file():
+        return {"file": path.name, "sha256": digest(path)}
+    return {
+        "directory": path.name,
+        "files": {f.name: digest(f) for f in sorted(path.iterdir()) if f.is_file()},
+    }
 
 
 def identity() -> dict[str, Any]:

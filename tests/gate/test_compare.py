@@ -73,6 +73,10 @@ def test_comparison_of_configurations(configs, tiny_model: Path) -> None:
     assert [d.stratum for d in docs] == ["wikitext", "wikitext"] and len(prompts) == 1
     arms = {name: configs[name] for name in ("decode", "prefill", "bf16w")}
     arms["same"] = make_configuration("reference:dtype=fp64,path=prefill", tiny_model)
+    arms["attn64"] = make_configuration(
+        "reference:attention=fp64-accumulate,dtype=fp32,path=prefill", tiny_model
+    )
+    arms["qk8"] = make_configuration("reference:attention=qk-int8,dtype=fp32,path=prefill", tiny_model)
     m = compare_models("unit", str(tiny_model), configs["ref"], arms, docs, prompts, PLAN.greedy_tokens)
     summary = m.summary()
     assert summary["same"]["all"]["mean_kl"] == 0.0 and summary["same"]["all"]["top1"] == 1.0
@@ -80,6 +84,9 @@ def test_comparison_of_configurations(configs, tiny_model: Path) -> None:
     for name in ("decode", "prefill"):
         assert 0.0 < summary[name]["all"]["mean_kl"] < 1e-8
     assert summary["bf16w"]["all"]["mean_kl"] > 100 * summary["prefill"]["all"]["mean_kl"]
+    assert summary["qk8"]["all"]["mean_kl"] > 100 * summary["prefill"]["all"]["mean_kl"]
+    assert 0.0 < summary["attn64"]["all"]["mean_kl"] < 1e-8  # the patch ran (and was undone after)
+    assert summary["attn64"]["all"]["mean_kl"] != summary["prefill"]["all"]["mean_kl"]
     assert m.arms["same"].first_divergence == [None]
     assert len(m.nll_ref) == sum(d.positions for d in m.documents) == 38
 
