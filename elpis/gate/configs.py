@@ -71,16 +71,24 @@ def canonical(text: str) -> str:
 
 def make_configuration(text: str, model: Path) -> LogitsModel:
     """Build a configuration. Its `.spec` is the provider's full canonical spec: the options asked for
-    plus every default that applies, so two ways of asking for the same thing share one identity."""
+    plus every default that applies, so two ways of asking for the same thing share one identity.
+
+    The option `model=PATH` (any kind) gives this configuration its own model instead of `model`, e.g.
+    an EXL3 conversion compared with the original; it stays part of the spec.
+    """
     spec = parse_spec(text)
-    made = load_provider(spec.kind).configuration(model, dict(spec.options))
+    options = dict(spec.options)
+    own_model = options.pop("model", None)
+    made = load_provider(spec.kind).configuration(Path(own_model) if own_model else model, options)
     full = parse_spec(made.spec)
     if (
         made.spec != full.text
         or full.kind != spec.kind
-        or any(full.options.get(k) != v for k, v in spec.options.items())
+        or any(full.options.get(k) != v for k, v in options.items())
     ):
         raise ValueError(f"provider {spec.kind} built {made.spec!r} for {spec.text!r}")
+    if own_model:
+        made.spec = Spec(full.kind, {**full.options, "model": own_model}).text
     return made
 
 

@@ -10,6 +10,7 @@ applies, defaults included):
   mode       exact | batched                   exact: every row is a decode step; batched: one matmul per
                                                weight for all rows (verify path; default exact)
   weights    bf16 | fp16                       candidate: weights rounded to that format, computed in dtype
+  device     cpu | cuda:0 | ...                where the reference runs (written only when not cpu)
   attention  qk-bf16 | qk-int8 | fp64-accumulate
                                                candidate: the attention op replaced by that implementation
                                                (`elpis.gate.reference_ops`) inside this configuration only
@@ -32,7 +33,7 @@ ATTENTION_CANDIDATES = ("qk-bf16", "qk-int8", "fp64-accumulate")
 
 
 def _options(options: dict[str, str]) -> dict[str, str]:
-    known = {"dtype", "path", "rows", "mode", "weights", "attention"}
+    known = {"dtype", "path", "rows", "mode", "weights", "attention", "device"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(f"unknown reference option(s) {unknown}: known {sorted(known)}")
@@ -55,6 +56,8 @@ def _options(options: dict[str, str]) -> dict[str, str]:
         if options["weights"] not in ("bf16", "fp16"):
             raise ValueError(f"weights must be bf16 or fp16, got {options['weights']!r}")
         full["weights"] = options["weights"]
+    if options.get("device", "cpu") != "cpu":
+        full["device"] = options["device"]
     if "attention" in options:
         if options["attention"] not in ATTENTION_CANDIDATES:
             raise ValueError(f"attention must be one of {ATTENTION_CANDIDATES}, got {options['attention']!r}")
@@ -113,6 +116,7 @@ class ReferenceConfiguration:
         self.backend = load_backend(
             path,
             dtype=torch.float64 if full["dtype"] == "fp64" else torch.float32,
+            device=full.get("device", "cpu"),
             prefix_cache_bytes=0,  # no reuse across documents: every sequence runs from scratch
             exact_rows=full.get("mode", "exact") == "exact",
         )

@@ -54,6 +54,9 @@ def test_reference_options_are_validated(tiny_model: Path) -> None:
     assert make_configuration("reference:dtype=fp32", tiny_model).spec == (
         "reference:dtype=fp32,mode=exact,path=verify,rows=16"
     )
+    # model=PATH gives one configuration its own model (an EXL3 conversion next to the original)
+    own = make_configuration(f"reference:model={tiny_model},path=prefill", Path("/nonexistent"))
+    assert own.spec == f"reference:dtype=fp32,model={tiny_model},path=prefill"
 
 
 def test_verify_chunking_is_row_invariant_and_matches_prefill(configs) -> None:
