@@ -320,6 +320,8 @@ def run(args: argparse.Namespace) -> int:
 
             res.data["patches"] = patches.applied()
             res.data["loop"] = args.elpis_loop
+            layers = system.backend.engine.cache.get_all_recurrent_layers().values()
+            res.data["gdn_state_dtype"] = str(next(iter(layers)).recurrent_state.dtype)
         res.data["peak_after_load"] = peak_memory()
         res.save()
         sampler = hardware.PowerSampler()

@@ -462,6 +462,7 @@ class Checker:
             fun.params = [(env[n].core, ty, q) for n, ty, q in fun.params]
             fun.body = el.block(it.body, fun.result, env, seen_let=False)
             fun.calls = el.calls
+            fun.descents = el.descents
             check_quantities(fun, el.quants, it.loc)
 
     def _law_key(self, st: ModuleState, d: s.Def) -> str:
@@ -523,6 +524,7 @@ class Elab:
         self.used: set[str] = set()
         self.calls: set[str] = set()
         self.quants: dict[str, str] = {}
+        self.descents: set[int] = set()
         self.counter = itertools.count(1)
 
     def fresh(self, base: str) -> str:
@@ -803,7 +805,7 @@ class Elab:
         return CPrim(name, tuple(cores)), self.expect(sig.result, expected, e.loc)
 
     def check_descent(self, e, fn: str, args: tuple, env: dict[str, Var]) -> None:
-        check_structural(e.loc, fn, [_arg_var(a, env) for a in args])
+        self.descents.add(check_structural(e.loc, fn, [_arg_var(a, env) for a in args]))
 
 
 def _arg_var(a: s.Expr, env: dict[str, Var]) -> Var | None:
@@ -812,13 +814,13 @@ def _arg_var(a: s.Expr, env: dict[str, Var]) -> Var | None:
     return None
 
 
-def check_structural(loc, fn: str, args: list[Var | None]) -> None:
-    """Bend's termination rule for a recursive call (see module docstring)."""
+def check_structural(loc, fn: str, args: list[Var | None]) -> int:
+    """Bend's termination rule for a recursive call (see module docstring); the shrinking index."""
     for i, v in enumerate(args):
         if v is not None and v.origin == (i, False):
             continue
         if v is not None and v.origin == (i, True):
-            return
+            return i
         raise BendError(
             f"{loc}: recursive call {fn}(..) is not structural: argument {i + 1} must be passed "
             "unchanged or be a strictly smaller part (from a match) of the same parameter"

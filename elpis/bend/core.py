@@ -8,7 +8,7 @@ the C generator all work on this one representation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # ---------------------------------------------------------------- types
 
@@ -215,6 +215,7 @@ class FunInfo:
     body: Core | None
     loc: str
     calls: set[str]
+    descents: set[int] = field(default_factory=set)  # parameters a recursive call shrinks
 
 
 @dataclass

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 import z3
 
 from elpis.bend.check import Program
-from elpis.bend.core import FunT, LawInfo, ListT, free_vars
+from elpis.bend.core import NAT, U32, FunT, LawInfo, ListT, Opaque, free_vars
 from elpis.bend.errors import BendError
 from elpis.bend.symexec import SData, SNat, SOpaque, Sorts, SymExec, is_false
 
 MAX_BOUND = 32
-MAX_SHAPES = 20000
+MAX_SHAPES = 500_000
 QUERY_TIMEOUT_MS = 120_000
 
 
@@ -60,9 +60,11 @@ class LawSmt:
 
     # ------------------------------------------------------------ shapes
     def bounds(self) -> dict[str, int]:
+        """Bound of every list (its length) and Nat (its value) variable the hypotheses bound."""
         found: dict[str, int] = {}
+        compared = set().union(*[_compared_nats(h.hyp.eq.lhs) | _compared_nats(h.hyp.eq.rhs) for h in self.law.hyps])
         for c in self.law.values:
-            if not isinstance(c.ty, ListT):
+            if not isinstance(c.ty, ListT) and not (c.ty == NAT and c.name in compared):
                 continue
             relevant = [h for h in self.law.hyps if c.name in _hyp_vars(h)]
             if not relevant:
@@ -75,12 +77,17 @@ class LawSmt:
 
     def _refuted_beyond(self, name: str, limit: int, hyps: list, found: dict[str, int]) -> bool:
         others = sorted({v for h in hyps for v in _hyp_vars(h)} & set(found))
-        for lengths in itertools.product(*[range(found[o] + 1) for o in others]):
+        for values in itertools.product(*[range(found[o] + 1) for o in others]):
             ex = SymExec(self.prog, self.sorts)
-            env = self._values(ex, dict(zip(others, lengths, strict=True)))
+            env = self._values(ex, dict(zip(others, values, strict=True)))
             ty = self._var_ty(name)
-            items = [ex.fresh(f"{name}{i}", ty.elem) for i in range(limit + 1)]
-            env[name] = ex.list_of(items, ty, ex.fresh(f"{name}_tail", ty))
+            if ty == NAT:
+                e = z3.Int(f"{name}_beyond")
+                ex.side.append(e > limit)
+                env[name] = SNat(e, limit + 1, None)
+            else:
+                items = [ex.fresh(f"{name}{i}", ty.elem) for i in range(limit + 1)]
+                env[name] = ex.list_of(items, ty, ex.fresh(f"{name}_tail", ty))
             if not any(is_false(self._hyp_value(ex, h, env)) for h in hyps):
                 return False
         return True
@@ -89,9 +96,12 @@ class LawSmt:
         return next(c.ty for c in self.law.values if c.name == name)
 
     def _values(self, ex: SymExec, lengths: dict[str, int]) -> dict[str, object]:
+        """Fresh values; a variable in `lengths` is a list of that length or that Nat value."""
         env: dict[str, object] = {}
         for c in self.law.values:
-            if c.name in lengths:
+            if c.name in lengths and c.ty == NAT:
+                env[c.name] = lengths[c.name]
+            elif c.name in lengths:
                 items = [ex.fresh(f"{c.source}{i}", c.ty.elem) for i in range(lengths[c.name])]
                 env[c.name] = ex.list_of(items, c.ty)
             else:
@@ -155,6 +165,13 @@ class LawSmt:
         hyps = [self._hyp_value(ex, h, env) for h in self.law.hyps]
         if any(is_false(h) for h in hyps):
             return None
+        pins = self._pins(ex, env)
+        if pins:  # evaluate again with the forced leaves made concrete (same fresh names, same order)
+            ex = SymExec(self.prog, self.sorts, pins)
+            env = self._values(ex, shape)
+            hyps = [self._hyp_value(ex, h, env) for h in self.law.hyps]
+            if any(is_false(h) for h in hyps):
+                return None
         goal = ex.equal(ex.eval(self.law.goal.lhs, env), ex.eval(self.law.goal.rhs, env), self.law.goal.ty)
         t0 = time.perf_counter()
         solver = z3.Solver()
@@ -176,6 +193,24 @@ class LawSmt:
             "seconds": round(time.perf_counter() - t0, 4),
         }
         return cert, str(result), model_values
+
+    def _pins(self, ex: SymExec, env: dict[str, object]) -> dict[str, object]:
+        """Leaves a hypothesis `{e == c}` forces to a concrete value (e evaluates to a fresh leaf).
+
+        Substituting them is sound: it keeps exactly the models the hypothesis allows.
+        """
+        pins: dict[str, object] = {}
+        for h in self.law.hyps:
+            eq = h.hyp.eq
+            if eq.ty not in (NAT, U32) and not isinstance(eq.ty, Opaque):
+                continue
+            lhs, rhs = ex.eval(eq.lhs, env), ex.eval(eq.rhs, env)
+            for leaf, value in ((lhs, rhs), (rhs, lhs)):
+                name = _leaf_name(leaf)
+                concrete = _concrete(value)
+                if name is not None and concrete is not None:
+                    pins[name] = concrete
+        return pins
 
     def _source(self, core_name: str) -> str:
         return next(c.source for c in self.law.clauses if c.name == core_name)
@@ -213,6 +248,42 @@ class LawSmt:
         else:
             msg = f"z3 answered {verdict} (no proof)"
         return SmtOutcome(ok, msg, cert, values, len(certs), seconds)
+
+
+def _leaf_name(v: object) -> str | None:
+    term = v.e if isinstance(v, SNat) else v
+    if isinstance(term, z3.ExprRef) and z3.is_const(term) and term.decl().kind() == z3.Z3_OP_UNINTERPRETED:
+        return term.decl().name()
+    return None
+
+
+def _concrete(v: object) -> int | None:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if isinstance(v, z3.BitVecRef) and z3.is_bv_value(v):
+        return v.as_long()
+    return None
+
+
+NAT_COMPARISONS = ("Nat.is_lt", "Nat.is_le", "Nat.is_gt", "Nat.is_ge")
+
+
+def _compared_nats(t) -> set[str]:
+    """Nat variables that a hypothesis compares directly (candidates for a bound)."""
+    from elpis.bend.core import CCall, CCtor, CPrim, CSucc, CVar
+
+    out: set[str] = set()
+    if isinstance(t, CPrim):
+        if t.op in NAT_COMPARISONS:
+            out |= {a.name for a in t.args if isinstance(a, CVar)}
+        for a in t.args:
+            out |= _compared_nats(a)
+    elif isinstance(t, CCall | CCtor):
+        for a in t.args:
+            out |= _compared_nats(a)
+    elif isinstance(t, CSucc):
+        out |= _compared_nats(t.arg)
+    return out
 
 
 def _hyp_vars(clause) -> set[str]:

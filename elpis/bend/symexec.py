@@ -154,11 +154,13 @@ class Sorts:
 
 
 class SymExec:
-    def __init__(self, prog: Program, sorts: Sorts) -> None:
+    def __init__(self, prog: Program, sorts: Sorts, pins: dict[str, object] | None = None) -> None:
         self.prog = prog
         self.sorts = sorts
+        self.pins = pins or {}  # fresh leaf name -> the concrete value a hypothesis forces on it
         self.side: list[z3.BoolRef] = []  # true facts about fresh terms (Nat results are >= 0)
-        self._ufs: dict[str, z3.FuncDeclRef] = {}
+        self._ufs: dict[tuple, z3.FuncDeclRef] = {}
+        self._memo: dict[tuple, tuple[object, list[object]]] = {}
         self._depth = 0
         self.fresh_count = 0
 
@@ -166,6 +168,9 @@ class SymExec:
     def fresh(self, name: str, ty: Ty) -> object:
         self.fresh_count += 1
         tag = f"{name}!{self.fresh_count}"
+        if tag in self.pins:
+            value = self.pins[tag]
+            return z3.BitVecVal(value, 32) if isinstance(ty, Prim | Opaque) and ty != NAT and ty != BOOL else value
         match ty:
             case Prim("Nat"):
                 e = z3.Int(tag)
@@ -303,6 +308,17 @@ class SymExec:
 
     # ------------------------------------------------------------ evaluation
     def call(self, key: str, args: list[object]) -> object:
+        # Same def, same argument objects: same value (pure code). Keyed by identity; the
+        # arguments are kept alive in the memo so identities stay unique.
+        memo_key = (key, *map(id, args))
+        hit = self._memo.get(memo_key)
+        if hit is not None:
+            return hit[0]
+        result = self._call(key, args)
+        self._memo[memo_key] = (result, args)
+        return result
+
+    def _call(self, key: str, args: list[object]) -> object:
         fun = self.prog.funs[key]
         self._depth += 1
         if self._depth > MAX_DEPTH:
@@ -311,6 +327,8 @@ class SymExec:
                 f"symbolic evaluation of {fun.name} does not terminate: recursion on a value of unknown size"
             )
         try:
+            if any(isinstance(args[i], SNat) and args[i].hi is None for i in fun.descents):
+                raise Stuck  # structural recursion on a Nat of unknown size: keep the call abstract
             env = {name: a for (name, _, _), a in zip(fun.params, args, strict=True)}
             return self.eval(fun.body, env)
         except Stuck:
@@ -319,17 +337,31 @@ class SymExec:
             self._depth -= 1
 
     def _abstract(self, key: str, args: list[object]) -> object:
+        """The call as an uninterpreted function of its value arguments.
+
+        Template arguments are part of the function's identity (one symbol per template value):
+        for a fixed template, the def is a total function of the remaining arguments.
+        """
         fun = self.prog.funs[key]
-        if any(isinstance(t, FunT) for _, t, _ in fun.params):
-            raise BendError(
-                f"cannot abstract {fun.name}: it takes a template argument and meets an unbounded list"
-            )
-        if key not in self._ufs:
-            name = "uf_" + key.replace("/", "_").replace(":", "_").replace(".", "_")
-            self._ufs[key] = z3.Function(
-                name, *[self.sorts.sort(t) for _, t, _ in fun.params], self.sorts.sort(fun.result)
-            )
-        term = self._ufs[key](*[self.encode(a, t) for a, (_, t, _) in zip(args, fun.params, strict=True)])
+        templates = []
+        values = []
+        for a, (_, t, _) in zip(args, fun.params, strict=True):
+            if isinstance(t, FunT):
+                if isinstance(a, SFun):
+                    templates.append(a.decl.name())
+                elif isinstance(a, SDef):
+                    templates.append(a.key)
+                else:
+                    raise BendError(f"cannot abstract {fun.name}: its template argument is not a named function")
+            else:
+                values.append((a, t))
+        uf_key = (key, *templates)
+        if uf_key not in self._ufs:
+            raw = "uf_" + "_".join(uf_key)
+            name = "".join(ch if ch.isalnum() else "_" for ch in raw)
+            sorts = [self.sorts.sort(t) for _, t in values]
+            self._ufs[uf_key] = z3.Function(name, *sorts, self.sorts.sort(fun.result))
+        term = self._ufs[uf_key](*[self.encode(a, t) for a, t in values])
         return self.from_term(term, fun.result)
 
     def from_term(self, term: z3.ExprRef, ty: Ty) -> object:
@@ -456,6 +488,10 @@ class SymExec:
         (la, ha), (lb, hb) = bounds(a), bounds(b)
         match op:
             case "Nat.add":
+                if isinstance(a, int) and a == 0:
+                    return b
+                if isinstance(b, int) and b == 0:
+                    return a
                 return SNat(x + y, la + lb, None if ha is None or hb is None else ha + hb)
             case "Nat.sub":
                 return SNat(z3.If(x > y, x - y, 0), max(0, la - (hb if hb is not None else la)), ha)
@@ -483,6 +519,12 @@ class SymExec:
         raise BendError(f"no symbolic semantics for {op}")
 
     def _u32_prim(self, op: str, vals: list[object]) -> object:
+        concrete = [v.as_long() if z3.is_bv_value(v) else v for v in vals]
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in concrete):
+            out = PRIMS[op].fn(*concrete)
+            if isinstance(out, bool):
+                return out
+            return out if PRIMS[op].result == NAT else z3.BitVecVal(out, 32)
         if op == "U32.to_nat":
             return SNat(z3.BV2Int(vals[0], is_signed=False), 0, 2**32 - 1)
         if op == "U32.from_nat":
@@ -491,6 +533,11 @@ class SymExec:
         b = vals[1]
         if op.startswith("U32.is_") and z3.is_bv_value(a) and z3.is_bv_value(b):
             return bool(PRIMS[op].fn(a.as_long(), b.as_long()))
+        if op in ("U32.or", "U32.xor", "U32.add"):  # x op 0 == x: keeps shared subterms shared
+            if z3.is_bv_value(a) and a.as_long() == 0:
+                return b
+            if z3.is_bv_value(b) and b.as_long() == 0:
+                return a
         match op:
             case "U32.is_eq":
                 return True if a.eq(b) else a == b

@@ -26,6 +26,7 @@ def load_backend(
     disk_cache_dir: str | Path | None = None,
     prefix_cache: bool = True,
     fixed_rows: int | None = 8,
+    gdn_state_fp32: bool = True,
     warmup: bool = True,
 ) -> Exl3Backend:
     """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
@@ -34,6 +35,9 @@ def load_backend(
     prefix pages and snapshots there, in a subdirectory bound to the model files and cache geometry.
     `fixed_rows`: every verify runs this many rows (None: as many as asked; faster plain decoding, but a
     row's arithmetic then depends on the row count, see elpis/exl3/backend.py).
+    `gdn_state_fp32`: store the Gated DeltaNet recurrent state in fp32 (ExLlamaV3's default is fp16, rounded
+    once per forward pass, so a state advanced by an 8-row pass differs from one advanced token by token and
+    accepted drafts can change the output; measured on the H200, bench/results/lossless-2026-11-30.md).
     """
     import torch
 
@@ -45,7 +49,12 @@ def load_backend(
 
     if not 1 <= max_context <= CACHE_TOKENS - 16:
         raise ValueError(f"max_context must be in 1..{CACHE_TOKENS - 16}, got {max_context}")
-    engine = load_engine(Path(model_dir), Path(draft_dir) if draft_dir else None, warmup=warmup)
+    engine = load_engine(
+        Path(model_dir),
+        Path(draft_dir) if draft_dir else None,
+        warmup=warmup,
+        recurrent_dtype=torch.float if gdn_state_fp32 else torch.half,
+    )
     disk = bound_cache_dir(Path(disk_cache_dir), engine) if disk_cache_dir else None
     return Exl3Backend(
         engine,

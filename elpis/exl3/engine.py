@@ -67,6 +67,7 @@ def load_engine(
     device: str = "cuda:0",
     warmup: bool = True,
     progress: bool = True,
+    recurrent_dtype: torch.dtype = torch.half,
 ) -> Engine:
     """Load target (and draft) onto one GPU with 3-bit K/V caches of `cache_tokens` tokens."""
     if cache_tokens % 256:
@@ -87,6 +88,7 @@ def load_engine(
         v_bits=kv_bits,
         max_batch_size=1,
         max_history=MAX_HISTORY,
+        recurrent_dtype=recurrent_dtype,  # fp16 (ExLlamaV3's default) or fp32 Gated DeltaNet state
     )
     draft = draft_cache = draft_config = None
     if draft_dir is not None:

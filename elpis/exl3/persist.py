@@ -32,6 +32,7 @@ def binding(engine: Engine) -> dict:
         "page": PAGE,
         "chunk": CHUNK,
         "max_history": MAX_HISTORY,
+        "gdn_state": str(next(iter(engine.cache.get_all_recurrent_layers().values())).recurrent_state.dtype),
         "env": env_switches(),
     }
 
