@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import subprocess
 import threading
@@ -23,6 +24,9 @@ from elpis.paths import REPO_ROOT
 
 
 def git_revision() -> str:
+    """HEAD (with -dirty), or ELPIS_GIT_REVISION where the tree travelled without .git (the GPU machine)."""
+    if os.environ.get("ELPIS_GIT_REVISION"):
+        return os.environ["ELPIS_GIT_REVISION"]
     try:
         rev = subprocess.run(
             ["git", "rev-parse", "HEAD"],

@@ -11,7 +11,10 @@ ExLlamaV3's; this module decides what runs and keeps the bookkeeping:
   rejected rows can be undone. Rows must form a chain (`parents == [-1, 0, 1, ...]`); trees raise
   `ValueError` until tree verify lands (issue 8). With `fixed_rows` every call runs that many rows (padding
   with copies of the last token), so a row's arithmetic never depends on how many rows the caller sent:
-  plain decoding and speculative decoding then run the very same kernels on the anchor row.
+  plain decoding and speculative decoding then run the very same kernels on the anchor row. Measured on
+  the H200 (bench/results/lossless-2026-11-30.md): without padding, 1-row and 8-row results diverge; with
+  the Gated DeltaNet state in fp16 (ExLlamaV3's default) accepted drafts change the output, in fp32 (elpis's
+  default, `load_backend(gdn_state_fp32=True)`) they did not.
 - `commit`: the accepted prefix of the chain stays; the Gated DeltaNet state is rewound by replaying the
   accepted rows from the committed state (ExLlamaV3's `GDNState.rewind`); K/V of rejected rows are left in
   place and overwritten by the next round; the draft's K/V are updated from the accepted rows' tap states.

@@ -126,3 +126,39 @@ def test_report_mode_rerenders(arith, tmp_path):
     path.write_text(json.dumps(data))
     assert cli.run_report(path) == 0
     assert (tmp_path / "r.md").is_file() and (tmp_path / "r.png").is_file()
+
+
+def test_gsm8k_mode_reaches_the_gates_module(tmp_path, capsys):
+    """`elpis bench gsm8k` is parsed by elpis.bench.gsm8k's own arguments and run by its own run()."""
+    from elpis.bench import gsm8k
+    from elpis.cli import main
+
+    parser = argparse.ArgumentParser()
+    gsm8k.add_arguments(parser)
+    own = {a.dest for a in parser._actions}
+    from elpis.bench import cli
+
+    outer = argparse.ArgumentParser()
+    cli.add_arguments(outer)
+    args = outer.parse_args(["gsm8k", "--url", "http://127.0.0.1:9"])
+    assert args.mode == "gsm8k" and own <= set(vars(args)) | {"help"}
+    # nothing listens on port 9: the gates module's own run() reports the failure with a non-zero code
+    key = tmp_path / "key"
+    key.write_text("k")
+    code = main(
+        [
+            "bench",
+            "gsm8k",
+            "--url",
+            "http://127.0.0.1:9",
+            "--api-key-file",
+            str(key),
+            "--questions",
+            "1",
+            "--timeout",
+            "2",
+            "--out",
+            str(tmp_path / "o.json"),
+        ]
+    )
+    assert code != 0
