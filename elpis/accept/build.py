@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from inspect import signature
 from pathlib import Path
 from typing import Any
 
@@ -140,8 +141,8 @@ def _build_into(
     steps: _Steps,
     before_admission: Callable[[Path], None] | None,
 ) -> dict[str, Any]:
-    with steps.step("prove", "prove every law"):
-        certificates = _prove(root)
+    with steps.step("prove", "prove every law (laws discharged)") as advance:
+        certificates = _prove(root, advance)
         (staging / identity.CERTIFICATES).write_bytes(identity.canonical(certificates))
 
     with steps.step("generate", "generate C from the implementation modules"):
@@ -192,12 +193,18 @@ def _build_into(
     return ident
 
 
-def _prove(root: Path) -> list[dict[str, Any]]:
+def _prove(root: Path, advance: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     try:
         from elpis.bend.prove import prove_all
     except ImportError as exc:
         raise BuildError("prove", f"the prover is not available: {exc}") from exc
-    report = prove_all(root)
+    # The contract is prove_all(root); a progress hook is used when the prover offers one.
+    hook = (
+        {"progress": lambda _: advance(1)}
+        if advance and "progress" in signature(prove_all).parameters
+        else {}
+    )
+    report = prove_all(root, **hook)
     if not report.ok:
         failures = "\n  ".join(report.failures) or "(no failure named)"
         raise BuildError("prove", f"laws that do not check:\n  {failures}")

@@ -5,17 +5,22 @@ ext/) into a temporary root, plants one bug by a textual edit that must match ex
 and builds that root into a temporary output. The Python that generates, builds and admits (elpis/) is
 the running package, as in a real build.
 
-Cost: a Bend mutation needs a real proof run of the mutated root. Mutations outside bend/ and proofs/
-cannot change what the prover sees (it reads only those two trees; each such test asserts they are
-byte-identical to the pristine copy), so those builds reuse the pristine root's proof certificates
-instead of proving the same files again. The pristine root itself is built once, in full, first.
+Cost. The repository build (make build, admitted here against the current sources) already proved
+exactly the pristine prover inputs, so the pristine copy and every mutation outside bend/ and proofs/
+reuse its proof certificates (each such test asserts bend/ and proofs/ are byte-identical to the
+pristine copy: the prover reads nothing else). A Bend mutation gets a real proof run of the mutated
+root by the real prover, restricted to the laws of the mutated module's family (chain_* or tree_*),
+which a full build checks too; the build stops at that first failing layer.
 """
 
 from __future__ import annotations
 
 import filecmp
+import json
+import re
 import shutil
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +43,16 @@ def _copy_root(target: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The unmutated copy, built in full once (proof run included): a mutation that fails is then
-    failing because of the mutation, not because the copy is incomplete."""
+def pristine(tmp_path_factory: pytest.TempPathFactory, build_dir: Path) -> dict[str, Any]:
+    """The unmutated copy, built once: a mutation that fails is then failing because of the mutation,
+    not because the copy is incomplete."""
+    loader.admit(build_dir, REPO_ROOT)  # its certificates belong to exactly the current sources
+    certificates = json.loads((build_dir / identity.CERTIFICATES).read_bytes())
     base = tmp_path_factory.mktemp("pristine")
     root = _copy_root(base / "root")
-    result = build(root, base / "out" / "accept")
-    certificates = (result.out / identity.CERTIFICATES).read_bytes()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(build_module, "_prove", lambda root, advance=None: certificates)
+        result = build(root, base / "out" / "accept")
     return {"root": root, "result": result, "certificates": certificates}
 
 
@@ -78,10 +86,8 @@ def _reuse_pristine_proofs(monkeypatch: pytest.MonkeyPatch, pristine: dict[str, 
         assert _same_tree(pristine["root"] / rel, root / rel), (
             f"{rel}/ differs: this mutation needs a proof run"
         )
-    import json
-
-    certificates = json.loads(pristine["certificates"])
-    monkeypatch.setattr(build_module, "_prove", lambda r: certificates)
+    certificates = pristine["certificates"]
+    monkeypatch.setattr(build_module, "_prove", lambda root, advance=None: certificates)
 
 
 def _fails(
@@ -130,6 +136,7 @@ BEND_MUTATIONS = [
         "    case False{} True{}:\n"
         "      Ty.ChainDecision{n, True{}}\n",
         1,
+        "chain_",
         id="rule order swapped: mismatch before stop",
     ),
     pytest.param(
@@ -137,6 +144,7 @@ BEND_MUTATIONS = [
         "Nat.is_ge(n, budget)",
         "Nat.is_gt(n, budget)",
         1,
+        "chain_",
         id="budget off by one",
     ),
     pytest.param(
@@ -144,6 +152,7 @@ BEND_MUTATIONS = [
         "  Bool.or(is_stop(t, stops), Nat.is_ge(n, budget))\n",
         "  Nat.is_ge(n, budget)\n",
         1,
+        "chain_",
         id="stop ignored",
     ),
     pytest.param(
@@ -151,6 +160,7 @@ BEND_MUTATIONS = [
         "      +h = hit(stopped, p, cur, d, want)\n",
         "      +h = Bool.and(hit(stopped, p, cur, d, want), Bool.not(sibling_later(pt, dt, cur, want)))\n",
         2,
+        "tree_",
         id="highest child instead of lowest",
     ),
 ]
@@ -165,17 +175,36 @@ def sibling_later(ps: List<Nat>, ds: List<Ty.Tok>, +cur: Nat, +want: Ty.Tok) -> 
 """
 
 
-@pytest.mark.parametrize(("path", "old", "new", "count"), BEND_MUTATIONS)
+def _laws(root: Path, family: str) -> set[str]:
+    names = set(re.findall(r"^law (\w+):", (root / "bend" / "LAWS.bend").read_text(), flags=re.MULTILINE))
+    chosen = {name for name in names if name.startswith(family)}
+    assert chosen, f"no {family}* law in bend/LAWS.bend"
+    return chosen
+
+
+@pytest.mark.parametrize(("path", "old", "new", "count", "family"), BEND_MUTATIONS)
 def test_bend_mutation_is_caught_by_the_prover(
-    pristine: dict[str, Any], tmp_path: Path, path: str, old: str, new: str, count: int
+    pristine: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    old: str,
+    new: str,
+    count: int,
+    family: str,
 ) -> None:
+    from elpis.bend import prove
+
     root = _mutated(tmp_path, pristine, path, old, new, count)
     if "sibling_later" in new:
         with open(root / path, "a") as f:
             f.write(SIBLING_LATER)
+    laws = _laws(root, family)
+    monkeypatch.setattr(prove, "prove_all", partial(prove.prove_all, only=laws))
     message = _fails(root, tmp_path, "prove")
-    # The prover must reject a law, not the syntax or types of the mutated file.
+    # A law must fail on its merits (a counterexample), not because the mutated file does not load.
     assert "laws that do not check" in message, message
+    assert re.search(r"law (\w+): false", message), message
 
 
 # --- code generation: caught by the C scan or the table ---------------------------------------------
@@ -193,7 +222,34 @@ def test_ordering_on_ids_in_the_codegen_template_is_caught_by_the_c_scan(
     )
     _reuse_pristine_proofs(monkeypatch, pristine, root)
     message = _fails(root, tmp_path, "c-scan")
-    assert "'<'" in message
+    assert "<" in message and "elpis_chain_accept" in message
+
+
+def test_ordering_on_ids_with_the_token_type_erased_is_caught_by_the_build_scan(
+    pristine: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The generator's own scan follows the elpis_tok type; a template that declares the ids as plain
+    uint32_t slips past it. The build's scan follows the values from the ABI's token parameters."""
+    root = _mutated(
+        tmp_path,
+        pristine,
+        "codegen/acceptors.c.j2",
+        "void elpis_chain_accept(uint32_t k, const elpis_tok draft[15], const elpis_tok target[16],",
+        "void elpis_chain_accept(uint32_t k, const uint32_t draft[15], const uint32_t target[16],",
+    )
+    template = root / "codegen" / "acceptors.c.j2"
+    text = template.read_text()
+    old = "  *ends = d.ends;\n}\n\nvoid elpis_tree_accept("
+    assert text.count(old) == 1
+    template.write_text(
+        text.replace(
+            old, "  *ends = d.ends || (k > 0u && draft[0] < target[0]);\n}\n\nvoid elpis_tree_accept("
+        )
+    )
+    _reuse_pristine_proofs(monkeypatch, pristine, root)
+    message = _fails(root, tmp_path, "c-scan")
+    assert "generated C violates the token rules" in message
+    assert "elpis_chain_accept: line" in message and "ordering comparison '<'" in message
 
 
 def test_wrong_count_in_the_codegen_template_is_caught_by_the_table(
