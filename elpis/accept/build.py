@@ -49,7 +49,8 @@ class BuildError(Exception):
     """A build step failed; `layer` names the check that caught it."""
 
     def __init__(self, layer: str, message: str) -> None:
-        assert layer in LAYERS, layer
+        if layer not in LAYERS:
+            raise ValueError(f"unknown build layer {layer!r}")
         super().__init__(f"[{layer}] {message}")
         self.layer = layer
         self.message = message
