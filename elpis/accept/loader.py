@@ -14,6 +14,16 @@
   8. edge probes succeed and out-of-domain probes return the expected error codes, in the documented
      checking order.
 There is no fallback: nothing else in elpis decides acceptance.
+
+Trust boundary. The Bend implementation is proved equal to its spec by `elpis prove`. What runs is C
+generated from it, compiled by gcc, wrapped by hand-written glue (ext/) and called through cffi; none of
+that is proved. It is checked: the generated C by two token scans (the generator's, by type; the build's,
+by taint from the ABI's token parameters), and the compiled whole (generator, compiler, glue, ABI) by
+the finite differential above: the library must reproduce, byte for byte, an independent numpy oracle
+on every chain pattern for k <= 7, every 8-row tree shape with every match mask, their budget and
+stop-slot classes, and a seeded random sample up to k = 15 / 16 rows, at build time and at every start.
+Inputs outside those sets (larger k or rows with other id patterns) are covered by the proof of the Bend
+source and by the random sample, not exhaustively by the differential.
 """
 
 from __future__ import annotations
