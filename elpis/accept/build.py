@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import importlib.util
 import io
 import json
@@ -122,16 +123,32 @@ def build(
     root, out = Path(root).resolve(), Path(out).resolve()
     cc = cc or os.environ.get("CC", "gcc")
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-staging-", dir=out.parent))
-    work = Path(tempfile.mkdtemp(prefix="elpis-accept-build-"))
-    try:
-        with _Steps(console) as steps:
-            ident = _build_into(root, staging, work, cc, steps, before_admission)
-        _move_into_place(staging, out)
-        return BuildResult(out, ident, steps.seconds)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(staging, ignore_errors=True)
+    with _exclusive(out):
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-staging-", dir=out.parent))
+        work = Path(tempfile.mkdtemp(prefix="elpis-accept-build-"))
+        try:
+            with _Steps(console) as steps:
+                ident = _build_into(root, staging, work, cc, steps, before_admission)
+            _move_into_place(staging, out)
+            return BuildResult(out, ident, steps.seconds)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    """One build of `out` at a time (several `make test` runs may start together). Holding the lock, any
+    staging or old directory left next to `out` belongs to a build that was killed: remove it."""
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            for leftover in out.parent.glob(f".{out.name}-*-*"):
+                if leftover.is_dir() and leftover.name.split("-")[1] in ("staging", "old"):
+                    shutil.rmtree(leftover, ignore_errors=True)
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _build_into(

@@ -353,4 +353,4 @@ def test_a_failed_build_keeps_the_previous_output(
     with pytest.raises(BuildError):
         build(pristine["root"], out, before_admission=lambda s: (s / "stray").write_text("x"))
     assert identity.sha256_file(out / identity.IDENTITY) == before
-    assert sorted(p.name for p in out.parent.iterdir()) == ["accept"], "staging left behind"
+    assert sorted(p.name for p in out.parent.iterdir()) == [".accept.lock", "accept"], "staging left behind"
