@@ -159,6 +159,7 @@ def _build_into(
     steps: _Steps,
     before_admission: Callable[[Path], None] | None,
 ) -> dict[str, Any]:
+    sources = identity.source_hashes(root)  # what this build reads; re-checked before it is recorded
     with steps.step("prove", "prove every law (laws discharged)") as advance:
         certificates = _prove(root, advance)
         (staging / identity.CERTIFICATES).write_bytes(identity.canonical(certificates))
@@ -199,6 +200,16 @@ def _build_into(
 
     with steps.step("identity", "write identity.json"):
         ident = _identity(root, staging, cc, certificates, table_hash)
+        if ident["sources"] != sources:
+            changed = sorted(
+                set(sources) ^ set(ident["sources"])
+                | {
+                    name
+                    for name in set(sources) & set(ident["sources"])
+                    if sources[name] != ident["sources"][name]
+                }
+            )
+            raise BuildError("identity", f"sources changed while building (build again): {changed}")
         (staging / identity.IDENTITY).write_text(json.dumps(ident, indent=2, sort_keys=True) + "\n")
 
     with steps.step("admission", "admit with the server's loader"):
