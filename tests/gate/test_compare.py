@@ -70,6 +70,7 @@ def test_verify_chunking_is_row_invariant_and_matches_prefill(configs) -> None:
     assert (by16 - prefill.float()).abs().max() < 1e-3  # same positions, fp32 rounding apart
 
 
+@pytest.mark.slow
 def test_comparison_of_configurations(configs, tiny_model: Path) -> None:
     encode, render = model_text(tiny_model)
     docs, prompts = build_corpus(encode, render, PLAN)
