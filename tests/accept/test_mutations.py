@@ -354,3 +354,21 @@ def test_a_failed_build_keeps_the_previous_output(
         build(pristine["root"], out, before_admission=lambda s: (s / "stray").write_text("x"))
     assert identity.sha256_file(out / identity.IDENTITY) == before
     assert sorted(p.name for p in out.parent.iterdir()) == [".accept.lock", "accept"], "staging left behind"
+
+
+def test_a_source_edited_during_the_build_is_caught_before_the_identity_is_written(
+    pristine: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "root"
+    shutil.copytree(pristine["root"], root)
+    _reuse_pristine_proofs(monkeypatch, pristine, root)
+    real_compile = build_module._compile
+
+    def compile_then_edit(*args: Any) -> None:
+        real_compile(*args)
+        glue = root / "ext" / "elpis_glue.c"
+        glue.write_text(glue.read_text() + "/* edited mid-build */\n")
+
+    monkeypatch.setattr(build_module, "_compile", compile_then_edit)
+    message = _fails(root, tmp_path, "identity")
+    assert "sources changed while building" in message and "ext/elpis_glue.c" in message
