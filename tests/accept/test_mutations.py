@@ -157,7 +157,8 @@ BEND_MUTATIONS = [
     ),
     pytest.param(
         "bend/tree.bend",
-        "      +h = hit(stopped, p, cur, d, want)\n",
+        "    case p <> pt d <> dt +t <> tt:\n      +h = hit(stopped, p, cur, d, want)\n",
+        "    case p <> +pt d <> +dt +t <> tt:\n"
         "      +h = Bool.and(hit(stopped, p, cur, d, want), Bool.not(sibling_later(pt, dt, cur, want)))\n",
         2,
         "tree_",
