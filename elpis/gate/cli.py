@@ -120,6 +120,7 @@ def _op(args: argparse.Namespace) -> int:
     from elpis.gate.identity import identity, model_fingerprint
 
     console = Console(stderr=True)
+    contexts, rows = _ints(args.contexts, "contexts"), _ints(args.rows, "rows")  # fail before loading
     found = gate_ops.load_ops(args.backend, Path(args.model) if args.model else None, _options(args.option))
     if args.ops:
         wanted = [n.strip() for n in args.ops.split(",") if n.strip()]
@@ -132,8 +133,8 @@ def _op(args: argparse.Namespace) -> int:
     with console.status("measuring") as status:
         results = gate_ops.measure(
             found,
-            contexts=_ints(args.contexts, "contexts"),
-            rows=_ints(args.rows, "rows"),
+            contexts=contexts,
+            rows=rows,
             progress=lambda text: status.update(text),
         )
     out = args.out or _results_dir(None) / f"op-{args.backend}-{_stamp()}.json"
