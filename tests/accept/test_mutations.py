@@ -122,49 +122,6 @@ def test_pristine_copy_builds_and_matches_the_repository_build(
 
 # --- Bend implementation mutations: caught by the prover --------------------------------------------
 
-BEND_MUTATIONS = [
-    pytest.param(
-        "bend/chain.bend",
-        "  match ends miss:\n"
-        "    case True{} _:\n"
-        "      Ty.ChainDecision{n, True{}}\n"
-        "    case False{} True{}:\n"
-        "      Ty.ChainDecision{n, False{}}\n",
-        "  match miss ends:\n"
-        "    case True{} _:\n"
-        "      Ty.ChainDecision{n, False{}}\n"
-        "    case False{} True{}:\n"
-        "      Ty.ChainDecision{n, True{}}\n",
-        1,
-        "chain_",
-        id="rule order swapped: mismatch before stop",
-    ),
-    pytest.param(
-        "bend/chain.bend",
-        "Nat.is_ge(n, budget)",
-        "Nat.is_gt(n, budget)",
-        1,
-        "chain_",
-        id="budget off by one",
-    ),
-    pytest.param(
-        "bend/chain.bend",
-        "  Bool.or(is_stop(t, stops), Nat.is_ge(n, budget))\n",
-        "  Nat.is_ge(n, budget)\n",
-        1,
-        "chain_",
-        id="stop ignored",
-    ),
-    pytest.param(
-        "bend/tree.bend",
-        "    case p <> pt d <> dt +t <> tt:\n      +h = hit(stopped, p, cur, d, want)\n",
-        "    case p <> +pt d <> +dt +t <> tt:\n"
-        "      +h = Bool.and(hit(stopped, p, cur, d, want), Bool.not(sibling_later(pt, dt, cur, want)))\n",
-        2,
-        "tree_",
-        id="highest child instead of lowest",
-    ),
-]
 # The highest-child mutation takes a matching child only if no later sibling matches; it needs this def.
 SIBLING_LATER = """
 def sibling_later(ps: List<Nat>, ds: List<Ty.Tok>, +cur: Nat, +want: Ty.Tok) -> Bool:
@@ -174,6 +131,60 @@ def sibling_later(ps: List<Nat>, ds: List<Ty.Tok>, +cur: Nat, +want: Ty.Tok) -> 
     case _ _:
       False{}
 """
+_TREE_STEP = "    case p <> pt d <> dt +t <> tt:\n      +h = hit(stopped, p, cur, d, want)\n      {next}("
+_HIGHEST_STEP = (
+    "    case p <> +pt d <> +dt +t <> tt:\n"
+    "      +h = Bool.and(hit(stopped, p, cur, d, want), Bool.not(sibling_later(pt, dt, cur, want)))\n"
+    "      {next}("
+)
+
+# (file, edits: each (old, new) must occur exactly once, text appended, law family to prove)
+BEND_MUTATIONS = [
+    pytest.param(
+        "bend/chain.bend",
+        [
+            (
+                "  match ends miss:\n"
+                "    case True{} _:\n"
+                "      Ty.ChainDecision{n, True{}}\n"
+                "    case False{} True{}:\n"
+                "      Ty.ChainDecision{n, False{}}\n",
+                "  match miss ends:\n"
+                "    case True{} _:\n"
+                "      Ty.ChainDecision{n, False{}}\n"
+                "    case False{} True{}:\n"
+                "      Ty.ChainDecision{n, True{}}\n",
+            )
+        ],
+        "",
+        "chain_",
+        id="rule order swapped: mismatch before stop",
+    ),
+    pytest.param(
+        "bend/chain.bend",
+        [("Nat.is_ge(n, budget)", "Nat.is_gt(n, budget)")],
+        "",
+        "chain_",
+        id="budget off by one",
+    ),
+    pytest.param(
+        "bend/chain.bend",
+        [("  Bool.or(is_stop(t, stops), Nat.is_ge(n, budget))\n", "  Nat.is_ge(n, budget)\n")],
+        "",
+        "chain_",
+        id="stop ignored",
+    ),
+    pytest.param(
+        "bend/tree.bend",
+        [
+            (_TREE_STEP.format(next="decide"), _HIGHEST_STEP.format(next="decide")),
+            (_TREE_STEP.format(next="emit"), _HIGHEST_STEP.format(next="emit")),
+        ],
+        SIBLING_LATER,
+        "tree_",
+        id="highest child instead of lowest",
+    ),
+]
 
 
 def _laws(root: Path, family: str) -> set[str]:
@@ -183,23 +194,25 @@ def _laws(root: Path, family: str) -> set[str]:
     return chosen
 
 
-@pytest.mark.parametrize(("path", "old", "new", "count", "family"), BEND_MUTATIONS)
+@pytest.mark.parametrize(("path", "edits", "append", "family"), BEND_MUTATIONS)
 def test_bend_mutation_is_caught_by_the_prover(
     pristine: dict[str, Any],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     path: str,
-    old: str,
-    new: str,
-    count: int,
+    edits: list[tuple[str, str]],
+    append: str,
     family: str,
 ) -> None:
     from elpis.bend import prove
 
-    root = _mutated(tmp_path, pristine, path, old, new, count)
-    if "sibling_later" in new:
-        with open(root / path, "a") as f:
-            f.write(SIBLING_LATER)
+    root = _mutated(tmp_path, pristine, path, *edits[0])
+    file = root / path
+    for old, new in edits[1:]:
+        text = file.read_text()
+        assert text.count(old) == 1, f"{path}: the pattern occurs {text.count(old)} times, not once"
+        file.write_text(text.replace(old, new))
+    file.write_text(file.read_text() + append)
     laws = _laws(root, family)
     monkeypatch.setattr(prove, "prove_all", partial(prove.prove_all, only=laws))
     message = _fails(root, tmp_path, "prove")
