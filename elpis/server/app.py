@@ -284,7 +284,7 @@ class OpenAIServer:
                 assert on_idle is not None
                 await on_idle()
 
-    def _finished(self, job: Job, step: Step) -> None:
+    def _count_generation(self, step: Step) -> None:
         if step.stats is not None:
             stats = step.stats
             self.metrics.generation_done(
@@ -420,7 +420,7 @@ class OpenAIServer:
             if step.finish_reason is not None:
                 turn.add(splitter.finish(stopped=step.finish_reason == "stop"))
                 final = step
-                self._finished(job, step)
+                self._count_generation(step)
         assert final is not None and final.stats is not None and final.finish_reason is not None
         if final.finish_reason == "cancelled":
             raise self._shutdown_cut()
@@ -530,7 +530,7 @@ class OpenAIServer:
                 if step.finish_reason is not None:
                     events += splitter.finish(stopped=step.finish_reason == "stop")
                     final = step
-                    self._finished(job, step)
+                    self._count_generation(step)
                 for delta in deltas(events):
                     await write(chunk(delta))
             assert final is not None and final.stats is not None and final.finish_reason is not None
@@ -609,7 +609,7 @@ class OpenAIServer:
             logprobs += step.logprobs or []
             if step.finish_reason is not None:
                 final = step
-                self._finished(job, step)
+                self._count_generation(step)
         assert final is not None and final.stats is not None and final.finish_reason is not None
         if final.finish_reason == "cancelled":
             raise self._shutdown_cut()
@@ -654,7 +654,7 @@ class OpenAIServer:
                 step: Step = item
                 if step.finish_reason is not None:
                     final = step
-                    self._finished(job, step)
+                    self._count_generation(step)
                     if step.finish_reason == "cancelled":
                         await write(sse.data_frame(self._shutdown_cut().body()))
                         return response

@@ -448,19 +448,32 @@ def test_client_disconnect_mid_stream_cancels_and_the_server_stays_correct(slow)
     assert reply.choices[0].message.content == "Hello! How can I help?"
 
 
-def test_a_queued_request_whose_client_leaves_never_runs(slow) -> None:
+def keep_busy(server, max_tokens: int) -> threading.Thread:
+    """Start a slow request on a thread and return once the engine is running it."""
+    begun = len(server.backend.begun)
     busy = threading.Thread(
-        target=lambda: slow.client().chat.completions.create(
-            model="scripted", messages=user("SCRIPT:long"), max_tokens=30
+        target=lambda: server.client().chat.completions.create(
+            model="scripted", messages=user("SCRIPT:long"), max_tokens=max_tokens
         )
     )
     busy.start()
     deadline = time.monotonic() + 10
-    while slow.server.scheduler.running is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    while time.monotonic() < deadline and not (
+        len(server.backend.begun) > begun
+        and server.backend.begun[-1] == "long"
+        and server.server.scheduler.running
+    ):
+        time.sleep(0.005)
+    assert server.server.scheduler.running is not None
+    return busy
+
+
+def test_a_queued_request_whose_client_leaves_never_runs(slow) -> None:
+    busy = keep_busy(slow, max_tokens=100)
     body = {"model": "scripted", "messages": user("SCRIPT:nothink"), "stream": True}
     with httpx.stream("POST", slow.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=30) as r:
-        next(r.iter_lines())  # the role chunk: the request is queued behind the busy one
+        lines = r.iter_lines()  # kept alive: dropping the iterator would close the connection
+        next(lines)  # the role chunk: the request is queued behind the busy one
         assert slow.server.scheduler.queue_depth == 1
     deadline = time.monotonic() + 5
     while slow.server.scheduler.queue_depth and time.monotonic() < deadline:
@@ -546,15 +559,7 @@ def test_completions_text_ids_and_stream(fast) -> None:
 
 
 def test_keepalive_comments_while_queued(slow) -> None:
-    busy = threading.Thread(
-        target=lambda: slow.client().chat.completions.create(
-            model="scripted", messages=user("SCRIPT:long"), max_tokens=40
-        )
-    )
-    busy.start()
-    deadline = time.monotonic() + 10
-    while slow.server.scheduler.running is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    busy = keep_busy(slow, max_tokens=60)
     try:
         frames = sse_frames(slow, {"messages": user("SCRIPT:hello"), "stream": True})
     finally:
