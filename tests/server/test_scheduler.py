@@ -128,5 +128,5 @@ async def test_event_loop_stays_responsive_while_the_engine_works() -> None:
     while job.state != "done":
         await asyncio.sleep(0.005)
         ticks += 1
-    assert ticks > 20
+    assert ticks > 5  # a loop blocked by the engine would tick once or not at all
     await scheduler.shutdown(1.0)
