@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_random import random_hf_model, save
+from .hf_random import random_hf_model, save
 from safetensors.torch import load_file, save_file
 
 from elpis.reference.backend import ReferenceBackend
