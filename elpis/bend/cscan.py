@@ -256,6 +256,8 @@ def _unit(toks: list[Tok], i: int, sym: Symbols, kind: str) -> tuple[int, int, b
 def _check_use(toks: list[Tok], start: int, end: int, value: bool, sym: Symbols) -> str | None:
     prev = toks[start - 1].text if start else ""
     nxt = toks[end + 1].text if end + 1 < len(toks) else ""
+    if prev == ")" and _is_cast(toks, start - 1):
+        return "cast of a token id"
     if not value:
         if nxt == "[":
             return None
@@ -322,6 +324,23 @@ def _check_use(toks: list[Tok], start: int, end: int, value: bool, sym: Symbols)
     if prev == ")":
         return "cast of a token id"
     return f"token id used in `{prev} … {nxt}`"
+
+
+def _is_cast(toks: list[Tok], close: int) -> bool:
+    """Does the `)` at `close` end a cast `(type)`?"""
+    depth = 0
+    for j in range(close, -1, -1):
+        x = toks[j].text
+        if x == ")":
+            depth += 1
+        elif x == "(":
+            depth -= 1
+            if depth == 0:
+                inner = [tok.text for tok in toks[j + 1 : close]]
+                before = toks[j - 1].text if j else ""
+                typeish = inner and all(re.match(r"[A-Za-z_]", w) or w == "*" for w in inner)
+                return bool(typeish) and not re.match(r"[A-Za-z_0-9]", before)
+    return False
 
 
 def _is_token_unit_at(toks: list[Tok], i: int, sym: Symbols) -> bool:

@@ -29,6 +29,7 @@ from elpis.bend import syntax as s
 from elpis.bend.check import BASE, Checker, Elab, Program, check_structural
 from elpis.bend.core import (
     BOOL,
+    CU32,
     NAT,
     U32,
     CApply,
@@ -41,7 +42,6 @@ from elpis.bend.core import (
     Core,
     CPrim,
     CSucc,
-    CU32,
     CVar,
     Equation,
     Hyp,
@@ -157,7 +157,7 @@ def destruct(v: Core) -> tuple[str | None, tuple[Core, ...]]:
             return "Succ", (CNat(n - 1),)
         case CSucc(k, a):
             return "Succ", (_succ(k - 1, a),)
-        case CCtor(ty, ctor, args):
+        case CCtor(_, ctor, args):
             return ctor, args
     return None, ()
 
@@ -353,15 +353,22 @@ class ProofChecker:
         motive = self.equation(_fill_holes(st.motive), inner)
         if motive.ty != goal.ty:
             raise self.fail(st.loc, f"motive has type {motive.ty}, the goal {goal.ty}")
-        at_b = Equation(_subst(motive.lhs, {hole: proved.rhs}), _subst(motive.rhs, {hole: proved.rhs}), goal.ty)
+        at_b = Equation(
+            _subst(motive.lhs, {hole: proved.rhs}), _subst(motive.rhs, {hole: proved.rhs}), goal.ty
+        )
         self.convertible(at_b, goal, st.loc, "the motive with `_` := the rewritten side is not the goal")
-        return Equation(_subst(motive.lhs, {hole: proved.lhs}), _subst(motive.rhs, {hole: proved.lhs}), goal.ty)
+        return Equation(
+            _subst(motive.lhs, {hole: proved.lhs}), _subst(motive.rhs, {hole: proved.lhs}), goal.ty
+        )
 
     def conclude(self, e: s.Expr, goal: Equation, ctx: Ctx) -> None:
         if isinstance(e, s.ERefl):
             lhs, rhs = self.norm.norm(goal.lhs), self.norm.norm(goal.rhs)
             if lhs != rhs:
-                raise self.fail(e.loc, f"{{==}} does not hold: the sides compute to\n    {show(lhs)}\n  and\n    {show(rhs)}")
+                raise self.fail(
+                    e.loc,
+                    f"{{==}} does not hold: the sides compute to\n    {show(lhs)}\n  and\n    {show(rhs)}",
+                )
             return
         proved = self.infer(e, ctx)
         if proved.ty != goal.ty:
@@ -425,7 +432,9 @@ class ProofChecker:
 
     def clash(self, m: s.Match, h: Hyp, name: str) -> None:
         if m.cases:
-            raise self.fail(m.loc, f"{name} is a hypothesis: only `match {name}:` with no cases (a clash) applies")
+            raise self.fail(
+                m.loc, f"{name} is a hypothesis: only `match {name}:` with no cases (a clash) applies"
+            )
         if h.binders:
             raise self.fail(m.loc, f"{name} is quantified; instantiate it first")
         lhs, rhs = self.norm.norm(h.eq.lhs), self.norm.norm(h.eq.rhs)
@@ -452,12 +461,18 @@ class ProofChecker:
                 if fn in ctx.hyps:
                     return self.apply_hyp(e, fn, args, ctx)
                 return self.instantiate(e, fn, args, ctx)
-        raise self.fail(getattr(e, "loc", None), "not a proof: expected a hypothesis, a law applied to arguments, or {==}")
+        raise self.fail(
+            getattr(e, "loc", None), "not a proof: expected a hypothesis, a law applied to arguments, or {==}"
+        )
 
     def check_proof(self, e: s.Expr, expected: Equation, ctx: Ctx) -> None:
         if isinstance(e, s.ERefl):
-            self.convertible(Equation(expected.lhs, expected.lhs, expected.ty), expected, e.loc,
-                             "{==} does not prove this hypothesis")
+            self.convertible(
+                Equation(expected.lhs, expected.lhs, expected.ty),
+                expected,
+                e.loc,
+                "{==} does not prove this hypothesis",
+            )
             return
         proved = self.infer(e, ctx)
         self.convertible(proved, expected, e.loc, "argument does not prove the required hypothesis")
@@ -513,8 +528,9 @@ class ProofChecker:
         for _, (term, ty, origin) in ctx.values.items():
             if isinstance(term, CVar) and origin is not None:
                 by_term[term.name] = Var(term.name, ty, "law", "", origin)
-        check_structural(e.loc, self.law.name, [by_term.get(a.name) if isinstance(a, CVar) else None
-                                                 for a in value_args])
+        check_structural(
+            e.loc, self.law.name, [by_term.get(a.name) if isinstance(a, CVar) else None for a in value_args]
+        )
 
     def lookup_law(self, e: s.Expr, fn: str) -> LawInfo:
         try:

@@ -104,6 +104,9 @@ def discharge(root: Path, keys: list[str]) -> list[dict]:
                 )
         except BendError as err:
             results.append({"key": key, "ok": False, "message": str(err), "certificate": None})
+        except Exception as err:  # a bug in a checker must fail the law, loudly, not pass it
+            msg = f"{law.loc}: law {law.name}: internal error while proving: {type(err).__name__}: {err}"
+            results.append({"key": key, "ok": False, "message": msg, "certificate": None})
         results[-1]["seconds"] = round(time.perf_counter() - start, 3)
         results[-1]["name"] = law.name
         results[-1]["location"] = law.loc
@@ -151,7 +154,9 @@ def prove_all(
         if r["ok"]:
             report.certificates.append(r["certificate"])
         else:
-            report.failures.append(f"{r['location']}: law {r['name']}: {r['message']}")
+            msg = r["message"]
+            prefix = f"{r['location']}: law {r['name']}: "
+            report.failures.append(msg if msg.startswith(r["location"]) else prefix + msg)
     report.ok = not report.failures
     report.seconds = time.perf_counter() - start
     return report

@@ -62,7 +62,9 @@ class LawSmt:
     def bounds(self) -> dict[str, int]:
         """Bound of every list (its length) and Nat (its value) variable the hypotheses bound."""
         found: dict[str, int] = {}
-        compared = set().union(*[_compared_nats(h.hyp.eq.lhs) | _compared_nats(h.hyp.eq.rhs) for h in self.law.hyps])
+        compared = set().union(
+            *[_compared_nats(h.hyp.eq.lhs) | _compared_nats(h.hyp.eq.rhs) for h in self.law.hyps]
+        )
         for c in self.law.values:
             if not isinstance(c.ty, ListT) and not (c.ty == NAT and c.name in compared):
                 continue

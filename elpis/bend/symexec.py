@@ -170,7 +170,11 @@ class SymExec:
         tag = f"{name}!{self.fresh_count}"
         if tag in self.pins:
             value = self.pins[tag]
-            return z3.BitVecVal(value, 32) if isinstance(ty, Prim | Opaque) and ty != NAT and ty != BOOL else value
+            return (
+                z3.BitVecVal(value, 32)
+                if isinstance(ty, Prim | Opaque) and ty != NAT and ty != BOOL
+                else value
+            )
         match ty:
             case Prim("Nat"):
                 e = z3.Int(tag)
@@ -352,7 +356,9 @@ class SymExec:
                 elif isinstance(a, SDef):
                     templates.append(a.key)
                 else:
-                    raise BendError(f"cannot abstract {fun.name}: its template argument is not a named function")
+                    raise BendError(
+                        f"cannot abstract {fun.name}: its template argument is not a named function"
+                    )
             else:
                 values.append((a, t))
         uf_key = (key, *templates)

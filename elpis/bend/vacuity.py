@@ -29,15 +29,19 @@ def vacuity_witness(prog: Program, law: LawInfo) -> dict:
         if not hyp.binders:
             plain.append(c)
             continue
-        lhs = hyp.eq.lhs
         names = [b for b, _ in hyp.binders]
-        if (
-            isinstance(lhs, CApply)
-            and lhs.fn not in definitions
-            and [a.name if isinstance(a, CVar) else None for a in lhs.args] == names
-            and lhs.fn not in free_vars(hyp.eq.rhs)
-        ):
-            definitions[lhs.fn] = (names, hyp.eq.rhs)
+        defined = False
+        for app, body in ((hyp.eq.lhs, hyp.eq.rhs), (hyp.eq.rhs, hyp.eq.lhs)):
+            if (
+                isinstance(app, CApply)
+                and app.fn not in definitions
+                and [a.name if isinstance(a, CVar) else None for a in app.args] == names
+                and app.fn not in free_vars(body)
+            ):
+                definitions[app.fn] = (names, body)
+                defined = True
+                break
+        if defined:
             continue
         raise BendError(
             f"{law.loc}: law {law.name}: cannot show hypothesis {c.source} satisfiable "
@@ -73,11 +77,7 @@ def vacuity_witness(prog: Program, law: LawInfo) -> dict:
             from elpis.bend.smt import _show
 
             return {
-                c.source: (
-                    "<defined by "
-                    + next(h.source for h in law.hyps if h.hyp.binders and h.hyp.eq.lhs.fn == c.name)
-                    + ">"
-                )
+                c.source: "<defined by its quantified hypothesis>"
                 if c.name in definitions
                 else _show(model, env[c.name], c.ty)
                 for c in law.values

@@ -1,0 +1,161 @@
+"""The prover: false laws and unsatisfiable hypotheses are named with their location; kernel proofs
+are checked; every module must be reachable from PROOF.bend."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from elpis.bend.prove import prove_all
+
+FALSE_LAW = """
+law too_optimistic:
+  for draft: List<Ty.Tok>
+  for target: List<Ty.Tok>
+  for stops: List<Ty.Tok>
+  for budget: Nat
+  for draft_ok: {L.at_most(3n, draft) == True{} : Bool}
+  for target_ok: {L.one_more(draft, target) == True{} : Bool}
+  for stops_ok: {L.at_most(1n, stops) == True{} : Bool}
+  for budget_ok: {Nat.is_ge(budget, 1n) == True{} : Bool}
+  {Ty.count(Chain.accept(draft, target, stops, budget)) == L.length(target) : Nat}
+"""
+
+VACUOUS_LAW = """
+law never_applies:
+  for draft: List<Ty.Tok>
+  for draft_ok: {L.at_most(2n, draft) == True{} : Bool}
+  for nonsense: {L.at_most(0n, draft) == False{} : Bool}
+  for empty: {L.length(draft) == 0n : Nat}
+  {L.length(draft) == 5n : Nat}
+"""
+
+
+def _append(root, text):
+    laws = root / "bend/LAWS.bend"
+    laws.write_text(laws.read_text() + text)
+    return laws.read_text().count("\n") - text.count("\n") + 2  # line of the `law` keyword
+
+
+def test_false_law_is_named_with_location(repo_copy):
+    line = _append(repo_copy, FALSE_LAW)
+    report = prove_all(repo_copy, jobs=1, only={"too_optimistic"})
+    assert not report.ok
+    assert len(report.failures) == 1
+    failure = report.failures[0]
+    assert f"bend/LAWS.bend:{line}:1" in failure and "too_optimistic" in failure
+    assert "counterexample" in failure
+
+
+def test_cli_exits_1_and_names_the_law(repo_copy):
+    _append(repo_copy, FALSE_LAW)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "elpis.cli",
+            "prove",
+            "--root",
+            str(repo_copy),
+            "--law",
+            "too_optimistic",
+            "--jobs",
+            "1",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert "too_optimistic" in proc.stderr and "ALL PROOFS CHECK" not in proc.stdout
+
+
+def test_cli_passes_a_true_law(repo_copy):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "elpis.cli",
+            "prove",
+            "--root",
+            str(repo_copy),
+            "--law",
+            "chain_within_budget",
+            "--jobs",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("ALL PROOFS CHECK")
+
+
+def test_vacuous_hypotheses_are_caught(repo_copy):
+    _append(repo_copy, VACUOUS_LAW)
+    report = prove_all(repo_copy, jobs=1, only={"never_applies"})
+    assert not report.ok
+    assert "vacuous" in report.failures[0] and "never_applies" in report.failures[0]
+
+
+def test_wrong_kernel_proof_is_rejected(repo_copy):
+    proof = repo_copy / "proofs/lists_proof.bend"
+    text = proof.read_text()
+    broken = text.replace(
+        "      %concat_one(t, y) : {h <> L.concat(t, [y]) == h <> _ : List<Ty.Tok>}\n", "", 1
+    )
+    assert broken != text
+    proof.write_text(broken)
+    report = prove_all(repo_copy, jobs=1, only={"concat_one"})
+    assert not report.ok
+    assert "concat_one" in report.failures[0] and "proofs/lists_proof.bend" in report.failures[0]
+
+
+def test_kernel_proof_certificate(repo_copy):
+    report = prove_all(repo_copy, jobs=1, only={"concat_one", "chain_round_is_plain"})
+    assert report.ok, report.failures
+    methods = {c["law"]: c["method"] for c in report.certificates}
+    assert methods == {"concat_one": "kernel", "chain_round_is_plain": "kernel"}
+    assert all(c["vacuity_witness"] is not None for c in report.certificates)
+
+
+def test_smt_certificate_fields(repo_copy):
+    report = prove_all(repo_copy, jobs=1, only={"chain_within_budget"})
+    assert report.ok
+    (cert,) = report.certificates
+    assert cert["solver"].startswith("z3 ") and len(cert["smt2_sha256"]) == 64 and cert["result"] == "unsat"
+    assert cert["bounds"] == {"draft": 15, "target": 16, "stops": 4}
+    assert all(s["result"] == "unsat" and len(s["smt2_sha256"]) == 64 for s in cert["shapes"])
+
+
+def test_unimported_module_is_refused(repo_copy):
+    (repo_copy / "bend/stray.bend").write_text("import Base\n\ndef f(n: Nat) -> Nat:\n  n\n")
+    report = prove_all(repo_copy, jobs=1, only={"chain_within_budget"})
+    assert not report.ok
+    assert "bend/stray.bend" in report.failures[0] and "not imported" in report.failures[0]
+
+
+def test_law_without_bound_or_proof_fails(repo_copy):
+    _append(
+        repo_copy,
+        """
+law unbounded_claim:
+  for xs: List<Ty.Tok>
+  for ys: List<Ty.Tok>
+  {L.concat(xs, ys) == L.concat(ys, xs) : List<Ty.Tok>}
+""",
+    )
+    report = prove_all(repo_copy, jobs=1, only={"unbounded_claim"})
+    assert not report.ok and "unbounded_claim" in report.failures[0]
+
+
+@pytest.mark.parametrize("marker", ["?TODO", "@unsafe def"])
+def test_holes_and_unsafe_are_not_accepted(repo_copy, marker):
+    laws = repo_copy / "bend/LAWS.bend"
+    laws.write_text(laws.read_text() + f"\n{marker}\n")
+    report = prove_all(repo_copy, jobs=1, only={"chain_within_budget"})
+    assert not report.ok and "syntax error" in report.failures[0]
