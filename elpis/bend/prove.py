@@ -86,7 +86,10 @@ def discharge(root: Path, keys: list[str]) -> list[dict]:
         start = time.perf_counter()
         try:
             if key in prog.proofs:
-                cert = check_proof(prog, key)
+                try:
+                    cert = check_proof(prog, key)
+                except BendError as err:
+                    raise BendError(_explain_kernel_failure(prog, law, err)) from None
                 witness = vacuity_witness(prog, law)
                 cert["vacuity_witness"] = witness
                 results.append(
@@ -113,6 +116,23 @@ def discharge(root: Path, keys: list[str]) -> list[dict]:
     return results
 
 
+COUNTEREXAMPLE_SECONDS = 60.0
+
+
+def _explain_kernel_failure(prog: Program, law, err: BendError) -> str:
+    """A proof that no longer checks: say whether the law itself is false (z3, small shapes first)."""
+    from elpis.bend.smt import LawSmt
+
+    reason = str(err)
+    try:
+        out = LawSmt(prog, law).run(deadline=time.perf_counter() + COUNTEREXAMPLE_SECONDS)
+    except BendError:
+        return reason
+    if not out.ok and out.message.startswith("false: counterexample"):
+        return f"{law.loc}: law {law.name}: {out.message} (and its proof no longer checks: {reason})"
+    return reason
+
+
 def prove_all(
     root: Path = REPO_ROOT,
     *,
@@ -130,6 +150,8 @@ def prove_all(
         report.seconds = time.perf_counter() - start
         return report
     keys = _law_keys(prog, only)
+    if only is not None:
+        keys = _with_dependencies(prog, keys)
     if not keys:
         report.failures.append("no laws to prove" if only is None else f"no law named {sorted(only)}")
     jobs = jobs or min(2, os.cpu_count() or 1)
@@ -150,6 +172,7 @@ def prove_all(
                         progress(r)
     order = {k: i for i, k in enumerate(keys)}
     results.sort(key=lambda r: order[r["key"]])
+    _check_citations(prog, results)
     for r in results:
         if r["ok"]:
             report.certificates.append(r["certificate"])
@@ -160,6 +183,71 @@ def prove_all(
     report.ok = not report.failures
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _cited(prog: Program, key: str) -> set[str]:
+    """The laws a kernel proof cites (empty for z3 laws, or when the proof does not check)."""
+    from elpis.bend.kernel import check_proof
+
+    if key not in prog.proofs:
+        return set()
+    try:
+        return set(check_proof(prog, key)["uses"])
+    except BendError:
+        return set()
+
+
+def _with_dependencies(prog: Program, keys: list[str]) -> list[str]:
+    """Add every law the selected proofs cite, transitively: a proof is only as good as its lemmas."""
+    todo, seen = list(keys), set(keys)
+    while todo:
+        for dep in sorted(_cited(prog, todo.pop())):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return [k for k in _law_keys(prog, None) if k in seen]
+
+
+def _check_citations(prog: Program, results: list[dict]) -> None:
+    """Fail a kernel-proved law whose proof cites a law that fails, or that cites in a cycle."""
+    by_key = {r["key"]: r for r in results}
+    uses = {
+        r["key"]: set(r["certificate"]["uses"])
+        for r in results
+        if r["ok"] and r["certificate"] and r["certificate"].get("method") == "kernel"
+    }
+    for key, deps in uses.items():  # cycles: a law may not (indirectly) rest on itself
+        stack, seen = [(d, [key, d]) for d in deps], set()
+        while stack:
+            node, path = stack.pop()
+            if node == key:
+                r = by_key[key]
+                cycle = " -> ".join(prog.laws[k].name for k in path)
+                r.update(ok=False, message=f"{r['location']}: law {r['name']}: circular proof: {cycle}")
+                break
+            if node in seen:
+                continue
+            seen.add(node)
+            stack.extend((d, [*path, d]) for d in uses.get(node, ()))
+    changed = True
+    while changed:  # a law whose lemmas fail fails too
+        changed = False
+        for key, deps in uses.items():
+            r = by_key[key]
+            if not r["ok"]:
+                continue
+            bad = sorted(d for d in deps if d not in by_key or not by_key[d]["ok"])
+            if bad:
+                names = ", ".join(prog.laws[d].name for d in bad)
+                reason = f"its proof cites {names}, which does not check"
+                law = prog.laws[key]
+                r.update(
+                    ok=False,
+                    message=_explain_kernel_failure(
+                        prog, law, BendError(f"{law.loc}: law {law.name}: {reason}")
+                    ),
+                )
+                changed = True
 
 
 def _balance(keys: list[str], jobs: int) -> list[list[str]]:

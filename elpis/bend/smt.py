@@ -115,7 +115,8 @@ class LawSmt:
         return ex.equal(ex.eval(eq.lhs, env), ex.eval(eq.rhs, env), eq.ty)
 
     # ------------------------------------------------------------ discharge
-    def run(self) -> SmtOutcome:
+    def run(self, deadline: float | None = None) -> SmtOutcome:
+        """Prove the law; with a deadline (perf_counter seconds), give up there with "unknown"."""
         start = time.perf_counter()
         bounded = self.bounds()
         names = sorted(bounded)
@@ -134,6 +135,8 @@ class LawSmt:
             shape = dict(zip(names, lengths, strict=True))
             if self._ruled_out(shape):
                 continue
+            if deadline is not None and time.perf_counter() > deadline:
+                return self._outcome(False, "timeout", shape_certs, start, None, bounded)
             result = self._query(shape)
             if result is None:
                 continue  # the hypotheses are false for this shape by evaluation alone
@@ -185,8 +188,12 @@ class LawSmt:
         solver.add(z3.Not(goal) if not isinstance(goal, bool) else z3.BoolVal(not goal))
         smt2 = solver.to_smt2()
         result = solver.check()
+        verdict = str(result)
         if result == z3.sat:
             model_values = self._decode(solver.model(), env)
+            if ex.abstracted:  # the model may exist only for the uninterpreted stand-ins
+                verdict = "unknown"
+                model_values = {"abstracted": sorted(ex.abstracted), "model": model_values}
         cert = {
             "shape": {self._source(n): v for n, v in shape.items()},
             "hypotheses": str(hyp_result),
@@ -194,7 +201,7 @@ class LawSmt:
             "smt2_sha256": hashlib.sha256(smt2.encode()).hexdigest(),
             "seconds": round(time.perf_counter() - t0, 4),
         }
-        return cert, str(result), model_values
+        return cert, verdict, model_values
 
     def _pins(self, ex: SymExec, env: dict[str, object]) -> dict[str, object]:
         """Leaves a hypothesis `{e == c}` forces to a concrete value (e evaluates to a fresh leaf).
@@ -247,6 +254,11 @@ class LawSmt:
             msg = "its hypotheses are unsatisfiable (vacuous law)"
         elif verdict == "sat":
             msg = f"false: counterexample {values}"
+        elif isinstance(values, dict) and "abstracted" in values:
+            msg = (
+                f"no proof: z3 found a model, but this shape evaluates {', '.join(values['abstracted'])} "
+                f"as uninterpreted functions, so it may be spurious: {values['model']}"
+            )
         else:
             msg = f"z3 answered {verdict} (no proof)"
         return SmtOutcome(ok, msg, cert, values, len(certs), seconds)

@@ -161,6 +161,7 @@ class SymExec:
         self.side: list[z3.BoolRef] = []  # true facts about fresh terms (Nat results are >= 0)
         self._ufs: dict[tuple, z3.FuncDeclRef] = {}
         self._memo: dict[tuple, tuple[object, list[object]]] = {}
+        self.abstracted: set[str] = set()  # defs replaced by uninterpreted functions in this query
         self._depth = 0
         self.fresh_count = 0
 
@@ -347,6 +348,7 @@ class SymExec:
         for a fixed template, the def is a total function of the remaining arguments.
         """
         fun = self.prog.funs[key]
+        self.abstracted.add(fun.name)
         templates = []
         values = []
         for a, (_, t, _) in zip(args, fun.params, strict=True):

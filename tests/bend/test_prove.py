@@ -119,8 +119,12 @@ def test_kernel_proof_certificate(repo_copy):
     report = prove_all(repo_copy, jobs=1, only={"concat_one", "chain_round_is_plain"})
     assert report.ok, report.failures
     methods = {c["law"]: c["method"] for c in report.certificates}
-    assert methods == {"concat_one": "kernel", "chain_round_is_plain": "kernel"}
-    assert all(c["vacuity_witness"] is not None for c in report.certificates)
+    assert methods["concat_one"] == methods["chain_round_is_plain"] == "kernel"
+    # the lemmas the proof cites are proved in the same run, by whichever layer fits them
+    assert {"round_go", "round_cons", "concat_shift"} <= set(methods)
+    assert methods["tok_eq_sound"] == "smt"
+    kernel = [c for c in report.certificates if c["method"] == "kernel"]
+    assert all(c["vacuity_witness"] is not None for c in kernel)
 
 
 def test_smt_certificate_fields(repo_copy):
@@ -159,3 +163,59 @@ def test_holes_and_unsafe_are_not_accepted(repo_copy, marker):
     laws.write_text(laws.read_text() + f"\n{marker}\n")
     report = prove_all(repo_copy, jobs=1, only={"chain_within_budget"})
     assert not report.ok and "syntax error" in report.failures[0]
+
+
+HIGHEST_CHILD = """
+def sibling_later(ps: List<Nat>, ds: List<Ty.Tok>, +cur: Nat, +want: Ty.Tok) -> Bool:
+  match ps ds:
+    case p <> pt d <> dt:
+      Bool.or(Bool.and(Nat.is_eq(p, cur), U32.is_eq(d, want)), sibling_later(pt, dt, cur, want))
+    case _ _:
+      False{}
+"""
+
+
+def test_wrong_tree_implementation_fails_through_its_lemmas(repo_copy):
+    """The kernel proof of tree_matches_spec rests on lemmas; a filtered run checks them too."""
+    tree = repo_copy / "bend/tree.bend"
+    text = tree.read_text()
+    for nxt in ("decide", "emit"):
+        old = f"    case p <> pt d <> dt +t <> tt:\n      +h = hit(stopped, p, cur, d, want)\n      {nxt}("
+        new = (
+            "    case p <> +pt d <> +dt +t <> tt:\n"
+            "      +h = Bool.and(hit(stopped, p, cur, d, want), Bool.not(sibling_later(pt, dt, cur, want)))\n"
+            f"      {nxt}("
+        )
+        assert text.count(old) == 1
+        text = text.replace(old, new)
+    tree.write_text(text + HIGHEST_CHILD)
+    report = prove_all(repo_copy, jobs=1, only={"tree_matches_spec"})
+    assert not report.ok
+    main = next(f for f in report.failures if "law tree_matches_spec:" in f)
+    assert "false: counterexample" in main and "scan_decides" in main
+    assert any("law scan_decides:" in f for f in report.failures)
+
+
+CIRCULAR = """
+law loop_a:
+  for xs: List<Ty.Tok>
+  {L.concat(xs, {Nil{} : List<Ty.Tok>}) == xs : List<Ty.Tok>}
+
+def loop_a(xs):
+  loop_b(xs)
+
+law loop_b:
+  for xs: List<Ty.Tok>
+  {L.concat(xs, {Nil{} : List<Ty.Tok>}) == xs : List<Ty.Tok>}
+
+def loop_b(xs):
+  loop_a(xs)
+"""
+
+
+def test_circular_proofs_are_refused(repo_copy):
+    lemmas = repo_copy / "proofs/lists_proof.bend"
+    lemmas.write_text(lemmas.read_text() + CIRCULAR)
+    report = prove_all(repo_copy, jobs=1, only={"loop_a"})
+    assert not report.ok
+    assert any("circular proof" in f and "loop_a" in f for f in report.failures)
