@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -65,7 +66,8 @@ class BuildResult:
 
 
 class _Steps:
-    """Progress display (rich) and per-step timing; silent when no console is given."""
+    """Progress display (rich bars on a terminal, one line per step in a log) and per-step timing;
+    silent when no console is given."""
 
     def __init__(self, console: Console | None) -> None:
         self.console = console
@@ -80,13 +82,16 @@ class _Steps:
                 console=console,
                 transient=False,
             )
-            if console is not None
+            if console is not None and console.is_terminal
             else None
         )
 
     @contextmanager
     def step(self, layer: str, description: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
         task = self.progress.add_task(description, total=total) if self.progress else None
+        log = self.console if self.console is not None and self.progress is None else None
+        if log is not None:
+            log.print(f"[{layer}] {description} ...", markup=False, highlight=False)
         start = time.perf_counter()
 
         def advance(n: int) -> None:
@@ -96,9 +101,12 @@ class _Steps:
         try:
             yield advance
         finally:
-            self.seconds[layer] = self.seconds.get(layer, 0.0) + time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self.seconds[layer] = self.seconds.get(layer, 0.0) + elapsed
             if self.progress is not None and task is not None:
                 self.progress.update(task, total=total or 1, completed=total or 1)
+            if log is not None:
+                log.print(f"[{layer}] done in {elapsed:.1f}s", markup=False, highlight=False)
 
     def __enter__(self) -> _Steps:
         if self.progress is not None:
@@ -358,7 +366,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = build(args.root, args.out, console=console)
     except BuildError as exc:
-        console.print(f"[bold red]build failed[/] at layer [bold]{exc.layer}[/]: {exc.message}")
+        console.print(f"[bold red]build failed[/] at layer [bold]{exc.layer}[/]: {escape(exc.message)}")
         return 1
     elapsed = time.perf_counter() - start
     steps = ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items())
