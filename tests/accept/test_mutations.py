@@ -334,7 +334,11 @@ def test_tampered_library_byte_is_caught_by_admission(
         lib = staging / loader.LIBRARY
         data = bytearray(lib.read_bytes())
         data[len(data) // 3] ^= 0x40
-        lib.write_bytes(bytes(data))
+        # A new file renamed over the old one: the build process has the original mapped, and rewriting
+        # a mapped library in place would corrupt that process's code, not test admission.
+        tampered = lib.with_suffix(".tampered")
+        tampered.write_bytes(bytes(data))
+        tampered.replace(lib)
 
     message = _fails(pristine["root"], tmp_path, "admission", before_admission=flip)
     assert f"{loader.LIBRARY}: SHA-256" in message
