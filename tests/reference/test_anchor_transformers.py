@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from .hf_random import random_hf_model, save
 from safetensors.torch import load_file, save_file
 
 from elpis.reference.backend import ReferenceBackend
 from elpis.reference.loader import load_model
 from elpis.reference.model import ReferenceModel
+
+from .hf_random import random_hf_model, save
 
 TOLERANCE = 1e-5
 
