@@ -1,0 +1,94 @@
+"""Every CUDA source builds for sm_86 and sm_90 from one source, with Ampere instructions only.
+
+CI has nvcc but no GPU; `.ci/run` sets ELPIS_REQUIRE_NVCC=1 so a missing compiler fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from elpis import nvcc
+
+needs_nvcc = pytest.mark.skipif(
+    nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1",
+    reason="nvcc not installed (CI sets ELPIS_REQUIRE_NVCC=1 and has it)",
+)
+
+AMPERE_PROBE = r"""
+#include <cstdint>
+// mma.sync, ldmatrix and cp.async: the instructions our kernels are allowed to use.
+extern "C" __global__ void probe(const uint32_t* a, float* out) {
+    __shared__ uint32_t tile[32 * 4];
+    uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(&tile[threadIdx.x * 4]));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(s), "l"(a + threadIdx.x * 4));
+    asm volatile("cp.async.wait_all;\n" ::);
+    __syncthreads();
+    uint32_t r0, r1, r2, r3;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+    float d0 = 0, d1 = 0, d2 = 0, d3 = 0;
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+                 : "r"(r0), "r"(r1), "r"(r2), "r"(r3), "r"(r0), "r"(r1));
+    out[threadIdx.x] = d0 + d1 + d2 + d3;
+}
+"""
+
+# Builds for both targets, but its sm_90 path uses a Hopper-only instruction: the check must refuse it.
+HOPPER_PATH = r"""
+extern "C" __global__ void probe(unsigned* out) {
+#if __CUDA_ARCH__ >= 900
+    unsigned pred;
+    asm volatile("{\n .reg .pred p;\n elect.sync _|p, 0xffffffff;\n selp.u32 %0, 1, 0, p;\n}\n" : "=r"(pred));
+    out[threadIdx.x] = pred;
+#else
+    out[threadIdx.x] = threadIdx.x == 0;
+#endif
+}
+"""
+
+
+def test_ptx_scan_ignores_comments_and_finds_hopper_instructions() -> None:
+    assert nvcc.hopper_only_instructions("// wgmma.mma_async is only mentioned here\nmma.sync.aligned") == []
+    assert nvcc.hopper_only_instructions("\twgmma.fence.sync.aligned;\n\tcp.async.bulk.tensor") == [
+        "cp.async.bulk",
+        "wgmma.",
+    ]
+
+
+def test_bad_arch_is_refused() -> None:
+    with pytest.raises(ValueError, match="bad CUDA architecture"):
+        nvcc.compile_to(Path("x.cu"), "ptx", arch="86")
+
+
+@needs_nvcc
+def test_ampere_probe_passes(tmp_path: Path) -> None:
+    src = tmp_path / "probe.cu"
+    src.write_text(AMPERE_PROBE)
+    nvcc.check_ampere_only(src)
+
+
+@needs_nvcc
+def test_hopper_only_path_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "hopper.cu"
+    src.write_text(HOPPER_PATH)
+    with pytest.raises(nvcc.NvccError, match=r"elect\.sync"):
+        nvcc.check_ampere_only(src)
+
+
+@needs_nvcc
+def test_compiler_errors_carry_nvccs_message(tmp_path: Path) -> None:
+    src = tmp_path / "broken.cu"
+    src.write_text("__global__ void k() { undeclared_name = 1; }\n")
+    with pytest.raises(nvcc.NvccError, match="undeclared_name"):
+        nvcc.compile_to(src, "ptx", arch="sm_86", out_dir=tmp_path)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("source", nvcc.kernel_sources(), ids=lambda p: p.name)
+def test_every_kernel_builds_for_ampere_and_hopper_from_one_source(source: Path) -> None:
+    nvcc.check_ampere_only(source)
