@@ -154,7 +154,8 @@ def prove_all(
         keys = _with_dependencies(prog, keys)
     if not keys:
         report.failures.append("no laws to prove" if only is None else f"no law named {sorted(only)}")
-    jobs = jobs or min(2, os.cpu_count() or 1)
+    # ELPIS_PROVE_JOBS: more workers on a big machine (the default suits CI's two cores).
+    jobs = jobs or int(os.environ.get("ELPIS_PROVE_JOBS") or 0) or min(2, os.cpu_count() or 1)
     batches = _balance(keys, jobs)
     results: list[dict] = []
     if jobs <= 1 or len(keys) <= 1:
