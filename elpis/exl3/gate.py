@@ -1,0 +1,952 @@
+"""ExLlamaV3 as a gate provider (`elpis.gate.providers`): the GPU path's ops against fp64, and configurations.
+
+Numerics-changing choices elpis makes on top of stock ExLlamaV3 1.6.5 (the `patches` option names them;
+written `none`, or ids joined by `+` in sorted order, e.g. `fixed-rows-8+gdn-state-fp32`):
+
+  exl3-int8-gemv-off  registry patch (`patches/registry.json`, off by default): 1- and 2-row EXL3 GEMMs on
+                      the fp16-activation kernels instead of Hopper's int8-activation GEMV.
+  fixed-rows-8        every verify runs 8 rows (`Exl3Backend(fixed_rows=8)`, elpis default): a 1..7-row
+                      call is computed as rows of an 8-row call.
+  gdn-state-fp32      the Gated DeltaNet recurrent state stored in fp32 (`load_backend(gdn_state_fp32=True)`,
+                      elpis default; ExLlamaV3 stores fp16).
+
+Ops (`gate_ops`): operands are real activations, recorded during one forward pass of `tokens` tokens through
+the loaded model (WikiText-2 through the model's tokenizer, or fixed pseudo-random ids when the tokenizer's
+ids do not fit the model's vocabulary, as with the synthetic checkpoints). Stock is ExLlamaV3's own code on
+those operands; the fp64 evaluation is the same math on the same (dequantised) operands; each patch that
+touches an op is a candidate named by its id. `context` is where the rows start in the recorded sequence
+(for attention and the delta rule: the tokens already in the cache / folded into the state).
+
+  linear        EXL3 GEMM of recorded layer linears (`Linear.forward`): 1..16 rows (fused GEMV/GEMM
+                kernels) and prefill sizes (reconstruct + cuBLAS). fp64: x times the weight that
+                `LinearEXL3.get_weight_tensor` defines (decoded trellis, both 128-point Hadamards, suh, svh),
+                evaluated in fp64. Candidates: exl3-int8-gemv-off, fixed-rows-8.
+  head          the lm_head linear on the final-norm output, as float32 logits (what `verify` returns).
+  head.logprobs the float64 log-softmax of those float32 logits (what elpis's sampler computes from them).
+  rmsnorm       the layer norms as the model calls them (fused residual add where the model defers it).
+  gdn.step      the gated delta rule over 1..16 rows (`gated_delta_rule_fn`: the CUDA recurrent kernel);
+  gdn.chunked   ... and over prefill-sized rows (the vendored fla chunked kernels). Start state: the exact
+                fp64 state after `context` tokens, stored in the state dtype (fp16 stock, fp32 with
+                gdn-state-fp32). Output: the rows' outputs and the final state as stored. Candidate:
+                gdn-state-fp32.
+  attention     attention of the rows over a paged fp16 K/V cache (`attn_dispatch`, which writes the rows'
+  attention.cq3 K/V first), and over the 3-bit cache elpis serves with; fp64 over the cache contents as
+                ExLlamaV3 dequantises them. Candidate: fixed-rows-8. Rows <= 16 run the eager Triton decode
+                kernels; the served verify launches the same kernels inside ExLlamaV3's graph-captured block.
+
+An op whose operands cannot be recorded, or whose first cell fails, is left out with the reason on stderr.
+
+Configurations (`configuration`, spec `exl3:patches=...,rows=N`): the served backend
+(`elpis.exl3.load_backend`, no draft, no prefix reuse) under the named patches; teacher forcing runs verify
+calls of `rows` chained rows (default 8). exl3-int8-gemv-off is a process-wide switch of ExLlamaV3: a
+configuration naming it (or not) must match the process (`ELPIS_PATCH_INT8_GEMV_OFF`), else it is refused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from elpis.gate.configs import BackendLogits, Spec
+from elpis.gate.ops import GateOp, OpInputs
+
+PATCHES: dict[str, str] = {
+    "exl3-int8-gemv-off": "1- and 2-row EXL3 GEMMs on fp16-activation kernels (registry patch, default off)",
+    "fixed-rows-8": "every verify runs 8 rows (elpis default)",
+    "gdn-state-fp32": "Gated DeltaNet recurrent state stored in fp32 (elpis default)",
+}
+ELPIS_DEFAULTS = ("fixed-rows-8", "gdn-state-fp32")
+INT8_PATCH = "exl3-int8-gemv-off"
+FIXED_ROWS = 8
+MAX_VERIFY_ROWS = 16
+
+LINEAR_ROWS = (1, 2, 3, 4, 8, 16, 256, 1024)
+HEAD_ROWS = (1, 2, 8, 16, 256)
+NORM_ROWS = (1, 8, 256)
+GDN_STEP_ROWS = (1, 2, 4, 8, 16)
+GDN_CHUNK_ROWS = (64, 256)
+ATTENTION_ROWS = (1, 4, 8, 16, 256)
+STATE_CONTEXTS = (256, 1024)  # attention and delta rule: tokens already in the cache / the state
+DEFAULT_TOKENS = 1280  # covers the largest context plus the largest row count
+OP_NAMES = (
+    "linear",
+    "head",
+    "head.logprobs",
+    "rmsnorm",
+    "gdn.step",
+    "gdn.chunked",
+    "attention",
+    "attention.cq3",
+)
+CACHE_BITS = 3  # the K/V cache elpis serves with (elpis.exl3.engine.KV_BITS)
+
+
+# --- options ---------------------------------------------------------------------------------------------
+
+
+def parse_patches(text: str) -> tuple[str, ...]:
+    """`none`, `elpis` (the elpis defaults), `all`, or patch ids joined by `+`: the named patches, sorted."""
+    if text == "none":
+        return ()
+    if text == "elpis":
+        return ELPIS_DEFAULTS
+    if text == "all":
+        return tuple(sorted(PATCHES))
+    names = text.split("+")
+    unknown = [n for n in names if n not in PATCHES]
+    if unknown or not all(names):
+        raise ValueError(
+            f"patches {text!r}: unknown patch(es) {unknown or ['']}; known {sorted(PATCHES)} "
+            "(join several with '+', or use none / elpis / all)"
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"patches {text!r} names a patch twice")
+    return tuple(sorted(names))
+
+
+def patches_text(names: Sequence[str]) -> str:
+    return "+".join(sorted(names)) if names else "none"
+
+
+def _positive(options: dict[str, str], key: str, default: int, low: int = 1, high: int | None = None) -> int:
+    text = options.get(key, str(default))
+    if not text.isdigit() or int(text) < low or (high is not None and int(text) > high):
+        bound = f"{low}..{high}" if high is not None else f">= {low}"
+        raise ValueError(f"{key} must be an integer {bound}, got {text!r}")
+    return int(text)
+
+
+def configuration_options(options: dict[str, str]) -> dict[str, str]:
+    """Every option of an exl3 configuration, defaults written out (the spec is their sorted list)."""
+    known = {"patches", "rows"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"unknown exl3 option(s) {unknown}: known {sorted(known)}")
+    text = options.get("patches", "none")
+    canonical = patches_text(parse_patches(text))
+    if text != canonical:
+        raise ValueError(
+            f"patches={text!r}: a configuration names its patches explicitly, sorted, joined by '+' "
+            f"(write patches={canonical}) so that one configuration has one spec"
+        )
+    rows = _positive(options, "rows", FIXED_ROWS, 1, MAX_VERIFY_ROWS)
+    return {"patches": canonical, "rows": str(rows)}
+
+
+@dataclass(frozen=True)
+class OpOptions:
+    patches: tuple[str, ...]
+    tokens: int
+    layers: int
+
+    @property
+    def spec(self) -> str:
+        return Spec(
+            "exl3-ops",
+            {"layers": str(self.layers), "patches": patches_text(self.patches), "tokens": str(self.tokens)},
+        ).text
+
+
+def op_options(options: dict[str, str]) -> OpOptions:
+    """Options of `gate_ops`: `patches` (candidates; default all), `tokens` (length of the recorded
+    forward pass, default 1280), `layers` (operand sets per op: layers recorded, default 2)."""
+    known = {"patches", "tokens", "layers"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"unknown exl3 op option(s) {unknown}: known {sorted(known)}")
+    return OpOptions(
+        parse_patches(options.get("patches", "all")),
+        _positive(options, "tokens", DEFAULT_TOKENS, 32, 16384),
+        _positive(options, "layers", 2, 1, 64),
+    )
+
+
+def require_gpu() -> None:
+    """A clear refusal (ValueError, so `elpis gate` reports it and exits 2) where ExLlamaV3 cannot run."""
+    if not torch.cuda.is_available():
+        raise ValueError("the exl3 gate provider needs a CUDA GPU (on CPU use --backend reference)")
+    try:
+        import exllamav3  # noqa: F401
+    except ImportError as exc:
+        raise ValueError(f"the exl3 gate provider needs exllamav3 (the gpu extra): {exc}") from exc
+
+
+def _model_dir(model: Path | None) -> Path:
+    if model is None:
+        raise ValueError("the exl3 ops need --model (an EXL3 model directory; activations come from it)")
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path} is not an EXL3 model directory (no config.json)")
+    return path
+
+
+# --- configurations ----------------------------------------------------------------------------------------
+
+
+def _check_vocabulary(model_dir: Path) -> int:
+    """The tokenizer's vocabulary width, refused if its ids do not fit the model's logits."""
+    from elpis.exl3.geometry import read_config
+    from elpis.text import load_tokenizer
+
+    width = int(read_config(model_dir)["vocab_size"])
+    tokenizer = load_tokenizer(model_dir)
+    if tokenizer.vocab_size > width:
+        raise ValueError(
+            f"{model_dir}: its tokenizer has {tokenizer.vocab_size} ids, the model's logits are {width} wide "
+            "(a synthetic or mismatched checkpoint): text tokenized for it would index past the vocabulary"
+        )
+    return tokenizer.vocab_size
+
+
+def _check_int8_switch(names: Sequence[str]) -> None:
+    from elpis.exl3 import patches as registry
+
+    on = registry.apply_all().get(INT8_PATCH, False)
+    if on != (INT8_PATCH in names):
+        want = "1" if INT8_PATCH in names else "0 (or unset)"
+        verb = "names" if INT8_PATCH in names else "omits"
+        raise ValueError(
+            f"{INT8_PATCH} is a process-wide switch of ExLlamaV3 and this process runs with it "
+            f"{'on' if on else 'off'}: run a configuration that {verb} it with "
+            f"ELPIS_PATCH_INT8_GEMV_OFF={want}"
+        )
+
+
+class Exl3Configuration:
+    """A `LogitsModel` over the served exl3 backend (see the module docstring)."""
+
+    def __init__(self, model: Path, options: dict[str, str]) -> None:
+        full = configuration_options(options)
+        self.spec = Spec("exl3", full).text
+        self.options = full
+        names = parse_patches(full["patches"])
+        require_gpu()
+        model_dir = _model_dir(model)
+        self.vocab_size = _check_vocabulary(model_dir)
+        _check_int8_switch(names)
+        from elpis.exl3 import load_backend
+
+        self.backend = load_backend(
+            model_dir,
+            None,
+            model_id=model_dir.name,
+            host_cache_gib=0.0,
+            prefix_cache=False,  # every sequence from scratch, like the reference configurations
+            fixed_rows=FIXED_ROWS if "fixed-rows-8" in names else None,
+            gdn_state_fp32="gdn-state-fp32" in names,
+        )
+        self._served = BackendLogits(self.spec, self.backend, int(full["rows"]), self.vocab_size)
+
+    def teacher_forced(self, tokens: Sequence[int]) -> torch.Tensor:
+        return self._served.teacher_forced(tokens)
+
+    def greedy(self, prompt: Sequence[int], steps: int) -> list[int]:
+        return self._served.greedy(prompt, steps)
+
+
+def configuration(model: Path, options: dict[str, str]) -> Exl3Configuration:
+    return Exl3Configuration(model, options)
+
+
+# --- the int8 GEMV switch ----------------------------------------------------------------------------------
+
+
+class Int8GemvSwitch:
+    """Runs code with ExLlamaV3's int8-activation GEMV off, as the `exl3-int8-gemv-off` patch does.
+
+    The extension reads `EXL3_INT8_GEMV` once and caches it behind the exported flag
+    `_exl3_gemv_int8_mode_chk`; clearing the flag makes the next GEMM read the variable again. Both are put
+    back afterwards, so stock and the patch run in one process on the same operands.
+    """
+
+    FLAG = "_exl3_gemv_int8_mode_chk"
+
+    def __init__(self) -> None:
+        from exllamav3.ext import exllamav3_ext
+
+        library = ctypes.CDLL(exllamav3_ext.__file__)
+        try:
+            self.checked = ctypes.c_bool.in_dll(library, self.FLAG)
+        except ValueError as exc:
+            raise ValueError(
+                f"the loaded exllamav3 extension does not export {self.FLAG}: the {INT8_PATCH} candidate "
+                "cannot be switched in-process"
+            ) from exc
+
+    @contextmanager
+    def off(self) -> Iterator[None]:
+        previous = os.environ.get("EXL3_INT8_GEMV")
+        os.environ["EXL3_INT8_GEMV"] = "0"
+        self.checked.value = False
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop("EXL3_INT8_GEMV", None)
+            else:
+                os.environ["EXL3_INT8_GEMV"] = previous
+            self.checked.value = False  # the next GEMM reads the restored setting
+
+    def was_read(self) -> bool:
+        return bool(self.checked.value)
+
+
+# --- recording operands ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Recorded:
+    # (Linear, x [1, T, in], out_dtype) per recorded linear
+    linears: list[tuple[Any, torch.Tensor, Any]] = field(default_factory=list)
+    head: tuple[Any, torch.Tensor, Any] | None = None
+    norms: list[tuple[Any, torch.Tensor, torch.Tensor | None, Any]] = field(default_factory=list)
+    deltanet: list[dict[str, Any]] = field(default_factory=list)  # kwargs of gated_delta_rule_fn
+    attention: list[dict[str, Any]] = field(default_factory=list)  # q, k, v, sm_scale, layer
+    source: str = ""
+
+
+def _sequence(model_dir: Path, tokens: int, vocab: int) -> tuple[list[int], str]:
+    """WikiText-2 through the model's tokenizer, or fixed pseudo-random ids if those would not fit."""
+    from elpis.gate.corpus import wikitext_chunks
+    from elpis.text import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(model_dir)
+        ids = wikitext_chunks(lambda text: tokenizer.encode(text, special=False), 1, tokens)[0]
+        if max(ids) < vocab:
+            return ids, "WikiText-2"
+    except (ValueError, FileNotFoundError, OSError):
+        pass
+    from elpis.bench.workload import prompt
+
+    return prompt(tokens, 0, vocab), "pseudo-random ids (seed 0; the tokenizer's ids exceed the vocabulary)"
+
+
+def _clone(x: Any) -> Any:
+    return x.detach().clone() if isinstance(x, torch.Tensor) else x
+
+
+def record(engine: Any, ids: list[int], layers: int, hidden: int) -> Recorded:
+    """One forward pass with the cache and recurrent state of the served path, recording operands."""
+    from exllamav3.modules import Linear, RMSNorm
+    from exllamav3.modules.attention_fn import attn_dispatch
+    from exllamav3.modules.gated_delta_net_fn import gated_delta_rule_fn
+    from exllamav3.modules.quant.exl3 import LinearEXL3
+
+    from elpis.exl3.backend import stock_table_width
+    from elpis.gate.patching import replaced
+
+    rec = Recorded()
+    seen: set[str] = set()
+    linear_forward, norm_forward = Linear.forward, RMSNorm.forward
+
+    def on_linear(self, x, params, out_dtype=None):
+        if isinstance(self.inner, LinearEXL3) and self.key not in seen:
+            seen.add(self.key)
+            entry = (self, _clone(x), out_dtype)
+            if self.key == "lm_head":
+                rec.head = entry
+            elif len(rec.linears) < layers + 2:
+                rec.linears.append(entry)
+        return linear_forward(self, x, params, out_dtype)
+
+    def on_norm(self, x, params, out_dtype=None, residual=None, residual_in=None):
+        plain = (
+            residual is None and getattr(self, "groups", 1) == 1 and not getattr(self, "span_heads", False)
+            and not getattr(self, "unweighted", False) and x.shape[-1] == hidden and self.key not in seen
+        )  # fmt: skip
+        if plain and len(rec.norms) < layers:
+            seen.add(self.key)
+            rec.norms.append((self, _clone(x), _clone(residual_in), out_dtype))
+        return norm_forward(self, x, params, out_dtype, residual=residual, residual_in=residual_in)
+
+    def on_delta_rule(**kwargs):
+        if len(rec.deltanet) < layers and not kwargs.get("channelwise_g", False):
+            rec.deltanet.append({k: _clone(v) for k, v in kwargs.items() if k != "params"})
+        return gated_delta_rule_fn(**kwargs)
+
+    def on_attention(*args, **kwargs):
+        cache = kwargs.get("cache")
+        if cache is not None and not args and len(rec.attention) < layers:
+            layer = cache.layers[kwargs["cache_idx"], kwargs.get("cache_instance") or 0]
+            rec.attention.append(
+                {
+                    "q": _clone(kwargs["q"]),
+                    "k": _clone(kwargs["k"]),
+                    "v": _clone(kwargs["v"]),
+                    "sm_scale": kwargs.get("sm_scale"),
+                    "attention": layer.attention,
+                }
+            )
+        return attn_dispatch(*args, **kwargs)
+
+    table = torch.zeros((1, stock_table_width(len(ids))), dtype=torch.int32)
+    pages = -(-len(ids) // 256)
+    table[0, :pages] = torch.arange(pages, dtype=torch.int32)
+    Linear.forward, RMSNorm.forward = on_linear, on_norm
+    state = None
+    try:
+        with (
+            torch.inference_mode(),
+            replaced("exllamav3", {gated_delta_rule_fn: on_delta_rule, attn_dispatch: on_attention}),
+        ):
+            state = engine.cache.get_new_state()
+            params = {
+                "attn_mode": "flash_attn",
+                "block_table": table,
+                "cache": engine.cache,
+                "cache_seqlens": torch.tensor([0], dtype=torch.int32),
+                "recurrent_states": [state],
+            }
+            engine.model.forward(torch.tensor([ids], dtype=torch.long), params)
+            torch.cuda.synchronize(engine.device)
+    finally:
+        Linear.forward, RMSNorm.forward = linear_forward, norm_forward
+        if state is not None:
+            state.free()
+    return rec
+
+
+# --- shared pieces -----------------------------------------------------------------------------------------
+
+
+def _rows(x: torch.Tensor, context: int, count: int, what: str) -> torch.Tensor:
+    """Rows [context, context + count) of a recorded [1, T, ...] tensor (contiguous)."""
+    if count < 1 or context < 0 or context + count > x.shape[1]:
+        raise ValueError(
+            f"{what}: context {context} + rows {count} needs more than the {x.shape[1]} recorded tokens "
+            "(raise the tokens option)"
+        )
+    return x[:, context : context + count].contiguous()
+
+
+def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """[1, r, ...] padded to [1, rows, ...] with copies of the last row (what fixed-rows verify runs)."""
+    if x.shape[1] >= rows:
+        return x
+    pad = x[:, -1:].expand(x.shape[0], rows - x.shape[1], *x.shape[2:])
+    return torch.cat([x, pad], dim=1).contiguous()
+
+
+def _probe(op: GateOp) -> str | None:
+    """Run the op's first cell once (stock, fp64, candidates); the reason it cannot be measured, or None."""
+    try:
+        operands = next(iter(op.inputs(op.contexts[0], op.rows[0])))
+        exact = op.exact(operands)
+        for impl in (op.stock, *op.candidates.values()):
+            out = impl(operands)
+            if out.shape != exact.shape:
+                return f"output shape {tuple(out.shape)} differs from the fp64 shape {tuple(exact.shape)}"
+        return None
+    except Exception as exc:  # any failure leaves the op out, with its reason printed
+        return f"{type(exc).__name__}: {exc}"
+
+
+# --- linear and head ---------------------------------------------------------------------------------------
+
+
+def exact_weight(
+    decoded: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, hadamard: torch.Tensor
+) -> torch.Tensor:
+    """The dense fp64 weight [in, out] of an EXL3 linear, as `LinearEXL3.get_weight_tensor` defines it:
+    diag(suh) H decoded H diag(svh), H block-diagonal of the normalised 128-point Hadamard `hadamard`."""
+    w = decoded.to(torch.float64)
+    k, n = w.shape
+    size = hadamard.shape[0]
+    had = hadamard.to(device=w.device, dtype=torch.float64)
+    w = (had @ w.view(-1, size, n)).view(k, n) * suh.to(torch.float64).unsqueeze(1)
+    return (w.view(k, -1, size) @ had).view(k, n) * svh.to(torch.float64).unsqueeze(0)
+
+
+class ExactWeights:
+    """fp64 weights of the recorded EXL3 linears (decoded trellis by ExLlamaV3, the rest in fp64), cached."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, torch.Tensor] = {}
+
+    def __call__(self, linear: Any) -> torch.Tensor:
+        if linear.key not in self._cache:
+            from exllamav3.util.hadamard import get_hadamard
+
+            inner = linear.inner
+            hadamard = get_hadamard(128).to(torch.float64) / math.sqrt(128)
+            # the decoded trellis [in, out] is exact in fp16 (the kernels decode to the same values)
+            self._cache[linear.key] = exact_weight(
+                inner.get_inner_weight_tensor(), inner.suh, inner.svh, hadamard
+            )
+        return self._cache[linear.key]
+
+
+def _linear_ops(rec: Recorded, names: Sequence[str], contexts: tuple[int, ...]) -> list[GateOp]:
+    weights = ExactWeights()
+    switch = Int8GemvSwitch() if INT8_PATCH in names else None
+
+    def forward(o: OpInputs, rows: int | None = None) -> torch.Tensor:
+        linear, x = o.params["linear"], o.tensors["x"]
+        count = x.shape[1]
+        run = _padded(x, rows) if rows else x
+        with torch.inference_mode():
+            return linear.forward(run, {}, o.params["out_dtype"])[:, :count]
+
+    def exact_logits(o: OpInputs) -> torch.Tensor:
+        linear = o.params["linear"]
+        if (linear.pre_scale, linear.softcap, linear.post_scale) != (1.0, 0.0, 1.0):
+            raise ValueError(f"{linear.key}: scaled or soft-capped output is not in the fp64 evaluation")
+        y = o.tensors["x"].to(torch.float64) @ weights(linear)
+        bias = linear.inner.bias
+        return y + bias.to(torch.float64) if bias is not None else y
+
+    def int8_off(o: OpInputs) -> torch.Tensor:
+        assert switch is not None
+        with switch.off():
+            out = forward(o)
+            torch.cuda.synchronize()
+            read = switch.was_read()
+        if o.tensors["x"].shape[1] <= 144 and not read:  # the reconstruct path (more rows) never asks
+            raise RuntimeError("the int8 GEMV setting was not read again: the patch did not take effect")
+        return out
+
+    def candidates(as_logits: bool) -> dict[str, Callable[[OpInputs], torch.Tensor]]:
+        wrap = (lambda f: lambda o: f(o).float()) if as_logits else (lambda f: f)
+        found: dict[str, Callable[[OpInputs], torch.Tensor]] = {}
+        if INT8_PATCH in names:
+            found[INT8_PATCH] = wrap(int8_off)
+        if "fixed-rows-8" in names:
+            found["fixed-rows-8"] = wrap(lambda o: forward(o, FIXED_ROWS))
+        return found
+
+    def make_inputs(entries: list[tuple[Any, torch.Tensor, Any]]):
+        def inputs(context: int, count: int) -> Iterator[OpInputs]:
+            for linear, x, out_dtype in entries:
+                rows = _rows(x.reshape(1, -1, x.shape[-1]), context, count, linear.key)
+                yield OpInputs({"x": rows}, {"linear": linear, "out_dtype": out_dtype}, label=linear.key)
+
+        return inputs
+
+    ops = []
+    if rec.linears:
+        ops.append(
+            GateOp(
+                "linear",
+                "EXL3 GEMM of layer linears (Linear.forward; rows = M)",
+                forward,
+                exact_logits,
+                make_inputs(rec.linears),
+                contexts,
+                LINEAR_ROWS,
+                candidates(False),
+            )
+        )
+    if rec.head is not None:
+
+        def head_logprobs(impl: Callable[[OpInputs], torch.Tensor]) -> Callable[[OpInputs], torch.Tensor]:
+            return lambda o: torch.log_softmax(impl(o).to(torch.float64), dim=-1)
+
+        def stock_logits(o: OpInputs) -> torch.Tensor:
+            return forward(o).float()
+
+        logits_candidates = candidates(True)
+        ops += [
+            GateOp(
+                "head",
+                "lm_head on the final-norm output, float32 logits as verify returns them",
+                stock_logits,
+                exact_logits,
+                make_inputs([rec.head]),
+                contexts,
+                HEAD_ROWS,
+                logits_candidates,
+            ),
+            GateOp(
+                "head.logprobs",
+                "float64 log-softmax of the float32 logits (elpis's sampler)",
+                head_logprobs(stock_logits),
+                lambda o: torch.log_softmax(exact_logits(o), dim=-1),
+                make_inputs([rec.head]),
+                contexts,
+                HEAD_ROWS,
+                {name: head_logprobs(impl) for name, impl in logits_candidates.items()},
+            ),
+        ]
+    return ops
+
+
+# --- RMSNorm -----------------------------------------------------------------------------------------------
+
+
+def exact_rmsnorm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    constant_scale: float,
+    constant_bias: float,
+) -> torch.Tensor:
+    """RMSNorm of x (+ residual, the fused pre-norm add) in fp64: ExLlamaV3's weight is applied as
+    weight + constant_bias (1 for the zero-centred norms of Qwen3.5-family models)."""
+    from elpis.reference.layers import rms_norm
+
+    h = x.to(torch.float64)
+    if residual is not None:
+        h = h + residual.to(torch.float64)
+    return rms_norm(h, (weight.to(torch.float64) + constant_bias) * constant_scale, eps)
+
+
+def _norm_ops(rec: Recorded, contexts: tuple[int, ...]) -> list[GateOp]:
+    def stock(o: OpInputs) -> torch.Tensor:
+        norm, x, residual = o.params["norm"], o.tensors["x"], o.tensors.get("residual")
+        with torch.inference_mode():
+            if residual is None:
+                return norm.forward(x.clone(), {}, o.params["out_dtype"])
+            return norm.forward(x.clone(), {}, o.params["out_dtype"], residual_in=residual.clone())
+
+    def exact(o: OpInputs) -> torch.Tensor:
+        norm = o.params["norm"]
+        return exact_rmsnorm(
+            o.tensors["x"], o.tensors.get("residual"), norm.weight, norm.rms_norm_eps,
+            norm.constant_scale, norm.constant_bias,
+        )  # fmt: skip
+
+    def inputs(context: int, count: int) -> Iterator[OpInputs]:
+        for norm, x, residual, out_dtype in rec.norms:
+            tensors = {"x": _rows(x.reshape(1, -1, x.shape[-1]), context, count, norm.key)}
+            if residual is not None:
+                tensors["residual"] = _rows(residual.reshape(1, -1, x.shape[-1]), context, count, norm.key)
+            yield OpInputs(tensors, {"norm": norm, "out_dtype": out_dtype}, label=norm.key)
+
+    if not rec.norms:
+        return []
+    return [
+        GateOp(
+            "rmsnorm",
+            "RMSNorm of the residual stream as the model calls it (fused residual add where deferred)",
+            stock,
+            exact,
+            inputs,
+            contexts,
+            NORM_ROWS,
+        )
+    ]
+
+
+# --- Gated DeltaNet ----------------------------------------------------------------------------------------
+
+
+class ExactDeltaRule:
+    """The gated delta rule of one recorded call in fp64 from a zero state (`elpis.reference.layers`'s
+    recurrent form), with states kept at the positions asked for, so every cell's start state and final
+    state come from one exact run. `mixed_qkv` [1, T, q | k | v] holds the convolved, unnormalised q/k/v
+    (q and k are L2-normalised inside the kernels); v head h reads q/k head h // (v heads / k heads)."""
+
+    def __init__(self, call: dict[str, Any]) -> None:
+        from elpis.reference.layers import l2_normalize
+
+        nk, nv = call["num_k_heads"], call["num_v_heads"]
+        dk, dv = call["k_head_dim"], call["v_head_dim"]
+        x = call["mixed_qkv"][0].to(torch.float64)
+        steps = x.shape[0]
+        q = l2_normalize(x[:, : nk * dk].reshape(steps, nk, dk)) * dk**-0.5
+        k = l2_normalize(x[:, nk * dk : 2 * nk * dk].reshape(steps, nk, dk))
+        self.q = q.repeat_interleave(nv // nk, dim=1)
+        self.k = k.repeat_interleave(nv // nk, dim=1)
+        self.v = x[:, 2 * nk * dk :].reshape(steps, nv, dv)
+        self.g = call["g"][0].to(torch.float64)
+        self.beta = call["beta"][0].to(torch.float64)
+        self.states = {0: torch.zeros(nv, dk, dv, dtype=torch.float64, device=x.device)}
+        self.outputs = torch.zeros(steps, nv, dv, dtype=torch.float64, device=x.device)
+
+    def state(self, position: int) -> torch.Tensor:
+        """The exact state after `position` tokens."""
+        from elpis.reference.layers import delta_rule_recurrent
+
+        if not 0 <= position <= self.q.shape[0]:
+            raise ValueError(f"state after {position} tokens: {self.q.shape[0]} were recorded")
+        if position not in self.states:
+            start = max(p for p in self.states if p <= position)
+            window = slice(start, position)
+            out, state = delta_rule_recurrent(
+                self.q[window], self.k[window], self.v[window], self.g[window], self.beta[window],
+                self.states[start],
+            )  # fmt: skip
+            self.outputs[window] = out
+            self.states[position] = state
+        return self.states[position]
+
+    def window(self, context: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Outputs of rows [context, context + count) [count, v heads, dv] and the state after them."""
+        final = self.state(context + count)  # states are reached from 0 in order: earlier outputs exist
+        return self.outputs[context : context + count], final
+
+
+def _deltanet_ops(rec: Recorded, names: Sequence[str]) -> list[GateOp]:
+    from exllamav3.modules.gated_delta_net_fn import gated_delta_rule_fn
+
+    exact_runs = [ExactDeltaRule(call) for call in rec.deltanet]
+
+    def run(o: OpInputs, state_dtype: torch.dtype) -> torch.Tensor:
+        call = o.params["call"]
+        nv, dk, dv = call["num_v_heads"], call["k_head_dim"], call["v_head_dim"]
+        pool = o.tensors["state"].to(state_dtype).reshape(1, 1, nv, dk, dv).contiguous()
+        with torch.inference_mode():
+            out = gated_delta_rule_fn(
+                mixed_qkv=o.tensors["mixed_qkv"],
+                beta=o.tensors["beta"],
+                g=o.tensors["g"],
+                recurrent_state=pool,
+                recurrent_slots=None,
+                history=False,
+                save_state=True,
+                num_k_heads=call["num_k_heads"],
+                num_v_heads=nv,
+                k_dim=call["k_dim"],
+                v_dim=call["v_dim"],
+                k_head_dim=dk,
+                v_head_dim=dv,
+                params={},
+            )
+        return torch.cat([out.reshape(-1, dv).to(torch.float64), pool.reshape(-1, dv).to(torch.float64)])
+
+    def exact(o: OpInputs) -> torch.Tensor:
+        outputs, final = o.params["exact"].window(o.params["context"], o.tensors["mixed_qkv"].shape[1])
+        dv = outputs.shape[-1]
+        return torch.cat([outputs.reshape(-1, dv), final.reshape(-1, dv)])
+
+    def inputs(context: int, count: int) -> Iterator[OpInputs]:
+        for layer, (call, exact_run) in enumerate(zip(rec.deltanet, exact_runs, strict=True)):
+            tensors = {name: _rows(call[name], context, count, "gdn") for name in ("mixed_qkv", "beta", "g")}
+            tensors["state"] = exact_run.state(context)
+            yield OpInputs(
+                tensors,
+                {"call": call, "exact": exact_run, "context": context},
+                label=f"deltanet call {layer}",
+            )
+
+    candidates = {}
+    if "gdn-state-fp32" in names:
+        candidates["gdn-state-fp32"] = lambda o: run(o, torch.float32)
+    stock = lambda o: run(o, torch.float16)  # noqa: E731 - ExLlamaV3's default recurrent_dtype
+    if not rec.deltanet:
+        return []
+    described = "rows' outputs then the final state as stored; start state = exact state after `context`"
+    return [
+        GateOp(
+            "gdn.step",
+            f"gated delta rule over verify rows (CUDA recurrent kernel); {described}",
+            stock,
+            exact,
+            inputs,
+            STATE_CONTEXTS,
+            GDN_STEP_ROWS,
+            candidates,
+        ),
+        GateOp(
+            "gdn.chunked",
+            f"gated delta rule over prefill rows (fla chunked kernels); {described}",
+            stock,
+            exact,
+            inputs,
+            STATE_CONTEXTS,
+            GDN_CHUNK_ROWS,
+            candidates,
+        ),
+    ]
+
+
+# --- attention ---------------------------------------------------------------------------------------------
+
+
+class PagedLayer:
+    """A standalone paged K/V cache layer (fp16, or quantized like the served cache) for one attention
+    module, pages in order (block table = 0, 1, 2, ...)."""
+
+    def __init__(self, attention: Any, tokens: int, bits: int | None, device: torch.device) -> None:
+        from exllamav3.cache import CacheLayer_fp16, CacheLayer_quant
+
+        from elpis.exl3.backend import stock_table_width
+
+        capacity = -(-tokens // 256) * 256
+        if bits is None:
+            self.layer = CacheLayer_fp16(None, attention, 0, capacity)
+        else:
+            self.layer = CacheLayer_quant(None, attention, 0, capacity, bits, bits)
+        self.layer.alloc(device)
+        width = max(stock_table_width(tokens), capacity // 256)
+        self.table = torch.zeros((1, width), dtype=torch.int32, device=device)
+        self.table[0, : capacity // 256] = torch.arange(capacity // 256, dtype=torch.int32, device=device)
+        self.device = device
+
+    def seqlens(self, n: int) -> torch.Tensor:
+        return torch.tensor([n], dtype=torch.int32, device=self.device)
+
+    def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store K/V rows at positions start.. as the attention path stores new rows."""
+        if k.shape[1]:
+            self.layer.update_kv_direct(
+                self.seqlens(start), self.table, k.contiguous(), v.contiguous(), k.shape[1]
+            )
+
+    def contents(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of positions 0..n-1 as ExLlamaV3 dequantises them: [n, kv_heads, dim] each."""
+        k, v = self.layer.get_kv(self.seqlens(n), self.table, -1)
+        return k.flatten(0, 1)[:n], v.flatten(0, 1)[:n]
+
+
+def exact_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, context: int, sm_scale: float
+) -> torch.Tensor:
+    """Causal grouped-head attention in fp64 of rows q [1, r, heads, d] at positions context.. over
+    keys/values [context + r, kv heads, d] (`elpis.reference.layers.attend`); returns [1, r, heads, d]."""
+    from elpis.reference.layers import attend
+
+    count, heads, dim = q.shape[1], q.shape[2], q.shape[3]
+    if keys.shape[0] != context + count:
+        raise ValueError(f"{keys.shape[0]} cached positions for rows {context}..{context + count - 1}")
+    visible = torch.arange(context + count, device=q.device)[None, :] <= (
+        context + torch.arange(count, device=q.device)[:, None]
+    )
+    rows = q[0].to(torch.float64) * (sm_scale / dim**-0.5)  # attend scales by dim^-0.5
+    out = attend(rows, keys.to(torch.float64), values.to(torch.float64), visible)
+    return out.reshape(1, count, heads, dim)
+
+
+def _attention_ops(rec: Recorded, names: Sequence[str], tokens: int, device: torch.device) -> list[GateOp]:
+    from exllamav3.modules.attention_fn import attn_dispatch
+
+    def run(o: OpInputs, rows: int | None = None) -> torch.Tensor:
+        cache: PagedLayer = o.params["cache"]
+        q, k, v = o.tensors["q"], o.tensors["k"], o.tensors["v"]
+        count, context = q.shape[1], o.params["context"]
+        if rows:
+            q, k, v = _padded(q, rows), _padded(k, rows), _padded(v, rows)
+        with torch.inference_mode():
+            out = attn_dispatch(
+                q=q,
+                k=k,
+                v=v,
+                cache=cache.layer,
+                block_table=cache.table,
+                cache_seqlens=cache.seqlens(context),
+                causal=True,
+                sm_scale=o.params["sm_scale"],
+                max_kv_len=context if q.shape[1] > 16 else None,
+            )
+        return out.reshape(1, q.shape[1], q.shape[2], -1)[:, :count]
+
+    def exact(o: OpInputs) -> torch.Tensor:
+        cache: PagedLayer = o.params["cache"]
+        q, context = o.tensors["q"], o.params["context"]
+        cache.write(context, o.tensors["k"], o.tensors["v"])  # what the attention call writes first
+        keys, values = cache.contents(context + q.shape[1])
+        return exact_attention(q, keys, values, context, o.params["sm_scale"])
+
+    caches: dict[tuple[int, int | None], PagedLayer] = {}
+
+    def make_inputs(bits: int | None):
+        def inputs(context: int, count: int) -> Iterator[OpInputs]:
+            for index, call in enumerate(rec.attention):
+                if (index, bits) not in caches:
+                    caches[(index, bits)] = PagedLayer(call["attention"], tokens + FIXED_ROWS, bits, device)
+                cache = caches[(index, bits)]
+                q = _rows(call["q"], context, count, "attention")
+                cache.write(0, call["k"][:, :context], call["v"][:, :context])  # the prefix, freshly stored
+                yield OpInputs(
+                    {"q": q, "k": _rows(call["k"], context, count, "attention"),
+                     "v": _rows(call["v"], context, count, "attention")},
+                    {"cache": cache, "context": context,
+                     "sm_scale": call["sm_scale"] or call["q"].shape[-1] ** -0.5},
+                    label=f"attention call {index}",
+                )  # fmt: skip
+
+        return inputs
+
+    if not rec.attention:
+        return []
+    candidates = {"fixed-rows-8": lambda o: run(o, FIXED_ROWS)} if "fixed-rows-8" in names else {}
+    return [
+        GateOp(
+            "attention",
+            "attention of the rows over a paged fp16 K/V cache (attn_dispatch)",
+            run,
+            exact,
+            make_inputs(None),
+            STATE_CONTEXTS,
+            ATTENTION_ROWS,
+            candidates,
+        ),
+        GateOp(
+            "attention.cq3",
+            f"attention over the {CACHE_BITS}-bit K/V cache elpis serves with "
+            "(fp64 over its dequantised contents)",
+            run,
+            exact,
+            make_inputs(CACHE_BITS),
+            STATE_CONTEXTS,
+            ATTENTION_ROWS,
+            candidates,
+        ),
+    ]
+
+
+# --- the provider function ---------------------------------------------------------------------------------
+
+
+def gate_ops(model: Path | None, options: dict[str, str]) -> list[GateOp]:
+    chosen = op_options(options)
+    model_dir = _model_dir(model)
+    require_gpu()
+    from elpis.exl3 import patches as registry
+
+    on = sorted(name for name, enabled in registry.apply_all().items() if enabled)
+    if on or "EXL3_INT8_GEMV" in os.environ:
+        raise ValueError(
+            f"the exl3 ops measure stock ExLlamaV3 and each patch in one process; this process runs with "
+            f"patches {on} / EXL3_INT8_GEMV={os.environ.get('EXL3_INT8_GEMV')}: unset them"
+        )
+    from elpis.exl3.engine import load_engine
+    from elpis.exl3.geometry import read_config
+
+    config = read_config(model_dir)
+    tokens = chosen.tokens
+    engine = load_engine(
+        model_dir,
+        None,
+        cache_tokens=-(-(tokens + 256) // 256) * 256,
+        warmup=False,
+        progress=False,
+        recurrent_dtype=torch.float,
+    )
+    ids, source = _sequence(model_dir, tokens, int(config["vocab_size"]))
+    rec = record(engine, ids, chosen.layers, int(config["hidden_size"]))
+    contexts = (0,)
+    ops = (
+        _linear_ops(rec, chosen.patches, contexts)
+        + _norm_ops(rec, contexts)
+        + _deltanet_ops(rec, chosen.patches)
+        + _attention_ops(rec, chosen.patches, tokens, engine.device)
+    )
+    kept = []
+    for op in ops:
+        reason = _probe(op)
+        if reason is None:
+            kept.append(
+                GateOp(
+                    op.name, f"{op.description} [operands: {source}; {chosen.spec}]", op.stock, op.exact,
+                    op.inputs, op.contexts, op.rows, op.candidates,
+                )
+            )  # fmt: skip
+        else:
+            print(f"exl3 gate: op {op.name} left out: {reason}", file=sys.stderr)
+    for name in sorted(set(OP_NAMES) - {op.name for op in ops}):
+        print(f"exl3 gate: op {name} left out: no operands were recorded for it", file=sys.stderr)
+    if not kept:
+        raise ValueError("no exl3 op could be measured (reasons above)")
+    return kept

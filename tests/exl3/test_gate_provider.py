@@ -1,0 +1,380 @@
+"""The ExLlamaV3 gate provider (`elpis.exl3.gate`).
+
+CPU: the provider is found through `elpis.gate.providers` without a GPU; options are parsed and refused with
+clear messages; spec strings list every option; GPU-only entry points refuse cleanly without CUDA; the fp64
+evaluations (EXL3 weight, attention, RMSNorm, delta rule) equal independent formulations.
+
+GPU (`-m gpu`, small synthetic checkpoint; ELPIS_SMALL_DIR may name an `elpis synth --small` output):
+`elpis gate op --backend exl3` writes a measurement with every op's fp64 error and the candidates' bar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from elpis.exl3 import gate
+from elpis.gate import cli as gate_cli
+from elpis.gate.configs import Spec, make_configuration
+from elpis.gate.providers import load_provider
+
+# --- provider and options -------------------------------------------------------------------------------
+
+
+def test_provider_found_without_gpu():
+    provider = load_provider("exl3")
+    assert provider is gate
+    assert callable(provider.gate_ops) and callable(provider.configuration)
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("none", ()),
+        ("elpis", ("fixed-rows-8", "gdn-state-fp32")),
+        ("all", ("exl3-int8-gemv-off", "fixed-rows-8", "gdn-state-fp32")),
+        ("gdn-state-fp32", ("gdn-state-fp32",)),
+        ("gdn-state-fp32+exl3-int8-gemv-off", ("exl3-int8-gemv-off", "gdn-state-fp32")),
+    ],
+)
+def test_parse_patches(text, names):
+    assert gate.parse_patches(text) == names
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("bogus", "unknown patch"),
+        ("fixed-rows-8+", "unknown patch"),
+        ("", "unknown patch"),
+        ("fixed-rows-8+fixed-rows-8", "names a patch twice"),
+    ],
+)
+def test_parse_patches_refuses(text, message):
+    with pytest.raises(ValueError, match=message):
+        gate.parse_patches(text)
+
+
+def test_every_numerics_patch_of_the_registry_is_known():
+    from elpis.exl3.patches import load_registry
+
+    assert {p.id for p in load_registry()} <= set(gate.PATCHES)
+    assert set(gate.ELPIS_DEFAULTS) <= set(gate.PATCHES)
+
+
+def test_configuration_options_and_spec():
+    full = gate.configuration_options({})
+    assert full == {"patches": "none", "rows": "8"}
+    assert Spec("exl3", full).text == "exl3:patches=none,rows=8"
+    full = gate.configuration_options({"patches": "fixed-rows-8+gdn-state-fp32", "rows": "16"})
+    assert Spec("exl3", full).text == "exl3:patches=fixed-rows-8+gdn-state-fp32,rows=16"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"patches": "gdn-state-fp32+fixed-rows-8"}, "write patches=fixed-rows-8\\+gdn-state-fp32"),
+        ({"patches": "elpis"}, "write patches=fixed-rows-8\\+gdn-state-fp32"),
+        ({"patches": "nope"}, "unknown patch"),
+        ({"rows": "0"}, "rows must be an integer 1..16"),
+        ({"rows": "17"}, "rows must be an integer 1..16"),
+        ({"rows": "eight"}, "rows must be an integer"),
+        ({"dtype": "fp64"}, "unknown exl3 option"),
+    ],
+)
+def test_configuration_options_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        gate.configuration_options(options)
+
+
+def test_op_options_and_spec():
+    chosen = gate.op_options({})
+    assert chosen.patches == tuple(sorted(gate.PATCHES))
+    assert (chosen.tokens, chosen.layers) == (gate.DEFAULT_TOKENS, 2)
+    assert chosen.spec == (
+        "exl3-ops:layers=2,patches=exl3-int8-gemv-off+fixed-rows-8+gdn-state-fp32,tokens=1280"
+    )
+    assert gate.op_options({"patches": "none", "tokens": "512"}).spec == (
+        "exl3-ops:layers=2,patches=none,tokens=512"
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"tokens": "8"}, "tokens must be an integer 32..16384"),
+        ({"layers": "0"}, "layers must be an integer 1..64"),
+        ({"patches": "x"}, "unknown patch"),
+        ({"rows": "8"}, "unknown exl3 op option"),
+    ],
+)
+def test_op_options_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        gate.op_options(options)
+
+
+# --- refusals without a GPU ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def _write_tokenizer(directory: Path, tokens: int) -> None:
+    """A word-level tokenizer.json with `tokens` ids."""
+    from tokenizers import Tokenizer, models
+
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(tokens)}, unk_token="t0"))
+    tokenizer.save(str(directory / "tokenizer.json"))
+
+
+def _model_dir(directory: Path, vocab: int, tokens: int) -> Path:
+    """A directory with a config.json of `vocab` logits and a `tokens`-id tokenizer.json."""
+    directory.mkdir(parents=True, exist_ok=True)
+    _write_tokenizer(directory, tokens)
+    (directory / "config.json").write_text(json.dumps({"vocab_size": vocab, "hidden_size": 64}))
+    return directory
+
+
+def test_gate_ops_refuse_without_cuda(no_cuda, tmp_path):
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        gate.gate_ops(_model_dir(tmp_path, 100, 100), {})
+
+
+def test_configuration_refuses_without_cuda(no_cuda, tmp_path):
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        make_configuration("exl3:patches=none", _model_dir(tmp_path, 100, 100))
+
+
+def test_options_are_checked_before_the_gpu(no_cuda, tmp_path):
+    with pytest.raises(ValueError, match="unknown patch"):
+        gate.gate_ops(tmp_path, {"patches": "bogus"})
+    with pytest.raises(ValueError, match="unknown exl3 option"):
+        gate.configuration(tmp_path, {"bits": "4"})
+
+
+def test_gate_ops_need_a_model_directory(tmp_path):
+    with pytest.raises(ValueError, match="need --model"):
+        gate.gate_ops(None, {})
+    with pytest.raises(ValueError, match=r"no config\.json"):
+        gate.gate_ops(tmp_path, {})
+
+
+def _gate(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    gate_cli.add_arguments(parser)
+    return gate_cli.run(parser.parse_args(argv))
+
+
+def test_cli_reports_missing_gpu(no_cuda, tmp_path, capsys):
+    model = _model_dir(tmp_path / "m", 100, 100)
+    assert _gate(["op", "--backend", "exl3", "--model", str(model), "--out", str(tmp_path / "o.json")]) == 2
+    err = capsys.readouterr().err
+    assert "needs a CUDA GPU" in err and "Traceback" not in err
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_vocabulary_check(tmp_path):
+    assert gate._check_vocabulary(_model_dir(tmp_path / "fits", 128, 100)) == 100
+    with pytest.raises(ValueError, match="its tokenizer has 200 ids, the model's logits are 128 wide"):
+        gate._check_vocabulary(_model_dir(tmp_path / "wide", 128, 200))
+
+
+# --- the fp64 evaluations, against independent formulations ------------------------------------------------
+
+
+def _sylvester(n: int) -> torch.Tensor:
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / math.sqrt(n)
+
+
+def test_exact_weight_is_the_dense_product():
+    gen = torch.Generator().manual_seed(0)
+    k, n, size = 256, 384, 128
+    decoded = torch.randn(k, n, generator=gen).half()
+    suh = (torch.randint(0, 2, (k,), generator=gen) * 2 - 1).half()
+    svh = (torch.randn(n, generator=gen) * 0.05).half()
+    had = _sylvester(size)
+    w = gate.exact_weight(decoded, suh, svh, had)
+    left = torch.block_diag(*[had] * (k // size))
+    right = torch.block_diag(*[had] * (n // size))
+    dense = torch.diag(suh.double()) @ left @ decoded.double() @ right @ torch.diag(svh.double())
+    assert w.dtype == torch.float64
+    torch.testing.assert_close(w, dense, rtol=1e-12, atol=1e-12)
+    # the input side: y = had(x * suh) @ decoded, then had, then * svh (what the kernels compute)
+    x = torch.randn(3, k, generator=gen, dtype=torch.float64)
+    y = (((x * suh.double()) @ left) @ decoded.double() @ right) * svh.double()
+    torch.testing.assert_close(x @ w, y, rtol=1e-10, atol=1e-10)
+
+
+def test_exact_attention_matches_a_loop():
+    gen = torch.Generator().manual_seed(1)
+    context, count, heads, kv_heads, dim = 5, 3, 6, 2, 16
+    q = torch.randn(1, count, heads, dim, generator=gen).half()
+    keys = torch.randn(context + count, kv_heads, dim, generator=gen).half()
+    values = torch.randn(context + count, kv_heads, dim, generator=gen).half()
+    scale = 0.3
+    out = gate.exact_attention(q, keys, values, context, scale)
+    assert out.shape == (1, count, heads, dim) and out.dtype == torch.float64
+    group = heads // kv_heads
+    for r in range(count):
+        for h in range(heads):
+            visible = context + r + 1
+            s = keys[:visible, h // group].double() @ q[0, r, h].double() * scale
+            expect = torch.softmax(s, 0) @ values[:visible, h // group].double()
+            torch.testing.assert_close(out[0, r, h], expect, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="cached positions"):
+        gate.exact_attention(q, keys[:-1], values[:-1], context, scale)
+
+
+def test_exact_rmsnorm():
+    gen = torch.Generator().manual_seed(2)
+    x, r = torch.randn(2, 4, 32, generator=gen), torch.randn(2, 4, 32, generator=gen)
+    w = torch.randn(32, generator=gen).to(torch.bfloat16)
+    y = gate.exact_rmsnorm(x, r, w, 1e-6, 1.0, 1.0)
+    h = x.double() + r.double()
+    expect = h / torch.sqrt((h * h).mean(-1, keepdim=True) + 1e-6) * (w.double() + 1.0)
+    torch.testing.assert_close(y, expect, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        gate.exact_rmsnorm(x, None, w, 1e-5, 2.0, 0.0),
+        x.double() / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True) + 1e-5) * 2.0 * w.double(),
+    )
+
+
+def _deltanet_call(steps: int, nk: int = 2, nv: int = 4, dk: int = 8, dv: int = 8) -> dict:
+    gen = torch.Generator().manual_seed(3)
+    return {
+        "mixed_qkv": torch.randn(1, steps, 2 * nk * dk + nv * dv, generator=gen).to(torch.bfloat16),
+        "g": -torch.rand(1, steps, nv, generator=gen),
+        "beta": torch.rand(1, steps, nv, generator=gen).to(torch.bfloat16),
+        "num_k_heads": nk,
+        "num_v_heads": nv,
+        "k_dim": nk * dk,
+        "v_dim": nv * dv,
+        "k_head_dim": dk,
+        "v_head_dim": dv,
+    }
+
+
+def test_exact_delta_rule_is_the_gated_delta_rule():
+    """Against a direct statement of the rule: per v head h (k head h // 2), q and k L2-normalised, q
+    scaled by dk^-1/2; S <- exp(g) S; S <- S + k (beta (v - S^T k))^T; o = S^T q."""
+    steps, nk, nv, dk, dv = 12, 2, 4, 8, 8
+    call = _deltanet_call(steps, nk, nv, dk, dv)
+    x = call["mixed_qkv"][0].double()
+    state = torch.zeros(nv, dk, dv, dtype=torch.float64)
+    outputs, states = [], [state.clone()]
+    for t in range(steps):
+        out_t = []
+        for h in range(nv):
+            kh = h // (nv // nk)
+            q = x[t, kh * dk : (kh + 1) * dk]
+            k = x[t, nk * dk + kh * dk : nk * dk + (kh + 1) * dk]
+            v = x[t, 2 * nk * dk + h * dv : 2 * nk * dk + (h + 1) * dv]
+            q = q / torch.sqrt((q * q).sum() + 1e-6) / math.sqrt(dk)
+            k = k / torch.sqrt((k * k).sum() + 1e-6)
+            s = state[h] * math.exp(float(call["g"][0, t, h]))
+            s = s + torch.outer(k, float(call["beta"][0, t, h]) * (v - s.T @ k))
+            state[h] = s
+            out_t.append(s.T @ q)
+        outputs.append(torch.stack(out_t))
+        states.append(state.clone())
+    expect = torch.stack(outputs)
+    exact = gate.ExactDeltaRule(call)
+    # cells in any order give the same windows and states as one pass
+    for context, count in [(8, 4), (0, 3), (5, 2), (3, 9)]:
+        out, final = exact.window(context, count)
+        torch.testing.assert_close(out, expect[context : context + count], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(final, states[context + count], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(exact.state(5), states[5], rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="were recorded"):
+        exact.state(steps + 1)
+
+
+def test_rows_and_padding():
+    x = torch.arange(10.0).reshape(1, 5, 2)
+    torch.testing.assert_close(gate._rows(x, 1, 2, "t"), x[:, 1:3])
+    with pytest.raises(ValueError, match="raise the tokens option"):
+        gate._rows(x, 4, 2, "t")
+    padded = gate._padded(x[:, :3], 8)
+    assert padded.shape == (1, 8, 2)
+    torch.testing.assert_close(padded[:, :3], x[:, :3])
+    torch.testing.assert_close(padded[:, 3:], x[:, 2:3].expand(1, 5, 2))
+    assert gate._padded(x, 4) is x
+
+
+# --- GPU ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> Path:
+    given = os.environ.get("ELPIS_SMALL_DIR")
+    if given:
+        return Path(given)
+    from elpis.exl3.synth import write_small
+
+    out = tmp_path_factory.mktemp("synth") / "small"
+    write_small(out, seed=0)
+    return out
+
+
+@pytest.mark.gpu
+def test_gate_op_on_the_small_model(small, tmp_path, capsys):
+    out = tmp_path / "op.json"
+    argv = ["op", "--backend", "exl3", "--model", str(small / "target"), "--option", "tokens=384"]
+    argv += ["--contexts", "256", "--rows", "1,2,64", "--out", str(out)]
+    assert _gate(argv) == 0, capsys.readouterr().err
+    assert "left out" not in capsys.readouterr().err
+    record = json.loads(out.read_text())
+    assert record["backend"] == "exl3" and record["format"] == "elpis-gate-op/1"
+    assert {c["op"] for c in record["cells"]} == set(gate.OP_NAMES)
+    for cell in record["cells"]:
+        assert (cell["context"], cell["samples"] > 0) == (256, True)
+        for name, stats in cell["impls"].items():
+            assert all(math.isfinite(stats[k]) for k in ("mean", "p99", "max")), (cell["op"], name)
+            assert stats["count"] > 0
+        # O(1) errors would mean the fp64 evaluation computes other math than the kernels
+        assert cell["impls"]["stock"]["max"] < 0.25, cell
+    assert set(record["bar"]) == set(gate.PATCHES)
+    for name, bar in record["bar"].items():
+        assert bar["cells"] > 0 and isinstance(bar["pass"], bool), name
+    # a candidate that cannot change a cell's arithmetic equals stock there
+    for cell in record["cells"]:
+        if cell["op"] == "linear" and cell["rows"] == 64:
+            assert cell["impls"]["fixed-rows-8"] == cell["impls"]["stock"]
+            assert cell["impls"]["exl3-int8-gemv-off"] == cell["impls"]["stock"]
+
+
+@pytest.mark.gpu
+def test_configuration_refuses_a_tokenizer_wider_than_the_model(small):
+    # the synthetic target carries the full Qwen tokenizer over a 32K vocabulary
+    with pytest.raises(ValueError, match="its tokenizer has"):
+        make_configuration("exl3:patches=none", small / "target")
+
+
+@pytest.mark.gpu
+def test_configuration_teacher_forces_and_decodes(small, tmp_path):
+    """The served backend as a configuration (elpis patches), on a copy of the small target whose
+    tokenizer fits its vocabulary."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in (small / "target").iterdir():
+        if f.name not in ("tokenizer.json", "tokenizer_config.json"):
+            (model / f.name).symlink_to(f)
+    _write_tokenizer(model, 1000)
+    made = make_configuration("exl3:patches=fixed-rows-8+gdn-state-fp32,rows=8", model)
+    assert made.spec == "exl3:patches=fixed-rows-8+gdn-state-fp32,rows=8"
+    assert made.vocab_size == 1000
+    tokens = list(range(3, 40))
+    logits = made.teacher_forced(tokens)
+    assert logits.shape == (len(tokens) - 1, 1000) and bool(torch.isfinite(logits).all())
+    assert len(made.greedy(tokens[:10], 5)) == 5
