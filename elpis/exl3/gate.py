@@ -34,7 +34,8 @@ touches an op is a candidate named by its id. `context` is where the rows start 
                 ExLlamaV3 dequantises them. Candidate: fixed-rows-8. Rows <= 16 run the eager Triton decode
                 kernels; the served verify launches the same kernels inside ExLlamaV3's graph-captured block.
 
-An op whose operands cannot be recorded, or whose first cell fails, is left out with the reason on stderr.
+An op whose operands cannot be recorded, or which fails in any cell of its grid, is left out with the reason
+on stderr (a measurement never holds an op that could not run in every cell of its default grid).
 
 Configurations (`configuration`, spec `exl3:patches=...,rows=N`): the served backend
 (`elpis.exl3.load_backend`, no draft, no prefix reuse) under the named patches; teacher forcing runs verify
@@ -437,18 +438,32 @@ def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([x, pad], dim=1).contiguous()
 
 
-def _probe(op: GateOp) -> str | None:
-    """Run the op's first cell once (stock, fp64, candidates); the reason it cannot be measured, or None."""
-    try:
-        operands = next(iter(op.inputs(op.contexts[0], op.rows[0])))
-        exact = op.exact(operands)
-        for impl in (op.stock, *op.candidates.values()):
-            out = impl(operands)
-            if out.shape != exact.shape:
-                return f"output shape {tuple(out.shape)} differs from the fp64 shape {tuple(exact.shape)}"
+def fitted_grid(
+    contexts: tuple[int, ...], rows: tuple[int, ...], tokens: int
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The default grid cut to what `tokens` recorded tokens hold (every context + rows <= tokens)."""
+    fit_rows = tuple(r for r in rows if min(contexts) + r <= tokens)
+    if not fit_rows:
         return None
-    except Exception as exc:  # any failure leaves the op out, with its reason printed
-        return f"{type(exc).__name__}: {exc}"
+    fit_contexts = tuple(c for c in contexts if c + max(fit_rows) <= tokens)
+    return fit_contexts, fit_rows
+
+
+def _probe(op: GateOp) -> str | None:
+    """Run every cell of the op's grid once on its first operand set (stock, fp64, candidates): the reason
+    the op cannot be measured, or None. One GPU run must not lose every op to one kernel path's failure."""
+    for context in op.contexts:
+        for rows in op.rows:
+            try:
+                operands = next(iter(op.inputs(context, rows)))
+                exact = op.exact(operands)
+                for impl in (op.stock, *op.candidates.values()):
+                    out = impl(operands)
+                    if out.shape != exact.shape:
+                        return f"output {tuple(out.shape)} differs from the fp64 shape {tuple(exact.shape)}"
+            except Exception as exc:  # any failure leaves the op out, with its reason printed
+                return f"context {context} rows {rows}: {type(exc).__name__}: {exc}"
+    return None
 
 
 # --- linear and head ---------------------------------------------------------------------------------------
@@ -935,14 +950,19 @@ def gate_ops(model: Path | None, options: dict[str, str]) -> list[GateOp]:
     )
     kept = []
     for op in ops:
+        grid = fitted_grid(op.contexts, op.rows, tokens)
+        if grid is None:
+            print(
+                f"exl3 gate: op {op.name} left out: its grid needs more than {tokens} tokens", file=sys.stderr
+            )
+            continue
+        op = GateOp(
+            op.name, f"{op.description} [operands: {source}; {chosen.spec}]", op.stock, op.exact, op.inputs,
+            grid[0], grid[1], op.candidates,
+        )  # fmt: skip
         reason = _probe(op)
         if reason is None:
-            kept.append(
-                GateOp(
-                    op.name, f"{op.description} [operands: {source}; {chosen.spec}]", op.stock, op.exact,
-                    op.inputs, op.contexts, op.rows, op.candidates,
-                )
-            )  # fmt: skip
+            kept.append(op)
         else:
             print(f"exl3 gate: op {op.name} left out: {reason}", file=sys.stderr)
     for name in sorted(set(OP_NAMES) - {op.name for op in ops}):

@@ -300,6 +300,13 @@ def test_exact_delta_rule_is_the_gated_delta_rule():
         exact.state(steps + 1)
 
 
+def test_fitted_grid():
+    assert gate.fitted_grid((256, 1024), (1, 4, 256), 1280) == ((256, 1024), (1, 4, 256))
+    assert gate.fitted_grid((256, 1024), (1, 4, 256), 384) == ((256,), (1, 4))
+    assert gate.fitted_grid((0,), (1, 1024), 512) == ((0,), (1,))
+    assert gate.fitted_grid((1024,), (1,), 512) is None
+
+
 def test_rows_and_padding():
     x = torch.arange(10.0).reshape(1, 5, 2)
     torch.testing.assert_close(gate._rows(x, 1, 2, "t"), x[:, 1:3])
