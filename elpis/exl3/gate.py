@@ -351,7 +351,8 @@ def record(engine: Any, ids: list[int], layers: int, hidden: int) -> Recorded:
     linear_forward, norm_forward = Linear.forward, RMSNorm.forward
 
     def on_linear(self, x, params, out_dtype=None):
-        if isinstance(self.inner, LinearEXL3) and self.key not in seen:
+        # fp16 inputs only: the kernels read fp16, so the fp64 evaluation sees exactly their operand
+        if isinstance(self.inner, LinearEXL3) and x.dtype == torch.half and self.key not in seen:
             seen.add(self.key)
             entry = (self, _clone(x), out_dtype)
             if self.key == "lm_head":
@@ -370,10 +371,10 @@ def record(engine: Any, ids: list[int], layers: int, hidden: int) -> Recorded:
             rec.norms.append((self, _clone(x), _clone(residual_in), out_dtype))
         return norm_forward(self, x, params, out_dtype, residual=residual, residual_in=residual_in)
 
-    def on_delta_rule(**kwargs):
-        if len(rec.deltanet) < layers and not kwargs.get("channelwise_g", False):
+    def on_delta_rule(*args, **kwargs):
+        if not args and len(rec.deltanet) < layers and not kwargs.get("channelwise_g", False):
             rec.deltanet.append({k: _clone(v) for k, v in kwargs.items() if k != "params"})
-        return gated_delta_rule_fn(**kwargs)
+        return gated_delta_rule_fn(*args, **kwargs)
 
     def on_attention(*args, **kwargs):
         cache = kwargs.get("cache")
