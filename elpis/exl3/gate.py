@@ -46,6 +46,7 @@ configuration naming it (or not) must match the process (`ELPIS_PATCH_INT8_GEMV_
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import math
 import os
 import sys
@@ -175,10 +176,9 @@ def require_gpu() -> None:
     """A clear refusal (ValueError, so `elpis gate` reports it and exits 2) where ExLlamaV3 cannot run."""
     if not torch.cuda.is_available():
         raise ValueError("the exl3 gate provider needs a CUDA GPU (on CPU use --backend reference)")
-    try:
-        import exllamav3  # noqa: F401
-    except ImportError as exc:
-        raise ValueError(f"the exl3 gate provider needs exllamav3 (the gpu extra): {exc}") from exc
+    # found, not imported: environment patches must be applied before exllamav3 is imported
+    if importlib.util.find_spec("exllamav3") is None:
+        raise ValueError("the exl3 gate provider needs exllamav3 (the gpu extra), which is not installed")
 
 
 def _model_dir(model: Path | None) -> Path:

@@ -11,6 +11,7 @@ GPU (`-m gpu`, small synthetic checkpoint; ELPIS_SMALL_DIR may name an `elpis sy
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -146,6 +147,14 @@ def _model_dir(directory: Path, vocab: int, tokens: int) -> Path:
 def test_gate_ops_refuse_without_cuda(no_cuda, tmp_path):
     with pytest.raises(ValueError, match="needs a CUDA GPU"):
         gate.gate_ops(_model_dir(tmp_path, 100, 100), {})
+
+
+def test_refuses_without_exllamav3(monkeypatch):
+    if importlib.util.find_spec("exllamav3") is not None:
+        pytest.skip("exllamav3 is installed on this machine")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match="needs exllamav3"):
+        gate.require_gpu()
 
 
 def test_configuration_refuses_without_cuda(no_cuda, tmp_path):
