@@ -504,7 +504,12 @@ class ExactWeights:
 
 def _linear_ops(rec: Recorded, names: Sequence[str], contexts: tuple[int, ...]) -> list[GateOp]:
     weights = ExactWeights()
-    switch = Int8GemvSwitch() if INT8_PATCH in names else None
+    switch = None
+    if INT8_PATCH in names:
+        try:
+            switch = Int8GemvSwitch()
+        except (ValueError, OSError) as exc:  # the other ops and candidates can still be measured
+            print(f"exl3 gate: candidate {INT8_PATCH} left out: {exc}", file=sys.stderr)
 
     def forward(o: OpInputs, rows: int | None = None) -> torch.Tensor:
         linear, x = o.params["linear"], o.tensors["x"]
@@ -534,7 +539,7 @@ def _linear_ops(rec: Recorded, names: Sequence[str], contexts: tuple[int, ...]) 
     def candidates(as_logits: bool) -> dict[str, Callable[[OpInputs], torch.Tensor]]:
         wrap = (lambda f: lambda o: f(o).float()) if as_logits else (lambda f: f)
         found: dict[str, Callable[[OpInputs], torch.Tensor]] = {}
-        if INT8_PATCH in names:
+        if switch is not None:
             found[INT8_PATCH] = wrap(int8_off)
         if "fixed-rows-8" in names:
             found["fixed-rows-8"] = wrap(lambda o: forward(o, FIXED_ROWS))
