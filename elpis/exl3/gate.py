@@ -271,10 +271,12 @@ class Int8GemvSwitch:
 
     FLAG = "_exl3_gemv_int8_mode_chk"
 
-    def __init__(self) -> None:
-        from exllamav3.ext import exllamav3_ext
+    def __init__(self, library_path: str | None = None) -> None:
+        if library_path is None:  # the extension this process has loaded
+            from exllamav3.ext import exllamav3_ext
 
-        library = ctypes.CDLL(exllamav3_ext.__file__)
+            library_path = exllamav3_ext.__file__
+        library = ctypes.CDLL(library_path)
         try:
             self.checked = ctypes.c_bool.in_dll(library, self.FLAG)
         except ValueError as exc:

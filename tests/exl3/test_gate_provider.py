@@ -316,6 +316,51 @@ def test_fitted_grid():
     assert gate.fitted_grid((1024,), (1,), 512) is None
 
 
+def _library(tmp_path: Path, source: str) -> str:
+    import shutil
+    import subprocess
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    (tmp_path / "lib.c").write_text(source)
+    out = tmp_path / "lib.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(out), str(tmp_path / "lib.c")], check=True)
+    return str(out)
+
+
+def test_int8_switch_rereads_the_setting(tmp_path, monkeypatch):
+    """The switch works on the extension's exported flag: inside `off()` the setting reads 0 and the flag
+    is cleared (the next GEMM reads it again); afterwards the previous setting is back, the flag cleared."""
+    import ctypes
+
+    path = _library(
+        tmp_path,
+        "#include <stdbool.h>\n#include <stdlib.h>\nbool _exl3_gemv_int8_mode_chk = true;\n"
+        'int mode(void) { const char* e = getenv("EXL3_INT8_GEMV"); '
+        "_exl3_gemv_int8_mode_chk = true; return e ? atoi(e) : 2; }\n",
+    )
+    monkeypatch.delenv("EXL3_INT8_GEMV", raising=False)
+    switch = gate.Int8GemvSwitch(path)
+    mode = ctypes.CDLL(path).mode
+    assert switch.was_read() and mode() == 2
+    with switch.off():
+        assert not switch.was_read()
+        assert mode() == 0 and switch.was_read()
+    assert not switch.was_read() and "EXL3_INT8_GEMV" not in os.environ
+    assert mode() == 2
+    monkeypatch.setenv("EXL3_INT8_GEMV", "1")
+    with switch.off():
+        assert mode() == 0
+    assert os.environ["EXL3_INT8_GEMV"] == "1" and mode() == 1
+
+
+def test_int8_switch_refuses_a_library_without_the_flag(tmp_path):
+    path = _library(tmp_path, "int unrelated = 1;\n")
+    with pytest.raises(ValueError, match="does not export _exl3_gemv_int8_mode_chk"):
+        gate.Int8GemvSwitch(path)
+
+
 def test_rows_and_padding():
     x = torch.arange(10.0).reshape(1, 5, 2)
     torch.testing.assert_close(gate._rows(x, 1, 2, "t"), x[:, 1:3])
