@@ -71,8 +71,8 @@ INT8_PATCH = "exl3-int8-gemv-off"
 FIXED_ROWS = 8
 MAX_VERIFY_ROWS = 16
 
-LINEAR_ROWS = (1, 2, 3, 4, 8, 16, 256, 1024)
-HEAD_ROWS = (1, 2, 8, 16, 256)
+LINEAR_ROWS = (*range(1, 17), 256, 1024)  # every verify size; prefill sizes (1024+: fused reconstruct)
+HEAD_ROWS = (1, 2, 4, 8, 16, 256)
 NORM_ROWS = (1, 8, 256)
 GDN_STEP_ROWS = (1, 2, 4, 8, 16)
 GDN_CHUNK_ROWS = (64, 256)
