@@ -317,21 +317,24 @@ class Recorded:
     source: str = ""
 
 
-def _sequence(model_dir: Path, tokens: int, vocab: int) -> tuple[list[int], str]:
-    """WikiText-2 through the model's tokenizer, or fixed pseudo-random ids if those would not fit."""
+def _sequence(model_dir: Path, config: dict[str, Any], tokens: int) -> tuple[list[int], str]:
+    """WikiText-2 through the model's tokenizer, or fixed pseudo-random ids for a synthetic checkpoint or
+    where the tokenizer's ids would not fit the vocabulary."""
+    from elpis.bench.workload import prompt
     from elpis.gate.corpus import wikitext_chunks
     from elpis.text import load_tokenizer
 
+    vocab = int(config["vocab_size"])
+    if config.get("synthetic"):  # random weights: text means nothing to them
+        return prompt(tokens, 0, vocab), "pseudo-random ids (seed 0; synthetic checkpoint)"
     try:
         tokenizer = load_tokenizer(model_dir)
         ids = wikitext_chunks(lambda text: tokenizer.encode(text, special=False), 1, tokens)[0]
-        if max(ids) < vocab:
-            return ids, "WikiText-2"
-    except (ValueError, FileNotFoundError, OSError):
-        pass
-    from elpis.bench.workload import prompt
-
-    return prompt(tokens, 0, vocab), "pseudo-random ids (seed 0; the tokenizer's ids exceed the vocabulary)"
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        raise ValueError(f"{model_dir}: cannot tokenize WikiText-2 for the operands: {exc}") from exc
+    if max(ids) >= vocab:
+        return prompt(tokens, 0, vocab), "pseudo-random ids (seed 0; the tokenizer's ids exceed the model's)"
+    return ids, "WikiText-2"
 
 
 def _clone(x: Any) -> Any:
@@ -939,6 +942,7 @@ def gate_ops(model: Path | None, options: dict[str, str]) -> list[GateOp]:
 
     config = read_config(model_dir)
     tokens = chosen.tokens
+    ids, source = _sequence(model_dir, config, tokens)  # before loading: a bad tokenizer fails fast
     engine = load_engine(
         model_dir,
         None,
@@ -947,7 +951,6 @@ def gate_ops(model: Path | None, options: dict[str, str]) -> list[GateOp]:
         progress=False,
         recurrent_dtype=torch.float,
     )
-    ids, source = _sequence(model_dir, tokens, int(config["vocab_size"]))
     rec = record(engine, ids, chosen.layers, int(config["hidden_size"]))
     contexts = (0,)
     ops = (

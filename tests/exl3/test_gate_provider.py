@@ -190,6 +190,27 @@ def test_cli_reports_missing_gpu(no_cuda, tmp_path, capsys):
     assert not (tmp_path / "o.json").exists()
 
 
+def test_operand_sequence(tmp_path):
+    from tokenizers import Tokenizer, models
+
+    ids, source = gate._sequence(tmp_path, {"vocab_size": 500, "synthetic": True}, 64)
+    assert len(ids) == 64 and max(ids) < 500 and "synthetic" in source
+    assert gate._sequence(tmp_path, {"vocab_size": 500, "synthetic": True}, 64)[0] == ids  # fixed
+    # a word-level tokenizer: every WikiText-2 line is one unknown word, id 7 (fits) or 150 (does not)
+    for unk, vocab, expect in ((7, 100, "WikiText-2"), (150, 100, "exceed")):
+        model = tmp_path / f"unk{unk}"
+        model.mkdir()
+        Tokenizer(models.WordLevel({"a": 0, "<unk>": unk}, unk_token="<unk>")).save(
+            str(model / "tokenizer.json")
+        )
+        ids, source = gate._sequence(model, {"vocab_size": vocab}, 64)
+        assert len(ids) == 64 and expect in source and max(ids) < vocab
+        if expect == "WikiText-2":
+            assert set(ids) == {7}
+    with pytest.raises(ValueError, match="cannot tokenize WikiText-2"):
+        gate._sequence(tmp_path / "missing", {"vocab_size": 100}, 64)
+
+
 def test_vocabulary_check(tmp_path):
     assert gate._check_vocabulary(_model_dir(tmp_path / "fits", 128, 100)) == 100
     with pytest.raises(ValueError, match="its tokenizer has 200 ids, the model's logits are 128 wide"):
