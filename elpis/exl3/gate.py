@@ -34,8 +34,8 @@ touches an op is a candidate named by its id. `context` is where the rows start 
                 ExLlamaV3 dequantises them. Candidate: fixed-rows-8. Rows <= 16 run the eager Triton decode
                 kernels; the served verify launches the same kernels inside ExLlamaV3's graph-captured block.
 
-An op whose operands cannot be recorded, or which fails in any cell of its grid, is left out with the reason
-on stderr (a measurement never holds an op that could not run in every cell of its default grid).
+An op whose operands cannot be recorded, or whose stock or fp64 evaluation fails in any cell of its default
+grid, is left out with the reason on stderr; a candidate that fails in any cell is left out the same way.
 
 Configurations (`configuration`, spec `exl3:patches=...,rows=N`): the served backend
 (`elpis.exl3.load_backend`, no draft, no prefix reuse) under the named patches; teacher forcing runs verify
@@ -455,21 +455,37 @@ def fitted_grid(
     return fit_contexts, fit_rows
 
 
-def _probe(op: GateOp) -> str | None:
-    """Run every cell of the op's grid once on its first operand set (stock, fp64, candidates): the reason
-    the op cannot be measured, or None. One GPU run must not lose every op to one kernel path's failure."""
-    for context in op.contexts:
-        for rows in op.rows:
+def _probe(op: GateOp) -> tuple[GateOp | None, list[str]]:
+    """Run every cell of the op's grid once on its first operand set: stock and fp64 first (a failure
+    leaves the op out), then each candidate (a failure leaves that candidate out). Returns the op with the
+    candidates that ran everywhere (None if stock or fp64 failed) and the reasons for what was left out. One
+    GPU run must not lose every op to one kernel path's failure."""
+    cells = [(context, rows) for context in op.contexts for rows in op.rows]
+    failed: dict[str, str] = {}
+    for context, rows in cells:
+        try:
+            operands = next(iter(op.inputs(context, rows)))
+            exact = op.exact(operands)
+            impls = {"stock": op.stock, **{n: f for n, f in op.candidates.items() if n not in failed}}
+        except Exception as exc:  # any failure leaves the op out, with its reason printed
+            return None, [
+                f"op {op.name} left out: context {context} rows {rows}: {type(exc).__name__}: {exc}"
+            ]
+        for name, impl in impls.items():
             try:
-                operands = next(iter(op.inputs(context, rows)))
-                exact = op.exact(operands)
-                for impl in (op.stock, *op.candidates.values()):
-                    out = impl(operands)
-                    if out.shape != exact.shape:
-                        return f"output {tuple(out.shape)} differs from the fp64 shape {tuple(exact.shape)}"
-            except Exception as exc:  # any failure leaves the op out, with its reason printed
-                return f"context {context} rows {rows}: {type(exc).__name__}: {exc}"
-    return None
+                out = impl(operands)
+                if out.shape != exact.shape:
+                    raise ValueError(
+                        f"output {tuple(out.shape)} differs from the fp64 shape {tuple(exact.shape)}"
+                    )
+            except Exception as exc:
+                reason = f"context {context} rows {rows}: {type(exc).__name__}: {exc}"
+                if name == "stock":
+                    return None, [f"op {op.name} left out: {reason}"]
+                failed[name] = reason
+    kept = {n: f for n, f in op.candidates.items() if n not in failed}
+    notes = [f"candidate {n} of op {op.name} left out: {why}" for n, why in failed.items()]
+    return GateOp(op.name, op.description, op.stock, op.exact, op.inputs, op.contexts, op.rows, kept), notes
 
 
 # --- linear and head ---------------------------------------------------------------------------------------
@@ -971,11 +987,11 @@ def gate_ops(model: Path | None, options: dict[str, str]) -> list[GateOp]:
             op.name, f"{op.description} [operands: {source}; {chosen.spec}]", op.stock, op.exact, op.inputs,
             grid[0], grid[1], op.candidates,
         )  # fmt: skip
-        reason = _probe(op)
-        if reason is None:
-            kept.append(op)
-        else:
-            print(f"exl3 gate: op {op.name} left out: {reason}", file=sys.stderr)
+        probed, notes = _probe(op)
+        for note in notes:
+            print(f"exl3 gate: {note}", file=sys.stderr)
+        if probed is not None:
+            kept.append(probed)
     for name in sorted(set(OP_NAMES) - {op.name for op in ops}):
         print(f"exl3 gate: op {name} left out: no operands were recorded for it", file=sys.stderr)
     if not kept:

@@ -382,6 +382,37 @@ def test_int8_switch_refuses_a_library_without_the_flag(tmp_path):
         gate.Int8GemvSwitch(path)
 
 
+def _op(stock, candidates) -> gate.GateOp:
+    from elpis.gate.ops import OpInputs
+
+    def inputs(context, rows):
+        yield OpInputs({"x": torch.full((rows, 4), float(context + 1))}, label="only")
+
+    return gate.GateOp(
+        "toy", "toy op", stock, lambda o: o.tensors["x"].double() * 2, inputs, (0, 5), (1, 3), candidates
+    )
+
+
+def test_probe_leaves_out_what_fails():
+    def double(o):
+        return o.tensors["x"] * 2
+
+    def fails_on_three_rows(o):
+        if o.tensors["x"].shape[0] == 3:
+            raise RuntimeError("no kernel for 3 rows")
+        return double(o)
+
+    probed, notes = gate._probe(_op(double, {"good": double, "bad": fails_on_three_rows}))
+    assert probed is not None and set(probed.candidates) == {"good"}
+    assert notes == ["candidate bad of op toy left out: context 0 rows 3: RuntimeError: no kernel for 3 rows"]
+    probed, notes = gate._probe(_op(fails_on_three_rows, {"good": double}))
+    assert probed is None and notes == [
+        "op toy left out: context 0 rows 3: RuntimeError: no kernel for 3 rows"
+    ]
+    probed, notes = gate._probe(_op(double, {"wide": lambda o: torch.zeros(9)}))
+    assert set(probed.candidates) == set() and "differs from the fp64 shape" in notes[0]
+
+
 def test_rows_and_padding():
     x = torch.arange(10.0).reshape(1, 5, 2)
     torch.testing.assert_close(gate._rows(x, 1, 2, "t"), x[:, 1:3])
