@@ -442,16 +442,22 @@ def small(tmp_path_factory) -> Path:
 
 @pytest.mark.gpu
 def test_gate_op_on_the_small_model(small, tmp_path, capsys):
-    out = tmp_path / "op.json"
-    argv = ["op", "--backend", "exl3", "--model", str(small / "target"), "--option", "tokens=384"]
-    argv += ["--contexts", "256", "--rows", "1,2,64", "--out", str(out)]
+    """`elpis gate op --backend exl3`: every op measured, stock and every patch, errors recorded. With
+    ELPIS_GATE_OP_OUT set (the device script) the default grid is measured and written there, so the
+    committed measurement is the one these checks passed on; otherwise a small grid."""
+    given = os.environ.get("ELPIS_GATE_OP_OUT")
+    out = Path(given) if given else tmp_path / "op.json"
+    argv = ["op", "--backend", "exl3", "--model", str(small / "target"), "--option", "patches=all"]
+    argv += ["--out", str(out)]
+    if not given:
+        argv += ["--option", "tokens=384", "--contexts", "256", "--rows", "1,2,64"]
     assert _gate(argv) == 0, capsys.readouterr().err
     assert "left out" not in capsys.readouterr().err
     record = json.loads(out.read_text())
     assert record["backend"] == "exl3" and record["format"] == "elpis-gate-op/1"
     assert {c["op"] for c in record["cells"]} == set(gate.OP_NAMES)
     for cell in record["cells"]:
-        assert (cell["context"], cell["samples"] > 0) == (256, True)
+        assert cell["samples"] > 0
         for name, stats in cell["impls"].items():
             assert all(math.isfinite(stats[k]) for k in ("mean", "p99", "max")), (cell["op"], name)
             assert stats["count"] > 0
@@ -461,11 +467,18 @@ def test_gate_op_on_the_small_model(small, tmp_path, capsys):
     assert set(record["bar"]) == set(gate.PATCHES)
     for name, bar in record["bar"].items():
         assert bar["cells"] > 0 and isinstance(bar["pass"], bool), name
-    # a candidate that cannot change a cell's arithmetic equals stock there
+    # a candidate that cannot change a cell's arithmetic equals stock there (more than 8 rows: no padding;
+    # more than 2 rows: the int8 GEMV never runs)
+    checked = 0
     for cell in record["cells"]:
-        if cell["op"] == "linear" and cell["rows"] == 64:
+        if cell["op"] == "linear" and 16 < cell["rows"] <= 144:
             assert cell["impls"]["fixed-rows-8"] == cell["impls"]["stock"]
             assert cell["impls"]["exl3-int8-gemv-off"] == cell["impls"]["stock"]
+            checked += 1
+        if cell["op"] == "linear" and 8 < cell["rows"] <= 16:
+            assert cell["impls"]["fixed-rows-8"] == cell["impls"]["stock"]
+            checked += 1
+    assert checked
 
 
 @pytest.mark.gpu
