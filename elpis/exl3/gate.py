@@ -32,7 +32,8 @@ touches an op is a candidate named by its id. `context` is where the rows start 
   attention     attention of the rows over a paged fp16 K/V cache (`attn_dispatch`, which writes the rows'
   attention.cq3 K/V first), and over the 3-bit cache elpis serves with; fp64 over the cache contents as
                 ExLlamaV3 dequantises them. Candidate: fixed-rows-8. Rows <= 16 run the eager Triton decode
-                kernels; the served verify launches the same kernels inside ExLlamaV3's graph-captured block.
+                kernels; the served verify launches the same kernels inside ExLlamaV3's graph-captured block
+                (likewise its GDN block runs the same scan as gdn.step, reading the state's base row).
 
 An op whose operands cannot be recorded, or whose stock or fp64 evaluation fails in any cell of its default
 grid, is left out with the reason on stderr; a candidate that fails in any cell is left out the same way.
