@@ -3,7 +3,9 @@
 Shared by the build (which writes `identity.json`) and the loader (which recomputes and compares it).
 Sources are keyed by their path relative to the root they were read from: the Bend/proof/codegen/glue
 trees of the root being built (`bend/`, `proofs/`, `codegen/`, `ext/`), and the Python that generates,
-builds and admits the acceptor (`elpis/bend/`, `elpis/accept/`) from the running package.
+builds and admits the acceptor (`elpis/bend/`, `elpis/accept/`) from the running package. The CUDA build
+of the acceptor (`ext/*.cu`, `ext/*.cuh`, `elpis/accept/device.py`) is not read by this build: nvcc compiles
+it from the generated C, and `elpis.accept.device` checks it against the table on its own.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ KEYS = frozenset(
 )
 ROOT_SOURCE_DIRS = ("bend", "proofs", "codegen", "ext")
 PACKAGE_SOURCE_DIRS = ("bend", "accept")  # under the running elpis package
+NOT_READ_SUFFIXES = (".cu", ".cuh")  # CUDA sources in ext/ (elpis.nvcc builds them, not this build)
+NOT_READ_FILES = frozenset({"elpis/accept/device.py"})
 # Python distributions whose versions are recorded; those marked True must match at admission.
 DISTRIBUTIONS = {
     "cffi": True,
@@ -89,7 +93,11 @@ def source_files(root: Path) -> dict[str, Path]:
     for rel in PACKAGE_SOURCE_DIRS:
         for path in _files_under(PACKAGE_DIR, rel):
             files[path.relative_to(package_parent).as_posix()] = path
-    return files
+    return {
+        name: path
+        for name, path in files.items()
+        if name not in NOT_READ_FILES and not name.endswith(NOT_READ_SUFFIXES)
+    }
 
 
 def source_hashes(root: Path) -> dict[str, str]:
