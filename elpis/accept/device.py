@@ -147,14 +147,14 @@ class DeviceAcceptor:
             verify_build(generated_dir)
         elif not (generated_dir / identity.GENERATED_C).is_file():
             raise DeviceAcceptorError(f"{generated_dir} holds no {identity.GENERATED_C}")
-        kwargs: dict[str, Any] = {"include_dirs": (generated_dir,), "arch": arch or nvcc.device_arch()}
+        kwargs: dict[str, Any] = {"include_dirs": (generated_dir,), "arch": arch}
         if out_dir is not None:
             kwargs["out_dir"] = Path(out_dir)
         try:
-            path = nvcc.compile_shared(SOURCE, **kwargs)
+            lib = nvcc.load(SOURCE, **kwargs)  # `arch` None: the current GPU's
         except nvcc.NvccError as exc:
             raise DeviceAcceptorError(str(exc)) from exc
-        return cls(ctypes.CDLL(str(path)), generated_dir)
+        return cls(lib, generated_dir)
 
     # ---------------------------------------------------------------- GPU
     def _check_error(self, code: int, what: str) -> None:
