@@ -4,7 +4,9 @@ admit the result with the server's own loader, and only then move it into place.
 Fail closed: every step runs into a fresh staging directory next to the output; the first failing step
 stops the build with a BuildError naming its layer ("prove", "generate", "c-scan", "compile", "table",
 "identity", "admission"), and the previous build (if any) is left untouched. Admission later re-checks
-everything against the sources, so a stale previous build still cannot be served.
+everything against the sources, so a stale previous build still cannot be served. One step also writes the
+tree-verify attention schedule header into the root's `build/kernels/` (the CUDA include directory), only
+once a host build of it matches the Bend interpreter (a failure is a "generate" or "table" error).
 """
 
 from __future__ import annotations
@@ -172,6 +174,9 @@ def _build_into(
         certificates = _prove(root, advance)
         (staging / identity.CERTIFICATES).write_bytes(identity.canonical(certificates))
 
+    with steps.step("generate", "verify-attention schedule header (checked against the interpreter)"):
+        _schedule(root, root / "build" / "kernels", cc)
+
     with steps.step("generate", "generate C from the implementation modules"):
         generated = _generate(root, work / "generated")
         for name, path in generated.items():
@@ -252,6 +257,20 @@ def _prove(root: Path, advance: Callable[[int], None] | None = None) -> list[dic
     except TypeError as exc:
         raise BuildError("prove", f"certificates are not JSON-serialisable: {exc}") from exc
     return list(report.certificates)
+
+
+def _schedule(root: Path, kernels_dir: Path, cc: str) -> None:
+    """Compile bend/verify_schedule.bend (proved in the prove step) to build/kernels/verify_schedule.h; the
+    header is written only once a host build of it matches the Bend interpreter on the whole table."""
+    from elpis.bend import schedule
+    from elpis.bend.errors import BendError
+
+    try:
+        schedule.build(kernels_dir, root, cc)
+    except schedule.ScheduleMismatch as exc:
+        raise BuildError("table", f"schedule header: {exc}") from exc
+    except BendError as exc:
+        raise BuildError("generate", f"schedule header: {exc}") from exc
 
 
 def _generate(root: Path, out_dir: Path) -> dict[str, Path]:

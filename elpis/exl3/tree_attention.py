@@ -1,0 +1,184 @@
+"""Python entry to the tree-verify attention kernel (`patches/kernels/tree_attention.cu`).
+
+`tree_attention(q, k_cache, v_cache, block_table, ctx, depth, ancestors)` attends every tree row to the
+committed context plus exactly its ancestors and itself (depth and ancestor bitmasks from
+`elpis.accept.tree_masks`), over a paged fp16 cache, with the proved split schedule compiled into the
+kernel (build/kernels/verify_schedule.h, written by `make build`). A row's output is bit-identical to the
+same call for that row alone at context ctx + depth (plain decoding); see the kernel's header comment.
+
+The library is built by `elpis.nvcc.load` for the current GPU and called through ctypes with device
+pointers on the current stream. Inputs are validated here, with messages naming the bad argument.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from elpis.paths import BUILD_DIR, PATCHES_DIR
+
+if TYPE_CHECKING:
+    import torch
+
+SOURCE = PATCHES_DIR / "kernels" / "tree_attention.cu"
+HEAD_DIM = 256
+Q_HEADS = 24
+KV_HEADS = 4
+PAGE = 256
+MAX_ROWS = 16
+MAX_SPAN = 65535 * 512  # the kernel's grid (65535 splits of 512); the schedule laws hold up to 2^31
+DEFAULT_SCALE = 1.0 / math.sqrt(HEAD_DIM)
+
+
+@lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL:
+    from elpis import nvcc
+
+    header = BUILD_DIR / "kernels" / "verify_schedule.h"
+    if not header.is_file():
+        raise RuntimeError(f"tree attention schedule not built ({header} missing): run make build")
+    lib = nvcc.load(SOURCE)
+    u32, u64, vp = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p
+    lib.elpis_tree_attention.argtypes = [
+        vp,
+        vp,
+        vp,
+        vp,
+        vp,
+        vp,
+        u32,
+        u32,
+        u32,
+        ctypes.c_float,
+        vp,
+        vp,
+        vp,
+        u64,
+        vp,
+    ]
+    lib.elpis_tree_attention.restype = ctypes.c_int
+    lib.elpis_tree_attention_workspace_floats.argtypes = [u32, u32, u32]
+    lib.elpis_tree_attention_workspace_floats.restype = u64
+    lib.elpis_tree_attention_max_splits.argtypes = [u32, u32]
+    lib.elpis_tree_attention_max_splits.restype = u32
+    lib.elpis_tree_attention_split_size.argtypes = []
+    lib.elpis_tree_attention_split_size.restype = u32
+    return lib
+
+
+def split_size() -> int:
+    """Positions per split of the compiled schedule."""
+    return int(_library().elpis_tree_attention_split_size())
+
+
+def check_masks(depth: Sequence[int], ancestors: Sequence[int]) -> None:
+    """Refuse depth/ancestor lists that are not tree_masks output for a legal tree (row r's mask holds r and
+    rows below it only, and as many rows as depth + 1; row 0 is the root)."""
+    rows = len(depth)
+    if not 1 <= rows <= MAX_ROWS:
+        raise ValueError(f"tree attention takes 1..{MAX_ROWS} rows, got {rows}")
+    if len(ancestors) != rows:
+        raise ValueError(f"depth has {rows} rows but ancestors has {len(ancestors)}")
+    if depth[0] != 0 or ancestors[0] != 1:
+        raise ValueError(
+            f"row 0 must be the root (depth 0, ancestors 0b1), got depth {depth[0]}, "
+            f"ancestors {ancestors[0]:#x}"
+        )
+    for r, (d, a) in enumerate(zip(depth, ancestors, strict=True)):
+        if not (isinstance(d, int) and isinstance(a, int)):
+            raise ValueError(f"row {r}: depth and ancestors must be ints")
+        if not (a >> r) & 1 or a >> (r + 1) or a < 0:
+            raise ValueError(f"row {r}: ancestors {a:#x} must contain row {r} and only rows below it")
+        if bin(a).count("1") != d + 1:
+            raise ValueError(f"row {r}: depth {d} but {bin(a).count('1')} rows in its ancestor mask")
+
+
+def _check_tensor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int | None, ...]) -> None:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_cuda:
+        raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.dim() != len(shape) or any(w is not None and w != s for w, s in zip(shape, t.shape, strict=True)):
+        want = ", ".join("*" if w is None else str(w) for w in shape)
+        raise ValueError(f"{name} must have shape [{want}], got {list(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name} must be 16-byte aligned")
+
+
+def tree_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    ctx: int,
+    depth: Sequence[int],
+    ancestors: Sequence[int],
+    *,
+    scale: float = DEFAULT_SCALE,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention of R tree rows (q [R, 24, 256] fp16) over a paged fp16 cache [pages, 256, 4, 256].
+
+    `block_table` (int32 [n]) maps cache page i (slots 256i .. 256i+255) to a page of the caches; it must
+    cover slots 0 .. ctx+R-1. Committed positions are slots 0 .. ctx-1; tree row r's own K/V is at slot
+    ctx + r. `depth`/`ancestors`: `elpis.accept.tree_masks(parents)`. Returns fp16 [R, 24, 256] (and the
+    log-sum-exp fp32 [R, 24] of the scaled scores with `return_lse`).
+    """
+    import torch
+
+    rows = len(depth)
+    check_masks(depth, ancestors)
+    _check_tensor("q", q, torch.half, (rows, Q_HEADS, HEAD_DIM))
+    _check_tensor("k_cache", k_cache, torch.half, (None, PAGE, KV_HEADS, HEAD_DIM))
+    _check_tensor("v_cache", v_cache, torch.half, tuple(k_cache.shape))
+    if block_table.dim() == 2 and block_table.shape[0] == 1:
+        block_table = block_table[0]
+    _check_tensor("block_table", block_table, torch.int32, (None,))
+    if not (q.device == k_cache.device == v_cache.device == block_table.device):
+        raise ValueError("q, k_cache, v_cache and block_table must be on the same device")
+    if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 0 or ctx + rows > MAX_SPAN:
+        raise ValueError(f"ctx must be an int in 0..{MAX_SPAN - rows}, got {ctx!r}")
+    if block_table.shape[0] * PAGE < ctx + rows:
+        raise ValueError(
+            f"block_table covers {block_table.shape[0] * PAGE} slots; "
+            f"ctx {ctx} + {rows} rows need {ctx + rows}"
+        )
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite float, got {scale!r}")
+
+    lib = _library()
+    device = q.device
+    max_depth = max(depth)
+    masks = torch.tensor([*depth, *ancestors], dtype=torch.int32).to(device)
+    floats = int(lib.elpis_tree_attention_workspace_floats(rows, ctx, max_depth))
+    workspace = torch.empty(floats, dtype=torch.float32, device=device)
+    out = torch.empty((rows, Q_HEADS, HEAD_DIM), dtype=torch.half, device=device)
+    lse = torch.empty((rows, Q_HEADS), dtype=torch.float32, device=device) if return_lse else None
+    stream = torch.cuda.current_stream(device).cuda_stream
+    err = lib.elpis_tree_attention(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
+        masks.data_ptr(), masks.data_ptr() + 4 * rows, rows, ctx, max_depth, float(scale),
+        out.data_ptr(), lse.data_ptr() if lse is not None else None, workspace.data_ptr(), floats, stream,
+    )  # fmt: skip
+    if err != 0:
+        raise RuntimeError(f"tree attention kernel failed: CUDA error {err}")
+    return (out, lse) if lse is not None else out
+
+
+def install() -> None:
+    """The registry switch ELPIS_PATCH_TREE_ATTENTION (patches/registry.json, default off). The kernel is not
+    wired into the exl3 engine yet (tree verify needs GDN over the tree and the commit, issue 8 items 3-4),
+    so turning the switch on refuses instead of silently running the chain path."""
+    raise RuntimeError(
+        "patch tree-verify-attention: the tree attention kernel is not wired into the exl3 engine yet "
+        "(issue 8 items 3-4); unset ELPIS_PATCH_TREE_ATTENTION or set it to 0"
+    )

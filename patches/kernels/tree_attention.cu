@@ -1,0 +1,226 @@
+// Tree-verify attention with an ancestor mask, row-invariant by construction (issue 8, items 2 and 6).
+//
+// Geometry (Qwen3.8-27B full-attention layers): 24 query heads, 4 K/V heads (GQA groups of 6), head
+// dim 256; paged fp16 caches [pages, 256, 4, 256] addressed through a block table; up to 16 tree rows.
+// Row r (depth d(r), ancestor bitmask a(r) from tree_masks) attends to the absolute positions
+// 0 .. ctx+d(r): committed positions p < ctx from cache slot p, position ctx+e from slot ctx + (row of
+// its ancestor at depth e), where the engine wrote each tree row's K/V by row index.
+//
+// Which positions each block reduces, and how tree rows map to slots, is the proved schedule compiled
+// from bend/verify_schedule.bend (build/kernels/verify_schedule.h): splits at fixed multiples of
+// ELPIS_SCHED_SPLIT_SIZE over absolute positions. Every number a row's output depends on is computed
+// in an order fixed by absolute positions only:
+//   * score(p)  = warp-wide dot product: lane l sums dims 8l..8l+7 serially with fmaf, then a fixed
+//                 xor butterfly (16, 8, 4, 2, 1), times the scale;
+//   * per split: max (exact), p = expf(score - max), sum and P.V serially in ascending position order;
+//   * splits combined serially in ascending split order (fixed fmaf formula), fp32, then fp16 (rn).
+// So a row's output is bit-identical to the same kernel run for that row alone at context ctx+d(r)
+// (plain decoding), whatever the other rows, its row index or the tree's shape. Plain fp32 SIMT code,
+// no fast math, no atomics, no data-dependent reduction order.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "verify_schedule.h"
+
+namespace {
+
+constexpr uint32_t kHeadDim = 256;
+constexpr uint32_t kQHeads = 24;
+constexpr uint32_t kKvHeads = 4;
+constexpr uint32_t kGroup = kQHeads / kKvHeads;  // query heads per K/V head
+constexpr uint32_t kPage = 256;                  // cache positions per page
+constexpr uint32_t kSplit = ELPIS_SCHED_SPLIT_SIZE;
+constexpr uint32_t kThreads = 256;  // one thread per head dim in P.V and the combine
+constexpr uint32_t kWarps = kThreads / 32;
+constexpr uint32_t kMaxRows = ELPIS_SCHED_MAX_ROWS;
+constexpr uint32_t kFull = 0xffffffffu;
+constexpr uint32_t kMaxGridY = 65535;  // splits per call: contexts up to 65535 * kSplit positions
+
+static_assert(kThreads == kHeadDim, "P.V and the combine give each thread one head dim");
+static_assert(kHeadDim == 32 * 8, "QK gives each lane 8 dims");
+static_assert(kSplit % 32 == 0 && kSplit <= 2048, "split size must fit the shared score buffer");
+
+// Offset (in halves) of position `slot`, K/V head `h`, dim 0 in a paged cache.
+__device__ __forceinline__ size_t cache_offset(const int32_t* block_table, uint32_t slot, uint32_t h) {
+    const size_t page = static_cast<size_t>(block_table[slot / kPage]);
+    return ((page * kPage + slot % kPage) * kKvHeads + h) * kHeadDim;
+}
+
+__device__ __forceinline__ void load8(const __half* src, float out[8]) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(src));
+    const __half2* h2 = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 f = __half22float2(h2[i]);
+        out[2 * i] = f.x;
+        out[2 * i + 1] = f.y;
+    }
+}
+
+// Fixed-order warp sum: every lane ends with the same value (each butterfly level adds symmetric pairs).
+__device__ __forceinline__ float warp_sum(float v) {
+    v += __shfl_xor_sync(kFull, v, 16);
+    v += __shfl_xor_sync(kFull, v, 8);
+    v += __shfl_xor_sync(kFull, v, 4);
+    v += __shfl_xor_sync(kFull, v, 2);
+    v += __shfl_xor_sync(kFull, v, 1);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(kFull, v, 16));
+    v = fmaxf(v, __shfl_xor_sync(kFull, v, 8));
+    v = fmaxf(v, __shfl_xor_sync(kFull, v, 4));
+    v = fmaxf(v, __shfl_xor_sync(kFull, v, 2));
+    v = fmaxf(v, __shfl_xor_sync(kFull, v, 1));
+    return v;
+}
+
+// One block: row `blockIdx.x`, split `blockIdx.y`, K/V head `blockIdx.z` (its kGroup query heads). Rows
+// vary fastest, so the blocks in flight together read the same split's pages (L2 reuse across rows).
+// Writes the split's partial (max, sum, acc[256]) per query head.
+__global__ void __launch_bounds__(kThreads) tree_attention_split(
+    const __half* __restrict__ q, const __half* __restrict__ k_cache, const __half* __restrict__ v_cache,
+    const int32_t* __restrict__ block_table, const uint32_t* __restrict__ depth,
+    const uint32_t* __restrict__ ancestors, uint32_t ctx, float scale, uint32_t max_splits,
+    float* __restrict__ part_acc, float* __restrict__ part_ml) {
+    const uint32_t row = blockIdx.x, split = blockIdx.y, h = blockIdx.z;
+    const uint32_t total = elpis_sched_span(ctx, depth[row]);
+    if (split >= elpis_sched_splits(total)) return;  // this row's span has fewer splits
+    const uint32_t begin = elpis_sched_split_begin(split);
+    const uint32_t n = elpis_sched_split_end(total, split) - begin;
+    const uint32_t mask = ancestors[row];
+
+    __shared__ float prob[kGroup][kSplit];
+    __shared__ uint32_t slots[kSplit];
+    __shared__ float head_max[kGroup];
+
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    for (uint32_t i = threadIdx.x; i < n; i += kThreads) slots[i] = elpis_sched_slot(ctx, mask, begin + i);
+
+    float qf[kGroup][8];
+#pragma unroll
+    for (uint32_t j = 0; j < kGroup; j++)
+        load8(q + ((static_cast<size_t>(row) * kQHeads + h * kGroup + j) * kHeadDim + lane * 8u), qf[j]);
+    __syncthreads();
+
+    // Scores: one warp per position, the same lane/dim assignment for every position.
+    for (uint32_t i = warp; i < n; i += kWarps) {
+        float kf[8];
+        load8(k_cache + cache_offset(block_table, slots[i], h) + lane * 8u, kf);
+#pragma unroll
+        for (uint32_t j = 0; j < kGroup; j++) {
+            float dot = 0.0f;
+#pragma unroll
+            for (int d = 0; d < 8; d++) dot = fmaf(qf[j][d], kf[d], dot);
+            dot = warp_sum(dot);
+            if (lane == 0) prob[j][i] = dot * scale;
+        }
+    }
+    __syncthreads();
+
+    // Max per query head (exact in any order).
+    if (warp < kGroup) {
+        float m = __int_as_float(0xff800000);  // -inf
+        for (uint32_t i = lane; i < n; i += 32) m = fmaxf(m, prob[warp][i]);
+        m = warp_max(m);
+        if (lane == 0) head_max[warp] = m;
+    }
+    __syncthreads();
+    for (uint32_t idx = threadIdx.x; idx < kGroup * n; idx += kThreads) {
+        const uint32_t j = idx / n, i = idx % n;
+        prob[j][i] = expf(prob[j][i] - head_max[j]);
+    }
+    __syncthreads();
+
+    // P.V and the sum: thread d owns dim d; positions in ascending order.
+    const uint32_t d = threadIdx.x;
+    float acc[kGroup], sum[kGroup];
+#pragma unroll
+    for (uint32_t j = 0; j < kGroup; j++) acc[j] = sum[j] = 0.0f;
+#pragma unroll 4
+    for (uint32_t i = 0; i < n; i++) {
+        const float v = __half2float(v_cache[cache_offset(block_table, slots[i], h) + d]);
+#pragma unroll
+        for (uint32_t j = 0; j < kGroup; j++) {
+            const float p = prob[j][i];
+            acc[j] = fmaf(p, v, acc[j]);
+            sum[j] = sum[j] + p;
+        }
+    }
+#pragma unroll
+    for (uint32_t j = 0; j < kGroup; j++) {
+        const size_t part = (static_cast<size_t>(row) * kQHeads + h * kGroup + j) * max_splits + split;
+        part_acc[part * kHeadDim + d] = acc[j];
+        if (d == 0) {
+            part_ml[part * 2] = head_max[j];
+            part_ml[part * 2 + 1] = sum[j];
+        }
+    }
+}
+
+// One block per (row, query head): fold the row's splits in ascending order, normalise, write fp16.
+__global__ void __launch_bounds__(kThreads) tree_attention_combine(
+    const uint32_t* __restrict__ depth, uint32_t ctx, uint32_t max_splits, const float* __restrict__ part_acc,
+    const float* __restrict__ part_ml, __half* __restrict__ out, float* __restrict__ lse) {
+    const uint32_t row = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+    const uint32_t n = elpis_sched_splits(elpis_sched_span(ctx, depth[row]));
+    const size_t base = (static_cast<size_t>(row) * kQHeads + head) * max_splits;
+    float m = part_ml[base * 2], l = part_ml[base * 2 + 1], a = part_acc[base * kHeadDim + d];
+    for (uint32_t s = 1; s < n; s++) {
+        const float ms = part_ml[(base + s) * 2], ls = part_ml[(base + s) * 2 + 1];
+        const float as = part_acc[(base + s) * kHeadDim + d];
+        const float mn = fmaxf(m, ms);
+        const float keep = expf(m - mn), take = expf(ms - mn);
+        l = fmaf(l, keep, ls * take);
+        a = fmaf(a, keep, as * take);
+        m = mn;
+    }
+    const size_t o = static_cast<size_t>(row) * kQHeads + head;
+    out[o * kHeadDim + d] = __float2half_rn(a / l);
+    if (lse != nullptr && d == 0) lse[o] = m + logf(l);
+}
+
+}  // namespace
+
+extern "C" {
+
+// Splits of the longest span of a call (the partial buffers' middle dimension).
+uint32_t elpis_tree_attention_max_splits(uint32_t ctx, uint32_t max_depth) {
+    return elpis_sched_splits(elpis_sched_span(ctx, max_depth));
+}
+
+uint32_t elpis_tree_attention_split_size(void) { return kSplit; }
+
+// Floats of workspace a call needs: partial acc [rows, 24, splits, 256] and (max, sum) [rows, 24, splits, 2].
+uint64_t elpis_tree_attention_workspace_floats(uint32_t rows, uint32_t ctx, uint32_t max_depth) {
+    const uint64_t parts = static_cast<uint64_t>(rows) * kQHeads * elpis_tree_attention_max_splits(ctx, max_depth);
+    return parts * (kHeadDim + 2);
+}
+
+// Returns 0 or a cudaError_t. All pointers are device pointers; shapes were validated by the caller
+// (elpis/exl3/tree_attention.py): q [rows, 24, 256] fp16, caches [pages, 256, 4, 256] fp16, block_table
+// int32 covering slots 0 .. ctx+rows-1, depth/ancestors uint32 [rows] from tree_masks with max depth
+// `max_depth`, out [rows, 24, 256] fp16, lse [rows, 24] fp32 or null, workspace as above.
+int elpis_tree_attention(const void* q, const void* k_cache, const void* v_cache, const int32_t* block_table,
+                         const uint32_t* depth, const uint32_t* ancestors, uint32_t rows, uint32_t ctx,
+                         uint32_t max_depth, float scale, void* out, float* lse, float* workspace,
+                         uint64_t workspace_floats, void* stream) {
+    if (rows == 0 || rows > kMaxRows || max_depth >= kMaxRows) return static_cast<int>(cudaErrorInvalidValue);
+    if (workspace_floats < elpis_tree_attention_workspace_floats(rows, ctx, max_depth))
+        return static_cast<int>(cudaErrorInvalidValue);
+    const uint32_t max_splits = elpis_tree_attention_max_splits(ctx, max_depth);
+    if (max_splits > kMaxGridY) return static_cast<int>(cudaErrorInvalidValue);
+    float* part_acc = workspace;
+    float* part_ml = workspace + static_cast<uint64_t>(rows) * kQHeads * max_splits * kHeadDim;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    tree_attention_split<<<dim3(rows, max_splits, kKvHeads), kThreads, 0, s>>>(
+        static_cast<const __half*>(q), static_cast<const __half*>(k_cache), static_cast<const __half*>(v_cache),
+        block_table, depth, ancestors, ctx, scale, max_splits, part_acc, part_ml);
+    tree_attention_combine<<<dim3(rows, kQHeads), kThreads, 0, s>>>(depth, ctx, max_splits, part_acc, part_ml,
+                                                                    static_cast<__half*>(out), lse);
+    return static_cast<int>(cudaGetLastError());
+}
+
+}  // extern "C"

@@ -1,0 +1,178 @@
+"""Cases and invariance checks for the tree-verify attention, shared by the CPU tests (run on the float32
+emulation of the kernel's algorithm) and the GPU tests (run on the kernel itself).
+
+`attend(q, k_cache, v_cache, block_table, ctx, depth, ancestors) -> (out fp16 [R, 24, 256], lse [R, 24])`
+is the function under test. Every check compares outputs bit for bit.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from elpis import accept
+from elpis.exl3 import tree_attention_ref as ref
+
+Attend = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+PAGE = ref.PAGE
+
+
+@dataclass
+class Case:
+    q: torch.Tensor  # [R, 24, 256] fp16
+    k: torch.Tensor  # [pages, 256, 4, 256] fp16
+    v: torch.Tensor
+    table: torch.Tensor  # int32 [n]
+    ctx: int
+    parents: list[int]
+    depth: tuple[int, ...]
+    ancestors: tuple[int, ...]
+
+    def run(self, attend: Attend) -> tuple[torch.Tensor, torch.Tensor]:
+        return attend(self.q, self.k, self.v, self.table, self.ctx, self.depth, self.ancestors)
+
+    def slot_page(self, slot: int) -> tuple[int, int]:
+        return int(self.table[slot // PAGE]), slot % PAGE
+
+
+def random_parents(rows: int, rng: random.Random) -> list[int]:
+    return [-1] + [rng.randrange(r) for r in range(1, rows)]
+
+
+def make_case(ctx: int, parents: list[int], seed: int, device: str = "cpu") -> Case:
+    """Random fp16 q and caches; the block table maps the sequence's pages to shuffled cache pages."""
+    rows = len(parents)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    pages = (ctx + rows + PAGE - 1) // PAGE + 1  # one spare page: a 1-row call at ctx+depth fits too
+    pool = pages + 2
+    k = torch.randn((pool, PAGE, ref.KV_HEADS, ref.HEAD_DIM), generator=gen, device=device).half()
+    v = torch.randn((pool, PAGE, ref.KV_HEADS, ref.HEAD_DIM), generator=gen, device=device).half()
+    q = torch.randn((rows, ref.Q_HEADS, ref.HEAD_DIM), generator=gen, device=device).half()
+    order = torch.randperm(pool, generator=torch.Generator().manual_seed(seed))[:pages]
+    masks = accept.tree_masks(parents)
+    return Case(q, k, v, order.to(torch.int32).to(device), ctx, list(parents), masks.depth, masks.ancestors)
+
+
+def _copy_case(case: Case) -> Case:
+    return Case(case.q.clone(), case.k.clone(), case.v.clone(), case.table.clone(), case.ctx,
+                list(case.parents), case.depth, case.ancestors)  # fmt: skip
+
+
+def _row_kv(case: Case, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    page, off = case.slot_page(case.ctx + row)
+    return case.k[page, off].clone(), case.v[page, off].clone()
+
+
+def _set_row_kv(case: Case, row: int, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
+    page, off = case.slot_page(case.ctx + row)
+    case.k[page, off] = kv[0]
+    case.v[page, off] = kv[1]
+
+
+def _random_like(
+    kv: tuple[torch.Tensor, torch.Tensor], gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    k, v = kv
+    return (
+        torch.randn(k.shape, generator=gen, device=k.device).half(),
+        torch.randn(v.shape, generator=gen, device=v.device).half(),
+    )
+
+
+def relabel(case: Case, rng: random.Random) -> tuple[Case, list[int]]:
+    """The same tree with its rows renumbered (a random order that keeps parents first), q and the rows'
+    K/V moved with them. Returns the new case and new_index[old_row]."""
+    rows = len(case.parents)
+    children: dict[int, list[int]] = {r: [] for r in range(rows)}
+    for r in range(1, rows):
+        children[case.parents[r]].append(r)
+    order, ready = [], [0]
+    while ready:
+        r = ready.pop(rng.randrange(len(ready)))
+        order.append(r)
+        ready.extend(children[r])
+    new = {old: i for i, old in enumerate(order)}
+    parents = [-1] + [new[case.parents[old]] for old in order[1:]]
+    out = _copy_case(case)
+    masks = accept.tree_masks(parents)
+    out.parents, out.depth, out.ancestors = parents, masks.depth, masks.ancestors
+    out.q = case.q[torch.as_tensor(order, device=case.q.device)].clone()
+    for old in range(rows):
+        _set_row_kv(out, new[old], _row_kv(case, old))
+    return out, [new[r] for r in range(rows)]
+
+
+def check_relabel_rows(attend: Attend, case: Case, rng: random.Random) -> None:
+    out, lse = case.run(attend)
+    moved, new = relabel(case, rng)
+    out2, lse2 = moved.run(attend)
+    for r, n in enumerate(new):
+        assert torch.equal(out[r], out2[n]), f"row {r} (now {n}) changed when the rows were renumbered"
+        assert torch.equal(lse[r], lse2[n])
+
+
+def check_siblings_do_not_matter(attend: Attend, case: Case, seed: int) -> None:
+    """Rewrite q and K/V of every row off row t's path (t: the deepest row); rows whose paths avoid the
+    rewritten rows keep their output bit for bit."""
+    out, lse = case.run(attend)
+    t = max(range(len(case.depth)), key=lambda r: (case.depth[r], r))
+    changed = [r for r in range(len(case.parents)) if not (case.ancestors[t] >> r) & 1]
+    if not changed:
+        return
+    other = _copy_case(case)
+    gen = torch.Generator(device=case.q.device.type).manual_seed(seed + 1)
+    for r in changed:
+        other.q[r] = torch.randn(other.q[r].shape, generator=gen, device=case.q.device).half()
+        kv = _row_kv(other, r)
+        _set_row_kv(other, r, _random_like(kv, gen))
+    out2, lse2 = other.run(attend)
+    changed_bits = sum(1 << r for r in changed)
+    kept = [r for r in range(len(case.parents)) if not case.ancestors[r] & changed_bits]
+    assert t in kept
+    for r in kept:
+        assert torch.equal(out[r], out2[r]), f"row {r} changed when rows {changed} off its path changed"
+        assert torch.equal(lse[r], lse2[r])
+
+
+def check_other_tree_same_path(attend: Attend, case: Case, rng: random.Random, seed: int) -> None:
+    """Row t's path re-embedded in a different tree (path first as a chain, then other random rows): t's
+    output is unchanged bit for bit."""
+    out, lse = case.run(attend)
+    t = max(range(len(case.depth)), key=lambda r: (case.depth[r], r))
+    path = ref.ancestor_rows(case.ancestors[t])
+    rows = len(case.parents)
+    extra = rows - len(path)
+    parents = [-1] + list(range(len(path) - 1)) + [rng.randrange(len(path) + i) for i in range(extra)]
+    other = _copy_case(case)
+    masks = accept.tree_masks(parents)
+    other.parents, other.depth, other.ancestors = parents, masks.depth, masks.ancestors
+    gen = torch.Generator(device=case.q.device.type).manual_seed(seed + 2)
+    other.q = torch.randn(case.q.shape, generator=gen, device=case.q.device).half()
+    for r in range(rows):  # fresh K/V everywhere in the tree slots ...
+        kv = _row_kv(other, r)
+        _set_row_kv(other, r, _random_like(kv, gen))
+    for e, old in enumerate(path):  # ... then the path's own rows at their new indices 0..depth
+        other.q[e] = case.q[old]
+        _set_row_kv(other, e, _row_kv(case, old))
+    out2, lse2 = other.run(attend)
+    e = len(path) - 1
+    assert torch.equal(out[t], out2[e]), f"row {t} changed when its path was put in another tree"
+    assert torch.equal(lse[t], lse2[e])
+
+
+def check_equals_plain_decoding(attend: Attend, case: Case) -> None:
+    """Every tree row equals a 1-row call (plain decoding) at context ctx+depth whose cache holds the row's
+    path at slots ctx .. ctx+depth, bit for bit."""
+    out, lse = case.run(attend)
+    for t in range(len(case.parents)):
+        path = ref.ancestor_rows(case.ancestors[t])
+        plain = _copy_case(case)
+        for e, old in enumerate(path):
+            _set_row_kv(plain, e, _row_kv(case, old))
+        one, one_lse = attend(case.q[t : t + 1].clone(), plain.k, plain.v, plain.table,
+                              case.ctx + case.depth[t], (0,), (1,))  # fmt: skip
+        assert torch.equal(out[t], one[0]), f"row {t} differs from plain decoding at ctx+{case.depth[t]}"
+        assert torch.equal(lse[t], one_lse[0])
