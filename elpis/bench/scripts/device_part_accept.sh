@@ -12,6 +12,6 @@ if [ "$budget" -lt 10 ]; then
   echo "part accept: skipped, only ${budget}s left" | tee -a "$OUT/log"
 else
   ELPIS_DEVICE_LOG="$OUT/log" timeout -k 5 "$budget" python3 -m pytest -m gpu tests/accept/test_device_acceptor.py \
-    -q -p no:cacheprovider -rs --durations=6 2>&1 | tail -25 | tee -a "$OUT/log"
+    -q -p no:cacheprovider -p no:warnings -rfEs --durations=6 2>&1 | tail -22 | tee -a "$OUT/log"
   echo "part accept: exit ${PIPESTATUS[0]}" | tee -a "$OUT/log"
 fi
