@@ -81,12 +81,13 @@ def reference_fp64(
     outs, lses = [], []
     for r, mask in enumerate(ancestors):
         k, v = row_kv(k_cache, v_cache, block_table, ctx, mask)
-        k = k.double().repeat_interleave(GROUP, dim=1)  # [n, 24, 256]: query head i uses K/V head i // 6
-        v = v.double().repeat_interleave(GROUP, dim=1)
-        s = torch.einsum("hd,nhd->hn", q[r].double().to(k.device), k) * scale
+        k, v = k.double(), v.double()  # [n, 4, 256]
+        qg = q[r].double().to(k.device).view(KV_HEADS, GROUP, HEAD_DIM)  # query head i uses K/V head i // 6
+        s = torch.einsum("gjd,ngd->gjn", qg, k) * scale
         lse = torch.logsumexp(s, dim=-1)
-        outs.append(torch.einsum("hn,nhd->hd", torch.exp(s - lse[:, None]), v))
-        lses.append(lse)
+        out = torch.einsum("gjn,ngd->gjd", torch.exp(s - lse[..., None]), v)
+        outs.append(out.reshape(Q_HEADS, HEAD_DIM))
+        lses.append(lse.reshape(Q_HEADS))
     return torch.stack(outs), torch.stack(lses)
 
 
