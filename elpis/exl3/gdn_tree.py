@@ -1,0 +1,237 @@
+"""Python entry to the Gated DeltaNet tree kernel (`patches/kernels/gdn_tree.cu`).
+
+`gdn_tree_verify(...)` runs the causal conv and the gated delta rule of every tree row along its own
+ancestor path from the committed state (depth and ancestor bitmasks from `elpis.accept.tree_masks`),
+without a per-row copy of the recurrent state; `gdn_tree_commit(...)` replays the accepted path (<= 16 rows)
+from the committed state and rewrites the fp32 recurrent state and the conv window in place, with the same
+arithmetic, so the state after a commit is bit-identical to committing one token at a time. Layouts are in
+the kernel's header comment.
+
+The library is built by `elpis.nvcc.load` for the current GPU and called through ctypes with device
+pointers on the current stream. `plan(depth, ancestors)` exposes the host-side visiting plan (the same C
+function the launchers use) and works without a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from elpis.exl3.tree_attention import check_masks
+from elpis.paths import PATCHES_DIR
+
+if TYPE_CHECKING:
+    import torch
+
+SOURCE = PATCHES_DIR / "kernels" / "gdn_tree.cu"
+KEY_HEADS = 16
+VALUE_HEADS = 48
+HEAD_DIM = 128
+CONV_DIM = 2 * KEY_HEADS * HEAD_DIM + VALUE_HEADS * HEAD_DIM  # 10240: [q | k | v]
+TAPS = 4
+MAX_ROWS = 16
+
+PLAN_ERRORS = {
+    -1: "row count out of range",
+    -2: "masks do not describe a tree rooted at row 0 with parents before children",
+    -3: "an input row index is out of range",
+    -4: "the on-chip state stack would overflow",
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    order: tuple[int, ...]  # visiting order of the rows
+    load: tuple[int, ...]  # per visit: stack slot of the parent's state, -1 = the state just computed
+    store: tuple[int, ...]  # per visit: stack slot the row's state is parked in, -1 = none
+    src: tuple[tuple[int, ...], ...]  # per row, per tap: input row >= 0, or -1 - committed conv column
+    max_stack: int
+
+
+def _load_library(arch: str | None = None) -> ctypes.CDLL:
+    from elpis import nvcc
+
+    lib = nvcc.load(SOURCE, arch=arch) if arch else nvcc.load(SOURCE)
+    i32, u32, vp = ctypes.c_int32, ctypes.c_uint32, ctypes.c_void_p
+    lib.elpis_gdn_tree_plan.argtypes = [u32, vp, vp, vp, vp, vp, vp, vp]
+    lib.elpis_gdn_tree_plan.restype = ctypes.c_int
+    lib.elpis_gdn_tree_stack_slots.argtypes = []
+    lib.elpis_gdn_tree_stack_slots.restype = ctypes.c_int
+    lib.elpis_gdn_tree_verify.argtypes = [vp, vp, vp, vp, vp, i32, vp, u32, vp, vp, vp, vp, vp]
+    lib.elpis_gdn_tree_verify.restype = ctypes.c_int
+    lib.elpis_gdn_tree_commit.argtypes = [vp, vp, vp, vp, vp, i32, vp, u32, vp, vp, vp, vp]
+    lib.elpis_gdn_tree_commit.restype = ctypes.c_int
+    return lib
+
+
+@lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL:
+    return _load_library()
+
+
+@lru_cache(maxsize=1)
+def _host_library() -> ctypes.CDLL:
+    """For the host-side plan: the GPU's build when there is a GPU, else the sm_86 build (its host code
+    runs on a machine without a GPU)."""
+    import torch
+
+    return _library() if torch.cuda.is_available() else _load_library("sm_86")
+
+
+def _i32(values: Sequence[int]) -> ctypes.Array:
+    return (ctypes.c_int32 * max(1, len(values)))(*values)
+
+
+def _u32(values: Sequence[int]) -> ctypes.Array:
+    return (ctypes.c_uint32 * max(1, len(values)))(*values)
+
+
+def plan(depth: Sequence[int], ancestors: Sequence[int], *, lib: ctypes.CDLL | None = None) -> Plan:
+    """The kernel's visiting plan for a tree (tree_masks output); raises ValueError on a bad tree."""
+    check_masks(depth, ancestors)
+    lib = lib or _host_library()
+    rows = len(depth)
+    order, load, store, src = _i32([0] * MAX_ROWS), _i32([0] * MAX_ROWS), _i32([0] * MAX_ROWS), _i32([0] * 64)
+    got = lib.elpis_gdn_tree_plan(rows, _i32(depth), _u32(ancestors), None, order, load, store, src)
+    if got < 0:
+        raise ValueError(f"gdn tree plan refused: {PLAN_ERRORS.get(got, got)}")
+    return Plan(
+        tuple(order[:rows]),
+        tuple(load[:rows]),
+        tuple(store[:rows]),
+        tuple(tuple(src[TAPS * r : TAPS * r + TAPS]) for r in range(rows)),
+        int(got),
+    )
+
+
+def stack_slots() -> int:
+    return int(_host_library().elpis_gdn_tree_stack_slots())
+
+
+def _check_tensor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int | None, ...]) -> None:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_cuda:
+        raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.dim() != len(shape) or any(w is not None and w != s for w, s in zip(shape, t.shape, strict=True)):
+        want = ", ".join("*" if w is None else str(w) for w in shape)
+        raise ValueError(f"{name} must have shape [{want}], got {list(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _check_inputs(qkv, beta, g, conv_weight, conv_state, state) -> int:
+    """Validate the shared inputs; returns the number of input rows."""
+    import torch
+
+    _check_tensor("qkv", qkv, torch.bfloat16, (None, CONV_DIM))
+    n_in = qkv.shape[0]
+    if not 1 <= n_in <= MAX_ROWS:
+        raise ValueError(f"qkv must have 1..{MAX_ROWS} rows, got {n_in}")
+    _check_tensor("beta", beta, torch.bfloat16, (n_in, VALUE_HEADS))
+    _check_tensor("g", g, torch.float32, (n_in, VALUE_HEADS))
+    _check_tensor("conv_weight", conv_weight, torch.bfloat16, (CONV_DIM, TAPS))
+    _check_tensor("conv_state", conv_state, torch.bfloat16, (CONV_DIM, None))
+    if conv_state.shape[1] < TAPS:
+        raise ValueError(f"conv_state must have at least {TAPS} columns, got {conv_state.shape[1]}")
+    _check_tensor("state", state, torch.float32, (VALUE_HEADS, HEAD_DIM, HEAD_DIM))
+    tensors = (qkv, beta, g, conv_weight, conv_state, state)
+    if len({t.device for t in tensors}) != 1:
+        raise ValueError("qkv, beta, g, conv_weight, conv_state and state must be on the same device")
+    return n_in
+
+
+def _outputs(rows: int, device, want_f32: bool, want_bf16: bool):
+    import torch
+
+    if not (want_f32 or want_bf16):
+        return None, None
+    shape = (rows, VALUE_HEADS, HEAD_DIM)
+    out = torch.empty(shape, dtype=torch.float32, device=device) if want_f32 else None
+    out_bf16 = torch.empty(shape, dtype=torch.bfloat16, device=device) if want_bf16 else None
+    return out, out_bf16
+
+
+def _raise_on(err: int, what: str) -> None:
+    if err < 0:
+        raise RuntimeError(f"gdn tree {what}: plan refused: {PLAN_ERRORS.get(err, err)}")
+    if err > 0:
+        raise RuntimeError(f"gdn tree {what}: CUDA error {err}")
+
+
+def gdn_tree_verify(
+    qkv: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    state: torch.Tensor,
+    depth: Sequence[int],
+    ancestors: Sequence[int],
+    *,
+    bf16_out: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Core outputs fp32 [R, 48, 128] of R tree rows (and bf16 ones with `bf16_out`).
+
+    qkv bf16 [R, 10240] (pre-conv), beta bf16 [R, 48], g fp32 [R, 48], conv_weight bf16 [10240, 4],
+    conv_state bf16 [10240, >=4] (columns 0..3: the last inputs, oldest first), state fp32 [48, 128, 128].
+    Neither state is modified.
+    """
+    import torch
+
+    rows = len(depth)
+    check_masks(depth, ancestors)
+    n_in = _check_inputs(qkv, beta, g, conv_weight, conv_state, state)
+    if n_in != rows:
+        raise ValueError(f"the tree has {rows} rows but qkv has {n_in}")
+    out, out_bf16 = _outputs(rows, qkv.device, True, bf16_out)
+    stream = torch.cuda.current_stream(qkv.device).cuda_stream
+    err = _library().elpis_gdn_tree_verify(
+        qkv.data_ptr(), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(), conv_state.data_ptr(),
+        conv_state.shape[1], state.data_ptr(), rows, _i32(depth), _u32(ancestors), out.data_ptr(),
+        out_bf16.data_ptr() if out_bf16 is not None else None, stream,
+    )  # fmt: skip
+    _raise_on(err, "verify")
+    return (out, out_bf16) if out_bf16 is not None else out
+
+
+def gdn_tree_commit(
+    qkv: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    state: torch.Tensor,
+    path: Sequence[int],
+    *,
+    outputs: bool = False,
+) -> torch.Tensor | None:
+    """Advance `state` and `conv_state` in place by the input rows `path` (root first: the accepted rows,
+    `accept.tree(...).rows`). With `outputs`, also returns the path rows' core outputs fp32 [n, 48, 128]."""
+    import torch
+
+    n_in = _check_inputs(qkv, beta, g, conv_weight, conv_state, state)
+    rows = list(path)
+    if not 1 <= len(rows) <= MAX_ROWS:
+        raise ValueError(f"path must have 1..{MAX_ROWS} rows, got {len(rows)}")
+    for r in rows:
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < n_in:
+            raise ValueError(f"path row {r!r} is not an input row index in 0..{n_in - 1}")
+    if len(set(rows)) != len(rows):
+        raise ValueError(f"path rows must be distinct, got {rows}")
+    out, _ = _outputs(len(rows), qkv.device, outputs, False)
+    stream = torch.cuda.current_stream(qkv.device).cuda_stream
+    err = _library().elpis_gdn_tree_commit(
+        qkv.data_ptr(), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(), conv_state.data_ptr(),
+        conv_state.shape[1], state.data_ptr(), len(rows), _i32(rows),
+        out.data_ptr() if out is not None else None, None, stream,
+    )  # fmt: skip
+    _raise_on(err, "commit")
+    return out

@@ -1,0 +1,262 @@
+"""CPU checks of the Gated DeltaNet tree kernel's math and plan (patches/kernels/gdn_tree.cu).
+
+* The float64 reference along a tree equals the recurrence stepped along each row's own path (recurrent and
+  chunked forms of `elpis.reference`) and `elpis.reference`'s own tree verify of a DeltaNet layer.
+* Commit replay equals committing one token at a time.
+* The float32 emulation of the kernel's algorithm agrees with float64.
+* The host-side visiting plan the kernel runs (the C function, built with nvcc for the host): every row
+  starts from its parent's state, the on-chip stack stays within its 3 slots, conv taps read the path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from elpis import accept, nvcc
+from elpis.exl3 import gdn_tree
+from elpis.exl3 import gdn_tree_ref as ref
+from elpis.paths import REPO_ROOT
+from elpis.reference.config import qwen3_5_config
+from elpis.reference.layers import causal_conv, delta_rule_chunked, delta_rule_recurrent
+from elpis.reference.model import ReferenceModel
+from elpis.reference.state import DeltaNetState
+from elpis.reference.weights import DeltaNetWeights
+
+needs_nvcc = pytest.mark.skipif(
+    nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1",
+    reason="nvcc not installed (CI sets ELPIS_REQUIRE_NVCC=1 and has it)",
+)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Small tensor ops: on a shared 2-core machine torch's second thread only spins (80x slower here)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+TREES = [
+    [-1],
+    [-1, 0],
+    [-1, 0, 1, 2, 3],  # a chain: depth beyond the conv window
+    [-1, 0, 0, 1, 1, 2, 4, 6],
+    [-1, 0, 1, 2, 3, 4, 5, 6, 7, 0, 9, 1, 11, 12, 2, 14],
+]
+
+
+def _path_recurrence(inp: ref.Inputs, path: list[int], chunked: bool) -> torch.Tensor:
+    """The last output of stepping the recurrence over `path` from the committed state, float64."""
+    window = inp.conv_state[:, 1:4].t().double()
+    activated, _ = causal_conv(window, inp.qkv[path].double(), inp.conv_weight.double())
+    q, k, v = ref._split_heads(activated)
+    rule = delta_rule_chunked if chunked else delta_rule_recurrent
+    out, _ = rule(q, k, v, inp.g[path].double(), inp.beta[path].double(), inp.state.double())
+    return out[-1]
+
+
+@pytest.mark.parametrize("parents", TREES[1:4])
+def test_tree_reference_equals_each_rows_path(parents: list[int]) -> None:
+    inp = ref.random_inputs(len(parents), seed=len(parents))
+    masks = accept.tree_masks(parents)
+    out, _ = ref.reference_tree(*inp.tensors(), masks.ancestors)
+    for r, a in enumerate(masks.ancestors):
+        path = ref.path_rows(a)
+        assert len(path) == masks.depth[r] + 1 and path[0] == 0 and path[-1] == r
+        step = _path_recurrence(inp, path, chunked=False)
+        assert torch.equal(out[r], step), r  # same operations in the same order
+        chunk = _path_recurrence(inp, path, chunked=True)
+        assert (out[r] - chunk).abs().max().item() < 1e-10, r
+
+
+def test_tree_reference_equals_the_reference_models_tree_verify() -> None:
+    """elpis.reference runs a tree row as one DeltaNet step from its parent's state: same layer, same rows."""
+    raw = json.loads((REPO_ROOT / "elpis/assets/qwen38/text_config.json").read_text())
+    config = qwen3_5_config(raw)
+    parents = [-1, 0, 1, 0, 3, 4, 1]
+    rows = len(parents)
+    gen = torch.Generator().manual_seed(7)
+    heads = config.linear_num_value_heads
+    mixed = torch.randn(rows, config.conv_dim, generator=gen, dtype=torch.float64)
+    b = torch.randn(rows, heads, generator=gen, dtype=torch.float64)
+    a = torch.randn(rows, heads, generator=gen, dtype=torch.float64)
+    conv = torch.randn(config.conv_dim, config.linear_conv_kernel_dim, generator=gen, dtype=torch.float64)
+    neg_a = -torch.rand(heads, generator=gen, dtype=torch.float64) * 2
+    dt_bias = torch.randn(heads, generator=gen, dtype=torch.float64)
+    window = torch.randn(
+        config.linear_conv_kernel_dim - 1, config.conv_dim, generator=gen, dtype=torch.float64
+    )
+    recurrent = torch.randn(heads, 128, 128, generator=gen, dtype=torch.float64) * 0.3
+    empty = torch.empty(0)
+    w = DeltaNetWeights(empty, empty, empty, empty, conv, neg_a, dt_bias, empty, empty)
+    model = ReferenceModel(config, None, dtype=torch.float64, device="cpu")  # type: ignore[arg-type]
+    committed = DeltaNetState(window, recurrent)
+    cores, states = [], []
+    for r, p in enumerate(parents):
+        start = committed if p < 0 else states[p]
+        core, after = model._deltanet_mix(
+            w, mixed[r : r + 1], b[r : r + 1], a[r : r + 1], start, chunked=False
+        )
+        cores.append(core[0])
+        states.append(after)
+
+    g = neg_a * F.softplus(a + dt_bias)
+    beta = torch.sigmoid(b)
+    conv_state = torch.cat([torch.zeros(config.conv_dim, 1, dtype=torch.float64), window.t()], dim=1)
+    ancestors = accept.tree_masks(parents).ancestors
+    out, after = ref.reference_tree(mixed, beta, g, conv, conv_state, recurrent, ancestors)
+    for r in range(rows):
+        assert (out[r] - cores[r]).abs().max().item() < 1e-12, r
+        assert (after[r].recurrent - states[r].recurrent).abs().max().item() < 1e-12, r
+        assert torch.equal(after[r].window, states[r].window), r
+
+
+@pytest.mark.parametrize("path", [[0], [0, 1], [0, 2, 5], [0, 1, 3, 4, 6, 7]])
+def test_commit_replay_equals_one_token_at_a_time(path: list[int]) -> None:
+    inp = ref.random_inputs(8, seed=3)
+    outs, state, conv = ref.reference_commit(*inp.tensors(), path)
+    step_state, step_conv = inp.state.double(), inp.conv_state
+    for i, r in enumerate(path):
+        o, step_state, step_conv = ref.reference_commit(
+            inp.qkv, inp.beta, inp.g, inp.conv_weight, step_conv, step_state, [r]
+        )
+        assert torch.equal(o[0], outs[i])
+    assert torch.equal(step_state, state)
+    assert torch.equal(step_conv, conv)
+    assert conv.dtype == torch.bfloat16 and torch.equal(conv[:, 4:], inp.conv_state[:, 4:])
+    tail = [*[inp.conv_state[:, j] for j in range(4)], *[inp.qkv[r] for r in path]][-4:]
+    assert torch.equal(conv[:, :4], torch.stack(tail, dim=1))
+
+
+def test_commit_outputs_equal_the_tree_rows_on_the_path() -> None:
+    parents = [-1, 0, 0, 1, 3, 2]
+    inp = ref.random_inputs(len(parents), seed=11)
+    out, after = ref.reference_tree(*inp.tensors(), accept.tree_masks(parents).ancestors)
+    path = [0, 1, 3, 4]
+    outs, state, _ = ref.reference_commit(*inp.tensors(), path)
+    assert torch.equal(outs, out[path])
+    assert torch.equal(state, after[4].recurrent)
+
+
+@pytest.mark.parametrize("parents", [TREES[2], TREES[3]])
+def test_float32_emulation_matches_float64(parents: list[int]) -> None:
+    inp = ref.random_inputs(len(parents), seed=5)
+    ancestors = accept.tree_masks(parents).ancestors
+    want, _ = ref.reference_tree(*inp.tensors(), ancestors)
+    got = ref.emulate_fp32(*inp.tensors(), ancestors)
+    assert got.dtype == torch.float32
+    err = (got.double() - want).abs().max().item()
+    assert err < 2e-5 * max(1.0, want.abs().max().item()), err
+
+
+# --- the plan (the host C function the launchers call) -----------------------------------------------
+
+
+def _simulate(parents: list[int], plan: gdn_tree.Plan, slots: int) -> None:
+    """Run the plan symbolically: registers and stack slots hold row ids; each row must start from its
+    parent (row 0 from the committed state), every row visited once, within `slots` stack slots."""
+    committed = -1
+    regs = committed
+    stack: dict[int, int] = {}
+    seen = []
+    for visit, r in enumerate(plan.order):
+        start = regs if plan.load[visit] < 0 else stack[plan.load[visit]]
+        if plan.load[visit] >= 0:
+            assert 0 <= plan.load[visit] < slots
+        assert start == parents[r], (parents, plan, visit)
+        regs = r
+        if plan.store[visit] >= 0:
+            assert 0 <= plan.store[visit] < slots, (parents, plan)
+            stack[plan.store[visit]] = r
+        seen.append(r)
+    assert sorted(seen) == list(range(len(parents)))
+    assert plan.max_stack <= slots
+
+
+def _check_src(parents: list[int], plan: gdn_tree.Plan) -> None:
+    for r in range(len(parents)):
+        path = [r]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        path.reverse()
+        d = len(path) - 1
+        want = [path[d - 3 + j] if d - 3 + j >= 0 else -1 - (4 + d - 3 + j) for j in range(4)]
+        assert list(plan.src[r]) == want, (parents, r)
+
+
+@needs_nvcc
+def test_plan_for_every_tree_up_to_8_rows() -> None:
+    slots = gdn_tree.stack_slots()
+    assert slots == 3
+    for rows in range(1, 9):
+        for choice in itertools.product(*[range(r) for r in range(1, rows)]):
+            parents = [-1, *choice]
+            masks = accept.tree_masks(parents)
+            plan = gdn_tree.plan(masks.depth, masks.ancestors)
+            _simulate(parents, plan, slots)
+            if rows <= 6:
+                _check_src(parents, plan)
+
+
+@needs_nvcc
+def test_plan_for_16_rows_stays_within_three_slots() -> None:
+    rng = random.Random(0)
+    slots = gdn_tree.stack_slots()
+    worst = 0
+    trees = [[-1] + [rng.randrange(r) for r in range(1, 16)] for _ in range(3000)]
+    trees += [[-1] + [(r - 1) // 2 for r in range(1, 16)]]  # complete binary tree (15 rows)
+    trees += [[-1] + [(r - 1) // 2 for r in range(1, 15)] + [7]]
+    # a 16-row tree that needs all 3 slots: root {A(7), B(8)}, A {C(3), D(3)}, C {leaf, leaf}
+    needs_three = [-1, 0, 1, 2, 2, 1, 5, 5, 0, 8, 9, 10, 11, 12, 13, 14]
+    trees.append(needs_three)
+    for parents in trees:
+        masks = accept.tree_masks(parents)
+        plan = gdn_tree.plan(masks.depth, masks.ancestors)
+        _simulate(parents, plan, slots)
+        _check_src(parents, plan)
+        worst = max(worst, plan.max_stack)
+    masks = accept.tree_masks(needs_three)
+    assert gdn_tree.plan(masks.depth, masks.ancestors).max_stack == 3
+    assert worst == 3
+
+
+@needs_nvcc
+def test_plan_refuses_bad_masks() -> None:
+    with pytest.raises(ValueError, match="row 0 must be the root"):
+        gdn_tree.plan([1], [1])
+    with pytest.raises(ValueError, match="rows below it"):
+        gdn_tree.plan([0, 1], [1, 0b110])
+    with pytest.raises(ValueError, match=r"1\.\.16 rows"):
+        gdn_tree.plan([], [])
+    # past the Python checks: the C plan itself refuses a mask whose parent chain is inconsistent
+    lib = gdn_tree._host_library()
+    i32 = gdn_tree._i32
+    depth, ancestors = [0, 1, 2], [0b1, 0b11, 0b101]  # row 2 claims depth 2 but its parent 0 has depth 0
+    got = lib.elpis_gdn_tree_plan(
+        3,
+        i32(depth),
+        gdn_tree._u32(ancestors),
+        None,
+        i32([0] * 16),
+        i32([0] * 16),
+        i32([0] * 16),
+        i32([0] * 64),
+    )
+    assert got == -2
+
+
+def test_gpu_entry_points_refuse_cpu_tensors() -> None:
+    inp = ref.random_inputs(2, seed=1)
+    masks = accept.tree_masks([-1, 0])
+    with pytest.raises(ValueError, match="qkv must be on a CUDA device"):
+        gdn_tree.gdn_tree_verify(*inp.tensors(), masks.depth, masks.ancestors)
+    with pytest.raises(ValueError, match="qkv must be on a CUDA device"):
+        gdn_tree.gdn_tree_commit(*inp.tensors(), [0, 1])
