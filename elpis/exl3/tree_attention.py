@@ -33,14 +33,14 @@ MAX_SPAN = 65535 * 512  # the kernel's grid (65535 splits of 512); the schedule 
 DEFAULT_SCALE = 1.0 / math.sqrt(HEAD_DIM)
 
 
-@lru_cache(maxsize=1)
-def _library() -> ctypes.CDLL:
+@lru_cache(maxsize=2)
+def _library(staged: bool = True) -> ctypes.CDLL:
     from elpis import nvcc
 
     header = BUILD_DIR / "kernels" / "verify_schedule.h"
     if not header.is_file():
         raise RuntimeError(f"tree attention schedule not built ({header} missing): run make build")
-    lib = nvcc.load(SOURCE)
+    lib = nvcc.load(SOURCE, defines={"ELPIS_TREE_ATTN_STAGED": int(staged)})
     u32, u64, vp = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p
     lib.elpis_tree_attention.argtypes = [
         vp,
@@ -125,13 +125,16 @@ def tree_attention(
     *,
     scale: float = DEFAULT_SCALE,
     return_lse: bool = False,
+    staged: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of R tree rows (q [R, 24, 256] fp16) over a paged fp16 cache [pages, 256, 4, 256].
 
     `block_table` (int32 [n]) maps cache page i (slots 256i .. 256i+255) to a page of the caches; it must
     cover slots 0 .. ctx+R-1. Committed positions are slots 0 .. ctx-1; tree row r's own K/V is at slot
     ctx + r. `depth`/`ancestors`: `elpis.accept.tree_masks(parents)`. Returns fp16 [R, 24, 256] (and the
-    log-sum-exp fp32 [R, 24] of the scaled scores with `return_lse`).
+    log-sum-exp fp32 [R, 24] of the scaled scores with `return_lse`). `staged=False` selects the build
+    that reads K/V straight from global memory instead of through shared-memory tiles (same arithmetic,
+    same bits; kept as the cross-check of the staged build).
     """
     import torch
 
@@ -155,7 +158,7 @@ def tree_attention(
     if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale must be a positive finite float, got {scale!r}")
 
-    lib = _library()
+    lib = _library(bool(staged))
     device = q.device
     max_depth = max(depth)
     masks = torch.tensor([*depth, *ancestors], dtype=torch.int32).to(device)

@@ -17,11 +17,19 @@
 // So a row's output is bit-identical to the same kernel run for that row alone at context ctx+d(r)
 // (plain decoding), whatever the other rows, its row index or the tree's shape. Plain fp32 SIMT code,
 // no fast math, no atomics, no data-dependent reduction order.
+//
+// ELPIS_TREE_ATTN_STAGED (default 1) stages K and V through shared memory, kTile positions at a time, with
+// coalesced 16-byte loads; 0 reads them straight from global memory. The arithmetic and its order are the
+// same in both builds, so they must agree bit for bit (a GPU test checks it).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "verify_schedule.h"
+
+#ifndef ELPIS_TREE_ATTN_STAGED
+#define ELPIS_TREE_ATTN_STAGED 1
+#endif
 
 namespace {
 
@@ -34,6 +42,10 @@ constexpr uint32_t kSplit = ELPIS_SCHED_SPLIT_SIZE;
 constexpr uint32_t kThreads = 256;  // one thread per head dim in P.V and the combine
 constexpr uint32_t kWarps = kThreads / 32;
 constexpr uint32_t kMaxRows = ELPIS_SCHED_MAX_ROWS;
+#if ELPIS_TREE_ATTN_STAGED
+constexpr uint32_t kTile = 32;              // positions staged through shared memory at a time
+constexpr uint32_t kChunks = kHeadDim / 8;  // 16-byte chunks per position and head
+#endif
 constexpr uint32_t kFull = 0xffffffffu;
 constexpr uint32_t kMaxGridY = 65535;  // splits per call: contexts up to 65535 * kSplit positions
 
@@ -47,8 +59,7 @@ __device__ __forceinline__ size_t cache_offset(const int32_t* block_table, uint3
     return ((page * kPage + slot % kPage) * kKvHeads + h) * kHeadDim;
 }
 
-__device__ __forceinline__ void load8(const __half* src, float out[8]) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(src));
+__device__ __forceinline__ void unpack8(const uint4 raw, float out[8]) {
     const __half2* h2 = reinterpret_cast<const __half2*>(&raw);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -57,6 +68,23 @@ __device__ __forceinline__ void load8(const __half* src, float out[8]) {
         out[2 * i + 1] = f.y;
     }
 }
+
+__device__ __forceinline__ void load8(const __half* src, float out[8]) {
+    unpack8(__ldg(reinterpret_cast<const uint4*>(src)), out);
+}
+
+#if ELPIS_TREE_ATTN_STAGED
+// Copy head h's K (or V) rows of split positions t0 .. t0+cnt-1 into `tile` (coalesced 16-byte loads).
+__device__ __forceinline__ void stage(uint4 (*tile)[kChunks], const __half* __restrict__ cache,
+                                      const int32_t* __restrict__ block_table, const uint32_t* slots,
+                                      uint32_t t0, uint32_t cnt, uint32_t h) {
+    for (uint32_t idx = threadIdx.x; idx < cnt * kChunks; idx += kThreads) {
+        const uint32_t pos = idx / kChunks, chunk = idx % kChunks;
+        const uint4* src = reinterpret_cast<const uint4*>(cache + cache_offset(block_table, slots[t0 + pos], h));
+        tile[pos][chunk] = __ldg(src + chunk);
+    }
+}
+#endif
 
 // Fixed-order warp sum: every lane ends with the same value (each butterfly level adds symmetric pairs).
 __device__ __forceinline__ float warp_sum(float v) {
@@ -75,6 +103,19 @@ __device__ __forceinline__ float warp_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(kFull, v, 2));
     v = fmaxf(v, __shfl_xor_sync(kFull, v, 1));
     return v;
+}
+
+// One position's scores for the kGroup query heads: lane l's 8 dims serially, then the fixed butterfly.
+__device__ __forceinline__ void score(const float (&qf)[kGroup][8], const float (&kf)[8], float scale,
+                                      uint32_t lane, float (*prob)[kSplit], uint32_t i) {
+#pragma unroll
+    for (uint32_t j = 0; j < kGroup; j++) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int d = 0; d < 8; d++) dot = fmaf(qf[j][d], kf[d], dot);
+        dot = warp_sum(dot);
+        if (lane == 0) prob[j][i] = dot * scale;
+    }
 }
 
 // One block: row `blockIdx.x`, split `blockIdx.y`, K/V head `blockIdx.z` (its kGroup query heads). Rows
@@ -106,19 +147,27 @@ __global__ void __launch_bounds__(kThreads) tree_attention_split(
     __syncthreads();
 
     // Scores: one warp per position, the same lane/dim assignment for every position.
+#if ELPIS_TREE_ATTN_STAGED
+    __shared__ uint4 tile[kTile][kChunks];
+    for (uint32_t t0 = 0; t0 < n; t0 += kTile) {
+        const uint32_t cnt = min(kTile, n - t0);
+        stage(tile, k_cache, block_table, slots, t0, cnt, h);
+        __syncthreads();
+        for (uint32_t p = warp; p < cnt; p += kWarps) {
+            float kf[8];
+            unpack8(tile[p][lane], kf);
+            score(qf, kf, scale, lane, prob, t0 + p);
+        }
+        __syncthreads();
+    }
+#else
     for (uint32_t i = warp; i < n; i += kWarps) {
         float kf[8];
         load8(k_cache + cache_offset(block_table, slots[i], h) + lane * 8u, kf);
-#pragma unroll
-        for (uint32_t j = 0; j < kGroup; j++) {
-            float dot = 0.0f;
-#pragma unroll
-            for (int d = 0; d < 8; d++) dot = fmaf(qf[j][d], kf[d], dot);
-            dot = warp_sum(dot);
-            if (lane == 0) prob[j][i] = dot * scale;
-        }
+        score(qf, kf, scale, lane, prob, i);
     }
     __syncthreads();
+#endif
 
     // Max per query head (exact in any order).
     if (warp < kGroup) {
@@ -139,6 +188,24 @@ __global__ void __launch_bounds__(kThreads) tree_attention_split(
     float acc[kGroup], sum[kGroup];
 #pragma unroll
     for (uint32_t j = 0; j < kGroup; j++) acc[j] = sum[j] = 0.0f;
+#if ELPIS_TREE_ATTN_STAGED
+    const __half* vt = reinterpret_cast<const __half*>(&tile[0][0]);
+    for (uint32_t t0 = 0; t0 < n; t0 += kTile) {
+        const uint32_t cnt = min(kTile, n - t0);
+        stage(tile, v_cache, block_table, slots, t0, cnt, h);
+        __syncthreads();
+        for (uint32_t i = 0; i < cnt; i++) {
+            const float v = __half2float(vt[i * kHeadDim + d]);
+#pragma unroll
+            for (uint32_t j = 0; j < kGroup; j++) {
+                const float p = prob[j][t0 + i];
+                acc[j] = fmaf(p, v, acc[j]);
+                sum[j] = sum[j] + p;
+            }
+        }
+        __syncthreads();
+    }
+#else
 #pragma unroll 4
     for (uint32_t i = 0; i < n; i++) {
         const float v = __half2float(v_cache[cache_offset(block_table, slots[i], h) + d]);
@@ -149,6 +216,7 @@ __global__ void __launch_bounds__(kThreads) tree_attention_split(
             sum[j] = sum[j] + p;
         }
     }
+#endif
 #pragma unroll
     for (uint32_t j = 0; j < kGroup; j++) {
         const size_t part = (static_cast<size_t>(row) * kQHeads + h * kGroup + j) * max_splits + split;

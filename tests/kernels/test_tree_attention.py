@@ -34,8 +34,12 @@ def _log(record: dict) -> None:
             fh.write(line + "\n")
 
 
-def kernel(q, k, v, table, ctx, depth, ancestors):
+def kernel(q, k, v, table, ctx, depth, ancestors):  # the tree_cases signature
     return ta.tree_attention(q, k, v, table, ctx, depth, ancestors, return_lse=True)
+
+
+def direct_kernel(q, k, v, table, ctx, depth, ancestors):
+    return ta.tree_attention(q, k, v, table, ctx, depth, ancestors, return_lse=True, staged=False)
 
 
 def test_kernel_builds_for_ampere_and_hopper() -> None:
@@ -45,6 +49,19 @@ def test_kernel_builds_for_ampere_and_hopper() -> None:
     if not (nvcc.REPO_ROOT / "build" / "kernels" / "verify_schedule.h").is_file():
         pytest.fail("build/kernels/verify_schedule.h missing: run make build")
     nvcc.check_ampere_only(ta.SOURCE)
+    nvcc.check_ampere_only(ta.SOURCE, defines={"ELPIS_TREE_ATTN_STAGED": 0})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("ctx", "rows"), [(SPLIT - 3, 16), (1000, 5), (32768 - 8, 16)])
+def test_staged_build_equals_the_direct_build(ctx: int, rows: int) -> None:
+    """Same arithmetic in the same order, K/V through shared memory or not: the same bits."""
+    rng = random.Random(ctx)
+    case = tc.make_case(ctx, tc.random_parents(rows, rng), seed=ctx, device="cuda")
+    staged, staged_lse = case.run(kernel)
+    direct, direct_lse = case.run(direct_kernel)
+    assert torch.equal(staged, direct) and torch.equal(staged_lse, direct_lse)
+    _log({"check": "staged==direct", "ctx": ctx, "rows": rows, "ok": True})
 
 
 # Spans that end just before, on and just after split boundaries, for the depths of the trees below.
@@ -65,6 +82,18 @@ def test_rows_are_invariant_bit_for_bit(ctx: int, rows: int) -> None:
     tc.check_other_tree_same_path(kernel, case, rng, seed=ctx)
     tc.check_equals_plain_decoding(kernel, case)
     _log({"check": "bitwise-invariance", "ctx": ctx, "rows": rows, "depth": max(case.depth), "ok": True})
+
+
+@pytest.mark.gpu
+def test_direct_build_rows_are_invariant_bit_for_bit() -> None:
+    """The same invariance checks on the build that reads K/V straight from global memory."""
+    ctx, rng = SPLIT - 1, random.Random(5)
+    case = tc.make_case(ctx, [-1, 0, 1, 2, 3, 4, 5, 6, 7, 0, 9, 1, 11, 12, 2, 14], seed=5, device="cuda")
+    tc.check_relabel_rows(direct_kernel, case, rng)
+    tc.check_siblings_do_not_matter(direct_kernel, case, seed=ctx)
+    tc.check_other_tree_same_path(direct_kernel, case, rng, seed=ctx)
+    tc.check_equals_plain_decoding(direct_kernel, case)
+    _log({"check": "bitwise-invariance-direct", "ctx": ctx, "rows": 16, "ok": True})
 
 
 @pytest.mark.gpu
@@ -141,6 +170,11 @@ def test_timing_line() -> None:
             parents = [-1, *range(rows - 1)]  # a chain: comparable with a causal kvcache call
             case = tc.make_case(ctx, parents, seed=rows, device="cuda")
             record = {"check": "timing", "ctx": ctx, "rows": rows}
+            record["elpis_direct_ms"] = _median_ms(
+                lambda c=case: ta.tree_attention(
+                    c.q, c.k, c.v, c.table, c.ctx, c.depth, c.ancestors, staged=False
+                )
+            )
             record["elpis_ms"] = _median_ms(
                 lambda c=case: ta.tree_attention(c.q, c.k, c.v, c.table, c.ctx, c.depth, c.ancestors)
             )
