@@ -89,6 +89,13 @@ def _u32(values: Sequence[int]) -> ctypes.Array:
     return (ctypes.c_uint32 * max(1, len(values)))(*values)
 
 
+@lru_cache(maxsize=256)
+def _tree_arrays(depth: tuple[int, ...], ancestors: tuple[int, ...]) -> tuple[ctypes.Array, ctypes.Array]:
+    """Checked masks as C arrays, cached: the engine calls every GDN layer with the same tree."""
+    check_masks(depth, ancestors)
+    return _i32(depth), _u32(ancestors)
+
+
 def plan(depth: Sequence[int], ancestors: Sequence[int], *, lib: ctypes.CDLL | None = None) -> Plan:
     """The kernel's visiting plan for a tree (tree_masks output); raises ValueError on a bad tree."""
     check_masks(depth, ancestors)
@@ -187,7 +194,7 @@ def gdn_tree_verify(
     import torch
 
     rows = len(depth)
-    check_masks(depth, ancestors)
+    depth_arr, ancestors_arr = _tree_arrays(tuple(depth), tuple(ancestors))
     n_in = _check_inputs(qkv, beta, g, conv_weight, conv_state, state)
     if n_in != rows:
         raise ValueError(f"the tree has {rows} rows but qkv has {n_in}")
@@ -195,7 +202,7 @@ def gdn_tree_verify(
     stream = torch.cuda.current_stream(qkv.device).cuda_stream
     err = _library().elpis_gdn_tree_verify(
         qkv.data_ptr(), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(), conv_state.data_ptr(),
-        conv_state.shape[1], state.data_ptr(), rows, _i32(depth), _u32(ancestors), out.data_ptr(),
+        conv_state.shape[1], state.data_ptr(), rows, depth_arr, ancestors_arr, out.data_ptr(),
         out_bf16.data_ptr() if out_bf16 is not None else None, stream,
     )  # fmt: skip
     _raise_on(err, "verify")
@@ -235,3 +242,13 @@ def gdn_tree_commit(
     )  # fmt: skip
     _raise_on(err, "commit")
     return out
+
+
+def install() -> None:
+    """The registry switch ELPIS_PATCH_GDN_TREE (to be registered, default off). The kernel is not wired into
+    the exl3 engine yet (its GatedDeltaNet layer and the commit, issue 8 item 4), so turning the switch on
+    refuses instead of silently running the chain path."""
+    raise RuntimeError(
+        "patch gdn-tree: the Gated DeltaNet tree kernel is not wired into the exl3 engine yet "
+        "(issue 8 item 4); unset ELPIS_PATCH_GDN_TREE or set it to 0"
+    )

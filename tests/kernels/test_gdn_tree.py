@@ -254,7 +254,7 @@ def test_timing_line() -> None:
         try:
             record[f"verify_rows{rows}_graph_us"] = round(_graph_us(verify), 2)
             record[f"commit_path{len(path)}_graph_us"] = round(_graph_us(commit), 2)
-        except RuntimeError as exc:  # keep the host-timed numbers; say why the graph numbers are missing
+        except Exception as exc:  # keep the host-timed numbers; say why the graph ones are missing
             record[f"graph_rows{rows}_error"] = str(exc)[:200]
     record["device"] = torch.cuda.get_device_name()
     _log(record)

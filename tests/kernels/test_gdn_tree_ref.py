@@ -260,3 +260,8 @@ def test_gpu_entry_points_refuse_cpu_tensors() -> None:
         gdn_tree.gdn_tree_verify(*inp.tensors(), masks.depth, masks.ancestors)
     with pytest.raises(ValueError, match="qkv must be on a CUDA device"):
         gdn_tree.gdn_tree_commit(*inp.tensors(), [0, 1])
+
+
+def test_install_refuses_until_wired() -> None:
+    with pytest.raises(RuntimeError, match="not wired into the exl3 engine"):
+        gdn_tree.install()
