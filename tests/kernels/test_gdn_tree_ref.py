@@ -6,6 +6,8 @@
 * The float32 emulation of the kernel's algorithm agrees with float64.
 * The host-side visiting plan the kernel runs (the C function, built with nvcc for the host): every row
   starts from its parent's state, the on-chip stack stays within its 3 slots, conv taps read the path.
+* The kernel's own source run on the CPU (g++ and a small emulation of CUDA blocks, warps and shuffles) on
+  three blocks: agrees with the references, rows are invariant, commit equals one token at a time.
 """
 
 from __future__ import annotations
@@ -265,3 +267,207 @@ def test_gpu_entry_points_refuse_cpu_tensors() -> None:
 def test_install_refuses_until_wired() -> None:
     with pytest.raises(RuntimeError, match="not wired into the exl3 engine"):
         gdn_tree.install()
+
+
+# --- the kernel's own source, run on the CPU ----------------------------------------------------------
+# gdn_tree.cu compiled by g++ against two small headers that emulate what it uses of CUDA: one block at a
+# time, one std::thread per CUDA thread, __syncthreads as a block barrier, warp shuffles through a per-warp
+# buffer and barrier, __shared__ as statics; the two `<<<...>>>` launches are rewritten to an emulated
+# launch that runs chosen blocks of the main kernel (all of them would take minutes) and every block of the
+# conv commit. This checks the kernel's indexing, plan use, commit and invariance before any GPU run.
+
+EMU_RUNTIME = r"""
+#pragma once
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
+struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
+typedef int cudaError_t;
+enum { cudaSuccess = 0 };
+typedef void* cudaStream_t;
+inline cudaError_t cudaGetLastError() { return 0; }
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+inline thread_local dim3 threadIdx;
+inline dim3 blockIdx, blockDim;
+inline std::barrier<>* emu_block_barrier;
+inline std::barrier<>* emu_warp_barrier[32];
+inline float emu_warp_buf[32][32];
+inline std::vector<std::pair<int, int>> emu_blocks;
+inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int m) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    emu_warp_buf[warp][lane] = v;
+    emu_warp_barrier[warp]->arrive_and_wait();
+    const float r = emu_warp_buf[warp][lane ^ m];
+    emu_warp_barrier[warp]->arrive_and_wait();
+    return r;
+}
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+template <typename K, typename... A>
+void emu_launch(K kernel, dim3 grid, dim3 block, int, void*, A... args) {
+    blockDim = block;
+    std::vector<std::pair<int, int>> todo = emu_blocks;
+    if (grid.y == 1 || todo.empty()) {
+        todo.clear();
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) todo.push_back({int(x), int(y)});
+    }
+    for (auto [x, y] : todo) {
+        blockIdx = dim3(x, y);
+        std::barrier<> block_barrier(block.x);
+        std::vector<std::barrier<>*> warps;
+        for (unsigned w = 0; w < (block.x + 31) / 32; w++)
+            emu_warp_barrier[w] = warps.emplace_back(new std::barrier<>(32));
+        emu_block_barrier = &block_barrier;
+        std::vector<std::thread> threads;
+        for (unsigned t = 0; t < block.x; t++)
+            threads.emplace_back([=] { threadIdx = dim3(t); kernel(args...); });
+        for (auto& t : threads) t.join();
+        for (auto* w : warps) delete w;
+    }
+}
+extern "C" void emu_set_blocks(int n, const int* xy) {
+    emu_blocks.clear();
+    for (int i = 0; i < n; i++) emu_blocks.push_back({xy[2 * i], xy[2 * i + 1]});
+}
+"""
+
+EMU_BF16 = r"""
+#pragma once
+#include <cstdint>
+#include <cstring>
+struct __nv_bfloat16 { uint16_t x; };
+inline float __bfloat162float(__nv_bfloat16 b) {
+    uint32_t u = uint32_t(b.x) << 16; float f; std::memcpy(&f, &u, 4); return f;
+}
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    uint32_t u; std::memcpy(&u, &f, 4);
+    __nv_bfloat16 r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) { r.x = 0x7fc0; return r; }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    r.x = uint16_t(u >> 16);
+    return r;
+}
+"""
+
+EMU_BLOCKS = [(0, 0), (7, 47), (3, 25)]  # (value-column slice, value head): first, last, a middle one
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    import ctypes
+    import re
+    import shutil
+    import subprocess
+
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("g++ not installed")
+    build = tmp_path_factory.mktemp("gdn_emu")
+    (build / "cuda_runtime.h").write_text(EMU_RUNTIME)
+    (build / "cuda_bf16.h").write_text(EMU_BF16)
+    source = gdn_tree.SOURCE.read_text()
+    source, launches = re.subn(r"(\w+)<<<(.*?)>>>\((.*?)\);", r"emu_launch(\1, \2, \3);", source)
+    assert launches == 2
+    (build / "gdn_tree_emu.cpp").write_text(source)
+    lib_path = build / "libgdn_tree_emu.so"
+    done = subprocess.run(
+        [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", f"-I{build}",
+         str(build / "gdn_tree_emu.cpp"), "-o", str(lib_path)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lib = ctypes.CDLL(str(lib_path))
+    vp, i32, u32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint32
+    lib.elpis_gdn_tree_verify.argtypes = [vp, vp, vp, vp, vp, i32, vp, u32, vp, vp, vp, vp, vp]
+    lib.elpis_gdn_tree_commit.argtypes = [vp, vp, vp, vp, vp, i32, vp, u32, vp, vp, vp, vp]
+    lib.emu_set_blocks(len(EMU_BLOCKS), gdn_tree._i32([v for b in EMU_BLOCKS for v in b]))
+    return lib
+
+
+def _emu_verify(lib, inp: ref.Inputs, parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    masks = accept.tree_masks(parents)
+    rows = len(parents)
+    out = torch.full((rows, ref.VALUE_HEADS, ref.HEAD_DIM), float("nan"))
+    out_bf16 = torch.zeros((rows, ref.VALUE_HEADS, ref.HEAD_DIM), dtype=torch.bfloat16)
+    err = lib.elpis_gdn_tree_verify(
+        inp.qkv.data_ptr(), inp.beta.data_ptr(), inp.g.data_ptr(), inp.conv_weight.data_ptr(),
+        inp.conv_state.data_ptr(), inp.conv_state.shape[1], inp.state.data_ptr(), rows,
+        gdn_tree._i32(masks.depth), gdn_tree._u32(masks.ancestors), out.data_ptr(), out_bf16.data_ptr(), None,
+    )  # fmt: skip
+    assert err == 0
+    return out, out_bf16
+
+
+def _emu_commit(lib, inp: ref.Inputs, conv: torch.Tensor, state: torch.Tensor, path: list[int]) -> None:
+    err = lib.elpis_gdn_tree_commit(
+        inp.qkv.data_ptr(), inp.beta.data_ptr(), inp.g.data_ptr(), inp.conv_weight.data_ptr(),
+        conv.data_ptr(), conv.shape[1], state.data_ptr(), len(path), gdn_tree._i32(path), None, None, None,
+    )  # fmt: skip
+    assert err == 0
+
+
+def _emu_columns(x: torch.Tensor) -> list[torch.Tensor]:
+    """The parts of [..., 48, 128] that the emulated blocks computed."""
+    return [x[..., h, s * 16 : (s + 1) * 16] for s, h in EMU_BLOCKS]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(_emu_columns(a), _emu_columns(b), strict=True))
+
+
+@pytest.mark.slow
+def test_kernel_source_on_the_cpu_matches_references(emulated) -> None:
+    for parents in ([-1, 0, 0, 1, 2], TREES[4]):
+        inp = ref.random_inputs(len(parents), seed=len(parents))
+        ancestors = accept.tree_masks(parents).ancestors
+        out, out_bf16 = _emu_verify(emulated, inp, parents)
+        want, _ = ref.reference_tree(*inp.tensors(), ancestors)
+        emu = ref.emulate_fp32(*inp.tensors(), ancestors)
+        for got, w, e in zip(_emu_columns(out), _emu_columns(want), _emu_columns(emu), strict=True):
+            assert (got.double() - w).abs().max().item() < 1e-6
+            assert (got - e).abs().max().item() < 1e-6
+        assert _same(out_bf16, out.bfloat16())
+
+
+@pytest.mark.slow
+def test_kernel_source_on_the_cpu_is_row_invariant_and_commits_exactly(emulated) -> None:
+    parents = TREES[4]
+    inp = ref.random_inputs(16, seed=300)
+    out, _ = _emu_verify(emulated, inp, parents)
+    # renumbered rows (a different visiting order and stack use)
+    order = [0, 9, 1, 10, 11, 2, 12, 14, 3, 13, 15, 4, 5, 6, 7, 8]
+    new = {old: i for i, old in enumerate(order)}
+    renumbered = [-1] + [new[parents[old]] for old in order[1:]]
+    perm = torch.tensor(order)
+    moved = ref.Inputs(inp.qkv[perm].contiguous(), inp.beta[perm].contiguous(), inp.g[perm].contiguous(),
+                       inp.conv_weight, inp.conv_state, inp.state)  # fmt: skip
+    assert _same(_emu_verify(emulated, moved, renumbered)[0], out[perm])
+    for r in (13, 8):
+        path = ref.path_rows(accept.tree_masks(parents).ancestors[r])
+        state, conv = inp.state.clone(), inp.conv_state.clone()
+        _emu_commit(emulated, inp, conv, state, path[:-1])
+        step_state, step_conv = inp.state.clone(), inp.conv_state.clone()
+        for x in path[:-1]:
+            _emu_commit(emulated, inp, step_conv, step_state, [x])
+        assert _same(state, step_state) and torch.equal(conv, step_conv)
+        _, _, want_conv = ref.reference_commit(*inp.tensors(), path[:-1])
+        assert torch.equal(conv, want_conv)
+        one = ref.Inputs(inp.qkv[r : r + 1].contiguous(), inp.beta[r : r + 1].contiguous(),
+                         inp.g[r : r + 1].contiguous(), inp.conv_weight, conv, state)  # fmt: skip
+        assert _same(_emu_verify(emulated, one, [-1])[0][0], out[r])
