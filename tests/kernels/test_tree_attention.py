@@ -159,7 +159,8 @@ def _median_ms(fn, reps: int = 30) -> float:
 
 @pytest.mark.gpu
 def test_timing_line() -> None:
-    """Median ms per call for 8 and 16 rows at 1K and 32K, next to flash_attn's paged kvcache call (a causal
+    """Median ms per call for 8 and 16 rows at 1K and 32K (staged and direct builds), next to torch SDPA
+    over the same keys gathered densely (non-causal, GQA) and flash_attn's paged kvcache call (a causal
     chain of the same rows) when flash_attn is importable. Recorded, not asserted."""
     try:
         from flash_attn import flash_attn_with_kvcache
@@ -178,6 +179,18 @@ def test_timing_line() -> None:
             record["elpis_ms"] = _median_ms(
                 lambda c=case: ta.tree_attention(c.q, c.k, c.v, c.table, c.ctx, c.depth, c.ancestors)
             )
+            # a dense baseline that needs no extra package: torch SDPA (GQA) over the same keys, gathered
+            k, v = ref.row_kv(case.k, case.v, case.table, ctx, (1 << rows) - 1)
+            kd, vd = k.transpose(0, 1)[None].contiguous(), v.transpose(0, 1)[None].contiguous()
+            qd = case.q.transpose(0, 1)[None].contiguous()
+            try:
+                record["sdpa_dense_ms"] = _median_ms(
+                    lambda q=qd, k=kd, v=vd: torch.nn.functional.scaled_dot_product_attention(
+                        q, k, v, enable_gqa=True
+                    )
+                )
+            except Exception as exc:  # recorded: the timing line is informational
+                record["sdpa_error"] = f"{type(exc).__name__}: {exc}"[:200]
             if flash_attn_with_kvcache is not None:
                 q = case.q[None]
                 seqlens = torch.tensor([ctx + rows], dtype=torch.int32, device="cuda")
