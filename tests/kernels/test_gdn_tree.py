@@ -28,6 +28,7 @@ pytestmark = pytest.mark.gpu
 CHAIN16 = list(range(-1, 15))
 WIDE16 = [-1, 0, 1, 2, 3, 4, 5, 6, 7, 0, 9, 1, 11, 12, 2, 14]
 BUSHY16 = [-1, 0, 0, 0, 1, 1, 2, 3, 4, 4, 5, 6, 7, 8, 9, 10]
+STACK3 = [-1, 0, 1, 2, 2, 1, 5, 5, 0, 8, 9, 10, 11, 12, 13, 14]  # parks 3 states at once (the bound)
 
 
 def _log(record: dict) -> None:
@@ -43,7 +44,7 @@ def _trees() -> list[list[int]]:
     rng = random.Random(1)
     out = [[-1], [-1, 0], [-1, 0, 0, 1, 2]]
     out += [[-1] + [rng.randrange(r) for r in range(1, rows)] for rows in (8, 12, 16)]
-    return [*out, CHAIN16, WIDE16, BUSHY16]
+    return [*out, CHAIN16, WIDE16, BUSHY16, STACK3]
 
 
 def _inputs(rows: int, seed: int) -> ref.Inputs:
@@ -85,6 +86,20 @@ def test_matches_float32_emulation(parents: list[int]) -> None:
     err = (out - emu).abs().max().item()
     _log({"check": "fp32_emulation", "rows": len(parents), "max_abs_err": err})
     assert err < 1e-5 * max(1.0, emu.abs().max().item()), err
+
+
+def test_every_row_count_matches_float64() -> None:
+    rng = random.Random(2)
+    worst = 0.0
+    for rows in range(1, 17):
+        parents = [-1] + [rng.randrange(r) for r in range(1, rows)]
+        inp = _inputs(rows, seed=700 + rows)
+        out = _verify(inp, parents)
+        want, _ = ref.reference_tree(*inp.tensors(), accept.tree_masks(parents).ancestors)
+        err = (out.double() - want).abs().max().item()
+        assert err < 2e-5 * max(1.0, want.abs().max().item()), (rows, err)
+        worst = max(worst, err)
+    _log({"check": "float64_rows_1_to_16", "max_abs_err": worst})
 
 
 @pytest.mark.parametrize("parents", _trees()[2:], ids=lambda p: f"rows{len(p)}")
@@ -155,7 +170,7 @@ def test_the_path_in_another_tree_is_bit_identical() -> None:
             assert torch.equal(out2[spots[-1]], out[r]), (r, size)
 
 
-@pytest.mark.parametrize("parents", [WIDE16, BUSHY16], ids=["wide16", "bushy16"])
+@pytest.mark.parametrize("parents", [WIDE16, BUSHY16, STACK3], ids=["wide16", "bushy16", "stack3"])
 def test_each_row_equals_a_one_row_call_after_its_path(parents: list[int]) -> None:
     inp = _inputs(16, seed=500)
     out = _verify(inp, parents)

@@ -433,7 +433,8 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @pytest.mark.slow
 def test_kernel_source_on_the_cpu_matches_references(emulated) -> None:
-    for parents in ([-1, 0, 0, 1, 2], TREES[4]):
+    stack3 = [-1, 0, 1, 2, 2, 1, 5, 5, 0, 8, 9, 10, 11, 12, 13, 14]  # parks 3 states at once
+    for parents in ([-1, 0, 0, 1, 2], TREES[4], stack3):
         inp = ref.random_inputs(len(parents), seed=len(parents))
         ancestors = accept.tree_masks(parents).ancestors
         out, out_bf16 = _emu_verify(emulated, inp, parents)
