@@ -12,7 +12,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -284,6 +284,18 @@ class OpenAIServer:
                 assert on_idle is not None
                 await on_idle()
 
+    async def _whole_steps(self, job: Job) -> AsyncIterator[Step]:
+        """A job's steps for a whole (non-streamed) answer: a failed job raises; the last step is counted."""
+        while True:
+            item = await self._next_item(job, None)
+            if isinstance(item, JobEnd):
+                if item.error is not None:
+                    raise item.error
+                return
+            if item.finish_reason is not None:
+                self._count_generation(item)
+            yield item
+
     def _count_generation(self, step: Step) -> None:
         if step.stats is not None:
             stats = step.stats
@@ -407,20 +419,13 @@ class OpenAIServer:
         token_ids: list[int] = []
         logprobs: list[Any] = []
         final: Step | None = None
-        while True:
-            item = await self._next_item(job, None)
-            if isinstance(item, JobEnd):
-                if item.error is not None:
-                    raise item.error
-                break
-            step: Step = item
+        async for step in self._whole_steps(job):
             token_ids += step.token_ids
             logprobs += step.logprobs or []
             turn.add(splitter.feed(step.text))
             if step.finish_reason is not None:
                 turn.add(splitter.finish(stopped=step.finish_reason == "stop"))
                 final = step
-                self._count_generation(step)
         assert final is not None and final.stats is not None and final.finish_reason is not None
         if final.finish_reason == "cancelled":
             raise self._shutdown_cut()
@@ -597,19 +602,12 @@ class OpenAIServer:
         token_ids: list[int] = []
         logprobs: list[Any] = []
         final: Step | None = None
-        while True:
-            item = await self._next_item(job, None)
-            if isinstance(item, JobEnd):
-                if item.error is not None:
-                    raise item.error
-                break
-            step: Step = item
+        async for step in self._whole_steps(job):
             texts.append(step.text)
             token_ids += step.token_ids
             logprobs += step.logprobs or []
             if step.finish_reason is not None:
                 final = step
-                self._count_generation(step)
         assert final is not None and final.stats is not None and final.finish_reason is not None
         if final.finish_reason == "cancelled":
             raise self._shutdown_cut()
