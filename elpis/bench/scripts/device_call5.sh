@@ -1,7 +1,7 @@
 #!/bin/bash
 # Call 5 (one bundled call, ~5 minutes of device time left in the session): build the proven acceptor on
 # the GPU machine, then, in priority order, each part's GPU checks, each bounded by the time left.
-LIMIT=${LIMIT:-270}
+LIMIT=${LIMIT:-262}
 source elpis/bench/scripts/device_common.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"
 export ELPIS_PROVE_JOBS=14
@@ -15,10 +15,10 @@ part() {  # name, seconds: run one part's script if at least that much time is l
   ( source "elpis/bench/scripts/device_part_$name.sh" ) 2>&1 | tail -40
 }
 part accept 25
+echo "=== product path ($(left) s left)" | tee -a "$OUT/log"
+timeout $(( $(left) > 80 ? 80 : $(left) - 5 )) python3 -m pytest -m gpu tests/exl3/test_gpu.py tests/spec -q -p no:cacheprovider \
+  -k "not 24gib" -rs --durations=5 2>&1 | tail -15 | tee -a "$OUT/log"
 part gdntree 20
 part treeattn 25
-echo "=== product path ($(left) s left)" | tee -a "$OUT/log"
-timeout $(( $(left) > 90 ? 90 : $(left) - 5 )) python3 -m pytest -m gpu tests/exl3/test_gpu.py tests/spec -q -p no:cacheprovider \
-  -k "not 24gib" -rs 2>&1 | tail -15 | tee -a "$OUT/log"
 part gate 25
 echo "=== done ($(left) s left)" | tee -a "$OUT/log"
