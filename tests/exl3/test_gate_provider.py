@@ -136,6 +136,22 @@ def _write_tokenizer(directory: Path, tokens: int) -> None:
     tokenizer.save(str(directory / "tokenizer.json"))
 
 
+def _point_eos_into(model: Path, eos: int) -> None:
+    """Replace the (linked) configs by copies whose end ids exist in a small test tokenizer."""
+
+    def rewrite(node: object) -> object:
+        if isinstance(node, dict):
+            return {k: eos if k == "eos_token_id" else rewrite(v) for k, v in node.items()}
+        return node
+
+    for name in ("config.json", "generation_config.json"):
+        path = model / name
+        if path.exists():
+            data = rewrite(json.loads(path.read_text()))
+            path.unlink()
+            path.write_text(json.dumps(data))
+
+
 def _model_dir(directory: Path, vocab: int, tokens: int) -> Path:
     """A directory with a config.json of `vocab` logits and a `tokens`-id tokenizer.json."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -500,6 +516,7 @@ def test_configuration_teacher_forces_and_decodes(small, tmp_path):
         if f.name not in ("tokenizer.json", "tokenizer_config.json"):
             (model / f.name).symlink_to(f)
     _write_tokenizer(model, 1000)
+    _point_eos_into(model, 2)
     made = make_configuration("exl3:patches=fixed-rows-8+gdn-state-fp32,rows=8", model)
     assert made.spec == "exl3:patches=fixed-rows-8+gdn-state-fp32,rows=8"
     assert made.vocab_size == 1000
