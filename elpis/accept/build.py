@@ -5,8 +5,9 @@ Fail closed: every step runs into a fresh staging directory next to the output; 
 stops the build with a BuildError naming its layer ("prove", "generate", "c-scan", "compile", "table",
 "identity", "admission"), and the previous build (if any) is left untouched. Admission later re-checks
 everything against the sources, so a stale previous build still cannot be served. One step also writes the
-tree-verify attention schedule header into the root's `build/kernels/` (the CUDA include directory), only
-once a host build of it matches the Bend interpreter (a failure is a "generate" or "table" error).
+tree-verify attention schedule header and one the GDN tree plan header into the root's `build/kernels/` (the
+CUDA include directory), each only once a host build of it matches the Bend interpreter (a failure is a
+"generate" or "table" error).
 """
 
 from __future__ import annotations
@@ -177,6 +178,9 @@ def _build_into(
     with steps.step("generate", "verify-attention schedule header (checked against the interpreter)"):
         _schedule(root, root / "build" / "kernels", cc)
 
+    with steps.step("generate", "GDN tree plan header (checked against the interpreter)"):
+        _gdn_plan(root, root / "build" / "kernels", cc)
+
     with steps.step("generate", "generate C from the implementation modules"):
         generated = _generate(root, work / "generated")
         for name, path in generated.items():
@@ -271,6 +275,21 @@ def _schedule(root: Path, kernels_dir: Path, cc: str) -> None:
         raise BuildError("table", f"schedule header: {exc}") from exc
     except BendError as exc:
         raise BuildError("generate", f"schedule header: {exc}") from exc
+
+
+def _gdn_plan(root: Path, kernels_dir: Path, cc: str) -> None:
+    """Compile bend/gdn_plan.bend (proved in the prove step) to build/kernels/gdn_plan.h; the header is
+    written only once a host build of it matches the Bend interpreter on every table tree and every plan
+    replays without breaking the kernel's walk."""
+    from elpis.bend import gdn_plan
+    from elpis.bend.errors import BendError
+
+    try:
+        gdn_plan.build(kernels_dir, root, cc)
+    except gdn_plan.PlanMismatch as exc:
+        raise BuildError("table", f"gdn plan header: {exc}") from exc
+    except BendError as exc:
+        raise BuildError("generate", f"gdn plan header: {exc}") from exc
 
 
 def _generate(root: Path, out_dir: Path) -> dict[str, Path]:

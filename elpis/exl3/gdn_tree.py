@@ -9,7 +9,9 @@ the kernel's header comment.
 
 The library is built by `elpis.nvcc.load` for the current GPU and called through ctypes with device
 pointers on the current stream. `plan(depth, ancestors)` exposes the host-side visiting plan (the same C
-function the launchers use) and works without a GPU.
+function the launchers use) and works without a GPU. That plan is the proved Bend program
+`bend/gdn_plan.bend`, compiled by `make build` to `build/kernels/gdn_plan.h` (`elpis.bend.gdn_plan`), which
+the kernel source includes; the C glue around it only validates the masks and maps rows to input rows.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@
   chunked forms of `elpis.reference`) and `elpis.reference`'s own tree verify of a DeltaNet layer.
 * Commit replay equals committing one token at a time.
 * The float32 emulation of the kernel's algorithm agrees with float64.
-* The host-side visiting plan the kernel runs (the C function, built with nvcc for the host): every row
-  starts from its parent's state, the on-chip stack stays within its 3 slots, conv taps read the path.
+* The host-side visiting plan the kernel runs (bend/gdn_plan.bend compiled to build/kernels/gdn_plan.h, in
+  the kernel's host code built with nvcc): every row starts from its parent's state, the on-chip stack stays
+  within its 3 slots, conv taps read the path, and it is the Bend interpreter's plan.
 * The kernel's own source run on the CPU (g++ and a small emulation of CUDA blocks, warps and shuffles) on
   three blocks: agrees with the references, rows are invariant, commit equals one token at a time.
 """
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from elpis import accept, nvcc
+from elpis.bend import gdn_plan
 from elpis.exl3 import gdn_tree
 from elpis.exl3 import gdn_tree_ref as ref
 from elpis.paths import REPO_ROOT
@@ -231,6 +233,24 @@ def test_plan_for_16_rows_stays_within_three_slots() -> None:
 
 
 @needs_nvcc
+def test_kernel_plan_is_the_bend_programs() -> None:
+    """What the kernel's host code plans (through the generated header) is the Bend interpreter's plan."""
+    planner = gdn_plan.Planner()
+    rng = random.Random(5)
+    trees = [t for rows in range(1, 6) for t in gdn_plan.every_tree(rows)]
+    trees += [[-1] + [rng.randrange(r) for r in range(1, 16)] for _ in range(40)]
+    for parents in trees:
+        masks = accept.tree_masks(parents)
+        got = gdn_tree.plan(masks.depth, masks.ancestors)
+        want = planner.plan(parents)
+        assert (got.order, got.load, got.store) == (want.order, want.load, want.store)
+        assert got.max_stack == want.slots
+        window = gdn_plan.WINDOW
+        taps = tuple(tuple(c if c < window else -1 - (c - window) for c in t) for t in want.taps)
+        assert got.src == taps, parents
+
+
+@needs_nvcc
 def test_plan_refuses_bad_masks() -> None:
     with pytest.raises(ValueError, match="row 0 must be the root"):
         gdn_tree.plan([1], [1])
@@ -388,7 +408,7 @@ def emulated(tmp_path_factory):
     lib_path = build / "libgdn_tree_emu.so"
     done = subprocess.run(
         [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", f"-I{build}",
-         str(build / "gdn_tree_emu.cpp"), "-o", str(lib_path)],
+         *[f"-I{d}" for d in nvcc.INCLUDE_DIRS], str(build / "gdn_tree_emu.cpp"), "-o", str(lib_path)],
         capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
