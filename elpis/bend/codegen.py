@@ -5,8 +5,11 @@ spec cannot leak in. Every def reachable from the exported entries is compiled o
 Nat -> uint64_t, U32 -> uint32_t, token ids -> elpis_tok, Bool -> bool, records -> structs
 returned by value, a `List<T>` parameter -> a (pointer, length) slice, a `List<T>` result ->
 written to a caller's buffer with the length returned. Calls in tail position of a non-recursive
-def are inlined (so a list built by `x <> f(..)` is written in place). There is no heap, no loop
-that Bend did not have as recursion, and gcc turns the self tail calls into loops.
+def are inlined (so a list built by `x <> f(..)` is written in place). A def whose self calls are
+all in tail position is emitted as `for (;;) { body }` where each self tail call becomes a parallel
+assignment of the new arguments to the parameters (through temporaries) and `continue`, so the C
+has no recursion there (NVVM, unlike gcc, does not do this itself; see PROOF_BOUNDARY.md). There
+is no heap and no loop that Bend did not have as tail recursion.
 
 The output is deterministic and is checked by the token scan (`cscan.py`) before it is written.
 """
@@ -242,9 +245,13 @@ class Generator:
 
 
 class FnEmitter:
-    def __init__(self, gen: Generator, fun: FunInfo) -> None:
+    def __init__(self, gen: Generator, fun: FunInfo, loop: bool = False) -> None:
         self.gen = gen
         self.fun = fun
+        self.loop = loop  # self tail calls become `continue` (see emit)
+        self.self_call_left = False  # a self call the loop form could not take (not in tail position)
+        self.params: list[tuple[str, Ty]] = []  # (C name, type) of each parameter, in order
+        self.acc: str | None = None  # the operator folded into `acc` (loop form only)
         self.lines: list[str] = []
         self.vars: dict[str, CVarInfo] = {}
         self.called: set[str] = set()
@@ -252,6 +259,16 @@ class FnEmitter:
         self.used: set[str] = set()
 
     def emit(self) -> tuple[str, str]:
+        """The prototype and definition; a def whose self calls are all tail calls becomes a loop."""
+        if self.gen.recursive(self.fun.key):
+            looped = FnEmitter(self.gen, self.fun, loop=True)
+            proto, text = looped.emit_once()
+            if not looped.self_call_left:
+                self.called = looped.called
+                return proto, text
+        return self.emit_once()
+
+    def emit_once(self) -> tuple[str, str]:
         fun = self.fun
         if fun.body is None:
             raise BendError(f"codegen: {fun.name} has no body")
@@ -260,6 +277,7 @@ class FnEmitter:
             if quant == "~":
                 raise BendError(f"{fun.loc}: codegen: template parameters are not compiled")
             cname = self._bind(name, ty)
+            self.params.append((cname, ty))
             params.extend(self._param_decl(cname, ty))
         result = fun.result
         if isinstance(result, ListT):
@@ -270,7 +288,19 @@ class FnEmitter:
             ret = self.gen.ctype(result)
             ctx = ("ret",)
         proto = f"static {ret} {_short(fun.key)}({', '.join(params) or 'void'})"
-        self.tail(fun.body, ctx, 1)
+        if self.loop:
+            # the parameters are the loop variables; a list result counts what earlier turns wrote,
+            # and `a OP f(..)` for an associative OP with a unit folds `a` into an accumulator
+            if ctx[0] == "list":
+                self._line(1, "uint32_t written = 0;")
+            self.acc = _accumulated(fun.body, fun.key)
+            if self.acc is not None:
+                self._line(1, f"{ret} acc = {ACCUMULATORS[self.acc]};")
+            self._line(1, "for (;;) {")
+            self.tail(fun.body, ctx, 2)
+            self._line(1, "}")
+        else:
+            self.tail(fun.body, ctx, 1)
         body = "\n".join(self.lines)
         return proto, f"{proto} {{\n{body}\n}}\n"
 
@@ -296,6 +326,28 @@ class FnEmitter:
         if isinstance(t, CLet):
             t = _sink(t)
         match t:
+            case CLet(name, value, CVar(used), _) if used == name:  # `let x = e; x` is `e`
+                self.tail(value, ctx, depth)
+                return
+            case CCall(key, args) if self.loop and key == self.fun.key:
+                self._again(args, ctx, depth)
+                return
+            case CPrim("Bool.or" | "Bool.and" as op, (first, CCall(key, _) as second)) if (
+                self.loop and key == self.fun.key and ctx[0] == "ret"
+            ):
+                # pure and total: `a || f(..)` is `a ? true : f(..)`, a self call in tail position
+                test = self.expr(first) if op == "Bool.or" else f"!({self.expr(first)})"
+                self._line(depth, f"if ({test}) {{")
+                self._line(depth + 1, f"return {'true' if op == 'Bool.or' else 'false'};")
+                self._line(depth, "}")
+                self.tail(second, ctx, depth)
+                return
+            case CPrim(op, (first, CCall(key, _) as second)) if (
+                self.loop and key == self.fun.key and op == self.acc and ctx[0] == "ret"
+            ):
+                self._line(depth, f"acc = {C_PRIMS[op].format('acc', self.expr(first))};")
+                self.tail(second, ctx, depth)
+                return
             case CLet(name, value, body, ty):
                 if name in free_vars(body):  # an unused let is dropped (pure code)
                     self._let(name, value, ty, depth)
@@ -308,29 +360,66 @@ class FnEmitter:
                 self.tail(self._inline(key, args), ctx, depth)
                 return
         if ctx[0] == "ret":
-            self._line(depth, f"return {self.expr(t)};")
+            value = self.expr(t)
+            if self.acc is not None:
+                value = C_PRIMS[self.acc].format("acc", value)
+            self._line(depth, f"return {value};")
             return
         self._list_tail(t, ctx, depth)
+
+    def _again(self, args: tuple[Core, ...], ctx: tuple, depth: int) -> None:
+        """A self tail call in the loop form: the parameters take the arguments' values, all
+        computed before any is assigned (a parallel assignment), then the next turn starts."""
+        if len(args) != len(self.params):
+            raise BendError(f"{self.fun.loc}: codegen: self call with {len(args)} arguments")
+        moves: list[tuple[str, str]] = []
+        for (cname, ty), arg in zip(self.params, args, strict=True):
+            if isinstance(ty, ListT):
+                if not isinstance(arg, CVar):
+                    raise BendError(f"{self.fun.loc}: codegen: list argument must be a list variable")
+                src = self.vars[arg.name].cname
+                if src != cname:
+                    elem = self.gen.ctype(ty.elem)
+                    self._line(depth, f"const {elem} *next_{cname} = {src};")
+                    self._line(depth, f"uint32_t next_{cname}_len = {src}_len;")
+                    moves += [(cname, f"next_{cname}"), (f"{cname}_len", f"next_{cname}_len")]
+                continue
+            code = self.expr(arg)
+            if code != cname:
+                self._line(depth, f"{self.gen.ctype(ty)} next_{cname} = {code};")
+                moves.append((cname, f"next_{cname}"))
+        for target, source in moves:
+            self._line(depth, f"{target} = {source};")
+        if ctx[0] == "list" and ctx[2] != "0":
+            self._line(depth, f"out += {ctx[2]};")
+            self._line(depth, f"written += {ctx[2]};")
+        self._line(depth, "continue;")
 
     def _list_tail(self, t: Core, ctx: tuple, depth: int) -> None:
         _, out, off = ctx
         match t:
             case CCtor(_, "Nil", ()):
-                self._line(depth, f"return {off};")
+                self._line(depth, f"return {self._written(off)};")
             case CCtor(_, "Con", (head, rest)):
                 self._line(depth, f"{out}[{off}] = {self.expr(head)};")
                 self.tail(rest, ("list", out, _plus(off, 1)), depth)
             case CCall(key, args):
                 call = self._call(key, args, extra=f"{out} + {off}" if off != "0" else out)
-                self._line(depth, f"return {call};" if off == "0" else f"return {off} + {call};")
+                done = self._written(off)
+                self._line(depth, f"return {call};" if done == "0" else f"return {done} + {call};")
             case CVar(name):
                 v = self.vars[name]
                 self._line(
                     depth, f"for (uint32_t i = 0; i < {v.cname}_len; i++) {out}[{off} + i] = {v.cname}[i];"
                 )
-                self._line(depth, f"return {off} + {v.cname}_len;")
+                self._line(depth, f"return {self._written(off)} + {v.cname}_len;")
             case _:
                 raise BendError(f"{self.fun.loc}: codegen: cannot build a list from {type(t).__name__} here")
+
+    def _written(self, off: str) -> str:
+        if not self.loop:
+            return off
+        return "written" if off == "0" else f"written + {off}"
 
     def _let(self, name: str, value: Core, ty: Ty | None, depth: int) -> None:
         if ty is None:
@@ -486,6 +575,8 @@ class FnEmitter:
     def _call(self, key: str, args: tuple[Core, ...], extra: str | None = None) -> str:
         callee = self.gen.prog.funs[key]
         self.called.add(key)
+        if key == self.fun.key:
+            self.self_call_left = True
         parts = []
         for (_, pty, _), a in zip(callee.params, args, strict=True):
             if isinstance(pty, ListT):
@@ -500,6 +591,39 @@ class FnEmitter:
         if extra is not None:
             parts.append(extra)
         return f"{_short(key)}({', '.join(parts)})"
+
+
+# Operators `a OP f(..)` may fold into an accumulator: associative (so acc OP (a OP r) =
+# (acc OP a) OP r, also in C's wrapping uint64_t arithmetic) with the given unit as acc's start.
+ACCUMULATORS = {"Nat.add": "UINT64_C(0)", "U32.or": "UINT32_C(0)"}
+
+
+def _accumulated(body: Core, key: str) -> str | None:
+    """The one accumulator operator applied as `a OP key(..)` in body, if there is exactly one."""
+    ops: set[str] = set()
+
+    def walk(t: Core) -> None:
+        match t:
+            case CPrim(op, (_, CCall(k, _))) if k == key and op in ACCUMULATORS:
+                ops.add(op)
+        for child in _children(t):
+            walk(child)
+
+    walk(body)
+    return ops.pop() if len(ops) == 1 else None
+
+
+def _children(t: Core) -> list[Core]:
+    match t:
+        case CSucc(_, a):
+            return [a]
+        case CPrim(_, args) | CCall(_, args) | CApply(_, args) | CCtor(_, _, args):
+            return list(args)
+        case CLet(_, v, b, _):
+            return [v, b]
+        case CCase(_, _, branches, lits, default):
+            return [br.body for br in branches] + [b for _, b in lits] + ([default] if default else [])
+    return []
 
 
 def _sink(t: Core) -> Core:

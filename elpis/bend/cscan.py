@@ -258,6 +258,11 @@ def _check_use(toks: list[Tok], start: int, end: int, value: bool, sym: Symbols)
     nxt = toks[end + 1].text if end + 1 < len(toks) else ""
     if prev == ")" and _is_cast(toks, start - 1):
         return "cast of a token id"
+    if prev in (";", "{", "}") and nxt == "=" and start == end:
+        # `x = y;` (a loop's parameter update): only another token name of the same kind may flow in
+        source = toks[end + 2].text if end + 3 < len(toks) and toks[end + 3].text == ";" else ""
+        same = sym.values if value else sym.arrays
+        return None if source in same else "token variable assigned something other than a token variable"
     if not value:
         if nxt == "[":
             return None

@@ -29,6 +29,7 @@ import pytest
 from elpis.accept import build as build_module
 from elpis.accept import identity, loader, table
 from elpis.accept.build import BuildError, build
+from elpis.bend import codegen
 from elpis.paths import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -276,6 +277,36 @@ def test_wrong_count_in_the_codegen_template_is_caught_by_the_table(
     _reuse_pristine_proofs(monkeypatch, pristine, root)
     message = _fails(root, tmp_path, "table")
     assert "library disagrees with the oracle" in message and "chain_random" in message
+
+
+def test_sequential_parameter_update_in_the_loop_form_is_caught_by_the_table(
+    pristine: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The generator's loop form of a self tail call (trusted, not proved) updates the parameters in
+    parallel through `next_` temporaries. Assigning the Nat parameters one after another instead (so
+    `cur` reads the new `idx`) is a plausible generator bug that no scan can see: the table sees it."""
+    original = codegen.FnEmitter._again
+
+    def sequential(self: codegen.FnEmitter, args: Any, ctx: tuple, depth: int) -> None:
+        start = len(self.lines)
+        original(self, args, ctx, depth)
+        lines = []
+        for line in self.lines[start:]:
+            if re.fullmatch(r"\s*(v_\w+) = next_\1;", line) and "uint64_t next_" + line.split()[0] in (
+                "".join(self.lines[start:])
+            ):
+                continue  # the temporary is gone: the parameter was assigned in place below
+            temp = re.fullmatch(r"(\s*)uint64_t next_(v_\w+) = (.*);", line)
+            lines.append(f"{temp[1]}{temp[2]} = {temp[3]};" if temp else line)
+        assert lines != self.lines[start:]
+        self.lines[start:] = lines
+
+    monkeypatch.setattr(codegen.FnEmitter, "_again", sequential)
+    root = tmp_path / "root"
+    shutil.copytree(pristine["root"], root, ignore=shutil.ignore_patterns("__pycache__"))
+    _reuse_pristine_proofs(monkeypatch, pristine, root)
+    message = _fails(root, tmp_path, "table")
+    assert "library disagrees with the oracle" in message and ("tree8" in message or "tree_random" in message)
 
 
 # --- glue, table pin, build directory: caught by the table check or admission -----------------------

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import ctypes
 import random
+import re
 import shutil
 import subprocess
 
 import pytest
 
 from elpis.bend import cscan
-from elpis.bend.codegen import generate, render
+from elpis.bend.codegen import _accumulated, generate, render
+from elpis.bend.core import CCall, CPrim, CVar
 from elpis.bend.errors import BendError
 from elpis.paths import REPO_ROOT
 
@@ -45,6 +47,36 @@ def test_exports_exactly_the_contract(tmp_path):
     assert "static" in text and "#include <stdlib.h>" not in text and "malloc" not in text
     for name in ("chain_spec", "tree_spec", "masks_spec"):
         assert name not in text  # never generated from a spec
+
+
+def _function_bodies(text: str) -> dict[str, str]:
+    """name -> body text of every generated `bend_*` definition."""
+    heads = list(re.finditer(r"^ELPIS_FN static \w+ (bend_\w+)\(.*\{$", text, re.M))
+    return {h.group(1): text[h.end() : text.index("\n}\n", h.end())] for h in heads}
+
+
+def test_the_generated_c_has_no_recursion(tmp_path):
+    """Every recursive Bend def here recurses only in tail position (or as `a || f`, `a OP f` with an
+    associative OP), so each is emitted as a loop: NVVM, unlike gcc, would otherwise keep one frame per
+    row on the GPU. No function calls itself, nor any other function that leads back to it."""
+    _, source = generate(tmp_path)
+    bodies = _function_bodies(source.read_text())
+    calls = {name: set(re.findall(r"\b(bend_\w+)\(", body)) & set(bodies) for name, body in bodies.items()}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(g == goal or (g not in seen and reaches(g, goal, seen | {g})) for g in calls[start])
+
+    assert [name for name in bodies if reaches(name, name, set())] == []
+    loops = {name for name, body in bodies.items() if "for (;;) {" in body}
+    assert {"bend_chain_run", "bend_chain_is_stop", "bend_tree_decide", "bend_tree_walk"} <= loops
+    assert {"bend_masks_depth_scan", "bend_masks_mask_scan", "bend_masks_parent"} <= loops
+
+
+def test_only_a_trailing_self_call_under_an_accumulator_operator_is_folded():
+    """`a + f(..)` folds into an accumulator; `f(..) + a` is not recognised (so it would stay a call)."""
+    body = CPrim("Nat.add", (CCall("m::f", (CVar("x"),)), CVar("y")))
+    assert _accumulated(body, "m::f") is None
+    assert _accumulated(CPrim("Nat.add", (CVar("y"), CCall("m::f", (CVar("x"),)))), "m::f") == "Nat.add"
 
 
 U32 = ctypes.c_uint32
@@ -124,8 +156,10 @@ def test_token_scan_accepts_the_generated_code():
     [
         ("(v_d != v_t)", "(v_d < v_t)", "operator <"),
         ("(v_d != v_t)", "(v_d >= v_t)", "operator >="),
-        ("((v_s == v_t) ||", "(((v_s + 1) == v_t) ||", "operator +"),
-        ("((v_s == v_t) ||", "(((uint32_t)v_s == v_t) ||", "cast"),
+        ("if ((v_s == v_t)) {", "if (((v_s + 1) == v_t)) {", "operator +"),
+        ("if ((v_s == v_t)) {", "if (((uint32_t)v_s == v_t)) {", "cast"),
+        ("v_want = next_v_want;", "v_want = 7u;", "a made-up token assigned to a loop parameter"),
+        ("v_want = next_v_want;", "v_n = next_v_want;", "a token assigned to a non-token parameter"),
         ("elpis_tok v_d = v_draft[0];", "uint32_t v_d = v_draft[0];", "non-token variable"),
     ],
 )
