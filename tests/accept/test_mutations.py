@@ -290,6 +290,8 @@ def test_sequential_parameter_update_in_the_loop_form_is_caught_by_the_table(
     def sequential(self: codegen.FnEmitter, args: Any, ctx: tuple, depth: int) -> None:
         start = len(self.lines)
         original(self, args, ctx, depth)
+        if not self.fun.key.startswith("bend/tree.bend::"):
+            return  # the acceptor's tree walk only (the schedule and plan headers use this generator too)
         lines = []
         for line in self.lines[start:]:
             if re.fullmatch(r"\s*(v_\w+) = next_\1;", line) and "uint64_t next_" + line.split()[0] in (
