@@ -26,6 +26,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from elpis.bend.check import Program, load
 from elpis.bend.codegen import FnEmitter, Generator
 from elpis.bend.errors import BendError
+from elpis.bend.headers import install_checked
 from elpis.bend.interp import Interpreter
 from elpis.paths import BUILD_DIR, REPO_ROOT
 
@@ -283,20 +284,7 @@ def check_header(header: Path, root: Path = REPO_ROOT, cc: str | None = None) ->
 def build(out_dir: Path = KERNELS_BUILD_DIR, root: Path = REPO_ROOT, cc: str | None = None) -> Path:
     """Render the header, check it against the interpreter, then move it into `out_dir` atomically."""
     root = Path(root).resolve()
-    text = render(root)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{HEADER}.", dir=out_dir)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        check_header(tmp, root, cc)
-        os.chmod(tmp, 0o644)
-        tmp.replace(out_dir / HEADER)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out_dir / HEADER
+    return install_checked(render(root), out_dir, HEADER, lambda tmp: check_header(tmp, root, cc))
 
 
 def split_size_of(header: Path) -> int:
