@@ -21,6 +21,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "download": ("elpis.manifest_download", "fetch the pinned target and draft revisions and verify them"),
     "gate": ("elpis.gate.cli", "quality gates: per-op error against fp64, model comparison, verdicts"),
     "eval": ("elpis.gate.eval", "AIME 2025 / GSM8K evaluation lanes against an OpenAI-compatible server"),
+    "export-hf": ("elpis.reference.export", "write a Llama GGUF as a Hugging Face directory (exact weights)"),
+    "quantize": (
+        "elpis.exl3.quantize",
+        "convert a Hugging Face directory to EXL3 with ExLlamaV3's converter (GPU)",
+    ),
+    "dequantize": (
+        "elpis.exl3.dequant",
+        "an EXL3 model's exact dequantised weights as a Hugging Face dir (GPU)",
+    ),
 }
 
 

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from elpis.paths import BENCH_RESULTS
@@ -38,8 +39,12 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--cap-gib", type=float, default=24.0, help="GPU memory cap for elpis (0: none)")
-    p.add_argument("--elpis-loop", choices=("spec", "direct"), default="spec",
-                   help="spec (default): speculation core + proven acceptor; direct: backend rounds only")
+    p.add_argument(
+        "--elpis-loop",
+        choices=("spec", "direct"),
+        default="spec",
+        help="spec (default): speculation core + proven acceptor; direct: backend rounds only",
+    )
     p.add_argument("--title", default=None)
     p.add_argument(
         "--model-note",
@@ -53,6 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_engine(
         sub.add_parser("engine", help="stock vs elpis engine speed on this GPU (in process, no HTTP)")
     )
+    prof = sub.add_parser("profile", help="stock vs elpis: GPU time per phase of rounds and prefill chunks")
+    _add_engine(prof)
+    prof.add_argument(
+        "--profile-prefill",
+        default="32768,262144",
+        help="contexts whose last prefill chunks are profiled (comma-separated)",
+    )
+    prof.set_defaults(rounds=8, warmup=3, checkpoints="1024,32768,262144")
     rep = sub.add_parser("report", help="re-render a result JSON into Markdown and PNG")
     rep.add_argument("result", type=Path)
     g = sub.add_parser("gsm8k", help="served GSM8K speed workload against an OpenAI-compatible server")
@@ -74,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         return int(gsm8k.run(args) or 0)
     if args.mode == "report":
         return run_report(args.result)
+    if args.mode == "profile":
+        return run_profile(args)
     return run_engine(args)
 
 
@@ -103,9 +118,8 @@ def run_engine(args: argparse.Namespace) -> int:
         return 2
     start = time.time()
     end = start + args.time_limit
-    systems = [s for s in args.systems.split(",") if s]
-    if any(s not in ("stock", "elpis") for s in systems):
-        print(f"unknown system in {args.systems!r} (stock, elpis)", file=sys.stderr)
+    systems = _systems(args.systems)
+    if systems is None:
         return 2
     facts = hardware.gpu_facts()
     stem = args.stem or f"engine-{time.strftime('%Y-%m-%d')}-{facts.get('gpu', 'gpu').replace(' ', '_')}"
@@ -122,6 +136,24 @@ def run_engine(args: argparse.Namespace) -> int:
     }
     torch.cuda.empty_cache()
     print(f"ceilings: {doc['ceilings']}", flush=True)
+    run_workers(args, systems, doc, end, stem, lambda: report.write(doc, arith, args.out_dir, stem))
+    for p in report.write(doc, arith, args.out_dir, stem):
+        print(f"wrote {p}")
+    print(report.markdown(doc))
+    return 0
+
+
+def run_workers(
+    args: argparse.Namespace,
+    systems: list[str],
+    doc: dict,
+    end: float,
+    stem: str,
+    save: Callable[[], object],
+    extra: Sequence[str] = (),
+) -> None:
+    """Each system in its own worker process (`python -m elpis.bench.worker`), in order, sharing the time
+    left; `doc["systems"][name]` gets each worker's result and `save()` runs after each."""
     for i, system in enumerate(systems):
         now = time.time()
         budget = (end - now) / (len(systems) - i)
@@ -147,6 +179,7 @@ def run_engine(args: argparse.Namespace) -> int:
             str(args.rounds),
             "--warmup",
             str(args.warmup),
+            *extra,
         ]
         if args.checkpoints:
             cmd += ["--checkpoints", args.checkpoints]
@@ -168,8 +201,43 @@ def run_engine(args: argparse.Namespace) -> int:
         data["returncode"] = proc.returncode
         doc["systems"][system] = data
         raw.unlink(missing_ok=True)
-        report.write(doc, arith, args.out_dir, stem)  # after each system: partial results survive
-    for p in report.write(doc, arith, args.out_dir, stem):
-        print(f"wrote {p}")
-    print(report.markdown(doc))
+        save()  # after each system: partial results survive
+
+
+def _systems(text: str) -> list[str] | None:
+    systems = [s for s in text.split(",") if s]
+    if not systems or any(s not in ("stock", "elpis") for s in systems):
+        print(f"unknown system in {text!r} (stock, elpis)", file=sys.stderr)
+        return None
+    return systems
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """`elpis bench profile`: both systems' per-phase GPU time in one run (bench/results/profile-*)."""
+    import torch
+
+    from elpis.bench import hardware, phase_report
+
+    if not torch.cuda.is_available():
+        print("elpis bench profile needs a CUDA GPU", file=sys.stderr)
+        return 2
+    systems = _systems(args.systems)
+    if systems is None:
+        return 2
+    end = time.time() + args.time_limit
+    facts = hardware.gpu_facts()
+    stem = args.stem or f"profile-{time.strftime('%Y-%m-%d')}-{facts.get('gpu', 'gpu').replace(' ', '_')}"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    doc: dict = {
+        "title": args.title or f"Per-phase GPU time, stock ExLlamaV3 vs elpis, {facts.get('gpu')}",
+        "model_note": args.model_note,
+        "facts": facts,
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "systems": {},
+    }
+    extra = ["--profile", "--profile-prefill", args.profile_prefill]
+    run_workers(args, systems, doc, end, stem, lambda: phase_report.write(doc, args.out_dir, stem), extra)
+    for path in phase_report.write(doc, args.out_dir, stem):
+        print(f"wrote {path}")
+    print(phase_report.markdown(doc))
     return 0

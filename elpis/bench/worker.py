@@ -305,25 +305,77 @@ def measure(
     return out
 
 
+def load_system(args: argparse.Namespace, res: Results):
+    if args.cap_gib:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * GiB / total))
+    res.data["facts"] = hardware.gpu_facts()
+    system = ElpisSystem(args, res) if args.system == "elpis" else StockSystem(args, res)
+    if args.system == "elpis":
+        from elpis.exl3 import patches
+
+        res.data["patches"] = patches.applied()
+        res.data["loop"] = args.elpis_loop
+        layers = system.backend.engine.cache.get_all_recurrent_layers().values()
+        res.data["gdn_state_dtype"] = str(next(iter(layers)).recurrent_state.dtype)
+    res.data["peak_after_load"] = peak_memory()
+    res.save()
+    return system
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """Per-phase GPU time (`elpis.bench.phases`): at each context, the last prefill chunks (contexts in
+    --profile-prefill) and `rounds` speculative rounds, then plain decode steps, after `warmup` rounds."""
+    from elpis.bench.phases import PhaseProfiler
+
+    res = Results(args.out, args.system)
+    res.data["profiles"] = []
+    try:
+        system = load_system(args, res)
+        if args.system == "elpis":
+            model, draft = system.backend.engine.model, system.backend.engine.draft
+        else:
+            model, draft = system.model, system.draft
+        vocab = system.vocab
+        system.generate(workload.prompt(1025, seed=99, vocab=vocab), 8, True)  # warm-up, unprofiled
+        system.generate(workload.prompt(1025, seed=98, vocab=vocab), 8, False)
+        profiler = PhaseProfiler(model, draft)
+        base = workload.prompt(max(args.checkpoints) + 1, seed=1, vocab=vocab)
+        tokens = args.warmup + args.rounds + 2
+        for c in args.checkpoints:
+            if time.time() > args.deadline:
+                res.data["errors"].append(f"skipped context {c}: deadline")
+                break
+            if c in args.profile_prefill:
+                profiler.prefill(c)
+            profiler.rounds(c, args.warmup, args.rounds, "spec")
+            system.generate(base[: c + 1], tokens, True)
+            profiler.rounds(c, args.warmup, args.rounds, "plain")
+            system.generate(base[: c + 1], tokens, False)
+            if profiler.pending:
+                res.data["errors"].append(f"context {c}: {profiler.pending} profile window(s) not reached")
+                profiler.clear()
+            res.data["profiles"] = profiler.windows
+            res.data["peak"] = peak_memory()
+            res.save()
+        profiler.close()
+        res.data["complete"] = time.time() <= args.deadline
+    except Exception as exc:
+        res.data["errors"].append(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        res.save()
+        return 1
+    res.save()
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.profile:
+        return run_profile(args)
     res = Results(args.out, args.system)
     deadline = args.deadline
     res.data["cap_gib"] = args.cap_gib
     try:
-        if args.cap_gib:
-            total = torch.cuda.get_device_properties(0).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * GiB / total))
-        res.data["facts"] = hardware.gpu_facts()
-        system = ElpisSystem(args, res) if args.system == "elpis" else StockSystem(args, res)
-        if args.system == "elpis":
-            from elpis.exl3 import patches
-
-            res.data["patches"] = patches.applied()
-            res.data["loop"] = args.elpis_loop
-            layers = system.backend.engine.cache.get_all_recurrent_layers().values()
-            res.data["gdn_state_dtype"] = str(next(iter(layers)).recurrent_state.dtype)
-        res.data["peak_after_load"] = peak_memory()
-        res.save()
+        system = load_system(args, res)
         sampler = hardware.PowerSampler()
         vocab = system.vocab
         base = workload.prompt(max(args.checkpoints) + 1, seed=1, vocab=vocab)
@@ -412,6 +464,13 @@ def main(argv: list[str] | None = None) -> int:
         help="spec: the speculation core with the proven acceptor (the product path); "
         "direct: "
         "backend rounds committing the anchor row only (for machines without the acceptor)",
+    )
+    parser.add_argument("--profile", action="store_true", help="per-phase profile instead of timings")
+    parser.add_argument(
+        "--profile-prefill",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        default=[],
+        help="contexts whose last prefill chunks are profiled (with --profile)",
     )
     args = parser.parse_args(argv)
     return run(args)

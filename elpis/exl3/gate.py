@@ -129,7 +129,25 @@ def _positive(options: dict[str, str], key: str, default: int, low: int = 1, hig
 
 
 def configuration_options(options: dict[str, str]) -> dict[str, str]:
-    """Every option of an exl3 configuration, defaults written out (the spec is their sorted list)."""
+    """Every option of an exl3 configuration, defaults written out (the spec is their sorted list).
+
+    `path=served` (default): the served backend's verify calls of `rows` rows under `patches`.
+    `path=forward`: one full-sequence forward of the whole document without a cache (ExLlamaV3's own
+    no-cache attention, as its perplexity evaluation runs), for models the served backend does not load
+    (any architecture ExLlamaV3 reads, e.g. a Llama conversion); no elpis patch applies to it.
+    """
+    path = options.get("path", "served")
+    if path == "forward":
+        unknown = sorted(set(options) - {"path", "patches"})
+        if unknown:
+            raise ValueError(f"exl3 path=forward takes no option(s) {unknown} (only patches=none)")
+        if options.get("patches", "none") != "none":
+            raise ValueError("exl3 path=forward runs stock ExLlamaV3 only: patches must be none")
+        return {"path": "forward", "patches": "none"}
+    if path != "served":
+        raise ValueError(f"exl3 path must be served or forward, got {path!r}")
+    if "path" in options:
+        raise ValueError("exl3 path=served is the default: leave it out (one configuration, one spec)")
     known = {"patches", "rows"}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -195,18 +213,15 @@ def _model_dir(model: Path | None) -> Path:
 
 
 def _check_vocabulary(model_dir: Path) -> int:
-    """The tokenizer's vocabulary width, refused if its ids do not fit the model's logits."""
+    """Width of the logits compared: the tokenizer's vocabulary where the logits are padded past it, the
+    logits' own width where the tokenizer is wider (the synthetic checkpoints carry the full Qwen tokenizer
+    over a narrower head: feed them ids below that width, e.g. `elpis gate model --random-ids`; a text id
+    past it is refused by the backend's own range check, never read)."""
     from elpis.exl3.geometry import read_config
     from elpis.text import load_tokenizer
 
     width = int(read_config(model_dir)["vocab_size"])
-    tokenizer = load_tokenizer(model_dir)
-    if tokenizer.vocab_size > width:
-        raise ValueError(
-            f"{model_dir}: its tokenizer has {tokenizer.vocab_size} ids, the model's logits are {width} wide "
-            "(a synthetic or mismatched checkpoint): text tokenized for it would index past the vocabulary"
-        )
-    return tokenizer.vocab_size
+    return min(width, load_tokenizer(model_dir).vocab_size)
 
 
 def _check_int8_switch(names: Sequence[str]) -> None:
@@ -255,7 +270,46 @@ class Exl3Configuration:
         return self._served.greedy(prompt, steps)
 
 
-def configuration(model: Path, options: dict[str, str]) -> Exl3Configuration:
+class Exl3ForwardConfiguration:
+    """`exl3:path=forward`: ExLlamaV3's full-sequence forward without a cache (see configuration_options)."""
+
+    def __init__(self, model: Path, full: dict[str, str]) -> None:
+        self.spec = Spec("exl3", full).text
+        require_gpu()
+        model_dir = _model_dir(model)
+        self.vocab_size = _check_vocabulary(model_dir)
+        _check_int8_switch(())
+        from exllamav3 import Config, Model
+
+        config = Config.from_directory(str(model_dir))
+        self.model = Model.from_config(config)
+        self.model.load(device="cuda:0", progressbar=False)
+
+    @torch.inference_mode()
+    def _logits(self, tokens: Sequence[int]) -> torch.Tensor:
+        ids = torch.tensor([list(tokens)], dtype=torch.long)
+        out = self.model.forward(ids, {"attn_mode": "flash_attn_nc"})
+        return out[0, :, : self.vocab_size].float()
+
+    def teacher_forced(self, tokens: Sequence[int]) -> torch.Tensor:
+        tokens = list(tokens)
+        if len(tokens) < 2:
+            raise ValueError("teacher forcing needs at least two tokens")
+        return self._logits(tokens[:-1]).cpu()
+
+    def greedy(self, prompt: Sequence[int], steps: int) -> list[int]:
+        sequence, produced = list(prompt), []
+        for _ in range(steps):  # the whole sequence again per token: exact, and cheap for small models
+            token = int(torch.argmax(self._logits(sequence)[-1]))
+            produced.append(token)
+            sequence.append(token)
+        return produced
+
+
+def configuration(model: Path, options: dict[str, str]) -> Exl3Configuration | Exl3ForwardConfiguration:
+    full = configuration_options(options)
+    if full.get("path") == "forward":
+        return Exl3ForwardConfiguration(model, full)
     return Exl3Configuration(model, options)
 
 

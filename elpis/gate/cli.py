@@ -54,6 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--greedy-prompts", type=int, default=2, help="GSM8K prompts decoded greedily per arm")
     model.add_argument("--greedy-tokens", type=int, default=64)
     model.add_argument("--results", type=Path, help="results directory (default bench/results/gate)")
+    model.add_argument(
+        "--random-ids",
+        type=int,
+        metavar="VOCAB",
+        help="documents of pseudo-random ids below VOCAB instead of text (synthetic checkpoints, whose "
+        "tokenizer does not fit their logits: measures numerical drift, not intelligence)",
+    )
 
     verdict = sub.add_parser("verdict", help="judge a candidate arm by a committed rule file")
     verdict.add_argument(
@@ -177,7 +184,14 @@ def _op(args: argparse.Namespace) -> int:
 def _model(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from elpis.gate.compare import CorpusPlan, build_corpus, compare_models, model_text, resolve_model
+    from elpis.gate.compare import (
+        CorpusPlan,
+        build_corpus,
+        compare_models,
+        model_text,
+        random_corpus,
+        resolve_model,
+    )
     from elpis.gate.configs import canonical, make_configuration
     from elpis.gate.identity import identity, model_fingerprint
     from elpis.gate.ledger import record_measurement
@@ -189,7 +203,6 @@ def _model(args: argparse.Namespace) -> int:
             raise ValueError(f"--arm {item!r} must be NAME=SPEC with a unique name")
         arms[name] = canonical(spec)
     model_path = Path(args.model)
-    encode, render = model_text(model_path)
     plan = CorpusPlan(
         args.wikitext_chunks,
         args.wikitext_tokens,
@@ -198,7 +211,11 @@ def _model(args: argparse.Namespace) -> int:
         args.greedy_prompts,
         args.greedy_tokens,
     )
-    docs, prompts = build_corpus(encode, render, plan)
+    if args.random_ids is not None:
+        docs, prompts = random_corpus(plan, args.random_ids)
+    else:
+        encode, render = model_text(model_path)
+        docs, prompts = build_corpus(encode, render, plan)
     console = Console(stderr=True)
     with console.status("loading configurations") as status:
         reference = make_configuration(canonical(args.reference), model_path)

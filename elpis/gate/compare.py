@@ -68,6 +68,27 @@ def build_corpus(
     return docs, prompts
 
 
+def random_corpus(
+    plan: CorpusPlan, vocab: int, seed: int = 0
+) -> tuple[list[TokenDocument], list[TokenDocument]]:
+    """The same number and lengths of documents as `build_corpus`'s WikiText-2 part, as pseudo-random ids
+    below `vocab` (stratum "random"), plus greedy prompts of 64 ids. For checkpoints with random weights,
+    whose tokenizer does not fit their logits: the comparison then measures numerical drift only."""
+    import random
+
+    if vocab < 2:
+        raise ValueError(f"random ids need a vocabulary of at least 2, got {vocab}")
+    rng = random.Random(seed)
+    count = plan.wikitext_chunks + plan.gsm8k + plan.aime
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(vocab) for _ in range(n)]
+
+    docs = [TokenDocument(f"random-{i}", "random", ids(plan.wikitext_tokens)) for i in range(count)]
+    prompts = [TokenDocument(f"random-prompt-{i}", "random", ids(64)) for i in range(plan.greedy_prompts)]
+    return docs, prompts
+
+
 def _prompt(render: Callable[[list[dict[str, str]], bool], str], task: Task) -> str:
     return render([{"role": "user", "content": task.question}], True)
 

@@ -75,6 +75,9 @@ def test_configuration_options_and_spec():
     assert Spec("exl3", full).text == "exl3:patches=none,rows=8"
     full = gate.configuration_options({"patches": "fixed-rows-8+gdn-state-fp32", "rows": "16"})
     assert Spec("exl3", full).text == "exl3:patches=fixed-rows-8+gdn-state-fp32,rows=16"
+    assert (
+        Spec("exl3", gate.configuration_options({"path": "forward"})).text == "exl3:patches=none,path=forward"
+    )
 
 
 @pytest.mark.parametrize(
@@ -87,6 +90,10 @@ def test_configuration_options_and_spec():
         ({"rows": "17"}, "rows must be an integer 1..16"),
         ({"rows": "eight"}, "rows must be an integer"),
         ({"dtype": "fp64"}, "unknown exl3 option"),
+        ({"path": "served"}, "path=served is the default"),
+        ({"path": "sideways"}, "path must be served or forward"),
+        ({"path": "forward", "rows": "8"}, "path=forward takes no option"),
+        ({"path": "forward", "patches": "gdn-state-fp32"}, "patches must be none"),
     ],
 )
 def test_configuration_options_refused(options, message):
@@ -227,10 +234,9 @@ def test_operand_sequence(tmp_path):
         gate._sequence(tmp_path / "missing", {"vocab_size": 100}, 64)
 
 
-def test_vocabulary_check(tmp_path):
-    assert gate._check_vocabulary(_model_dir(tmp_path / "fits", 128, 100)) == 100
-    with pytest.raises(ValueError, match="its tokenizer has 200 ids, the model's logits are 128 wide"):
-        gate._check_vocabulary(_model_dir(tmp_path / "wide", 128, 200))
+def test_compared_width_is_the_narrower_of_tokenizer_and_logits(tmp_path):
+    assert gate._check_vocabulary(_model_dir(tmp_path / "fits", 128, 100)) == 100  # padded logits
+    assert gate._check_vocabulary(_model_dir(tmp_path / "wide", 128, 200)) == 128  # synthetic: wide tokenizer
 
 
 # --- the fp64 evaluations, against independent formulations ------------------------------------------------
@@ -500,10 +506,27 @@ def test_gate_op_on_the_small_model(small, tmp_path, capsys):
 
 
 @pytest.mark.gpu
-def test_configuration_refuses_a_tokenizer_wider_than_the_model(small):
-    # the synthetic target carries the full Qwen tokenizer over a 32K vocabulary
-    with pytest.raises(ValueError, match="its tokenizer has"):
-        make_configuration("exl3:patches=none", small / "target")
+def test_configuration_refuses_text_ids_past_a_narrower_head(small):
+    # the synthetic target carries the full Qwen tokenizer over a 32K vocabulary: ids past it are refused
+    made = make_configuration("exl3:patches=none", small / "target")
+    assert made.vocab_size == 32768
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        made.teacher_forced([1, 2, 40000, 3])
+
+
+@pytest.mark.gpu
+def test_forward_configuration_agrees_with_the_served_path(small):
+    """path=forward (no cache, one pass) and the served verify path compute the same model: top-1 agrees
+    almost everywhere and KL is small (different kernels, fp16 K/V vs the 3-bit cache)."""
+    tokens = [(i * 7919) % 32000 + 5 for i in range(96)]
+    forward = make_configuration("exl3:path=forward", small / "target")
+    assert forward.spec == "exl3:patches=none,path=forward"
+    a = forward.teacher_forced(tokens)
+    b = make_configuration("exl3:patches=none", small / "target").teacher_forced(tokens)
+    assert a.shape == b.shape == (95, 32768)
+    agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+    assert agree > 0.8, agree
+    assert forward.greedy(tokens[:10], 3) == forward.greedy(tokens[:10], 3)
 
 
 @pytest.mark.gpu

@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from elpis.cli import main as elpis_main
-from elpis.gate.compare import CorpusPlan, build_corpus, compare_models, first_divergence, model_text
+from elpis.gate.compare import (
+    CorpusPlan,
+    build_corpus,
+    compare_models,
+    first_divergence,
+    model_text,
+    random_corpus,
+)
 from elpis.gate.configs import BackendLogits, canonical, make_configuration, parse_spec
 from elpis.gate.ledger import first_measured
 from elpis.gate.rules import RULES_DIR, load_rules
@@ -33,6 +40,18 @@ def test_spec_parsing_and_canonical_form() -> None:
 def test_first_divergence() -> None:
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+
+
+def test_random_corpus_mirrors_the_plan_below_the_vocabulary() -> None:
+    plan = CorpusPlan(wikitext_chunks=3, wikitext_tokens=50, gsm8k=2, aime=1, greedy_prompts=2)
+    docs, prompts = random_corpus(plan, 97)
+    assert [len(d.tokens) for d in docs] == [50] * 6 and {d.stratum for d in docs} == {"random"}
+    assert len(prompts) == 2 and all(len(p.tokens) == 64 for p in prompts)
+    assert max(t for d in docs + prompts for t in d.tokens) < 97
+    assert len({tuple(d.tokens) for d in docs}) == 6  # distinct documents
+    assert random_corpus(plan, 97) == (docs, prompts)  # seeded: the same corpus every run
+    with pytest.raises(ValueError, match="at least 2"):
+        random_corpus(plan, 1)
 
 
 @pytest.fixture(scope="module")

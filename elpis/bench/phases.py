@@ -1,0 +1,299 @@
+"""Where the GPU time of a decode round or a prefill chunk goes, per phase (issues 9 and 10, item 1).
+
+`PhaseProfiler(model, draft)` labels ExLlamaV3's modules at run time (no code of theirs is copied): every
+top-level call of an `Attention`, `GatedDeltaNet`, MLP, `RMSNorm`, `Embedding` or the head `Linear` of the
+target, and every call into the draft model (forward, prefill, conditioning update, selector walk), runs
+inside a `torch.profiler.record_function("elpis.phase.<name>")` range. Nested calls keep the outer label
+(a norm inside the draft counts as draft). The profiler's GPU trace then says which kernels ran inside
+which range: Kineto projects each CPU range onto the GPU timeline as a `gpu_user_annotation`, CUDA graph
+replays included.
+
+Windows are chosen by the target model's own calls (wrapped on the instance, so another model is not
+touched): `prefill(c)` profiles the prefill calls whose first position is at least `c - tail` up to the
+first decode-sized forward at position >= c - 1; `rounds(c, warm, n)` skips `warm` decode forwards at
+position >= c - 1 and then profiles exactly `n` rounds (from one verify forward to the verify forward `n`
+later, so each round's draft is inside). `summarize` turns the trace into per-round (or per-token) GPU
+milliseconds: per phase, per kernel family inside each phase, busy time (union of kernel intervals) and
+idle gaps (window length minus busy).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TARGET_PHASES = {
+    "Attention": "attention",
+    "GatedDeltaNet": "gdn",
+    "GatedMLP": "mlp",
+    "MLP": "mlp",
+    "RMSNorm": "norm",
+    "Embedding": "embed",
+    "Linear": "head",  # only the top-level Linear (the head) is labelled; projections are nested
+}
+DRAFT_METHODS = ("forward", "prefill", "update_kv_from_target")
+PREFIX = "elpis.phase."
+DECODE_ROWS = 16  # a forward of at most this many rows is a decode round (verify), not a prefill chunk
+
+# Kernel families by name (first match wins); the order puts specific names before generic ones.
+FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(pattern, re.IGNORECASE))
+    for name, pattern in (
+        ("cache-quant", r"quant_cache|dequant_cache|cache_paged|q_cache"),
+        ("gdn-scan", r"delta|gdn|recurrent|scan_replay|chunk_(fwd|bwd|scaled|local|gated)|solve_tril"),
+        ("conv", r"conv"),
+        ("attention", r"attn|attention|flash|softmax_combine|split_kv|paged"),
+        ("exl3-gemm", r"exl3|gemv|mgemm|reconstruct|had_r|hadamard"),
+        ("dense-gemm", r"gemm|cublas|cutlass|xmma|sm80_|sm90_|ampere_|Kernel2"),
+        ("norm", r"norm"),
+        ("rope", r"rope|rotary"),
+        ("sampling", r"argmax|topk|top_k|sample|sort|softmax|max_reduce"),
+        ("copy", r"copy|memcpy|memset|fill|cat_|index|gather|scatter"),
+        ("elementwise", r"elementwise|vectorized|unrolled|reduce|add|mul|sigmoid|silu|act"),
+    )
+)
+
+
+def family(kernel: str) -> str:
+    for name, pattern in FAMILIES:
+        if pattern.search(kernel):
+            return name
+    return "other"
+
+
+class _Depth(threading.local):
+    value = 0
+
+
+class PhaseProfiler:
+    """Labels the modules of `model` (and the whole of `draft`) and profiles windows of the target's calls."""
+
+    def __init__(self, model: Any, draft: Any | None = None) -> None:
+        self.model, self.draft = model, draft
+        self.depth = _Depth()
+        self.phase_of: dict[int, str] = {}
+        self._restore: list[Callable[[], None]] = []
+        self.windows: list[dict[str, Any]] = []
+        self._plans: list[dict[str, Any]] = []
+        self._profiler: torch.profiler.profile | None = None
+        for module in _walk(model):
+            phase = TARGET_PHASES.get(type(module).__name__)
+            if phase is not None:
+                self.phase_of[id(module)] = phase
+        self.top_level = {id(m) for m in getattr(model, "modules", [])}
+        classes = {type(m) for m in _walk(model) if type(m).__name__ in TARGET_PHASES}
+        for cls in classes:
+            self._wrap_class(cls)
+        if draft is not None:
+            for name in DRAFT_METHODS:
+                if hasattr(draft, name):
+                    self._wrap_instance(draft, name, "draft")
+            selector = getattr(draft, "selector", None)
+            if selector is not None and hasattr(selector, "walk_block"):
+                self._wrap_instance(selector, "walk_block", "draft")
+        self._wrap_window(model, "forward")
+        self._wrap_window(model, "prefill")
+
+    # -- labelling ------------------------------------------------------------------------------------
+    def _labelled(self, phase: str, call: Callable[[], Any]) -> Any:
+        if self.depth.value:
+            return call()
+        self.depth.value += 1
+        try:
+            with torch.profiler.record_function(PREFIX + phase):
+                return call()
+        finally:
+            self.depth.value -= 1
+
+    def _wrap_class(self, cls: type) -> None:
+        original = cls.forward
+        profiler = self
+
+        def forward(module, *args, **kwargs):
+            phase = profiler.phase_of.get(id(module))
+            if phase is None or (phase == "head" and id(module) not in profiler.top_level):
+                return original(module, *args, **kwargs)
+            return profiler._labelled(phase, lambda: original(module, *args, **kwargs))
+
+        cls.forward = forward
+        self._restore.append(lambda: setattr(cls, "forward", original))
+
+    def _wrap_instance(self, obj: Any, name: str, phase: str) -> None:
+        original = getattr(obj, name)
+
+        def call(*args, **kwargs):
+            return self._labelled(phase, lambda: original(*args, **kwargs))
+
+        setattr(obj, name, call)
+        self._restore.append(lambda: obj.__dict__.pop(name, None))
+
+    def _wrap_window(self, model: Any, name: str) -> None:
+        original = getattr(model, name)
+
+        def call(input_ids, params=None, *args, **kwargs):
+            self._before(name, input_ids, params or {})
+            return original(input_ids, params, *args, **kwargs)
+
+        setattr(model, name, call)
+        self._restore.append(lambda: model.__dict__.pop(name, None))
+
+    def close(self) -> None:
+        self.clear()
+        for undo in reversed(self._restore):
+            undo()
+        self._restore.clear()
+
+    # -- windows ---------------------------------------------------------------------------------------
+    def prefill(self, context: int, tail: int = 4096) -> None:
+        """Queue: profile the prefill calls from position context - tail up to the first decode round."""
+        self._plans.append(
+            {"kind": "prefill", "context": context, "from": max(0, context - tail), "tokens": 0}
+        )
+
+    def rounds(self, context: int, warm: int, count: int, label: str = "rounds") -> None:
+        """Queue: skip `warm` decode rounds at the end of a `context`-token prompt, profile `count`."""
+        if count < 1:
+            raise ValueError("profile at least one round")
+        self._plans.append({"kind": label, "context": context, "skip": warm, "count": count, "seen": 0})
+
+    def _before(self, name: str, input_ids: torch.Tensor, params: dict) -> None:
+        rows = int(input_ids.shape[-1])
+        position = _position(params)
+        while self._plans:
+            plan = self._plans[0]
+            decode = name == "forward" and rows <= DECODE_ROWS and position is not None
+            decode = decode and position >= plan["context"] - 1
+            if plan["kind"] == "prefill":
+                if (
+                    self._profiler is None
+                    and not decode
+                    and position is not None
+                    and position >= plan["from"]
+                ):
+                    self._start()
+                if self._profiler is None or not decode:
+                    if self._profiler is not None:
+                        plan["tokens"] += rows
+                    return
+                self._finish(per=plan["tokens"], unit="token")  # this decode call may open the next plan
+                continue
+            if not decode:
+                return
+            if plan["seen"] == plan["skip"]:
+                self._start()
+            elif plan["seen"] == plan["skip"] + plan["count"]:
+                self._finish(per=plan["count"], unit="round")
+                continue
+            plan["seen"] += 1
+            return
+
+    @property
+    def pending(self) -> int:
+        """Plans not finished yet (a generation too short to reach them leaves them queued)."""
+        return len(self._plans)
+
+    def clear(self) -> None:
+        if self._profiler is not None:
+            self._profiler.stop()
+            self._profiler = None
+        self._plans.clear()
+
+    def _start(self) -> None:
+        torch.cuda.synchronize()
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        self._profiler = torch.profiler.profile(activities=activities)
+        self._profiler.start()
+
+    def _finish(self, per: int, unit: str) -> None:
+        assert self._plans and self._profiler is not None
+        plan = self._plans.pop(0)
+        torch.cuda.synchronize()
+        self._profiler.stop()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "trace.json"
+            self._profiler.export_chrome_trace(str(path))
+            events = json.loads(path.read_text()).get("traceEvents", [])
+        self._profiler = None
+        window = summarize(events, per, unit)
+        window.update(kind=plan["kind"], context=plan["context"])
+        self.windows.append(window)
+
+
+def _walk(model: Any):
+    seen: set[int] = set()
+    stack = list(getattr(model, "modules", []))
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        yield module
+        stack.extend(getattr(module, "modules", []) or [])
+
+
+def _position(params: dict) -> int | None:
+    seqlens = params.get("cache_seqlens")
+    if isinstance(seqlens, torch.Tensor) and seqlens.numel():
+        return int(seqlens.reshape(-1)[0])
+    return None
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def summarize(events: list[dict[str, Any]], per: int, unit: str) -> dict[str, Any]:
+    """Per-`unit` GPU milliseconds from a Chrome trace: phases, kernel families, busy and idle time."""
+    if per < 1:
+        raise ValueError(f"a profile window needs at least one {unit}, got {per}")
+    kernels = [
+        e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    ]
+    ranges = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["name"][len(PREFIX) :])
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("cat") == "gpu_user_annotation"
+        and e.get("name", "").startswith(PREFIX)
+    )
+    if not kernels:
+        raise ValueError("the profile window holds no GPU kernels (was CUPTI available?)")
+    phases: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for k in kernels:
+        start, dur = float(k["ts"]), float(k.get("dur", 0))
+        middle = start + dur / 2
+        phase = next((name for a, b, name in ranges if a <= middle <= b), "other")
+        phases[phase][family(k["name"])] += dur
+    first = min(float(k["ts"]) for k in kernels)
+    last = max(float(k["ts"]) + float(k.get("dur", 0)) for k in kernels)
+    busy = _union([(float(k["ts"]), float(k["ts"]) + float(k.get("dur", 0))) for k in kernels])
+    scale = 1e-3 / per  # trace times are microseconds
+    return {
+        "unit": unit,
+        "count": per,
+        "kernels": len(kernels),
+        "span_ms": (last - first) * scale,
+        "busy_ms": busy * scale,
+        "idle_ms": (last - first - busy) * scale,
+        "phases": {
+            phase: {
+                "ms": sum(fam.values()) * scale,
+                "families": {f: v * scale for f, v in sorted(fam.items())},
+            }
+            for phase, fam in sorted(phases.items())
+        },
+    }

@@ -1,0 +1,64 @@
+"""The per-phase profile's trace arithmetic and report (the GPU run: tests/exl3/test_profile_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from elpis.bench import phase_report, phases
+
+
+def _kernel(name: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+
+def _range(phase: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": "gpu_user_annotation", "name": phases.PREFIX + phase, "ts": ts, "dur": dur}
+
+
+def test_kernel_families_by_name():
+    assert phases.family("exl3_gemm_kernel<4, 256>") == "exl3-gemm"
+    assert phases.family("_paged_attn_decode_split_kernel") == "attention"
+    assert phases.family("fused_recurrent_gated_delta_rule_fwd_kernel") == "gdn-scan"
+    assert phases.family("causal_conv1d_update_kernel") == "conv"
+    assert phases.family("rms_norm_kernel") == "norm"
+    assert phases.family("dequant_cache_paged_kernel") == "cache-quant"
+    assert phases.family("some_unknown_thing") == "other"
+
+
+def test_summary_attributes_kernels_to_ranges_and_measures_gaps():
+    events = [
+        _range("attention", 0, 100),
+        _kernel("exl3_gemm_kernel", 0, 40),
+        _kernel("_paged_attn_decode_split_kernel", 50, 40),
+        _range("mlp", 100, 100),
+        _kernel("exl3_gemm_kernel", 110, 30),
+        _kernel("exl3_gemm_kernel", 130, 30),  # overlaps the previous one: busy counts the union
+        _kernel("argmax_kernel", 300, 20),  # outside every range
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 500},  # host events are ignored
+    ]
+    out = phases.summarize(events, per=2, unit="round")
+    assert out["kernels"] == 5
+    assert out["span_ms"] == pytest.approx(320e-3 / 2)
+    assert out["busy_ms"] == pytest.approx((40 + 40 + 50 + 20) * 1e-3 / 2)
+    assert out["idle_ms"] == pytest.approx(out["span_ms"] - out["busy_ms"])
+    assert out["phases"]["attention"]["families"] == pytest.approx({"attention": 0.02, "exl3-gemm": 0.02})
+    assert out["phases"]["mlp"]["ms"] == pytest.approx(60e-3 / 2)
+    assert out["phases"]["other"]["families"] == pytest.approx({"sampling": 0.01})
+
+
+def test_summary_refuses_empty_windows():
+    with pytest.raises(ValueError, match="no GPU kernels"):
+        phases.summarize([_range("mlp", 0, 10)], per=1, unit="round")
+    with pytest.raises(ValueError, match="at least one round"):
+        phases.summarize([_kernel("k", 0, 1)], per=0, unit="round")
+
+
+def test_report_table_has_every_phase_and_unit():
+    window = phases.summarize(
+        [_range("gdn", 0, 100), _kernel("chunk_gated_delta_rule_fwd", 0, 50)], per=100, unit="token"
+    )
+    window.update(kind="prefill", context=32768)
+    doc = {"facts": {"gpu": "X"}, "systems": {"stock": {"profiles": [window], "errors": ["boom\ntrace"]}}}
+    text = phase_report.markdown(doc)
+    assert "| prefill | 32K | stock | µs per token |" in text
+    assert "gdn" in text and "gdn-scan" in text and "- stock: boom" in text
