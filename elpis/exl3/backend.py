@@ -19,6 +19,13 @@ ExLlamaV3's; this module decides what runs and keeps the bookkeeping:
   accepted rows from the committed state (ExLlamaV3's `GDNState.rewind`); K/V of rejected rows are left in
   place and overwritten by the next round; the draft's K/V are updated from the accepted rows' tap states.
 
+Tree mode (`tree=True`, issue 8; off by default until the GPU evidence is in): every verify, a 1-row plain
+decoding step included, runs as a 16-row token tree through `elpis.exl3.tree_verify` (our tree attention and
+Gated DeltaNet kernels inside ExLlamaV3's forward, rows at positions kvp + depth, padding rows as leaves of
+the root), so plain and speculative decoding share every kernel and a row's arithmetic depends only on its
+own path. Its commit takes any root-first path of the tree: the accepted rows' K/V move to sequential slots,
+the GDN state replays the path from the committed state, and the draft is fed the path rows' tap states.
+
 Acceptance is never decided here: `elpis.spec` calls `elpis.accept` and passes the committed rows.
 Every entry point runs under `torch.inference_mode()`: ExLlamaV3 allocates its caches and states in it.
 """
@@ -36,6 +43,7 @@ import torch
 from elpis.backend import BackendError, BackendInfo
 from elpis.exl3.engine import CHUNK, Engine
 from elpis.exl3.prefix import PAGE, GiB, PrefixCache, Snapshot, prefill_boundaries, prefix_key
+from elpis.exl3.tree_verify import TREE_ROWS, TreeCall, TreeLayout, check_parents, check_path, layout_tree
 
 MAX_ROWS = 16
 
@@ -123,6 +131,7 @@ class _Pending:
     tokens: list[int]
     export: list[torch.Tensor] | None  # tap-layer states of every row (draft conditioning)
     kvp: int
+    tree: TreeCall | None = None  # tree mode: the layout and each GDN layer's inputs for the commit
 
 
 class Exl3Backend:
@@ -140,6 +149,7 @@ class Exl3Backend:
         snapshot_bytes: int = 4 * GiB,
         disk_cache_dir: Path | None = None,
         prefix_cache: bool = True,
+        tree: bool = False,
     ) -> None:
         if max_context + MAX_ROWS > engine.cache_tokens:
             raise ValueError(
@@ -148,8 +158,11 @@ class Exl3Backend:
             )
         if fixed_rows is not None and not 1 <= fixed_rows <= MAX_ROWS:
             raise ValueError(f"fixed_rows must be in 1..{MAX_ROWS}")
+        if tree:
+            check_tree_mode(gdn_state_dtypes(engine), fixed_rows)
         self.engine = engine
         self.fixed_rows = fixed_rows
+        self.tree = tree
         self.info = BackendInfo(
             "exl3", model_id, engine.vocab_size, max_context, engine.stop_token_ids, str(engine.device)
         )
@@ -289,7 +302,10 @@ class Exl3Backend:
         if self.pending is not None:
             raise BackendError("verify() twice without commit()")
         tokens = [int(t) for t in tokens]
-        check_chain(parents, len(tokens))
+        if self.tree:
+            layout = layout_tree(check_parents(list(parents), len(tokens)))
+        else:
+            check_chain(parents, len(tokens))
         bad = [t for t in tokens if not 0 <= t < self.info.vocab_size]
         if bad:
             raise ValueError(f"token ids {bad[:4]} are outside the vocabulary")
@@ -301,13 +317,36 @@ class Exl3Backend:
         kvp = self.position()
         if kvp + rows > self.info.max_context + MAX_ROWS:
             raise ValueError(f"{rows} rows at position {kvp} run past the context ({self.info.max_context})")
+        if self.tree:
+            return self._verify_tree(tokens, layout, kvp)
         run = max(rows, self.fixed_rows or 1)
         ids = tokens + [tokens[-1]] * (run - rows)
         out, export = self._forward(ids, kvp)
         self.pending = _Pending(rows, run, tokens, export, kvp)
         return out[0, :rows, : self.info.vocab_size].float()
 
-    def _forward(self, ids: list[int], kvp: int) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    def _verify_tree(self, tokens: list[int], layout: TreeLayout, kvp: int) -> torch.Tensor:
+        from elpis.exl3.tree_verify import tree_forward
+
+        rows = len(tokens)
+        ids = tokens + [tokens[0]] * (layout.run - rows)  # padding leaves: the anchor again, never read
+        call = TreeCall(layout, kvp, self.state.slot, self.state.base_row())
+        extra = {"position_ids": torch.tensor([layout.position_ids(kvp)], dtype=torch.int32)}
+        with tree_forward(call):
+            out, export = self._forward(ids, kvp, history=False, extra=extra)
+        self.state.position = kvp  # nothing is committed until commit(); the forward advanced it by run
+        ran = (len(call.gdn), call.attention_layers)
+        expected = (len(self.state.cache.get_all_recurrent_layers()), len(self.engine.cache.layers))
+        if ran != expected:
+            raise BackendError(
+                f"tree verify ran {ran} of {expected} (Gated DeltaNet, attention) layers through its kernels"
+            )
+        self.pending = _Pending(rows, layout.run, tokens, export, kvp, call)
+        return out[0, :rows, : self.info.vocab_size].float()
+
+    def _forward(
+        self, ids: list[int], kvp: int, *, history: bool | None = None, extra: dict[str, Any] | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         engine = self.engine
         run = len(ids)
         self.ensure_pages(kvp + max(run, self.block_size))
@@ -317,10 +356,11 @@ class Exl3Backend:
             "cache": engine.cache,
             "cache_seqlens": torch.tensor([kvp], dtype=torch.int32),
             "recurrent_states": [self.state],
-            "recurrent_history": run > 1,
+            "recurrent_history": run > 1 if history is None else history,
             # pinned, stream-ordered embedding upload: every round ends in a token read-back (a sync) before
             # the staging buffer is written again
             "pinned_staging": True,
+            **(extra or {}),
         }
         if self.export_layers:
             params["export_state_layers"] = self.export_layers
@@ -334,6 +374,9 @@ class Exl3Backend:
         if pending is None:
             raise BackendError("commit() without a verify()")
         rows = list(rows)
+        if pending.tree is not None:
+            self._commit_tree(pending, rows)
+            return
         if not rows or rows != list(range(len(rows))) or len(rows) > pending.rows:
             raise ValueError(
                 f"commit rows {rows} are not a root-first prefix of the verified chain ({pending.rows} rows)"
@@ -358,6 +401,32 @@ class Exl3Backend:
         self.pending = None
         self.anchor = None  # the caller supplies the next anchor (the last committed row's target token)
 
+    def _commit_tree(self, pending: _Pending, rows: list[int]) -> None:
+        from elpis.exl3.tree_verify import commit_gdn, commit_kv
+
+        call = pending.tree
+        assert call is not None
+        path = check_path(rows, call.layout.parents, pending.rows)
+        count = len(path)
+        engine = self.engine
+        commit_kv(engine.cache, self.pages, pending.kvp, path)
+        commit_gdn(call, path)
+        if engine.draft is not None and pending.export is not None:
+            index = torch.tensor(path, dtype=torch.long, device=pending.export[0].device)
+            engine.draft.update_kv_from_target(
+                target_hidden=[t.index_select(1, index) for t in pending.export],
+                cache=engine.draft_cache,
+                params={
+                    "block_table": self._last_table,
+                    "cache_seqlens": torch.tensor([pending.kvp], dtype=torch.int32),
+                },
+                lengths=[count],
+            )
+        self.tokens.extend(pending.tokens[r] for r in path)
+        self.state.position = len(self.tokens)
+        self.pending = None
+        self.anchor = None
+
     @torch.inference_mode()
     def finish(self) -> None:
         if not self.active:
@@ -376,7 +445,29 @@ class Exl3Backend:
         self.anchor, self.pending, self.active = None, None, False
 
     def verify_cost(self, rows: int) -> float | None:
-        """Relative cost of `rows` rows: constant with fixed_rows (every call runs the same shape)."""
+        """Relative cost of `rows` rows: constant with fixed_rows or in tree mode (every call runs the same
+        shape)."""
+        if self.tree and 1 <= rows <= TREE_ROWS:
+            return 1.0
         if self.fixed_rows is not None and rows <= self.fixed_rows:
             return 1.0
         return None
+
+
+def gdn_state_dtypes(engine: Any) -> set[torch.dtype]:
+    """Storage dtypes of the engine's Gated DeltaNet recurrent-state pools."""
+    layers = engine.cache.get_all_recurrent_layers().values()
+    return {layer.recurrent_state.dtype for layer in layers if hasattr(layer, "recurrent_state")}
+
+
+def check_tree_mode(state_dtypes: set[torch.dtype], fixed_rows: int | None) -> None:
+    """Refuse a tree-mode backend the tree kernels cannot serve exactly."""
+    if fixed_rows not in (None, TREE_ROWS):
+        raise ValueError(
+            f"tree mode runs every verify as {TREE_ROWS} rows; fixed_rows must be {TREE_ROWS} or None"
+        )
+    if state_dtypes != {torch.float32}:
+        raise ValueError(
+            "tree mode needs the Gated DeltaNet state in fp32 (load with gdn_state_fp32=True); "
+            f"the cache holds {sorted(str(d) for d in state_dtypes)}"
+        )

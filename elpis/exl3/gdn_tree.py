@@ -247,10 +247,11 @@ def gdn_tree_commit(
 
 
 def install() -> None:
-    """The registry switch ELPIS_PATCH_GDN_TREE (to be registered, default off). The kernel is not wired into
-    the exl3 engine yet (its GatedDeltaNet layer and the commit, issue 8 item 4), so turning the switch on
-    refuses instead of silently running the chain path."""
+    """The registry switch ELPIS_PATCH_GDN_TREE (to be registered with GPU evidence). The kernel runs in the
+    engine's tree mode (`load_backend(tree=True)`, `elpis.exl3.tree_verify`), which is off by default until
+    that evidence exists, so the switch refuses instead of silently running the chain path."""
     raise RuntimeError(
-        "patch gdn-tree: the Gated DeltaNet tree kernel is not wired into the exl3 engine yet "
-        "(issue 8 item 4); unset ELPIS_PATCH_GDN_TREE or set it to 0"
+        "patch gdn-tree: this registry switch is not wired into the exl3 engine yet "
+        "(the kernel runs in tree mode, load_backend(tree=True), until the GPU evidence of issue 8 is in); "
+        "unset ELPIS_PATCH_GDN_TREE"
     )

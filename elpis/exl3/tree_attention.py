@@ -178,10 +178,11 @@ def tree_attention(
 
 
 def install() -> None:
-    """The registry switch ELPIS_PATCH_TREE_ATTENTION (patches/registry.json, default off). The kernel is not
-    wired into the exl3 engine yet (tree verify needs GDN over the tree and the commit, issue 8 items 3-4),
-    so turning the switch on refuses instead of silently running the chain path."""
+    """The registry switch ELPIS_PATCH_TREE_ATTENTION (to be registered with GPU evidence). The kernel runs in
+    the engine's tree mode (`load_backend(tree=True)`, `elpis.exl3.tree_verify`), which is off by default
+    until that evidence exists, so the switch refuses instead of silently running the chain path."""
     raise RuntimeError(
-        "patch tree-verify-attention: the tree attention kernel is not wired into the exl3 engine yet "
-        "(issue 8 items 3-4); unset ELPIS_PATCH_TREE_ATTENTION or set it to 0"
+        "patch tree-verify-attention: this registry switch is not wired into the exl3 engine yet "
+        "(the kernel runs in tree mode, load_backend(tree=True), until the GPU evidence of issue 8 is in); "
+        "unset ELPIS_PATCH_TREE_ATTENTION"
     )

@@ -1,0 +1,168 @@
+"""The CPU side of tree verify on the exl3 engine (`elpis.exl3.tree_verify`): parent and path checks, the
+padded 16-row layout and its masks, the K/V compaction plan, and the tree-mode switch's refusals."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from elpis.exl3 import tree_verify as tv
+from elpis.exl3.backend import check_tree_mode
+
+
+def masks_by_walk(parents: list[int]) -> tuple[list[int], list[int]]:
+    """Depth and ancestor bitmasks computed here by walking parent links (independent of the acceptor)."""
+    depth, ancestors = [], []
+    for r in range(len(parents)):
+        d, mask, j = 0, 0, r
+        while j >= 0:
+            mask |= 1 << j
+            j = parents[j]
+            d += 1
+        depth.append(d - 1)
+        ancestors.append(mask)
+    return depth, ancestors
+
+
+def random_parents(rows: int, rng: random.Random) -> list[int]:
+    return [-1] + [rng.randrange(r) for r in range(1, rows)]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 8, 12, 16])
+def test_layout_pads_with_root_leaves_and_takes_proven_masks(rows):
+    rng = random.Random(rows)
+    parents = random_parents(rows, rng)
+    layout = tv.layout_tree(parents)
+    assert (layout.rows, layout.run) == (rows, tv.TREE_ROWS)
+    assert layout.parents == tuple(parents) + (0,) * (tv.TREE_ROWS - rows)
+    depth, ancestors = masks_by_walk(list(layout.parents))
+    assert layout.depth == tuple(depth) and layout.ancestors == tuple(ancestors)
+    # no real row has a padding row among its ancestors: padding cannot reach real rows
+    for r in range(rows):
+        assert layout.ancestors[r] >> rows == 0
+    assert layout.position_ids(1000) == [1000 + d for d in depth]
+
+
+def test_layout_of_a_chain_is_sequential_positions():
+    layout = tv.layout_tree(list(range(-1, 7)))
+    assert layout.position_ids(50)[:8] == list(range(50, 58))
+    assert layout.position_ids(50)[8:] == [51] * 8
+
+
+def test_layout_refuses_a_run_shorter_than_the_tree():
+    with pytest.raises(ValueError, match="cannot run as 3 rows"):
+        tv.layout_tree([-1, 0, 1, 2], run=3)
+
+
+@pytest.mark.parametrize(
+    ("parents", "rows", "message"),
+    [
+        ([0, 0], 2, "not a tree"),
+        ([-1, 1], 2, "row 1 has parent 1"),
+        ([-1, 0, 3], 3, "row 2 has parent 3"),
+        ([-1], 2, "2 tokens but 1 parents"),
+        ([], 0, "1..16"),
+        (list(range(-1, 16)), 17, "1..16"),
+        ([-1, True], 2, "not an int"),
+        ([-1, 0.0], 2, "not an int"),
+    ],
+)
+def test_bad_parents_are_refused(parents, rows, message):
+    with pytest.raises(ValueError, match=message):
+        tv.check_parents(parents, rows)
+
+
+def test_every_root_first_path_is_a_valid_commit():
+    rng = random.Random(7)
+    for _ in range(200):
+        rows = rng.randint(1, 16)
+        parents = random_parents(rows, rng)
+        leaf = rng.randrange(rows)
+        path = []
+        while leaf >= 0:
+            path.append(leaf)
+            leaf = parents[leaf]
+        path.reverse()
+        for n in range(1, len(path) + 1):
+            assert tv.check_path(path[:n], parents, rows) == path[:n]
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ([], "at least row 0"),
+        ([1], "start at row 0"),
+        ([0, 2], "not a root-first path: row 2's parent is 1"),
+        ([0, 1, 3], "row 3's parent is 0"),
+        ([0, 4], "not one of the 4 verified rows"),  # a padding row is never committed
+        ([0, -1], "not one of the 4 verified rows"),
+        ([0, True], "not one of the 4 verified rows"),
+    ],
+)
+def test_bad_commit_paths_are_refused(path, message):
+    parents = [-1, 0, 1, 0] + [0] * 12  # the padded layout of [-1, 0, 1, 0]
+    with pytest.raises(ValueError, match=message):
+        tv.check_path(path, parents, 4)
+
+
+def test_kv_moves_skip_rows_already_in_place():
+    assert tv.kv_moves(100, [0, 1, 2]) == []
+    assert tv.kv_moves(100, [0, 3]) == [(103, 101)]
+    assert tv.kv_moves(7, [0, 1, 5, 9]) == [(12, 9), (16, 10)]
+
+
+def test_kv_moves_are_safe_in_place_for_every_path():
+    """Applying the moves in order on a toy slot array gives what a gather-then-scatter gives: no source is
+    overwritten before it is read."""
+    rng = random.Random(3)
+    for _ in range(300):
+        rows = rng.randint(1, 16)
+        parents = random_parents(rows, rng)
+        leaf = rng.randrange(rows)
+        path = []
+        while leaf >= 0:
+            path.append(leaf)
+            leaf = parents[leaf]
+        path.reverse()
+        kvp = rng.randrange(1000)
+        slots = list(range(kvp + 16))
+        for src, dst in tv.kv_moves(kvp, path):
+            assert src > dst
+            slots[dst] = slots[src]
+        assert slots[kvp : kvp + len(path)] == [kvp + r for r in path]
+        assert slots[:kvp] == list(range(kvp))
+
+
+def test_slot_pages_maps_through_the_page_list():
+    assert tv.slot_pages([0, 255, 256, 511, 300], [7, 9]) == ([7, 7, 9, 9, 9], [0, 255, 0, 255, 44])
+    with pytest.raises(ValueError, match="outside the sequence's 2 pages"):
+        tv.slot_pages([512], [7, 9])
+
+
+def test_tree_mode_refuses_fp16_gdn_state_and_other_row_counts():
+    import torch
+
+    check_tree_mode({torch.float32}, None)
+    check_tree_mode({torch.float32}, tv.TREE_ROWS)
+    with pytest.raises(ValueError, match="fp32"):
+        check_tree_mode({torch.float16}, None)
+    with pytest.raises(ValueError, match="fp32"):
+        check_tree_mode(set(), None)  # a model without GDN layers is not what the kernels are for
+    with pytest.raises(ValueError, match="fixed_rows must be 16"):
+        check_tree_mode({torch.float32}, 8)
+
+
+def test_load_backend_tree_needs_fp32_state(monkeypatch):
+    import torch
+
+    from elpis.exl3 import load_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match="gdn_state_fp32"):
+        load_backend("/nonexistent", None, tree=True, gdn_state_fp32=False)
+
+
+def test_patches_are_not_installed_by_import():
+    """Importing the module changes nothing in ExLlamaV3: install() runs on the first tree verify."""
+    assert not tv.installed()
