@@ -1,6 +1,7 @@
 /* Batches of acceptor decisions on the GPU, one thread per decision, from packed int64 cells (the CPU
  * glue's layout, ext/elpis_glue.h). Every decision is made by the generated acceptors compiled as device
- * code (accept_device.cuh); the outputs are exactly those of the CPU batch entries (elpis_*_batch):
+ * code, behind the same checked entries the CPU glue runs (accept_checks.h, via accept_device.cuh); the
+ * outputs are exactly those of the CPU batch entries (elpis_*_batch):
  *   chain: codes[i]                      (count << 1 | ends, or a negative error code)
  *   tree:  codes[i], paths[i]            (committed rows packed four bits each)
  *   masks: codes[i], depth[i*16 + r], ancestors[i*16 + r]  (zero rows for a refused decision)
@@ -19,7 +20,7 @@ constexpr int kThreads = 128;
 __global__ void chain_kernel(const int64_t *__restrict__ cells, int64_t n, int32_t *__restrict__ codes) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    codes[i] = elpis_dev_chain_checked(cells + i * ELPIS_CHAIN_CELLS);
+    codes[i] = elpis_check_chain(cells + i * ELPIS_CHAIN_CELLS);
 }
 
 __global__ void tree_kernel(const int64_t *__restrict__ cells, int64_t n, int32_t *__restrict__ codes,
@@ -27,9 +28,9 @@ __global__ void tree_kernel(const int64_t *__restrict__ cells, int64_t n, int32_
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     uint8_t path[ELPIS_MAX_ROWS];
-    const int32_t code = elpis_dev_tree_checked(cells + i * ELPIS_TREE_CELLS, path);
+    const int32_t code = elpis_check_tree(cells + i * ELPIS_TREE_CELLS, path);
     codes[i] = code;
-    paths[i] = elpis_dev_pack_path(code, path);
+    paths[i] = elpis_check_pack_path(code, path);
 }
 
 __global__ void masks_kernel(const int64_t *__restrict__ cells, int64_t n, int32_t *__restrict__ codes,
@@ -115,14 +116,14 @@ const char *elpis_accept_device_error(int code) { return cudaGetErrorString((cud
 
 /* The same checked entries run on the host (host pointers), for tests on machines without a GPU. */
 void elpis_accept_host_chain(const int64_t *cells, int64_t n, int32_t *codes) {
-    for (int64_t i = 0; i < n; i++) codes[i] = elpis_dev_chain_checked(cells + i * ELPIS_CHAIN_CELLS);
+    for (int64_t i = 0; i < n; i++) codes[i] = elpis_check_chain(cells + i * ELPIS_CHAIN_CELLS);
 }
 
 void elpis_accept_host_tree(const int64_t *cells, int64_t n, int32_t *codes, uint64_t *paths) {
     for (int64_t i = 0; i < n; i++) {
         uint8_t path[ELPIS_MAX_ROWS];
-        codes[i] = elpis_dev_tree_checked(cells + i * ELPIS_TREE_CELLS, path);
-        paths[i] = elpis_dev_pack_path(codes[i], path);
+        codes[i] = elpis_check_tree(cells + i * ELPIS_TREE_CELLS, path);
+        paths[i] = elpis_check_pack_path(codes[i], path);
     }
 }
 

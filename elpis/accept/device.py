@@ -1,8 +1,10 @@
 """The proven acceptor on the GPU: the generated C of `make build`, compiled by nvcc as device code.
 
 `ext/accept_device.cu` includes build/accept/acceptors.c (every function there is `ELPIS_FN`, i.e.
-`__host__ __device__` under nvcc) behind a device port of the CPU glue's checks (`ext/accept_device.cuh`),
-and launches one thread per decision on packed int64 cells in the glue's layout (`elpis.accept.abi`).
+`__host__ __device__` under nvcc) behind the checked entries the CPU glue runs (`ext/accept_checks.h`, the
+one definition of validation, poisoning and output checks, included by `ext/accept_device.cuh` and
+`ext/elpis_glue.c`), and launches one thread per decision on packed int64 cells in the glue's layout
+(`elpis.accept.abi`).
 
     device = DeviceAcceptor.load()                 # nvcc build for this GPU (cached), layout checked
     report = device.check_table(pack_table())      # every reference-table decision on the GPU

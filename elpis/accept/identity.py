@@ -5,7 +5,8 @@ Sources are keyed by their path relative to the root they were read from: the Be
 trees of the root being built (`bend/`, `proofs/`, `codegen/`, `ext/`), and the Python that generates,
 builds and admits the acceptor (`elpis/bend/`, `elpis/accept/`) from the running package. The CUDA build
 of the acceptor (`ext/*.cu`, `ext/*.cuh`, `elpis/accept/device.py`) is not read by this build: nvcc compiles
-it from the generated C, and `elpis.accept.device` checks it against the table on its own.
+it from the generated C, and `elpis.accept.device` checks it against the table on its own. The checked
+entries both builds share (`ext/accept_checks.h`) are read by this build, so they are recorded here.
 """
 
 from __future__ import annotations

@@ -401,9 +401,9 @@ def test_another_kernel_can_decide_on_the_gpu_through_the_header(build_dir: Path
         'extern "C" __global__ void decide(const int64_t* tree, const int64_t* chain, int32_t* codes,\n'
         "                                   uint64_t* path) {\n"
         "    uint8_t rows[ELPIS_MAX_ROWS];\n"
-        "    codes[0] = elpis_dev_tree_checked(tree, rows);\n"
-        "    path[0] = elpis_dev_pack_path(codes[0], rows);\n"
-        "    codes[1] = elpis_dev_chain_checked(chain);\n"
+        "    codes[0] = elpis_check_tree(tree, rows);\n"
+        "    path[0] = elpis_check_pack_path(codes[0], rows);\n"
+        "    codes[1] = elpis_check_chain(chain);\n"
         "}\n"
     )
     ptx = nvcc.compile_to(source, "ptx", arch="sm_86", out_dir=tmp_path).read_text()

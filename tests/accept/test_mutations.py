@@ -314,14 +314,15 @@ def test_sequential_parameter_update_in_the_loop_form_is_caught_by_the_table(
 # --- glue, table pin, build directory: caught by the table check or admission -----------------------
 
 
-def test_glue_skipping_the_parent_check_is_caught_by_admission(
+def test_checks_skipping_the_parent_check_are_caught_by_admission(
     pristine: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The checked entries the glue exports (and the device acceptor runs) live in ext/accept_checks.h.
     root = _mutated(
         tmp_path,
         pristine,
-        "ext/elpis_glue.c",
-        "    if (!parents_ok(parent_cells, rows)) return ELPIS_ERR_PARENT;\n"
+        "ext/accept_checks.h",
+        "    if (!elpis_check_parents_ok(parent_cells, rows)) return ELPIS_ERR_PARENT;\n"
         "    const int64_t ns = cells[ELPIS_TREE_NSTOPS];",
         "    const int64_t ns = cells[ELPIS_TREE_NSTOPS];",
     )
