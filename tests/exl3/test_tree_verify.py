@@ -7,7 +7,9 @@ What they establish:
     K/V compaction, the GDN path replay and the draft feed are lossless;
 (b) a tree row's logits are bit-identical to the plain decoding step of its path, whatever its row index,
     its siblings, the tree shape and size;
-(c) the stock chain path is unchanged once the patches are installed, and tree-mode greedy output against
+(c) the product path (speculation core, DFlash2 top-k candidates as trees of 8 and 16 rows, compiled tree
+    acceptor) gives the plain decoding tokens;
+(d) the stock chain path is unchanged once the patches are installed, and tree-mode greedy output against
     the stock chain path is reported (agreement and logit error; different kernels, not required bitwise).
 Decisions are made by the proven acceptor (`elpis.accept.tree`; `make build` / `elpis build` first).
 """
@@ -22,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from tests.exl3.test_gpu import oracle_generate, prompt, small  # noqa: F401  (small is a fixture)
+from tests.exl3.test_gpu import decoder, oracle_generate, prompt, small  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
 
@@ -226,6 +228,31 @@ def test_tree_speculation_is_lossless(backend):
             first = next((i for i, (a, b) in enumerate(zip(got, truth, strict=True)) if a != b), None)
             log({"test": "tree_wrong", "prompt": seed, "size": size, "first_diff": first})
             assert first is None, f"prompt {seed}, {size}-row wrong trees: output differs at token {first}"
+
+
+def test_product_path_with_draft_trees(backend, decoder):  # noqa: F811
+    """The speculation core with the DFlash2 drafter's top-k candidates building trees (8 and 16 rows) and
+    the compiled tree acceptor: the tokens of tree-mode plain decoding."""
+    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+
+    ids = prompt(1000, 51, backend.info.vocab_size)
+    truth, _ = tree_generate(backend, ids, TOKENS, plain)
+    for budget, top_k in ((8, 2), (16, 4)):
+        gen = SpeculativeGenerator(
+            backend, decoder, drafter=backend.drafter, tree_budget=budget, draft_top_k=top_k
+        )
+        request = GenerationRequest(
+            prompt_ids=tuple(ids), max_tokens=TOKENS, sampling=SamplingParams(), ignore_eos=True
+        )
+        out, stats = [], None
+        for step in gen.generate(request):
+            out.extend(step.token_ids)
+            if step.finish_reason is not None:
+                stats = step.stats
+        first = next((i for i, (a, b) in enumerate(zip(out, truth, strict=False)) if a != b), None)
+        log({"test": "product_tree", "budget": budget, "top_k": top_k, "first_diff": first,
+             "committed_per_round": stats.committed_per_round if stats else None})  # fmt: skip
+        assert out == truth, f"tree budget {budget}, top-{top_k}: differs from plain decoding at {first}"
 
 
 def test_chain_path_untouched_and_tree_against_stock(backend):

@@ -6,6 +6,7 @@
 #   2. tests/exl3/test_tree_verify.py: refusals of bad trees/paths; a tree row's logits bit-identical to plain
 #      decoding of its path (any row index, siblings, shape, size); tree-mode speculative decoding (replayed
 #      continuation inside random trees of 1/2/4/8/12/16 rows, and always-wrong trees) equal to tree-mode
+#      plain decoding; the speculation core with the DFlash2 drafter's top-k trees (8 and 16 rows) equal to
 #      plain decoding; chain mode still lossless with the patches installed and tree vs stock chain reported;
 #   3. tests/exl3/test_gpu.py::test_matches_stock_generator in the same process (patches installed): the
 #      chain path still equals ExLlamaV3's own generator.
