@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import operator
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,16 @@ PAGE = 256
 # --- planning (CPU) ------------------------------------------------------------------------------------
 
 
+def _as_int(value: Any) -> int | None:
+    """An integer index (Python or NumPy int), else None (bools and floats are not row numbers)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def check_parents(parents: Sequence[int], rows: int) -> list[int]:
     """The parent list of a verify of `rows` tokens, checked: parents[0] == -1, 0 <= parents[r] < r."""
     if len(parents) != rows:
@@ -47,9 +58,10 @@ def check_parents(parents: Sequence[int], rows: int) -> list[int]:
     if not 1 <= rows <= TREE_ROWS:
         raise ValueError(f"verify takes 1..{TREE_ROWS} rows, got {rows}")
     out = []
-    for r, p in enumerate(parents):
-        if isinstance(p, bool) or not isinstance(p, int):
-            raise ValueError(f"parents[{r}] = {p!r} is not an int")
+    for r, value in enumerate(parents):
+        p = _as_int(value)
+        if p is None:
+            raise ValueError(f"parents[{r}] = {value!r} is not an int")
         if (r == 0 and p != -1) or (r > 0 and not 0 <= p < r):
             raise ValueError(
                 f"parents {list(parents)} are not a tree (parents[0] == -1, 0 <= parents[r] < r); "
@@ -90,12 +102,15 @@ def layout_tree(parents: Sequence[int], run: int = TREE_ROWS) -> TreeLayout:
 def check_path(path: Sequence[int], parents: Sequence[int], rows: int) -> list[int]:
     """Commit rows: a root-first path of the verified tree (row 0 first, each the previous row's child),
     among the caller's `rows` real rows."""
-    path = list(path)
-    if not path:
+    given = list(path)
+    if not given:
         raise ValueError("commit needs at least row 0")
-    for r in path:
-        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < rows:
-            raise ValueError(f"commit row {r!r} is not one of the {rows} verified rows")
+    path = []
+    for value in given:
+        r = _as_int(value)
+        if r is None or not 0 <= r < rows:
+            raise ValueError(f"commit row {value!r} is not one of the {rows} verified rows")
+        path.append(r)
     if path[0] != 0:
         raise ValueError(f"commit rows {path} must start at row 0 (the anchor)")
     for prev, row in itertools.pairwise(path):

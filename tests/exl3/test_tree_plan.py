@@ -106,6 +106,13 @@ def test_bad_commit_paths_are_refused(path, message):
         tv.check_path(path, parents, 4)
 
 
+def test_numpy_ints_are_row_numbers():
+    import numpy as np
+
+    assert tv.check_parents([np.int64(-1), np.int32(0)], 2) == [-1, 0]
+    assert tv.check_path([np.int64(0), np.int64(1)], [-1, 0], 2) == [0, 1]
+
+
 def test_kv_moves_skip_rows_already_in_place():
     assert tv.kv_moves(100, [0, 1, 2]) == []
     assert tv.kv_moves(100, [0, 3]) == [(103, 101)]
