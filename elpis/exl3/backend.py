@@ -329,6 +329,11 @@ class Exl3Backend:
         from elpis.exl3.tree_verify import tree_forward
 
         rows = len(tokens)
+        if kvp + layout.run > self.info.max_context + MAX_ROWS:
+            raise ValueError(
+                f"a tree verify writes {layout.run} rows from position {kvp}: past the context "
+                f"({self.info.max_context})"
+            )
         ids = tokens + [tokens[0]] * (layout.run - rows)  # padding leaves: the anchor again, never read
         call = TreeCall(layout, kvp, self.state.slot, self.state.base_row())
         extra = {"position_ids": torch.tensor([layout.position_ids(kvp)], dtype=torch.int32)}
