@@ -2,7 +2,8 @@
 
 Public entry points: `load_backend(model_path, ...)` (a Hugging Face directory or a GGUF file) returning a
 `ReferenceBackend` (the `elpis.backend.Backend` protocol); `synth.write_tiny` for the tiny test checkpoint;
-`assets.ensure_smollm2()` for the embedded default model.
+`assets.ensure_smollm2()` for the embedded default model; `export.export_hf(gguf, out_dir)` (CLI `elpis
+export-hf`) writes a Llama GGUF as a standard Hugging Face Llama directory with the exact weights.
 """
 
 from elpis.reference.backend import ReferenceBackend

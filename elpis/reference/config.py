@@ -15,6 +15,7 @@ FULL = "full_attention"
 LINEAR = "linear_attention"
 
 QWEN3_5_ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
+LLAMA_ARCHITECTURE = "LlamaForCausalLM"
 
 
 class ConfigError(ValueError):
@@ -106,7 +107,8 @@ def qwen3_5_config(raw: dict[str, Any]) -> ModelConfig:
     architectures = tuple(raw.get("architectures") or ())
     if architectures and architectures[0] not in QWEN3_5_ARCHITECTURES:
         raise ConfigError(
-            f"architecture {architectures[0]!r} is not Qwen3.5 ({', '.join(QWEN3_5_ARCHITECTURES)})"
+            f"architecture {architectures[0]!r} is not Qwen3.5 ({', '.join(QWEN3_5_ARCHITECTURES)}) "
+            f"or Llama ({LLAMA_ARCHITECTURE})"
         )
     config = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
     if config.get("model_type") not in ("qwen3_5_text", "qwen3_5", None):
@@ -120,9 +122,7 @@ def qwen3_5_config(raw: dict[str, Any]) -> ModelConfig:
         layer_types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(layers)]
     if len(layer_types) != layers:
         raise ConfigError(f"layer_types has {len(layer_types)} entries for {layers} layers")
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if rope.get("rope_type", "default") != "default":
-        raise ConfigError(f"rope_type {rope.get('rope_type')!r} is not supported (only 'default')")
+    rope = _default_rope(config)
     head_dim = int(_get(config, "head_dim"))
     partial = float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25)))
     if not _get(config, "attn_output_gate", True):
@@ -152,7 +152,60 @@ def qwen3_5_config(raw: dict[str, Any]) -> ModelConfig:
     ).validate()
 
 
+def _default_rope(config: dict[str, Any]) -> dict[str, Any]:
+    """The rope settings (`rope_parameters`, or the older `rope_scaling`), plain RoPE only."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"rope settings must be an object, not {rope!r}")
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ConfigError(
+            f"rope_type {rope.get('rope_type', rope.get('type'))!r} is not supported (only 'default')"
+        )
+    return rope
+
+
+def llama_config(raw: dict[str, Any]) -> ModelConfig:
+    """From a Hugging Face `LlamaForCausalLM` config.json dict (transformers' defaults where it has them)."""
+    architectures = tuple(raw.get("architectures") or ())
+    if architectures[:1] != (LLAMA_ARCHITECTURE,):
+        raise ConfigError(f"architecture {architectures[:1]} is not {LLAMA_ARCHITECTURE!r}")
+    if raw.get("model_type", "llama") != "llama":
+        raise ConfigError(f"model_type {raw.get('model_type')!r} is not 'llama'")
+    if _get(raw, "hidden_act", "silu") != "silu":
+        raise ConfigError("only hidden_act 'silu' is supported")
+    for flag in ("attention_bias", "mlp_bias"):
+        if _get(raw, flag, False):
+            raise ConfigError(f"{flag} is not supported")
+    if int(_get(raw, "pretraining_tp", 1)) != 1:
+        raise ConfigError("pretraining_tp other than 1 is not supported")
+    rope = _default_rope(raw)
+    if float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise ConfigError("partial rotary embeddings are not part of the Llama architecture")
+    hidden = int(_get(raw, "hidden_size"))
+    heads = int(_get(raw, "num_attention_heads"))
+    head_dim = int(_get(raw, "head_dim", hidden // heads))
+    return ModelConfig(
+        arch="llama",
+        vocab_size=int(_get(raw, "vocab_size")),
+        hidden_size=hidden,
+        intermediate_size=int(_get(raw, "intermediate_size")),
+        layer_types=(FULL,) * int(_get(raw, "num_hidden_layers")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(_get(raw, "num_key_value_heads", heads)),
+        head_dim=head_dim,
+        rotary_dim=head_dim,
+        rope_theta=float(rope.get("rope_theta", _get(raw, "rope_theta", 10_000.0))),
+        rms_norm_eps=float(_get(raw, "rms_norm_eps")),
+        norm_unit_offset=False,
+        attn_output_gate=False,
+        qk_norm=False,
+        tie_word_embeddings=bool(_get(raw, "tie_word_embeddings", False)),
+        max_position_embeddings=int(_get(raw, "max_position_embeddings")),
+    ).validate()
+
+
 def read_hf_config(model_dir: Path) -> ModelConfig:
+    """A Hugging Face directory's config.json: Llama, else Qwen3.5 (whose error names both)."""
     import json
 
     path = Path(model_dir) / "config.json"
@@ -162,6 +215,10 @@ def read_hf_config(model_dir: Path) -> ModelConfig:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: invalid JSON ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    if tuple(raw.get("architectures") or ())[:1] == (LLAMA_ARCHITECTURE,):
+        return llama_config(raw)
     return qwen3_5_config(raw)
 
 

@@ -49,7 +49,12 @@ def unpermute_rope_rows(weight: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def load_gguf_weights(path: Path, config: ModelConfig, dtype: torch.dtype, device) -> ModelWeights:
+def read_gguf_tensors(path: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Every tensor of a Llama GGUF, dequantised to float32, in Hugging Face orientation, row order and names.
+
+    Names are canonical (Hugging Face names without the `model.` prefix); checking them against the config
+    is `assemble`'s job.
+    """
     from gguf.quants import dequantize
 
     from elpis.text.gguf_meta import open_gguf
@@ -58,6 +63,8 @@ def load_gguf_weights(path: Path, config: ModelConfig, dtype: torch.dtype, devic
     tensors: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)
+        if name in tensors:
+            raise WeightsError(f"GGUF tensor {tensor.name!r} appears twice")
         try:
             array = dequantize(tensor.data, tensor.tensor_type)
         except NotImplementedError as exc:
@@ -68,4 +75,8 @@ def load_gguf_weights(path: Path, config: ModelConfig, dtype: torch.dtype, devic
         elif name.endswith("k_proj.weight"):
             array = unpermute_rope_rows(array, config.num_key_value_heads)
         tensors[name] = torch.from_numpy(np.array(array, copy=True))  # off the read-only memory map
-    return assemble(config, tensors, dtype, torch.device(device))
+    return tensors
+
+
+def load_gguf_weights(path: Path, config: ModelConfig, dtype: torch.dtype, device) -> ModelWeights:
+    return assemble(config, read_gguf_tensors(path, config), dtype, torch.device(device))

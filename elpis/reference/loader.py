@@ -1,4 +1,4 @@
-"""One loader for the reference backend: a Hugging Face directory (Qwen3.5/3.8) or a GGUF file (Llama)."""
+"""One loader for the reference backend: a Hugging Face directory (Qwen3.5/3.8 or Llama) or a Llama GGUF."""
 
 from __future__ import annotations
 

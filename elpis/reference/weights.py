@@ -1,9 +1,10 @@
 """Model weights in the compute dtype, under one naming scheme for both checkpoint formats.
 
-Hugging Face directories (single or sharded safetensors; bf16/fp16/fp32) name tensors under `model.` or, for
-the multimodal Qwen3.5 checkpoints, `model.language_model.`; vision (`model.visual.`) and multi-token
-prediction (`mtp.`) tensors are skipped. Every expected tensor must be present with its exact shape and no
-unknown language-model tensor may remain: a checkpoint that does not fit is refused, not half-loaded.
+Hugging Face directories (Qwen3.5 or Llama; single or sharded safetensors; bf16/fp16/fp32) name tensors
+under `model.` or, for the multimodal Qwen3.5 checkpoints, `model.language_model.`; vision (`model.visual.`)
+and multi-token prediction (`mtp.`) tensors are skipped. Every expected tensor must be present with its exact
+shape and no unknown language-model tensor may remain: a checkpoint that does not fit is refused, not
+half-loaded.
 
 RMSNorm scales are stored *effective*: (1 + w) for Qwen3.5's zero-centred norms, w otherwise.
 """
@@ -127,10 +128,8 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def assemble(
-    config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device
-) -> ModelWeights:
-    """Check `tensors` (canonical names) against the config and build ModelWeights in dtype on device."""
+def check_tensors(config: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
+    """Refuse unless `tensors` (canonical names) are exactly the config's tensors with their exact shapes."""
     shapes = expected_shapes(config)
     missing = sorted(set(shapes) - set(tensors))
     if missing:
@@ -142,12 +141,30 @@ def assemble(
         if tuple(tensors[name].shape) != shape:
             raise WeightsError(f"{name}: shape {tuple(tensors[name].shape)}, expected {shape}")
 
+
+# CPU matmul kernels pick their code path by pointer alignment, and the paths round fp32 sums differently:
+# the same weights at another offset (a safetensors file, a numpy buffer) give other logits. Every weight
+# gets the allocator's own alignment, so results do not depend on where the weights were read from.
+WEIGHT_ALIGNMENT = 64
+
+
+def _aligned(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.contiguous()
+    return tensor.clone() if tensor.data_ptr() % WEIGHT_ALIGNMENT else tensor
+
+
+def assemble(
+    config: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device
+) -> ModelWeights:
+    """Check `tensors` (canonical names) against the config and build ModelWeights in dtype on device."""
+    check_tensors(config, tensors)
+
     def t(name: str) -> torch.Tensor:
-        return tensors[name].to(device=device, dtype=dtype).contiguous()
+        return _aligned(tensors[name].to(device=device, dtype=dtype))
 
     def norm(name: str) -> torch.Tensor:
         w = tensors[name].to(device=device, dtype=dtype)
-        return (1.0 + w if config.norm_unit_offset else w).contiguous()
+        return _aligned(1.0 + w if config.norm_unit_offset else w)
 
     layers = []
     for i, kind in enumerate(config.layer_types):
@@ -169,12 +186,14 @@ def assemble(
                 z=t(g + "in_proj_z.weight"),
                 b=t(g + "in_proj_b.weight"),
                 a=t(g + "in_proj_a.weight"),
-                conv=t(g + "conv1d.weight")[:, 0, :].contiguous(),
+                conv=_aligned(t(g + "conv1d.weight")[:, 0, :]),
                 # Computed in float32 or wider even for half checkpoints, where exp(A_log) could overflow.
-                neg_a=-tensors[g + "A_log"]
-                .to(device=device, dtype=torch.promote_types(dtype, torch.float32))
-                .exp()
-                .to(dtype),
+                neg_a=_aligned(
+                    -tensors[g + "A_log"]
+                    .to(device=device, dtype=torch.promote_types(dtype, torch.float32))
+                    .exp()
+                    .to(dtype)
+                ),
                 dt_bias=t(g + "dt_bias"),
                 norm=t(g + "norm.weight"),  # the gated norm is applied as w, never (1 + w)
                 out=t(g + "out_proj.weight"),

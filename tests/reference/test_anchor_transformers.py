@@ -194,6 +194,9 @@ def test_bad_checkpoints_are_refused(tmp_path: Path) -> None:
     with pytest.raises(WeightsError, match="unexpected"):
         load_model(path)
     config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "architectures": ["MistralForCausalLM"]}))
+    with pytest.raises(ConfigError, match=r"not Qwen3\.5 .* or Llama"):
+        load_model(path)
     (path / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
-    with pytest.raises(ConfigError, match=r"not Qwen3\.5"):
+    with pytest.raises(ConfigError, match="model_type 'qwen3_5_text' is not 'llama'"):
         load_model(path)
