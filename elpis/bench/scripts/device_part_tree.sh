@@ -2,7 +2,8 @@
 # Part "tree" (issue 8 items 2-5): token-tree verify inside the exl3 engine (Exl3Backend(tree=True),
 # elpis/exl3/tree_verify.py) on the small synthetic checkpoint:
 #   1. a smoke round with shapes and timings printed (load in tree mode, a 4-row tree verify, a path commit,
-#      a plain step), every exception with its full traceback;
+#      plain steps), then ms per round of stock chain-8 vs tree mode at 8 and 16 rows (1.5K context), every
+#      exception with its full traceback;
 #   2. tests/exl3/test_tree_verify.py: refusals of bad trees/paths; a tree row's logits bit-identical to plain
 #      decoding of its path (any row index, siblings, shape, size); tree-mode speculative decoding (replayed
 #      continuation inside random trees of 1/2/4/8/12/16 rows, and always-wrong trees) equal to tree-mode
@@ -23,7 +24,7 @@ else
   tr_t0=$(date +%s)
   export ELPIS_SMALL_DIR=${ELPIS_SMALL_DIR:-/tmp/small}
   export ELPIS_TREE_LOG="$OUT/log"
-  timeout -k 3 35 python3 - <<'EOF' 2>&1 | tail -40 | tee -a "$OUT/log"
+  timeout -k 3 45 python3 - <<'EOF' 2>&1 | tail -40 | tee -a "$OUT/log"
 import os, time, traceback
 from pathlib import Path
 t0 = time.perf_counter()
@@ -60,6 +61,30 @@ try:
     finally:
         b.finish()
     print("smoke: ok")
+    # ms per round (verify + commit of the anchor row) on the small model at a 1.5K context: chain-8 (stock
+    # kernels, fixed 8 rows) against tree mode with 8- and 16-row trees (always 16 rows run)
+    def rounds(label, rows, parents, n=12):
+        b.begin(ids)
+        try:
+            anchor, times = ids[-1], []
+            for i in range(n):
+                t = time.perf_counter()
+                out = b.verify([anchor] + rows[1:], parents)
+                anchor = int(out[0].argmax())
+                b.commit([0])
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - t)
+            times = sorted(times[2:])
+            print(f"timing: {label}: median {1000 * times[len(times) // 2]:.2f} ms per round")
+        finally:
+            b.finish()
+    ids = prompt(1500, 2, b.info.vocab_size)
+    chain8 = list(range(-1, 7))
+    tree16 = [-1, 0, 0, 1, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    rounds("tree-8 (chain-shaped)", [0] * 8, chain8)
+    rounds("tree-16", [0] * 16, tree16)
+    b.tree, b.fixed_rows = False, 8
+    rounds("stock chain-8", [0] * 8, chain8)
 except Exception:
     traceback.print_exc()
     print("smoke: FAILED")
