@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,6 +110,17 @@ def generate(out_dir: Path, root: Path = REPO_ROOT) -> list[Path]:
     return paths
 
 
+def template_env(root: Path) -> Environment:
+    """The jinja2 environment every generated C text is rendered in (the templates of `root`/codegen/)."""
+    return Environment(
+        loader=FileSystemLoader(str(root / "codegen")),
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
 def render(root: Path) -> tuple[str, str]:
     prog = load_impl(root)
     gen = Generator(prog)
@@ -119,13 +131,7 @@ def render(root: Path) -> tuple[str, str]:
         digest.update(m.encode() + b"\0" + (root / m).read_bytes())
     for name in TEMPLATES:
         digest.update(name.encode() + b"\0" + (root / "codegen" / name).read_bytes())
-    env = Environment(
-        loader=FileSystemLoader(str(root / "codegen")),
-        undefined=StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
+    env = template_env(root)
     context.update(sources=sources, digest=digest.hexdigest())
     header = env.get_template("acceptors.h.j2").render(**context)
     source = env.get_template("acceptors.c.j2").render(**context)
@@ -209,16 +215,7 @@ class Generator:
         entries = {name: spec[0] for name, spec in ENTRIES.items()}
         for name, (key, kinds, result) in ENTRIES.items():
             self._check_entry(name, key, kinds, result)
-        emitted: dict[str, str] = {}
-        protos: dict[str, str] = {}
-        todo = sorted(set(entries.values()))
-        while todo:
-            key = todo.pop()
-            if key in emitted:
-                continue
-            fn = FnEmitter(self, self.prog.funs[key])
-            protos[key], emitted[key] = fn.emit()
-            todo.extend(sorted(c for c in fn.called if c not in emitted))
+        protos, emitted = self.emit_reachable(entries.values())
         ctx = {
             "types": [d for _, d in self.type_defs],
             "prototypes": [protos[k] + ";" for k in sorted(protos)],
@@ -228,6 +225,20 @@ class Generator:
         }
         ctx.update({name: _short(key) for name, key in entries.items()})
         return ctx
+
+    def emit_reachable(self, keys: Iterable[str]) -> tuple[dict[str, str], dict[str, str]]:
+        """The prototype and the definition, by key, of every def reachable from `keys`."""
+        emitted: dict[str, str] = {}
+        protos: dict[str, str] = {}
+        todo = sorted(set(keys))
+        while todo:
+            key = todo.pop()
+            if key in emitted:
+                continue
+            fn = FnEmitter(self, self.prog.funs[key])
+            protos[key], emitted[key] = fn.emit()
+            todo.extend(sorted(c for c in fn.called if c not in emitted))
+        return protos, emitted
 
     def _check_entry(self, name: str, key: str, kinds: tuple[str, ...], result: str) -> None:
         fun = self.prog.funs.get(key)

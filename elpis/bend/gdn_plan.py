@@ -4,33 +4,28 @@
 one-to-one by the acceptors' generator (`codegen.FnEmitter`), plus the entry `elpis_gdn_plan` of the
 jinja2 template `codegen/gdn_plan.h.j2` (patches/kernels/gdn_tree.cu includes the header).
 `check_header(header, root)` builds a harness around the header with the host C compiler and compares
-its plan with the Bend interpreter's on every table tree (`table_trees()`); the interpreter's plan is
-also replayed by `walk_errors` (each row visited once, after its parent, from its parent's state, no
-slot overwritten while needed, within the kernel's slots, taps on the row's own path). Any difference
-or violation is a PlanMismatch (fail closed). `build(out_dir, root)` writes the header only once it
-passes.
+its plan with the Bend interpreter's on every table tree (`table_trees()`), through the shared harness
+of `elpis.bend.headers`; the interpreter's plan is also replayed by `walk_errors` (each row visited
+once, after its parent, from its parent's state, no slot overwritten while needed, within the kernel's
+slots, taps on the row's own path). Any difference or violation is a PlanMismatch (fail closed).
+`build(out_dir, root)` writes the header only once it passes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-import os
 import random
 import re
-import subprocess
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
-
 from elpis.bend.check import Program, load
-from elpis.bend.codegen import FnEmitter, Generator
+from elpis.bend.codegen import Generator, template_env
 from elpis.bend.errors import BendError
-from elpis.bend.headers import install_checked
+from elpis.bend.headers import harness_lines, install_checked, require_same_table
 from elpis.bend.interp import Interpreter
 from elpis.paths import BUILD_DIR, REPO_ROOT
 
@@ -41,7 +36,6 @@ HEADER = "gdn_plan.h"
 KERNELS_BUILD_DIR = BUILD_DIR / "kernels"
 MAX_ROWS = 16
 WINDOW = 16  # a tap code >= WINDOW is a committed conv-window column (code - WINDOW)
-CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra", "-Werror")
 
 # template name -> (Bend def, parameter types, result type)
 ENTRIES: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -100,16 +94,7 @@ def render(root: Path = REPO_ROOT) -> str:
     gen = Generator(prog)
     for name, (key, kinds, result) in ENTRIES.items():
         gen._check_entry(name, key, kinds, result)
-    protos: dict[str, str] = {}
-    bodies: dict[str, str] = {}
-    todo = sorted(key for key, _, _ in ENTRIES.values())
-    while todo:
-        key = todo.pop()
-        if key in bodies:
-            continue
-        fn = FnEmitter(gen, prog.funs[key])
-        protos[key], bodies[key] = fn.emit()
-        todo.extend(sorted(c for c in fn.called if c not in bodies))
+    protos, bodies = gen.emit_reachable(key for key, _, _ in ENTRIES.values())
     if gen.type_defs:
         raise BendError(f"{MODULE}: the plan must use scalars and lists only (found records)")
     interp = Interpreter(prog)
@@ -117,14 +102,8 @@ def render(root: Path = REPO_ROOT) -> str:
     digest = hashlib.sha256()
     for rel in (MODULE, MASKS, "bend/verify_schedule.bend", f"codegen/{TEMPLATE}"):
         digest.update(rel.encode() + b"\0" + (root / rel).read_bytes())
-    env = Environment(
-        loader=FileSystemLoader(str(root / "codegen")),
-        undefined=StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    return env.get_template(TEMPLATE).render(
+    template = template_env(root).get_template(TEMPLATE)
+    return template.render(
         source=MODULE,
         digest=digest.hexdigest(),
         max_rows=MAX_ROWS,
@@ -319,22 +298,8 @@ int main(void) {
 
 def compiled_table(header: Path, trees: list[list[int]], cc: str | None = None) -> list[str]:
     """The plan lines printed by a host build of `header` (C11, warnings as errors)."""
-    cc = cc or os.environ.get("CC", "gcc")
     rows = ", ".join("{" + ", ".join(map(str, [len(t), *t, *[0] * (MAX_ROWS - len(t))])) + "}" for t in trees)
-    with tempfile.TemporaryDirectory(prefix="elpis-gdnp-") as tmp:
-        work = Path(tmp)
-        (work / HEADER).write_bytes(Path(header).read_bytes())
-        (work / "harness.c").write_text(HARNESS.replace("%TREES%", rows))
-        exe = work / "harness"
-        done = subprocess.run(
-            [cc, *CFLAGS, f"-I{work}", "harness.c", "-o", str(exe)], capture_output=True, text=True, cwd=work
-        )
-        if done.returncode != 0:
-            raise PlanMismatch(f"{HEADER} does not compile as C11:\n{done.stderr.strip()}")
-        run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
-        if run.returncode != 0:
-            raise PlanMismatch(f"{HEADER}: the harness failed (exit {run.returncode})")
-    return run.stdout.splitlines()
+    return harness_lines(header, HEADER, HARNESS.replace("%TREES%", rows), PlanMismatch, cc=cc, timeout=120)
 
 
 def reference_table(root: Path = REPO_ROOT) -> tuple[list[list[int]], list[str]]:
@@ -366,15 +331,7 @@ def check_header(header: Path, root: Path = REPO_ROOT, cc: str | None = None) ->
     return the number of trees."""
     trees, want = reference_table(root)
     got = compiled_table(header, trees, cc)
-    if got != want:
-        for parents, w, g in zip(trees, want, got, strict=False):
-            if w != g:
-                raise PlanMismatch(
-                    f"{HEADER} disagrees with {MODULE} on tree {parents}:\n"
-                    f"  interpreter: {w}\n  compiled:    {g}"
-                )
-        raise PlanMismatch(f"{HEADER}: table has {len(got)} lines, the interpreter {len(want)}")
-    return len(want)
+    return require_same_table(HEADER, want, got, lambda i: f"{MODULE} on tree {trees[i]}", PlanMismatch)
 
 
 def build(out_dir: Path = KERNELS_BUILD_DIR, root: Path = REPO_ROOT, cc: str | None = None) -> Path:

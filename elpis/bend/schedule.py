@@ -5,28 +5,24 @@ qualifier macro ELPIS_SCHED_FN), compiled one-to-one from the Bend program by th
 (`codegen.FnEmitter`), through the jinja2 template `codegen/verify_schedule.h.j2`.
 `check_header(header, root)` compiles a harness around the header with the host C compiler and
 compares it with the Bend interpreter on every case of `table_cases()` (chunk-boundary contexts, every
-depth 0..15, masks of several trees); any difference is a ScheduleMismatch (fail closed).
+depth 0..15, masks of several trees), through the shared harness of `elpis.bend.headers`; any
+difference is a ScheduleMismatch (fail closed).
 `build(out_dir, root)` does both, writing the header only once it matches.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import re
-import subprocess
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
-
 from elpis.bend.check import Program, load
-from elpis.bend.codegen import FnEmitter, Generator
+from elpis.bend.codegen import Generator, template_env
 from elpis.bend.errors import BendError
-from elpis.bend.headers import install_checked
+from elpis.bend.headers import harness_lines, install_checked, require_same_table
 from elpis.bend.interp import Interpreter
 from elpis.paths import BUILD_DIR, REPO_ROOT
 
@@ -49,7 +45,6 @@ ENTRIES: dict[str, tuple[str, tuple[str, ...], str]] = {
 }
 # The generator's primitive helpers, renamed so this header can sit next to the acceptors' C.
 HELPERS = ("elpis_nat_sub", "elpis_nat_min", "elpis_nat_max", "elpis_u32_shl", "elpis_u32_shr")
-CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra", "-Werror")
 
 
 class ScheduleMismatch(BendError):
@@ -79,16 +74,7 @@ def render(root: Path = REPO_ROOT) -> str:
     gen = Generator(prog)
     for cname, (bend_name, kinds, result) in ENTRIES.items():
         gen._check_entry(cname, _key(bend_name), kinds, result)
-    protos: dict[str, str] = {}
-    bodies: dict[str, str] = {}
-    todo = sorted(_key(b) for b, _, _ in ENTRIES.values())
-    while todo:
-        key = todo.pop()
-        if key in bodies:
-            continue
-        fn = FnEmitter(gen, prog.funs[key])
-        protos[key], bodies[key] = fn.emit()
-        todo.extend(sorted(c for c in fn.called if c not in bodies))
+    protos, bodies = gen.emit_reachable(_key(b) for b, _, _ in ENTRIES.values())
     if gen.type_defs:
         raise BendError(f"{MODULE}: the schedule must use scalars only (found records)")
     interp = Interpreter(prog)
@@ -108,14 +94,8 @@ def render(root: Path = REPO_ROOT) -> str:
     digest = hashlib.sha256()
     for rel in (MODULE, f"codegen/{TEMPLATE}"):
         digest.update(rel.encode() + b"\0" + (root / rel).read_bytes())
-    env = Environment(
-        loader=FileSystemLoader(str(root / "codegen")),
-        undefined=StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    return env.get_template(TEMPLATE).render(
+    template = template_env(root).get_template(TEMPLATE)
+    return template.render(
         source=MODULE,
         digest=digest.hexdigest(),
         split_size=split_size,
@@ -243,26 +223,12 @@ def compiled_table(
     header: Path, pairs: list[tuple[int, int]], masks: list[Mask], cc: str | None = None
 ) -> list[str]:
     """The table lines printed by a host build of `header` (gcc, C11, warnings as errors)."""
-    cc = cc or os.environ.get("CC", "gcc")
     source = (
         HARNESS.replace("%PAIRS%", ", ".join(f"{{{c}u, {d}u}}" for c, d in pairs))
         .replace("%MASKS%", ", ".join(f"{{{m.depth}u, {m.ancestors}u}}" for m in masks))
         .replace("%MAXROWS%", str(MAX_ROWS))
     )
-    with tempfile.TemporaryDirectory(prefix="elpis-sched-") as tmp:
-        work = Path(tmp)
-        (work / HEADER).write_bytes(Path(header).read_bytes())
-        (work / "harness.c").write_text(source)
-        exe = work / "harness"
-        done = subprocess.run(
-            [cc, *CFLAGS, f"-I{work}", "harness.c", "-o", str(exe)], capture_output=True, text=True, cwd=work
-        )
-        if done.returncode != 0:
-            raise ScheduleMismatch(f"{HEADER} does not compile as C11:\n{done.stderr.strip()}")
-        run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
-        if run.returncode != 0:
-            raise ScheduleMismatch(f"{HEADER}: the harness failed (exit {run.returncode})")
-    return run.stdout.splitlines()
+    return harness_lines(header, HEADER, source, ScheduleMismatch, cc=cc, timeout=60)
 
 
 def check_header(header: Path, root: Path = REPO_ROOT, cc: str | None = None) -> int:
@@ -270,15 +236,7 @@ def check_header(header: Path, root: Path = REPO_ROOT, cc: str | None = None) ->
     pairs, masks = table_cases()
     want = reference_table(root, pairs, masks)
     got = compiled_table(header, pairs, masks, cc)
-    if got != want:
-        for i, (w, g) in enumerate(zip(want, got, strict=False)):
-            if w != g:
-                raise ScheduleMismatch(
-                    f"{HEADER} disagrees with bend/verify_schedule.bend at table line {i}:\n"
-                    f"  interpreter: {w}\n  compiled:    {g}"
-                )
-        raise ScheduleMismatch(f"{HEADER}: table has {len(got)} lines, the interpreter {len(want)}")
-    return len(want)
+    return require_same_table(HEADER, want, got, lambda i: f"{MODULE} at table line {i}", ScheduleMismatch)
 
 
 def build(out_dir: Path = KERNELS_BUILD_DIR, root: Path = REPO_ROOT, cc: str | None = None) -> Path:
