@@ -8,6 +8,9 @@
   lanes of 4 channels and an xor butterfly; each 128-long dot as 16 lanes of 8 rows k = 16i + lane and a
   butterfly), so agreement with the kernel is to the last few ulps (the kernel fuses multiply-adds).
 
+All three run one stepping loop (`_walk`: each row from its parent's state, a path as a chain); only the
+step differs, `elpis.reference`'s layers in a chosen dtype or the kernel's float32 order of summation.
+
 Layouts are the kernel's (see its header): qkv [R, 10240] pre-conv, beta/g [R, 48], conv_weight [10240, 4],
 conv_state [10240, >=4] with columns 0..3 the last inputs oldest first, state [48, 128, 128] as S[h][k][v].
 `random_inputs` makes synthetic inputs of that layout for tests and timing.
@@ -15,7 +18,7 @@ conv_state [10240, >=4] with columns 0..3 the last inputs oldest first, state [4
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +66,46 @@ class RowState:
     recurrent: torch.Tensor  # [48, 128, 128]
 
 
+# One row's step from the state it starts from: (output [48, 128], the row's state after it).
+Step = Callable[[RowState, int], tuple[torch.Tensor, RowState]]
+
+
+def _walk(
+    parents: Sequence[int], rows: Sequence[int], root: RowState, step: Step
+) -> tuple[torch.Tensor, list[RowState]]:
+    """The one stepping loop of both the references and the float32 emulation: input row rows[i] steps
+    from the state after rows[parents[i]] (parents[i] < i; -1: from `root`, the committed state).
+    Outputs [n, 48, 128] and each row's state after its step."""
+    outs, after = [], []
+    for i, p in enumerate(parents):
+        out, state = step(root if p < 0 else after[p], rows[i])
+        outs.append(out)
+        after.append(state)
+    return torch.stack(outs), after
+
+
+def _chain(n: int) -> list[int]:
+    """Parents of a path: each row steps from the one before it."""
+    return list(range(-1, n - 1))
+
+
+def _reference_step(
+    qkv: torch.Tensor, beta: torch.Tensor, g: torch.Tensor, conv_weight: torch.Tensor, dtype: torch.dtype
+) -> Step:
+    """A step of `elpis.reference.layers`' conv, l2 norm and recurrent delta rule in `dtype`."""
+    taps = conv_weight.to(dtype)
+
+    def step(start: RowState, r: int) -> tuple[torch.Tensor, RowState]:
+        activated, window = causal_conv(start.window, qkv[r : r + 1].to(dtype), taps)
+        q, k, v = _split_heads(activated)
+        out, recurrent = delta_rule_recurrent(
+            q, k, v, g[r : r + 1].to(dtype), beta[r : r + 1].to(dtype), start.recurrent
+        )
+        return out[0], RowState(window, recurrent)
+
+    return step
+
+
 def reference_tree(
     qkv: torch.Tensor,
     beta: torch.Tensor,
@@ -74,20 +117,9 @@ def reference_tree(
     dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, list[RowState]]:
     """Core outputs [R, 48, 128] in `dtype`, and each row's state after its step."""
-    parents = parents_of(ancestors)
-    taps = conv_weight.to(dtype)
     root = RowState(_window_start(conv_state, dtype), state.to(dtype))
-    outs, after = [], []
-    for r, p in enumerate(parents):
-        start = root if p < 0 else after[p]
-        activated, window = causal_conv(start.window, qkv[r : r + 1].to(dtype), taps)
-        q, k, v = _split_heads(activated)
-        out, recurrent = delta_rule_recurrent(
-            q, k, v, g[r : r + 1].to(dtype), beta[r : r + 1].to(dtype), start.recurrent
-        )
-        outs.append(out[0])
-        after.append(RowState(window, recurrent))
-    return torch.stack(outs), after
+    step = _reference_step(qkv, beta, g, conv_weight, dtype)
+    return _walk(parents_of(ancestors), range(len(ancestors)), root, step)
 
 
 def reference_commit(
@@ -104,13 +136,12 @@ def reference_commit(
 
     The new conv_state keeps conv_state's dtype and extra columns; columns 0..3 hold the last 4 inputs."""
     rows = list(path)
-    activated, _ = causal_conv(_window_start(conv_state, dtype), qkv[rows].to(dtype), conv_weight.to(dtype))
-    q, k, v = _split_heads(activated)
-    outs, recurrent = delta_rule_recurrent(q, k, v, g[rows].to(dtype), beta[rows].to(dtype), state.to(dtype))
+    root = RowState(_window_start(conv_state, dtype), state.to(dtype))
+    outs, after = _walk(_chain(len(rows)), rows, root, _reference_step(qkv, beta, g, conv_weight, dtype))
     inputs = torch.cat([conv_state[:, :TAPS].t(), qkv[rows].to(conv_state.dtype)], dim=0)
     new_conv = conv_state.clone()
     new_conv[:, :TAPS] = inputs[-TAPS:].t()
-    return outs, recurrent, new_conv
+    return outs, after[-1].recurrent, new_conv
 
 
 # --- the kernel's algorithm in float32 ---------------------------------------------------------------
@@ -152,6 +183,35 @@ def _emulate_dot(vec: torch.Tensor, st: torch.Tensor) -> torch.Tensor:
     return _butterfly(part.transpose(1, 2), (8, 4, 2, 1))
 
 
+def _kernel_step(qkv: torch.Tensor, beta: torch.Tensor, g: torch.Tensor, conv_weight: torch.Tensor) -> Step:
+    """A step of the kernel's algorithm in float32, with its orders of summation."""
+    f32 = torch.float32
+    taps = conv_weight.to(f32)
+    group = VALUE_HEADS // KEY_HEADS
+    scale = torch.tensor(HEAD_DIM**-0.5, dtype=f32)
+
+    def step(start: RowState, r: int) -> tuple[torch.Tensor, RowState]:
+        inputs = torch.cat([start.window, qkv[r : r + 1].to(f32)], dim=0)  # oldest first, this row last
+        c = _emulate_conv(inputs, taps)
+        q, k, v = torch.split(c, [KEY_HEADS * HEAD_DIM, KEY_HEADS * HEAD_DIM, VALUE_HEADS * HEAD_DIM])
+        q = q.reshape(KEY_HEADS, HEAD_DIM)
+        k = k.reshape(KEY_HEADS, HEAD_DIM)
+        q = q * (_emulate_norm(q) * scale)[:, None]
+        k = k * _emulate_norm(k)[:, None]
+        q, k = q.repeat_interleave(group, 0), k.repeat_interleave(group, 0)
+        st = start.recurrent * torch.exp(g[r].to(f32))[:, None, None]
+        dot = _emulate_dot(k, st)
+        delta = (v.reshape(VALUE_HEADS, HEAD_DIM) - dot) * beta[r].to(f32)[:, None]
+        st = st + k[:, :, None] * delta[:, None, :]
+        return _emulate_dot(q, st), RowState(inputs[1:], st)
+
+    return step
+
+
+def _kernel_root(conv_state: torch.Tensor, state: torch.Tensor) -> RowState:
+    return RowState(_window_start(conv_state, torch.float32), state.to(torch.float32))
+
+
 def emulate_fp32_path(
     qkv: torch.Tensor,
     beta: torch.Tensor,
@@ -163,28 +223,10 @@ def emulate_fp32_path(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's algorithm in float32 along input rows `path` (root first): outputs [n, 48, 128] and the
     state after the last row."""
-    f32 = torch.float32
-    taps = conv_weight.to(f32)
     rows = list(path)
-    seq = torch.cat([conv_state[:, :TAPS].t().to(f32), qkv[rows].to(f32)], dim=0)  # inputs -4 .. n-1
-    group = VALUE_HEADS // KEY_HEADS
-    scale = torch.tensor(HEAD_DIM**-0.5, dtype=f32)
-    st = state.to(f32).clone()
-    outs = []
-    for e, r in enumerate(rows):
-        c = _emulate_conv(seq[e + 1 : e + 1 + TAPS], taps)
-        q, k, v = torch.split(c, [KEY_HEADS * HEAD_DIM, KEY_HEADS * HEAD_DIM, VALUE_HEADS * HEAD_DIM])
-        q = q.reshape(KEY_HEADS, HEAD_DIM)
-        k = k.reshape(KEY_HEADS, HEAD_DIM)
-        q = q * (_emulate_norm(q) * scale)[:, None]
-        k = k * _emulate_norm(k)[:, None]
-        q, k = q.repeat_interleave(group, 0), k.repeat_interleave(group, 0)
-        st = st * torch.exp(g[r].to(f32))[:, None, None]
-        dot = _emulate_dot(k, st)
-        delta = (v.reshape(VALUE_HEADS, HEAD_DIM) - dot) * beta[r].to(f32)[:, None]
-        st = st + k[:, :, None] * delta[:, None, :]
-        outs.append(_emulate_dot(q, st))
-    return torch.stack(outs), st
+    step = _kernel_step(qkv, beta, g, conv_weight)
+    outs, after = _walk(_chain(len(rows)), rows, _kernel_root(conv_state, state), step)
+    return outs, after[-1].recurrent
 
 
 def emulate_fp32(
@@ -196,9 +238,10 @@ def emulate_fp32(
     state: torch.Tensor,
     ancestors: Sequence[int],
 ) -> torch.Tensor:
-    """Core outputs float32 [R, 48, 128] by the kernel's algorithm (each row replayed along its path)."""
-    inputs = (qkv, beta, g, conv_weight, conv_state, state)
-    return torch.stack([emulate_fp32_path(*inputs, path_rows(a))[0][-1] for a in ancestors])
+    """Core outputs float32 [R, 48, 128] by the kernel's algorithm, each row from its parent's state."""
+    step = _kernel_step(qkv, beta, g, conv_weight)
+    outs, _ = _walk(parents_of(ancestors), range(len(ancestors)), _kernel_root(conv_state, state), step)
+    return outs
 
 
 # --- synthetic inputs ----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import os
@@ -32,6 +33,7 @@ from elpis.reference.layers import causal_conv, delta_rule_chunked, delta_rule_r
 from elpis.reference.model import ReferenceModel
 from elpis.reference.state import DeltaNetState
 from elpis.reference.weights import DeltaNetWeights
+from tests.kernels import cuda_emu
 
 needs_nvcc = pytest.mark.skipif(
     nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1",
@@ -290,129 +292,17 @@ def test_install_refuses_until_wired() -> None:
 
 
 # --- the kernel's own source, run on the CPU ----------------------------------------------------------
-# gdn_tree.cu compiled by g++ against two small headers that emulate what it uses of CUDA: one block at a
-# time, one std::thread per CUDA thread, __syncthreads as a block barrier, warp shuffles through a per-warp
-# buffer and barrier, __shared__ as statics; the two `<<<...>>>` launches are rewritten to an emulated
-# launch that runs chosen blocks of the main kernel (all of them would take minutes) and every block of the
-# conv commit. This checks the kernel's indexing, plan use, commit and invariance before any GPU run.
-
-EMU_RUNTIME = r"""
-#pragma once
-#include <barrier>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <thread>
-#include <utility>
-#include <vector>
-struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
-typedef int cudaError_t;
-enum { cudaSuccess = 0 };
-typedef void* cudaStream_t;
-inline cudaError_t cudaGetLastError() { return 0; }
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __launch_bounds__(x)
-#define __shared__ static
-#define __align__(n) __attribute__((aligned(n)))
-inline thread_local dim3 threadIdx;
-inline dim3 blockIdx, blockDim;
-inline std::barrier<>* emu_block_barrier;
-inline std::barrier<>* emu_warp_barrier[32];
-inline float emu_warp_buf[32][32];
-inline std::vector<std::pair<int, int>> emu_blocks;
-inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
-inline float __shfl_xor_sync(unsigned, float v, int m) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    emu_warp_buf[warp][lane] = v;
-    emu_warp_barrier[warp]->arrive_and_wait();
-    const float r = emu_warp_buf[warp][lane ^ m];
-    emu_warp_barrier[warp]->arrive_and_wait();
-    return r;
-}
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fadd_rn(float a, float b) { return a + b; }
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fdiv_rn(float a, float b) { return a / b; }
-inline float __fsqrt_rn(float a) { return std::sqrt(a); }
-inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
-template <typename K, typename... A>
-void emu_launch(K kernel, dim3 grid, dim3 block, int, void*, A... args) {
-    blockDim = block;
-    std::vector<std::pair<int, int>> todo = emu_blocks;
-    if (grid.y == 1 || todo.empty()) {
-        todo.clear();
-        for (unsigned y = 0; y < grid.y; y++)
-            for (unsigned x = 0; x < grid.x; x++) todo.push_back({int(x), int(y)});
-    }
-    for (auto [x, y] : todo) {
-        blockIdx = dim3(x, y);
-        std::barrier<> block_barrier(block.x);
-        std::vector<std::barrier<>*> warps;
-        for (unsigned w = 0; w < (block.x + 31) / 32; w++)
-            emu_warp_barrier[w] = warps.emplace_back(new std::barrier<>(32));
-        emu_block_barrier = &block_barrier;
-        std::vector<std::thread> threads;
-        for (unsigned t = 0; t < block.x; t++)
-            threads.emplace_back([=] { threadIdx = dim3(t); kernel(args...); });
-        for (auto& t : threads) t.join();
-        for (auto* w : warps) delete w;
-    }
-}
-extern "C" void emu_set_blocks(int n, const int* xy) {
-    emu_blocks.clear();
-    for (int i = 0; i < n; i++) emu_blocks.push_back({xy[2 * i], xy[2 * i + 1]});
-}
-"""
-
-EMU_BF16 = r"""
-#pragma once
-#include <cstdint>
-#include <cstring>
-struct __nv_bfloat16 { uint16_t x; };
-inline float __bfloat162float(__nv_bfloat16 b) {
-    uint32_t u = uint32_t(b.x) << 16; float f; std::memcpy(&f, &u, 4); return f;
-}
-inline __nv_bfloat16 __float2bfloat16_rn(float f) {
-    uint32_t u; std::memcpy(&u, &f, 4);
-    __nv_bfloat16 r;
-    if ((u & 0x7fffffffu) > 0x7f800000u) { r.x = 0x7fc0; return r; }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    r.x = uint16_t(u >> 16);
-    return r;
-}
-"""
+# gdn_tree.cu compiled by g++ against the CUDA emulation of tests/kernels/cuda_emu.py; the emulated launch
+# runs chosen blocks of the main kernel (all of them would take minutes) and every block of the conv
+# commit. This checks the kernel's indexing, plan use, commit and invariance before any GPU run.
 
 EMU_BLOCKS = [(0, 0), (7, 47), (3, 25)]  # (value-column slice, value head): first, last, a middle one
 
 
 @pytest.fixture(scope="module")
-def emulated(tmp_path_factory):
-    import ctypes
-    import re
-    import shutil
-    import subprocess
-
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("g++ not installed")
+def emulated(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     build = tmp_path_factory.mktemp("gdn_emu")
-    (build / "cuda_runtime.h").write_text(EMU_RUNTIME)
-    (build / "cuda_bf16.h").write_text(EMU_BF16)
-    source = gdn_tree.SOURCE.read_text()
-    source, launches = re.subn(r"(\w+)<<<(.*?)>>>\((.*?)\);", r"emu_launch(\1, \2, \3);", source)
-    assert launches == 2
-    (build / "gdn_tree_emu.cpp").write_text(source)
-    lib_path = build / "libgdn_tree_emu.so"
-    done = subprocess.run(
-        [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", f"-I{build}",
-         *[f"-I{d}" for d in nvcc.INCLUDE_DIRS], str(build / "gdn_tree_emu.cpp"), "-o", str(lib_path)],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    lib = ctypes.CDLL(str(lib_path))
+    lib = cuda_emu.build_emulated(gdn_tree.SOURCE, build, launches=2, needs=(gdn_plan.HEADER,))
     vp, i32, u32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint32
     lib.elpis_gdn_tree_verify.argtypes = [vp, vp, vp, vp, vp, i32, vp, u32, vp, vp, vp, vp, vp]
     lib.elpis_gdn_tree_commit.argtypes = [vp, vp, vp, vp, vp, i32, vp, u32, vp, vp, vp, vp]

@@ -1,20 +1,15 @@
 """The tree-verify attention kernel's own source, run on the CPU before any GPU run.
 
-patches/kernels/tree_attention.cu is compiled by g++ against small headers that emulate what it uses of
-CUDA: every block of the grid in turn, one std::thread per CUDA thread, __syncthreads as a block barrier,
-warp shuffles through a per-warp buffer and barrier, __shared__ as statics, fp16 as _Float16 (IEEE
-round-to-nearest-even, as on the GPU). The `<<<...>>>` launches become calls of an emulated launch. exp and
-log are the CPU's, so the numbers are not the GPU's bits; what this checks is the kernel's indexing, its
-use of the generated schedule, its agreement with float64, and bitwise row invariance of its own code.
+patches/kernels/tree_attention.cu is compiled by g++ against the CUDA emulation of tests/kernels/cuda_emu.py
+(every block of the grid in turn, one std::thread per CUDA thread, fp16 as _Float16). exp and log are the
+CPU's, so the numbers are not the GPU's bits; what this checks is the kernel's indexing, its use of the
+generated schedule, its agreement with float64, and bitwise row invariance of its own code.
 """
 
 from __future__ import annotations
 
 import ctypes
 import random
-import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,100 +17,14 @@ import torch
 
 from elpis.exl3 import tree_attention as ta
 from elpis.exl3 import tree_attention_ref as ref
-from elpis.paths import BUILD_DIR
+from tests.kernels import cuda_emu
 from tests.kernels import tree_cases as tc
-
-EMU_RUNTIME = r"""
-#pragma once
-#include <barrier>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <thread>
-#include <vector>
-struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
-struct uint4 { unsigned x, y, z, w; };
-struct float2 { float x, y; };
-typedef int cudaError_t;
-enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
-typedef void* cudaStream_t;
-inline cudaError_t cudaGetLastError() { return 0; }
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __launch_bounds__(x)
-#define __shared__ static
-inline thread_local dim3 threadIdx;
-inline dim3 blockIdx, blockDim;
-inline std::barrier<>* emu_block_barrier;
-inline std::barrier<>* emu_warp_barrier[32];
-inline float emu_warp_buf[32][32];
-inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
-inline float __shfl_xor_sync(unsigned, float v, int m) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    emu_warp_buf[warp][lane] = v;
-    emu_warp_barrier[warp]->arrive_and_wait();
-    const float r = emu_warp_buf[warp][lane ^ m];
-    emu_warp_barrier[warp]->arrive_and_wait();
-    return r;
-}
-inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
-inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
-inline uint4 __ldg(const uint4* p) { return *p; }
-template <typename K, typename... A>
-void emu_launch(K kernel, dim3 grid, unsigned threads_per_block, int, void*, A... args) {
-    blockDim = dim3(threads_per_block);
-    for (unsigned z = 0; z < grid.z; z++)
-        for (unsigned y = 0; y < grid.y; y++)
-            for (unsigned x = 0; x < grid.x; x++) {
-                blockIdx = dim3(x, y, z);
-                std::barrier<> block_barrier(threads_per_block);
-                std::vector<std::barrier<>*> warps;
-                for (unsigned w = 0; w < (threads_per_block + 31) / 32; w++)
-                    emu_warp_barrier[w] = warps.emplace_back(new std::barrier<>(32));
-                emu_block_barrier = &block_barrier;
-                std::vector<std::thread> pool;
-                for (unsigned t = 0; t < threads_per_block; t++)
-                    pool.emplace_back([=] { threadIdx = dim3(t); kernel(args...); });
-                for (auto& t : pool) t.join();
-                for (auto* w : warps) delete w;
-            }
-}
-"""
-
-EMU_FP16 = r"""
-#pragma once
-#include <cstdint>
-#include "cuda_runtime.h"
-struct __half { _Float16 v; };
-struct __half2 { __half x, y; };
-inline float __half2float(__half h) { return float(h.v); }
-inline __half __float2half_rn(float f) { return __half{_Float16(f)}; }
-inline float2 __half22float2(__half2 h) { return float2{float(h.x.v), float(h.y.v)}; }
-"""
 
 
 def _build(tmp: Path, staged: int) -> ctypes.CDLL:
-    header = BUILD_DIR / "kernels" / "verify_schedule.h"
-    if not header.is_file():
-        pytest.fail(f"{header} missing: run make build")
-    (tmp / "cuda_runtime.h").write_text(EMU_RUNTIME)
-    (tmp / "cuda_fp16.h").write_text(EMU_FP16)
-    source, launches = re.subn(
-        r"(\w+)<<<(.*?)>>>\((.*?)\);", r"emu_launch(\1, \2, \3);", ta.SOURCE.read_text(), flags=re.S
+    lib = cuda_emu.build_emulated(
+        ta.SOURCE, tmp, launches=2, needs=("verify_schedule.h",), defines={"ELPIS_TREE_ATTN_STAGED": staged}
     )
-    assert launches == 2
-    (tmp / "tree_attention_emu.cpp").write_text(source)
-    lib_path = tmp / f"libtree_attention_emu{staged}.so"
-    done = subprocess.run(
-        [shutil.which("g++") or "g++", "-std=c++20", "-O1", "-ffp-contract=off", "-shared", "-fPIC",
-         "-pthread", f"-I{tmp}", f"-I{header.parent}", f"-DELPIS_TREE_ATTN_STAGED={staged}",
-         str(tmp / "tree_attention_emu.cpp"), "-o", str(lib_path)],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    lib = ctypes.CDLL(str(lib_path))
     u32, u64, vp = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p
     lib.elpis_tree_attention.argtypes = [
         vp,
@@ -142,8 +51,6 @@ def _build(tmp: Path, staged: int) -> ctypes.CDLL:
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory: pytest.TempPathFactory) -> dict[int, ctypes.CDLL]:
-    if shutil.which("g++") is None:
-        pytest.skip("g++ not installed")
     tmp = tmp_path_factory.mktemp("tree_attention_emu")
     return {staged: _build(tmp, staged) for staged in (1, 0)}
 

@@ -1,0 +1,182 @@
+"""A kernel's own CUDA source built for the CPU, so its indexing and plan use are checked before a GPU run.
+
+`build_emulated(source, out_dir, launches=...)` compiles a `.cu` file with g++ against small headers that
+emulate what our kernels use of CUDA: the blocks of a grid one after another, one std::thread per CUDA
+thread, __syncthreads as a block barrier, warp shuffles through a per-warp buffer and barrier, __shared__
+as statics, the IEEE round-to-nearest intrinsics as plain float operations, fp16 as _Float16 and bf16 by
+round-to-nearest-even (both as on the GPU). Every `<<<...>>>` launch becomes a call of an emulated launch,
+which runs every block, or only the blocks chosen with `emu_set_blocks` (for a grid of more than one row
+of blocks). exp and log are the CPU's, so the numbers are not the GPU's bits; tests compare with float64
+references and check bitwise row invariance of the kernel's own code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from elpis import nvcc
+from elpis.paths import BUILD_DIR
+
+EMU_RUNTIME = r"""
+#pragma once
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
+struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
+struct uint4 { unsigned x, y, z, w; };
+struct float2 { float x, y; };
+typedef int cudaError_t;
+enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
+typedef void* cudaStream_t;
+inline cudaError_t cudaGetLastError() { return 0; }
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+inline thread_local dim3 threadIdx;
+inline dim3 blockIdx, blockDim;
+inline std::barrier<>* emu_block_barrier;
+inline std::barrier<>* emu_warp_barrier[32];
+inline float emu_warp_buf[32][32];
+inline std::vector<std::pair<unsigned, unsigned>> emu_blocks;  // (x, y) chosen by emu_set_blocks
+inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int m) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    emu_warp_buf[warp][lane] = v;
+    emu_warp_barrier[warp]->arrive_and_wait();
+    const float r = emu_warp_buf[warp][lane ^ m];
+    emu_warp_barrier[warp]->arrive_and_wait();
+    return r;
+}
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline uint4 __ldg(const uint4* p) { return *p; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+template <typename K, typename... A>
+void emu_run_block(dim3 index, dim3 block, K kernel, A... args) {
+    blockIdx = index;
+    std::barrier<> block_barrier(block.x);
+    std::vector<std::barrier<>*> warps;
+    for (unsigned w = 0; w < (block.x + 31) / 32; w++)
+        emu_warp_barrier[w] = warps.emplace_back(new std::barrier<>(32));
+    emu_block_barrier = &block_barrier;
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < block.x; t++)
+        threads.emplace_back([=] { threadIdx = dim3(t); kernel(args...); });
+    for (auto& t : threads) t.join();
+    for (auto* w : warps) delete w;
+}
+template <typename K, typename... A>
+void emu_launch(K kernel, dim3 grid, dim3 block, int, void*, A... args) {
+    blockDim = block;
+    if (grid.y > 1 && !emu_blocks.empty()) {
+        for (auto [x, y] : emu_blocks) emu_run_block(dim3(x, y), block, kernel, args...);
+        return;
+    }
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) emu_run_block(dim3(x, y, z), block, kernel, args...);
+}
+extern "C" void emu_set_blocks(int n, const int* xy) {
+    emu_blocks.clear();
+    for (int i = 0; i < n; i++) emu_blocks.push_back({unsigned(xy[2 * i]), unsigned(xy[2 * i + 1])});
+}
+"""
+
+EMU_FP16 = r"""
+#pragma once
+#include <cstdint>
+#include "cuda_runtime.h"
+struct __half { _Float16 v; };
+struct __half2 { __half x, y; };
+inline float __half2float(__half h) { return float(h.v); }
+inline __half __float2half_rn(float f) { return __half{_Float16(f)}; }
+inline float2 __half22float2(__half2 h) { return float2{float(h.x.v), float(h.y.v)}; }
+"""
+
+EMU_BF16 = r"""
+#pragma once
+#include <cstdint>
+#include <cstring>
+struct __nv_bfloat16 { uint16_t x; };
+inline float __bfloat162float(__nv_bfloat16 b) {
+    uint32_t u = uint32_t(b.x) << 16; float f; std::memcpy(&f, &u, 4); return f;
+}
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    uint32_t u; std::memcpy(&u, &f, 4);
+    __nv_bfloat16 r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) { r.x = 0x7fc0; return r; }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    r.x = uint16_t(u >> 16);
+    return r;
+}
+"""
+
+HEADERS = {"cuda_runtime.h": EMU_RUNTIME, "cuda_fp16.h": EMU_FP16, "cuda_bf16.h": EMU_BF16}
+LAUNCH = re.compile(r"(\w+)<<<(.*?)>>>\((.*?)\);", re.S)
+# No contraction into fma: the kernels' own arithmetic, one rounding per operation as written.
+CXXFLAGS = ("-std=c++20", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-pthread")
+
+
+def gxx() -> str:
+    """The host C++ compiler, or a skip when there is none."""
+    found = shutil.which("g++")
+    if found is None:
+        pytest.skip("g++ not installed")
+    return found
+
+
+def emulated_source(source: Path, launches: int) -> str:
+    """`source` with each of its `launches` kernel launches turned into an emulated launch."""
+    text, found = LAUNCH.subn(r"emu_launch(\1, \2, \3);", Path(source).read_text())
+    assert found == launches, f"{source}: {found} launches, expected {launches}"
+    return text
+
+
+def build_emulated(
+    source: Path,
+    out_dir: Path,
+    *,
+    launches: int,
+    needs: Sequence[str] = (),
+    defines: Mapping[str, int | str] | None = None,
+) -> ctypes.CDLL:
+    """Build `source` (a .cu file with `launches` launches) for the CPU into `out_dir` and load it. `needs`
+    names the generated headers (build/kernels/) it includes; the include path is the CUDA build's."""
+    for name in needs:
+        if not (BUILD_DIR / "kernels" / name).is_file():
+            pytest.fail(f"{BUILD_DIR / 'kernels' / name} missing: run make build")
+    compiler = gxx()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in HEADERS.items():
+        (out_dir / name).write_text(text)
+    flags = "".join(f"_{k}{v}" for k, v in (defines or {}).items())
+    unit = out_dir / f"{Path(source).stem}_emu{flags}.cpp"
+    unit.write_text(emulated_source(source, launches))
+    lib_path = unit.with_name(f"lib{unit.stem}.so")
+    done = subprocess.run(
+        [compiler, *CXXFLAGS, f"-I{out_dir}", *[f"-I{d}" for d in nvcc.INCLUDE_DIRS],
+         *[f"-D{k}={v}" for k, v in (defines or {}).items()], str(unit), "-o", str(lib_path)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return ctypes.CDLL(str(lib_path))
