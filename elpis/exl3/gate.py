@@ -67,6 +67,10 @@ PATCHES: dict[str, str] = {
     "fixed-rows-8": "every verify runs 8 rows (elpis default)",
     "gdn-state-fp32": "Gated DeltaNet recurrent state stored in fp32 (elpis default)",
 }
+# Registry patches that are no gate candidate: always applied, and they change no arithmetic of Qwen3.8.
+NEUTRAL_PATCHES: dict[str, str] = {
+    "exl3-trim-padded-out": "trims padded linear outputs; no Qwen3.8 linear has one (SmolLM2's 576 does)",
+}
 ELPIS_DEFAULTS = ("fixed-rows-8", "gdn-state-fp32")
 INT8_PATCH = "exl3-int8-gemv-off"
 FIXED_ROWS = 8

@@ -1,9 +1,10 @@
 """`elpis quantize`: a Hugging Face model directory to EXL3 with ExLlamaV3's own converter, checked.
 
-Runs `python -m exllamav3.conversion.convert_model` (its command line, in its own process: the converter
-parses arguments and keeps state at import) with the bitrate of the product (4.00 bpw, 6 bpw head), then
-refuses the result unless its config records the asked bitrates and ExLlamaV3 loads it. Needs a CUDA GPU.
-For the embedded SmolLM2 GGUF, write the input directory first with `elpis export-hf`.
+Runs ExLlamaV3's `exllamav3.conversion.convert_model` command line in its own process (the converter parses
+arguments and keeps state at import), after elpis's run-time patches (`python -m elpis.exl3.quantize ARGS`;
+`exl3-trim-padded-out` lets models with a 576-wide hidden state convert), with the product's bitrate
+(4.00 bpw, 6 bpw head), then refuses the result unless its config records the asked bitrate and ExLlamaV3
+loads it. Needs a CUDA GPU. For the embedded SmolLM2 GGUF, write the input directory with `elpis export-hf`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def convert(
     require_gpu()
     work = Path(work_dir) if work_dir else out_dir.parent / (out_dir.name + ".work")
     cmd = [
-        sys.executable, "-m", "exllamav3.conversion.convert_model",
+        sys.executable, "-m", "elpis.exl3.quantize",
         "-i", str(model_dir), "-o", str(out_dir), "-w", str(work),
         "-b", str(bits), "-hb", str(head_bits),
     ]  # fmt: skip
@@ -71,3 +72,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(quant))
     return 0
+
+
+def converter_main(argv: list[str]) -> None:
+    """ExLlamaV3's converter as its own `__main__`, after elpis's run-time patches."""
+    import runpy
+
+    from elpis.exl3 import patches
+
+    patches.apply_all()
+    sys.argv = ["convert_model", *argv]
+    runpy.run_module("exllamav3.conversion.convert_model", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    converter_main(sys.argv[1:])
