@@ -10,8 +10,11 @@ LIMIT=${LIMIT:-585}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
 export ELPIS_PROVE_JOBS=12 ELPIS_SMALL_DIR=/tmp/small
-( python3 -m elpis.cli build >/tmp/build7.log 2>&1; echo "build rc=$?" >>/tmp/build7.log ) &
-BUILD=$!
+TREE=${TREE:-1}  # TREE=0: the SmolLM2 part only
+if [ "$TREE" = 1 ]; then
+  ( python3 -m elpis.cli build >/tmp/build7.log 2>&1; echo "build rc=$?" >>/tmp/build7.log ) &
+  BUILD=$!
+fi
 mkdir -p /tmp/c/smollm2 "$OUT/gate"
 cat /tmp/smolparts/a .smolB/part > /tmp/c/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF=$(python3 -c "from pathlib import Path; from elpis.reference.assets import ensure_smollm2; print(ensure_smollm2(Path('/tmp/c')))") \
@@ -30,9 +33,11 @@ if [ -f /tmp/smol-exl3/config.json ]; then
     --arm "floor-fp32-decode=reference:dtype=fp32,mode=exact,path=verify,rows=16" \
     --arm "exl3-4bpw=exl3:path=forward,model=/tmp/smol-exl3" 2>&1 | grep -v "^\s*$" | tail -24 | tee -a "$OUT/log"
 fi
-wait $BUILD
-tail -3 /tmp/build7.log | tee -a "$OUT/log"
-echo "=== tree ($(left) s left)" | tee -a "$OUT/log"
-( source elpis/bench/scripts/device_part_tree.sh ) 2>&1 | tail -60
+if [ "$TREE" = 1 ]; then
+  wait $BUILD
+  tail -3 /tmp/build7.log | tee -a "$OUT/log"
+  echo "=== tree ($(left) s left)" | tee -a "$OUT/log"
+  ( source elpis/bench/scripts/device_part_tree.sh ) 2>&1 | tail -60
+fi
 save_caches >/dev/null
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
