@@ -465,14 +465,15 @@ def record(engine: Any, ids: list[int], layers: int, hidden: int) -> Recorded:
             torch.inference_mode(),
             replaced("exllamav3", {gated_delta_rule_fn: on_delta_rule, attn_dispatch: on_attention}),
         ):
-            state = engine.cache.get_new_state()
             params = {
                 "attn_mode": "flash_attn",
                 "block_table": table,
                 "cache": engine.cache,
                 "cache_seqlens": torch.tensor([0], dtype=torch.int32),
-                "recurrent_states": [state],
             }
+            if engine.cache.recurrent_state_cls is not None:  # hybrid models (Qwen3.8); none for Llama
+                state = engine.cache.get_new_state()
+                params["recurrent_states"] = [state]
             engine.model.forward(torch.tensor([ids], dtype=torch.long), params)
             torch.cuda.synchronize(engine.device)
     finally:
@@ -1006,7 +1007,8 @@ def gate_ops(model: Path | None, options: dict[str, str]) -> list[GateOp]:
     require_gpu()
     from elpis.exl3 import patches as registry
 
-    on = sorted(name for name, enabled in registry.apply_all().items() if enabled)
+    applied = registry.apply_all().items()
+    on = sorted(name for name, enabled in applied if enabled and name not in NEUTRAL_PATCHES)
     if on or "EXL3_INT8_GEMV" in os.environ:
         raise ValueError(
             f"the exl3 ops measure stock ExLlamaV3 and each patch in one process; this process runs with "
