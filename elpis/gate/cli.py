@@ -52,7 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     model.add_argument("--aime", type=int, default=2, help="chat-formatted AIME prompt documents")
     model.add_argument("--greedy-prompts", type=int, default=2, help="GSM8K prompts decoded greedily per arm")
-    model.add_argument("--greedy-tokens", type=int, default=64)
+    model.add_argument(
+        "--greedy-tokens", type=int, default=512, help="greedy continuation length per prompt and arm"
+    )
     model.add_argument("--results", type=Path, help="results directory (default bench/results/gate)")
     model.add_argument(
         "--random-ids",

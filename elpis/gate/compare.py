@@ -33,7 +33,7 @@ class CorpusPlan:
     gsm8k: int = 4  # chat-formatted: user question + the reference solution as the assistant turn
     aime: int = 2  # chat-formatted: user question + generation prompt
     greedy_prompts: int = 2  # first GSM8K questions (generation prompt) decoded greedily
-    greedy_tokens: int = 64
+    greedy_tokens: int = 512
 
 
 def build_corpus(
