@@ -77,7 +77,6 @@ class PhaseProfiler:
     """Labels the modules of `model` (and the whole of `draft`) and profiles windows of the target's calls."""
 
     def __init__(self, model: Any, draft: Any | None = None) -> None:
-        self.model, self.draft = model, draft
         self.depth = _Depth()
         self.phase_of: dict[int, str] = {}
         self._restore: list[Callable[[], None]] = []
