@@ -16,7 +16,7 @@ import ctypes
 import math
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from elpis.paths import BUILD_DIR, PATCHES_DIR
 
@@ -33,39 +33,55 @@ MAX_SPAN = 65535 * 512  # the kernel's grid (65535 splits of 512); the schedule 
 DEFAULT_SCALE = 1.0 / math.sqrt(HEAD_DIM)
 
 
-@lru_cache(maxsize=2)
-def _library(staged: bool = True) -> ctypes.CDLL:
+_ENTRY_ARGS = (
+    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+    ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p,
+    ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p,
+)  # fmt: skip
+
+
+def _load(defines: dict[str, int]) -> ctypes.CDLL:
     from elpis import nvcc
 
     header = BUILD_DIR / "kernels" / "verify_schedule.h"
     if not header.is_file():
         raise RuntimeError(f"tree attention schedule not built ({header} missing): run make build")
-    lib = nvcc.load(SOURCE, defines={"ELPIS_TREE_ATTN_STAGED": int(staged)})
-    u32, u64, vp = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p
-    lib.elpis_tree_attention.argtypes = [
-        vp,
-        vp,
-        vp,
-        vp,
-        vp,
-        vp,
-        u32,
-        u32,
-        u32,
-        ctypes.c_float,
-        vp,
-        vp,
-        vp,
-        u64,
-        vp,
-    ]
-    lib.elpis_tree_attention.restype = ctypes.c_int
+    lib = nvcc.load(SOURCE, defines=defines)
+    u32, u64 = ctypes.c_uint32, ctypes.c_uint64
     lib.elpis_tree_attention_workspace_floats.argtypes = [u32, u32, u32]
     lib.elpis_tree_attention_workspace_floats.restype = u64
     lib.elpis_tree_attention_max_splits.argtypes = [u32, u32]
     lib.elpis_tree_attention_max_splits.restype = u32
     lib.elpis_tree_attention_split_size.argtypes = []
     lib.elpis_tree_attention_split_size.restype = u32
+    return lib
+
+
+@lru_cache(maxsize=2)
+def _library(staged: bool = True) -> ctypes.CDLL:
+    lib = _load({"ELPIS_TREE_ATTN_STAGED": int(staged)})
+    lib.elpis_tree_attention.argtypes = list(_ENTRY_ARGS)
+    lib.elpis_tree_attention.restype = ctypes.c_int
+    return lib
+
+
+@lru_cache(maxsize=4)
+def _qcache_library(k_bits: int, v_bits: int) -> ctypes.CDLL:
+    lib = _load(
+        {
+            "ELPIS_TREE_ATTN_STAGED": 1,
+            "ELPIS_TREE_ATTN_QCACHE": 1,
+            "ELPIS_QCACHE_K_BITS": k_bits,
+            "ELPIS_QCACHE_V_BITS": v_bits,
+        }
+    )
+    lib.elpis_tree_attention_qcache.argtypes = [ctypes.c_void_p, *_ENTRY_ARGS]
+    lib.elpis_tree_attention_qcache.restype = ctypes.c_int
+    lib.elpis_tree_attention_qcache_bits.argtypes = []
+    lib.elpis_tree_attention_qcache_bits.restype = ctypes.c_uint32
+    built = int(lib.elpis_tree_attention_qcache_bits())
+    if built != k_bits * 16 + v_bits:
+        raise RuntimeError(f"quantized tree attention build has bits {built:#x}, wanted {k_bits}/{v_bits}")
     return lib
 
 
@@ -143,11 +159,28 @@ def tree_attention(
     _check_tensor("q", q, torch.half, (rows, Q_HEADS, HEAD_DIM))
     _check_tensor("k_cache", k_cache, torch.half, (None, PAGE, KV_HEADS, HEAD_DIM))
     _check_tensor("v_cache", v_cache, torch.half, tuple(k_cache.shape))
-    if block_table.dim() == 2 and block_table.shape[0] == 1:
+    block_table = _check_call(q, (k_cache, v_cache), block_table, ctx, rows, scale)
+    lib = _library(bool(staged))
+    return _run(lib.elpis_tree_attention, lib, q, (k_cache, v_cache), block_table, ctx, depth, ancestors,
+                scale, return_lse)  # fmt: skip
+
+
+def _check_call(
+    q: torch.Tensor,
+    caches: Sequence[torch.Tensor],
+    block_table: torch.Tensor,
+    ctx: int,
+    rows: int,
+    scale: float,
+) -> torch.Tensor:
+    """Checks shared by both builds; returns the block table as one row."""
+    import torch
+
+    if isinstance(block_table, torch.Tensor) and block_table.dim() == 2 and block_table.shape[0] == 1:
         block_table = block_table[0]
     _check_tensor("block_table", block_table, torch.int32, (None,))
-    if not (q.device == k_cache.device == v_cache.device == block_table.device):
-        raise ValueError("q, k_cache, v_cache and block_table must be on the same device")
+    if any(t.device != q.device for t in (*caches, block_table)):
+        raise ValueError("q, the cache tensors and block_table must be on the same device")
     if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 0 or ctx + rows > MAX_SPAN:
         raise ValueError(f"ctx must be an int in 0..{MAX_SPAN - rows}, got {ctx!r}")
     if block_table.shape[0] * PAGE < ctx + rows:
@@ -155,11 +188,26 @@ def tree_attention(
             f"block_table covers {block_table.shape[0] * PAGE} slots; "
             f"ctx {ctx} + {rows} rows need {ctx + rows}"
         )
-    if not math.isfinite(scale) or scale <= 0:
+    if not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale must be a positive finite float, got {scale!r}")
+    return block_table
 
-    lib = _library(bool(staged))
-    device = q.device
+
+def _run(
+    entry: Any,
+    lib: ctypes.CDLL,
+    q: torch.Tensor,
+    caches: Sequence[torch.Tensor],
+    block_table: torch.Tensor,
+    ctx: int,
+    depth: Sequence[int],
+    ancestors: Sequence[int],
+    scale: float,
+    return_lse: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
+    rows, device = len(depth), q.device
     max_depth = max(depth)
     masks = torch.tensor([*depth, *ancestors], dtype=torch.int32).to(device)
     floats = int(lib.elpis_tree_attention_workspace_floats(rows, ctx, max_depth))
@@ -167,14 +215,69 @@ def tree_attention(
     out = torch.empty((rows, Q_HEADS, HEAD_DIM), dtype=torch.half, device=device)
     lse = torch.empty((rows, Q_HEADS), dtype=torch.float32, device=device) if return_lse else None
     stream = torch.cuda.current_stream(device).cuda_stream
-    err = lib.elpis_tree_attention(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(),
+    err = entry(
+        q.data_ptr(), *(t.data_ptr() for t in caches), block_table.data_ptr(),
         masks.data_ptr(), masks.data_ptr() + 4 * rows, rows, ctx, max_depth, float(scale),
         out.data_ptr(), lse.data_ptr() if lse is not None else None, workspace.data_ptr(), floats, stream,
     )  # fmt: skip
     if err != 0:
         raise RuntimeError(f"tree attention kernel failed: CUDA error {err}")
     return (out, lse) if lse is not None else out
+
+
+def qcache_bits(name: str, packed: torch.Tensor) -> int:
+    """Bits per value of a packed quantized cache tensor [pages, 256, 32 * bits] (int32)."""
+    from elpis.exl3 import qcache_ref
+
+    groups = KV_HEADS * HEAD_DIM // qcache_ref.GROUP
+    width = packed.shape[-1] if packed.dim() == 3 else -1
+    if width % groups or not qcache_ref.MIN_BITS <= width // groups <= qcache_ref.MAX_BITS:
+        raise ValueError(
+            f"{name} must have shape [pages, {PAGE}, {groups} * bits] with bits "
+            f"{qcache_ref.MIN_BITS}..{qcache_ref.MAX_BITS}, got {list(packed.shape)}"
+        )
+    return width // groups
+
+
+def tree_attention_qcache(
+    q: torch.Tensor,
+    qk: torch.Tensor,
+    sk: torch.Tensor,
+    qv: torch.Tensor,
+    sv: torch.Tensor,
+    block_table: torch.Tensor,
+    ctx: int,
+    depth: Sequence[int],
+    ancestors: Sequence[int],
+    *,
+    scale: float = DEFAULT_SCALE,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`tree_attention` reading ExLlamaV3's quantized paged cache directly (`CacheLayer_quant` with
+    compand_a 0: `layer.qk, layer.sk, layer.qv, layer.sv`), dequantising in registers. Its output is
+    bit-identical to `tree_attention` over the fp16 pages `layer.get_kv` returns, with no fp16 window.
+
+    qk [pages, 256, 32 * k_bits] and qv [pages, 256, 32 * v_bits] int32 (bits 2..8, read from the
+    shapes), sk and sv [pages, 256, 32] fp16; block table, ctx, depth, ancestors as in `tree_attention`.
+    Passing a cache made with compand_a > 0 gives wrong values: the caller must refuse it (the tensors do
+    not record it).
+    """
+    import torch
+
+    rows = len(depth)
+    check_masks(depth, ancestors)
+    _check_tensor("q", q, torch.half, (rows, Q_HEADS, HEAD_DIM))
+    _check_tensor("qk", qk, torch.int32, (None, PAGE, None))
+    pages, groups = qk.shape[0], KV_HEADS * HEAD_DIM // 32
+    _check_tensor("qv", qv, torch.int32, (pages, PAGE, None))
+    k_bits, v_bits = qcache_bits("qk", qk), qcache_bits("qv", qv)
+    _check_tensor("sk", sk, torch.half, (pages, PAGE, groups))
+    _check_tensor("sv", sv, torch.half, (pages, PAGE, groups))
+    caches = (qk, sk, qv, sv)
+    block_table = _check_call(q, caches, block_table, ctx, rows, scale)
+    lib = _qcache_library(k_bits, v_bits)
+    return _run(lib.elpis_tree_attention_qcache, lib, q, caches, block_table, ctx, depth, ancestors, scale,
+                return_lse)  # fmt: skip
 
 
 def install() -> None:

@@ -21,6 +21,14 @@
 // ELPIS_TREE_ATTN_STAGED (default 1) stages K and V through shared memory, kTile positions at a time, with
 // coalesced 16-byte loads; 0 reads them straight from global memory. The arithmetic and its order are the
 // same in both builds, so they must agree bit for bit (a GPU test checks it).
+//
+// ELPIS_TREE_ATTN_QCACHE (default 0) builds the variant that reads ExLlamaV3's quantized paged cache
+// (CacheLayer_quant, compand_a 0) instead of fp16 pages: packed words [pages, 256, 32 * bits] (uint32)
+// and fp16 scales [pages, 256, 32] per K and V, bits ELPIS_QCACHE_K_BITS / ELPIS_QCACHE_V_BITS (2..8).
+// Staging dequantises each 32-value group in registers into the same fp16 tile the fp16 build fills
+// (our own code; the arithmetic and its order reproduce their dequant_cache_paged, see
+// elpis/exl3/qcache_ref.py), and everything after staging is unchanged: its output is bit-identical to
+// the fp16 build run on the pages `CacheLayer_quant.get_kv` returns, without the fp16 window.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -29,6 +37,20 @@
 
 #ifndef ELPIS_TREE_ATTN_STAGED
 #define ELPIS_TREE_ATTN_STAGED 1
+#endif
+#ifndef ELPIS_TREE_ATTN_QCACHE
+#define ELPIS_TREE_ATTN_QCACHE 0
+#endif
+#if ELPIS_TREE_ATTN_QCACHE
+#if !ELPIS_TREE_ATTN_STAGED
+#error "ELPIS_TREE_ATTN_QCACHE dequantises while staging: it needs ELPIS_TREE_ATTN_STAGED=1"
+#endif
+#ifndef ELPIS_QCACHE_K_BITS
+#define ELPIS_QCACHE_K_BITS 3
+#endif
+#ifndef ELPIS_QCACHE_V_BITS
+#define ELPIS_QCACHE_V_BITS 3
+#endif
 #endif
 
 namespace {
@@ -53,11 +75,23 @@ static_assert(kThreads == kHeadDim, "P.V and the combine give each thread one he
 static_assert(kHeadDim == 32 * 8, "QK gives each lane 8 dims");
 static_assert(kSplit % 32 == 0 && kSplit <= 2048, "split size must fit the shared score buffer");
 
+#if ELPIS_TREE_ATTN_QCACHE
+using CacheWord = uint32_t;  // packed codes; scales beside them
+constexpr uint32_t kKBits = ELPIS_QCACHE_K_BITS;
+constexpr uint32_t kVBits = ELPIS_QCACHE_V_BITS;
+#else
+using CacheWord = __half;  // fp16 pages; the scale pointers are unused (null)
+[[maybe_unused]] constexpr uint32_t kKBits = 16;
+[[maybe_unused]] constexpr uint32_t kVBits = 16;
+#endif
+
+#if !ELPIS_TREE_ATTN_QCACHE
 // Offset (in halves) of position `slot`, K/V head `h`, dim 0 in a paged cache.
 __device__ __forceinline__ size_t cache_offset(const int32_t* block_table, uint32_t slot, uint32_t h) {
     const size_t page = static_cast<size_t>(block_table[slot / kPage]);
     return ((page * kPage + slot % kPage) * kKvHeads + h) * kHeadDim;
 }
+#endif
 
 __device__ __forceinline__ void unpack8(const uint4 raw, float out[8]) {
     const __half2* h2 = reinterpret_cast<const __half2*>(&raw);
@@ -73,15 +107,92 @@ __device__ __forceinline__ void load8(const __half* src, float out[8]) {
     unpack8(__ldg(reinterpret_cast<const uint4*>(src)), out);
 }
 
-#if ELPIS_TREE_ATTN_STAGED
+#if ELPIS_TREE_ATTN_STAGED && !ELPIS_TREE_ATTN_QCACHE
 // Copy head h's K (or V) rows of split positions t0 .. t0+cnt-1 into `tile` (coalesced 16-byte loads).
+template <uint32_t kBits>
 __device__ __forceinline__ void stage(uint4 (*tile)[kChunks], const __half* __restrict__ cache,
+                                      const __half* __restrict__ /* scales: fp16 pages have none */,
                                       const int32_t* __restrict__ block_table, const uint32_t* slots,
                                       uint32_t t0, uint32_t cnt, uint32_t h) {
     for (uint32_t idx = threadIdx.x; idx < cnt * kChunks; idx += kThreads) {
         const uint32_t pos = idx / kChunks, chunk = idx % kChunks;
         const uint4* src = reinterpret_cast<const uint4*>(cache + cache_offset(block_table, slots[t0 + pos], h));
         tile[pos][chunk] = __ldg(src + chunk);
+    }
+}
+#endif
+
+#if ELPIS_TREE_ATTN_QCACHE
+constexpr uint32_t kQGroup = 32;                                 // values per quantization group
+constexpr uint32_t kQGroupsPerToken = kKvHeads * kHeadDim / kQGroup;  // 32
+constexpr uint32_t kQGroupsPerHead = kHeadDim / kQGroup;         // 8
+constexpr float kRsqrt32 = 0.17677669529663688110f;              // fp32(1/sqrt(32))
+static_assert(kQGroupsPerHead * 4 == kChunks, "a group fills four 16-byte tile chunks");
+
+// Code of value j of a group: bit planes of power-of-two widths, widest (most significant) first, each
+// plane `width` words with value j's field at plane bit j*width (a field never straddles a word). A plane
+// starts after the wider planes (kBits & ~(2*width-1) words) and sits above the narrower ones' bits.
+template <uint32_t kBits>
+__device__ __forceinline__ uint32_t group_code(const uint32_t (&w)[kBits], uint32_t j) {
+    uint32_t code = 0;
+#pragma unroll
+    for (uint32_t width = 1; width <= 8; width <<= 1) {
+        if (!(kBits & width)) continue;
+        const uint32_t base = kBits & ~(2u * width - 1u), bit = j * width;
+        const uint32_t field = (w[base + (bit >> 5)] >> (bit & 31u)) & ((1u << width) - 1u);
+        code |= field << (kBits & (width - 1u));
+    }
+    return code;
+}
+
+// Dequantise one group of 32 values into four 16-byte tile chunks: (code - mid) * step with step =
+// scale * fp32(1/sqrt(32)) / 2^(bits-1), then the unnormalised Hadamard as butterflies over index bits
+// 0..4 in order, each operation rounded once (explicit _rn intrinsics: never fused), then fp16 (rn).
+template <uint32_t kBits>
+__device__ __forceinline__ void dequant_group(const uint32_t* __restrict__ words, __half scale, uint4* dst) {
+    static_assert(kBits >= 2 && kBits <= 8, "quantized cache bits are 2..8");
+    uint32_t w[kBits];
+#pragma unroll
+    for (uint32_t i = 0; i < kBits; i++) w[i] = words[i];
+    constexpr float kHalfLevels = static_cast<float>(1u << (kBits - 1));
+    constexpr float kMid = kHalfLevels - 0.5f;
+    const float step = __fmul_rn(__fmul_rn(__half2float(scale), kRsqrt32), 1.0f / kHalfLevels);
+    float v[kQGroup];
+#pragma unroll
+    for (uint32_t j = 0; j < kQGroup; j++)
+        v[j] = __fmul_rn(__fsub_rn(static_cast<float>(group_code<kBits>(w, j)), kMid), step);
+#pragma unroll
+    for (uint32_t b = 1; b < kQGroup; b <<= 1) {
+#pragma unroll
+        for (uint32_t j = 0; j < kQGroup; j++) {
+            if (j & b) continue;
+            const float lo = v[j], hi = v[j | b];
+            v[j] = __fadd_rn(lo, hi);
+            v[j | b] = __fsub_rn(lo, hi);
+        }
+    }
+#pragma unroll
+    for (uint32_t c = 0; c < 4; c++) {
+        uint4 chunk;
+        __half* hc = reinterpret_cast<__half*>(&chunk);
+#pragma unroll
+        for (uint32_t k = 0; k < 8; k++) hc[k] = __float2half_rn(v[8 * c + k]);
+        dst[c] = chunk;
+    }
+}
+
+// The quantized cache's staging: one thread per (position, group of head h), dequantised into the same
+// tile layout the fp16 staging fills.
+template <uint32_t kBits>
+__device__ __forceinline__ void stage(uint4 (*tile)[kChunks], const uint32_t* __restrict__ packed,
+                                      const __half* __restrict__ scales, const int32_t* __restrict__ block_table,
+                                      const uint32_t* slots, uint32_t t0, uint32_t cnt, uint32_t h) {
+    for (uint32_t idx = threadIdx.x; idx < cnt * kQGroupsPerHead; idx += kThreads) {
+        const uint32_t pos = idx / kQGroupsPerHead, g = idx % kQGroupsPerHead;
+        const uint32_t slot = slots[t0 + pos];
+        const size_t token = static_cast<size_t>(block_table[slot / kPage]) * kPage + slot % kPage;
+        const size_t group = token * kQGroupsPerToken + h * kQGroupsPerHead + g;
+        dequant_group<kBits>(packed + group * kBits, scales[group], &tile[pos][g * 4]);
     }
 }
 #endif
@@ -122,8 +233,8 @@ __device__ __forceinline__ void score(const float (&qf)[kGroup][8], const float 
 // vary fastest, so the blocks in flight together read the same split's pages (L2 reuse across rows).
 // Writes the split's partial (max, sum, acc[256]) per query head.
 __global__ void __launch_bounds__(kThreads) tree_attention_split(
-    const __half* __restrict__ q, const __half* __restrict__ k_cache, const __half* __restrict__ v_cache,
-    const int32_t* __restrict__ block_table, const uint32_t* __restrict__ depth,
+    const __half* __restrict__ q, const CacheWord* __restrict__ k_cache, const __half* __restrict__ k_scales,
+    const CacheWord* __restrict__ v_cache, const __half* __restrict__ v_scales, const int32_t* __restrict__ block_table, const uint32_t* __restrict__ depth,
     const uint32_t* __restrict__ ancestors, uint32_t ctx, float scale, uint32_t max_splits,
     float* __restrict__ part_acc, float* __restrict__ part_ml) {
     const uint32_t row = blockIdx.x, split = blockIdx.y, h = blockIdx.z;
@@ -151,7 +262,7 @@ __global__ void __launch_bounds__(kThreads) tree_attention_split(
     __shared__ uint4 tile[kTile][kChunks];
     for (uint32_t t0 = 0; t0 < n; t0 += kTile) {
         const uint32_t cnt = min(kTile, n - t0);
-        stage(tile, k_cache, block_table, slots, t0, cnt, h);
+        stage<kKBits>(tile, k_cache, k_scales, block_table, slots, t0, cnt, h);
         __syncthreads();
         for (uint32_t p = warp; p < cnt; p += kWarps) {
             float kf[8];
@@ -192,7 +303,7 @@ __global__ void __launch_bounds__(kThreads) tree_attention_split(
     const __half* vt = reinterpret_cast<const __half*>(&tile[0][0]);
     for (uint32_t t0 = 0; t0 < n; t0 += kTile) {
         const uint32_t cnt = min(kTile, n - t0);
-        stage(tile, v_cache, block_table, slots, t0, cnt, h);
+        stage<kVBits>(tile, v_cache, v_scales, block_table, slots, t0, cnt, h);
         __syncthreads();
         for (uint32_t i = 0; i < cnt; i++) {
             const float v = __half2float(vt[i * kHeadDim + d]);
@@ -267,14 +378,11 @@ uint64_t elpis_tree_attention_workspace_floats(uint32_t rows, uint32_t ctx, uint
     return parts * (kHeadDim + 2);
 }
 
-// Returns 0 or a cudaError_t. All pointers are device pointers; shapes were validated by the caller
-// (elpis/exl3/tree_attention.py): q [rows, 24, 256] fp16, caches [pages, 256, 4, 256] fp16, block_table
-// int32 covering slots 0 .. ctx+rows-1, depth/ancestors uint32 [rows] from tree_masks with max depth
-// `max_depth`, out [rows, 24, 256] fp16, lse [rows, 24] fp32 or null, workspace as above.
-int elpis_tree_attention(const void* q, const void* k_cache, const void* v_cache, const int32_t* block_table,
-                         const uint32_t* depth, const uint32_t* ancestors, uint32_t rows, uint32_t ctx,
-                         uint32_t max_depth, float scale, void* out, float* lse, float* workspace,
-                         uint64_t workspace_floats, void* stream) {
+// Validates the call's size limits and launches the split and combine kernels; 0 or a cudaError_t.
+static int launch(const void* q, const void* k_cache, const void* k_scales, const void* v_cache, const void* v_scales,
+           const int32_t* block_table, const uint32_t* depth, const uint32_t* ancestors, uint32_t rows, uint32_t ctx,
+           uint32_t max_depth, float scale, void* out, float* lse, float* workspace, uint64_t workspace_floats,
+           void* stream) {
     if (rows == 0 || rows > kMaxRows || max_depth >= kMaxRows) return static_cast<int>(cudaErrorInvalidValue);
     if (workspace_floats < elpis_tree_attention_workspace_floats(rows, ctx, max_depth))
         return static_cast<int>(cudaErrorInvalidValue);
@@ -284,11 +392,39 @@ int elpis_tree_attention(const void* q, const void* k_cache, const void* v_cache
     float* part_ml = workspace + static_cast<uint64_t>(rows) * kQHeads * max_splits * kHeadDim;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     tree_attention_split<<<dim3(rows, max_splits, kKvHeads), kThreads, 0, s>>>(
-        static_cast<const __half*>(q), static_cast<const __half*>(k_cache), static_cast<const __half*>(v_cache),
-        block_table, depth, ancestors, ctx, scale, max_splits, part_acc, part_ml);
+        static_cast<const __half*>(q), static_cast<const CacheWord*>(k_cache), static_cast<const __half*>(k_scales),
+        static_cast<const CacheWord*>(v_cache), static_cast<const __half*>(v_scales), block_table, depth, ancestors,
+        ctx, scale, max_splits, part_acc, part_ml);
     tree_attention_combine<<<dim3(rows, kQHeads), kThreads, 0, s>>>(depth, ctx, max_splits, part_acc, part_ml,
                                                                     static_cast<__half*>(out), lse);
     return static_cast<int>(cudaGetLastError());
 }
+
+#if ELPIS_TREE_ATTN_QCACHE
+// The quantized-cache build's entry. Device pointers, validated by elpis/exl3/tree_attention.py: q
+// [rows, 24, 256] fp16; qk [pages, 256, 32 * K bits] and qv [pages, 256, 32 * V bits] int32 (the build's
+// bits); sk, sv [pages, 256, 32] fp16; the rest as in elpis_tree_attention.
+uint32_t elpis_tree_attention_qcache_bits(void) { return kKBits * 16u + kVBits; }
+
+int elpis_tree_attention_qcache(const void* q, const void* qk, const void* sk, const void* qv, const void* sv,
+                                const int32_t* block_table, const uint32_t* depth, const uint32_t* ancestors,
+                                uint32_t rows, uint32_t ctx, uint32_t max_depth, float scale, void* out, float* lse,
+                                float* workspace, uint64_t workspace_floats, void* stream) {
+    return launch(q, qk, sk, qv, sv, block_table, depth, ancestors, rows, ctx, max_depth, scale, out, lse, workspace,
+                  workspace_floats, stream);
+}
+#else
+// Returns 0 or a cudaError_t. All pointers are device pointers; shapes were validated by the caller
+// (elpis/exl3/tree_attention.py): q [rows, 24, 256] fp16, caches [pages, 256, 4, 256] fp16, block_table
+// int32 covering slots 0 .. ctx+rows-1, depth/ancestors uint32 [rows] from tree_masks with max depth
+// `max_depth`, out [rows, 24, 256] fp16, lse [rows, 24] fp32 or null, workspace as above.
+int elpis_tree_attention(const void* q, const void* k_cache, const void* v_cache, const int32_t* block_table,
+                         const uint32_t* depth, const uint32_t* ancestors, uint32_t rows, uint32_t ctx,
+                         uint32_t max_depth, float scale, void* out, float* lse, float* workspace,
+                         uint64_t workspace_floats, void* stream) {
+    return launch(q, k_cache, nullptr, v_cache, nullptr, block_table, depth, ancestors, rows, ctx, max_depth, scale,
+                  out, lse, workspace, workspace_floats, stream);
+}
+#endif
 
 }  // extern "C"
