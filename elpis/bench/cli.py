@@ -4,6 +4,9 @@ workload against any OpenAI-compatible server (`gsm8k`, implemented in `elpis.be
 `elpis bench engine --model DIR --draft DIR` measures stock ExLlamaV3 and elpis in the same run, each in its
 own process (stock first, then elpis under `--cap-gib`, default 24), after measuring the card's copy
 bandwidth and bf16 matmul rate, and writes `bench/results/<stem>.{json,md,png}`.
+`--systems stock,elpis,elpis-tree8,elpis-tree16` adds issue 8's tree comparison (checkpoints 1K..128K unless
+given): the elpis systems share one worker process and one backend loaded in tree mode, taking turns at each
+checkpoint.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from elpis.bench.workload import ELPIS_SYSTEMS, SYSTEMS, TREE_BUDGETS, TREE_CHECKPOINTS
 from elpis.paths import BENCH_RESULTS
 
 
@@ -26,7 +30,11 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", type=Path, required=True, help="DFlash2 draft directory")
     p.add_argument("--out-dir", type=Path, default=BENCH_RESULTS)
     p.add_argument("--stem", default=None, help="output file name stem (default: engine-<date>-<gpu>)")
-    p.add_argument("--systems", default="stock,elpis", help="comma-separated, run in this order")
+    p.add_argument(
+        "--systems",
+        default="stock,elpis",
+        help=f"comma-separated, run in this order ({', '.join(SYSTEMS)}); elpis systems share a process",
+    )
     p.add_argument(
         "--time-limit",
         type=float,
@@ -34,16 +42,33 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         help="seconds for the whole run; workers stop starting measurements in time to report",
     )
     p.add_argument(
-        "--checkpoints", default=None, help="context checkpoints, comma-separated (default 1K..262K)"
+        "--checkpoints",
+        default=None,
+        help="context checkpoints, comma-separated (default 1K..262K; with a tree system 1K..128K)",
     )
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--warmup", type=int, default=4)
+    p.add_argument(
+        "--final-tokens",
+        type=int,
+        default=None,
+        help="tokens decoded at the last checkpoint (default: the worker's, 128; at least rounds + warm-up)",
+    )
     p.add_argument("--cap-gib", type=float, default=24.0, help="GPU memory cap for elpis (0: none)")
     p.add_argument(
         "--elpis-loop",
         choices=("spec", "direct"),
         default="spec",
         help="spec (default): speculation core + proven acceptor; direct: backend rounds only",
+    )
+    p.add_argument(
+        "--tree-top-k",
+        type=int,
+        default=None,
+        help="tree systems: drafter candidates per depth (default: the speculation core's)",
+    )
+    p.add_argument(
+        "--spec-only", action="store_true", help="speculative rounds only (no plain steps, no fresh TTFT)"
     )
     p.add_argument("--title", default=None)
     p.add_argument(
@@ -113,14 +138,14 @@ def run_engine(args: argparse.Namespace) -> int:
     from elpis.bench import hardware, report, workload
     from elpis.exl3 import geometry
 
+    systems = _systems(args.systems)
+    if systems is None or not check_engine_args(args, systems):
+        return 2
     if not torch.cuda.is_available():
         print("elpis bench engine needs a CUDA GPU", file=sys.stderr)
         return 2
     start = time.time()
     end = start + args.time_limit
-    systems = _systems(args.systems)
-    if systems is None:
-        return 2
     facts = hardware.gpu_facts()
     stem = args.stem or f"engine-{time.strftime('%Y-%m-%d')}-{facts.get('gpu', 'gpu').replace(' ', '_')}"
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -152,64 +177,129 @@ def run_workers(
     save: Callable[[], object],
     extra: Sequence[str] = (),
 ) -> None:
-    """Each system in its own worker process (`python -m elpis.bench.worker`), in order, sharing the time
-    left; `doc["systems"][name]` gets each worker's result and `save()` runs after each."""
-    for i, system in enumerate(systems):
+    """Each worker group (`worker_groups`) in its own process (`python -m elpis.bench.worker`), in order,
+    sharing the time left; `doc["systems"][name]` gets each system's result and `save()` runs after each
+    group."""
+    groups = worker_groups(systems)
+    for i, group in enumerate(groups):
         now = time.time()
-        budget = (end - now) / (len(systems) - i)
+        budget = (end - now) / (len(groups) - i)
         if budget < 60:
-            doc["systems"][system] = {"errors": [f"not run: {budget:.0f} s left"], "checkpoints": []}
+            for system in group:
+                doc["systems"][system] = {"errors": [f"not run: {budget:.0f} s left"], "checkpoints": []}
             continue
-        raw = args.out_dir / f"{stem}-{system}.raw.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "elpis.bench.worker",
-            "--system",
-            system,
-            "--model",
-            str(args.model),
-            "--draft",
-            str(args.draft),
-            "--out",
-            str(raw),
-            "--deadline",
-            str(now + budget - 25),
-            "--rounds",
-            str(args.rounds),
-            "--warmup",
-            str(args.warmup),
-            *extra,
-        ]
-        if args.checkpoints:
-            cmd += ["--checkpoints", args.checkpoints]
-        if system == "elpis":
-            cmd += ["--elpis-loop", args.elpis_loop]
-            if args.cap_gib:
-                cmd += ["--cap-gib", str(args.cap_gib)]
-        print(f"== {system}: {' '.join(cmd)}", flush=True)
+        name = "-".join(group)
+        raw = args.out_dir / f"{stem}-{name}.raw.json"
+        cmd = worker_command(args, group, raw, now + budget - 25, extra)
+        print(f"== {name}: {' '.join(cmd)}", flush=True)
         proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             proc.wait(timeout=max(10.0, min(end, now + budget + 15) - time.time()))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            print(f"== {system}: killed at its time limit", flush=True)
-        data = (
-            json.loads(raw.read_text()) if raw.exists() else {"errors": ["no result file"], "checkpoints": []}
-        )
-        data["returncode"] = proc.returncode
-        doc["systems"][system] = data
+            print(f"== {name}: killed at its time limit", flush=True)
+        data = json.loads(raw.read_text()) if raw.exists() else {}
+        for system in group:
+            result = data.get(system) or {"errors": ["no result file"], "checkpoints": []}
+            result["returncode"] = proc.returncode
+            doc["systems"][system] = result
         raw.unlink(missing_ok=True)
-        save()  # after each system: partial results survive
+        save()  # after each group: partial results survive
 
 
-def _systems(text: str) -> list[str] | None:
+def worker_groups(systems: list[str]) -> list[list[str]]:
+    """stock alone; the elpis systems together (one backend, `elpis` first so its TTFT is the prefill's),
+    at the place of the first of them."""
+    elpis = [s for s in ELPIS_SYSTEMS if s in systems]
+    groups: list[list[str]] = []
+    for system in systems:
+        if system == "stock":
+            groups.append(["stock"])
+        elif elpis not in groups:
+            groups.append(elpis)
+    return groups
+
+
+def worker_command(
+    args: argparse.Namespace, group: list[str], raw: Path, deadline: float, extra: Sequence[str] = ()
+) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "elpis.bench.worker",
+        "--system",
+        ",".join(group),
+        "--model",
+        str(args.model),
+        "--draft",
+        str(args.draft),
+        "--out",
+        str(raw),
+        "--deadline",
+        str(deadline),
+        "--rounds",
+        str(args.rounds),
+        "--warmup",
+        str(args.warmup),
+        *extra,
+    ]
+    if args.checkpoints:
+        cmd += ["--checkpoints", args.checkpoints]
+    if getattr(args, "final_tokens", None) is not None:
+        cmd += ["--final-tokens", str(args.final_tokens)]
+    if getattr(args, "spec_only", False):
+        cmd.append("--spec-only")
+    if group != ["stock"]:
+        cmd += ["--elpis-loop", args.elpis_loop]
+        if args.cap_gib:
+            cmd += ["--cap-gib", str(args.cap_gib)]
+        if getattr(args, "tree_top_k", None) is not None and any(s in TREE_BUDGETS for s in group):
+            cmd += ["--tree-top-k", str(args.tree_top_k)]
+    return cmd
+
+
+def _systems(text: str, allowed: Sequence[str] = SYSTEMS) -> list[str] | None:
     systems = [s for s in text.split(",") if s]
-    if not systems or any(s not in ("stock", "elpis") for s in systems):
-        print(f"unknown system in {text!r} (stock, elpis)", file=sys.stderr)
+    if not systems or any(s not in allowed for s in systems):
+        print(f"unknown system in {text!r} ({', '.join(allowed)})", file=sys.stderr)
+        return None
+    if len(set(systems)) != len(systems):
+        print(f"a system is named twice in {text!r}", file=sys.stderr)
         return None
     return systems
+
+
+def check_engine_args(args: argparse.Namespace, systems: list[str]) -> bool:
+    """Refuse engine settings the tree systems cannot honour; default the checkpoints of a tree comparison
+    to 1K..128K. False (after saying why) to refuse."""
+    trees = [s for s in systems if s in TREE_BUDGETS]
+    if args.tree_top_k is not None and args.tree_top_k < 1:
+        print(f"--tree-top-k must be >= 1, got {args.tree_top_k}", file=sys.stderr)
+        return False
+    if trees and args.elpis_loop == "direct":
+        print(
+            f"{', '.join(trees)} need the speculation core (--elpis-loop spec): the direct loop runs chains",
+            file=sys.stderr,
+        )
+        return False
+    if args.rounds < 1 or args.warmup < 0:
+        print(f"--rounds must be >= 1 and --warmup >= 0, got {args.rounds}, {args.warmup}", file=sys.stderr)
+        return False
+    if args.checkpoints is not None:
+        try:
+            points = [int(x) for x in args.checkpoints.split(",") if x]
+        except ValueError:
+            points = []
+        if not points or any(not 1 <= c <= 262_000 for c in points) or points != sorted(set(points)):
+            print(
+                f"--checkpoints {args.checkpoints!r}: give increasing token counts in 1..262000",
+                file=sys.stderr,
+            )
+            return False
+    elif trees:
+        args.checkpoints = ",".join(str(c) for c in TREE_CHECKPOINTS)
+    return True
 
 
 def run_profile(args: argparse.Namespace) -> int:
@@ -218,11 +308,11 @@ def run_profile(args: argparse.Namespace) -> int:
 
     from elpis.bench import hardware, phase_report
 
+    systems = _systems(args.systems, ("stock", "elpis"))
+    if systems is None:
+        return 2
     if not torch.cuda.is_available():
         print("elpis bench profile needs a CUDA GPU", file=sys.stderr)
-        return 2
-    systems = _systems(args.systems)
-    if systems is None:
         return 2
     end = time.time() + args.time_limit
     facts = hardware.gpu_facts()

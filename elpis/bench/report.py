@@ -7,6 +7,11 @@ Derived figures (all from numbers measured in the same run):
 - fraction of limit: minimum bytes a round must read / measured copy bandwidth, divided by the measured
   round time; prefill FLOPs / measured bf16 matmul rate, divided by the measured TTFT.
 - ratio: stock time / elpis time (above 1: elpis is faster).
+- token trees (issue 8), per context: ms per round of stock chain-8, elpis chain-8, elpis tree-8 and tree-16,
+  each round's scratch (peak allocation during the rounds over what was allocated before the request), and
+  the issue's targets, each PASS or MISS from these numbers: tree-8 no slower than stock chain-8 within
+  noise (noise = NOISE_MADS median absolute deviations of the noisier of the two systems' round times),
+  tree-16 at most TREE16_OVER_TREE8 x tree-8, scratch under SCRATCH_LIMIT_MB.
 """
 
 from __future__ import annotations
@@ -16,7 +21,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from elpis.bench.workload import ModelArithmetic, label
+from elpis.bench.workload import TREE_BUDGETS, ModelArithmetic, label
+
+TREE16_OVER_TREE8 = 1.15
+SCRATCH_LIMIT_MB = 300.0
+NOISE_MADS = 2.0
+# the tree comparison's columns: system -> key prefix
+TREE_COLUMNS = {"stock": "stock", "elpis": "chain8", "elpis-tree8": "tree8", "elpis-tree16": "tree16"}
 
 
 def cumulative_ttft(checkpoints: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -75,6 +86,76 @@ def system_rows(
     return rows
 
 
+def mad_ms(seconds: list[float] | None) -> float | None:
+    """Median absolute deviation of round times, in ms (None without at least two rounds)."""
+    if not seconds or len(seconds) < 2:
+        return None
+    mid = statistics.median(seconds)
+    return statistics.median(abs(s - mid) for s in seconds) * 1000
+
+
+def _verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("PASS" if ok else "MISS")
+
+
+def tree_checks(row: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Issue 8's targets on one context's numbers: {check: {"verdict": PASS|MISS|n/a, ...figures}}."""
+    checks: dict[str, dict[str, Any]] = {}
+    stock, tree8, tree16 = row.get("stock_ms"), row.get("tree8_ms"), row.get("tree16_ms")
+    if stock is not None and tree8 is not None:
+        noise = NOISE_MADS * max(row.get("stock_mad_ms") or 0.0, row.get("tree8_mad_ms") or 0.0)
+        checks["tree8_vs_stock"] = {
+            "verdict": _verdict(tree8 <= stock + noise),
+            "ratio": tree8 / stock,
+            "noise_ms": noise,
+        }
+    else:
+        checks["tree8_vs_stock"] = {"verdict": "n/a"}
+    if tree8 is not None and tree16 is not None:
+        ratio = tree16 / tree8
+        checks["tree16_vs_tree8"] = {"verdict": _verdict(ratio <= TREE16_OVER_TREE8), "ratio": ratio}
+    else:
+        checks["tree16_vs_tree8"] = {"verdict": "n/a"}
+    scratch = [row[f"{k}_scratch_mb"] for k in ("tree8", "tree16") if row.get(f"{k}_scratch_mb") is not None]
+    checks["scratch"] = (
+        {"verdict": _verdict(max(scratch) < SCRATCH_LIMIT_MB), "max_mb": max(scratch)}
+        if scratch
+        else {"verdict": "n/a"}
+    )
+    verdicts = [c["verdict"] for c in checks.values()]
+    row_verdict = "MISS" if "MISS" in verdicts else ("PASS" if set(verdicts) == {"PASS"} else "n/a")
+    checks["row"] = {"verdict": row_verdict}
+    return checks
+
+
+def tree_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per context a tree system measured (empty without tree systems)."""
+    systems = doc.get("systems", {})
+    if not any(s in systems for s in TREE_BUDGETS):
+        return []
+    specs = {
+        name: {e["context"]: e.get("spec") or {} for e in systems.get(name, {}).get("checkpoints", [])}
+        for name in TREE_COLUMNS
+    }
+    contexts = sorted({c for name in TREE_BUDGETS for c in specs[name]})
+    rows = []
+    for c in contexts:
+        row: dict[str, Any] = {"context": c, "label": label(c)}
+        for name, key in TREE_COLUMNS.items():
+            spec = specs[name].get(c, {})
+            if spec.get("round_median_ms") is not None:
+                row[f"{key}_ms"] = spec["round_median_ms"]
+            if (noise := mad_ms(spec.get("round_seconds"))) is not None:
+                row[f"{key}_mad_ms"] = noise
+            if spec.get("tokens_per_round"):
+                row[f"{key}_tokens_per_round"] = float(statistics.mean(spec["tokens_per_round"]))
+            if spec.get("round_scratch_mb") is not None:
+                row[f"{key}_scratch_mb"] = spec["round_scratch_mb"]
+        row["checks"] = tree_checks(row)
+        rows.append(row)
+    return rows
+
+
 def build(doc: dict[str, Any], arith: ModelArithmetic) -> dict[str, Any]:
     ceilings = doc.get("ceilings", {})
     table: dict[str, list[dict[str, Any]]] = {}
@@ -95,6 +176,7 @@ def build(doc: dict[str, Any], arith: ModelArithmetic) -> dict[str, Any]:
             ratios.append(ratio)
     doc["table"] = table
     doc["ratios"] = ratios
+    doc["tree"] = tree_rows(doc)
     return doc
 
 
@@ -153,6 +235,7 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"| {r['label']} | {_fmt(r.get('ttft_s'), '.3f')} | {_fmt(r.get('round_ms'), '.3f')} | "
                 f"{_fmt(r.get('plain_ms'), '.3f')} |"
             )
+    lines += tree_markdown(doc.get("tree") or [])
     lines += ["", "Fresh TTFT (nothing cached):", ""]
     for system, data in doc.get("systems", {}).items():
         for f in data.get("fresh_ttft", []):
@@ -177,6 +260,56 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def tree_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    counts = [
+        r[f"{k}_tokens_per_round"]
+        for r in rows
+        for k in TREE_COLUMNS.values()
+        if f"{k}_tokens_per_round" in r
+    ]
+    lines = [
+        "",
+        "Token trees (issue 8): ms per round, stock chain-8 vs elpis chain-8 vs tree-8 vs tree-16",
+        "",
+    ]
+    if counts and all(n == 1 for n in counts):
+        lines.append(
+            "Every measured round committed exactly 1 token (random weights: every draft is rejected), so "
+            "these compare the cost of a round, not the tokens a round commits on the real model."
+        )
+    else:
+        lines.append("Tokens per round (stock / chain-8 / tree-8 / tree-16) are in the last column.")
+    lines += [
+        f"Targets: tree-8 <= stock chain-8 within noise ({NOISE_MADS:g} MADs of round time); tree-16 <= "
+        f"{TREE16_OVER_TREE8:g} x tree-8; round scratch (peak over the allocation before the request) < "
+        f"{SCRATCH_LIMIT_MB:g} MB.",
+        "",
+        "| context | stock chain-8 ms | elpis chain-8 ms | tree-8 ms | tree-16 ms | tree-8 / stock | "
+        "tree-16 / tree-8 | scratch tree-8 MB | scratch tree-16 MB | tree-8 <= stock | "
+        f"tree-16 <= {TREE16_OVER_TREE8:g} x tree-8 | scratch < {SCRATCH_LIMIT_MB:g} MB | row | "
+        "tokens/round |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ch = r["checks"]
+        near = ch["tree8_vs_stock"]
+        noise = f" (noise {near['noise_ms']:.2f} ms)" if "noise_ms" in near else ""
+        tpr = " / ".join(_fmt(r.get(f"{k}_tokens_per_round"), ".2f") for k in TREE_COLUMNS.values())
+        lines.append(
+            f"| {r['label']} | {_fmt(r.get('stock_ms'), '.2f')} | {_fmt(r.get('chain8_ms'), '.2f')} | "
+            f"{_fmt(r.get('tree8_ms'), '.2f')} | {_fmt(r.get('tree16_ms'), '.2f')} | "
+            f"{_fmt(near.get('ratio'), '.3f')} | {_fmt(ch['tree16_vs_tree8'].get('ratio'), '.3f')} | "
+            f"{_fmt(r.get('tree8_scratch_mb'), '.0f')} | {_fmt(r.get('tree16_scratch_mb'), '.0f')} | "
+            f"{near['verdict']}{noise} | {ch['tree16_vs_tree8']['verdict']} | {ch['scratch']['verdict']} | "
+            f"{ch['row']['verdict']} | {tpr} |"
+        )
+    verdicts = [r["checks"]["row"]["verdict"] for r in rows]
+    lines += ["", f"Targets met at {verdicts.count('PASS')} of {len(rows)} contexts."]
+    return lines
+
+
 def plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -199,6 +332,11 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         )
         xs = [r["context"] for r in rows if "ttft_s" in r]
         b.plot(xs, [r["ttft_s"] for r in rows if "ttft_s" in r], marker="o", label=system)
+    tree = doc.get("tree") or []
+    for key, name in (("tree8", "elpis tree-8"), ("tree16", "elpis tree-16")):
+        xs = [r["context"] for r in tree if f"{key}_ms" in r]
+        if xs:
+            a.plot(xs, [r[f"{key}_ms"] for r in tree if f"{key}_ms" in r], marker="^", label=f"{name} round")
     for ax, title, unit in ((a, "decode", "ms"), (b, "time to first token", "s")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context tokens")

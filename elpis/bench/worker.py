@@ -1,16 +1,29 @@
-"""One system's engine measurement, run in its own process (`python -m elpis.bench.worker`).
+"""One engine's measurement, run in its own process (`python -m elpis.bench.worker`): stock, or the elpis
+systems (`elpis` chain-8, `elpis-tree8`, `elpis-tree16`) on one loaded backend.
 
-Both systems run the same schedule on the same checkpoint and the same prompt:
+Every system runs the same schedule on the same checkpoint and the same prompt:
   warm-up (untimed) -> for each context checkpoint c (1K, 8K, 32K, 128K, 262K): one prompt of c + 1 tokens
   that extends the previous one, so the prefill is cumulative (the prefix cache serves the previous
   checkpoint's tokens; TTFT(c) is the sum of the incremental prefill times, see report.py), then `rounds`
   speculative rounds (DFlash2 chain, 8 rows) and `rounds` plain decode steps, each after `warmup` untimed
   ones -> fresh TTFT at 8K and 32K (new prompts, nothing cached) while time remains.
+Several elpis systems in one process take turns at each checkpoint: the first of them pays the prefill, the
+others are served by the prefix cache (their TTFT is not a prefill figure); tree systems measure speculative
+rounds only (their plain steps are 16-row tree verifies, not part of the comparison). `--spec-only` skips
+plain steps and fresh TTFT for every system.
 
 stock: ExLlamaV3's own Generator (DFlash2 draft, ArgmaxSampler, its own accept-while-match), plain steps by
 switching its draft window to 0 inside the same job. elpis: `elpis.spec.SpeculativeGenerator` over
 `Exl3Backend` with the proven acceptor (chain, draft_top_k=1); plain steps through the same generator without
-a drafter and without row padding. With random weights every draft is rejected: one token per round.
+a drafter and without row padding. elpis-tree8/16: the same backend loaded in tree mode
+(`load_backend(tree=True)`: every verify runs as a 16-row tree through elpis's tree kernels), the speculation
+core building trees of 8 / 16 rows from the DFlash2 drafter's top-k (`--tree-top-k`); `elpis` in the same
+process switches the backend to chain mode (8 fixed rows, stock kernels) for its turns. With random weights
+every draft is rejected: one token per round.
+
+Memory a round needs: before each measured request the allocation is read (model, cache and whatever stays
+resident), the peak counter is reset after the first step (which includes the prefill), and the peak over the
+following rounds minus that allocation is the round's scratch (`round_scratch_mb`).
 
 Results are written to `--out` after every step, so a run cut short by its deadline still reports what it
 measured; `complete` says whether everything ran.
@@ -24,6 +37,7 @@ import json
 import statistics
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +46,15 @@ import torch
 from elpis.bench import hardware, workload
 
 GiB = 1 << 30
+MB = 1e6
 FRESH = ((8192, 2), (32768, 1))
 
 
 class Results:
-    def __init__(self, path: Path, system: str) -> None:
-        self.path = path
+    """One system's result document; `save()` writes the whole file of its worker."""
+
+    def __init__(self, file: ResultFile, system: str) -> None:
+        self.file = file
         self.data: dict[str, Any] = {
             "system": system,
             "checkpoints": [],
@@ -47,8 +64,24 @@ class Results:
         }
 
     def save(self) -> None:
+        self.file.save()
+
+
+class ResultFile:
+    """The worker's output: {system: result document}, rewritten after every step so a run cut short by its
+    deadline still reports what it measured."""
+
+    def __init__(self, path: Path, systems: list[str]) -> None:
+        self.path = path
+        self.results = {s: Results(self, s) for s in systems}
+
+    def __getitem__(self, system: str) -> Results:
+        return self.results[system]
+
+    def save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, default=str))
+        data = {s: r.data for s, r in self.results.items()}
+        tmp.write_text(json.dumps(data, indent=2, default=str))
         tmp.replace(self.path)
 
 
@@ -56,10 +89,59 @@ def median_ms(seconds: list[float]) -> float | None:
     return statistics.median(seconds) * 1000 if seconds else None
 
 
+class PeakCounter:
+    """torch has one peak counter per process; the round windows reset it, so the process-wide peak is kept
+    here across resets."""
+
+    def __init__(self) -> None:
+        self.allocated = 0
+        self.reserved = 0
+
+    def fold(self) -> None:
+        self.allocated = max(self.allocated, torch.cuda.max_memory_allocated())
+        self.reserved = max(self.reserved, torch.cuda.max_memory_reserved())
+
+    def reset(self) -> None:
+        self.fold()
+        torch.cuda.reset_peak_memory_stats()
+
+
+PEAK = PeakCounter()
+
+
+class RoundMemory:
+    """GPU memory the rounds of one request need over what was allocated before it (model, cache, resident
+    buffers): the peak from the second step on (the first one includes the prefill). Off in the per-phase
+    profile, whose idle-time figures a host sync between steps would change."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self.started = False
+        if self.enabled:
+            torch.cuda.synchronize()
+            self.resident = torch.cuda.memory_allocated()
+
+    def first_step_done(self) -> None:
+        if self.enabled and not self.started:
+            torch.cuda.synchronize()
+            PEAK.reset()
+            self.started = True
+
+    def result(self) -> dict[str, float]:
+        if not self.started:
+            return {}
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        PEAK.fold()
+        return {"resident_mb": self.resident / MB, "round_scratch_mb": (peak - self.resident) / MB}
+
+
 def peak_memory() -> dict[str, float]:
+    PEAK.fold()
     out = {
-        "max_allocated_gib": torch.cuda.max_memory_allocated() / GiB,
-        "max_reserved_gib": torch.cuda.max_memory_reserved() / GiB,
+        "max_allocated_gib": PEAK.allocated / GiB,
+        "max_reserved_gib": PEAK.reserved / GiB,
     }
     try:
         free, total = torch.cuda.mem_get_info()
@@ -98,26 +180,69 @@ class TimedDrafter:
 
 
 # -- elpis ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Variant:
+    """How the speculation core drives the backend for one elpis system."""
+
+    name: str
+    tree: bool  # backend in tree mode (every verify a 16-row tree) instead of chain mode (8 fixed rows)
+    budget: int  # rows per round, anchor included
+    top_k: int  # drafter candidates per depth (1: chains)
+
+
+def variant(name: str, tree_top_k: int) -> Variant:
+    if name in workload.TREE_BUDGETS:
+        return Variant(name, True, workload.TREE_BUDGETS[name], tree_top_k)
+    if name == "elpis":
+        return Variant(name, False, workload.CHAIN_ROWS, 1)
+    raise ValueError(f"not an elpis system: {name!r}")
+
+
 class ElpisSystem:
-    def __init__(self, args: argparse.Namespace, res: Results) -> None:
+    def __init__(self, args: argparse.Namespace, variants: list[Variant]) -> None:
         from elpis.exl3 import load_backend
 
-        t0 = time.perf_counter()
+        self.tree_loaded = any(v.tree for v in variants)
         self.backend = load_backend(
-            args.model, args.draft, max_context=262_144, model_id="bench", fixed_rows=8, host_cache_gib=8.0
+            args.model,
+            args.draft,
+            max_context=262_144,
+            model_id="bench",
+            fixed_rows=workload.CHAIN_ROWS,
+            host_cache_gib=8.0,
+            tree=self.tree_loaded,
         )
-        res.data["load_seconds"] = time.perf_counter() - t0
         self.decoder = BenchDecoder(args.model)
         self.vocab = self.backend.info.vocab_size
         self.loop = args.elpis_loop
+        self.variant = variants[0]
+
+    def _mode(self, draft: bool) -> None:
+        """Put the backend in the current variant's mode (between sequences only)."""
+        from elpis.exl3.tree_verify import TREE_ROWS
+
+        if self.variant.tree:
+            self.backend.tree, self.backend.fixed_rows = True, TREE_ROWS
+        else:  # plain steps of the chain system run unpadded, as in a chain-mode load
+            self.backend.tree = False
+            self.backend.fixed_rows = workload.CHAIN_ROWS if draft else None
+
+    def _restore(self) -> None:
+        from elpis.exl3.tree_verify import TREE_ROWS
+
+        self.backend.tree = self.tree_loaded
+        self.backend.fixed_rows = TREE_ROWS if self.tree_loaded else workload.CHAIN_ROWS
 
     def generate_direct(self, prompt: list[int], tokens: int, draft: bool) -> dict[str, Any]:
         """Rounds straight on the backend without the speculation core: commit the anchor row only (valid
         whatever the draft holds, so no acceptance decision is made), next anchor = argmax of row 0. Only
         for machines where the acceptor is not built; the results say which loop ran."""
         backend = self.backend
-        backend.fixed_rows = 8 if draft else None
+        if self.variant.tree or self.tree_loaded:
+            raise RuntimeError("the direct loop drives chain-mode backends only")
+        self._mode(draft)
         stamps, counts, draft_seconds = [], [], []
+        memory = RoundMemory()
         start = time.perf_counter()
         cached = backend.begin(prompt)
         try:
@@ -135,15 +260,17 @@ class ElpisSystem:
                 context.append(anchor)
                 stamps.append(time.perf_counter())
                 counts.append(1)
+                memory.first_step_done()
         finally:
             backend.finish()
-            backend.fixed_rows = 8
+            self._restore()
         return {
             "start": start,
             "stamps": stamps,
             "counts": counts,
             "cached": cached,
             "draft_seconds": draft_seconds,
+            "memory": memory.result(),
         }
 
     def generate(self, prompt: list[int], tokens: int, draft: bool) -> dict[str, Any]:
@@ -151,16 +278,17 @@ class ElpisSystem:
             return self.generate_direct(prompt, tokens, draft)
         from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
 
-        backend = self.backend
+        backend, v = self.backend, self.variant
         drafter = TimedDrafter(backend.drafter) if draft else None
-        backend.fixed_rows = 8 if draft else None
+        self._mode(draft)
         gen = SpeculativeGenerator(
-            backend, self.decoder, drafter=drafter, tree_budget=8 if draft else 1, draft_top_k=1
+            backend, self.decoder, drafter=drafter, tree_budget=v.budget if draft else 1, draft_top_k=v.top_k
         )
         request = GenerationRequest(
             prompt_ids=tuple(prompt), max_tokens=tokens, sampling=SamplingParams(), ignore_eos=True
         )
         stamps, counts = [], []
+        memory = RoundMemory()
         start = time.perf_counter()
         stats = None
         try:
@@ -169,24 +297,25 @@ class ElpisSystem:
                 counts.append(len(step.token_ids))
                 if step.finish_reason is not None:
                     stats = step.stats
+                memory.first_step_done()
         finally:
-            backend.fixed_rows = 8
+            self._restore()
         return {
             "start": start,
             "stamps": stamps,
             "counts": counts,
             "cached": stats.cached_tokens if stats else None,
             "draft_seconds": drafter.seconds if drafter else [],
+            "memory": memory.result(),
         }
 
 
 # -- stock ------------------------------------------------------------------------------------------------
 class StockSystem:
-    def __init__(self, args: argparse.Namespace, res: Results) -> None:
+    def __init__(self, args: argparse.Namespace) -> None:
         from exllamav3 import Cache, Config, Generator, Model, Tokenizer
         from exllamav3.cache import CacheLayer_quant
 
-        t0 = time.perf_counter()
         config = Config.from_directory(str(args.model))
         self.model = Model.from_config(config)
         self.cache = Cache(
@@ -223,7 +352,6 @@ class StockSystem:
             max_chunk_size=2048,
             max_batch_size=1,
         )
-        res.data["load_seconds"] = time.perf_counter() - t0
         self.vocab = int(config.vocab_size)
         self.window = self.gen.num_draft_tokens
 
@@ -240,6 +368,7 @@ class StockSystem:
             stop_conditions=[],
         )
         stamps, counts = [], []
+        memory = RoundMemory()
         start = time.perf_counter()
         try:
             gen.enqueue(job)
@@ -256,6 +385,7 @@ class StockSystem:
                 if n:
                     stamps.append(now)
                     counts.append(n)
+                    memory.first_step_done()
         finally:
             gen.num_draft_tokens = self.window
         return {
@@ -264,6 +394,7 @@ class StockSystem:
             "counts": counts,
             "cached": int(getattr(job, "cached_tokens", 0)) + 256 * int(getattr(job, "cached_pages", 0)),
             "draft_seconds": [],
+            "memory": memory.result(),
         }
 
 
@@ -281,6 +412,7 @@ def summarize(run: dict[str, Any], warmup: int) -> dict[str, Any]:
         "tokens": sum(counts),
         "cached": run["cached"],
         "draft_median_ms": median_ms(run["draft_seconds"][1 + warmup :]),
+        **run.get("memory", {}),
     }
 
 
@@ -305,22 +437,42 @@ def measure(
     return out
 
 
-def load_system(args: argparse.Namespace, res: Results):
+def load_system(args: argparse.Namespace, out: ResultFile):
+    """Load the worker's engine (stock, or one elpis backend for all its elpis systems) and note what was
+    loaded in every system's result."""
     if args.cap_gib:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * GiB / total))
-    res.data["facts"] = hardware.gpu_facts()
-    system = ElpisSystem(args, res) if args.system == "elpis" else StockSystem(args, res)
-    if args.system == "elpis":
+    facts = hardware.gpu_facts()
+    t0 = time.perf_counter()
+    if args.system == ["stock"]:
+        system = StockSystem(args)
+    else:
+        system = ElpisSystem(args, [variant(n, args.tree_top_k) for n in args.system])
+    notes: dict[str, Any] = {"facts": facts, "load_seconds": time.perf_counter() - t0}
+    if isinstance(system, ElpisSystem):
         from elpis.exl3 import patches
 
-        res.data["patches"] = patches.applied()
-        res.data["loop"] = args.elpis_loop
         layers = system.backend.engine.cache.get_all_recurrent_layers().values()
-        res.data["gdn_state_dtype"] = str(next(iter(layers)).recurrent_state.dtype)
-    res.data["peak_after_load"] = peak_memory()
-    res.save()
+        notes.update(
+            patches=patches.applied(),
+            loop=args.elpis_loop,
+            gdn_state_dtype=str(next(iter(layers)).recurrent_state.dtype),
+            backend_tree_mode=system.tree_loaded,
+        )
+    notes["peak_after_load"] = peak_memory()
+    for name in args.system:
+        out[name].data.update(notes)
+        if isinstance(system, ElpisSystem):
+            out[name].data["variant"] = vars(variant(name, args.tree_top_k))
+    out.save()
     return system
+
+
+def select(system, name: str, tree_top_k: int) -> None:
+    """Make `name` the system the next generate() calls measure (a no-op for stock)."""
+    if isinstance(system, ElpisSystem):
+        system.variant = variant(name, tree_top_k)
 
 
 def run_profile(args: argparse.Namespace) -> int:
@@ -328,11 +480,15 @@ def run_profile(args: argparse.Namespace) -> int:
     --profile-prefill) and `rounds` speculative rounds, then plain decode steps, after `warmup` rounds."""
     from elpis.bench.phases import PhaseProfiler
 
-    res = Results(args.out, args.system)
+    if args.system not in (["stock"], ["elpis"]):
+        raise SystemExit(f"--profile measures stock or elpis, not {','.join(args.system)}")
+    RoundMemory.enabled = False
+    out = ResultFile(args.out, args.system)
+    res = out[args.system[0]]
     res.data["profiles"] = []
     try:
-        system = load_system(args, res)
-        if args.system == "elpis":
+        system = load_system(args, out)
+        if isinstance(system, ElpisSystem):
             model, draft = system.backend.engine.model, system.backend.engine.draft
         else:
             model, draft = system.model, system.draft
@@ -371,54 +527,81 @@ def run_profile(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.profile:
         return run_profile(args)
-    res = Results(args.out, args.system)
+    names: list[str] = args.system
+    out = ResultFile(args.out, names)
+    primary = names[0]  # pays each checkpoint's prefill; the others are served by the prefix cache
     deadline = args.deadline
-    res.data["cap_gib"] = args.cap_gib
+    current = primary
+    for name in names:
+        out[name].data["cap_gib"] = args.cap_gib
+        out[name].data["prefill_paid_by"] = primary
     try:
-        system = load_system(args, res)
+        system = load_system(args, out)
         sampler = hardware.PowerSampler()
         vocab = system.vocab
         base = workload.prompt(max(args.checkpoints) + 1, seed=1, vocab=vocab)
-        t0 = time.perf_counter()
-        system.generate(workload.prompt(1025, seed=99, vocab=vocab), 24, True)
-        system.generate(workload.prompt(1025, seed=98, vocab=vocab), 24, False)
-        res.data["warmup_seconds"] = time.perf_counter() - t0
-        res.save()
+        for name in names:
+            current = name
+            select(system, name, args.tree_top_k)
+            t0 = time.perf_counter()
+            system.generate(workload.prompt(1025, seed=99, vocab=vocab), 24 if name == primary else 8, True)
+            if plain_measured(args, name):
+                system.generate(workload.prompt(1025, seed=98, vocab=vocab), 24, False)
+            out[name].data["warmup_seconds"] = time.perf_counter() - t0
+            out.save()
         rate, previous = None, 0
+        round_seconds: dict[str, float] = {}
         for c in args.checkpoints:
             needed = (c - previous) / rate if rate else 0.0
             if time.time() + needed > deadline:
-                res.data["errors"].append(
-                    f"skipped checkpoint {c}: {needed:.0f} s of prefill would pass the deadline"
-                )
+                for name in names:
+                    out[name].data["errors"].append(
+                        f"skipped checkpoint {c}: {needed:.0f} s of prefill would pass the deadline"
+                    )
                 break
             tokens = args.rounds + args.warmup + 1
             if c == max(args.checkpoints):
                 tokens = max(tokens, args.final_tokens // 2)
-            entry: dict[str, Any] = {"context": c, "label": workload.label(c)}
-            entry["spec"] = spec = measure(
-                system, sampler, base[: c + 1], tokens, True, args.warmup, f"spec {c}"
-            )
-            res.data["checkpoints"].append(entry)
-            res.save()
-            cached = spec.get("cached") or 0
-            if spec.get("ttft_seconds"):
-                rate, previous = (c - cached) / spec["ttft_seconds"], c
-            # A plain run re-serves the same prompt from the prefix cache; a miss would prefill it again
-            if time.time() + (spec.get("ttft_seconds") or 0) + 10 > deadline:
-                res.data["errors"].append(f"skipped plain decode at {c}: not enough time left")
-                res.data["peak"] = peak_memory()
+            for name in names:
+                current = name
+                res = out[name]
+                expected = tokens * round_seconds.get(name, 0.0) + (needed if name == primary else 0.0)
+                if time.time() + expected > deadline:
+                    res.data["errors"].append(f"skipped checkpoint {c}: not enough time left")
+                    continue
+                select(system, name, args.tree_top_k)
+                entry: dict[str, Any] = {"context": c, "label": workload.label(c)}
+                entry["spec"] = spec = measure(
+                    system, sampler, base[: c + 1], tokens, True, args.warmup, f"{name} spec {c}"
+                )
+                res.data["checkpoints"].append(entry)
                 res.save()
-                continue
-            entry["plain"] = measure(system, sampler, base[: c + 1], tokens, False, args.warmup, f"plain {c}")
-            res.data["peak"] = peak_memory()
-            res.save()
-        for c, reps in FRESH:
+                if spec.get("round_median_ms"):
+                    round_seconds[name] = spec["round_median_ms"] / 1000
+                cached = spec.get("cached") or 0
+                if name == primary and spec.get("ttft_seconds"):
+                    rate, previous = (c - cached) / spec["ttft_seconds"], c
+                if not plain_measured(args, name):
+                    continue
+                # A plain run re-serves the same prompt from the prefix cache; a miss would prefill it again
+                if time.time() + (spec.get("ttft_seconds") or 0) + 10 > deadline:
+                    res.data["errors"].append(f"skipped plain decode at {c}: not enough time left")
+                    continue
+                entry["plain"] = measure(
+                    system, sampler, base[: c + 1], tokens, False, args.warmup, f"{name} plain {c}"
+                )
+                res.save()
+            for name in names:
+                out[name].data["peak"] = peak_memory()
+            out.save()
+        current = primary
+        select(system, primary, args.tree_top_k)
+        for c, reps in () if args.spec_only else FRESH:
             seconds = []
             for r in range(reps):
                 if time.time() > deadline:
                     break
-                out = measure(
+                fresh = measure(
                     system,
                     sampler,
                     workload.prompt(c + 1, seed=1000 + 10 * c + r, vocab=vocab),
@@ -427,23 +610,51 @@ def run(args: argparse.Namespace) -> int:
                     0,
                     f"fresh {c}",
                 )
-                seconds.append(out["ttft_seconds"])
+                seconds.append(fresh["ttft_seconds"])
             if seconds:
-                res.data["fresh_ttft"].append({"context": c, "seconds": seconds})
-                res.save()
-        res.data["peak"] = peak_memory()
-        res.data["complete"] = time.time() <= deadline
+                out[primary].data["fresh_ttft"].append({"context": c, "seconds": seconds})
+                out.save()
+        for name in names:
+            out[name].data["peak"] = peak_memory()
+            out[name].data["complete"] = time.time() <= deadline
     except Exception as exc:  # keep what was measured; the report shows the error
-        res.data["errors"].append(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-        res.save()
+        for name in names:
+            out[name].data["errors"].append(
+                f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+                if name == current
+                else f"stopped by an error while {current} ran"
+            )
+        out.save()
         return 1
-    res.save()
+    out.save()
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def plain_measured(args: argparse.Namespace, name: str) -> bool:
+    """Plain decode steps are measured for the chain systems unless --spec-only."""
+    return not args.spec_only and name not in workload.TREE_BUDGETS
+
+
+def parse_systems(text: str) -> list[str]:
+    """`stock`, or elpis systems (measured on one backend, in this order)."""
+    names = [s for s in text.split(",") if s]
+    if names == ["stock"]:
+        return names
+    if not names or len(set(names)) != len(names) or any(n not in workload.ELPIS_SYSTEMS for n in names):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give stock, or distinct elpis systems from {', '.join(workload.ELPIS_SYSTEMS)}"
+        )
+    return names
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m elpis.bench.worker")
-    parser.add_argument("--system", choices=("stock", "elpis"), required=True)
+    parser.add_argument(
+        "--system",
+        type=parse_systems,
+        required=True,
+        help="stock, or elpis systems sharing one backend (elpis,elpis-tree8,elpis-tree16)",
+    )
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--draft", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -465,6 +676,15 @@ def main(argv: list[str] | None = None) -> int:
         "direct: "
         "backend rounds committing the anchor row only (for machines without the acceptor)",
     )
+    parser.add_argument(
+        "--tree-top-k",
+        type=int,
+        default=None,
+        help="drafter candidates per depth for the tree systems (default: the speculation core's)",
+    )
+    parser.add_argument(
+        "--spec-only", action="store_true", help="speculative rounds only: no plain steps, no fresh TTFT"
+    )
     parser.add_argument("--profile", action="store_true", help="per-phase profile instead of timings")
     parser.add_argument(
         "--profile-prefill",
@@ -473,7 +693,17 @@ def main(argv: list[str] | None = None) -> int:
         help="contexts whose last prefill chunks are profiled (with --profile)",
     )
     args = parser.parse_args(argv)
-    return run(args)
+    if args.tree_top_k is None:
+        from elpis.spec.generate import DEFAULT_DRAFT_TOP_K
+
+        args.tree_top_k = DEFAULT_DRAFT_TOP_K
+    if args.tree_top_k < 1:
+        parser.error(f"--tree-top-k must be >= 1, got {args.tree_top_k}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,261 @@
+"""`elpis bench engine` with the tree systems (issue 8): the tree table and its targets from synthetic result
+documents shaped like the workers' output, argument validation, worker grouping and the worker's own
+refusals; the worker plumbing for real on this (GPU-less) machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import pytest
+
+from elpis.bench import cli, report, worker, workload
+from elpis.exl3 import geometry
+
+
+@pytest.fixture(scope="module")
+def arith():
+    return workload.arithmetic(
+        geometry.load_facts("text_config.json"), geometry.load_facts("draft_config.json")
+    )
+
+
+def spec(ms: float, *, spread: float = 0.1, scratch: float | None = None, tokens: int = 1) -> dict:
+    """A checkpoint's speculative measurement: 8 round times around `ms` (MAD = spread ms)."""
+    seconds = [(ms + d) / 1000 for d in (-spread, -spread, -spread, 0.0, 0.0, spread, spread, spread)]
+    out = {
+        "ttft_seconds": 0.5,
+        "round_seconds": seconds,
+        "round_median_ms": ms,
+        "tokens_per_round": [tokens] * 8,
+        "cached": 0,
+    }
+    if scratch is not None:
+        out["round_scratch_mb"] = scratch
+        out["resident_mb"] = 19000.0
+    return out
+
+
+def system(points: dict[int, dict]) -> dict:
+    return {
+        "checkpoints": [{"context": c, "label": workload.label(c), "spec": s} for c, s in points.items()],
+        "fresh_ttft": [],
+        "errors": [],
+        "complete": True,
+        "peak": {"max_allocated_gib": 19.5},
+    }
+
+
+def tree_doc() -> dict:
+    """1K: every target met; 8K: tree-8 slower than stock beyond the noise; 32K: tree-16 too slow and the
+    scratch over the limit; 128K: tree-16 not measured."""
+    return {
+        "title": "tree test",
+        "facts": {"gpu": "X"},
+        "model_note": "synthetic",
+        "ceilings": {"copy": {"bytes_per_s": 4.3e12}, "matmul": {"flop_per_s": 7.9e14}},
+        "systems": {
+            "stock": system({1024: spec(24.0), 8192: spec(25.0), 32768: spec(28.0), 131072: spec(38.0)}),
+            "elpis": system({1024: spec(24.5), 8192: spec(25.5), 32768: spec(28.5), 131072: spec(37.0)}),
+            "elpis-tree8": system(
+                {
+                    1024: spec(24.1, spread=0.2, scratch=120.0),  # 0.1 ms slower: inside 2 MADs (0.4 ms)
+                    8192: spec(27.0, scratch=150.0),  # 2 ms slower, noise 0.2 ms
+                    32768: spec(28.0, scratch=180.0),
+                    131072: spec(37.5, scratch=250.0),
+                }
+            ),
+            "elpis-tree16": system(
+                {
+                    1024: spec(26.0, scratch=140.0),  # 1.079 x tree-8
+                    8192: spec(27.5, scratch=160.0),
+                    32768: spec(33.0, scratch=310.0),  # 1.18 x tree-8, 310 MB
+                }
+            ),
+        },
+    }
+
+
+def test_tree_targets_are_computed_from_the_numbers():
+    rows = {r["context"]: r for r in report.tree_rows(tree_doc())}
+    assert sorted(rows) == [1024, 8192, 32768, 131072]
+    one = rows[1024]["checks"]
+    assert one["tree8_vs_stock"]["verdict"] == "PASS"
+    assert one["tree8_vs_stock"]["noise_ms"] == pytest.approx(2 * 0.2)
+    assert one["tree8_vs_stock"]["ratio"] == pytest.approx(24.1 / 24.0)
+    assert one["tree16_vs_tree8"]["ratio"] == pytest.approx(26.0 / 24.1)
+    assert one["tree16_vs_tree8"]["verdict"] == one["scratch"]["verdict"] == one["row"]["verdict"] == "PASS"
+    eight = rows[8192]["checks"]
+    assert eight["tree8_vs_stock"]["verdict"] == "MISS" and eight["row"]["verdict"] == "MISS"
+    assert eight["tree16_vs_tree8"]["verdict"] == "PASS"
+    big = rows[32768]["checks"]
+    assert big["tree8_vs_stock"]["verdict"] == "PASS"  # equal medians
+    assert big["tree16_vs_tree8"]["verdict"] == "MISS" and big["scratch"]["verdict"] == "MISS"
+    assert big["scratch"]["max_mb"] == 310.0
+    last = rows[131072]
+    assert last["checks"]["tree16_vs_tree8"]["verdict"] == "n/a"
+    assert last["checks"]["scratch"]["verdict"] == "PASS"  # tree-8's 250 MB is the only figure
+    assert last["checks"]["row"]["verdict"] == "n/a"  # a missing figure never counts as met
+    assert last["chain8_ms"] == 37.0 and "tree16_ms" not in last
+
+
+def test_tree_check_boundaries():
+    at_limit = {"stock_ms": 20.0, "tree8_ms": 20.0, "tree16_ms": 23.0, "tree8_scratch_mb": 299.9}
+    checks = report.tree_checks(at_limit)
+    assert [checks[k]["verdict"] for k in ("tree8_vs_stock", "tree16_vs_tree8", "scratch", "row")] == [
+        "PASS"
+    ] * 4
+    over = report.tree_checks({**at_limit, "tree8_ms": 20.01, "tree16_ms": 23.1, "tree16_scratch_mb": 300.0})
+    assert over["tree8_vs_stock"]["verdict"] == "MISS"  # no round times: no noise allowance
+    assert over["tree16_vs_tree8"]["verdict"] == "MISS"  # 23.1 / 20.01 > 1.15
+    assert over["scratch"]["verdict"] == "MISS"  # 300 MB is not under 300 MB
+    assert report.tree_checks({})["row"]["verdict"] == "n/a"
+
+
+def test_tree_table_in_the_report(arith, tmp_path):
+    paths = report.write(tree_doc(), arith, tmp_path, "t")
+    data = json.loads(paths[0].read_text())
+    assert [r["label"] for r in data["tree"]] == ["1K", "8K", "32K", "128K"]
+    assert [r["label"] for r in data["ratios"]] == ["1K", "8K", "32K", "128K"]  # stock vs elpis as before
+    md = paths[1].read_text()
+    assert "Token trees (issue 8)" in md
+    assert "Every measured round committed exactly 1 token" in md
+    assert (
+        "| 1K | 24.00 | 24.50 | 24.10 | 26.00 | 1.004 | 1.079 | 120 | 140 | PASS (noise 0.40 ms) | PASS |"
+        in md
+    )
+    assert "| 32K |" in md and "| 310 | PASS (noise 0.20 ms) | MISS | MISS | MISS |" in md
+    assert "Targets met at 1 of 4 contexts." in md
+    assert "- elpis-tree16: " in md  # its peak memory line
+    assert paths[2].stat().st_size > 1000
+
+
+def test_tokens_per_round_note_follows_the_numbers(arith, tmp_path):
+    doc = tree_doc()
+    doc["systems"]["elpis-tree8"]["checkpoints"][0]["spec"]["tokens_per_round"] = [1, 3, 1, 1, 2, 1, 1, 1]
+    md = report.markdown(report.build(doc, arith))
+    assert "Every measured round committed exactly 1 token" not in md
+    assert "| 1K |" in md and "| 1.00 / 1.00 / 1.38 / 1.00 |" in md
+
+
+def test_no_tree_table_without_tree_systems(arith):
+    doc = tree_doc()
+    for name in ("elpis-tree8", "elpis-tree16"):
+        del doc["systems"][name]
+    built = report.build(doc, arith)
+    assert built["tree"] == [] and "Token trees" not in report.markdown(built)
+
+
+# -- arguments --------------------------------------------------------------------------------------------
+def engine_args(*extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(["engine", "--model", "m", "--draft", "d", *extra])
+
+
+def test_tree_systems_default_to_the_tree_checkpoints():
+    args = engine_args("--systems", "stock,elpis,elpis-tree8,elpis-tree16")
+    systems = cli._systems(args.systems)
+    assert systems == ["stock", "elpis", "elpis-tree8", "elpis-tree16"]
+    assert cli.check_engine_args(args, systems)
+    assert args.checkpoints == "1024,8192,32768,131072"
+    plain = engine_args()
+    assert cli.check_engine_args(plain, cli._systems(plain.systems)) and plain.checkpoints is None
+    given = engine_args("--systems", "elpis-tree8", "--checkpoints", "1024,4096")
+    assert cli.check_engine_args(given, ["elpis-tree8"]) and given.checkpoints == "1024,4096"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--systems", "stock,elpis-tree32"], "unknown system"),
+        (["--systems", "stock,stock"], "named twice"),
+        (["--systems", "elpis-tree8", "--elpis-loop", "direct"], "need the speculation core"),
+        (["--systems", "elpis-tree8", "--tree-top-k", "0"], "--tree-top-k must be >= 1"),
+        (["--checkpoints", "8192,1024"], "increasing token counts"),
+        (["--checkpoints", "1024,x"], "increasing token counts"),
+        (["--checkpoints", "1024,300000"], "increasing token counts"),
+        (["--rounds", "0"], "--rounds must be >= 1"),
+    ],
+)
+def test_engine_refusals(argv, message, capsys):
+    """Refused before anything loads (and before the GPU check, so they hold on any machine)."""
+    assert cli.run(engine_args(*argv)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_profile_measures_stock_and_elpis_only(capsys):
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["profile", "--model", "m", "--draft", "d", "--systems", "stock,elpis-tree8"])
+    assert cli.run(args) == 2
+    assert "unknown system" in capsys.readouterr().err
+
+
+def test_worker_groups_share_one_elpis_process():
+    assert cli.worker_groups(["stock", "elpis", "elpis-tree8", "elpis-tree16"]) == [
+        ["stock"],
+        ["elpis", "elpis-tree8", "elpis-tree16"],
+    ]
+    # the elpis group runs where its first system was named, chain elpis first (it pays the prefill)
+    assert cli.worker_groups(["elpis-tree16", "stock", "elpis"]) == [["elpis", "elpis-tree16"], ["stock"]]
+    assert cli.worker_groups(["stock", "elpis"]) == [["stock"], ["elpis"]]
+
+
+def test_worker_commands(tmp_path):
+    args = engine_args("--systems", "stock,elpis,elpis-tree8", "--tree-top-k", "2", "--spec-only")
+    assert cli.check_engine_args(args, cli._systems(args.systems))
+    stock = cli.worker_command(args, ["stock"], tmp_path / "s.json", 123.0)
+    assert stock[stock.index("--system") + 1] == "stock" and "--spec-only" in stock
+    assert "--tree-top-k" not in stock and "--cap-gib" not in stock
+    assert stock[stock.index("--checkpoints") + 1] == "1024,8192,32768,131072"
+    group = cli.worker_command(args, ["elpis", "elpis-tree8"], tmp_path / "e.json", 123.0)
+    assert group[group.index("--system") + 1] == "elpis,elpis-tree8"
+    assert group[group.index("--tree-top-k") + 1] == "2" and group[group.index("--cap-gib") + 1] == "24.0"
+    parsed = worker.parse_args(group[3:])
+    assert parsed.system == ["elpis", "elpis-tree8"] and parsed.tree_top_k == 2 and parsed.spec_only
+
+
+def test_worker_refuses_mixed_or_unknown_systems(capsys):
+    base = ["--model", "m", "--draft", "d", "--out", "o.json", "--deadline", "0"]
+    for bad in ("stock,elpis", "elpis,elpis", "elpis-tree4", ""):
+        with pytest.raises(SystemExit) as exc:
+            worker.parse_args(["--system", bad, *base])
+        assert exc.value.code == 2
+        assert "give stock, or distinct elpis systems" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        worker.parse_args(["--system", "elpis-tree8", "--tree-top-k", "0", *base])
+    assert "--tree-top-k must be >= 1" in capsys.readouterr().err
+
+
+def test_variants():
+    assert worker.variant("elpis", 4) == worker.Variant("elpis", False, 8, 1)
+    assert worker.variant("elpis-tree8", 4) == worker.Variant("elpis-tree8", True, 8, 4)
+    assert worker.variant("elpis-tree16", 2) == worker.Variant("elpis-tree16", True, 16, 2)
+    with pytest.raises(ValueError, match="not an elpis system"):
+        worker.variant("stock", 4)
+
+
+def test_run_workers_reports_every_system_of_a_failed_group(tmp_path):
+    """The real worker process on this machine: the backend cannot load without a GPU; both systems of the
+    group come back with the reason (the first with the traceback) and the worker's exit code."""
+    args = engine_args("--systems", "elpis,elpis-tree8", "--out-dir", str(tmp_path), "--cap-gib", "0")
+    assert cli.check_engine_args(args, ["elpis", "elpis-tree8"])
+    doc: dict = {"systems": {}}
+    saves = []
+    cli.run_workers(args, ["elpis", "elpis-tree8"], doc, time.time() + 300, "w", lambda: saves.append(1))
+    assert saves == [1] and set(doc["systems"]) == {"elpis", "elpis-tree8"}
+    first, second = doc["systems"]["elpis"], doc["systems"]["elpis-tree8"]
+    assert first["returncode"] == second["returncode"] == 1
+    assert "CUDA" in first["errors"][0] or "cuda" in first["errors"][0]
+    assert second["errors"] == ["stopped by an error while elpis ran"]
+    assert not list(tmp_path.glob("*.raw.json"))  # the raw file is consumed
+
+
+def test_run_workers_out_of_time(tmp_path):
+    args = engine_args("--out-dir", str(tmp_path))
+    doc: dict = {"systems": {}}
+    cli.run_workers(args, ["stock", "elpis"], doc, time.time() + 30, "w", lambda: None)
+    assert doc["systems"]["stock"]["errors"][0].startswith("not run:")
+    assert doc["systems"]["elpis"]["errors"][0].startswith("not run:")
