@@ -47,12 +47,14 @@ inline cudaError_t cudaGetLastError() { return 0; }
 #define __launch_bounds__(x)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
-inline thread_local dim3 threadIdx;
-inline dim3 blockIdx, blockDim;
-inline std::barrier<>* emu_block_barrier;
-inline std::barrier<>* emu_warp_barrier[32];
-inline float emu_warp_buf[32][32];
-inline std::vector<std::pair<unsigned, unsigned>> emu_blocks;  // (x, y) chosen by emu_set_blocks
+// Emulation state is static, not inline: g++ gives inline variables process-wide (GNU unique) binding, so
+// two emulated kernels loaded into one test process would share one block selection and one barrier.
+static thread_local dim3 threadIdx;
+static dim3 blockIdx, blockDim;
+static std::barrier<>* emu_block_barrier;
+static std::barrier<>* emu_warp_barrier[32];
+static float emu_warp_buf[32][32];
+static std::vector<std::pair<unsigned, unsigned>> emu_blocks;  // (x, y) chosen by emu_set_blocks
 inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float v, int m) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
