@@ -283,6 +283,9 @@ def check_engine_args(args: argparse.Namespace, systems: list[str]) -> bool:
             file=sys.stderr,
         )
         return False
+    if args.final_tokens is not None and args.final_tokens < 0:
+        print(f"--final-tokens must be >= 0, got {args.final_tokens}", file=sys.stderr)
+        return False
     if args.rounds < 1 or args.warmup < 0:
         print(f"--rounds must be >= 1 and --warmup >= 0, got {args.rounds}, {args.warmup}", file=sys.stderr)
         return False

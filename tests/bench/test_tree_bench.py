@@ -177,6 +177,7 @@ def test_tree_systems_default_to_the_tree_checkpoints():
         (["--checkpoints", "1024,x"], "increasing token counts"),
         (["--checkpoints", "1024,300000"], "increasing token counts"),
         (["--rounds", "0"], "--rounds must be >= 1"),
+        (["--final-tokens", "-1"], "--final-tokens must be >= 0"),
     ],
 )
 def test_engine_refusals(argv, message, capsys):
