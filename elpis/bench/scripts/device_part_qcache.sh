@@ -21,7 +21,7 @@ else
   # correctness first, leaving ~12 s for the timing line (both kernel libraries are cached by then)
   ELPIS_KERNEL_LOG="$OUT/log" timeout -k 3 $(( qc_budget - 12 )) python3 -m pytest -m gpu \
     tests/kernels/test_tree_attention_qcache.py -k "not timing" -q -p no:cacheprovider -rfEs --durations=5 \
-    2>&1 | tail -25 | tee -a "$OUT/log"
+    --tb=short 2>&1 | tee "$OUT/qcache_pytest.txt" | tail -25 | tee -a "$OUT/log"
   echo "part qcache: correctness exit ${PIPESTATUS[0]}" | tee -a "$OUT/log"
   qc_rest=$(( qc_budget - ($(date +%s) - qc_t0) ))
   if [ "$qc_rest" -ge 6 ]; then
