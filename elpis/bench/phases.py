@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from elpis.exl3 import walk_modules
+
 TARGET_PHASES = {
     "Attention": "attention",
     "GatedDeltaNet": "gdn",
@@ -83,12 +85,12 @@ class PhaseProfiler:
         self.windows: list[dict[str, Any]] = []
         self._plans: list[dict[str, Any]] = []
         self._profiler: torch.profiler.profile | None = None
-        for module in _walk(model):
+        for module in walk_modules(model):
             phase = TARGET_PHASES.get(type(module).__name__)
             if phase is not None:
                 self.phase_of[id(module)] = phase
         self.top_level = {id(m) for m in getattr(model, "modules", [])}
-        classes = {type(m) for m in _walk(model) if type(m).__name__ in TARGET_PHASES}
+        classes = {type(m) for m in walk_modules(model) if type(m).__name__ in TARGET_PHASES}
         for cls in classes:
             self._wrap_class(cls)
         if draft is not None:
@@ -224,18 +226,6 @@ class PhaseProfiler:
         window = summarize(events, per, unit)
         window.update(kind=plan["kind"], context=plan["context"])
         self.windows.append(window)
-
-
-def _walk(model: Any):
-    seen: set[int] = set()
-    stack = list(getattr(model, "modules", []))
-    while stack:
-        module = stack.pop()
-        if id(module) in seen:
-            continue
-        seen.add(id(module))
-        yield module
-        stack.extend(getattr(module, "modules", []) or [])
 
 
 def _position(params: dict) -> int | None:

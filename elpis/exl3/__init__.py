@@ -7,8 +7,9 @@ here imports exllamav3 until a backend is loaded, so CPU machines can import the
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from elpis.exl3.backend import Exl3Backend
@@ -75,4 +76,17 @@ def load_backend(
     )
 
 
-__all__ = ["load_backend"]
+def walk_modules(model: Any) -> Iterator[Any]:
+    """Every module of an ExLlamaV3 model (its `modules` lists, recursively), each once."""
+    seen: set[int] = set()
+    stack = list(getattr(model, "modules", []))
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        yield module
+        stack.extend(getattr(module, "modules", []) or [])
+
+
+__all__ = ["load_backend", "walk_modules"]

@@ -28,17 +28,13 @@ DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 
 def _linears(model: Any) -> list[Any]:
     """Every module of `model` whose inner storage is an EXL3 trellis."""
-    out, stack, seen = [], list(model.modules), set()
-    while stack:
-        module = stack.pop()
-        if id(module) in seen:
-            continue
-        seen.add(id(module))
-        inner = getattr(module, "inner", None)
-        if inner is not None and hasattr(inner, "trellis") and hasattr(inner, "get_inner_weight_tensor"):
-            out.append(module)
-        stack.extend(getattr(module, "modules", []) or [])
-    return out
+    from elpis.exl3 import walk_modules
+
+    return [
+        m
+        for m in walk_modules(model)
+        if hasattr(getattr(m, "inner", None), "trellis") and hasattr(m.inner, "get_inner_weight_tensor")
+    ]
 
 
 def dequantise(model_dir: Path, out_dir: Path, *, dtype: torch.dtype = torch.float64) -> Path:
