@@ -216,7 +216,7 @@ def _model_dir(model: Path | None) -> Path:
 # --- configurations ----------------------------------------------------------------------------------------
 
 
-def _check_vocabulary(model_dir: Path) -> int:
+def _compared_width(model_dir: Path) -> int:
     """Width of the logits compared: the tokenizer's vocabulary where the logits are padded past it, the
     logits' own width where the tokenizer is wider (the synthetic checkpoints carry the full Qwen tokenizer
     over a narrower head: feed them ids below that width, e.g. `elpis gate model --random-ids`; a text id
@@ -252,7 +252,7 @@ class Exl3Configuration:
         names = parse_patches(full["patches"])
         require_gpu()
         model_dir = _model_dir(model)
-        self.vocab_size = _check_vocabulary(model_dir)
+        self.vocab_size = _compared_width(model_dir)
         _check_int8_switch(names)
         from elpis.exl3 import load_backend
 
@@ -281,7 +281,7 @@ class Exl3ForwardConfiguration:
         self.spec = Spec("exl3", full).text
         require_gpu()
         model_dir = _model_dir(model)
-        self.vocab_size = _check_vocabulary(model_dir)
+        self.vocab_size = _compared_width(model_dir)
         _check_int8_switch(())
         from exllamav3 import Config, Model
 

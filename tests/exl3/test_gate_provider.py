@@ -236,8 +236,8 @@ def test_operand_sequence(tmp_path):
 
 
 def test_compared_width_is_the_narrower_of_tokenizer_and_logits(tmp_path):
-    assert gate._check_vocabulary(_model_dir(tmp_path / "fits", 128, 100)) == 100  # padded logits
-    assert gate._check_vocabulary(_model_dir(tmp_path / "wide", 128, 200)) == 128  # synthetic: wide tokenizer
+    assert gate._compared_width(_model_dir(tmp_path / "fits", 128, 100)) == 100  # padded logits
+    assert gate._compared_width(_model_dir(tmp_path / "wide", 128, 200)) == 128  # synthetic: wide tokenizer
 
 
 # --- the fp64 evaluations, against independent formulations ------------------------------------------------
