@@ -9,6 +9,7 @@ import pytest
 
 from elpis.exl3 import tree_verify as tv
 from elpis.exl3.backend import check_tree_mode
+from tests.kernels.tree_cases import random_parents, random_path
 
 
 def masks_by_walk(parents: list[int]) -> tuple[list[int], list[int]]:
@@ -23,10 +24,6 @@ def masks_by_walk(parents: list[int]) -> tuple[list[int], list[int]]:
         depth.append(d - 1)
         ancestors.append(mask)
     return depth, ancestors
-
-
-def random_parents(rows: int, rng: random.Random) -> list[int]:
-    return [-1] + [rng.randrange(r) for r in range(1, rows)]
 
 
 @pytest.mark.parametrize("rows", [1, 2, 4, 8, 12, 16])
@@ -78,12 +75,7 @@ def test_every_root_first_path_is_a_valid_commit():
     for _ in range(200):
         rows = rng.randint(1, 16)
         parents = random_parents(rows, rng)
-        leaf = rng.randrange(rows)
-        path = []
-        while leaf >= 0:
-            path.append(leaf)
-            leaf = parents[leaf]
-        path.reverse()
+        path = random_path(parents, rng)
         for n in range(1, len(path) + 1):
             assert tv.check_path(path[:n], parents, rows) == path[:n]
 
@@ -126,12 +118,7 @@ def test_kv_moves_are_safe_in_place_for_every_path():
     for _ in range(300):
         rows = rng.randint(1, 16)
         parents = random_parents(rows, rng)
-        leaf = rng.randrange(rows)
-        path = []
-        while leaf >= 0:
-            path.append(leaf)
-            leaf = parents[leaf]
-        path.reverse()
+        path = random_path(parents, rng)
         kvp = rng.randrange(1000)
         slots = list(range(kvp + 16))
         for src, dst in tv.kv_moves(kvp, path):

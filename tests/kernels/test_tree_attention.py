@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import statistics
 from pathlib import Path
 
 import pytest
@@ -143,20 +142,6 @@ def test_bad_inputs_are_refused() -> None:
         ta.tree_attention(case.q, case.k, case.v, case.table.long(), 10, case.depth, case.ancestors)
 
 
-def _median_ms(fn, reps: int = 30) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 @pytest.mark.gpu
 def test_timing_line() -> None:
     """Median ms per call for 8 and 16 rows at 1K and 32K (staged and direct builds), next to torch SDPA
@@ -171,12 +156,12 @@ def test_timing_line() -> None:
             parents = [-1, *range(rows - 1)]  # a chain: comparable with a causal kvcache call
             case = tc.make_case(ctx, parents, seed=rows, device="cuda")
             record = {"check": "timing", "ctx": ctx, "rows": rows}
-            record["elpis_direct_ms"] = _median_ms(
+            record["elpis_direct_ms"] = tc.median_ms(
                 lambda c=case: ta.tree_attention(
                     c.q, c.k, c.v, c.table, c.ctx, c.depth, c.ancestors, staged=False
                 )
             )
-            record["elpis_ms"] = _median_ms(
+            record["elpis_ms"] = tc.median_ms(
                 lambda c=case: ta.tree_attention(c.q, c.k, c.v, c.table, c.ctx, c.depth, c.ancestors)
             )
             # a dense baseline that needs no extra package: torch SDPA (GQA) over the same keys, gathered
@@ -184,7 +169,7 @@ def test_timing_line() -> None:
             kd, vd = k.transpose(0, 1)[None].contiguous(), v.transpose(0, 1)[None].contiguous()
             qd = case.q.transpose(0, 1)[None].contiguous()
             try:
-                record["sdpa_dense_ms"] = _median_ms(
+                record["sdpa_dense_ms"] = tc.median_ms(
                     lambda q=qd, k=kd, v=vd: torch.nn.functional.scaled_dot_product_attention(
                         q, k, v, enable_gqa=True
                     )
@@ -196,7 +181,7 @@ def test_timing_line() -> None:
                 seqlens = torch.tensor([ctx + rows], dtype=torch.int32, device="cuda")
                 table = case.table[None]
                 try:
-                    record["flash_attn_ms"] = _median_ms(
+                    record["flash_attn_ms"] = tc.median_ms(
                         lambda q=q, c=case, s=seqlens, t=table: flash_attn_with_kvcache(
                             q, c.k, c.v, cache_seqlens=s, block_table=t, causal=True
                         )

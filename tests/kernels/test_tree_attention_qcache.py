@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -172,20 +171,6 @@ def test_rows_are_invariant_with_the_quantized_read() -> None:
     _log({"check": "qcache row invariance", "ctx": ctx, "rows": rows, "ok": True})
 
 
-def _median_ms(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def _timings(pool: QuantPool, ctx: int, rows: int) -> dict[str, float]:
     from exllamav3.ext import exllamav3_ext as ext
 
@@ -213,9 +198,9 @@ def _timings(pool: QuantPool, ctx: int, rows: int) -> dict[str, float]:
         ta.tree_attention(q, k16, v16, identity, ctx, masks.depth, masks.ancestors)
 
     return {
-        f"qcache_ms_{rows}": round(_median_ms(quantized_read), 4),
-        f"fp16_kernel_ms_{rows}": round(_median_ms(fp16_kernel), 4),
-        f"window_dequant_plus_fp16_ms_{rows}": round(_median_ms(engine_today), 4),
+        f"qcache_ms_{rows}": round(tc.median_ms(quantized_read, reps=20), 4),
+        f"fp16_kernel_ms_{rows}": round(tc.median_ms(fp16_kernel, reps=20), 4),
+        f"window_dequant_plus_fp16_ms_{rows}": round(tc.median_ms(engine_today, reps=20), 4),
     }
 
 

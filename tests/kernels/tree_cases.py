@@ -8,6 +8,7 @@ is the function under test. Every check compares outputs bit for bit.
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +41,30 @@ class Case:
 
 def random_parents(rows: int, rng: random.Random) -> list[int]:
     return [-1] + [rng.randrange(r) for r in range(1, rows)]
+
+
+def random_path(parents: list[int], rng: random.Random) -> list[int]:
+    """The root-first path from row 0 to a random row of the tree."""
+    node, path = rng.randrange(len(parents)), []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+def median_ms(fn: Callable[[], object], reps: int = 30) -> float:
+    """Median GPU milliseconds of `fn` over `reps` calls timed with CUDA events, after 3 warm-up calls."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def make_case(ctx: int, parents: list[int], seed: int, device: str = "cpu") -> Case:
