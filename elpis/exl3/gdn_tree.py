@@ -53,19 +53,24 @@ class Plan:
     max_stack: int
 
 
+_I32, _U32, _VP = ctypes.c_int32, ctypes.c_uint32, ctypes.c_void_p
+# ctypes signatures of the library's C entries (a CPU test checks them against the kernel source)
+ENTRY_ARGS: dict[str, tuple[type, ...]] = {
+    "elpis_gdn_tree_plan": (_U32, _VP, _VP, _VP, _VP, _VP, _VP, _VP),
+    "elpis_gdn_tree_stack_slots": (),
+    "elpis_gdn_tree_verify": (_VP, _VP, _VP, _VP, _VP, _I32, _VP, _U32, _VP, _VP, _VP, _VP, _VP),
+    "elpis_gdn_tree_commit": (_VP, _VP, _VP, _VP, _VP, _I32, _VP, _U32, _VP, _VP, _VP, _VP),
+}
+
+
 def _load_library(arch: str | None = None) -> ctypes.CDLL:
     from elpis import nvcc
 
     lib = nvcc.load(SOURCE, arch=arch) if arch else nvcc.load(SOURCE)
-    i32, u32, vp = ctypes.c_int32, ctypes.c_uint32, ctypes.c_void_p
-    lib.elpis_gdn_tree_plan.argtypes = [u32, vp, vp, vp, vp, vp, vp, vp]
-    lib.elpis_gdn_tree_plan.restype = ctypes.c_int
-    lib.elpis_gdn_tree_stack_slots.argtypes = []
-    lib.elpis_gdn_tree_stack_slots.restype = ctypes.c_int
-    lib.elpis_gdn_tree_verify.argtypes = [vp, vp, vp, vp, vp, i32, vp, u32, vp, vp, vp, vp, vp]
-    lib.elpis_gdn_tree_verify.restype = ctypes.c_int
-    lib.elpis_gdn_tree_commit.argtypes = [vp, vp, vp, vp, vp, i32, vp, u32, vp, vp, vp, vp]
-    lib.elpis_gdn_tree_commit.restype = ctypes.c_int
+    for name, argtypes in ENTRY_ARGS.items():
+        entry = getattr(lib, name)
+        entry.argtypes = list(argtypes)
+        entry.restype = ctypes.c_int
     return lib
 
 

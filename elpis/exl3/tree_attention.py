@@ -33,11 +33,19 @@ MAX_SPAN = 65535 * 512  # the kernel's grid (65535 splits of 512); the schedule 
 DEFAULT_SCALE = 1.0 / math.sqrt(HEAD_DIM)
 
 
-_ENTRY_ARGS = (
-    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-    ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p,
-    ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p,
+_VP = ctypes.c_void_p
+# After the cache pointers, both entries take: block_table, depth, ancestors, rows, ctx, max_depth, scale,
+# out, lse, workspace, workspace_floats, stream.
+_TAIL_ARGS = (
+    _VP, _VP, _VP, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_float, _VP, _VP, _VP,
+    ctypes.c_uint64, _VP,
 )  # fmt: skip
+# q, k_cache, v_cache (fp16 pages)
+FP16_ARGS = (_VP, _VP, _VP, *_TAIL_ARGS)
+# q, qk, sk, qv, sv (packed words and scales of K and V)
+QCACHE_ARGS = (_VP, _VP, _VP, _VP, _VP, *_TAIL_ARGS)
+# ctypes signatures of the launch entries (a CPU test checks them against the kernel source)
+ENTRY_ARGS = {"elpis_tree_attention": FP16_ARGS, "elpis_tree_attention_qcache": QCACHE_ARGS}
 
 
 def _load(defines: dict[str, int]) -> ctypes.CDLL:
@@ -60,7 +68,7 @@ def _load(defines: dict[str, int]) -> ctypes.CDLL:
 @lru_cache(maxsize=2)
 def _library(staged: bool = True) -> ctypes.CDLL:
     lib = _load({"ELPIS_TREE_ATTN_STAGED": int(staged)})
-    lib.elpis_tree_attention.argtypes = list(_ENTRY_ARGS)
+    lib.elpis_tree_attention.argtypes = list(FP16_ARGS)
     lib.elpis_tree_attention.restype = ctypes.c_int
     return lib
 
@@ -75,7 +83,7 @@ def _qcache_library(k_bits: int, v_bits: int) -> ctypes.CDLL:
             "ELPIS_QCACHE_V_BITS": v_bits,
         }
     )
-    lib.elpis_tree_attention_qcache.argtypes = [ctypes.c_void_p, *_ENTRY_ARGS]
+    lib.elpis_tree_attention_qcache.argtypes = list(QCACHE_ARGS)
     lib.elpis_tree_attention_qcache.restype = ctypes.c_int
     lib.elpis_tree_attention_qcache_bits.argtypes = []
     lib.elpis_tree_attention_qcache_bits.restype = ctypes.c_uint32
