@@ -305,14 +305,20 @@ def check_engine_args(args: argparse.Namespace, systems: list[str]) -> bool:
     return True
 
 
+PROFILE_SYSTEMS = ("stock", "elpis", "elpis-tree16")  # elpis-tree16: a tree-mode round (issue 8)
+
+
 def run_profile(args: argparse.Namespace) -> int:
     """`elpis bench profile`: both systems' per-phase GPU time in one run (bench/results/profile-*)."""
     import torch
 
     from elpis.bench import hardware, phase_report
 
-    systems = _systems(args.systems, ("stock", "elpis"))
+    systems = _systems(args.systems, PROFILE_SYSTEMS)
     if systems is None:
+        return 2
+    if "elpis" in systems and "elpis-tree16" in systems:
+        print("profile elpis and elpis-tree16 in separate runs (one mode per backend)", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("elpis bench profile needs a CUDA GPU", file=sys.stderr)

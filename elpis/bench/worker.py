@@ -480,8 +480,8 @@ def run_profile(args: argparse.Namespace) -> int:
     --profile-prefill) and `rounds` speculative rounds, then plain decode steps, after `warmup` rounds."""
     from elpis.bench.phases import PhaseProfiler
 
-    if args.system not in (["stock"], ["elpis"]):
-        raise SystemExit(f"--profile measures stock or elpis, not {','.join(args.system)}")
+    if args.system not in (["stock"], ["elpis"], ["elpis-tree16"]):
+        raise SystemExit(f"--profile measures stock, elpis or elpis-tree16, not {','.join(args.system)}")
     RoundMemory.enabled = False
     out = ResultFile(args.out, args.system)
     res = out[args.system[0]]

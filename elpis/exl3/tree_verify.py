@@ -8,9 +8,9 @@ Inside `tree_forward(...)` (a context manager) and only there, four ExLlamaV3 fu
   of `Attention.decode_flash_attn` runs: stock projections, q/k norms and RoPE at the rows' position ids.
 - `attn_dispatch`, as bound in `exllamav3.modules.attn`, becomes `_tree_attention`: the rows' K/V are
   quantized into the paged cache at slots kvp+row (stock `CacheLayer_quant.update_kv_direct`, node order),
-  the sequence's window is dequantized into a compact fp16 scratch (stock `ext.dequant_cache_paged_window`,
-  as ExLlamaV3's staged prefill reads a quantized cache) and `elpis.exl3.tree_attention` attends each row to
-  the committed context plus exactly its ancestors. The gate and o_proj stay stock.
+  `elpis.exl3.tree_attention.tree_attention_qcache` reads the 3-bit pages directly (dequantising in
+  registers, bit-identical to ExLlamaV3's own dequant) and attends each row to the committed context plus
+  exactly its ancestors. The gate and o_proj stay stock.
 - `GatedDeltaNet.forward` runs its torch path (the fused decode graph is switched off for the call), whose
   `causal_conv1d_update` and `gated_delta_rule_fn` (as bound in `exllamav3.modules.gated_delta_net`) become
   `_tree_conv` (hands the pre-conv inputs on, writes nothing) and `_tree_rule` (`elpis.exl3.gdn_tree`:
@@ -231,11 +231,9 @@ def _tree_attention(*args: Any, **kw: Any) -> Any:
     call = _active
     if call is None:
         return _originals["attn_dispatch"](*args, **kw)
-    import torch
     from exllamav3.cache import CacheLayer_quant
-    from exllamav3.ext import exllamav3_ext as ext
 
-    from elpis.exl3.tree_attention import tree_attention
+    from elpis.exl3.tree_attention import tree_attention_qcache
 
     if args:
         raise RuntimeError(f"tree attention: attn_dispatch called with {len(args)} positional arguments")
@@ -263,23 +261,16 @@ def _tree_attention(*args: Any, **kw: Any) -> Any:
             f"tree attention: q has shape {list(q.shape)}, the tree runs 1 x {layout.run} rows"
         )
     block_table, cache_seqlens = kw["block_table"], kw["cache_seqlens"]
-    # The rows' K/V go to slots kvp..kvp+run-1 in node order, quantized like every stock append.
+    # The rows' K/V go to slots kvp..kvp+run-1 in node order, quantized like every stock append; the
+    # kernel then reads the 3-bit pages directly (no fp16 window of the context).
     layer.update_kv_direct(cache_seqlens, block_table, k, v, rows)
     pages = -(-(call.kvp + rows) // PAGE)
     if block_table.shape[1] < pages:
         raise RuntimeError(f"tree attention: block table has {block_table.shape[1]} pages, needs {pages}")
-    window = block_table[:, :pages].contiguous()
-    shape = (pages, PAGE, k.shape[2], k.shape[3])
-    k_fp16 = torch.empty(shape, dtype=torch.half, device=q.device)
-    v_fp16 = torch.empty(shape, dtype=torch.half, device=q.device)
-    ext.dequant_cache_paged_window(
-        layer.qk, layer.sk, k_fp16, layer.qv, layer.sv, v_fp16, cache_seqlens, window, PAGE, rows, 0.0
-    )
-    identity = torch.arange(pages, dtype=torch.int32, device=q.device)
     scale = kw.get("sm_scale")
-    out = tree_attention(
-        q[0].contiguous(), k_fp16, v_fp16, identity, call.kvp, layout.depth, layout.ancestors,
-        **({"scale": float(scale)} if scale else {}),
+    out = tree_attention_qcache(
+        q[0].contiguous(), layer.qk, layer.sk, layer.qv, layer.sv, block_table[0, :pages].contiguous(),
+        call.kvp, layout.depth, layout.ancestors, **({"scale": float(scale)} if scale else {}),
     )  # fmt: skip
     call.attention_layers += 1
     return out.view(1, rows, out.shape[1], out.shape[2])

@@ -186,12 +186,16 @@ def test_engine_refusals(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_profile_measures_stock_and_elpis_only(capsys):
+def test_profile_systems(capsys):
+    """stock, elpis and elpis-tree16 (a tree-mode round) can be profiled; elpis-tree8 is the same 16-row
+    round, and elpis with elpis-tree16 would share one worker whose backend has one mode."""
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    args = parser.parse_args(["profile", "--model", "m", "--draft", "d", "--systems", "stock,elpis-tree8"])
-    assert cli.run(args) == 2
-    assert "unknown system" in capsys.readouterr().err
+    refusals = (("stock,elpis-tree8", "unknown system"), ("elpis,elpis-tree16", "separate runs"))
+    for systems, message in refusals:
+        args = parser.parse_args(["profile", "--model", "m", "--draft", "d", "--systems", systems])
+        assert cli.run(args) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_worker_groups_share_one_elpis_process():
