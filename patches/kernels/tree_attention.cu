@@ -29,11 +29,7 @@
 // (our own code; the arithmetic and its order reproduce their dequant_cache_paged, see
 // elpis/exl3/qcache_ref.py), and everything after staging is unchanged: its output is bit-identical to
 // the fp16 build run on the pages `CacheLayer_quant.get_kv` returns, without the fp16 window.
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#include <stdint.h>
-
-#include "verify_schedule.h"
+#include "tree_attention_common.cuh"
 
 #ifndef ELPIS_TREE_ATTN_STAGED
 #define ELPIS_TREE_ATTN_STAGED 1
@@ -55,22 +51,12 @@
 
 namespace {
 
-constexpr uint32_t kHeadDim = 256;
-constexpr uint32_t kQHeads = 24;
-constexpr uint32_t kKvHeads = 4;
-constexpr uint32_t kGroup = kQHeads / kKvHeads;  // query heads per K/V head
-constexpr uint32_t kPage = 256;                  // cache positions per page
-constexpr uint32_t kSplit = ELPIS_SCHED_SPLIT_SIZE;
 constexpr uint32_t kThreads = 256;  // one thread per head dim in P.V and the combine
 constexpr uint32_t kWarps = kThreads / 32;
-constexpr uint32_t kMaxRows = ELPIS_SCHED_MAX_ROWS;
 #if ELPIS_TREE_ATTN_STAGED
 constexpr uint32_t kTile = 32;              // positions staged through shared memory at a time
 constexpr uint32_t kChunks = kHeadDim / 8;  // 16-byte chunks per position and head
 #endif
-constexpr uint32_t kFull = 0xffffffffu;
-constexpr uint32_t kMaxGridY = 65535;  // splits per call: contexts up to 65535 * kSplit positions
-
 static_assert(kThreads == kHeadDim, "P.V and the combine give each thread one head dim");
 static_assert(kHeadDim == 32 * 8, "QK gives each lane 8 dims");
 static_assert(kSplit % 32 == 0 && kSplit <= 2048, "split size must fit the shared score buffer");
@@ -123,63 +109,7 @@ __device__ __forceinline__ void stage(uint4 (*tile)[kChunks], const __half* __re
 #endif
 
 #if ELPIS_TREE_ATTN_QCACHE
-constexpr uint32_t kQGroup = 32;                                 // values per quantization group
-constexpr uint32_t kQGroupsPerToken = kKvHeads * kHeadDim / kQGroup;  // 32
-constexpr uint32_t kQGroupsPerHead = kHeadDim / kQGroup;         // 8
-constexpr float kRsqrt32 = 0.17677669529663688110f;              // fp32(1/sqrt(32))
 static_assert(kQGroupsPerHead * 4 == kChunks, "a group fills four 16-byte tile chunks");
-
-// Code of value j of a group: bit planes of power-of-two widths, widest (most significant) first, each
-// plane `width` words with value j's field at plane bit j*width (a field never straddles a word). A plane
-// starts after the wider planes (kBits & ~(2*width-1) words) and sits above the narrower ones' bits.
-template <uint32_t kBits>
-__device__ __forceinline__ uint32_t group_code(const uint32_t (&w)[kBits], uint32_t j) {
-    uint32_t code = 0;
-#pragma unroll
-    for (uint32_t width = 1; width <= 8; width <<= 1) {
-        if (!(kBits & width)) continue;
-        const uint32_t base = kBits & ~(2u * width - 1u), bit = j * width;
-        const uint32_t field = (w[base + (bit >> 5)] >> (bit & 31u)) & ((1u << width) - 1u);
-        code |= field << (kBits & (width - 1u));
-    }
-    return code;
-}
-
-// Dequantise one group of 32 values into four 16-byte tile chunks: (code - mid) * step with step =
-// scale * fp32(1/sqrt(32)) / 2^(bits-1), then the unnormalised Hadamard as butterflies over index bits
-// 0..4 in order, each operation rounded once (explicit _rn intrinsics: never fused), then fp16 (rn).
-template <uint32_t kBits>
-__device__ __forceinline__ void dequant_group(const uint32_t* __restrict__ words, __half scale, uint4* dst) {
-    static_assert(kBits >= 2 && kBits <= 8, "quantized cache bits are 2..8");
-    uint32_t w[kBits];
-#pragma unroll
-    for (uint32_t i = 0; i < kBits; i++) w[i] = words[i];
-    constexpr float kHalfLevels = static_cast<float>(1u << (kBits - 1));
-    constexpr float kMid = kHalfLevels - 0.5f;
-    const float step = __fmul_rn(__fmul_rn(__half2float(scale), kRsqrt32), 1.0f / kHalfLevels);
-    float v[kQGroup];
-#pragma unroll
-    for (uint32_t j = 0; j < kQGroup; j++)
-        v[j] = __fmul_rn(__fsub_rn(static_cast<float>(group_code<kBits>(w, j)), kMid), step);
-#pragma unroll
-    for (uint32_t b = 1; b < kQGroup; b <<= 1) {
-#pragma unroll
-        for (uint32_t j = 0; j < kQGroup; j++) {
-            if (j & b) continue;
-            const float lo = v[j], hi = v[j | b];
-            v[j] = __fadd_rn(lo, hi);
-            v[j | b] = __fsub_rn(lo, hi);
-        }
-    }
-#pragma unroll
-    for (uint32_t c = 0; c < 4; c++) {
-        uint4 chunk;
-        __half* hc = reinterpret_cast<__half*>(&chunk);
-#pragma unroll
-        for (uint32_t k = 0; k < 8; k++) hc[k] = __float2half_rn(v[8 * c + k]);
-        dst[c] = chunk;
-    }
-}
 
 // The quantized cache's staging: one thread per (position, group of head h), dequantised into the same
 // tile layout the fp16 staging fills.
@@ -189,10 +119,12 @@ __device__ __forceinline__ void stage(uint4 (*tile)[kChunks], const uint32_t* __
                                       const uint32_t* slots, uint32_t t0, uint32_t cnt, uint32_t h) {
     for (uint32_t idx = threadIdx.x; idx < cnt * kQGroupsPerHead; idx += kThreads) {
         const uint32_t pos = idx / kQGroupsPerHead, g = idx % kQGroupsPerHead;
-        const uint32_t slot = slots[t0 + pos];
-        const size_t token = static_cast<size_t>(block_table[slot / kPage]) * kPage + slot % kPage;
-        const size_t group = token * kQGroupsPerToken + h * kQGroupsPerHead + g;
-        dequant_group<kBits>(packed + group * kBits, scales[group], &tile[pos][g * 4]);
+        const size_t group = qcache_group(block_table, slots[t0 + pos], h, g);
+        __align__(16) __half vals[kQGroup];
+        dequant_group<kBits>(packed + group * kBits, scales[group], vals);
+        const uint4* chunks = reinterpret_cast<const uint4*>(vals);
+#pragma unroll
+        for (uint32_t c = 0; c < 4; c++) tile[pos][g * 4 + c] = chunks[c];
     }
 }
 #endif
@@ -339,44 +271,9 @@ __global__ void __launch_bounds__(kThreads) tree_attention_split(
     }
 }
 
-// One block per (row, query head): fold the row's splits in ascending order, normalise, write fp16.
-__global__ void __launch_bounds__(kThreads) tree_attention_combine(
-    const uint32_t* __restrict__ depth, uint32_t ctx, uint32_t max_splits, const float* __restrict__ part_acc,
-    const float* __restrict__ part_ml, __half* __restrict__ out, float* __restrict__ lse) {
-    const uint32_t row = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
-    const uint32_t n = elpis_sched_splits(elpis_sched_span(ctx, depth[row]));
-    const size_t base = (static_cast<size_t>(row) * kQHeads + head) * max_splits;
-    float m = part_ml[base * 2], l = part_ml[base * 2 + 1], a = part_acc[base * kHeadDim + d];
-    for (uint32_t s = 1; s < n; s++) {
-        const float ms = part_ml[(base + s) * 2], ls = part_ml[(base + s) * 2 + 1];
-        const float as = part_acc[(base + s) * kHeadDim + d];
-        const float mn = fmaxf(m, ms);
-        const float keep = expf(m - mn), take = expf(ms - mn);
-        l = fmaf(l, keep, ls * take);
-        a = fmaf(a, keep, as * take);
-        m = mn;
-    }
-    const size_t o = static_cast<size_t>(row) * kQHeads + head;
-    out[o * kHeadDim + d] = __float2half_rn(a / l);
-    if (lse != nullptr && d == 0) lse[o] = m + logf(l);
-}
-
 }  // namespace
 
 extern "C" {
-
-// Splits of the longest span of a call (the partial buffers' middle dimension).
-uint32_t elpis_tree_attention_max_splits(uint32_t ctx, uint32_t max_depth) {
-    return elpis_sched_splits(elpis_sched_span(ctx, max_depth));
-}
-
-uint32_t elpis_tree_attention_split_size(void) { return kSplit; }
-
-// Floats of workspace a call needs: partial acc [rows, 24, splits, 256] and (max, sum) [rows, 24, splits, 2].
-uint64_t elpis_tree_attention_workspace_floats(uint32_t rows, uint32_t ctx, uint32_t max_depth) {
-    const uint64_t parts = static_cast<uint64_t>(rows) * kQHeads * elpis_tree_attention_max_splits(ctx, max_depth);
-    return parts * (kHeadDim + 2);
-}
 
 // Validates the call's size limits and launches the split and combine kernels; 0 or a cudaError_t.
 static int launch(const void* q, const void* k_cache, const void* k_scales, const void* v_cache, const void* v_scales,
@@ -395,7 +292,7 @@ static int launch(const void* q, const void* k_cache, const void* k_scales, cons
         static_cast<const __half*>(q), static_cast<const CacheWord*>(k_cache), static_cast<const __half*>(k_scales),
         static_cast<const CacheWord*>(v_cache), static_cast<const __half*>(v_scales), block_table, depth, ancestors,
         ctx, scale, max_splits, part_acc, part_ml);
-    tree_attention_combine<<<dim3(rows, kQHeads), kThreads, 0, s>>>(depth, ctx, max_splits, part_acc, part_ml,
+    tree_attention_combine<<<dim3(rows, kQHeads), kHeadDim, 0, s>>>(depth, ctx, max_splits, part_acc, part_ml,
                                                                     static_cast<__half*>(out), lse);
     return static_cast<int>(cudaGetLastError());
 }

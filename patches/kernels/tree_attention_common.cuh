@@ -1,0 +1,125 @@
+// Shared by the tree-verify attention kernels (tree_attention.cu: fp32 SIMT, the exact reference build;
+// tree_attention_mma.cu: tensor cores): the geometry, the in-register dequantisation of ExLlamaV3's
+// quantized cache (CacheLayer_quant, compand_a 0), the fixed-order combine of split partials, and the
+// exported workspace arithmetic. Each .cu includes it once into its own library.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "verify_schedule.h"
+
+namespace {
+
+constexpr uint32_t kHeadDim = 256;
+constexpr uint32_t kQHeads = 24;
+constexpr uint32_t kKvHeads = 4;
+constexpr uint32_t kGroup = kQHeads / kKvHeads;  // query heads per K/V head
+constexpr uint32_t kPage = 256;                  // cache positions per page
+constexpr uint32_t kSplit = ELPIS_SCHED_SPLIT_SIZE;
+constexpr uint32_t kMaxRows = ELPIS_SCHED_MAX_ROWS;
+constexpr uint32_t kFull = 0xffffffffu;
+constexpr uint32_t kMaxGridY = 65535;  // splits per call: contexts up to 65535 * kSplit positions
+
+// --- the quantized cache: packed words [pages, 256, 32 * bits] (uint32), fp16 scales [pages, 256, 32] ---
+constexpr uint32_t kQGroup = 32;                                      // values per quantization group
+constexpr uint32_t kQGroupsPerToken = kKvHeads * kHeadDim / kQGroup;  // 32
+constexpr uint32_t kQGroupsPerHead = kHeadDim / kQGroup;              // 8
+constexpr float kRsqrt32 = 0.17677669529663688110f;                   // fp32(1/sqrt(32))
+
+// Code of value j of a group: bit planes of power-of-two widths, widest (most significant) first, each
+// plane `width` words with value j's field at plane bit j*width (a field never straddles a word). A plane
+// starts after the wider planes (kBits & ~(2*width-1) words) and sits above the narrower ones' bits.
+template <uint32_t kBits>
+__device__ __forceinline__ uint32_t group_code(const uint32_t (&w)[kBits], uint32_t j) {
+    uint32_t code = 0;
+#pragma unroll
+    for (uint32_t width = 1; width <= 8; width <<= 1) {
+        if (!(kBits & width)) continue;
+        const uint32_t base = kBits & ~(2u * width - 1u), bit = j * width;
+        const uint32_t field = (w[base + (bit >> 5)] >> (bit & 31u)) & ((1u << width) - 1u);
+        code |= field << (kBits & (width - 1u));
+    }
+    return code;
+}
+
+// One group of 32 values as fp16: (code - mid) * step with step = scale * fp32(1/sqrt(32)) / 2^(bits-1),
+// then the unnormalised Hadamard as butterflies over index bits 0..4 in order, each operation rounded once
+// (explicit _rn intrinsics: never fused), then fp16 (rn). Reproduces ExLlamaV3's dequant_cache_paged
+// (elpis/exl3/qcache_ref.py is the reference, checked bit for bit against CacheLayer_quant.get_kv).
+template <uint32_t kBits>
+__device__ __forceinline__ void dequant_group(const uint32_t* __restrict__ words, __half scale,
+                                              __half (&out)[kQGroup]) {
+    static_assert(kBits >= 2 && kBits <= 8, "quantized cache bits are 2..8");
+    uint32_t w[kBits];
+#pragma unroll
+    for (uint32_t i = 0; i < kBits; i++) w[i] = words[i];
+    constexpr float kHalfLevels = static_cast<float>(1u << (kBits - 1));
+    constexpr float kMid = kHalfLevels - 0.5f;
+    const float step = __fmul_rn(__fmul_rn(__half2float(scale), kRsqrt32), 1.0f / kHalfLevels);
+    float v[kQGroup];
+#pragma unroll
+    for (uint32_t j = 0; j < kQGroup; j++)
+        v[j] = __fmul_rn(__fsub_rn(static_cast<float>(group_code<kBits>(w, j)), kMid), step);
+#pragma unroll
+    for (uint32_t b = 1; b < kQGroup; b <<= 1) {
+#pragma unroll
+        for (uint32_t j = 0; j < kQGroup; j++) {
+            if (j & b) continue;
+            const float lo = v[j], hi = v[j | b];
+            v[j] = __fadd_rn(lo, hi);
+            v[j | b] = __fsub_rn(lo, hi);
+        }
+    }
+#pragma unroll
+    for (uint32_t j = 0; j < kQGroup; j++) out[j] = __float2half_rn(v[j]);
+}
+
+// Index of group g (0..7) of K/V head h at cache slot `slot` in the packed words / scales.
+__device__ __forceinline__ size_t qcache_group(const int32_t* __restrict__ block_table, uint32_t slot, uint32_t h,
+                                               uint32_t g) {
+    const size_t token = static_cast<size_t>(block_table[slot / kPage]) * kPage + slot % kPage;
+    return token * kQGroupsPerToken + h * kQGroupsPerHead + g;
+}
+
+// One block per (row, query head), kHeadDim threads: fold the row's splits in ascending order, normalise,
+// write fp16 (and the log-sum-exp).
+__global__ void __launch_bounds__(kHeadDim) tree_attention_combine(
+    const uint32_t* __restrict__ depth, uint32_t ctx, uint32_t max_splits, const float* __restrict__ part_acc,
+    const float* __restrict__ part_ml, __half* __restrict__ out, float* __restrict__ lse) {
+    const uint32_t row = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+    const uint32_t n = elpis_sched_splits(elpis_sched_span(ctx, depth[row]));
+    const size_t base = (static_cast<size_t>(row) * kQHeads + head) * max_splits;
+    float m = part_ml[base * 2], l = part_ml[base * 2 + 1], a = part_acc[base * kHeadDim + d];
+    for (uint32_t s = 1; s < n; s++) {
+        const float ms = part_ml[(base + s) * 2], ls = part_ml[(base + s) * 2 + 1];
+        const float as = part_acc[(base + s) * kHeadDim + d];
+        const float mn = fmaxf(m, ms);
+        const float keep = expf(m - mn), take = expf(ms - mn);
+        l = fmaf(l, keep, ls * take);
+        a = fmaf(a, keep, as * take);
+        m = mn;
+    }
+    const size_t o = static_cast<size_t>(row) * kQHeads + head;
+    out[o * kHeadDim + d] = __float2half_rn(a / l);
+    if (lse != nullptr && d == 0) lse[o] = m + logf(l);
+}
+
+}  // namespace
+
+extern "C" {
+
+// Splits of the longest span of a call (the partial buffers' middle dimension).
+uint32_t elpis_tree_attention_max_splits(uint32_t ctx, uint32_t max_depth) {
+    return elpis_sched_splits(elpis_sched_span(ctx, max_depth));
+}
+
+uint32_t elpis_tree_attention_split_size(void) { return kSplit; }
+
+// Floats of workspace a call needs: partial acc [rows, 24, splits, 256] and (max, sum) [rows, 24, splits, 2].
+uint64_t elpis_tree_attention_workspace_floats(uint32_t rows, uint32_t ctx, uint32_t max_depth) {
+    const uint64_t parts = static_cast<uint64_t>(rows) * kQHeads * elpis_tree_attention_max_splits(ctx, max_depth);
+    return parts * (kHeadDim + 2);
+}
+
+}  // extern "C"
