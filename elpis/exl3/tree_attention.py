@@ -16,6 +16,7 @@ import ctypes
 import math
 from collections.abc import Sequence
 from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from elpis.paths import BUILD_DIR, PATCHES_DIR
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     import torch
 
 SOURCE = PATCHES_DIR / "kernels" / "tree_attention.cu"
+SOURCE_MMA = PATCHES_DIR / "kernels" / "tree_attention_mma.cu"
 HEAD_DIM = 256
 Q_HEADS = 24
 KV_HEADS = 4
@@ -46,15 +48,16 @@ FP16_ARGS = (_VP, _VP, _VP, *_TAIL_ARGS)
 QCACHE_ARGS = (_VP, _VP, _VP, _VP, _VP, *_TAIL_ARGS)
 # ctypes signatures of the launch entries (a CPU test checks them against the kernel source)
 ENTRY_ARGS = {"elpis_tree_attention": FP16_ARGS, "elpis_tree_attention_qcache": QCACHE_ARGS}
+MMA_ENTRY_ARGS = {"elpis_tree_attention_mma": QCACHE_ARGS}
 
 
-def _load(defines: dict[str, int]) -> ctypes.CDLL:
+def _load(defines: dict[str, int], source: Path = SOURCE) -> ctypes.CDLL:
     from elpis import nvcc
 
     header = BUILD_DIR / "kernels" / "verify_schedule.h"
     if not header.is_file():
         raise RuntimeError(f"tree attention schedule not built ({header} missing): run make build")
-    lib = nvcc.load(SOURCE, defines=defines)
+    lib = nvcc.load(source, defines=defines)
     u32, u64 = ctypes.c_uint32, ctypes.c_uint64
     lib.elpis_tree_attention_workspace_floats.argtypes = [u32, u32, u32]
     lib.elpis_tree_attention_workspace_floats.restype = u64
@@ -85,6 +88,18 @@ def _qcache_library(k_bits: int, v_bits: int) -> ctypes.CDLL:
     )
     lib.elpis_tree_attention_qcache.argtypes = list(QCACHE_ARGS)
     lib.elpis_tree_attention_qcache.restype = ctypes.c_int
+    return _check_bits(lib, k_bits, v_bits)
+
+
+@lru_cache(maxsize=4)
+def _mma_library(k_bits: int, v_bits: int) -> ctypes.CDLL:
+    lib = _load({"ELPIS_QCACHE_K_BITS": k_bits, "ELPIS_QCACHE_V_BITS": v_bits}, SOURCE_MMA)
+    lib.elpis_tree_attention_mma.argtypes = list(QCACHE_ARGS)
+    lib.elpis_tree_attention_mma.restype = ctypes.c_int
+    return _check_bits(lib, k_bits, v_bits)
+
+
+def _check_bits(lib: ctypes.CDLL, k_bits: int, v_bits: int) -> ctypes.CDLL:
     lib.elpis_tree_attention_qcache_bits.argtypes = []
     lib.elpis_tree_attention_qcache_bits.restype = ctypes.c_uint32
     built = int(lib.elpis_tree_attention_qcache_bits())
@@ -270,8 +285,54 @@ def tree_attention_qcache(
     Passing a cache made with compand_a > 0 gives wrong values: the caller must refuse it (the tensors do
     not record it).
     """
+    caches = (qk, sk, qv, sv)
+    return _quantized_call(
+        _qcache_library, "elpis_tree_attention_qcache", q, caches, block_table, ctx, depth, ancestors, scale,
+        return_lse,
+    )  # fmt: skip
+
+
+def tree_attention_mma(
+    q: torch.Tensor,
+    qk: torch.Tensor,
+    sk: torch.Tensor,
+    qv: torch.Tensor,
+    sv: torch.Tensor,
+    block_table: torch.Tensor,
+    ctx: int,
+    depth: Sequence[int],
+    ancestors: Sequence[int],
+    *,
+    scale: float = DEFAULT_SCALE,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The tensor-core build (`patches/kernels/tree_attention_mma.cu`) of `tree_attention_qcache`: same
+    arguments, same schedule and row invariance, one block per (split, K/V head) serving every row. P enters
+    the tensor cores in fp16, so its values differ from the fp32 SIMT build in the last bits (measured
+    against fp64 by the GPU tests); a row's bits still never depend on the other rows."""
+    caches = (qk, sk, qv, sv)
+    return _quantized_call(
+        _mma_library, "elpis_tree_attention_mma", q, caches, block_table, ctx, depth, ancestors, scale,
+        return_lse,
+    )  # fmt: skip
+
+
+def _quantized_call(
+    library: Any,
+    entry: str,
+    q: torch.Tensor,
+    caches: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    block_table: torch.Tensor,
+    ctx: int,
+    depth: Sequence[int],
+    ancestors: Sequence[int],
+    scale: float,
+    return_lse: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Checks shared by the quantized-cache builds, then the call."""
     import torch
 
+    qk, sk, qv, sv = caches
     rows = len(depth)
     check_masks(depth, ancestors)
     _check_tensor("q", q, torch.half, (rows, Q_HEADS, HEAD_DIM))
@@ -281,11 +342,9 @@ def tree_attention_qcache(
     k_bits, v_bits = qcache_bits("qk", qk), qcache_bits("qv", qv)
     _check_tensor("sk", sk, torch.half, (pages, PAGE, groups))
     _check_tensor("sv", sv, torch.half, (pages, PAGE, groups))
-    caches = (qk, sk, qv, sv)
     block_table = _check_call(q, caches, block_table, ctx, rows, scale)
-    lib = _qcache_library(k_bits, v_bits)
-    return _run(lib.elpis_tree_attention_qcache, lib, q, caches, block_table, ctx, depth, ancestors, scale,
-                return_lse)  # fmt: skip
+    lib = library(k_bits, v_bits)
+    return _run(getattr(lib, entry), lib, q, caches, block_table, ctx, depth, ancestors, scale, return_lse)
 
 
 def install() -> None:

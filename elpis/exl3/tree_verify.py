@@ -8,9 +8,9 @@ Inside `tree_forward(...)` (a context manager) and only there, four ExLlamaV3 fu
   of `Attention.decode_flash_attn` runs: stock projections, q/k norms and RoPE at the rows' position ids.
 - `attn_dispatch`, as bound in `exllamav3.modules.attn`, becomes `_tree_attention`: the rows' K/V are
   quantized into the paged cache at slots kvp+row (stock `CacheLayer_quant.update_kv_direct`, node order),
-  `elpis.exl3.tree_attention.tree_attention_qcache` reads the 3-bit pages directly (dequantising in
-  registers, bit-identical to ExLlamaV3's own dequant) and attends each row to the committed context plus
-  exactly its ancestors. The gate and o_proj stay stock.
+  `elpis.exl3.tree_attention.tree_attention_mma` (tensor cores) reads the 3-bit pages directly
+  (dequantising in registers, bit-identical to ExLlamaV3's own dequant) and attends each row to the
+  committed context plus exactly its ancestors. The gate and o_proj stay stock.
 - `GatedDeltaNet.forward` runs its torch path (the fused decode graph is switched off for the call), whose
   `causal_conv1d_update` and `gated_delta_rule_fn` (as bound in `exllamav3.modules.gated_delta_net`) become
   `_tree_conv` (hands the pre-conv inputs on, writes nothing) and `_tree_rule` (`elpis.exl3.gdn_tree`:
@@ -233,7 +233,7 @@ def _tree_attention(*args: Any, **kw: Any) -> Any:
         return _originals["attn_dispatch"](*args, **kw)
     from exllamav3.cache import CacheLayer_quant
 
-    from elpis.exl3.tree_attention import tree_attention_qcache
+    from elpis.exl3.tree_attention import tree_attention_mma
 
     if args:
         raise RuntimeError(f"tree attention: attn_dispatch called with {len(args)} positional arguments")
@@ -268,7 +268,7 @@ def _tree_attention(*args: Any, **kw: Any) -> Any:
     if block_table.shape[1] < pages:
         raise RuntimeError(f"tree attention: block table has {block_table.shape[1]} pages, needs {pages}")
     scale = kw.get("sm_scale")
-    out = tree_attention_qcache(
+    out = tree_attention_mma(
         q[0].contiguous(), layer.qk, layer.sk, layer.qv, layer.sv, block_table[0, :pages].contiguous(),
         call.kvp, layout.depth, layout.ancestors, **({"scale": float(scale)} if scale else {}),
     )  # fmt: skip

@@ -343,13 +343,16 @@ def test_restart_reuses_disk_prefix(small, tmp_path):
     assert warm["tokens"] == cold["tokens"]
 
 
-def test_24gib_budget_full_model():
-    """The full configuration under a 24 GiB cap: 262,000-token prefill + 128 decoded tokens. Needs the
-    full synthetic checkpoints (ELPIS_FULL_TARGET / ELPIS_FULL_DRAFT); `elpis bench engine` records the
-    same run."""
+@pytest.mark.parametrize("tree", [False, True], ids=["chain-8", "tree-16"])
+def test_24gib_budget_full_model(tree: bool):
+    """The full configuration under a 24 GiB cap: 262,000-token prefill + 128 decoded tokens, in chain mode
+    (8-row verifies) and in tree mode (every verify a 16-row tree through the tree kernels). Needs the full
+    synthetic checkpoints (ELPIS_FULL_TARGET / ELPIS_FULL_DRAFT); `elpis bench engine` records the same
+    run."""
     target, draft = os.environ.get("ELPIS_FULL_TARGET"), os.environ.get("ELPIS_FULL_DRAFT")
     if not (target and draft):
         pytest.skip("set ELPIS_FULL_TARGET and ELPIS_FULL_DRAFT to the elpis synth --full/--draft outputs")
+    budget = 16 if tree else 8
     script = textwrap.dedent(f"""
         import json, sys, torch
         sys.path.insert(0, {str(REPO)!r})
@@ -357,14 +360,17 @@ def test_24gib_budget_full_model():
         torch.cuda.set_per_process_memory_fraction(24 * 2**30 / total)
         from tests.exl3.test_gpu import oracle_generate, prompt
         from elpis.exl3 import load_backend
-        b = load_backend({target!r}, {draft!r})
+        b = load_backend({target!r}, {draft!r}, tree={tree!r})
         ids = prompt(262000, 1, b.info.vocab_size)
-        out, _, _ = oracle_generate(b, ids, 128, drafter=b.drafter)
-        print(json.dumps({{"tokens": len(out), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}}))
+        loaded = torch.cuda.max_memory_allocated()
+        out, _, rounds = oracle_generate(b, ids, 128, drafter=b.drafter, budget={budget})
+        print(json.dumps({{"tokens": len(out), "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+                          "peak_after_load_gib": loaded / 2**30, "rounds": len(rounds), "tree": {tree!r}}}))
     """)
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=900, cwd=REPO
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(json.dumps({"test": "24gib", **result}))
     assert result["tokens"] == 128 and result["peak_gib"] < 24.0

@@ -38,8 +38,11 @@ struct uint4 { unsigned x, y, z, w; };
 struct float2 { float x, y; };
 typedef int cudaError_t;
 enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 typedef void* cudaStream_t;
 inline cudaError_t cudaGetLastError() { return 0; }
+template <typename K> cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, size_t) { return 0; }
+#define ELPIS_CUDA_EMU 1
 #define __global__
 #define __device__
 #define __host__
@@ -66,6 +69,7 @@ inline float __shfl_xor_sync(unsigned, float v, int m) {
 }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 inline uint4 __ldg(const uint4* p) { return *p; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
@@ -113,6 +117,35 @@ struct __half2 { __half x, y; };
 inline float __half2float(__half h) { return float(h.v); }
 inline __half __float2half_rn(float f) { return __half{_Float16(f)}; }
 inline float2 __half22float2(__half2 h) { return float2{float(h.x.v), float(h.y.v)}; }
+// mma.sync m16n8k16 (fp16 A row-major, B column-major, fp32 C/D) for one warp: every lane posts its
+// fragments (PTX layout, g = lane / 4, t = lane % 4), then computes its four outputs as C + sum over k in
+// order, in fp32 (not the tensor cores' bits: the tests check indexing and invariance, not GPU numbers).
+static float emu_mma_a[32][16][16], emu_mma_b[32][16][8];
+inline void emu_mma_half_pair(uint32_t pair, float& lo, float& hi) {
+    __half h[2];
+    std::memcpy(h, &pair, 4);
+    lo = float(h[0].v);
+    hi = float(h[1].v);
+}
+inline void emu_mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    float (&A)[16][16] = emu_mma_a[warp];
+    float (&B)[16][8] = emu_mma_b[warp];
+    emu_mma_half_pair(a[0], A[g][2 * t], A[g][2 * t + 1]);
+    emu_mma_half_pair(a[1], A[g + 8][2 * t], A[g + 8][2 * t + 1]);
+    emu_mma_half_pair(a[2], A[g][2 * t + 8], A[g][2 * t + 9]);
+    emu_mma_half_pair(a[3], A[g + 8][2 * t + 8], A[g + 8][2 * t + 9]);
+    emu_mma_half_pair(b0, B[2 * t][g], B[2 * t + 1][g]);
+    emu_mma_half_pair(b1, B[2 * t + 8][g], B[2 * t + 9][g]);
+    emu_warp_barrier[warp]->arrive_and_wait();
+    for (int e = 0; e < 4; e++) {
+        const int m = g + (e >= 2 ? 8 : 0), n = 2 * t + (e & 1);
+        float acc = d[e];
+        for (int k = 0; k < 16; k++) acc = acc + A[m][k] * B[k][n];
+        d[e] = acc;
+    }
+    emu_warp_barrier[warp]->arrive_and_wait();
+}
 """
 
 EMU_BF16 = r"""

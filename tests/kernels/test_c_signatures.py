@@ -46,8 +46,10 @@ def c_parameter_types(source: Path, name: str) -> list[type]:
 
 
 BINDINGS = [
-    (tree_attention.SOURCE, name, args) for name, args in tree_attention.ENTRY_ARGS.items()
-] + [(gdn_tree.SOURCE, name, args) for name, args in gdn_tree.ENTRY_ARGS.items()]
+    *((tree_attention.SOURCE, name, args) for name, args in tree_attention.ENTRY_ARGS.items()),
+    *((tree_attention.SOURCE_MMA, name, args) for name, args in tree_attention.MMA_ENTRY_ARGS.items()),
+    *((gdn_tree.SOURCE, name, args) for name, args in gdn_tree.ENTRY_ARGS.items()),
+]
 
 
 @pytest.mark.parametrize(("source", "name", "argtypes"), BINDINGS, ids=[b[1] for b in BINDINGS])

@@ -15,7 +15,6 @@ import json
 import os
 import random
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from elpis import accept, nvcc
 from elpis.exl3 import qcache_ref as qr
 from elpis.exl3 import tree_attention as ta
 from tests.kernels import tree_cases as tc
+from tests.kernels.tree_cases import QuantPool
 
 BITS = 3  # elpis.exl3.engine.KV_BITS: the served cache
 
@@ -71,37 +71,6 @@ def test_bad_calls_are_refused_before_any_launch() -> None:
 
 
 # --- GPU ------------------------------------------------------------------------------------------------
-
-
-class QuantPool:
-    """A `CacheLayer_quant` (4 K/V heads of 256, compand_a 0) filled by ExLlamaV3 from random K/V through
-    a shuffled block table, and its fp16 pages from `get_kv`."""
-
-    def __init__(self, tokens: int, seed: int, bits: int = BITS) -> None:
-        from exllamav3.cache import CacheLayer_quant
-
-        self.pages = -(-tokens // qr.PAGE)
-        pool = self.pages + 2
-        attention = SimpleNamespace(num_kv_heads=ta.KV_HEADS, head_dim=ta.HEAD_DIM)
-        self.layer = CacheLayer_quant(None, attention, 0, pool * qr.PAGE, bits, bits)
-        self.layer.alloc(torch.device("cuda"))
-        gen = torch.Generator().manual_seed(seed)
-        order = torch.randperm(pool, generator=gen)[: self.pages]
-        self.table = order.to(torch.int32).cuda()
-        shape = (1, tokens, ta.KV_HEADS, ta.HEAD_DIM)
-        cgen = torch.Generator(device="cuda").manual_seed(seed)
-        k = torch.randn(shape, generator=cgen, device="cuda").half()
-        v = (torch.randn(shape, generator=cgen, device="cuda") * 0.5).half()
-        k[0, :3, :, :64] = 0  # all-zero groups: scale fp16(1e-10) = 0, signed-zero decode
-        start = torch.zeros(1, dtype=torch.int32, device="cuda")
-        self.layer.update_kv_direct(start, self.table[None], k, v, tokens)
-        self.seqlens = torch.tensor([tokens], dtype=torch.int32, device="cuda")
-        self.k, self.v = self.layer.get_kv(self.seqlens, self.table[None])
-        self.tokens = tokens
-
-    def slots_of_pages(self, pages: list[int]) -> list[tuple[int, int]]:
-        """(physical page, rows written) of logical pages `pages`."""
-        return [(int(self.table[p]), min(qr.PAGE, self.tokens - p * qr.PAGE)) for p in pages]
 
 
 @pytest.mark.gpu

@@ -11,6 +11,7 @@ import random
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -201,3 +202,34 @@ def check_equals_plain_decoding(attend: Attend, case: Case) -> None:
                               case.ctx + case.depth[t], (0,), (1,))  # fmt: skip
         assert torch.equal(out[t], one[0]), f"row {t} differs from plain decoding at ctx+{case.depth[t]}"
         assert torch.equal(lse[t], one_lse[0])
+
+
+class QuantPool:
+    """A `CacheLayer_quant` (4 K/V heads of 256, compand_a 0) filled by ExLlamaV3 from random K/V through
+    a shuffled block table, and its fp16 pages from `get_kv`."""
+
+    def __init__(self, tokens: int, seed: int, bits: int = 3) -> None:
+        from exllamav3.cache import CacheLayer_quant
+
+        self.pages = -(-tokens // PAGE)
+        pool = self.pages + 2
+        attention = SimpleNamespace(num_kv_heads=ref.KV_HEADS, head_dim=ref.HEAD_DIM)
+        self.layer = CacheLayer_quant(None, attention, 0, pool * PAGE, bits, bits)
+        self.layer.alloc(torch.device("cuda"))
+        gen = torch.Generator().manual_seed(seed)
+        order = torch.randperm(pool, generator=gen)[: self.pages]
+        self.table = order.to(torch.int32).cuda()
+        shape = (1, tokens, ref.KV_HEADS, ref.HEAD_DIM)
+        cgen = torch.Generator(device="cuda").manual_seed(seed)
+        k = torch.randn(shape, generator=cgen, device="cuda").half()
+        v = (torch.randn(shape, generator=cgen, device="cuda") * 0.5).half()
+        k[0, :3, :, :64] = 0  # all-zero groups: scale fp16(1e-10) = 0, signed-zero decode
+        start = torch.zeros(1, dtype=torch.int32, device="cuda")
+        self.layer.update_kv_direct(start, self.table[None], k, v, tokens)
+        self.seqlens = torch.tensor([tokens], dtype=torch.int32, device="cuda")
+        self.k, self.v = self.layer.get_kv(self.seqlens, self.table[None])
+        self.tokens = tokens
+
+    def slots_of_pages(self, pages: list[int]) -> list[tuple[int, int]]:
+        """(physical page, rows written) of logical pages `pages`."""
+        return [(int(self.table[p]), min(PAGE, self.tokens - p * PAGE)) for p in pages]

@@ -1,0 +1,36 @@
+#!/bin/bash
+# Call 9 (session 4, fresh machine): the tensor-core tree attention (tree_attention_mma) in tree mode.
+#  1. build (background) and the full-size synthetic checkpoints (/tmp/full/{target,draft});
+#  2. tests/kernels/test_tree_attention_mma.py: row invariance against plain decoding on ExLlamaV3-written
+#     pages (1K, 32K), error vs fp64 next to the SIMT build, timing at 32K/128K;
+#  3. part tree on the full-size model: tree-mode losslessness and row invariance through the mma kernel;
+#  4. part treebench: stock chain-8 vs elpis chain-8 vs tree-8 vs tree-16 at 1K/8K/32K/128K.
+# Run with ELPIS_GIT_REVISION set (the machine's .git is stale). Results under $OUT.
+LIMIT=${LIMIT:-590}
+T0=$(date +%s)
+source elpis/bench/scripts/device_common.sh
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"
+export ELPIS_PROVE_JOBS=14
+( time python3 -m elpis.cli build ) >/tmp/build.log 2>&1 &
+BUILD=$!
+( python3 -m elpis.cli synth --full /tmp/full/target && python3 -m elpis.cli synth --draft /tmp/full/draft ) \
+  >/tmp/synth_full.log 2>&1 &
+SYNTH=$!
+wait $BUILD
+tail -3 /tmp/build.log | tee -a "$OUT/log"
+echo "=== mma kernel tests ($(left) s left)" | tee -a "$OUT/log"
+ELPIS_KERNEL_LOG="$OUT/log" timeout -k 3 90 python3 -m pytest -m gpu tests/kernels/test_tree_attention_mma.py -q \
+  -p no:cacheprovider -rfEs --tb=short --durations=5 > "$OUT/mma_pytest.txt" 2>&1
+echo "mma tests exit $?" | tee -a "$OUT/log"
+grep -E "passed|failed|^FAILED|^E " "$OUT/mma_pytest.txt" | tail -12 | tee -a "$OUT/log"
+wait $SYNTH
+tail -1 /tmp/synth_full.log | tee -a "$OUT/log"
+part() {  # name: run one part's script (each bounds itself by `left`)
+  echo "=== $1 ($(left) s left)" | tee -a "$OUT/log"
+  ( source "elpis/bench/scripts/device_part_$1.sh" ) 2>&1 | tail -30
+}
+export ELPIS_SMALL_DIR=/tmp/full
+part tree
+part treebench
+save_caches >/dev/null
+echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"

@@ -1,0 +1,111 @@
+"""The tensor-core tree attention (`tree_attention_mma`, patches/kernels/tree_attention_mma.cu) on the GPU,
+on cache pages written by ExLlamaV3 itself (`CacheLayer_quant.update_kv_direct` of random K/V, shuffled
+block table). Run with `-m gpu`; results go to $ELPIS_KERNEL_LOG (JSON lines) when set.
+
+- Row invariance, bit for bit: every row of a 16-row tree equals a 1-row call at ctx + depth over a cache
+  holding its path (the path's packed words and scales moved as the engine's commit moves them), at a
+  context whose tails straddle a tile and at 32K.
+- Error against float64 attention over the same fp16 pages, next to the fp32 SIMT build's error (the
+  numbers this kernel's P-in-fp16 costs); the mma build must stay within 2^-11 * max|v| + 2^-10 * |out|.
+- One timing line against the SIMT build and the fp16 kernel at 32K and 128K, 8 and 16 rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from elpis import accept
+from elpis.exl3 import tree_attention as ta
+from elpis.exl3 import tree_attention_ref as ref
+from tests.kernels import tree_cases as tc
+from tests.kernels.tree_cases import PAGE, QuantPool
+
+PARENTS = [-1, 0, 1, 2, 3, 4, 5, 6, 7, 0, 8, 9, 10, 2, 12, 13]
+
+
+def _log(record: dict) -> None:
+    line = json.dumps({"test": "tree_attention_mma", **record}, sort_keys=True)
+    print(line)
+    if path := os.environ.get("ELPIS_KERNEL_LOG"):
+        with Path(path).open("a") as fh:
+            fh.write(line + "\n")
+
+
+def _layer_args(pool: QuantPool) -> tuple:
+    layer = pool.layer
+    return layer.qk, layer.sk, layer.qv, layer.sv, pool.table
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctx", [1019, 32760])
+def test_rows_are_plain_decoding(ctx: int) -> None:
+    masks = accept.tree_masks(PARENTS)
+    rows = len(PARENTS)
+    pool = QuantPool(ctx + 2 * rows, seed=ctx)
+    gen = torch.Generator().manual_seed(ctx)
+    q = torch.randn((rows, ta.Q_HEADS, ta.HEAD_DIM), generator=gen).half().cuda()
+    args = (*_layer_args(pool), ctx, masks.depth, masks.ancestors)
+    out, lse = ta.tree_attention_mma(q, *args, return_lse=True)
+    assert torch.isfinite(out).all()
+    caches = (pool.layer.qk, pool.layer.sk, pool.layer.qv, pool.layer.sv)
+    saved = [t.clone() for t in caches]
+
+    def loc(slot: int) -> tuple[int, int]:
+        return int(pool.table[slot // PAGE]), slot % PAGE
+
+    for r in range(rows):
+        path = [a for a in range(rows) if (masks.ancestors[r] >> a) & 1]
+        for e, row in enumerate(path):
+            for cur, orig in zip(caches, saved, strict=True):
+                cur[loc(ctx + e)] = orig[loc(ctx + row)]
+        one, one_lse = ta.tree_attention_mma(q[r : r + 1].contiguous(), *_layer_args(pool),
+                                             ctx + masks.depth[r], (0,), (1,), return_lse=True)  # fmt: skip
+        assert torch.equal(out[r].view(torch.int16), one[0].view(torch.int16)), f"row {r} != plain decoding"
+        assert torch.equal(lse[r], one_lse[0]), f"row {r}: lse != plain decoding"
+        for cur, orig in zip(caches, saved, strict=True):
+            cur.copy_(orig)
+    _log({"check": "mma row invariance", "ctx": ctx, "rows": rows, "ok": True})
+
+
+@pytest.mark.gpu
+def test_error_against_float64_next_to_the_simt_build() -> None:
+    ctx, parents = 4093, tc.random_parents(16, random.Random(7))
+    masks = accept.tree_masks(parents)
+    pool = QuantPool(ctx + 16, seed=7)
+    q = torch.randn((16, ta.Q_HEADS, ta.HEAD_DIM), generator=torch.Generator().manual_seed(7)).half().cuda()
+    args = (*_layer_args(pool), ctx, masks.depth, masks.ancestors)
+    mma = ta.tree_attention_mma(q, *args).double().cpu()
+    simt = ta.tree_attention_qcache(q, *args).double().cpu()
+    k, v = pool.k.cpu(), pool.v.cpu()
+    f64, _ = ref.reference_fp64(q.cpu(), k, v, pool.table.cpu(), ctx, masks.ancestors, ta.DEFAULT_SCALE)
+    vmax = v.abs().max().item()
+    err_mma, err_simt = (mma - f64).abs(), (simt - f64).abs()
+    _log({"check": "error vs fp64", "ctx": ctx, "rows": 16, "max_abs_v": vmax,
+          "mma_max_abs": err_mma.max().item(), "mma_mean_abs": err_mma.mean().item(),
+          "simt_max_abs": err_simt.max().item(), "simt_mean_abs": err_simt.mean().item()})  # fmt: skip
+    assert (err_mma <= 2.0**-11 * vmax + 2.0**-10 * f64.abs()).all()
+
+
+@pytest.mark.gpu
+def test_timing_against_the_simt_build() -> None:
+    record: dict = {"check": "timing"}
+    for ctx in (32768 - 16, 131072 - 16):
+        pool = QuantPool(ctx + 16, seed=ctx)
+        for rows in (8, 16):
+            masks = accept.tree_masks(tc.random_parents(rows, random.Random(rows)))
+            q = torch.randn((rows, ta.Q_HEADS, ta.HEAD_DIM), device="cuda").half()
+            args = (*_layer_args(pool), ctx, masks.depth, masks.ancestors)
+            key = f"{ctx // 1024 + 1}k_{rows}"
+            builds = (("mma", ta.tree_attention_mma, 20), ("simt", ta.tree_attention_qcache, 10))
+            for name, fn, reps in builds:
+                ms = tc.median_ms(lambda fn=fn, q=q, a=args: fn(q, *a), reps)
+                record[f"{name}_ms_{key}"] = round(ms, 4)
+        del pool
+        torch.cuda.empty_cache()
+    _log(record)

@@ -1,0 +1,136 @@
+"""The tensor-core tree attention (patches/kernels/tree_attention_mma.cu) run on the CPU through the CUDA
+emulation of tests/kernels/cuda_emu.py (mma.sync emulated per warp in fp32: the indexing, the tile plan and
+the per-row operands are the kernel's own; the tensor cores' bits are checked on the GPU).
+
+On random 3-bit pages (shuffled block table): every row agrees with the float64 attention reference within
+the error of fp16 P, and every row of a 16-row tree is bit-identical to a 1-row call at ctx + depth over a
+cache holding its path (plain decoding) - across shared tiles, tail tiles that straddle a tile boundary,
+and (slow) a tail that crosses a split.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+
+from elpis import accept
+from elpis.exl3 import qcache_ref as qr
+from elpis.exl3 import tree_attention as ta
+from elpis.exl3 import tree_attention_ref as ref
+from tests.kernels import cuda_emu
+
+BITS = 3
+GROUPS = ta.KV_HEADS * ta.HEAD_DIM // qr.GROUP
+# a 16-row tree with a 15-deep chain (rows 0..8 then 10, 12, ...), branches and leaves
+PARENTS = [-1, 0, 1, 2, 3, 4, 5, 6, 7, 0, 8, 9, 10, 2, 12, 13]
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    tmp = tmp_path_factory.mktemp("tree_attention_mma_emu")
+    defines = {"ELPIS_QCACHE_K_BITS": BITS, "ELPIS_QCACHE_V_BITS": BITS}
+    lib = cuda_emu.build_emulated(
+        ta.SOURCE_MMA, tmp, launches=2, needs=("verify_schedule.h",), defines=defines
+    )
+    lib.elpis_tree_attention_mma.argtypes = list(ta.QCACHE_ARGS)
+    lib.elpis_tree_attention_mma.restype = ctypes.c_int
+    lib.elpis_tree_attention_workspace_floats.argtypes = [ctypes.c_uint32] * 3
+    lib.elpis_tree_attention_workspace_floats.restype = ctypes.c_uint64
+    return lib
+
+
+class Pages:
+    """Random packed 3-bit K/V pages and scales, and their fp16 values by the reference dequant."""
+
+    def __init__(self, tokens: int, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        pages = -(-tokens // ref.PAGE)
+        pool = pages + 2
+        self.caches = []
+        for _ in range(2):
+            codes = rng.integers(0, 2**BITS, size=(pool, ref.PAGE, GROUPS, qr.GROUP), dtype=np.uint32)
+            scales = rng.uniform(0.05, 2.0, size=(pool, ref.PAGE, GROUPS)).astype(np.float16)
+            self.caches += [torch.from_numpy(qr.pack_codes(codes, BITS)), torch.from_numpy(scales)]
+        self.table = torch.from_numpy(rng.permutation(pool)[:pages].astype(np.int32))
+
+    def fp16(self) -> tuple[torch.Tensor, torch.Tensor]:
+        qk, sk, qv, sv = self.caches
+        return (torch.from_numpy(qr.dequant_pages(qk, sk, BITS, ta.KV_HEADS, ta.HEAD_DIM)),
+                torch.from_numpy(qr.dequant_pages(qv, sv, BITS, ta.KV_HEADS, ta.HEAD_DIM)))  # fmt: skip
+
+    def move(self, src_slot: int, dst_slot: int) -> None:
+        """Copy one slot's packed words and scales (what the engine's commit does)."""
+        src = (int(self.table[src_slot // ref.PAGE]), src_slot % ref.PAGE)
+        dst = (int(self.table[dst_slot // ref.PAGE]), dst_slot % ref.PAGE)
+        for t in self.caches:
+            t[dst] = t[src]
+
+
+def attend(lib: ctypes.CDLL, pages: Pages, q: torch.Tensor, ctx: int, depth, ancestors):
+    rows = len(depth)
+    dep = torch.tensor(depth, dtype=torch.int32)
+    anc = torch.tensor(ancestors, dtype=torch.int32)
+    floats = lib.elpis_tree_attention_workspace_floats(rows, ctx, max(depth))
+    work = torch.full((floats,), float("nan"), dtype=torch.float32)
+    out = torch.full((rows, ta.Q_HEADS, ta.HEAD_DIM), float("nan"), dtype=torch.half)
+    lse = torch.full((rows, ta.Q_HEADS), float("nan"), dtype=torch.float32)
+    err = lib.elpis_tree_attention_mma(
+        q.data_ptr(), *(t.data_ptr() for t in pages.caches), pages.table.data_ptr(), dep.data_ptr(),
+        anc.data_ptr(), rows, ctx, max(depth), ta.DEFAULT_SCALE, out.data_ptr(), lse.data_ptr(),
+        work.data_ptr(), floats, None,
+    )  # fmt: skip
+    assert err == 0
+    return out, lse
+
+
+def _queries(rows: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn((rows, ta.Q_HEADS, ta.HEAD_DIM), generator=gen).half()
+
+
+def check_rows_against_plain_decoding(lib: ctypes.CDLL, ctx: int, parents: list[int], seed: int) -> None:
+    masks = accept.tree_masks(parents)
+    rows = len(parents)
+    pages = Pages(ctx + 2 * rows, seed)
+    q = _queries(rows, seed)
+    out, lse = attend(lib, pages, q, ctx, masks.depth, masks.ancestors)
+    saved = [t.clone() for t in pages.caches]
+    for r in range(rows):
+        path = [a for a in range(rows) if (masks.ancestors[r] >> a) & 1]
+        for e, row in enumerate(path):
+            pages.move(ctx + row, ctx + e)
+        one, one_lse = attend(lib, pages, q[r : r + 1].contiguous(), ctx + masks.depth[r], (0,), (1,))
+        assert torch.equal(out[r].view(torch.int16), one[0].view(torch.int16)), f"row {r} != plain decoding"
+        assert torch.equal(lse[r], one_lse[0]), f"row {r}: lse != plain decoding"
+        for cur, orig in zip(pages.caches, saved, strict=True):
+            cur.copy_(orig)
+
+
+def test_rows_match_float64(lib: ctypes.CDLL) -> None:
+    """Shared tiles (positions < 64) and a tail tile per row; error within fp16 P's rounding."""
+    ctx, parents = 70, [-1, 0, 1, 0, 3, 4]
+    masks = accept.tree_masks(parents)
+    pages = Pages(ctx + len(parents), 3)
+    q = _queries(len(parents), 3)
+    out, lse = attend(lib, pages, q, ctx, masks.depth, masks.ancestors)
+    k, v = pages.fp16()
+    f64, f64_lse = ref.reference_fp64(q, k, v, pages.table, ctx, masks.ancestors, ta.DEFAULT_SCALE)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    vmax = v.abs().max().item()
+    # P in fp16: each weight off by <= 2^-11 relative, so the output by <= 2^-11 * max|v| (and fp16 output)
+    assert ((out.double() - f64).abs() <= 2.0**-11 * vmax + 2.0**-10 * f64.abs()).all()
+    assert (lse.double() - f64_lse).abs().max().item() < 1e-3
+
+
+def test_rows_are_plain_decoding_across_a_tile_boundary(lib: ctypes.CDLL) -> None:
+    """ctx 90: tiles [0, 32) and [32, 64) shared, the tails 90..105 straddle the tile boundary at 96."""
+    check_rows_against_plain_decoding(lib, 90, PARENTS, 11)
+
+
+@pytest.mark.slow
+def test_rows_are_plain_decoding_across_a_split(lib: ctypes.CDLL) -> None:
+    """ctx 505: the deep rows' tails cross the split boundary at 512 (two partials, then the combine)."""
+    check_rows_against_plain_decoding(lib, 505, PARENTS, 12)
