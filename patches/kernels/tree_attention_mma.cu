@@ -49,30 +49,35 @@ constexpr uint32_t kTile = 32;                // positions per tile
 constexpr uint32_t kWarps = kHeadDim / 16;    // 16: warp w owns head dims 16w .. 16w+15 of the output
 constexpr uint32_t kThreads = kWarps * 32;    // 512
 constexpr uint32_t kQPad = 8;                 // an n-tile: one row's 6 query heads and 2 zero columns
-constexpr uint32_t kKStride = kHeadDim + 8;   // halves per staged K position (spreads smem banks)
-constexpr uint32_t kVStride = kTile + 8;      // halves per staged V^T head dim
+constexpr uint32_t kStaged = kTile + kMaxRows + 1;  // staged K/V rows: the tile, the tree rows, a zero row
+constexpr uint32_t kTreeRow = kTile;          // staged row of tree slot ctx + j: kTreeRow + j
+constexpr uint32_t kZeroRow = kTile + kMaxRows;
+constexpr uint32_t kKStride = kHeadDim + 8;   // halves per staged K row (spreads smem banks)
+constexpr uint32_t kVStride = kStaged + 7;    // halves per staged V^T head dim (28 words: conflict-free loads)
 constexpr uint32_t kPStride = kTile + 8;      // halves per P query row
-constexpr uint32_t kNoSlot = 0xffffffffu;     // a position past the row's span
 constexpr uint32_t kStats = kMaxRows * kQPad;  // (row, query column) pairs
 
 static_assert(kSplit % kTile == 0, "tiles never straddle a split");
 static_assert(kTile == 32 && kMaxRows == 16 && kGroup <= kQPad && kWarps == 16, "the warp layout below");
 
-// Dynamic shared memory (bytes). K [kTile][kKStride] and V^T [kHeadDim][kVStride] share one buffer.
+// Dynamic shared memory (bytes). K [kStaged][kKStride] and V^T [kHeadDim][kVStride] share one buffer.
 constexpr size_t kQBytes = size_t(kMaxRows) * kGroup * kHeadDim * 2;
-constexpr size_t kKBytes = size_t(kTile) * kKStride * 2;
+constexpr size_t kKBytes = size_t(kStaged) * kKStride * 2;
 constexpr size_t kVBytes = size_t(kHeadDim) * kVStride * 2;
 constexpr size_t kOffKV = kQBytes;
-constexpr size_t kOffP = kOffKV + (kKBytes > kVBytes ? kKBytes : kVBytes);
-constexpr size_t kOffS = kOffP + size_t(kStats) * kPStride * 2;
-constexpr size_t kOffStats = kOffS + size_t(kMaxRows) * kGroup * kTile * 4;
-constexpr size_t kOffSlots = kOffStats + 3 * size_t(kStats) * 4;
-constexpr size_t kOffRows = kOffSlots + kTile * 4;
+constexpr size_t kOffP = kOffKV + ((kKBytes > kVBytes ? kKBytes : kVBytes) + 15) / 16 * 16;
+constexpr size_t kOffStats = kOffP + size_t(kStats) * kPStride * 2;
+constexpr size_t kOffSlots = kOffStats + 7 * size_t(kStats) * 4;
+constexpr size_t kOffRows = kOffSlots + kStaged * 4;
 constexpr size_t kSmemBytes = kOffRows + 2 * kMaxRows * 4;
 static_assert(kSmemBytes <= 99 * 1024, "an RTX 3090 block gets at most 99 KB of shared memory");
 static_assert(kOffKV % 16 == 0 && kOffP % 16 == 0 && (kKStride * 2) % 16 == 0, "16-byte staging stores");
 
 __device__ __forceinline__ uint32_t ld32(const __half* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+__device__ __forceinline__ uint32_t pack2(__half lo, __half hi) {
+    return static_cast<uint32_t>(__half_as_ushort(lo)) | (static_cast<uint32_t>(__half_as_ushort(hi)) << 16);
+}
 
 // d += A B for one m16n8k16 tile (A row-major 16x16, B column-major 16x8, fp16; d fp32), PTX fragment
 // layout: a = rows (g, g+8) x cols (2t.., 2t+8..), b = k (2t.., 2t+8..) x col g, d = rows (g, g+8) x
@@ -89,134 +94,168 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
 #endif
 }
 
-// Group `i` of the tile (position i / 8, head-dim group i % 8) dequantised, or zeros past the row's span.
-template <uint32_t kBits>
-__device__ __forceinline__ void tile_group(const uint32_t* __restrict__ packed, const __half* __restrict__ scales,
-                                           const int32_t* __restrict__ block_table, uint32_t slot, uint32_t h,
-                                           uint32_t grp, __half (&vals)[kQGroup]) {
-    if (slot == kNoSlot) {
-#pragma unroll
-        for (uint32_t j = 0; j < kQGroup; j++) vals[j] = __float2half_rn(0.0f);
-        return;
-    }
-    const size_t idx = qcache_group(block_table, slot, h, grp);
-    dequant_group<kBits>(packed + idx * kBits, scales[idx], vals);
+// Max / sum over the 8 lanes of a warp that share lane % 4 (the g index of a fragment), a fixed butterfly.
+__device__ __forceinline__ float max_over_g(float v) {
+    v = fmaxf(v, __shfl_xor_sync(kFull, v, 4));
+    v = fmaxf(v, __shfl_xor_sync(kFull, v, 8));
+    return fmaxf(v, __shfl_xor_sync(kFull, v, 16));
+}
+
+__device__ __forceinline__ float sum_over_g(float v) {
+    v = __fadd_rn(v, __shfl_xor_sync(kFull, v, 4));
+    v = __fadd_rn(v, __shfl_xor_sync(kFull, v, 8));
+    return __fadd_rn(v, __shfl_xor_sync(kFull, v, 16));
 }
 
 struct Block {
-    __half* q;      // [kMaxRows][kGroup][kHeadDim]
-    __half* kv;     // K [kTile][kKStride] | V^T [kHeadDim][kVStride]
-    __half* p;      // [kMaxRows][kQPad][kPStride]
-    float* s;       // [kMaxRows][kGroup][kTile] scaled scores, -inf past a span
-    float* m;       // [kStats] running max
-    float* l;       // [kStats] running sum
-    float* alpha;   // [kStats] this tile's rescale factor
-    uint32_t* slot; // [kTile]
-    uint32_t* end;  // [kMaxRows] end of the row's positions in this split (0: the row is not in it)
-    uint32_t* mask; // [kMaxRows]
+    __half* q;       // [kMaxRows][kGroup][kHeadDim]
+    __half* kv;      // K [kStaged][kKStride] | V^T [kHeadDim][kVStride]
+    __half* p;       // [kMaxRows][kQPad][kPStride]
+    float* m;        // [kStats] running max
+    float* l;        // [kStats] running sum
+    float* alpha;    // [kStats] this tile's rescale factor
+    float* tmax;     // [2][kStats] this tile's max per half (16 positions)
+    float* tsum;     // [2][kStats] this tile's sum of P per half
+    uint32_t* slot;  // [kStaged] cache slot of each staged row (kNoSlot: zeros)
+    uint32_t* end;   // [kMaxRows] end of the row's positions in this split (0: the row is not in it)
+    uint32_t* mask;  // [kMaxRows]
 };
 
-// One tile for the rows in `active` (all of them see the same positions: committed ones, or one row's own).
+constexpr uint32_t kNoSlot = 0xffffffffu;
+
+// Staged row holding row r's position `pos` of a tile starting at t0: the tile's own row for a committed
+// position, the tree slot of its ancestor at that depth (the proved schedule's slot), the zero row past
+// the row's span.
+__device__ __forceinline__ uint32_t staged_row(const Block& b, uint32_t r, uint32_t pos, uint32_t t0, uint32_t ctx) {
+    if (pos >= b.end[r]) return kZeroRow;
+    if (pos < ctx) return pos - t0;
+    return kTreeRow + (elpis_sched_slot(ctx, b.mask[r], pos) - ctx);
+}
+
+// Dequantise the staged rows' groups (row i / 8, head-dim group i % 8) into K position-major (transpose =
+// false) or V head-dim-major (transpose = true).
+template <uint32_t kBits, bool kTranspose>
+__device__ __forceinline__ void stage(const Block& b, const uint32_t* __restrict__ packed,
+                                      const __half* __restrict__ scales, const int32_t* __restrict__ block_table,
+                                      uint32_t rows_used, uint32_t h) {
+    for (uint32_t i = threadIdx.x; i < rows_used * kQGroupsPerHead; i += kThreads) {
+        const uint32_t row = i / kQGroupsPerHead, grp = i % kQGroupsPerHead;
+        __align__(16) __half vals[kQGroup];
+        const uint32_t slot = b.slot[row];
+        if (slot == kNoSlot) {
+#pragma unroll
+            for (uint32_t j = 0; j < kQGroup; j++) vals[j] = __float2half_rn(0.0f);
+        } else {
+            const size_t idx = qcache_group(block_table, slot, h, grp);
+            dequant_group<kBits>(packed + idx * kBits, scales[idx], vals);
+        }
+        if (kTranspose) {
+#pragma unroll
+            for (uint32_t j = 0; j < kQGroup; j++) b.kv[(grp * kQGroup + j) * kVStride + row] = vals[j];
+        } else {
+            uint4* dst = reinterpret_cast<uint4*>(b.kv + row * kKStride + grp * kQGroup);
+            const uint4* src = reinterpret_cast<const uint4*>(vals);
+#pragma unroll
+            for (uint32_t c = 0; c < 4; c++) dst[c] = src[c];
+        }
+    }
+}
+
+// One tile of kTile absolute positions from t0 for the rows in `active`.
 __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4], uint32_t t0, uint32_t active,
-                                         int gather_row, uint32_t ctx, float scale, uint32_t h,
+                                         uint32_t rows, uint32_t ctx, float scale, uint32_t h,
                                          const uint32_t* __restrict__ qk, const __half* __restrict__ sk,
                                          const uint32_t* __restrict__ qv, const __half* __restrict__ sv,
                                          const int32_t* __restrict__ block_table) {
     const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, g = lane >> 2, t = lane & 3u;
-    if (tid < kTile) {
-        const uint32_t pos = t0 + tid;
-        uint32_t slot = pos;  // a shared tile: committed positions, slot = position
-        if (gather_row >= 0) {
-            const uint32_t r = static_cast<uint32_t>(gather_row);
-            slot = pos < b.end[r] ? elpis_sched_slot(ctx, b.mask[r], pos) : kNoSlot;
+    const bool tail = t0 + kTile > ctx;  // holds positions >= ctx: rows read their own tree slots
+    const uint32_t staged = tail ? kStaged : kTile;
+    if (tid < staged) {
+        uint32_t slot = kNoSlot;
+        if (tid < kTile) {
+            if (t0 + tid < ctx) slot = t0 + tid;
+        } else if (tid < kZeroRow) {
+            if (tid - kTreeRow < rows) slot = ctx + (tid - kTreeRow);
         }
         b.slot[tid] = slot;
     }
     __syncthreads();
-
-    // K tile, position-major.
-    for (uint32_t i = tid; i < kTile * kQGroupsPerHead; i += kThreads) {
-        const uint32_t pos = i / kQGroupsPerHead, grp = i % kQGroupsPerHead;
-        __align__(16) __half vals[kQGroup];
-        tile_group<kKBits>(qk, sk, block_table, b.slot[pos], h, grp, vals);
-        uint4* dst = reinterpret_cast<uint4*>(b.kv + pos * kKStride + grp * kQGroup);
-        const uint4* src = reinterpret_cast<const uint4*>(vals);
-#pragma unroll
-        for (uint32_t c = 0; c < 4; c++) dst[c] = src[c];
-    }
+    stage<kKBits, false>(b, qk, sk, block_table, staged, h);
     __syncthreads();
 
-    // Scores S^T = K Q^T: warp -> positions 16*(warp & 1).., rows 2*(warp >> 1) and the next.
-    {
-        const uint32_t mt = warp & 1u, r0 = 2u * (warp >> 1);
-        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-        const bool on0 = (active >> r0) & 1u, on1 = (active >> (r0 + 1)) & 1u;
-        if (on0 || on1) {
+    // Scores S^T = K Q^T, then this half-tile's max: warp -> positions 16*(warp & 1).., rows 2*(warp >> 1)
+    // and the next. In a tail tile each row's A operand rows are its own staged rows.
+    const uint32_t mt = warp & 1u, r0 = 2u * (warp >> 1);
+    const uint32_t p_lo = t0 + 16u * mt + g, p_hi = p_lo + 8u;
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (uint32_t k = 0; k < 2; k++) {
+        const uint32_t r = r0 + k;
+        if (!((active >> r) & 1u)) continue;
+        const __half* k_lo = b.kv + staged_row(b, r, p_lo, t0, ctx) * kKStride + 2u * t;
+        const __half* k_hi = b.kv + staged_row(b, r, p_hi, t0, ctx) * kKStride + 2u * t;
+        const __half* qb = b.q + (r * kGroup + (g < kGroup ? g : 0u)) * kHeadDim + 2u * t;
 #pragma unroll 4
-            for (uint32_t kk = 0; kk < kHeadDim / 16; kk++) {
-                const __half* kb = b.kv + (16u * mt + g) * kKStride + 16u * kk + 2u * t;
-                const uint32_t a[4] = {ld32(kb), ld32(kb + 8 * kKStride), ld32(kb + 8), ld32(kb + 8 * kKStride + 8)};
-#pragma unroll
-                for (uint32_t k = 0; k < 2; k++) {
-                    if (!(k == 0 ? on0 : on1)) continue;
-                    uint32_t b0 = 0, b1 = 0;  // the two padding query columns are zero
-                    if (g < kGroup) {
-                        const __half* qb = b.q + ((r0 + k) * kGroup + g) * kHeadDim + 16u * kk + 2u * t;
-                        b0 = ld32(qb);
-                        b1 = ld32(qb + 8);
-                    }
-                    mma16816(acc[k], a, b0, b1);
-                }
-            }
-#pragma unroll
-            for (uint32_t k = 0; k < 2; k++) {
-                if (!(k == 0 ? on0 : on1)) continue;
-#pragma unroll
-                for (uint32_t e = 0; e < 4; e++) {
-                    const uint32_t pos = 16u * mt + g + (e >= 2 ? 8u : 0u), j = 2u * t + (e & 1u);
-                    if (j < kGroup)
-                        b.s[((r0 + k) * kGroup + j) * kTile + pos] =
-                            b.slot[pos] == kNoSlot ? __int_as_float(0xff800000) : __fmul_rn(acc[k][e], scale);
-                }
-            }
+        for (uint32_t kk = 0; kk < kHeadDim / 16; kk++) {
+            const uint32_t a[4] = {ld32(k_lo + 16u * kk), ld32(k_hi + 16u * kk), ld32(k_lo + 16u * kk + 8),
+                                   ld32(k_hi + 16u * kk + 8)};
+            const uint32_t b0 = g < kGroup ? ld32(qb + 16u * kk) : 0u;  // padding query columns: zero
+            const uint32_t b1 = g < kGroup ? ld32(qb + 16u * kk + 8) : 0u;
+            mma16816(acc[k], a, b0, b1);
+        }
+        const float ninf = __int_as_float(0xff800000);
+        const bool v_lo = p_lo < b.end[r], v_hi = p_hi < b.end[r];
+        acc[k][0] = v_lo ? __fmul_rn(acc[k][0], scale) : ninf;
+        acc[k][1] = v_lo ? __fmul_rn(acc[k][1], scale) : ninf;
+        acc[k][2] = v_hi ? __fmul_rn(acc[k][2], scale) : ninf;
+        acc[k][3] = v_hi ? __fmul_rn(acc[k][3], scale) : ninf;
+        const float mx0 = max_over_g(fmaxf(acc[k][0], acc[k][2])), mx1 = max_over_g(fmaxf(acc[k][1], acc[k][3]));
+        if (g == 0) {
+            b.tmax[mt * kStats + r * kQPad + 2u * t] = mx0;
+            b.tmax[mt * kStats + r * kQPad + 2u * t + 1u] = mx1;
         }
     }
     __syncthreads();
 
-    // Online softmax per (row, query head): exact max, P = fp16(exp(s - max)), sum of P in position order.
-    if (tid < kMaxRows * kGroup) {
-        const uint32_t r = tid / kGroup, j = tid % kGroup;
-        if ((active >> r) & 1u) {
-            const float* s = b.s + (r * kGroup + j) * kTile;
-            float mx = __int_as_float(0xff800000);
-            for (uint32_t i = 0; i < kTile; i++) mx = fmaxf(mx, s[i]);
-            const uint32_t st = r * kQPad + j;
-            const float m_new = fmaxf(b.m[st], mx);
-            const float alpha = expf(b.m[st] - m_new);  // 0 on the row's first tile (old max -inf)
-            __half* p = b.p + st * kPStride;
-            float sum = 0.0f;
-            for (uint32_t i = 0; i < kTile; i++) {
-                const __half ph = __float2half_rn(expf(s[i] - m_new));
-                p[i] = ph;
-                sum = __fadd_rn(sum, __half2float(ph));
+    // P = fp16(exp(s - new max)), this half-tile's sum of P (fixed butterfly); V staged meanwhile.
+#pragma unroll
+    for (uint32_t k = 0; k < 2; k++) {
+        const uint32_t r = r0 + k;
+        if (!((active >> r) & 1u)) continue;
+#pragma unroll
+        for (uint32_t c = 0; c < 2; c++) {
+            const uint32_t j = 2u * t + c, st = r * kQPad + j;
+            const float m_new = fmaxf(b.m[st], fmaxf(b.tmax[st], b.tmax[kStats + st]));
+            const __half ph_lo = __float2half_rn(expf(acc[k][c] - m_new));
+            const __half ph_hi = __float2half_rn(expf(acc[k][2 + c] - m_new));
+            __half* prow = b.p + st * kPStride + 16u * mt + g;
+            if (j < kGroup) {
+                prow[0] = ph_lo;
+                prow[8] = ph_hi;
             }
-            b.l[st] = __fadd_rn(__fmul_rn(b.l[st], alpha), sum);
-            b.m[st] = m_new;
-            b.alpha[st] = alpha;
+            const float part = sum_over_g(__fadd_rn(__half2float(ph_lo), __half2float(ph_hi)));
+            if (g == 0) {
+                b.tsum[mt * kStats + st] = part;
+                if (mt == 0) b.alpha[st] = expf(b.m[st] - m_new);  // 0 on the row's first tile (old max -inf)
+            }
         }
     }
-
-    // V tile, transposed (head-dim-major) for the A operand of O^T.
-    for (uint32_t i = tid; i < kTile * kQGroupsPerHead; i += kThreads) {
-        const uint32_t pos = i / kQGroupsPerHead, grp = i % kQGroupsPerHead;
-        __align__(16) __half vals[kQGroup];
-        tile_group<kVBits>(qv, sv, block_table, b.slot[pos], h, grp, vals);
-#pragma unroll
-        for (uint32_t j = 0; j < kQGroup; j++) b.kv[(grp * kQGroup + j) * kVStride + pos] = vals[j];
+    if (tail) {  // the zero row's slot stays kNoSlot; tree rows and the tile's committed rows as for K
+        stage<kVBits, true>(b, qv, sv, block_table, staged, h);
+    } else {
+        stage<kVBits, true>(b, qv, sv, block_table, kTile, h);
     }
     __syncthreads();
 
-    // O^T = alpha O^T + V^T P^T: warp -> head dims 16*warp.., every active row its own n-tile.
+    // Running (max, sum) per (row, query); O^T = alpha O^T + V^T P^T: warp -> head dims 16*warp..
+    if (tid < kStats) {
+        const uint32_t r = tid / kQPad, j = tid % kQPad;
+        if (((active >> r) & 1u) && j < kGroup) {
+            const float m_new = fmaxf(b.m[tid], fmaxf(b.tmax[tid], b.tmax[kStats + tid]));
+            b.l[tid] = __fadd_rn(__fmul_rn(b.l[tid], b.alpha[tid]), __fadd_rn(b.tsum[tid], b.tsum[kStats + tid]));
+            b.m[tid] = m_new;
+        }
+    }
 #pragma unroll
     for (uint32_t r = 0; r < kMaxRows; r++) {
         if (!((active >> r) & 1u)) continue;
@@ -226,18 +265,35 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
         o[r][2] = __fmul_rn(o[r][2], a0);
         o[r][3] = __fmul_rn(o[r][3], a1);
     }
+    const __half* v_lo = b.kv + (16u * warp + g) * kVStride;
+    const __half* v_hi = v_lo + 8 * kVStride;
 #pragma unroll
     for (uint32_t kk = 0; kk < kTile / 16; kk++) {
-        const __half* vb = b.kv + (16u * warp + g) * kVStride + 16u * kk + 2u * t;
-        const uint32_t a[4] = {ld32(vb), ld32(vb + 8 * kVStride), ld32(vb + 8), ld32(vb + 8 * kVStride + 8)};
+        const uint32_t p0 = t0 + 16u * kk + 2u * t;  // this lane's positions: p0, p0+1, p0+8, p0+9
+        uint32_t a[4];
+        if (!tail) {
+            const uint32_t c = p0 - t0;
+            a[0] = ld32(v_lo + c);
+            a[1] = ld32(v_hi + c);
+            a[2] = ld32(v_lo + c + 8);
+            a[3] = ld32(v_hi + c + 8);
+        }
 #pragma unroll
         for (uint32_t r = 0; r < kMaxRows; r++) {
             if (!((active >> r) & 1u)) continue;
+            if (tail) {
+                const uint32_t c0 = staged_row(b, r, p0, t0, ctx), c1 = staged_row(b, r, p0 + 1, t0, ctx);
+                const uint32_t c8 = staged_row(b, r, p0 + 8, t0, ctx), c9 = staged_row(b, r, p0 + 9, t0, ctx);
+                a[0] = pack2(v_lo[c0], v_lo[c1]);
+                a[1] = pack2(v_hi[c0], v_hi[c1]);
+                a[2] = pack2(v_lo[c8], v_lo[c9]);
+                a[3] = pack2(v_hi[c8], v_hi[c9]);
+            }
             const __half* pb = b.p + (r * kQPad + g) * kPStride + 16u * kk + 2u * t;
             mma16816(o[r], a, ld32(pb), ld32(pb + 8));
         }
     }
-    __syncthreads();  // the next tile restages K, V and P
+    __syncthreads();  // the next tile restages K, V and P and reads (m, l)
 }
 
 // One block: split `blockIdx.x`, K/V head `blockIdx.y`, every row whose span reaches the split. Writes the
@@ -248,13 +304,15 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
     const uint32_t* __restrict__ depth, const uint32_t* __restrict__ ancestors, uint32_t rows, uint32_t ctx,
     float scale, uint32_t max_splits, float* __restrict__ part_acc, float* __restrict__ part_ml) {
     ELPIS_DYNAMIC_SMEM(smem);
+    float* stats = reinterpret_cast<float*>(smem + kOffStats);
     const Block b{reinterpret_cast<__half*>(smem),
                   reinterpret_cast<__half*>(smem + kOffKV),
                   reinterpret_cast<__half*>(smem + kOffP),
-                  reinterpret_cast<float*>(smem + kOffS),
-                  reinterpret_cast<float*>(smem + kOffStats),
-                  reinterpret_cast<float*>(smem + kOffStats) + kStats,
-                  reinterpret_cast<float*>(smem + kOffStats) + 2 * kStats,
+                  stats,
+                  stats + kStats,
+                  stats + 2 * kStats,
+                  stats + 3 * kStats,
+                  stats + 5 * kStats,
                   reinterpret_cast<uint32_t*>(smem + kOffSlots),
                   reinterpret_cast<uint32_t*>(smem + kOffRows),
                   reinterpret_cast<uint32_t*>(smem + kOffRows) + kMaxRows};
@@ -272,6 +330,7 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
         b.end[tid] = end;
         b.mask[tid] = mask;
     }
+    if (tid == 0) b.slot[kZeroRow] = kNoSlot;
     constexpr uint32_t kChunksPerRow = kGroup * kHeadDim / 8;  // 16-byte chunks of a row's 6 query heads
     for (uint32_t i = tid; i < rows * kChunksPerRow; i += kThreads) {
         const uint32_t r = i / kChunksPerRow, c = i % kChunksPerRow;
@@ -286,22 +345,16 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
     }
     __syncthreads();
 
-    uint32_t block_end = 0;
+    uint32_t block_end = 0, active = 0;
     for (uint32_t r = 0; r < kMaxRows; r++) block_end = max(block_end, b.end[r]);
     float o[kMaxRows][4];
 #pragma unroll
     for (uint32_t r = 0; r < kMaxRows; r++) o[r][0] = o[r][1] = o[r][2] = o[r][3] = 0.0f;
 
     for (uint32_t t0 = begin; t0 < block_end; t0 += kTile) {
-        if (t0 + kTile <= ctx) {  // committed positions only: one staging for every row in the split
-            uint32_t active = 0;
-            for (uint32_t r = 0; r < kMaxRows; r++) active |= (b.end[r] > t0 ? 1u : 0u) << r;
-            run_tile(b, o, t0, active, -1, ctx, scale, h, qk, sk, qv, sv, block_table);
-        } else {
-            for (uint32_t r = 0; r < rows; r++)
-                if (b.end[r] > t0) run_tile(b, o, t0, 1u << r, static_cast<int>(r), ctx, scale, h, qk, sk, qv, sv,
-                                            block_table);
-        }
+        active = 0;
+        for (uint32_t r = 0; r < kMaxRows; r++) active |= (b.end[r] > t0 ? 1u : 0u) << r;
+        run_tile(b, o, t0, active, rows, ctx, scale, h, qk, sk, qv, sv, block_table);
     }
 
 #pragma unroll

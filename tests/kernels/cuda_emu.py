@@ -117,6 +117,7 @@ struct __half2 { __half x, y; };
 inline float __half2float(__half h) { return float(h.v); }
 inline __half __float2half_rn(float f) { return __half{_Float16(f)}; }
 inline float2 __half22float2(__half2 h) { return float2{float(h.x.v), float(h.y.v)}; }
+inline unsigned short __half_as_ushort(__half h) { unsigned short u; std::memcpy(&u, &h, 2); return u; }
 // mma.sync m16n8k16 (fp16 A row-major, B column-major, fp32 C/D) for one warp: every lane posts its
 // fragments (PTX layout, g = lane / 4, t = lane % 4), then computes its four outputs as C + sum over k in
 // order, in fp32 (not the tensor cores' bits: the tests check indexing and invariance, not GPU numbers).

@@ -19,7 +19,10 @@ SYNTH=$!
 wait $BUILD
 tail -3 /tmp/build.log | tee -a "$OUT/log"
 echo "=== mma kernel tests ($(left) s left)" | tee -a "$OUT/log"
-ELPIS_KERNEL_LOG="$OUT/log" timeout -k 3 90 python3 -m pytest -m gpu tests/kernels/test_tree_attention_mma.py -q \
+ELPIS_KERNEL_LOG="$OUT/log" timeout -k 3 40 python3 -m pytest -m gpu tests/kernels/test_tree_attention_mma.py -q -k timing \
+  -p no:cacheprovider -rfEs --tb=short > "$OUT/mma_timing.txt" 2>&1
+echo "mma timing exit $?" | tee -a "$OUT/log"
+ELPIS_KERNEL_LOG="$OUT/log" timeout -k 3 90 python3 -m pytest -m gpu tests/kernels/test_tree_attention_mma.py -q -k "not timing" \
   -p no:cacheprovider -rfEs --tb=short --durations=5 > "$OUT/mma_pytest.txt" 2>&1
 echo "mma tests exit $?" | tee -a "$OUT/log"
 grep -E "passed|failed|^FAILED|^E " "$OUT/mma_pytest.txt" | tail -12 | tee -a "$OUT/log"
