@@ -8,24 +8,26 @@
 // combine kernel (tree_attention_common.cuh).
 //
 // One block per (split, K/V head) serves every row, in tiles of kTile absolute positions (tiles never
-// straddle a split). A tile wholly below ctx holds committed positions only, the same for every row: it is
-// dequantised once and shared. Any other tile is staged once per row from that row's own slots
-// (elpis_sched_slot), with the row's positions past its span zeroed and masked.
+// straddle a split), each staged once: the tile's committed positions (< ctx, the same for every row),
+// and in a tile that reaches ctx also the 16 tree slots ctx..ctx+15 and a zero row. Each row addresses its
+// own positions through the proved slot map (elpis_sched_slot): a committed position reads the tile row, a
+// position ctx+e reads the tree slot of its ancestor at depth e, a position past its span reads zeros and
+// is masked.
 //
 // Why a row's bits do not depend on the other rows, its row index or the tree shape: every tensor-core
 // instruction works on one row alone. Scores are S^T = K Q^T with the row's 6 query heads (plus 2 zero
 // columns) as the n-tile, and the output is O^T = V^T P^T with the same n-tile, so each mma.sync sees
-// exactly (the tile's K or V at the row's positions, the row's own Q or P, the row's own accumulators):
-// the same operands whichever rows share the block, and the same as a 1-row call at ctx + d(r) over a
-// cache holding its path (plain decoding), whose tiles cover the same absolute positions with the same
-// values. The head-dim reduction of a score runs over 16 k-steps in order; the softmax per tile takes the
-// exact max, exp(s - max) rounded to fp16 for P, and adds P's values serially in position order; the
-// running output is rescaled by exp(old max - new max) before each tile's mma. Rows skip the tiles past
-// their span (no instruction touches their accumulators there).
+// exactly (the row's K or V at its positions of the tile, the row's own Q or P, the row's own
+// accumulators): the same operands whichever rows share the block, and the same as a 1-row call at
+// ctx + d(r) over a cache holding its path (plain decoding), whose tiles cover the same absolute positions
+// with the same values. The head-dim reduction of a score runs over 16 k-steps in order; per tile the max
+// is exact, P = fp16(exp(s - max)), and P's sum is a fixed butterfly over the same fragment lanes in every
+// call; the running output is rescaled by exp(old max - new max) before each tile's mma. Rows skip the
+// tiles past their span (no instruction touches their accumulators there).
 //
 // Numerics differ from the SIMT kernel (P in fp16 as the tensor cores take it; the mma's internal
 // summation): the GPU test records the error of both against an fp64 reference. Ampere instructions only
-// (mma.sync, no wgmma/TMA); dynamic shared memory 93,952 bytes (sm_86 allows 99 KB per block).
+// (mma.sync, no wgmma/TMA); dynamic shared memory 93,508 bytes (sm_86 allows 99 KB per block).
 #include "tree_attention_common.cuh"
 
 #ifndef ELPIS_QCACHE_K_BITS
@@ -55,13 +57,14 @@ constexpr uint32_t kZeroRow = kTile + kMaxRows;
 constexpr uint32_t kKStride = kHeadDim + 8;   // halves per staged K row (spreads smem banks)
 constexpr uint32_t kVStride = kStaged + 7;    // halves per staged V^T head dim (28 words: conflict-free loads)
 constexpr uint32_t kPStride = kTile + 8;      // halves per P query row
+constexpr uint32_t kQStride = kHeadDim + 8;   // halves per staged query head (conflict-free B loads)
 constexpr uint32_t kStats = kMaxRows * kQPad;  // (row, query column) pairs
 
 static_assert(kSplit % kTile == 0, "tiles never straddle a split");
 static_assert(kTile == 32 && kMaxRows == 16 && kGroup <= kQPad && kWarps == 16, "the warp layout below");
 
 // Dynamic shared memory (bytes). K [kStaged][kKStride] and V^T [kHeadDim][kVStride] share one buffer.
-constexpr size_t kQBytes = size_t(kMaxRows) * kGroup * kHeadDim * 2;
+constexpr size_t kQBytes = size_t(kMaxRows) * kGroup * kQStride * 2;
 constexpr size_t kKBytes = size_t(kStaged) * kKStride * 2;
 constexpr size_t kVBytes = size_t(kHeadDim) * kVStride * 2;
 constexpr size_t kOffKV = kQBytes;
@@ -108,7 +111,7 @@ __device__ __forceinline__ float sum_over_g(float v) {
 }
 
 struct Block {
-    __half* q;       // [kMaxRows][kGroup][kHeadDim]
+    __half* q;       // [kMaxRows][kGroup][kQStride]
     __half* kv;      // K [kStaged][kKStride] | V^T [kHeadDim][kVStride]
     __half* p;       // [kMaxRows][kQPad][kPStride]
     float* m;        // [kStats] running max
@@ -139,7 +142,9 @@ __device__ __forceinline__ void stage(const Block& b, const uint32_t* __restrict
                                       const __half* __restrict__ scales, const int32_t* __restrict__ block_table,
                                       uint32_t rows_used, uint32_t h) {
     for (uint32_t i = threadIdx.x; i < rows_used * kQGroupsPerHead; i += kThreads) {
-        const uint32_t row = i / kQGroupsPerHead, grp = i % kQGroupsPerHead;
+        // K: groups fastest (16-byte stores along a row); V^T: rows fastest (2-byte stores along a column)
+        const uint32_t row = kTranspose ? i % rows_used : i / kQGroupsPerHead;
+        const uint32_t grp = kTranspose ? i / rows_used : i % kQGroupsPerHead;
         __align__(16) __half vals[kQGroup];
         const uint32_t slot = b.slot[row];
         if (slot == kNoSlot) {
@@ -194,7 +199,7 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
         if (!((active >> r) & 1u)) continue;
         const __half* k_lo = b.kv + staged_row(b, r, p_lo, t0, ctx) * kKStride + 2u * t;
         const __half* k_hi = b.kv + staged_row(b, r, p_hi, t0, ctx) * kKStride + 2u * t;
-        const __half* qb = b.q + (r * kGroup + (g < kGroup ? g : 0u)) * kHeadDim + 2u * t;
+        const __half* qb = b.q + (r * kGroup + (g < kGroup ? g : 0u)) * kQStride + 2u * t;
 #pragma unroll 4
         for (uint32_t kk = 0; kk < kHeadDim / 16; kk++) {
             const uint32_t a[4] = {ld32(k_lo + 16u * kk), ld32(k_hi + 16u * kk), ld32(k_lo + 16u * kk + 8),
@@ -331,11 +336,12 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
         b.mask[tid] = mask;
     }
     if (tid == 0) b.slot[kZeroRow] = kNoSlot;
-    constexpr uint32_t kChunksPerRow = kGroup * kHeadDim / 8;  // 16-byte chunks of a row's 6 query heads
-    for (uint32_t i = tid; i < rows * kChunksPerRow; i += kThreads) {
-        const uint32_t r = i / kChunksPerRow, c = i % kChunksPerRow;
-        const uint4* src = reinterpret_cast<const uint4*>(q + (static_cast<size_t>(r) * kQHeads + h * kGroup) * kHeadDim);
-        reinterpret_cast<uint4*>(b.q)[i] = src[c];
+    constexpr uint32_t kChunks = kHeadDim / 8;  // 16-byte chunks of a query head
+    for (uint32_t i = tid; i < rows * kGroup * kChunks; i += kThreads) {
+        const uint32_t head = i / kChunks, c = i % kChunks;  // head = r * kGroup + j
+        const uint32_t r = head / kGroup, j = head % kGroup;
+        const uint4* src = reinterpret_cast<const uint4*>(q + (static_cast<size_t>(r) * kQHeads + h * kGroup + j) * kHeadDim);
+        reinterpret_cast<uint4*>(b.q + head * kQStride)[c] = src[c];
     }
     for (uint32_t i = tid; i < kStats * kPStride / 2; i += kThreads) reinterpret_cast<uint32_t*>(b.p)[i] = 0;
     if (tid < kStats) {

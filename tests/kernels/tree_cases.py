@@ -224,8 +224,11 @@ class QuantPool:
         k = torch.randn(shape, generator=cgen, device="cuda").half()
         v = (torch.randn(shape, generator=cgen, device="cuda") * 0.5).half()
         k[0, :3, :, :64] = 0  # all-zero groups: scale fp16(1e-10) = 0, signed-zero decode
-        start = torch.zeros(1, dtype=torch.int32, device="cuda")
-        self.layer.update_kv_direct(start, self.table[None], k, v, tokens)
+        for first in range(0, tokens, 16384):  # in chunks: one 128K-token append crashed ExLlamaV3's update
+            n = min(16384, tokens - first)
+            start = torch.tensor([first], dtype=torch.int32, device="cuda")
+            part = slice(first, first + n)
+            self.layer.update_kv_direct(start, self.table[None], k[:, part], v[:, part], n)
         self.seqlens = torch.tensor([tokens], dtype=torch.int32, device="cuda")
         self.k, self.v = self.layer.get_kv(self.seqlens, self.table[None])
         self.tokens = tokens
