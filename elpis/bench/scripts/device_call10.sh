@@ -9,22 +9,14 @@
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"
-export ELPIS_PROVE_JOBS=14
-( time python3 -m elpis.cli build ) >/tmp/build.log 2>&1 &
-BUILD=$!
-( python3 -m elpis.cli synth --full /tmp/full/target && python3 -m elpis.cli synth --draft /tmp/full/draft ) \
-  >/tmp/synth_full.log 2>&1 &
-SYNTH=$!
-wait $BUILD
-tail -3 /tmp/build.log | tee -a "$OUT/log"
+start_build_and_full_synth
+wait_build
 echo "=== mma kernel tests ($(left) s left)" | tee -a "$OUT/log"
 ELPIS_KERNEL_LOG="$OUT/log" timeout -k 3 90 python3 -m pytest -m gpu tests/kernels/test_tree_attention_mma.py -q \
   -p no:cacheprovider -rfEs --tb=short --durations=5 > "$OUT/mma_pytest.txt" 2>&1
 echo "mma tests exit $?" | tee -a "$OUT/log"
 grep -E "passed|failed|^FAILED|^E " "$OUT/mma_pytest.txt" | tail -8 | tee -a "$OUT/log"
-wait $SYNTH
-tail -1 /tmp/synth_full.log | tee -a "$OUT/log"
+wait_synth
 echo "=== tree verify tests, full size ($(left) s left)" | tee -a "$OUT/log"
 ELPIS_SMALL_DIR=/tmp/full ELPIS_TREE_LOG="$OUT/log" timeout -k 3 120 python3 -m pytest -m gpu \
   tests/exl3/test_tree_verify.py -q -p no:cacheprovider -rfEs --tb=short --durations=5 > "$OUT/tree_pytest.txt" 2>&1

@@ -29,10 +29,6 @@ SYNTH=$!
 wait $BUILD
 tail -4 /tmp/build.log | tee -a "$OUT/log"
 export ELPIS_SMALL_DIR=/tmp/small
-part() {  # name: run one part's script (each bounds itself by `left`)
-  echo "=== $1 ($(left) s left)" | tee -a "$OUT/log"
-  ( source "elpis/bench/scripts/device_part_$1.sh" ) 2>&1 | tail -30
-}
 part accept
 part gdntree
 echo "=== gate configurations ($(left) s left)" | tee -a "$OUT/log"

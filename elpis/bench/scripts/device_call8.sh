@@ -10,22 +10,10 @@
 LIMIT=${LIMIT:-585}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"
-export ELPIS_PROVE_JOBS=14
-( time python3 -m elpis.cli build ) >/tmp/build.log 2>&1 &
-BUILD=$!
-( python3 -m elpis.cli synth --full /tmp/full/target && python3 -m elpis.cli synth --draft /tmp/full/draft ) \
-  >/tmp/synth_full.log 2>&1 &
-SYNTH=$!
-wait $BUILD
-tail -4 /tmp/build.log | tee -a "$OUT/log"
-part() {  # name: run one part's script (each bounds itself by `left`)
-  echo "=== $1 ($(left) s left)" | tee -a "$OUT/log"
-  ( source "elpis/bench/scripts/device_part_$1.sh" ) 2>&1 | tail -30
-}
+start_build_and_full_synth
+wait_build
 part qcache
-wait $SYNTH
-tail -2 /tmp/synth_full.log | tee -a "$OUT/log"
+wait_synth
 export ELPIS_SMALL_DIR=/tmp/full
 part tree
 echo "=== tree profile ($(left) s left)" | tee -a "$OUT/log"

@@ -17,3 +17,20 @@ fi
 if ls .device/caches.tar.xz.part-* >/dev/null 2>&1; then cat .device/caches.tar.xz.part-* | tar -C /tmp -xJf -; fi
 if [ -d .device/accept-cp312 ]; then mkdir -p build && rm -rf build/accept && cp -r .device/accept-cp312 build/accept; fi
 save_caches() { rm -f "$OUT"/caches.tar.xz.part-*; tar -C /tmp -cf - triton tune 2>/dev/null | xz -T16 -1 | split -b 15M - "$OUT/caches.tar.xz.part-"; ls -la "$OUT"; }
+# A fresh machine's first steps: the GPU line in the log, `elpis build` in the background and the full-size
+# synthetic checkpoints (/tmp/full/{target,draft}) beside it; wait_build / wait_synth join them.
+start_build_and_full_synth() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"
+  export ELPIS_PROVE_JOBS=${ELPIS_PROVE_JOBS:-14}
+  ( time python3 -m elpis.cli build ) >/tmp/build.log 2>&1 &
+  BUILD=$!
+  ( python3 -m elpis.cli synth --full /tmp/full/target && python3 -m elpis.cli synth --draft /tmp/full/draft ) \
+    >/tmp/synth_full.log 2>&1 &
+  SYNTH=$!
+}
+wait_build() { wait "$BUILD"; tail -3 /tmp/build.log | tee -a "$OUT/log"; }
+wait_synth() { wait "$SYNTH"; tail -1 /tmp/synth_full.log | tee -a "$OUT/log"; }
+part() {  # name: run one part's script (each bounds itself by `left`)
+  echo "=== $1 ($(left) s left)" | tee -a "$OUT/log"
+  ( source "elpis/bench/scripts/device_part_$1.sh" ) 2>&1 | tail -30
+}
