@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from elpis.bench.workload import ELPIS_SYSTEMS, SYSTEMS, TREE_BUDGETS, TREE_CHECKPOINTS
+from elpis.bench.workload import ELPIS_SYSTEMS, PROFILE_SYSTEMS, SYSTEMS, TREE_BUDGETS, TREE_CHECKPOINTS
 from elpis.paths import BENCH_RESULTS
 
 
@@ -303,9 +303,6 @@ def check_engine_args(args: argparse.Namespace, systems: list[str]) -> bool:
     elif trees:
         args.checkpoints = ",".join(str(c) for c in TREE_CHECKPOINTS)
     return True
-
-
-PROFILE_SYSTEMS = ("stock", "elpis", "elpis-tree16")  # elpis-tree16: a tree-mode round (issue 8)
 
 
 def run_profile(args: argparse.Namespace) -> int:

@@ -480,8 +480,9 @@ def run_profile(args: argparse.Namespace) -> int:
     --profile-prefill) and `rounds` speculative rounds, then plain decode steps, after `warmup` rounds."""
     from elpis.bench.phases import PhaseProfiler
 
-    if args.system not in (["stock"], ["elpis"], ["elpis-tree16"]):
-        raise SystemExit(f"--profile measures stock, elpis or elpis-tree16, not {','.join(args.system)}")
+    if len(args.system) != 1 or args.system[0] not in workload.PROFILE_SYSTEMS:
+        names = ", ".join(workload.PROFILE_SYSTEMS)
+        raise SystemExit(f"--profile measures one of {names}, not {','.join(args.system)}")
     RoundMemory.enabled = False
     out = ResultFile(args.out, args.system)
     res = out[args.system[0]]

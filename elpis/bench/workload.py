@@ -17,6 +17,7 @@ TREE_CHECKPOINTS = (1024, 8192, 32768, 131072)
 CHAIN_ROWS = 8  # rows of a chain round (stock's draft window 7 + the anchor)
 TREE_BUDGETS = {"elpis-tree8": 8, "elpis-tree16": 16}  # tree systems: rows per tree, anchor included
 ELPIS_SYSTEMS = ("elpis", *TREE_BUDGETS)  # measured in one worker process, on one loaded backend
+PROFILE_SYSTEMS = ("stock", "elpis", "elpis-tree16")  # `elpis bench profile`; tree-16: a tree-mode round
 SYSTEMS = ("stock", *ELPIS_SYSTEMS)
 LABELS = {1024: "1K", 8192: "8K", 32768: "32K", 131072: "128K", 262000: "262K", 262144: "262K"}
 KV_GROUP = 32  # quantized cache: one fp16 scale per 32 values
