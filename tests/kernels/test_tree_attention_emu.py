@@ -58,22 +58,9 @@ def emulated(tmp_path_factory: pytest.TempPathFactory) -> dict[int, ctypes.CDLL]
 def _attend(lib: ctypes.CDLL):
     def attend(q, k, v, table, ctx, depth, ancestors):
         ta.check_masks(depth, ancestors)
-        rows = len(depth)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         table = table.to(torch.int32).contiguous()
-        dep = torch.tensor(depth, dtype=torch.int32)
-        anc = torch.tensor(ancestors, dtype=torch.int32)
-        floats = lib.elpis_tree_attention_workspace_floats(rows, ctx, max(depth))
-        work = torch.full((floats,), float("nan"), dtype=torch.float32)
-        out = torch.full((rows, ta.Q_HEADS, ta.HEAD_DIM), float("nan"), dtype=torch.half)
-        lse = torch.full((rows, ta.Q_HEADS), float("nan"), dtype=torch.float32)
-        err = lib.elpis_tree_attention(
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), table.data_ptr(), dep.data_ptr(), anc.data_ptr(),
-            rows, ctx, max(depth), ta.DEFAULT_SCALE, out.data_ptr(), lse.data_ptr(), work.data_ptr(), floats,
-            None,
-        )  # fmt: skip
-        assert err == 0
-        return out, lse
+        return tc.call_emulated(lib, "elpis_tree_attention", (k, v), q, table, ctx, depth, ancestors)
 
     return attend
 

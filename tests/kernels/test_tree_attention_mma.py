@@ -12,10 +12,7 @@ block table). Run with `-m gpu`; results go to $ELPIS_KERNEL_LOG (JSON lines) wh
 
 from __future__ import annotations
 
-import json
-import os
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,11 +27,7 @@ PARENTS = [-1, 0, 1, 2, 3, 4, 5, 6, 7, 0, 8, 9, 10, 2, 12, 13]
 
 
 def _log(record: dict) -> None:
-    line = json.dumps({"test": "tree_attention_mma", **record}, sort_keys=True)
-    print(line)
-    if path := os.environ.get("ELPIS_KERNEL_LOG"):
-        with Path(path).open("a") as fh:
-            fh.write(line + "\n")
+    tc.log_kernel("tree_attention_mma", record)
 
 
 def _layer_args(pool: QuantPool) -> tuple:

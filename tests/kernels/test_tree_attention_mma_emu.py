@@ -21,6 +21,7 @@ from elpis.exl3 import qcache_ref as qr
 from elpis.exl3 import tree_attention as ta
 from elpis.exl3 import tree_attention_ref as ref
 from tests.kernels import cuda_emu
+from tests.kernels.tree_cases import call_emulated
 
 BITS = 3
 GROUPS = ta.KV_HEADS * ta.HEAD_DIM // qr.GROUP
@@ -70,20 +71,7 @@ class Pages:
 
 
 def attend(lib: ctypes.CDLL, pages: Pages, q: torch.Tensor, ctx: int, depth, ancestors):
-    rows = len(depth)
-    dep = torch.tensor(depth, dtype=torch.int32)
-    anc = torch.tensor(ancestors, dtype=torch.int32)
-    floats = lib.elpis_tree_attention_workspace_floats(rows, ctx, max(depth))
-    work = torch.full((floats,), float("nan"), dtype=torch.float32)
-    out = torch.full((rows, ta.Q_HEADS, ta.HEAD_DIM), float("nan"), dtype=torch.half)
-    lse = torch.full((rows, ta.Q_HEADS), float("nan"), dtype=torch.float32)
-    err = lib.elpis_tree_attention_mma(
-        q.data_ptr(), *(t.data_ptr() for t in pages.caches), pages.table.data_ptr(), dep.data_ptr(),
-        anc.data_ptr(), rows, ctx, max(depth), ta.DEFAULT_SCALE, out.data_ptr(), lse.data_ptr(),
-        work.data_ptr(), floats, None,
-    )  # fmt: skip
-    assert err == 0
-    return out, lse
+    return call_emulated(lib, "elpis_tree_attention_mma", pages.caches, q, pages.table, ctx, depth, ancestors)
 
 
 def _queries(rows: int, seed: int) -> torch.Tensor:

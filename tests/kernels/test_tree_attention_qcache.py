@@ -11,7 +11,6 @@ dequantises per layer today) at 32K. Results go to $ELPIS_KERNEL_LOG (JSON lines
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from pathlib import Path
@@ -29,11 +28,7 @@ BITS = 3  # elpis.exl3.engine.KV_BITS: the served cache
 
 
 def _log(record: dict) -> None:
-    line = json.dumps({"test": "tree_attention_qcache", **record}, sort_keys=True)
-    print(line)
-    if path := os.environ.get("ELPIS_KERNEL_LOG"):
-        with Path(path).open("a") as fh:
-            fh.write(line + "\n")
+    tc.log_kernel("tree_attention_qcache", record)
 
 
 @pytest.mark.parametrize(("k_bits", "v_bits"), [(3, 3), (8, 2)])

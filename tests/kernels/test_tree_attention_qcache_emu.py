@@ -21,6 +21,7 @@ from elpis.exl3 import qcache_ref as qr
 from elpis.exl3 import tree_attention as ta
 from elpis.exl3 import tree_attention_ref as ref
 from tests.kernels import cuda_emu
+from tests.kernels.tree_cases import call_emulated
 
 GROUPS = ta.KV_HEADS * ta.HEAD_DIM // qr.GROUP
 _ENTRY = [ctypes.c_void_p] * 6 + [ctypes.c_uint32] * 3 + [ctypes.c_float] + [ctypes.c_void_p] * 3
@@ -62,23 +63,6 @@ def _random_qcache(pool: int, bits: int, rng: np.random.Generator) -> tuple[torc
     return torch.from_numpy(qr.pack_codes(codes, bits)), torch.from_numpy(scales)
 
 
-def _call(lib: ctypes.CDLL, entry: str, caches, q, table, ctx, depth, ancestors):
-    rows = len(depth)
-    dep = torch.tensor(depth, dtype=torch.int32)
-    anc = torch.tensor(ancestors, dtype=torch.int32)
-    floats = lib.elpis_tree_attention_workspace_floats(rows, ctx, max(depth))
-    work = torch.full((floats,), float("nan"), dtype=torch.float32)
-    out = torch.full((rows, ta.Q_HEADS, ta.HEAD_DIM), float("nan"), dtype=torch.half)
-    lse = torch.full((rows, ta.Q_HEADS), float("nan"), dtype=torch.float32)
-    err = getattr(lib, entry)(
-        q.data_ptr(), *(t.data_ptr() for t in caches), table.data_ptr(), dep.data_ptr(), anc.data_ptr(),
-        rows, ctx, max(depth), ta.DEFAULT_SCALE, out.data_ptr(), lse.data_ptr(), work.data_ptr(), floats,
-        None,
-    )  # fmt: skip
-    assert err == 0
-    return out, lse
-
-
 def _check(fp16_lib: ctypes.CDLL, qlib: ctypes.CDLL, k_bits: int, v_bits: int, ctx: int, parents: list[int]):
     rng = np.random.default_rng(ctx * 100 + k_bits * 10 + v_bits)
     rows = len(parents)
@@ -92,8 +76,8 @@ def _check(fp16_lib: ctypes.CDLL, qlib: ctypes.CDLL, k_bits: int, v_bits: int, c
     table = torch.from_numpy(rng.permutation(pool)[:pages].astype(np.int32))
     masks = accept.tree_masks(parents)
     args = (q, table, ctx, masks.depth, masks.ancestors)
-    want, want_lse = _call(fp16_lib, "elpis_tree_attention", (k, v), *args)
-    got, got_lse = _call(qlib, "elpis_tree_attention_qcache", (qk, sk, qv, sv), *args)
+    want, want_lse = call_emulated(fp16_lib, "elpis_tree_attention", (k, v), *args)
+    got, got_lse = call_emulated(qlib, "elpis_tree_attention_qcache", (qk, sk, qv, sv), *args)
     assert torch.isfinite(got).all() and torch.isfinite(got_lse).all()
     assert torch.equal(got, want) and torch.equal(got_lse, want_lse), "quantized read != fp16 read"
     f64, f64_lse = ref.reference_fp64(q, k, v, table, ctx, masks.ancestors, ta.DEFAULT_SCALE)

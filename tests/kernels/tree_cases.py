@@ -7,15 +7,19 @@ is the function under test. Every check compares outputs bit for bit.
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
 from elpis import accept
+from elpis.exl3 import tree_attention as ta
 from elpis.exl3 import tree_attention_ref as ref
 
 Attend = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -66,6 +70,35 @@ def median_ms(fn: Callable[[], object], reps: int = 30) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def call_emulated(lib, entry: str, caches, q, table, ctx: int, depth, ancestors):
+    """One call of an emulated tree-attention entry (`entry` of `lib`, built by cuda_emu) taking q, the cache
+    tensors `caches` (fp16 pages, or packed words and scales), the block table and the masks, with NaN-filled
+    outputs and workspace (so an unwritten value shows). Returns (out fp16 [R, 24, 256], lse [R, 24])."""
+    rows = len(depth)
+    dep = torch.tensor(depth, dtype=torch.int32)
+    anc = torch.tensor(ancestors, dtype=torch.int32)
+    floats = lib.elpis_tree_attention_workspace_floats(rows, ctx, max(depth))
+    work = torch.full((floats,), float("nan"), dtype=torch.float32)
+    out = torch.full((rows, ref.Q_HEADS, ref.HEAD_DIM), float("nan"), dtype=torch.half)
+    lse = torch.full((rows, ref.Q_HEADS), float("nan"), dtype=torch.float32)
+    err = getattr(lib, entry)(
+        q.data_ptr(), *(t.data_ptr() for t in caches), table.data_ptr(), dep.data_ptr(), anc.data_ptr(),
+        rows, ctx, max(depth), ta.DEFAULT_SCALE, out.data_ptr(), lse.data_ptr(), work.data_ptr(),
+        floats, None,
+    )  # fmt: skip
+    assert err == 0
+    return out, lse
+
+
+def log_kernel(test: str, record: dict) -> None:
+    """Print one JSON result line of a GPU kernel test and append it to $ELPIS_KERNEL_LOG when set."""
+    line = json.dumps({"test": test, **record}, sort_keys=True)
+    print(line)
+    if path := os.environ.get("ELPIS_KERNEL_LOG"):
+        with Path(path).open("a") as fh:
+            fh.write(line + "\n")
 
 
 def make_case(ctx: int, parents: list[int], seed: int, device: str = "cpu") -> Case:
