@@ -41,12 +41,6 @@
 #if !ELPIS_TREE_ATTN_STAGED
 #error "ELPIS_TREE_ATTN_QCACHE dequantises while staging: it needs ELPIS_TREE_ATTN_STAGED=1"
 #endif
-#ifndef ELPIS_QCACHE_K_BITS
-#define ELPIS_QCACHE_K_BITS 3
-#endif
-#ifndef ELPIS_QCACHE_V_BITS
-#define ELPIS_QCACHE_V_BITS 3
-#endif
 #endif
 
 namespace {

@@ -9,6 +9,14 @@
 
 #include "verify_schedule.h"
 
+// Bits per K and V value of the quantized-cache builds (2..8); the served cache is 3/3.
+#ifndef ELPIS_QCACHE_K_BITS
+#define ELPIS_QCACHE_K_BITS 3
+#endif
+#ifndef ELPIS_QCACHE_V_BITS
+#define ELPIS_QCACHE_V_BITS 3
+#endif
+
 namespace {
 
 constexpr uint32_t kHeadDim = 256;

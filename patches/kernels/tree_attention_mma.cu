@@ -30,13 +30,6 @@
 // (mma.sync, no wgmma/TMA); dynamic shared memory 93,508 bytes (sm_86 allows 99 KB per block).
 #include "tree_attention_common.cuh"
 
-#ifndef ELPIS_QCACHE_K_BITS
-#define ELPIS_QCACHE_K_BITS 3
-#endif
-#ifndef ELPIS_QCACHE_V_BITS
-#define ELPIS_QCACHE_V_BITS 3
-#endif
-
 #ifdef ELPIS_CUDA_EMU
 #define ELPIS_DYNAMIC_SMEM(name) alignas(16) static uint8_t name[kSmemBytes]
 #else
