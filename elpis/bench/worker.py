@@ -9,17 +9,17 @@ Every system runs the same schedule on the same checkpoint and the same prompt:
   ones -> fresh TTFT at 8K and 32K (new prompts, nothing cached) while time remains.
 Several elpis systems in one process take turns at each checkpoint: the first of them pays the prefill, the
 others are served by the prefix cache (their TTFT is not a prefill figure); tree systems measure speculative
-rounds only (their plain steps are 16-row tree verifies, not part of the comparison). `--spec-only` skips
-plain steps and fresh TTFT for every system.
+rounds only (their plain steps are tree verifies of 8 / 16 rows, not part of the comparison). `--spec-only`
+skips plain steps and fresh TTFT for every system.
 
 stock: ExLlamaV3's own Generator (DFlash2 draft, ArgmaxSampler, its own accept-while-match), plain steps by
 switching its draft window to 0 inside the same job. elpis: `elpis.spec.SpeculativeGenerator` over
 `Exl3Backend` with the proven acceptor (chain, draft_top_k=1); plain steps through the same generator without
 a drafter and without row padding. elpis-tree8/16: the same backend loaded in tree mode
-(`load_backend(tree=True)`: every verify runs as a 16-row tree through elpis's tree kernels), the speculation
-core building trees of 8 / 16 rows from the DFlash2 drafter's top-k (`--tree-top-k`); `elpis` in the same
-process switches the backend to chain mode (8 fixed rows, stock kernels) for its turns. With random weights
-every draft is rejected: one token per round.
+(`load_backend(tree=True)`: every verify runs as a tree of 8 rows for tree-8, 16 for tree-16, through elpis's
+tree kernels), the speculation core building trees of 8 / 16 rows from the DFlash2 drafter's top-k
+(`--tree-top-k`); `elpis` in the same process switches the backend to chain mode (8 fixed rows, stock kernels)
+for its turns. With random weights every draft is rejected: one token per round.
 
 Memory a round needs: before each measured request the allocation is read (model, cache and whatever stays
 resident), the peak counter is reset after the first step (which includes the prefill), and the peak over the
@@ -185,7 +185,7 @@ class Variant:
     """How the speculation core drives the backend for one elpis system."""
 
     name: str
-    tree: bool  # backend in tree mode (every verify a 16-row tree) instead of chain mode (8 fixed rows)
+    tree: bool  # backend in tree mode (every verify a tree of tree_run(budget) rows) instead of chain mode
     budget: int  # rows per round, anchor included
     top_k: int  # drafter candidates per depth (1: chains)
 
@@ -219,10 +219,10 @@ class ElpisSystem:
 
     def _mode(self, draft: bool) -> None:
         """Put the backend in the current variant's mode (between sequences only)."""
-        from elpis.exl3.tree_verify import TREE_ROWS
+        from elpis.exl3.tree_verify import tree_run
 
         if self.variant.tree:
-            self.backend.tree, self.backend.fixed_rows = True, TREE_ROWS
+            self.backend.tree, self.backend.fixed_rows = True, tree_run(self.variant.budget)
         else:  # plain steps of the chain system run unpadded, as in a chain-mode load
             self.backend.tree = False
             self.backend.fixed_rows = workload.CHAIN_ROWS if draft else None
@@ -231,7 +231,7 @@ class ElpisSystem:
         from elpis.exl3.tree_verify import TREE_ROWS
 
         self.backend.tree = self.tree_loaded
-        self.backend.fixed_rows = TREE_ROWS if self.tree_loaded else workload.CHAIN_ROWS
+        self.backend.fixed_rows = TREE_ROWS if self.tree_loaded else workload.CHAIN_ROWS  # as loaded
 
     def generate_direct(self, prompt: list[int], tokens: int, draft: bool) -> dict[str, Any]:
         """Rounds straight on the backend without the speculation core: commit the anchor row only (valid

@@ -30,6 +30,7 @@ def load_backend(
     gdn_state_fp32: bool = True,
     warmup: bool = True,
     tree: bool = False,
+    tree_rows: int = 16,
 ) -> Exl3Backend:
     """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
 
@@ -40,9 +41,9 @@ def load_backend(
     `gdn_state_fp32`: store the Gated DeltaNet recurrent state in fp32 (ExLlamaV3's default is fp16, rounded
     once per forward pass, so a state advanced by an 8-row pass differs from one advanced token by token and
     accepted drafts can change the output; measured on the H200, bench/results/lossless-2026-11-30.md).
-    `tree`: verify token trees of up to 16 rows through elpis's tree kernels (`elpis.exl3.tree_verify`);
-    every verify, plain decoding included, then runs as 16 rows, so `fixed_rows` (chain mode only) is not
-    used. Needs `gdn_state_fp32`. Off by default until the GPU evidence of issue 8 is in.
+    `tree`: verify token trees through elpis's tree kernels (`elpis.exl3.tree_verify`); every verify, plain
+    decoding included, then runs as `tree_rows` rows (8 or 16: trees of up to that many rows), which
+    replaces `fixed_rows`. Needs `gdn_state_fp32`. Off by default until the GPU evidence of issue 8 is in.
     """
     import torch
 
@@ -51,8 +52,6 @@ def load_backend(
     from elpis.exl3.backend import Exl3Backend
     from elpis.exl3.engine import CACHE_TOKENS, load_engine
     from elpis.exl3.persist import bound_cache_dir
-    from elpis.exl3.tree_verify import TREE_ROWS
-
     if not 1 <= max_context <= CACHE_TOKENS - 16:
         raise ValueError(f"max_context must be in 1..{CACHE_TOKENS - 16}, got {max_context}")
     if tree and not gdn_state_fp32:
@@ -68,7 +67,7 @@ def load_backend(
         engine,
         model_id=model_id,
         max_context=max_context,
-        fixed_rows=TREE_ROWS if tree else fixed_rows,
+        fixed_rows=tree_rows if tree else fixed_rows,
         host_cache_bytes=int(host_cache_gib * GiB),
         disk_cache_dir=disk,
         prefix_cache=prefix_cache,

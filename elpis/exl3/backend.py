@@ -20,11 +20,12 @@ ExLlamaV3's; this module decides what runs and keeps the bookkeeping:
   place and overwritten by the next round; the draft's K/V are updated from the accepted rows' tap states.
 
 Tree mode (`tree=True`, issue 8; off by default until the GPU evidence is in): every verify, a 1-row plain
-decoding step included, runs as a 16-row token tree through `elpis.exl3.tree_verify` (our tree attention and
-Gated DeltaNet kernels inside ExLlamaV3's forward, rows at positions kvp + depth, padding rows as leaves of
-the root), so plain and speculative decoding share every kernel and a row's arithmetic depends only on its
-own path. Its commit takes any root-first path of the tree: the accepted rows' K/V move to sequential slots,
-the GDN state replays the path from the committed state, and the draft is fed the path rows' tap states.
+decoding step included, runs as a token tree of `fixed_rows` rows (8 or 16, `tree_verify.TREE_RUNS`) through
+`elpis.exl3.tree_verify` (our tree attention and Gated DeltaNet kernels inside ExLlamaV3's forward, rows at
+positions kvp + depth, padding rows as leaves of the root), so plain and speculative decoding share every
+kernel and a row's arithmetic depends only on its own path. Its commit takes any root-first path of the tree:
+the accepted rows' K/V move to sequential slots, the GDN state replays the path from the committed state, and
+the draft is fed the path rows' tap states.
 
 Acceptance is never decided here: `elpis.spec` calls `elpis.accept` and passes the committed rows.
 Every entry point runs under `torch.inference_mode()`: ExLlamaV3 allocates its caches and states in it.
@@ -43,7 +44,8 @@ import torch
 from elpis.backend import BackendError, BackendInfo
 from elpis.exl3.engine import CHUNK, Engine
 from elpis.exl3.prefix import PAGE, GiB, PrefixCache, Snapshot, prefill_boundaries, prefix_key
-from elpis.exl3.tree_verify import TREE_ROWS, TreeCall, TreeLayout, check_parents, check_path, layout_tree
+from elpis.exl3.tree_verify import TREE_RUNS, TreeCall, TreeLayout, check_parents, check_path, layout_tree
+from elpis.exl3.upload import pinned, upload
 
 MAX_ROWS = 16
 
@@ -211,7 +213,7 @@ class Exl3Backend:
         table = torch.zeros((1, width), dtype=torch.int32)
         n = min(width, len(self.pages))
         table[0, :n] = torch.tensor(self.pages[:n], dtype=torch.int32)
-        return table
+        return table.pin_memory()  # pinned: ExLlamaV3 uploads it in stream order, without a sync
 
     def _register_full_pages(self) -> None:
         """Name every page the prefill has filled (they become shareable prefix pages)."""
@@ -303,7 +305,7 @@ class Exl3Backend:
             raise BackendError("verify() twice without commit()")
         tokens = [int(t) for t in tokens]
         if self.tree:
-            layout = layout_tree(check_parents(list(parents), len(tokens)))
+            layout = layout_tree(check_parents(list(parents), len(tokens)), run=self.tree_run())
         else:
             check_chain(parents, len(tokens))
         bad = [t for t in tokens if not 0 <= t < self.info.vocab_size]
@@ -336,7 +338,7 @@ class Exl3Backend:
             )
         ids = tokens + [tokens[0]] * (layout.run - rows)  # padding leaves: the anchor again, never read
         call = TreeCall(layout, kvp, self.state.slot, self.state.base_row())
-        extra = {"position_ids": torch.tensor([layout.position_ids(kvp)], dtype=torch.int32)}
+        extra = {"position_ids": pinned(layout.position_ids(kvp), torch.int32).view(1, -1)}
         with tree_forward(call):
             out, export = self._forward(ids, kvp, history=False, extra=extra)
         self.state.position = kvp  # nothing is committed until commit(); the forward advanced it by run
@@ -359,7 +361,7 @@ class Exl3Backend:
             "attn_mode": "flash_attn",
             "block_table": self.block_table(stock_table_width(kvp + 1 + 2 * (run - 1))),
             "cache": engine.cache,
-            "cache_seqlens": torch.tensor([kvp], dtype=torch.int32),
+            "cache_seqlens": pinned([kvp], torch.int32),
             "recurrent_states": [self.state],
             "recurrent_history": run > 1 if history is None else history,
             # pinned, stream-ordered embedding upload: every round ends in a token read-back (a sync) before
@@ -396,7 +398,7 @@ class Exl3Backend:
                 cache=engine.draft_cache,
                 params={
                     "block_table": self._last_table,
-                    "cache_seqlens": torch.tensor([pending.kvp], dtype=torch.int32),
+                    "cache_seqlens": pinned([pending.kvp], torch.int32),
                 },
                 lengths=[count],
             )
@@ -417,13 +419,13 @@ class Exl3Backend:
         commit_kv(engine.cache, self.pages, pending.kvp, path)
         commit_gdn(call, path)
         if engine.draft is not None and pending.export is not None:
-            index = torch.tensor(path, dtype=torch.long, device=pending.export[0].device)
+            index = upload(path, torch.long, pending.export[0].device)
             engine.draft.update_kv_from_target(
                 target_hidden=[t.index_select(1, index) for t in pending.export],
                 cache=engine.draft_cache,
                 params={
                     "block_table": self._last_table,
-                    "cache_seqlens": torch.tensor([pending.kvp], dtype=torch.int32),
+                    "cache_seqlens": pinned([pending.kvp], torch.int32),
                 },
                 lengths=[count],
             )
@@ -449,10 +451,15 @@ class Exl3Backend:
         self.state, self.pages, self.tokens, self.keys, self.snaps = None, [], [], [], []
         self.anchor, self.pending, self.active = None, None, False
 
+    def tree_run(self) -> int:
+        """Rows of every tree-mode verify (`fixed_rows`, one of TREE_RUNS), checked: the bench switches it
+        between generations."""
+        return check_tree_rows(self.fixed_rows)
+
     def verify_cost(self, rows: int) -> float | None:
         """Relative cost of `rows` rows: constant with fixed_rows or in tree mode (every call runs the same
         shape)."""
-        if self.tree and 1 <= rows <= TREE_ROWS:
+        if self.tree and 1 <= rows <= self.tree_run():
             return 1.0
         if self.fixed_rows is not None and rows <= self.fixed_rows:
             return 1.0
@@ -465,12 +472,19 @@ def gdn_state_dtypes(engine: Any) -> set[torch.dtype]:
     return {layer.recurrent_state.dtype for layer in layers if hasattr(layer, "recurrent_state")}
 
 
+def check_tree_rows(fixed_rows: int | None) -> int:
+    """A tree-mode backend's rows per verify, which must be one of TREE_RUNS."""
+    if fixed_rows not in TREE_RUNS:
+        raise ValueError(
+            f"tree mode runs every verify as one of {TREE_RUNS} rows (fixed_rows); got {fixed_rows}"
+        )
+    assert fixed_rows is not None
+    return fixed_rows
+
+
 def check_tree_mode(state_dtypes: set[torch.dtype], fixed_rows: int | None) -> None:
     """Refuse a tree-mode backend the tree kernels cannot serve exactly."""
-    if fixed_rows not in (None, TREE_ROWS):
-        raise ValueError(
-            f"tree mode runs every verify as {TREE_ROWS} rows; fixed_rows must be {TREE_ROWS} or None"
-        )
+    check_tree_rows(fixed_rows)
     if state_dtypes != {torch.float32}:
         raise ValueError(
             "tree mode needs the Gated DeltaNet state in fp32 (load with gdn_state_fp32=True); "

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from elpis.backend import DraftBlock
+from elpis.exl3.upload import pinned
 
 if TYPE_CHECKING:
     from elpis.exl3.backend import Exl3Backend
@@ -60,7 +61,7 @@ class DFlash2Drafter:
             "attn_mode": "flash_attn",
             "block_table": backend.block_table(stock_table_width(kvp + 1 + block)),
             "cache": engine.draft_cache,
-            "cache_seqlens": torch.tensor([kvp], dtype=torch.int32),
+            "cache_seqlens": pinned([kvp], torch.int32),
             # the round's token read-back is the sync point before the staging buffer is reused
             "pinned_staging": True,
         }

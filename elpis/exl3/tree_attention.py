@@ -216,6 +216,18 @@ def _check_call(
     return block_table
 
 
+@lru_cache(maxsize=256)
+def _device_masks(depth: tuple[int, ...], ancestors: tuple[int, ...], device: str) -> torch.Tensor:
+    """depth then ancestors as int32 on `device`, uploaded once per tree shape in stream order: every
+    attention layer of a verify reads the same masks, and a synchronising upload per layer would stall the
+    host 16 times per forward. The cached tensors are never written."""
+    import torch
+
+    from elpis.exl3.upload import upload
+
+    return upload([*depth, *ancestors], torch.int32, device)
+
+
 def _run(
     entry: Any,
     lib: ctypes.CDLL,
@@ -232,7 +244,7 @@ def _run(
 
     rows, device = len(depth), q.device
     max_depth = max(depth)
-    masks = torch.tensor([*depth, *ancestors], dtype=torch.int32).to(device)
+    masks = _device_masks(tuple(depth), tuple(ancestors), str(device))
     floats = int(lib.elpis_tree_attention_workspace_floats(rows, ctx, max_depth))
     workspace = torch.empty(floats, dtype=torch.float32, device=device)
     out = torch.empty((rows, Q_HEADS, HEAD_DIM), dtype=torch.half, device=device)

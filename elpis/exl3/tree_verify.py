@@ -1,8 +1,9 @@
 """Token-tree verify inside ExLlamaV3's forward pass (issue 8, items 2-4): our kernels, run-time patches.
 
-A tree-mode verify runs the target's ordinary `Model.forward` over a fixed number of rows (`TREE_ROWS`,
-padding rows hang off the root as leaves, so no real row can see them) with `position_ids = kvp + depth`.
-Inside `tree_forward(...)` (a context manager) and only there, four ExLlamaV3 functions behave differently:
+A tree-mode verify runs the target's ordinary `Model.forward` over a fixed number of rows (one of
+`TREE_RUNS`, chosen per backend; padding rows hang off the root as leaves, so no real row can see them) with
+`position_ids = kvp + depth`. Inside `tree_forward(...)` (a context manager) and only there, four ExLlamaV3
+functions behave differently:
 
 - `Attention.bc_attn_step` declines (the graph-captured decode block bakes a causal mask), so the eager path
   of `Attention.decode_flash_attn` runs: stock projections, q/k norms and RoPE at the rows' position ids.
@@ -34,7 +35,18 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-TREE_ROWS = 16  # rows of every tree-mode verify (the kernels' maximum): one shape for all GEMMs
+TREE_ROWS = 16  # the tree kernels' maximum rows
+# Row counts a tree-mode backend may run every verify at: one shape for all GEMMs per backend (a row's bits
+# depend on it). 8 rows keep ExLlamaV3's graph-captured MLP (at most 8 rows) and the chain path's GEMM shapes.
+TREE_RUNS = (8, TREE_ROWS)
+
+
+def tree_run(budget: int) -> int:
+    """The smallest run size that holds trees of `budget` rows."""
+    for run in TREE_RUNS:
+        if budget <= run:
+            return run
+    raise ValueError(f"tree budget {budget} is over the kernels' {TREE_ROWS} rows")
 PAGE = 256
 
 
@@ -432,20 +444,24 @@ def commit_kv(cache: Any, pages: Sequence[int], kvp: int, path: Sequence[int]) -
     from slot kvp+row to kvp+i. Returns the number of rows moved."""
     import torch
 
+    from elpis.exl3.upload import upload
+
     moves = kv_moves(kvp, path)
     if not moves:
         return 0
     src_pages, src_offsets = slot_pages([s for s, _ in moves], pages)
     dst_pages, dst_offsets = slot_pages([d for _, d in moves], pages)
+    indices: dict[Any, tuple[Any, ...]] = {}  # per device, uploaded once for all layers
     for layer in cache.layers.values():
         tensors = [t for t in layer.get_tensors() if t is not None]
         if not tensors:
             continue
         device = tensors[0].device
-        sp, so, dp, do = (
-            torch.tensor(x, dtype=torch.long, device=device)
-            for x in (src_pages, src_offsets, dst_pages, dst_offsets)
-        )
+        if device not in indices:
+            indices[device] = tuple(
+                upload(x, torch.long, device) for x in (src_pages, src_offsets, dst_pages, dst_offsets)
+            )
+        sp, so, dp, do = indices[device]
         for t in tensors:
             t[dp, do] = t[sp, so]  # the gather completes before the scatter: bitwise row copies
     return len(moves)

@@ -11,9 +11,10 @@ checked against its pinned SHA-256).
 
 Speculation shape: by default the speculation core drafts chains (one candidate per depth, `--tree-budget`
 rows, default 8), which every backend verifies. `--tree` makes it build token trees from the drafter's top-k
-candidates (`--tree-budget`, default 16): the exl3 backend is then loaded in tree mode (every verify a 16-row
-tree through elpis's tree kernels) and needs a DFlash2 draft directory; the reference backend verifies trees
-exactly as it is, so there `--tree` only switches tree building on (with `--draft ngram`).
+candidates (`--tree-budget`, default 16): the exl3 backend is then loaded in tree mode (every verify a tree of
+8 rows for budgets up to 8, else 16, through elpis's tree kernels) and needs a DFlash2 draft directory; the
+reference backend verifies trees exactly as it is, so there `--tree` only switches tree building on (with
+`--draft ngram`).
 """
 
 from __future__ import annotations
@@ -211,6 +212,10 @@ def exl3_load_options(args: argparse.Namespace) -> dict:
         "disk_cache_dir": args.prefix_cache_dir,
         "tree": bool(args.tree),
     }
+    if args.tree:  # every verify runs the smallest tree shape that holds the budget (8 or 16 rows)
+        from elpis.exl3.tree_verify import tree_run
+
+        options["tree_rows"] = tree_run(speculation_shape(args)[0])
     if args.max_context is not None:
         options["max_context"] = args.max_context
     return options

@@ -137,14 +137,23 @@ def test_slot_pages_maps_through_the_page_list():
 def test_tree_mode_refuses_fp16_gdn_state_and_other_row_counts():
     import torch
 
-    check_tree_mode({torch.float32}, None)
-    check_tree_mode({torch.float32}, tv.TREE_ROWS)
+    for run in tv.TREE_RUNS:
+        check_tree_mode({torch.float32}, run)
     with pytest.raises(ValueError, match="fp32"):
-        check_tree_mode({torch.float16}, None)
+        check_tree_mode({torch.float16}, 16)
     with pytest.raises(ValueError, match="fp32"):
-        check_tree_mode(set(), None)  # a model without GDN layers is not what the kernels are for
-    with pytest.raises(ValueError, match="fixed_rows must be 16"):
-        check_tree_mode({torch.float32}, 8)
+        check_tree_mode(set(), 16)  # a model without GDN layers is not what the kernels are for
+    for rows in (None, 1, 7, 9, 12, 17):
+        with pytest.raises(ValueError, match=r"one of \(8, 16\) rows"):
+            check_tree_mode({torch.float32}, rows)
+
+
+def test_tree_run_is_the_smallest_shape_holding_the_budget():
+    assert [tv.tree_run(b) for b in range(1, 17)] == [8] * 8 + [16] * 8
+    with pytest.raises(ValueError, match="over the kernels' 16 rows"):
+        tv.tree_run(17)
+    layout = tv.layout_tree([-1, 0, 0, 1], run=tv.tree_run(4))
+    assert layout.run == 8 and layout.parents == (-1, 0, 0, 1, 0, 0, 0, 0)
 
 
 def test_load_backend_tree_needs_fp32_state(monkeypatch):

@@ -12,11 +12,13 @@ What they establish:
 (d) the stock chain path is unchanged once the patches are installed, and tree-mode greedy output against
     the stock chain path is reported (agreement and logit error; different kernels, not required bitwise);
 (e) (a) again at a 32K-token context.
+(a)-(c) run for both tree shapes a backend can be set to (`TREE_RUNS`: every verify 8 rows, or 16).
 Decisions are made by the proven acceptor (`elpis.accept.tree`; `make build` / `elpis build` first).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -25,6 +27,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
+from elpis.exl3.tree_verify import TREE_RUNS, tree_run
 from tests.exl3.test_gpu import decoder, oracle_generate, prompt, small  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
@@ -41,6 +44,17 @@ def log(record: dict) -> None:
     if path:
         with open(path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
+
+
+@contextlib.contextmanager
+def run_rows(backend, run: int):
+    """The backend with every tree verify at `run` rows (between sequences only), as loaded afterwards."""
+    loaded = backend.fixed_rows
+    backend.fixed_rows = run
+    try:
+        yield backend
+    finally:
+        backend.fixed_rows = loaded
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +159,8 @@ def test_bad_trees_and_paths_refused(backend):
             backend.verify([ids[-1], 5, 6], [-1, 2, 0])
         with pytest.raises(ValueError, match=r"1\.\.16"):
             backend.verify([ids[-1]] * 17, [-1] + [0] * 16)
+        with run_rows(backend, 8), pytest.raises(ValueError, match="cannot run as 8 rows"):
+            backend.verify([ids[-1]] * 9, [-1] + [0] * 8)
         backend.verify([ids[-1], 5, 6, 7], [-1, 0, 0, 1])
         with pytest.raises(ValueError, match="root-first path"):
             backend.commit([0, 2, 3])
@@ -179,9 +195,15 @@ def tree_logits(backend, ids: Sequence[int], tokens: list[int], parents: list[in
         backend.finish()
 
 
-def test_row_logits_are_row_invariant(backend):
+@pytest.mark.parametrize("run", TREE_RUNS)
+def test_row_logits_are_row_invariant(backend, run):
     """The path's rows give the plain decoding logits bit for bit, at any row index, beside any siblings, in
     any tree shape and size."""
+    with run_rows(backend, run):
+        check_row_invariance(backend, [n for n in (5, 6, 8, 12, 16, 16, 9, 7) if n <= run])
+
+
+def check_row_invariance(backend, sizes: Sequence[int]) -> None:
     import torch
 
     vocab = backend.info.vocab_size
@@ -189,7 +211,7 @@ def test_row_logits_are_row_invariant(backend):
     rng = random.Random(5)
     path = [rng.randrange(vocab) for _ in range(4)]
     reference = path_logits(backend, ids, path)
-    for trial, size in enumerate((5, 6, 8, 12, 16, 16, 9)):
+    for trial, size in enumerate(sizes):
         tokens, parents = random_tree(size, path, rng, vocab)
         tokens[0] = ids[-1]
         logits = tree_logits(backend, ids, tokens, parents)
@@ -201,25 +223,31 @@ def test_row_logits_are_row_invariant(backend):
             same = torch.equal(logits[r], reference[depth])
             if not same:
                 diff = (logits[r] - reference[depth]).abs().max().item()
-                log(
-                    {"test": "row_invariance", "trial": trial, "row": r, "depth": depth, "max_abs_diff": diff}
-                )
+                log({"test": "row_invariance", "run": backend.fixed_rows, "trial": trial, "row": r,
+                     "depth": depth, "max_abs_diff": diff})  # fmt: skip
             assert same, f"trial {trial}: row {r} (depth {depth}) of {parents} differs from plain decoding"
-    log({"test": "row_invariance", "trials": 7, "ok": True})
+    log({"test": "row_invariance", "run": backend.fixed_rows, "trials": len(sizes), "ok": True})
 
 
-def test_tree_speculation_is_lossless(backend):
+@pytest.mark.parametrize("run", TREE_RUNS)
+def test_tree_speculation_is_lossless(backend, run):
+    with run_rows(backend, run):
+        check_lossless(backend, [n for n in SIZES if n <= run])
+
+
+def check_lossless(backend, sizes: Sequence[int]) -> None:
     vocab = backend.info.vocab_size
     for seed, length in ((21, 700), (22, 1900)):
         ids = prompt(length, seed, vocab)
         truth, rounds = tree_generate(backend, ids, TOKENS, plain)
         assert rounds == [1] * TOKENS
-        for size in SIZES:
+        for size in sizes:
             t0 = time.perf_counter()
             got, rounds = tree_generate(backend, ids, TOKENS, replay(truth, size, seed * 100 + size, vocab))
             seconds = round(time.perf_counter() - t0, 3)
             first = next((i for i, (a, b) in enumerate(zip(got, truth, strict=True)) if a != b), None)
-            record = {"prompt": seed, "size": size, "rounds": rounds, "first_diff": first, "seconds": seconds}
+            record = {"prompt": seed, "run": backend.fixed_rows, "size": size, "rounds": rounds,
+                      "first_diff": first, "seconds": seconds}  # fmt: skip
             log({"test": "tree_replay", **record})
             assert first is None, f"prompt {seed}, {size}-row trees: output differs at token {first}"
             if size > 1:
@@ -227,7 +255,8 @@ def test_tree_speculation_is_lossless(backend):
             got, rounds = tree_generate(backend, ids, TOKENS, always_wrong(truth, size, seed + size, vocab))
             assert rounds == [1] * TOKENS
             first = next((i for i, (a, b) in enumerate(zip(got, truth, strict=True)) if a != b), None)
-            log({"test": "tree_wrong", "prompt": seed, "size": size, "first_diff": first})
+            log({"test": "tree_wrong", "prompt": seed, "run": backend.fixed_rows, "size": size,
+                 "first_diff": first})  # fmt: skip
             assert first is None, f"prompt {seed}, {size}-row wrong trees: output differs at token {first}"
 
 
@@ -237,21 +266,23 @@ def test_product_path_with_draft_trees(backend, decoder):  # noqa: F811
     from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
 
     ids = prompt(1000, 51, backend.info.vocab_size)
-    truth, _ = tree_generate(backend, ids, TOKENS, plain)
-    for budget, top_k in ((8, 2), (16, 4)):
-        gen = SpeculativeGenerator(
-            backend, decoder, drafter=backend.drafter, tree_budget=budget, draft_top_k=top_k
-        )
-        request = GenerationRequest(
-            prompt_ids=tuple(ids), max_tokens=TOKENS, sampling=SamplingParams(), ignore_eos=True
-        )
-        out, stats = [], None
-        for step in gen.generate(request):
-            out.extend(step.token_ids)
-            if step.finish_reason is not None:
-                stats = step.stats
+    for budget, top_k in ((8, 2), (16, 4), (6, 3)):
+        with run_rows(backend, tree_run(budget)):
+            truth, _ = tree_generate(backend, ids, TOKENS, plain)
+            gen = SpeculativeGenerator(
+                backend, decoder, drafter=backend.drafter, tree_budget=budget, draft_top_k=top_k
+            )
+            request = GenerationRequest(
+                prompt_ids=tuple(ids), max_tokens=TOKENS, sampling=SamplingParams(), ignore_eos=True
+            )
+            out, stats = [], None
+            for step in gen.generate(request):
+                out.extend(step.token_ids)
+                if step.finish_reason is not None:
+                    stats = step.stats
         first = next((i for i, (a, b) in enumerate(zip(out, truth, strict=False)) if a != b), None)
-        log({"test": "product_tree", "budget": budget, "top_k": top_k, "first_diff": first,
+        log({"test": "product_tree", "budget": budget, "run": tree_run(budget), "top_k": top_k,
+             "first_diff": first,
              "committed_per_round": stats.committed_per_round if stats else None})  # fmt: skip
         assert out == truth, f"tree budget {budget}, top-{top_k}: differs from plain decoding at {first}"
 
@@ -265,6 +296,7 @@ def test_chain_path_untouched_and_tree_against_stock(backend):
     ids = prompt(1200, 41, vocab)
     tree_tokens, _ = tree_generate(backend, ids, TOKENS, plain)
     assert tree_verify.installed()
+    loaded = backend.fixed_rows
     backend.tree, backend.fixed_rows = False, 8
     try:
         chain_tokens, _, _ = oracle_generate(backend, ids, TOKENS)
@@ -275,7 +307,7 @@ def test_chain_path_untouched_and_tree_against_stock(backend):
         finally:
             backend.finish()
     finally:
-        backend.tree, backend.fixed_rows = True, tree_verify.TREE_ROWS
+        backend.tree, backend.fixed_rows = True, loaded
     assert chain_again == chain_tokens, "chain mode with the draft differs from chain mode without it"
     backend.begin(ids)
     try:

@@ -66,10 +66,15 @@ def test_exl3_load_options_carry_tree_mode(tmp_path: Path):
     assert (
         options["tree"] is True and options["model_id"] == cli.REAL_MODEL_ID and "max_context" not in options
     )
+    assert options["tree_rows"] == 16  # the default budget (16 rows) needs the 16-row shape
+    small = cli.exl3_load_options(
+        serve_args("--backend", "exl3", "--draft", "d", "--tree", "--tree-budget", "6")
+    )
+    assert small["tree_rows"] == 8
     options = cli.exl3_load_options(
         serve_args("--backend", "exl3", "--max-context", "4096", "--prefix-cache-dir", str(tmp_path))
     )
-    assert options["tree"] is False and options["max_context"] == 4096
+    assert options["tree"] is False and options["max_context"] == 4096 and "tree_rows" not in options
     assert options["disk_cache_dir"] == tmp_path
     # every option is a keyword of the loader
     import inspect

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Part "treebench" (issue 8 evidence, `elpis bench`): one `elpis bench engine` run on the full-size synthetic
 # checkpoints (/tmp/full/{target,draft}) measuring ms per round of stock chain-8 (ExLlamaV3's generator),
-# elpis chain-8, elpis tree-8 and elpis tree-16 (tree mode: every verify a 16-row tree through elpis's
+# elpis chain-8, elpis tree-8 and elpis tree-16 (tree mode: every verify a tree of 8 or 16 rows through elpis's
 # kernels; the speculation core builds trees from the DFlash2 drafter's top-k) at 1K/8K/32K/128K, speculative
 # rounds only, with each system's round scratch (peak GPU allocation during the rounds over the allocation
 # before the request). The report's tree table gives PASS/MISS per context for the issue's targets (tree-8
