@@ -70,6 +70,7 @@ PATCHES: dict[str, str] = {
 # Registry patches that are no gate candidate: always applied, and they change no arithmetic of Qwen3.8.
 NEUTRAL_PATCHES: dict[str, str] = {
     "exl3-trim-padded-out": "trims padded linear outputs; no Qwen3.8 linear has one (SmolLM2's 576 does)",
+    "exl3-async-slice-pointers": "uploads the sliced GEMM's output pointers in stream order; same pointers",
 }
 ELPIS_DEFAULTS = ("fixed-rows-8", "gdn-state-fp32")
 INT8_PATCH = "exl3-int8-gemv-off"
