@@ -211,6 +211,7 @@ class ElpisSystem:
             fixed_rows=workload.CHAIN_ROWS,
             host_cache_gib=8.0,
             tree=self.tree_loaded,
+            tree_graphs=self.tree_loaded and getattr(args, "tree_graphs", False),
         )
         self.decoder = BenchDecoder(args.model)
         self.vocab = self.backend.info.vocab_size
@@ -459,6 +460,7 @@ def load_system(args: argparse.Namespace, out: ResultFile):
             loop=args.elpis_loop,
             gdn_state_dtype=str(next(iter(layers)).recurrent_state.dtype),
             backend_tree_mode=system.tree_loaded,
+            backend_tree_graphs=system.backend.graphs is not None,
         )
     notes["peak_after_load"] = peak_memory()
     for name in args.system:
@@ -685,6 +687,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--spec-only", action="store_true", help="speculative rounds only: no plain steps, no fresh TTFT"
+    )
+    parser.add_argument(
+        "--tree-graphs",
+        action="store_true",
+        help="tree systems: replay tree verifies from captured CUDA graphs",
     )
     parser.add_argument("--profile", action="store_true", help="per-phase profile instead of timings")
     parser.add_argument(

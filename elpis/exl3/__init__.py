@@ -31,6 +31,7 @@ def load_backend(
     warmup: bool = True,
     tree: bool = False,
     tree_rows: int = 16,
+    tree_graphs: bool = False,
 ) -> Exl3Backend:
     """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
 
@@ -44,6 +45,8 @@ def load_backend(
     `tree`: verify token trees through elpis's tree kernels (`elpis.exl3.tree_verify`); every verify, plain
     decoding included, then runs as `tree_rows` rows (8 or 16: trees of up to that many rows), which
     replaces `fixed_rows`. Needs `gdn_state_fp32`. Off by default until the GPU evidence of issue 8 is in.
+    `tree_graphs`: replay tree verifies from CUDA graphs captured per (rows, context bucket, recurrent slot)
+    (`elpis.exl3.tree_graph`) instead of running ExLlamaV3's forward eagerly; tree mode only.
     """
     import torch
 
@@ -52,6 +55,7 @@ def load_backend(
     from elpis.exl3.backend import Exl3Backend
     from elpis.exl3.engine import CACHE_TOKENS, load_engine
     from elpis.exl3.persist import bound_cache_dir
+
     if not 1 <= max_context <= CACHE_TOKENS - 16:
         raise ValueError(f"max_context must be in 1..{CACHE_TOKENS - 16}, got {max_context}")
     if tree and not gdn_state_fp32:
@@ -72,6 +76,7 @@ def load_backend(
         disk_cache_dir=disk,
         prefix_cache=prefix_cache,
         tree=tree,
+        tree_graphs=tree_graphs,
     )
 
 

@@ -152,6 +152,7 @@ class Exl3Backend:
         disk_cache_dir: Path | None = None,
         prefix_cache: bool = True,
         tree: bool = False,
+        tree_graphs: bool = False,
     ) -> None:
         if max_context + MAX_ROWS > engine.cache_tokens:
             raise ValueError(
@@ -162,6 +163,8 @@ class Exl3Backend:
             raise ValueError(f"fixed_rows must be in 1..{MAX_ROWS}")
         if tree:
             check_tree_mode(gdn_state_dtypes(engine), fixed_rows)
+        if tree_graphs and not tree:
+            raise ValueError("tree_graphs replays tree-mode verifies: it needs tree=True")
         self.engine = engine
         self.fixed_rows = fixed_rows
         self.tree = tree
@@ -193,6 +196,11 @@ class Exl3Backend:
         self.pending: _Pending | None = None
         self.active = False
         self.last_prefill_seconds = 0.0
+        self.graphs = None
+        if tree_graphs:
+            from elpis.exl3.tree_graph import TreeGraphs
+
+            self.graphs = TreeGraphs(engine, self.export_layers)
         self.drafter = None
         if engine.draft is not None:
             from elpis.exl3.drafter import DFlash2Drafter
@@ -337,10 +345,15 @@ class Exl3Backend:
                 f"({self.info.max_context})"
             )
         ids = tokens + [tokens[0]] * (layout.run - rows)  # padding leaves: the anchor again, never read
-        call = TreeCall(layout, kvp, self.state.slot, self.state.base_row())
-        extra = {"position_ids": pinned(layout.position_ids(kvp), torch.int32).view(1, -1)}
-        with tree_forward(call):
-            out, export = self._forward(ids, kvp, history=False, extra=extra)
+        if self.graphs is not None:
+            self.ensure_pages(kvp + max(layout.run, self.block_size))
+            out, export, call = self.graphs.verify(self.state, self.pages, ids, layout, kvp)
+            self._last_table = self.block_table(stock_table_width(kvp + 1 + 2 * (layout.run - 1)))
+        else:
+            call = TreeCall(layout, kvp, self.state.slot, self.state.base_row())
+            extra = {"position_ids": pinned(layout.position_ids(kvp), torch.int32).view(1, -1)}
+            with tree_forward(call):
+                out, export = self._forward(ids, kvp, history=False, extra=extra)
         self.state.position = kvp  # nothing is committed until commit(); the forward advanced it by run
         ran = (len(call.gdn), call.attention_layers)
         expected = (len(self.state.cache.get_all_recurrent_layers()), len(self.engine.cache.layers))

@@ -60,7 +60,10 @@ ENTRY_ARGS: dict[str, tuple[type, ...]] = {
     "elpis_gdn_tree_stack_slots": (),
     "elpis_gdn_tree_verify": (_VP, _VP, _VP, _VP, _VP, _I32, _VP, _U32, _VP, _VP, _VP, _VP, _VP),
     "elpis_gdn_tree_commit": (_VP, _VP, _VP, _VP, _VP, _I32, _VP, _U32, _VP, _VP, _VP, _VP),
+    "elpis_gdn_tree_plan_pack": (_U32, _VP, _VP, _VP, _U32),
+    "elpis_gdn_tree_verify_dev": (_VP, _VP, _VP, _VP, _VP, _I32, _VP, _U32, _VP, _VP, _VP, _VP),
 }
+PLAN_CAPACITY = 256  # bytes reserved for a packed plan (the C struct is about 110)
 
 
 def _load_library(arch: str | None = None) -> ctypes.CDLL:
@@ -119,6 +122,18 @@ def plan(depth: Sequence[int], ancestors: Sequence[int], *, lib: ctypes.CDLL | N
         tuple(tuple(src[TAPS * r : TAPS * r + TAPS]) for r in range(rows)),
         int(got),
     )
+
+
+@lru_cache(maxsize=256)
+def packed_plan(depth: tuple[int, ...], ancestors: tuple[int, ...]) -> bytes:
+    """The plan of a tree as the bytes `gdn_tree_verify_graph` reads from device memory."""
+    check_masks(depth, ancestors)
+    buf = (ctypes.c_uint8 * PLAN_CAPACITY)()
+    lib = _host_library()
+    got = lib.elpis_gdn_tree_plan_pack(len(depth), _i32(depth), _u32(ancestors), buf, PLAN_CAPACITY)
+    if got < 0:
+        raise ValueError(f"gdn tree plan refused: {PLAN_ERRORS.get(got, got)}")
+    return bytes(buf)[:got]
 
 
 def stack_slots() -> int:
@@ -214,6 +229,35 @@ def gdn_tree_verify(
     )  # fmt: skip
     _raise_on(err, "verify")
     return (out, out_bf16) if out_bf16 is not None else out
+
+
+def gdn_tree_verify_graph(
+    qkv: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    state: torch.Tensor,
+    plan_dev: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gdn_tree_verify(..., bf16_out=True)` in the form a CUDA graph can capture: the tree's plan
+    (`packed_plan`, uint8 [PLAN_CAPACITY] on the device) is read when the kernel runs, so one captured launch
+    serves every tree of qkv's row count. The caller fills `plan_dev` with the plan of a tree of that many
+    rows. Same arithmetic as `gdn_tree_verify`."""
+    import torch
+
+    rows = _check_inputs(qkv, beta, g, conv_weight, conv_state, state)
+    _check_tensor("plan_dev", plan_dev, torch.uint8, (PLAN_CAPACITY,))
+    if plan_dev.device != qkv.device:
+        raise ValueError("plan_dev must be on qkv's device")
+    out, out_bf16 = _outputs(rows, qkv.device, True, True)
+    err = _library().elpis_gdn_tree_verify_dev(
+        qkv.data_ptr(), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(), conv_state.data_ptr(),
+        conv_state.shape[1], state.data_ptr(), rows, plan_dev.data_ptr(), out.data_ptr(), out_bf16.data_ptr(),
+        torch.cuda.current_stream(qkv.device).cuda_stream,
+    )  # fmt: skip
+    _raise_on(err, "verify (graph form)")
+    return out, out_bf16
 
 
 def gdn_tree_commit(

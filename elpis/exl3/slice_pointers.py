@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 MARK = "_elpis_async_slice_pointers"
+_CAPTURED_SOURCES: list[Any] = []  # pinned tables a CUDA graph copies from: kept for the process
 
 
 def slice_addresses(bundle: Any, outputs: list[Any]) -> list[int]:
@@ -39,14 +40,17 @@ def install() -> None:
     import torch
     from exllamav3.modules import multilinear
 
-    from elpis.exl3.upload import upload
+    from elpis.exl3.upload import pinned
 
     cls = multilinear.SlicedMultiLinear
     if getattr(cls.c_ptrs, MARK, False):
         return
 
     def c_ptrs(self: Any, outputs: list[Any]) -> Any:
-        return upload(slice_addresses(self, outputs), torch.long, self.device)
+        host = pinned(slice_addresses(self, outputs), torch.long)
+        if torch.cuda.is_current_stream_capturing():
+            _CAPTURED_SOURCES.append(host)  # a captured copy re-reads its host source at every replay
+        return host.to(self.device, non_blocking=True)
 
     setattr(c_ptrs, MARK, True)
     c_ptrs.original = cls.c_ptrs  # type: ignore[attr-defined]  # for the GPU test that compares both

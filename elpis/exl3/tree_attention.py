@@ -48,7 +48,13 @@ FP16_ARGS = (_VP, _VP, _VP, *_TAIL_ARGS)
 QCACHE_ARGS = (_VP, _VP, _VP, _VP, _VP, *_TAIL_ARGS)
 # ctypes signatures of the launch entries (a CPU test checks them against the kernel source)
 ENTRY_ARGS = {"elpis_tree_attention": FP16_ARGS, "elpis_tree_attention_qcache": QCACHE_ARGS}
-MMA_ENTRY_ARGS = {"elpis_tree_attention_mma": QCACHE_ARGS}
+# The graph form: q, qk, sk, qv, sv, block_table, depth, ancestors, rows, ctx_dev, max_ctx, scale, out, lse,
+# workspace, workspace_floats, stream
+MMA_DEV_ARGS = (
+    _VP, _VP, _VP, _VP, _VP, _VP, _VP, _VP, ctypes.c_uint32, _VP, ctypes.c_uint32, ctypes.c_float,
+    _VP, _VP, _VP, ctypes.c_uint64, _VP,
+)  # fmt: skip
+MMA_ENTRY_ARGS = {"elpis_tree_attention_mma": QCACHE_ARGS, "elpis_tree_attention_mma_dev": MMA_DEV_ARGS}
 
 
 def _load(defines: dict[str, int], source: Path = SOURCE) -> ctypes.CDLL:
@@ -94,8 +100,9 @@ def _qcache_library(k_bits: int, v_bits: int) -> ctypes.CDLL:
 @lru_cache(maxsize=4)
 def _mma_library(k_bits: int, v_bits: int) -> ctypes.CDLL:
     lib = _load({"ELPIS_QCACHE_K_BITS": k_bits, "ELPIS_QCACHE_V_BITS": v_bits}, SOURCE_MMA)
-    lib.elpis_tree_attention_mma.argtypes = list(QCACHE_ARGS)
-    lib.elpis_tree_attention_mma.restype = ctypes.c_int
+    for name, argtypes in MMA_ENTRY_ARGS.items():
+        getattr(lib, name).argtypes = list(argtypes)
+        getattr(lib, name).restype = ctypes.c_int
     return _check_bits(lib, k_bits, v_bits)
 
 
@@ -327,6 +334,55 @@ def tree_attention_mma(
         _mma_library, "elpis_tree_attention_mma", q, caches, block_table, ctx, depth, ancestors, scale,
         return_lse,
     )  # fmt: skip
+
+
+def tree_attention_mma_graph(
+    q: torch.Tensor,
+    caches: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    block_table: torch.Tensor,
+    ctx_dev: torch.Tensor,
+    max_ctx: int,
+    masks: torch.Tensor,
+    *,
+    scale: float = DEFAULT_SCALE,
+) -> torch.Tensor:
+    """`tree_attention_mma` in the form a CUDA graph can capture: the context length (`ctx_dev`, int32 [1])
+    and the masks (`masks`, int32 [2 * rows]: depth then ancestors, as `tree_masks` gives them) are read
+    from device memory when the kernels run, so one captured launch serves every tree of `rows` rows at
+    every context up to `max_ctx`. Nothing here reads device memory: the caller fills `ctx_dev` and `masks`
+    with a checked tree (`check_masks`) and a context with ctx + rows <= max_ctx, and `block_table` (int32
+    [pages]) must cover max_ctx positions. The arithmetic is `tree_attention_mma`'s at the same context."""
+    import torch
+
+    qk, sk, qv, sv = caches
+    rows = q.shape[0]
+    if not 1 <= rows <= MAX_ROWS:
+        raise ValueError(f"tree attention takes 1..{MAX_ROWS} rows, got {rows}")
+    _check_tensor("q", q, torch.half, (rows, Q_HEADS, HEAD_DIM))
+    _check_tensor("ctx_dev", ctx_dev, torch.int32, (1,))
+    _check_tensor("masks", masks, torch.int32, (2 * rows,))
+    _check_tensor("block_table", block_table, torch.int32, (None,))
+    if not 1 <= max_ctx <= MAX_SPAN or block_table.shape[0] * PAGE < max_ctx:
+        raise ValueError(
+            f"max_ctx {max_ctx}: must be in 1..{MAX_SPAN} and covered by the block table "
+            f"({block_table.shape[0]} pages)"
+        )
+    if any(t.device != q.device for t in (*caches, block_table, ctx_dev, masks)):
+        raise ValueError("every tensor of a tree attention call must be on q's device")
+    if not (isinstance(scale, float) and math.isfinite(scale) and scale > 0.0):
+        raise ValueError(f"scale must be a positive finite float, got {scale!r}")
+    lib = _mma_library(qcache_bits("qk", qk), qcache_bits("qv", qv))
+    floats = int(lib.elpis_tree_attention_workspace_floats(rows, max_ctx, rows - 1))
+    workspace = torch.empty(floats, dtype=torch.float32, device=q.device)
+    out = torch.empty((rows, Q_HEADS, HEAD_DIM), dtype=torch.half, device=q.device)
+    err = lib.elpis_tree_attention_mma_dev(
+        q.data_ptr(), qk.data_ptr(), sk.data_ptr(), qv.data_ptr(), sv.data_ptr(), block_table.data_ptr(),
+        masks.data_ptr(), masks.data_ptr() + 4 * rows, rows, ctx_dev.data_ptr(), max_ctx, float(scale),
+        out.data_ptr(), None, workspace.data_ptr(), floats, torch.cuda.current_stream(q.device).cuda_stream,
+    )  # fmt: skip
+    if err != 0:
+        raise RuntimeError(f"tree attention kernel (graph form) failed: CUDA error {err}")
+    return out
 
 
 def _quantized_call(

@@ -47,6 +47,8 @@ def tree_run(budget: int) -> int:
         if budget <= run:
             return run
     raise ValueError(f"tree budget {budget} is over the kernels' {TREE_ROWS} rows")
+
+
 PAGE = 256
 
 
@@ -166,12 +168,25 @@ class GdnRecord:
 
 
 @dataclass
+class GraphInputs:
+    """Device buffers the graph forms of the tree kernels read when they run (`elpis.exl3.tree_graph` fills
+    them before every replay): one captured forward then serves every tree of its row count at every
+    context up to `max_ctx`."""
+
+    ctx: Any  # int32 [1]: kvp
+    masks: Any  # int32 [2 * run]: depth, then ancestors
+    plan: Any  # uint8 [gdn_tree.PLAN_CAPACITY]: the GDN visiting plan
+    max_ctx: int
+
+
+@dataclass
 class TreeCall:
     layout: TreeLayout
     kvp: int
     slot: int  # the sequence's cache slot (conv ring row)
     base_row: int  # its committed recurrent-state row
     gdn: dict[int, GdnRecord] = field(default_factory=dict)
+    graph: GraphInputs | None = None  # set: the kernels' graph forms read the tree and kvp from these
     attention_layers: int = 0
     _module: Any = None  # the GDN layer whose forward is running
     _conv: tuple[Any, Any, Any] | None = None  # (pre-conv qkv, conv weight, conv ring) handed to the rule
@@ -276,10 +291,19 @@ def _tree_attention(*args: Any, **kw: Any) -> Any:
     # The rows' K/V go to slots kvp..kvp+run-1 in node order, quantized like every stock append; the
     # kernel then reads the 3-bit pages directly (no fp16 window of the context).
     layer.update_kv_direct(cache_seqlens, block_table, k, v, rows)
+    scale = kw.get("sm_scale")
+    if call.graph is not None:
+        from elpis.exl3.tree_attention import tree_attention_mma_graph
+
+        out = tree_attention_mma_graph(
+            q[0].contiguous(), (layer.qk, layer.sk, layer.qv, layer.sv), block_table[0], call.graph.ctx,
+            call.graph.max_ctx, call.graph.masks, **({"scale": float(scale)} if scale else {}),
+        )  # fmt: skip
+        call.attention_layers += 1
+        return out.view(1, rows, out.shape[1], out.shape[2])
     pages = -(-(call.kvp + rows) // PAGE)
     if block_table.shape[1] < pages:
         raise RuntimeError(f"tree attention: block table has {block_table.shape[1]} pages, needs {pages}")
-    scale = kw.get("sm_scale")
     out = tree_attention_mma(
         q[0].contiguous(), layer.qk, layer.sk, layer.qv, layer.sv, block_table[0, :pages].contiguous(),
         call.kvp, layout.depth, layout.ancestors, **({"scale": float(scale)} if scale else {}),
@@ -418,10 +442,18 @@ def _tree_rule(
         conv_state=ring[call.slot],
         state=recurrent_state[call.base_row, 0],
     )
-    _, out_bf16 = gdn_tree_verify(
-        record.qkv, record.beta, record.g, record.conv_weight, record.conv_state, record.state,
-        layout.depth, layout.ancestors, bf16_out=True,
-    )  # fmt: skip
+    if call.graph is not None:
+        from elpis.exl3.gdn_tree import gdn_tree_verify_graph
+
+        _, out_bf16 = gdn_tree_verify_graph(
+            record.qkv, record.beta, record.g, record.conv_weight, record.conv_state, record.state,
+            call.graph.plan,
+        )  # fmt: skip
+    else:
+        _, out_bf16 = gdn_tree_verify(
+            record.qkv, record.beta, record.g, record.conv_weight, record.conv_state, record.state,
+            layout.depth, layout.ancestors, bf16_out=True,
+        )  # fmt: skip
     call.gdn[module.layer_idx] = record
     return out_bf16.unsqueeze(0)  # [1, rows, 48, 128] bf16, as the stock scan returns
 

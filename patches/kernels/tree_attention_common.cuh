@@ -90,12 +90,23 @@ __device__ __forceinline__ size_t qcache_group(const int32_t* __restrict__ block
     return token * kQGroupsPerToken + h * kQGroupsPerHead + g;
 }
 
+// The committed context length of a call: a launch argument, or, for a launch captured in a CUDA graph,
+// read from device memory when the kernel runs, so one captured launch serves every context its grid covers.
+struct CtxArg {
+    uint32_t value;
+    const uint32_t* ptr;  // null: `value`
+};
+
+__device__ __forceinline__ uint32_t ctx_of(const CtxArg c) { return c.ptr != nullptr ? *c.ptr : c.value; }
+
 // One block per (row, query head), kHeadDim threads: fold the row's splits in ascending order, normalise,
-// write fp16 (and the log-sum-exp).
+// write fp16 (and the log-sum-exp). `max_splits` is only the partial buffers' stride.
 __global__ void __launch_bounds__(kHeadDim) tree_attention_combine(
-    const uint32_t* __restrict__ depth, uint32_t ctx, uint32_t max_splits, const float* __restrict__ part_acc,
-    const float* __restrict__ part_ml, __half* __restrict__ out, float* __restrict__ lse) {
+    const uint32_t* __restrict__ depth, const CtxArg ctx_arg, uint32_t max_splits,
+    const float* __restrict__ part_acc, const float* __restrict__ part_ml, __half* __restrict__ out,
+    float* __restrict__ lse) {
     const uint32_t row = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+    const uint32_t ctx = ctx_of(ctx_arg);
     const uint32_t n = elpis_sched_splits(elpis_sched_span(ctx, depth[row]));
     const size_t base = (static_cast<size_t>(row) * kQHeads + head) * max_splits;
     float m = part_ml[base * 2], l = part_ml[base * 2 + 1], a = part_acc[base * kHeadDim + d];

@@ -299,9 +299,10 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
 __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
     const __half* __restrict__ q, const uint32_t* __restrict__ qk, const __half* __restrict__ sk,
     const uint32_t* __restrict__ qv, const __half* __restrict__ sv, const int32_t* __restrict__ block_table,
-    const uint32_t* __restrict__ depth, const uint32_t* __restrict__ ancestors, uint32_t rows, uint32_t ctx,
+    const uint32_t* __restrict__ depth, const uint32_t* __restrict__ ancestors, uint32_t rows, const CtxArg ctx_arg,
     float scale, uint32_t max_splits, float* __restrict__ part_acc, float* __restrict__ part_ml) {
     ELPIS_DYNAMIC_SMEM(smem);
+    const uint32_t ctx = ctx_of(ctx_arg);  // a split past the context's last one finds no row and writes nothing
     float* stats = reinterpret_cast<float*>(smem + kOffStats);
     const Block b{reinterpret_cast<__half*>(smem),
                   reinterpret_cast<__half*>(smem + kOffKV),
@@ -377,6 +378,30 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
     }
 }
 
+// Both entries: `max_splits` (the grid and the partial buffers' stride) covers every row's span.
+int launch_mma(const void* q, const void* qk, const void* sk, const void* qv, const void* sv,
+               const int32_t* block_table, const uint32_t* depth, const uint32_t* ancestors, uint32_t rows,
+               const CtxArg ctx, uint32_t max_splits, float scale, void* out, float* lse, float* workspace,
+               cudaStream_t s) {
+    if (max_splits > kMaxGridY) return static_cast<int>(cudaErrorInvalidValue);
+    static bool smem_set = false;  // the opt-in above 48 KB, once per process
+    if (!smem_set) {
+        const cudaError_t err = cudaFuncSetAttribute(tree_attention_mma_split,
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+        if (err != cudaSuccess) return static_cast<int>(err);
+        smem_set = true;
+    }
+    float* part_acc = workspace;
+    float* part_ml = workspace + static_cast<uint64_t>(rows) * kQHeads * max_splits * kHeadDim;
+    tree_attention_mma_split<<<dim3(max_splits, kKvHeads), kThreads, kSmemBytes, s>>>(
+        static_cast<const __half*>(q), static_cast<const uint32_t*>(qk), static_cast<const __half*>(sk),
+        static_cast<const uint32_t*>(qv), static_cast<const __half*>(sv), block_table, depth, ancestors, rows, ctx,
+        scale, max_splits, part_acc, part_ml);
+    tree_attention_combine<<<dim3(rows, kQHeads), kHeadDim, 0, s>>>(depth, ctx, max_splits, part_acc, part_ml,
+                                                                   static_cast<__half*>(out), lse);
+    return static_cast<int>(cudaGetLastError());
+}
+
 }  // namespace
 
 extern "C" {
@@ -397,25 +422,26 @@ int elpis_tree_attention_mma(const void* q, const void* qk, const void* sk, cons
     if (rows == 0 || rows > kMaxRows || max_depth >= kMaxRows) return static_cast<int>(cudaErrorInvalidValue);
     if (workspace_floats < elpis_tree_attention_workspace_floats(rows, ctx, max_depth))
         return static_cast<int>(cudaErrorInvalidValue);
-    const uint32_t max_splits = elpis_tree_attention_max_splits(ctx, max_depth);
-    if (max_splits > kMaxGridY) return static_cast<int>(cudaErrorInvalidValue);
-    static bool smem_set = false;  // the opt-in above 48 KB, once per process
-    if (!smem_set) {
-        const cudaError_t err = cudaFuncSetAttribute(tree_attention_mma_split,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-        if (err != cudaSuccess) return static_cast<int>(err);
-        smem_set = true;
-    }
-    float* part_acc = workspace;
-    float* part_ml = workspace + static_cast<uint64_t>(rows) * kQHeads * max_splits * kHeadDim;
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
-    tree_attention_mma_split<<<dim3(max_splits, kKvHeads), kThreads, kSmemBytes, s>>>(
-        static_cast<const __half*>(q), static_cast<const uint32_t*>(qk), static_cast<const __half*>(sk),
-        static_cast<const uint32_t*>(qv), static_cast<const __half*>(sv), block_table, depth, ancestors, rows, ctx,
-        scale, max_splits, part_acc, part_ml);
-    tree_attention_combine<<<dim3(rows, kQHeads), kHeadDim, 0, s>>>(depth, ctx, max_splits, part_acc, part_ml,
-                                                                   static_cast<__half*>(out), lse);
-    return static_cast<int>(cudaGetLastError());
+    return launch_mma(q, qk, sk, qv, sv, block_table, depth, ancestors, rows, CtxArg{ctx, nullptr},
+                      elpis_tree_attention_max_splits(ctx, max_depth), scale, out, lse, workspace,
+                      static_cast<cudaStream_t>(stream));
+}
+
+// The CUDA-graph form: the context is read from ctx_dev (uint32 [1], device memory) when the kernels run,
+// so one captured launch serves every context up to max_ctx; the grid and the workspace are sized for
+// max_ctx and a depth of rows - 1 (splits past a row's span find nothing to do and write nothing). The
+// caller keeps ctx <= max_ctx and the block table covering slots 0 .. ctx+rows-1. Same arithmetic as
+// elpis_tree_attention_mma at the same context: only where ctx comes from and the buffers' stride differ.
+int elpis_tree_attention_mma_dev(const void* q, const void* qk, const void* sk, const void* qv, const void* sv,
+                                 const int32_t* block_table, const uint32_t* depth, const uint32_t* ancestors,
+                                 uint32_t rows, const uint32_t* ctx_dev, uint32_t max_ctx, float scale, void* out,
+                                 float* lse, float* workspace, uint64_t workspace_floats, void* stream) {
+    if (rows == 0 || rows > kMaxRows || ctx_dev == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+    if (workspace_floats < elpis_tree_attention_workspace_floats(rows, max_ctx, rows - 1))
+        return static_cast<int>(cudaErrorInvalidValue);
+    return launch_mma(q, qk, sk, qv, sv, block_table, depth, ancestors, rows, CtxArg{0, ctx_dev},
+                      elpis_tree_attention_max_splits(max_ctx, rows - 1), scale, out, lse, workspace,
+                      static_cast<cudaStream_t>(stream));
 }
 
 }  // extern "C"

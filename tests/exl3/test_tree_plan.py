@@ -169,3 +169,41 @@ def test_load_backend_tree_needs_fp32_state(monkeypatch):
 def test_patches_are_not_installed_by_import():
     """Importing the module changes nothing in ExLlamaV3: install() runs on the first tree verify."""
     assert not tv.installed()
+
+
+def test_context_buckets_are_powers_of_two_from_4096_capped_by_the_cache():
+    from elpis.exl3.tree_graph import MIN_BUCKET, context_bucket
+
+    assert MIN_BUCKET == 4096
+    assert [context_bucket(n, 270_336) for n in (1, 4096, 4097, 8192, 131_088, 262_160)] == [
+        4096, 4096, 8192, 8192, 262_144, 270_336,
+    ]  # fmt: skip
+    for bad in (0, 270_337):
+        with pytest.raises(ValueError, match="outside the 270336-token cache"):
+            context_bucket(bad, 270_336)
+
+
+def test_packed_plan_holds_the_kernel_plan():
+    """The bytes the graph form of the GDN kernel reads: rows (int32), then order, load, store, in_row
+    (int8 [16] each), src (int8 [16][4]), max_stack; the same plan `plan()` reports."""
+    from elpis import accept
+    from elpis.exl3 import gdn_tree
+
+    rng = random.Random(11)
+    for rows in (1, 2, 7, 16):
+        parents = random_parents(rows, rng)
+        masks = accept.tree_masks(parents)
+        depth, ancestors = tuple(masks.depth), tuple(masks.ancestors)
+        packed = gdn_tree.packed_plan(depth, ancestors)
+        want = gdn_tree.plan(depth, ancestors)
+        assert len(packed) <= gdn_tree.PLAN_CAPACITY
+        signed = [b - 256 if b > 127 else b for b in packed]
+        assert int.from_bytes(packed[:4], "little") == rows
+        assert tuple(signed[4 : 4 + rows]) == want.order
+        assert tuple(signed[20 : 20 + rows]) == want.load
+        assert tuple(signed[36 : 36 + rows]) == want.store
+        assert tuple(signed[52 : 52 + rows]) == tuple(range(rows))  # in_row: logical row r reads input r
+        assert tuple(tuple(signed[68 + 4 * r : 72 + 4 * r]) for r in range(rows)) == want.src
+        assert signed[132] == want.max_stack
+    with pytest.raises(ValueError):
+        gdn_tree.packed_plan((0, 2), (1, 3))

@@ -302,10 +302,9 @@ EMU_BLOCKS = [(0, 0), (7, 47), (3, 25)]  # (value-column slice, value head): fir
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     build = tmp_path_factory.mktemp("gdn_emu")
-    lib = cuda_emu.build_emulated(gdn_tree.SOURCE, build, launches=2, needs=(gdn_plan.HEADER,))
-    vp, i32, u32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint32
-    lib.elpis_gdn_tree_verify.argtypes = [vp, vp, vp, vp, vp, i32, vp, u32, vp, vp, vp, vp, vp]
-    lib.elpis_gdn_tree_commit.argtypes = [vp, vp, vp, vp, vp, i32, vp, u32, vp, vp, vp, vp]
+    lib = cuda_emu.build_emulated(gdn_tree.SOURCE, build, launches=3, needs=(gdn_plan.HEADER,))
+    for name, argtypes in gdn_tree.ENTRY_ARGS.items():
+        getattr(lib, name).argtypes = list(argtypes)
     lib.emu_set_blocks(len(EMU_BLOCKS), gdn_tree._i32([v for b in EMU_BLOCKS for v in b]))
     return lib
 
@@ -382,3 +381,23 @@ def test_kernel_source_on_the_cpu_is_row_invariant_and_commits_exactly(emulated)
         one = ref.Inputs(inp.qkv[r : r + 1].contiguous(), inp.beta[r : r + 1].contiguous(),
                          inp.g[r : r + 1].contiguous(), inp.conv_weight, conv, state)  # fmt: skip
         assert _same(_emu_verify(emulated, one, [-1])[0][0], out[r])
+
+
+def test_graph_form_reads_the_plan_from_memory(emulated) -> None:
+    """The graph form of the verify (the packed plan read from memory) gives the bits of the ordinary one."""
+    parents = [-1, 0, 1, 0, 3, 1]
+    masks = accept.tree_masks(parents)
+    inp = ref.random_inputs(len(parents), seed=77)
+    want, want_bf16 = _emu_verify(emulated, inp, parents)
+    packed = gdn_tree.packed_plan(tuple(masks.depth), tuple(masks.ancestors))
+    plan = torch.zeros(gdn_tree.PLAN_CAPACITY, dtype=torch.uint8)
+    plan[: len(packed)] = torch.frombuffer(bytearray(packed), dtype=torch.uint8)
+    out = torch.full_like(want, float("nan"))
+    out_bf16 = torch.zeros_like(want_bf16)
+    err = emulated.elpis_gdn_tree_verify_dev(
+        inp.qkv.data_ptr(), inp.beta.data_ptr(), inp.g.data_ptr(), inp.conv_weight.data_ptr(),
+        inp.conv_state.data_ptr(), inp.conv_state.shape[1], inp.state.data_ptr(), len(parents),
+        plan.data_ptr(), out.data_ptr(), out_bf16.data_ptr(), None,
+    )  # fmt: skip
+    assert err == 0
+    assert _same(out, want) and _same(out_bf16, want_bf16)

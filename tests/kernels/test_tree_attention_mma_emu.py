@@ -36,8 +36,9 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     lib = cuda_emu.build_emulated(
         ta.SOURCE_MMA, tmp, launches=2, needs=("verify_schedule.h",), defines=defines
     )
-    lib.elpis_tree_attention_mma.argtypes = list(ta.QCACHE_ARGS)
-    lib.elpis_tree_attention_mma.restype = ctypes.c_int
+    for name, argtypes in ta.MMA_ENTRY_ARGS.items():
+        getattr(lib, name).argtypes = list(argtypes)
+        getattr(lib, name).restype = ctypes.c_int
     lib.elpis_tree_attention_workspace_floats.argtypes = [ctypes.c_uint32] * 3
     lib.elpis_tree_attention_workspace_floats.restype = ctypes.c_uint64
     return lib
@@ -122,3 +123,29 @@ def test_rows_are_plain_decoding_across_a_tile_boundary(lib: ctypes.CDLL) -> Non
 def test_rows_are_plain_decoding_across_a_split(lib: ctypes.CDLL) -> None:
     """ctx 505: the deep rows' tails cross the split boundary at 512 (two partials, then the combine)."""
     check_rows_against_plain_decoding(lib, 505, PARENTS, 12)
+
+
+def test_graph_form_reads_the_context_from_memory(lib: ctypes.CDLL) -> None:
+    """The graph form (ctx from memory, grid and workspace sized for a larger max_ctx, so splits past the
+    context run empty) gives the bits of the ordinary entry at the same context."""
+    ctx, parents = 70, [-1, 0, 1, 0]
+    masks = accept.tree_masks(parents)
+    pages = Pages(1100, 5)
+    q = _queries(len(parents), 5)
+    want, _ = attend(lib, pages, q, ctx, masks.depth, masks.ancestors)
+    rows, max_ctx = len(parents), 1100
+    mask_words = torch.tensor([*masks.depth, *masks.ancestors], dtype=torch.int32)
+    ctx_word = torch.tensor([ctx], dtype=torch.int32)
+    floats = lib.elpis_tree_attention_workspace_floats(rows, max_ctx, rows - 1)
+    work = torch.full((floats,), float("nan"), dtype=torch.float32)
+    out = torch.full((rows, ta.Q_HEADS, ta.HEAD_DIM), float("nan"), dtype=torch.half)
+    def call(workspace_floats: int) -> int:
+        return lib.elpis_tree_attention_mma_dev(
+            q.data_ptr(), *(t.data_ptr() for t in pages.caches), pages.table.data_ptr(),
+            mask_words.data_ptr(), mask_words.data_ptr() + 4 * rows, rows, ctx_word.data_ptr(), max_ctx,
+            ta.DEFAULT_SCALE, out.data_ptr(), None, work.data_ptr(), workspace_floats, None,
+        )  # fmt: skip
+
+    assert call(floats) == 0
+    assert torch.equal(out, want)
+    assert call(floats - 1) != 0  # too small a workspace for max_ctx is refused

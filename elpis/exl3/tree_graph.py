@@ -1,0 +1,227 @@
+"""CUDA-graph-captured tree verifies (issue 8's round time; issue 9's host time per round).
+
+An eager tree verify runs ExLlamaV3's forward module by module: about 30 ms of host time (Python and some
+two thousand kernel launches) against about 26 ms of GPU work per round (bench/results/tree/README.md). Here
+the forward after the embedding is captured once per key and replayed. The key is (rows, context bucket,
+recurrent slot, committed-state row): what a captured forward cannot change between replays. Everything that
+does change lives in device buffers filled before each replay, in stream order from pinned memory:
+
+- the embedding output (looked up on the host, as ExLlamaV3 does, then uploaded);
+- the block table (the sequence's pages, zero-padded to the bucket's width), `cache_seqlens` (kvp) and the
+  position ids (kvp + depth);
+- the tree kernels' inputs (`tree_verify.GraphInputs`): kvp, the masks and the GDN plan, which the graph forms
+  of the kernels read when they run. The attention grid is sized for the bucket's largest context.
+
+Bit-identity: a replay runs the recorded kernels on the buffers' current contents, and the graph forms of the
+tree kernels do the arithmetic of the eager forms (only where the context and the tree come from differs);
+tests/exl3/test_tree_graph.py compares replays with eager tree verifies bit for bit on the GPU. The first call
+of a key runs the same forward eagerly on the same buffers (the warm-up a capture needs: lazy kernel builds,
+autotuning, ExLlamaV3's own per-module graphs) and returns that result; the capture follows, and every later
+call of the key replays.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from elpis.exl3.tree_verify import PAGE, GraphInputs, TreeCall, TreeLayout, tree_forward
+from elpis.exl3.upload import pinned
+
+MIN_BUCKET = 4096  # smallest context bucket (the attention grid of a capture covers contexts up to it)
+MAX_GRAPHS = 4  # captured forwards kept; the least recently used is dropped past this
+
+
+def context_bucket(end: int, limit: int) -> int:
+    """The smallest power of two >= `end` (at least MIN_BUCKET), capped at `limit` (the cache's tokens)."""
+    if not 1 <= end <= limit:
+        raise ValueError(f"a verify ending at position {end} is outside the {limit}-token cache")
+    bucket = MIN_BUCKET
+    while bucket < end:
+        bucket *= 2
+    return min(bucket, limit)
+
+
+@dataclass
+class Captured:
+    """One key's buffers, params and (once captured) graph, with the tensors the graph writes."""
+
+    x: torch.Tensor | None  # [1, run, hidden]: the embedding output (allocated at the first fill)
+    block_table: torch.Tensor  # int32 [1, pages of the bucket]
+    seqlens: torch.Tensor  # int32 [1]
+    position_ids: torch.Tensor  # int32 [1, run]
+    inputs: GraphInputs
+    graph: torch.cuda.CUDAGraph | None = None
+    call: TreeCall | None = None  # the captured call: its GDN records point into the graph's memory
+    out: torch.Tensor | None = None
+    export: list[torch.Tensor] | None = None
+
+
+class TreeGraphs:
+    """Captured tree-verify forwards of one engine (one sequence at a time, like the backend)."""
+
+    def __init__(self, engine: Any, export_layers: set[int] | None) -> None:
+        from exllamav3.modules.embedding import Embedding
+
+        self.engine = engine
+        self.export_layers = export_layers
+        self.device = engine.device
+        self.graphs: OrderedDict[tuple[int, int, int, int], Captured] = OrderedDict()
+        self.captures = 0  # forwards captured so far (tests bound this)
+        self.replays = 0
+        model = engine.model
+        if model.loaded_tp:
+            raise RuntimeError("tree graphs: tensor-parallel models are not supported")
+        if model._get_prefetch_layers:
+            raise RuntimeError("tree graphs: models with prefetching layers are not supported")
+        first = model.fwd_modules[0][0]
+        if not isinstance(first, Embedding):
+            raise RuntimeError(f"tree graphs: the first module is {type(first).__name__}, not the embedding")
+        self.embedding = first
+        from elpis.exl3 import walk_modules
+
+        self.mlps = [m for m in walk_modules(model) if "MLP" in type(m).__name__ and hasattr(m, "bc")]
+
+    # -- one verify -------------------------------------------------------------------------------------
+    def verify(
+        self, state: Any, pages: Sequence[int], ids: Sequence[int], layout: TreeLayout, kvp: int
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None, TreeCall]:
+        """Logits [1, run, vocab], the export states and the call (GDN records for the commit) of a tree
+        verify of `ids` (run rows) at kvp, through a replay when the key was captured before."""
+        from elpis.exl3 import gdn_tree
+
+        run = layout.run
+        bucket = context_bucket(kvp + run, self.engine.cache_tokens)
+        key = (run, bucket, int(state.slot), int(state.base_row()))
+        captured = self.graphs.get(key)
+        fresh = captured is None
+        if captured is None:
+            captured = self._buffers(run, bucket)
+        self._fill(captured, pages, ids, layout, kvp, gdn_tree)
+        if fresh:
+            # First call of the key: the eager warm-up on the same buffers gives this verify's result.
+            call = TreeCall(layout, kvp, key[2], key[3], graph=captured.inputs)
+            out, export = self._forward(captured, state, call)
+            self._capture(captured, state, layout, kvp, key)
+            self.graphs[key] = captured
+            while len(self.graphs) > MAX_GRAPHS:
+                self.graphs.popitem(last=False)
+            return out, export, call
+        self.graphs.move_to_end(key)
+        assert captured.graph is not None and captured.call is not None and captured.out is not None
+        captured.graph.replay()
+        self.replays += 1
+        call = TreeCall(layout, kvp, key[2], key[3], gdn=captured.call.gdn, graph=captured.inputs)
+        call.attention_layers = captured.call.attention_layers
+        return captured.out, captured.export, call
+
+    # -- buffers ----------------------------------------------------------------------------------------
+    def _buffers(self, run: int, bucket: int) -> Captured:
+        from elpis.exl3 import gdn_tree
+
+        dev, i32 = self.device, torch.int32
+        return Captured(
+            x=None,
+            block_table=torch.zeros((1, -(-bucket // PAGE)), dtype=i32, device=dev),
+            seqlens=torch.zeros((1,), dtype=i32, device=dev),
+            position_ids=torch.zeros((1, run), dtype=i32, device=dev),
+            inputs=GraphInputs(
+                ctx=torch.zeros((1,), dtype=i32, device=dev),
+                masks=torch.zeros((2 * run,), dtype=i32, device=dev),
+                plan=torch.zeros((gdn_tree.PLAN_CAPACITY,), dtype=torch.uint8, device=dev),
+                max_ctx=bucket,
+            ),
+        )
+
+    def _fill(
+        self,
+        c: Captured,
+        pages: Sequence[int],
+        ids: Sequence[int],
+        layout: TreeLayout,
+        kvp: int,
+        gdn_tree: Any,
+    ) -> None:
+        """This verify's values into the key's buffers, in stream order (no synchronisation)."""
+        width = c.block_table.shape[1]
+        if len(pages) > width and any(pages[width:]):
+            raise RuntimeError(f"tree graphs: {len(pages)} pages do not fit the bucket's {width}")
+        table = list(pages[:width]) + [0] * (width - min(width, len(pages)))
+        x = self.embedding.forward(torch.tensor([list(ids)], dtype=torch.long), {})
+        if c.x is None:
+            c.x = torch.empty(x.shape, dtype=x.dtype, device=self.device)
+        if c.x.shape != x.shape or c.x.dtype != x.dtype:
+            raise RuntimeError(f"tree graphs: embedding gave {x.dtype} {list(x.shape)}, the key holds "
+                               f"{c.x.dtype} {list(c.x.shape)}")  # fmt: skip
+        if x.device.type == "cpu":
+            x = x.pin_memory()
+        plan = gdn_tree.packed_plan(layout.depth, layout.ancestors)
+        plan = plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan))
+        pairs = (
+            (c.x, x),
+            (c.block_table, pinned(table, torch.int32).view(1, -1)),
+            (c.seqlens, pinned([kvp], torch.int32)),
+            (c.position_ids, pinned(layout.position_ids(kvp), torch.int32).view(1, -1)),
+            (c.inputs.ctx, pinned([kvp], torch.int32)),
+            (c.inputs.masks, pinned([*layout.depth, *layout.ancestors], torch.int32)),
+            (c.inputs.plan, torch.frombuffer(bytearray(plan), dtype=torch.uint8).pin_memory()),
+        )
+        for dst, src in pairs:
+            dst.copy_(src, non_blocking=True)
+
+    # -- forward, capture -------------------------------------------------------------------------------
+    def _params(self, c: Captured, state: Any, run: int) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "attn_mode": "flash_attn",
+            "block_table": c.block_table,
+            "cache": self.engine.cache,
+            "cache_seqlens": c.seqlens,
+            "position_ids": c.position_ids,
+            "recurrent_states": [state],
+            "recurrent_history": False,
+        }
+        if self.export_layers:
+            params["export_state_layers"] = self.export_layers
+        # attention and recurrence parameters, host-side only (slot tensors are uploaded once, cached)
+        self.engine.model.prepare_inputs(torch.zeros((1, run), dtype=torch.long), params)
+        return params
+
+    def _layers(self, x: torch.Tensor | None, params: dict[str, Any]) -> torch.Tensor:
+        """ExLlamaV3's layer-split forward over every module after the embedding, with ExLlamaV3's own
+        graph-captured MLP blocks (at most 8 rows) switched off: they capture on their second call and launch
+        a graph of their own, neither of which may happen inside a capture. Both the warm-up and the capture
+        run this, so a key's replays equal its warm-up."""
+        assert x is not None
+        model = self.engine.model
+        modules = model.fwd_modules
+        blocks = [(m, m.bc) for m in self.mlps if m.bc is not None]
+        model.fwd_modules = modules[1:]
+        for m, _ in blocks:
+            m.bc = None
+        try:
+            return model.forward_ls(x, params)
+        finally:
+            model.fwd_modules = modules
+            for m, bc in blocks:
+                m.bc = bc
+
+    def _forward(
+        self, c: Captured, state: Any, call: TreeCall
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        params = self._params(c, state, call.layout.run)
+        with tree_forward(call):
+            out = self._layers(c.x, params)
+        return out, params.get("export_states")
+
+    def _capture(self, c: Captured, state: Any, layout: TreeLayout, kvp: int, key: tuple) -> None:
+        call = TreeCall(layout, kvp, key[2], key[3], graph=c.inputs)
+        params = self._params(c, state, layout.run)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph), tree_forward(call):
+            out = self._layers(c.x, params)
+        c.graph, c.call, c.out, c.export = graph, call, out, params.get("export_states")
+        self.captures += 1

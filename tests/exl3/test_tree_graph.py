@@ -1,0 +1,95 @@
+"""GPU tests of CUDA-graph-captured tree verifies (`load_backend(tree=True, tree_graphs=True)`,
+`elpis.exl3.tree_graph`) on the synthetic checkpoint of ELPIS_SMALL_DIR (the full-size one on the device).
+
+What they establish:
+(a) a replay gives the bits of the eager forward it was captured from: at 16 rows against the eager tree mode
+    (the same kernels: ExLlamaV3's captured MLP blocks only serve <= 8 rows), at 8 rows against the key's
+    warm-up call; for several trees, contexts and both ends of a context bucket;
+(b) tree speculation through replays gives exactly the tokens of plain decoding through replays (trees of
+    1..16 rows holding the continuation, always-wrong trees), for both row counts;
+(c) captures stay bounded by the keys: one per (rows, context bucket, recurrent slot, state row).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.exl3.test_gpu import prompt, small  # noqa: F401  (fixtures)
+from tests.exl3.test_tree_verify import check_lossless, random_tree, run_rows, tree_logits
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def backend(small):  # noqa: F811
+    from elpis.exl3 import load_backend
+
+    b = load_backend(
+        small / "target", small / "draft", max_context=65536, model_id="small", host_cache_gib=1.0,
+        tree=True, tree_graphs=True,
+    )  # fmt: skip
+    b.prefix.enabled = False
+    yield b
+
+
+def eager(backend):
+    """The backend without its graphs, for comparison (restored by the caller)."""
+    graphs, backend.graphs = backend.graphs, None
+    return graphs
+
+
+def test_replay_equals_eager_at_16_rows(backend):
+    import torch
+
+    vocab = backend.info.vocab_size
+    rng = random.Random(3)
+    with run_rows(backend, 16):
+        for length in (700, 4000, 4070):  # 4070 + 16 rows ends past the 4096 bucket: the next bucket
+            ids = prompt(length, length, vocab)
+            for size in (1, 5, 16):
+                tokens, parents = random_tree(size, [], rng, vocab)
+                tokens[0] = ids[-1]
+                replays = backend.graphs.replays
+                first = tree_logits(backend, ids, tokens, parents)  # warm-up (first call of a key) or replay
+                again = tree_logits(backend, ids, tokens, parents)
+                assert backend.graphs.replays > replays, "the second call of a key did not replay"
+                graphs = eager(backend)
+                try:
+                    reference = tree_logits(backend, ids, tokens, parents)
+                finally:
+                    backend.graphs = graphs
+                assert torch.equal(again, first), f"ctx {length}, {size} rows: replay differs from warm-up"
+                assert torch.equal(again, reference), f"ctx {length}, {size} rows: replay differs from eager"
+
+
+def test_replay_equals_warm_up_at_8_rows(backend):
+    import torch
+
+    vocab = backend.info.vocab_size
+    rng = random.Random(4)
+    with run_rows(backend, 8):
+        for length in (900, 9000):
+            ids = prompt(length, length, vocab)
+            for size in (1, 3, 8, 8):
+                tokens, parents = random_tree(size, [], rng, vocab)
+                tokens[0] = ids[-1]
+                first = tree_logits(backend, ids, tokens, parents)
+                again = tree_logits(backend, ids, tokens, parents)
+                assert torch.equal(again, first), f"ctx {length}, {size} rows: replay differs"
+
+
+@pytest.mark.parametrize("run", (8, 16))
+def test_graph_speculation_is_lossless(backend, run):
+    with run_rows(backend, run):
+        check_lossless(backend, [n for n in (1, 2, 4, 8, 12, 16) if n <= run])
+    assert backend.graphs.replays > 0
+
+
+def test_captures_are_bounded_by_keys(backend):
+    graphs = backend.graphs
+    assert graphs.captures >= 1
+    assert len(graphs.graphs) <= 4
+    # every key was captured once, whatever the number of calls
+    assert graphs.captures < graphs.replays
