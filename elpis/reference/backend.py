@@ -115,6 +115,12 @@ class ReferenceBackend:
             self.model.commit(state, tree, rows)
         self._tree, self._anchor = None, None
 
+    def abandon(self) -> None:
+        """Drop the last verify without committing it (a discarded round). Verify never changes the
+        committed state, so forgetting its rows is enough; the anchor stays the one the verify took."""
+        self._active()
+        self._tree = None
+
     def finish(self) -> None:
         state = self._state
         self._state, self._anchor, self._tree = None, None, None

@@ -6,6 +6,11 @@ One round:
   3. every row's target token is drawn by `sample_rows`, keyed by (seed, absolute position);
   4. `elpis.accept.tree` decides which rows are committed (stops and the remaining max_tokens included);
   5. `backend.commit` advances the state along those rows; the drafter sees the longer context next time.
+Steps 2-5 run through `elpis.spec.integrity`: the round has an identity, the verify result and the commit
+acknowledgement are checked against it (lost, repeated, stale or corrupted results), and a round that
+fails a check is discarded (nothing from it is committed or emitted), its pending verify abandoned, and
+recomputed up to `round_retries` times before the generation fails with BackendError. The stats count
+the faults detected (by kind) and the rounds recovered.
 Without a drafter every tree is the anchor alone: that is plain decoding, the baseline of every
 invariance test. Text is produced token by token (detokeniser, stop strings) so round boundaries never
 change it.
@@ -13,6 +18,7 @@ change it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -21,6 +27,7 @@ from elpis import accept
 from elpis.accept.abi import BUDGET_MAX
 from elpis.backend import Backend, BackendError, Drafter
 from elpis.spec.detok import Decoder, IncrementalDetokenizer
+from elpis.spec.integrity import RoundFault, RoundId, RoundLink, RoundTracker
 from elpis.spec.request import GenerationRequest, GenerationStats, Step, TokenLogprob, stop_ids_for
 from elpis.spec.sampling import sample_rows, top_logprobs
 from elpis.spec.stops import StopStringScanner
@@ -28,19 +35,26 @@ from elpis.spec.tree import MAX_ROWS, DraftTree, build_tree, choose_row_count, v
 
 DEFAULT_TREE_BUDGET = 8
 DEFAULT_DRAFT_TOP_K = 4
+DEFAULT_ROUND_RETRIES = 3  # recomputations of one round after discarded attempts, before giving up
+
+_EPOCHS = itertools.count(1)  # sequence epochs, unique in the process: a result of another sequence is stale
 
 
 class SpeculativeGenerator:
     def __init__(self, backend: Backend, tokenizer: Decoder, drafter: Drafter | None = None,
-                 tree_budget: int = DEFAULT_TREE_BUDGET, draft_top_k: int = DEFAULT_DRAFT_TOP_K) -> None:
+                 tree_budget: int = DEFAULT_TREE_BUDGET, draft_top_k: int = DEFAULT_DRAFT_TOP_K,
+                 round_retries: int = DEFAULT_ROUND_RETRIES) -> None:
         if not 1 <= tree_budget <= MAX_ROWS:
             raise ValueError(f"tree budget must be in 1..{MAX_ROWS} rows (anchor included), "
                              f"got {tree_budget}")
         if draft_top_k < 1:
             raise ValueError(f"draft_top_k must be >= 1, got {draft_top_k}")
+        if round_retries < 0:
+            raise ValueError(f"round_retries must be >= 0, got {round_retries}")
         self.backend, self.tokenizer, self.drafter = backend, tokenizer, drafter
         self.tree_budget = tree_budget if drafter is not None else 1
         self.draft_top_k = draft_top_k
+        self.round_retries = round_retries
 
     def stop_ids(self, request: GenerationRequest) -> tuple[int, ...]:
         return stop_ids_for(request, self.backend.info.stop_token_ids)
@@ -67,13 +81,47 @@ class SpeculativeGenerator:
         tree = build_tree(context[-1], block, rows, max_depth=depth, vocab_size=self.backend.info.vocab_size)
         return tree.prefix(choose_row_count(tree, costs[:rows] if costs else None))
 
-    def _verify(self, tree: DraftTree) -> torch.Tensor:
-        logits = self.backend.verify(tree.tokens, tree.parents)
-        expected = (len(tree), self.backend.info.vocab_size)
-        if tuple(logits.shape) != expected or logits.dtype != torch.float32:
-            raise BackendError(f"verify returned {logits.dtype} {tuple(logits.shape)}, "
-                               f"expected float32 {expected}")
-        return logits
+    def _round(self, link: RoundLink, tracker: RoundTracker, tree: DraftTree, context: list[int],
+               request: GenerationRequest, stops: tuple[int, ...], remaining: int,
+               stats: GenerationStats) -> tuple[torch.Tensor, list[int], accept.TreeDecision]:
+        """Verify, sample, accept and commit one round; an attempt failing a check is discarded and the
+        same tree verified again. Returns the checked logits, the targets and the committed decision."""
+        base = len(context)  # absolute position of the token the anchor row draws
+        faults: list[RoundFault] = []
+        for attempt in range(self.round_retries + 1):
+            # The position expected is the loop's own count (anchor excluded), not the backend's word.
+            asked = tracker.round_id(stats.rounds, attempt, base - 1, tree.tokens, tree.parents)
+            try:
+                result = link.verify_round(asked, tree.tokens, tree.parents)
+                logits = tracker.check_verify(asked, len(tree), result)
+                targets = sample_rows(logits, request.sampling, [base + d for d in tree.depths])
+                decision = accept.tree(tree.parents, tree.tokens, targets, stops, remaining)
+                if not (1 <= decision.count == len(decision.rows) and decision.rows[0] == 0):
+                    raise RuntimeError(f"acceptor returned an impossible decision {decision}")
+                tracker.check_commit(asked, decision.rows, link.commit_round(asked, decision.rows))
+            except RoundFault as fault:
+                faults.append(fault)
+                stats.faults_detected[fault.kind] = stats.faults_detected.get(fault.kind, 0) + 1
+                self._discard(link, asked, fault)
+                continue
+            if faults:
+                stats.rounds_recovered += 1
+            return logits, targets, decision
+        kinds = ", ".join(f.kind for f in faults)
+        raise BackendError(f"round {stats.rounds} failed all {len(faults)} attempts ({kinds}); "
+                           f"nothing of it was committed; last fault: {faults[-1]}") from faults[-1]
+
+    def _discard(self, link: RoundLink, asked: RoundId, fault: RoundFault) -> None:
+        """Undo a failed attempt: possible only while the committed state is the one it started from."""
+        position = self.backend.position()
+        if position != asked.position:
+            raise BackendError(f"{asked} failed a check ({fault}) after the backend moved to position "
+                               f"{position}: its state can no longer be trusted") from fault
+        try:
+            link.abandon_round()
+        except BackendError as error:
+            raise BackendError(f"{asked} failed a check ({fault}) and cannot be discarded: "
+                               f"{error}") from fault
 
     def generate(self, request: GenerationRequest,
                  should_stop: Callable[[], bool] = lambda: False) -> Iterator[Step]:
@@ -95,7 +143,9 @@ class SpeculativeGenerator:
 
     def _rounds(self, request: GenerationRequest, stops: tuple[int, ...], cached: int,
                 should_stop: Callable[[], bool]) -> Iterator[Step]:
-        backend, sampling = self.backend, request.sampling
+        backend = self.backend
+        link = backend if isinstance(backend, RoundLink) else RoundLink(backend)
+        tracker = RoundTracker(next(_EPOCHS), backend.info.vocab_size)
         if self.drafter is not None:
             self.drafter.reset()
         costs = None
@@ -122,13 +172,8 @@ class SpeculativeGenerator:
                 yield final([], [] if want_logprobs else None, "length")
                 return
             tree = self._tree(context, remaining, room, costs)
-            logits = self._verify(tree)
-            base = len(context)  # absolute position of the token the anchor row draws
-            targets = sample_rows(logits, sampling, [base + d for d in tree.depths])
-            decision = accept.tree(tree.parents, tree.tokens, targets, stops, remaining)
-            if not (1 <= decision.count == len(decision.rows) and decision.rows[0] == 0):
-                raise RuntimeError(f"acceptor returned an impossible decision {decision}")
-            backend.commit(decision.rows)
+            logits, targets, decision = self._round(link, tracker, tree, context, request, stops, remaining,
+                                                    stats)
             committed = [targets[r] for r in decision.rows]
             context.extend(committed)
             stats.rounds += 1

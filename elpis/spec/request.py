@@ -72,6 +72,14 @@ class GenerationStats:
     committed_per_round: list[int] = field(default_factory=list)  # tokens the acceptor committed
     accepted_depths: list[int] = field(default_factory=list)  # draft rows accepted (committed - 1)
     tree_rows: list[int] = field(default_factory=list)  # rows verified
+    # Fault tolerance (elpis.spec.integrity): round attempts discarded, by RoundFault.kind, and rounds that
+    # were committed after at least one discarded attempt.
+    faults_detected: dict[str, int] = field(default_factory=dict)
+    rounds_recovered: int = 0
+
+    @property
+    def rounds_discarded(self) -> int:
+        return sum(self.faults_detected.values())
 
     @property
     def tokens_per_round(self) -> float:
