@@ -8,7 +8,10 @@ model) and is its `RoundLink` (see `integrity.py`), so the generator's rounds pa
 - `dropped`: the backend verifies, but its result never reaches the consumer;
 - `repeated`: the backend verifies, but the consumer receives the previous round's result again;
 - `stale-commit`: the commit never reaches the backend, and the consumer receives the previous round's
-  acknowledgement (a stale acknowledgement of an old verify).
+  acknowledgement (a stale acknowledgement of an old verify);
+- `stale`: the backend verifies, but the consumer receives the last result of the wrapper's previous
+  sequence (a late answer to an earlier, e.g. cancelled, request). Injected only from the second
+  sequence on; in the first there is nothing to replay and the fault is not counted.
 
 Each scheduled fault is applied once per sequence. `injected` counts them by kind, with the names of
 `RoundFault.kind`, so a test can require injected == detected == recovered. Every fault is a change
@@ -28,8 +31,9 @@ import torch
 from elpis.backend import Backend, BackendInfo
 from elpis.spec.integrity import CommitAck, RoundId, RoundLink, VerifyResult
 
-CORRUPT, DROPPED, REPEATED, STALE_COMMIT = "corrupt", "dropped", "repeated", "stale-commit"
-INJECTABLE = (CORRUPT, DROPPED, REPEATED, STALE_COMMIT)
+CORRUPT, DROPPED, REPEATED, STALE_COMMIT, STALE = "corrupt", "dropped", "repeated", "stale-commit", "stale"
+IN_SEQUENCE = (CORRUPT, DROPPED, REPEATED, STALE_COMMIT)  # injectable in any sequence
+KINDS = (*IN_SEQUENCE, STALE)
 NEEDS_EARLIER_ROUND = (REPEATED, STALE_COMMIT)  # they replay what an earlier round produced
 
 
@@ -49,8 +53,8 @@ class FaultSchedule:
             if number < 0:
                 raise ValueError(f"round numbers start at 0, got {number}")
             for kind in kinds:
-                if kind not in INJECTABLE:
-                    raise ValueError(f"unknown fault kind {kind!r} (known: {', '.join(INJECTABLE)})")
+                if kind not in KINDS:
+                    raise ValueError(f"unknown fault kind {kind!r} (known: {', '.join(KINDS)})")
                 if kind in NEEDS_EARLIER_ROUND and number == 0:
                     raise ValueError(f"a {kind} fault replays an earlier round: it cannot be at round 0")
         object.__setattr__(self, "faults", faults)
@@ -64,7 +68,7 @@ class FaultSchedule:
         seed: int,
         rounds: int,
         count: int,
-        kinds: Iterable[str] = INJECTABLE,
+        kinds: Iterable[str] = IN_SEQUENCE,
         bits: Sequence[int] = range(32),
     ) -> FaultSchedule:
         """`count` faults at distinct rounds in 1..rounds-1, kinds drawn in turn from a shuffle of `kinds`
@@ -99,11 +103,13 @@ class FaultyBackend(RoundLink):
         self.position_at_finish: int | None = None
         self._done: set[tuple[int, int, int]] = set()  # (epoch, number, attempt) already injected
         self._last_result: VerifyResult | None = None
+        self._earlier_sequence: VerifyResult | None = None  # the last result of an earlier sequence
         self._last_ack: CommitAck | None = None
 
     # --- Backend: forwarded --------------------------------------------------------------------------
 
     def begin(self, prompt: Sequence[int]) -> int:
+        self._earlier_sequence = self._last_result or self._earlier_sequence
         self._last_result, self._last_ack, self.pending = None, None, None
         return self.backend.begin(prompt)
 
@@ -135,7 +141,8 @@ class FaultyBackend(RoundLink):
         self, round_id: RoundId, tokens: Sequence[int], parents: Sequence[int]
     ) -> VerifyResult | None:
         result = super().verify_round(round_id, tokens, parents)
-        kind = self._fault(round_id, (CORRUPT, DROPPED, REPEATED))
+        stages = (CORRUPT, DROPPED, REPEATED) + ((STALE,) if self._earlier_sequence is not None else ())
+        kind = self._fault(round_id, stages)
         if result is None or kind is None:
             self._last_result = result
             return result
@@ -144,6 +151,11 @@ class FaultyBackend(RoundLink):
         if kind == DROPPED:
             self.log.append((round_id, kind, "result lost"))
             return None
+        if kind == STALE:
+            late = self._earlier_sequence
+            assert late is not None
+            self.log.append((round_id, kind, f"delivered {late.round} of an earlier sequence"))
+            return late
         previous = self._last_result
         assert previous is not None, "a repeated fault needs an earlier round (FaultSchedule checks it)"
         self.log.append((round_id, kind, f"delivered {previous.round} again"))

@@ -2,12 +2,13 @@
 recomputed, and the output stays exactly plain decoding's.
 
 Faults are injected by `FaultyBackend` into the real reference backend's results (tiny random models):
-corrupted logits, lost results, repeated results, stale commit acknowledgements, one kind at a time and
-mixed, over both models and prompts, greedy and sampled, with no drafter, oracle chains, adversarial trees
-and the n-gram drafter. Every run must equal fault-free plain decoding (tokens, text, finish reason,
-log-probabilities) with injected == detected faults and one recovered round per faulty round. A fault on
-every attempt must end in BackendError with nothing committed from that round, and with the checks
-switched off the same faults must change the output or break the run (the tests have teeth).
+corrupted logits, lost results, repeated results, stale commit acknowledgements (one kind at a time and
+mixed) and late results of an earlier sequence, over both models and prompts, greedy and sampled, with no
+drafter, oracle chains, adversarial trees and the n-gram drafter. Every run must equal fault-free plain
+decoding (tokens, text, finish reason, log-probabilities) with injected == detected faults and one
+recovered round per faulty round. A fault on every attempt must end in BackendError with nothing
+committed from that round, and with the checks switched off the same faults must change the output or
+break the run (the tests have teeth).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from elpis.backend import BackendError
 from elpis.spec import GenerationRequest, GenerationStats, SamplingParams, SpeculativeGenerator
 from elpis.spec.drafters import AdversarialDrafter, NgramDrafter, OracleDrafter
-from elpis.spec.faults import INJECTABLE, FaultSchedule, FaultyBackend
+from elpis.spec.faults import IN_SEQUENCE, FaultSchedule, FaultyBackend
 from elpis.spec.integrity import (
     CommitAck,
     CorruptRow,
@@ -44,7 +45,7 @@ PROMPTS = (
 )
 MAX_TOKENS = 16
 MODES = ("plain", "chain", "tree", "ngram")  # no drafter, oracle chains, adversarial trees, n-gram trees
-KINDS = (*INJECTABLE, "mixed")
+KINDS = (*IN_SEQUENCE, "mixed")
 
 
 @dataclass
@@ -128,7 +129,7 @@ def _cases() -> list[tuple[str, str, int, int, float, int]]:
 def _schedule(kind: str, rounds: int, seed: int) -> FaultSchedule:
     if kind != "mixed":
         return FaultSchedule.seeded(seed, rounds, min(3, rounds - 1), kinds=(kind,))
-    schedule = FaultSchedule.seeded(seed, rounds, min(len(INJECTABLE), rounds - 1))
+    schedule = FaultSchedule.seeded(seed, rounds, min(len(IN_SEQUENCE), rounds - 1))
     # One round also fails twice in a row, with two different faults, before it is recomputed cleanly.
     faults = dict(schedule.faults)
     last = max(faults)
@@ -198,7 +199,7 @@ class _BranchCounter(RoundLink):
         return super().verify_round(round_id, tokens, parents)
 
 
-@pytest.mark.parametrize("kind", INJECTABLE)
+@pytest.mark.parametrize("kind", IN_SEQUENCE)
 def test_without_the_checks_the_same_faults_change_the_output(
     tiny_models, fault_free, monkeypatch, kind: str
 ) -> None:
@@ -229,7 +230,32 @@ def test_without_the_checks_the_same_faults_change_the_output(
     assert sum(faulty.injected.values()) >= 1
 
 
-@pytest.mark.parametrize("kinds", [(k,) * 4 for k in INJECTABLE] + [INJECTABLE])
+def test_a_late_result_of_an_earlier_sequence_is_stale(tiny_models, fault_free, monkeypatch) -> None:
+    model = tiny_models[0]
+    first, second = _request(model, 0, 0.0, seed=6), _request(model, 1, 0.9, seed=7)
+    schedule = FaultSchedule({1: ("stale",), 3: ("stale", "repeated")})
+    faulty = FaultyBackend(model.backend(), schedule)
+    # The first sequence has nothing earlier to replay: no fault is injected there.
+    assert _run(faulty, model, first, "chain").output() == fault_free(0, 0, 0.0, 6, "plain").output()
+    assert not faulty.injected
+    result = _run(faulty, model, second, "chain")
+    assert result.output() == fault_free(0, 1, 0.9, 7, "plain").output()
+    assert faulty.injected == Counter(stale=2, repeated=1) == Counter(result.stats.faults_detected)
+    assert result.stats.rounds_recovered == 2
+
+    # Without the checks the late result is taken for this sequence's.
+    monkeypatch.setattr(RoundTracker, "check_verify", lambda self, asked, rows, result: result.logits)
+    faulty = FaultyBackend(model.backend(), FaultSchedule({1: ("stale",)}))
+    _run(faulty, model, first, "chain")
+    try:
+        outcome = _run(faulty, model, second, "chain").output()
+    except Exception as error:  # a row count that does not fit
+        outcome = error
+    assert outcome != fault_free(0, 1, 0.9, 7, "plain").output()
+    assert faulty.injected == Counter(stale=1)
+
+
+@pytest.mark.parametrize("kinds", [(k,) * 4 for k in IN_SEQUENCE] + [IN_SEQUENCE])
 def test_a_fault_on_every_attempt_fails_the_generation_and_commits_nothing_of_that_round(
     tiny_models, fault_free, kinds: tuple[str, ...]
 ) -> None:
@@ -303,7 +329,8 @@ def test_schedules_refuse_what_cannot_be_injected() -> None:
         FaultSchedule.seeded(0, rounds=3, count=3)
     schedule = FaultSchedule.seeded(7, rounds=20, count=8)
     assert schedule == FaultSchedule.seeded(7, rounds=20, count=8)  # seeded: reproducible
-    assert set(schedule.total()) == set(INJECTABLE) and 0 not in schedule.faults
+    assert set(schedule.total()) == set(IN_SEQUENCE) and 0 not in schedule.faults
+    assert FaultSchedule({0: ("stale",)}).faults == {0: ("stale",)}  # it replays another sequence
 
 
 # --- the checks on their own ---------------------------------------------------------------------------
