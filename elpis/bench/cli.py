@@ -71,9 +71,9 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         "--spec-only", action="store_true", help="speculative rounds only (no plain steps, no fresh TTFT)"
     )
     p.add_argument(
-        "--tree-graphs",
+        "--tree-eager",
         action="store_true",
-        help="tree systems: replay tree verifies from captured CUDA graphs (load_backend(tree_graphs=True))",
+        help="tree systems: run tree verifies eagerly instead of replaying captured CUDA graphs",
     )
     p.add_argument("--title", default=None)
     p.add_argument(
@@ -261,8 +261,8 @@ def worker_command(
             cmd += ["--cap-gib", str(args.cap_gib)]
         if getattr(args, "tree_top_k", None) is not None and any(s in TREE_BUDGETS for s in group):
             cmd += ["--tree-top-k", str(args.tree_top_k)]
-        if getattr(args, "tree_graphs", False) and any(s in TREE_BUDGETS for s in group):
-            cmd.append("--tree-graphs")
+        if getattr(args, "tree_eager", False) and any(s in TREE_BUDGETS for s in group):
+            cmd.append("--tree-eager")
     return cmd
 
 

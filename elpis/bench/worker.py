@@ -211,7 +211,7 @@ class ElpisSystem:
             fixed_rows=workload.CHAIN_ROWS,
             host_cache_gib=8.0,
             tree=self.tree_loaded,
-            tree_graphs=self.tree_loaded and getattr(args, "tree_graphs", False),
+            tree_graphs=not getattr(args, "tree_eager", False),
         )
         self.decoder = BenchDecoder(args.model)
         self.vocab = self.backend.info.vocab_size
@@ -689,9 +689,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--spec-only", action="store_true", help="speculative rounds only: no plain steps, no fresh TTFT"
     )
     parser.add_argument(
-        "--tree-graphs",
+        "--tree-eager",
         action="store_true",
-        help="tree systems: replay tree verifies from captured CUDA graphs",
+        help="tree systems: eager tree verifies instead of replayed CUDA graphs",
     )
     parser.add_argument("--profile", action="store_true", help="per-phase profile instead of timings")
     parser.add_argument(

@@ -31,7 +31,7 @@ def load_backend(
     warmup: bool = True,
     tree: bool = False,
     tree_rows: int = 16,
-    tree_graphs: bool = False,
+    tree_graphs: bool = True,
 ) -> Exl3Backend:
     """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
 
@@ -45,8 +45,9 @@ def load_backend(
     `tree`: verify token trees through elpis's tree kernels (`elpis.exl3.tree_verify`); every verify, plain
     decoding included, then runs as `tree_rows` rows (8 or 16: trees of up to that many rows), which
     replaces `fixed_rows`. Needs `gdn_state_fp32`. Off by default until the GPU evidence of issue 8 is in.
-    `tree_graphs`: replay tree verifies from CUDA graphs captured per (rows, context bucket, recurrent slot)
-    (`elpis.exl3.tree_graph`) instead of running ExLlamaV3's forward eagerly; tree mode only.
+    `tree_graphs` (tree mode only): replay tree verifies from CUDA graphs captured per (rows, context bucket,
+    recurrent slot) (`elpis.exl3.tree_graph`) instead of running ExLlamaV3's forward eagerly; bit-identical
+    to the eager forward and lossless (bench/results/tree/README.md), so on by default.
     """
     import torch
 
@@ -76,7 +77,7 @@ def load_backend(
         disk_cache_dir=disk,
         prefix_cache=prefix_cache,
         tree=tree,
-        tree_graphs=tree_graphs,
+        tree_graphs=tree and tree_graphs,
     )
 
 

@@ -321,7 +321,9 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
 
     if (tid < kMaxRows) {
         uint32_t end = 0, mask = 0;
-        if (tid < rows) {
+        // Rows are dealt round-robin to gridDim.z blocks per (split, head); a row of another block stays
+        // inactive here. A row's arithmetic does not depend on which rows share its block.
+        if (tid < rows && tid % gridDim.z == blockIdx.z) {
             const uint32_t span = elpis_sched_span(ctx, depth[tid]);
             if (split < elpis_sched_splits(span)) end = elpis_sched_split_end(span, split);
             mask = ancestors[tid];
@@ -378,6 +380,18 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
     }
 }
 
+// Blocks per (split, K/V head): one serves every row, which dequantises each tile once; at short contexts
+// (few splits) the rows are dealt to several blocks so that the grid fills the GPU (two blocks per SM).
+uint32_t row_groups(uint32_t rows, uint32_t max_splits) {
+    int device = 0, sms = 1;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+        sms = 1;
+    const uint32_t blocks = max_splits * kKvHeads;
+    const uint32_t want = (2u * static_cast<uint32_t>(sms) + blocks - 1) / blocks;
+    return want < 1u ? 1u : (want > rows ? rows : want);
+}
+
 // Both entries: `max_splits` (the grid and the partial buffers' stride) covers every row's span.
 int launch_mma(const void* q, const void* qk, const void* sk, const void* qv, const void* sv,
                const int32_t* block_table, const uint32_t* depth, const uint32_t* ancestors, uint32_t rows,
@@ -393,7 +407,7 @@ int launch_mma(const void* q, const void* qk, const void* sk, const void* qv, co
     }
     float* part_acc = workspace;
     float* part_ml = workspace + static_cast<uint64_t>(rows) * kQHeads * max_splits * kHeadDim;
-    tree_attention_mma_split<<<dim3(max_splits, kKvHeads), kThreads, kSmemBytes, s>>>(
+    tree_attention_mma_split<<<dim3(max_splits, kKvHeads, row_groups(rows, max_splits)), kThreads, kSmemBytes, s>>>(
         static_cast<const __half*>(q), static_cast<const uint32_t*>(qk), static_cast<const __half*>(sk),
         static_cast<const uint32_t*>(qv), static_cast<const __half*>(sv), block_table, depth, ancestors, rows, ctx,
         scale, max_splits, part_acc, part_ml);

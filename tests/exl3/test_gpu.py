@@ -346,7 +346,8 @@ def test_restart_reuses_disk_prefix(small, tmp_path):
 @pytest.mark.parametrize("tree", [False, True], ids=["chain-8", "tree-16"])
 def test_24gib_budget_full_model(tree: bool):
     """The full configuration under a 24 GiB cap: 262,000-token prefill + 128 decoded tokens, in chain mode
-    (8-row verifies) and in tree mode (every verify a 16-row tree through the tree kernels). Needs the full
+    (8-row verifies) and in tree mode (every verify a 16-row tree through the tree kernels, replayed from
+    captured CUDA graphs, which the memory then includes). Needs the full
     synthetic checkpoints (ELPIS_FULL_TARGET / ELPIS_FULL_DRAFT); `elpis bench engine` records the same
     run."""
     target, draft = os.environ.get("ELPIS_FULL_TARGET"), os.environ.get("ELPIS_FULL_DRAFT")
@@ -365,7 +366,8 @@ def test_24gib_budget_full_model(tree: bool):
         loaded = torch.cuda.max_memory_allocated()
         out, _, rounds = oracle_generate(b, ids, 128, drafter=b.drafter, budget={budget})
         print(json.dumps({{"tokens": len(out), "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-                          "peak_after_load_gib": loaded / 2**30, "rounds": len(rounds), "tree": {tree!r}}}))
+                          "peak_after_load_gib": loaded / 2**30, "rounds": len(rounds), "tree": {tree!r},
+                          "graph_replays": b.graphs.replays if b.graphs else None}}))
     """)
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=900, cwd=REPO

@@ -62,8 +62,9 @@ def backend(small):  # noqa: F811
     from elpis.exl3 import load_backend
 
     b = load_backend(
-        small / "target", small / "draft", max_context=65536, model_id="small", host_cache_gib=1.0, tree=True
-    )
+        small / "target", small / "draft", max_context=65536, model_id="small", host_cache_gib=1.0, tree=True,
+        tree_graphs=False,  # the eager forward (test_tree_graph.py covers the replayed one)
+    )  # fmt: skip
     b.prefix.enabled = False  # every begin() prefills cold: runs compare against exactly the same state
     yield b
 

@@ -41,6 +41,10 @@ enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 typedef void* cudaStream_t;
 inline cudaError_t cudaGetLastError() { return 0; }
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+static int emu_sms = 1;  // the emulated GPU's multiprocessors (emu_set_sms)
+inline cudaError_t cudaGetDevice(int* d) { *d = 0; return 0; }
+inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr, int) { *v = emu_sms; return 0; }
 template <typename K> cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, size_t) { return 0; }
 #define ELPIS_CUDA_EMU 1
 #define __global__
@@ -53,7 +57,7 @@ template <typename K> cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, siz
 // Emulation state is static, not inline: g++ gives inline variables process-wide (GNU unique) binding, so
 // two emulated kernels loaded into one test process would share one block selection and one barrier.
 static thread_local dim3 threadIdx;
-static dim3 blockIdx, blockDim;
+static dim3 blockIdx, blockDim, gridDim;
 static std::barrier<>* emu_block_barrier;
 static std::barrier<>* emu_warp_barrier[32];
 static float emu_warp_buf[32][32];
@@ -94,14 +98,16 @@ void emu_run_block(dim3 index, dim3 block, K kernel, A... args) {
 template <typename K, typename... A>
 void emu_launch(K kernel, dim3 grid, dim3 block, int, void*, A... args) {
     blockDim = block;
+    gridDim = grid;
     if (grid.y > 1 && !emu_blocks.empty()) {
-        for (auto [x, y] : emu_blocks) emu_run_block(dim3(x, y), block, kernel, args...);
+        for (auto [x, y] : emu_blocks) emu_run_block(dim3(x, y, 0), block, kernel, args...);
         return;
     }
     for (unsigned z = 0; z < grid.z; z++)
         for (unsigned y = 0; y < grid.y; y++)
             for (unsigned x = 0; x < grid.x; x++) emu_run_block(dim3(x, y, z), block, kernel, args...);
 }
+extern "C" void emu_set_sms(int n) { emu_sms = n; }
 extern "C" void emu_set_blocks(int n, const int* xy) {
     emu_blocks.clear();
     for (int i = 0; i < n; i++) emu_blocks.push_back({unsigned(xy[2 * i]), unsigned(xy[2 * i + 1])});

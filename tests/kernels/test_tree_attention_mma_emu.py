@@ -149,3 +149,20 @@ def test_graph_form_reads_the_context_from_memory(lib: ctypes.CDLL) -> None:
     assert call(floats) == 0
     assert torch.equal(out, want)
     assert call(floats - 1) != 0  # too small a workspace for max_ctx is refused
+
+
+def test_rows_dealt_to_several_blocks_keep_their_bits(lib: ctypes.CDLL) -> None:
+    """On a GPU with many multiprocessors a short context deals the rows to several blocks per (split,
+    head); every row keeps the bits it has when one block serves all rows."""
+    ctx = 90
+    masks = accept.tree_masks(PARENTS)
+    pages = Pages(ctx + len(PARENTS), 21)
+    q = _queries(len(PARENTS), 21)
+    lib.emu_set_sms(1)  # 1 split x 4 heads: one block per head serves the 16 rows
+    one, one_lse = attend(lib, pages, q, ctx, masks.depth, masks.ancestors)
+    lib.emu_set_sms(12)  # 2 * 12 multiprocessors over 4 blocks: the rows dealt to 6 blocks per head
+    try:
+        dealt, dealt_lse = attend(lib, pages, q, ctx, masks.depth, masks.ancestors)
+    finally:
+        lib.emu_set_sms(1)
+    assert torch.equal(dealt, one) and torch.equal(dealt_lse, one_lse)
