@@ -429,8 +429,9 @@ class Exl3Backend:
         path = check_path(rows, call.layout.parents, pending.rows)
         count = len(path)
         engine = self.engine
-        commit_kv(engine.cache, self.pages, pending.kvp, path)
-        commit_gdn(call, path)
+        if self.graphs is None or not self.graphs.commit(call, path, self.pages):
+            commit_kv(engine.cache, self.pages, pending.kvp, path)
+            commit_gdn(call, path)
         if engine.draft is not None and pending.export is not None:
             index = upload(path, torch.long, pending.export[0].device)
             engine.draft.update_kv_from_target(
@@ -446,6 +447,20 @@ class Exl3Backend:
         self.state.position = len(self.tokens)
         self.pending = None
         self.anchor = None
+
+    def abandon(self) -> None:
+        """Drop the last verify without committing it (a round the speculation core discarded; the anchor
+        stays). Tree mode only: its verify changed nothing committed (its K/V went to slots past the committed
+        ones, the GDN kernels only read the state, the position was reset). A chain-mode verify advanced the
+        recurrent state, which cannot be undone to zero rows here, so that is refused."""
+        if self.pending is None:
+            raise BackendError("abandon() without a verify()")
+        if self.pending.tree is None:
+            raise BackendError(
+                "a chain-mode verify cannot be abandoned (it advanced the recurrent state); load the backend "
+                "in tree mode for rounds that can be discarded and recomputed"
+            )
+        self.pending = None
 
     @torch.inference_mode()
     def finish(self) -> None:

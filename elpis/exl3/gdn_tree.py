@@ -62,6 +62,8 @@ ENTRY_ARGS: dict[str, tuple[type, ...]] = {
     "elpis_gdn_tree_commit": (_VP, _VP, _VP, _VP, _VP, _I32, _VP, _U32, _VP, _VP, _VP, _VP),
     "elpis_gdn_tree_plan_pack": (_U32, _VP, _VP, _VP, _U32),
     "elpis_gdn_tree_verify_dev": (_VP, _VP, _VP, _VP, _VP, _I32, _VP, _U32, _VP, _VP, _VP, _VP),
+    "elpis_gdn_tree_commit_plan_pack": (_U32, _VP, _VP, _U32),
+    "elpis_gdn_tree_commit_dev": (_VP, _VP, _VP, _VP, _VP, _I32, _VP, _VP, _VP),
 }
 PLAN_CAPACITY = 256  # bytes reserved for a packed plan (the C struct is about 110)
 
@@ -133,6 +135,21 @@ def packed_plan(depth: tuple[int, ...], ancestors: tuple[int, ...]) -> bytes:
     got = lib.elpis_gdn_tree_plan_pack(len(depth), _i32(depth), _u32(ancestors), buf, PLAN_CAPACITY)
     if got < 0:
         raise ValueError(f"gdn tree plan refused: {PLAN_ERRORS.get(got, got)}")
+    return bytes(buf)[:got]
+
+
+@lru_cache(maxsize=1024)
+def packed_commit_plan(path: tuple[int, ...]) -> bytes:
+    """The plan of a commit along `path` (input rows, root first): the bytes `gdn_tree_commit_graph` reads."""
+    rows = list(path)
+    if not 1 <= len(rows) <= MAX_ROWS or len(set(rows)) != len(rows):
+        raise ValueError(f"path must have 1..{MAX_ROWS} distinct rows, got {rows}")
+    if any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < MAX_ROWS for r in rows):
+        raise ValueError(f"path rows must be input row indices 0..{MAX_ROWS - 1}, got {rows}")
+    buf = (ctypes.c_uint8 * PLAN_CAPACITY)()
+    got = _host_library().elpis_gdn_tree_commit_plan_pack(len(rows), _i32(rows), buf, PLAN_CAPACITY)
+    if got < 0:
+        raise ValueError(f"gdn tree commit plan refused: {PLAN_ERRORS.get(got, got)}")
     return bytes(buf)[:got]
 
 
@@ -293,6 +310,32 @@ def gdn_tree_commit(
     )  # fmt: skip
     _raise_on(err, "commit")
     return out
+
+
+def gdn_tree_commit_graph(
+    qkv: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    state: torch.Tensor,
+    plan_dev: torch.Tensor,
+) -> None:
+    """`gdn_tree_commit` in the form a CUDA graph can capture: the path's plan (`packed_commit_plan`, uint8
+    [PLAN_CAPACITY] on the device) is read when the kernels run, so one captured launch serves every path.
+    Same arithmetic as `gdn_tree_commit`; `state` and `conv_state` are advanced in place."""
+    import torch
+
+    _check_inputs(qkv, beta, g, conv_weight, conv_state, state)
+    _check_tensor("plan_dev", plan_dev, torch.uint8, (PLAN_CAPACITY,))
+    if plan_dev.device != qkv.device:
+        raise ValueError("plan_dev must be on qkv's device")
+    err = _library().elpis_gdn_tree_commit_dev(
+        qkv.data_ptr(), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(), conv_state.data_ptr(),
+        conv_state.shape[1], state.data_ptr(), plan_dev.data_ptr(),
+        torch.cuda.current_stream(qkv.device).cuda_stream,
+    )  # fmt: skip
+    _raise_on(err, "commit (graph form)")
 
 
 def install() -> None:

@@ -18,6 +18,11 @@ tests/exl3/test_tree_graph.py compares replays with eager tree verifies bit for 
 of a key runs the same forward eagerly on the same buffers (the warm-up a capture needs: lazy kernel builds,
 autotuning, ExLlamaV3's own per-module graphs) and returns that result; the capture follows, and every later
 call of the key replays.
+
+The commit of a replayed verify is captured too (once per key, after an eager first commit with the same
+buffers): the accepted rows' K/V moves (padded to run - 1 moves with a slot copied onto itself) and the GDN
+path replay (`gdn_tree_commit_graph`, the path's plan read from device memory). The draft's conditioning
+stays eager (ExLlamaV3's own update of the draft cache).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 
 import torch
 
-from elpis.exl3.tree_verify import PAGE, GraphInputs, TreeCall, TreeLayout, tree_forward
+from elpis.exl3.tree_verify import PAGE, GraphInputs, TreeCall, TreeLayout, kv_moves, slot_pages, tree_forward
 from elpis.exl3.upload import pinned
 
 MIN_BUCKET = 4096  # smallest context bucket (the attention grid of a capture covers contexts up to it)
@@ -59,6 +64,11 @@ class Captured:
     call: TreeCall | None = None  # the captured call: its GDN records point into the graph's memory
     out: torch.Tensor | None = None
     export: list[torch.Tensor] | None = None
+    moves: torch.Tensor | None = (
+        None  # int64 [4, run - 1]: source page, source offset, dest page, dest offset
+    )
+    commit_plan: torch.Tensor | None = None  # uint8 [PLAN_CAPACITY]: the GDN path replay's plan
+    commit_graph: torch.cuda.CUDAGraph | None = None
 
 
 class TreeGraphs:
@@ -117,7 +127,56 @@ class TreeGraphs:
         self.replays += 1
         call = TreeCall(layout, kvp, key[2], key[3], gdn=captured.call.gdn, graph=captured.inputs)
         call.attention_layers = captured.call.attention_layers
+        call.source = captured
         return captured.out, captured.export, call
+
+    def commit(self, call: TreeCall, path: Sequence[int], pages: Sequence[int]) -> bool:
+        """Commit a replayed verify's accepted `path` (checked by the caller) through its key's commit graph.
+        Returns False for a call that did not come from a replay: the caller commits it eagerly."""
+        from elpis.exl3 import gdn_tree
+
+        c = call.source
+        if c is None:
+            return False
+        run, kvp = call.layout.run, call.kvp
+        pad = kvp + run - 1  # a slot copied onto itself: it is never a destination of a real move
+        moves = kv_moves(kvp, path)
+        moves += [(pad, pad)] * (run - 1 - len(moves))
+        src_pages, src_offsets = slot_pages([s for s, _ in moves], pages)
+        dst_pages, dst_offsets = slot_pages([d for _, d in moves], pages)
+        plan = gdn_tree.packed_commit_plan(tuple(path))
+        if c.moves is None or c.commit_plan is None:
+            c.moves = torch.zeros((4, run - 1), dtype=torch.long, device=self.device)
+            c.commit_plan = torch.zeros((gdn_tree.PLAN_CAPACITY,), dtype=torch.uint8, device=self.device)
+        c.moves.copy_(pinned([*src_pages, *src_offsets, *dst_pages, *dst_offsets], torch.long).view(4, -1),
+                      non_blocking=True)  # fmt: skip
+        padded = plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan))
+        c.commit_plan.copy_(
+            torch.frombuffer(bytearray(padded), dtype=torch.uint8).pin_memory(), non_blocking=True
+        )
+        if c.commit_graph is None:
+            self._commit_ops(c)  # this commit, eagerly; the capture below records the same operations
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._commit_ops(c)
+            c.commit_graph = graph
+            self.captures += 1
+        else:
+            c.commit_graph.replay()
+            self.replays += 1
+        return True
+
+    def _commit_ops(self, c: Captured) -> None:
+        from elpis.exl3.gdn_tree import gdn_tree_commit_graph
+
+        assert c.moves is not None and c.commit_plan is not None and c.call is not None
+        sp, so, dp, do = c.moves
+        for layer in self.engine.cache.layers.values():
+            for t in layer.get_tensors():
+                if t is not None:
+                    t[dp, do] = t[sp, so]  # the gather completes before the scatter: bitwise row copies
+        for r in c.call.gdn.values():
+            gdn_tree_commit_graph(r.qkv, r.beta, r.g, r.conv_weight, r.conv_state, r.state, c.commit_plan)
 
     # -- buffers ----------------------------------------------------------------------------------------
     def _buffers(self, run: int, bucket: int) -> Captured:

@@ -187,6 +187,7 @@ class TreeCall:
     base_row: int  # its committed recurrent-state row
     gdn: dict[int, GdnRecord] = field(default_factory=dict)
     graph: GraphInputs | None = None  # set: the kernels' graph forms read the tree and kvp from these
+    source: Any = None  # the captured forward (tree_graph.Captured) whose memory holds the GDN records
     attention_layers: int = 0
     _module: Any = None  # the GDN layer whose forward is running
     _conv: tuple[Any, Any, Any] | None = None  # (pre-conv qkv, conv weight, conv ring) handed to the rule

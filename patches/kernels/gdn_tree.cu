@@ -326,8 +326,8 @@ __global__ void __launch_bounds__(kThreads) gdn_tree_kernel_dev(const GdnTreeArg
 
 // Commit of the conv window: columns 0..3 become the last 4 inputs along the chain of `plan` (in place;
 // each thread reads its channel's old columns before writing). Runs after gdn_tree_kernel on the stream.
-__global__ void gdn_conv_commit_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* conv_state, int32_t stride,
-                                       const GdnTreePlan plan) {
+__device__ __forceinline__ void conv_commit_body(const __nv_bfloat16* qkv, __nv_bfloat16* conv_state,
+                                                 int32_t stride, const GdnTreePlan& plan) {
     const int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= kConvDim) return;
     __nv_bfloat16* w = conv_state + static_cast<size_t>(ch) * stride;
@@ -340,6 +340,17 @@ __global__ void gdn_conv_commit_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* 
         const int e = n - kTaps + j;  // chain position of new column j
         w[j] = e >= 0 ? qkv[static_cast<size_t>(plan.in_row[e]) * kConvDim + ch] : old[kTaps + e];
     }
+}
+
+__global__ void gdn_conv_commit_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* conv_state, int32_t stride,
+                                       const GdnTreePlan plan) {
+    conv_commit_body(qkv, conv_state, stride, plan);
+}
+
+// The CUDA-graph form: the plan read from device memory.
+__global__ void gdn_conv_commit_kernel_dev(const __nv_bfloat16* qkv, __nv_bfloat16* conv_state, int32_t stride,
+                                           const GdnTreePlan* __restrict__ plan) {
+    conv_commit_body(qkv, conv_state, stride, *plan);
 }
 
 int launch(const GdnTreeArgs& args, const GdnTreePlan& plan, bool commit, const __nv_bfloat16* qkv,
@@ -386,6 +397,44 @@ int elpis_gdn_tree_plan_pack(uint32_t rows, const int32_t* depth, const uint32_t
     if (err != 0) return err;
     memcpy(out, &plan, sizeof(GdnTreePlan));
     return static_cast<int>(sizeof(GdnTreePlan));
+}
+
+// The plan of a commit along `path` (input rows, root first) as packed bytes for elpis_gdn_tree_commit_dev.
+// Returns the size, or a negative plan error (-5: capacity too small).
+int elpis_gdn_tree_commit_plan_pack(uint32_t n, const int32_t* path, void* out, uint32_t capacity) {
+    if (n == 0 || n > static_cast<uint32_t>(kMaxRows)) return -1;
+    if (capacity < sizeof(GdnTreePlan)) return -5;
+    int32_t depth[kMaxRows];
+    uint32_t ancestors[kMaxRows];
+    for (uint32_t i = 0; i < n; i++) {
+        depth[i] = static_cast<int32_t>(i);
+        ancestors[i] = (1u << (i + 1)) - 1u;  // a chain: every earlier row is an ancestor
+    }
+    GdnTreePlan plan{};
+    const int err = gdn_tree_plan(n, depth, ancestors, path, &plan);
+    if (err != 0) return err;
+    memcpy(out, &plan, sizeof(GdnTreePlan));
+    return static_cast<int>(sizeof(GdnTreePlan));
+}
+
+// Commit, CUDA-graph form: as elpis_gdn_tree_commit (no outputs), the path's plan packed by
+// elpis_gdn_tree_commit_plan_pack and read from device memory when the kernels run.
+int elpis_gdn_tree_commit_dev(const void* qkv, const void* beta, const float* g, const void* conv_weight,
+                              void* conv_state, int32_t conv_stride, float* state, const void* plan_dev,
+                              void* stream) {
+    if (plan_dev == nullptr) return -1;
+    const auto* x = static_cast<const __nv_bfloat16*>(qkv);
+    auto* conv = static_cast<__nv_bfloat16*>(conv_state);
+    const auto* plan = static_cast<const GdnTreePlan*>(plan_dev);
+    const GdnTreeArgs args{x, static_cast<const __nv_bfloat16*>(beta), g,
+                           static_cast<const __nv_bfloat16*>(conv_weight), conv, conv_stride, state, state, nullptr,
+                           nullptr};
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    gdn_tree_kernel_dev<<<dim3(kSlices, kValueHeads), kThreads, 0, s>>>(args, plan);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return static_cast<int>(err);
+    gdn_conv_commit_kernel_dev<<<(kConvDim + 255) / 256, 256, 0, s>>>(x, conv, conv_stride, plan);
+    return static_cast<int>(cudaGetLastError());
 }
 
 // Verify, CUDA-graph form: as elpis_gdn_tree_verify for `rows` rows, the plan packed by

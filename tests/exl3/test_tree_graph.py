@@ -7,7 +7,10 @@ What they establish:
     warm-up call; for several trees, contexts and both ends of a context bucket;
 (b) tree speculation through replays gives exactly the tokens of plain decoding through replays (trees of
     1..16 rows holding the continuation, always-wrong trees), for both row counts;
-(c) captures stay bounded by the keys: one per (rows, context bucket, recurrent slot, state row).
+(c) commits through the captured commit graph leave the state the eager commit leaves: every later verify's
+    logits over a run of accepted trees equal the eager tree mode's, bit for bit (16 rows);
+(d) captures stay bounded by the keys: one verify and one commit graph per (rows, context bucket, recurrent
+    slot, state row).
 """
 
 from __future__ import annotations
@@ -17,7 +20,14 @@ import random
 import pytest
 
 from tests.exl3.test_gpu import prompt, small  # noqa: F401  (fixtures)
-from tests.exl3.test_tree_verify import check_lossless, random_tree, run_rows, tree_logits
+from tests.exl3.test_tree_verify import (
+    check_lossless,
+    random_tree,
+    replay,
+    run_rows,
+    tree_generate,
+    tree_logits,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -87,9 +97,74 @@ def test_graph_speculation_is_lossless(backend, run):
     assert backend.graphs.replays > 0
 
 
+def rounds_logits(backend, ids, truth, size: int) -> list:
+    """Every verify's logits over a generation with replayed trees of `size` rows (most rows accepted)."""
+    seen = []
+    verify = backend.verify
+
+    def recording(tokens, parents):
+        logits = verify(tokens, parents)
+        seen.append(logits.clone())
+        return logits
+
+    backend.verify = recording
+    try:
+        tree_generate(backend, ids, 40, replay(truth, size, 99, backend.info.vocab_size))
+    finally:
+        del backend.verify
+    return seen
+
+
+def test_graph_commits_leave_the_eager_state(backend):
+    import torch
+
+    vocab = backend.info.vocab_size
+    ids = prompt(1500, 77, vocab)
+    with run_rows(backend, 16):
+        graphs = eager(backend)
+        try:
+            truth, _ = tree_generate(backend, ids, 40, lambda done, anchor, remaining: ([anchor], [-1]))
+            want = rounds_logits(backend, ids, truth, 6)
+        finally:
+            backend.graphs = graphs
+        commits = graphs.captures
+        got = rounds_logits(backend, ids, truth, 6)
+    assert graphs.captures > commits or graphs.replays > 0
+    assert len(got) == len(want) > 1
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(a, b), f"round {i}: logits after graph commits differ from eager tree mode"
+
+
+def test_an_abandoned_verify_leaves_nothing_behind(backend):
+    """verify, abandon, verify again, commit: the same logits and the same next round as without the
+    abandoned verify (what the speculation core's fault recovery relies on)."""
+    import torch
+
+    vocab = backend.info.vocab_size
+    ids = prompt(1200, 12, vocab)
+    tokens, parents = random_tree(6, [], random.Random(8), vocab)
+    tokens[0] = ids[-1]
+    runs = []
+    for abandon in (False, True):
+        backend.begin(ids)
+        try:
+            first = backend.verify(tokens, parents).clone()
+            if abandon:
+                backend.abandon()
+                again = backend.verify(tokens, parents).clone()
+                assert torch.equal(again, first)
+            backend.commit([0])
+            nxt = int(first[0].argmax())
+            runs.append(backend.verify([nxt], [-1]).clone())
+            backend.commit([0])
+        finally:
+            backend.finish()
+    assert torch.equal(runs[0], runs[1])
+
+
 def test_captures_are_bounded_by_keys(backend):
     graphs = backend.graphs
     assert graphs.captures >= 1
     assert len(graphs.graphs) <= 4
-    # every key was captured once, whatever the number of calls
+    # every key was captured once (a verify and a commit graph), whatever the number of calls
     assert graphs.captures < graphs.replays

@@ -302,7 +302,7 @@ EMU_BLOCKS = [(0, 0), (7, 47), (3, 25)]  # (value-column slice, value head): fir
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     build = tmp_path_factory.mktemp("gdn_emu")
-    lib = cuda_emu.build_emulated(gdn_tree.SOURCE, build, launches=3, needs=(gdn_plan.HEADER,))
+    lib = cuda_emu.build_emulated(gdn_tree.SOURCE, build, launches=5, needs=(gdn_plan.HEADER,))
     for name, argtypes in gdn_tree.ENTRY_ARGS.items():
         getattr(lib, name).argtypes = list(argtypes)
     lib.emu_set_blocks(len(EMU_BLOCKS), gdn_tree._i32([v for b in EMU_BLOCKS for v in b]))
@@ -401,3 +401,25 @@ def test_graph_form_reads_the_plan_from_memory(emulated) -> None:
     )  # fmt: skip
     assert err == 0
     assert _same(out, want) and _same(out_bf16, want_bf16)
+
+
+def test_graph_form_of_the_commit_reads_the_plan_from_memory(emulated) -> None:
+    """The graph form of the commit (the path's packed plan read from memory) advances the state and the
+    conv window exactly as the ordinary commit does."""
+    parents = [-1, 0, 1, 0, 3, 4, 2]
+    inp = ref.random_inputs(len(parents), seed=78)
+    for path in ([0], [0, 3, 4], [0, 3, 4, 5], [0, 1, 2, 6]):
+        state, conv = inp.state.clone(), inp.conv_state.clone()
+        _emu_commit(emulated, inp, conv, state, path)
+        packed = gdn_tree.packed_commit_plan(tuple(path))
+        plan = torch.zeros(gdn_tree.PLAN_CAPACITY, dtype=torch.uint8)
+        plan[: len(packed)] = torch.frombuffer(bytearray(packed), dtype=torch.uint8)
+        graph_state, graph_conv = inp.state.clone(), inp.conv_state.clone()
+        err = emulated.elpis_gdn_tree_commit_dev(
+            inp.qkv.data_ptr(), inp.beta.data_ptr(), inp.g.data_ptr(), inp.conv_weight.data_ptr(),
+            graph_conv.data_ptr(), graph_conv.shape[1], graph_state.data_ptr(), plan.data_ptr(), None,
+        )  # fmt: skip
+        assert err == 0
+        assert _same(graph_state, state) and torch.equal(graph_conv, conv), f"path {path}"
+    with pytest.raises(ValueError, match="distinct"):
+        gdn_tree.packed_commit_plan((0, 1, 1))
