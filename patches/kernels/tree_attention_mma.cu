@@ -159,15 +159,176 @@ __device__ __forceinline__ void stage(const Block& b, const uint32_t* __restrict
     }
 }
 
+// Pipelined staging (ELPIS_MMA_PREFETCH, on by default). A tile's packed words are loaded into registers one
+// tile ahead, so the loads' latency hides behind the previous tile's arithmetic (the kernel runs one block per
+// SM: nothing else would cover it), and every thread decodes half a group, so all 512 threads dequantise (the
+// direct staging above keeps half of them idle). The two halves of a group meet for the last butterfly
+// (index bit 4) through a shuffle. Every value goes through dequant_group's operations in dequant_group's
+// order, so the staged fp16 values - and so every output bit - are those of the direct staging; the emulated
+// test builds both and compares (0 builds the direct staging).
+#ifndef ELPIS_MMA_PREFETCH
+#define ELPIS_MMA_PREFETCH 1
+#endif
+
+constexpr uint32_t kHalfGroup = kQGroup / 2;
+static_assert(kTile * kQGroupsPerHead * 2 == kThreads, "one pass of half-group items stages a tile's rows");
+static_assert(kStaged <= 2 * kTile, "a tail tile's extra rows fit in a second pass");
+
+// One group's packed words and scale, loaded ahead of its tile.
+template <uint32_t kBits>
+struct Packed {
+    uint32_t w[kBits];
+    __half scale;
+    bool valid;  // false: a position past the context, the zero row, an unused tree slot
+};
+
+// Item `i` (a thread) of a pass over 32 staged rows: (row, group, half). K (position-major) puts a group's
+// halves in lanes i and i^1 along a row; V^T (dim-major) puts them in lanes i and i^16, so each half-warp's
+// 2-byte stores cover 16 consecutive rows of one column.
+template <bool kTranspose>
+__device__ __forceinline__ void pass_item(uint32_t i, uint32_t& row, uint32_t& grp, uint32_t& half) {
+    if (kTranspose) {
+        half = (i >> 4) & 1u;
+        row = (i & 15u) + 16u * ((i >> 5) & 1u);
+        grp = (i >> 6) & 7u;
+    } else {
+        half = i & 1u;
+        grp = (i >> 1) & 7u;
+        row = (i >> 4) & 31u;
+    }
+}
+
+// Slot of staged row `row` (< kTile) of the tile at t0: what run_tile writes to b.slot for the tile's rows.
+__device__ __forceinline__ uint32_t tile_slot(uint32_t t0, uint32_t row, uint32_t ctx) {
+    return t0 + row < ctx ? t0 + row : kNoSlot;
+}
+
+template <uint32_t kBits>
+__device__ __forceinline__ Packed<kBits> fetch_group(const uint32_t* __restrict__ packed,
+                                                    const __half* __restrict__ scales,
+                                                    const int32_t* __restrict__ block_table, uint32_t slot,
+                                                    uint32_t h, uint32_t grp) {
+    Packed<kBits> p;
+    p.valid = slot != kNoSlot;
+    if (p.valid) {
+        const size_t idx = qcache_group(block_table, slot, h, grp);
+#pragma unroll
+        for (uint32_t i = 0; i < kBits; i++) p.w[i] = packed[idx * kBits + i];
+        p.scale = scales[idx];
+    } else {
+#pragma unroll
+        for (uint32_t i = 0; i < kBits; i++) p.w[i] = 0;
+        p.scale = __float2half_rn(0.0f);
+    }
+    return p;
+}
+
+// group_code for value 16 * half + j (j a compile-time index): the words are chosen by selects, never by a
+// run-time array index (which would put `w` in local memory).
+template <uint32_t kBits>
+__device__ __forceinline__ uint32_t half_code(const uint32_t (&w)[kBits], uint32_t half, uint32_t j) {
+    uint32_t code = 0;
+#pragma unroll
+    for (uint32_t width = 1; width <= 8; width <<= 1) {
+        if (!(kBits & width)) continue;
+        const uint32_t base = kBits & ~(2u * width - 1u);
+        const uint32_t bit0 = j * width, bit1 = (kHalfGroup + j) * width;
+        const uint32_t word = half ? w[base + (bit1 >> 5)] : w[base + (bit0 >> 5)];
+        const uint32_t field = (word >> ((half ? bit1 : bit0) & 31u)) & ((1u << width) - 1u);
+        code |= field << (kBits & (width - 1u));
+    }
+    return code;
+}
+
+// Decode half `half` of a group into staged row `row` (every lane of the warp calls it: the last butterfly
+// is a shuffle with the partner lane; `store` false only computes). Same operations as dequant_group.
+template <uint32_t kBits, bool kTranspose>
+__device__ __forceinline__ void decode_half(const Block& b, const Packed<kBits>& p, uint32_t row, uint32_t grp,
+                                            uint32_t half, bool store) {
+    constexpr float kHalfLevels = static_cast<float>(1u << (kBits - 1));
+    constexpr float kMid = kHalfLevels - 0.5f;
+    const float step = __fmul_rn(__fmul_rn(__half2float(p.scale), kRsqrt32), 1.0f / kHalfLevels);
+    float v[kHalfGroup];
+#pragma unroll
+    for (uint32_t j = 0; j < kHalfGroup; j++)
+        v[j] = __fmul_rn(__fsub_rn(static_cast<float>(half_code<kBits>(p.w, half, j)), kMid), step);
+#pragma unroll
+    for (uint32_t bb = 1; bb < kHalfGroup; bb <<= 1) {
+#pragma unroll
+        for (uint32_t j = 0; j < kHalfGroup; j++) {
+            if (j & bb) continue;
+            const float lo = v[j], hi = v[j | bb];
+            v[j] = __fadd_rn(lo, hi);
+            v[j | bb] = __fsub_rn(lo, hi);
+        }
+    }
+    // index bit 4: value j (half 0) is lo, value 16 + j (half 1) is hi
+#pragma unroll
+    for (uint32_t j = 0; j < kHalfGroup; j++) {
+        const float other = __shfl_xor_sync(kFull, v[j], kTranspose ? 16 : 1);
+        v[j] = half ? __fsub_rn(other, v[j]) : __fadd_rn(v[j], other);
+    }
+    if (!store) return;
+    __align__(16) __half vals[kHalfGroup];
+#pragma unroll
+    for (uint32_t j = 0; j < kHalfGroup; j++) vals[j] = __float2half_rn(p.valid ? v[j] : 0.0f);
+    if (kTranspose) {
+#pragma unroll
+        for (uint32_t j = 0; j < kHalfGroup; j++)
+            b.kv[(grp * kQGroup + kHalfGroup * half + j) * kVStride + row] = vals[j];
+    } else {
+        uint4* dst = reinterpret_cast<uint4*>(b.kv + row * kKStride + grp * kQGroup + kHalfGroup * half);
+        const uint4* src = reinterpret_cast<const uint4*>(vals);
+        dst[0] = src[0];
+        dst[1] = src[1];
+    }
+}
+
+// Stage a tile from the group loaded ahead (the tile's own rows) and, in a tail tile, the tree rows and the
+// zero row (rows kTile.., loaded now: they exist only in the block's last tile).
+template <uint32_t kBits, bool kTranspose>
+__device__ __forceinline__ void stage_ahead(const Block& b, const Packed<kBits>& ahead,
+                                            const uint32_t* __restrict__ packed, const __half* __restrict__ scales,
+                                            const int32_t* __restrict__ block_table, bool tail, uint32_t h) {
+    uint32_t row, grp, half;
+    pass_item<kTranspose>(threadIdx.x, row, grp, half);
+    decode_half<kBits, kTranspose>(b, ahead, row, grp, half, true);
+    if (tail) {
+        const uint32_t extra = kTile + row;
+        const bool store = extra < kStaged;
+        const uint32_t slot = store ? b.slot[extra] : kNoSlot;
+        decode_half<kBits, kTranspose>(b, fetch_group<kBits>(packed, scales, block_table, slot, h, grp), extra,
+                                       grp, half, store);
+    }
+}
+
+// The groups this thread stages for the tile at t0 (K and V), loaded ahead of it.
+template <bool kTranspose, uint32_t kBits>
+__device__ __forceinline__ Packed<kBits> fetch_ahead(const uint32_t* __restrict__ packed,
+                                                    const __half* __restrict__ scales,
+                                                    const int32_t* __restrict__ block_table, uint32_t t0,
+                                                    uint32_t ctx, uint32_t h) {
+    uint32_t row, grp, half;
+    pass_item<kTranspose>(threadIdx.x, row, grp, half);
+    return fetch_group<kBits>(packed, scales, block_table, tile_slot(t0, row, ctx), h, grp);
+}
+
+struct Ahead {
+    Packed<kKBits> k;
+    Packed<kVBits> v;
+};
+
 // One tile of kTile absolute positions from t0 for the rows in `active`.
-__device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4], uint32_t t0, uint32_t active,
-                                         uint32_t rows, uint32_t ctx, float scale, uint32_t h,
-                                         const uint32_t* __restrict__ qk, const __half* __restrict__ sk,
-                                         const uint32_t* __restrict__ qv, const __half* __restrict__ sv,
-                                         const int32_t* __restrict__ block_table) {
+// `ahead` holds this tile's packed groups on entry and the next tile's (at `next`, if below `block_end`) on exit.
+__device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4], Ahead& ahead, uint32_t t0,
+                                         uint32_t block_end, uint32_t active, uint32_t rows, uint32_t ctx,
+                                         float scale, uint32_t h, const uint32_t* __restrict__ qk,
+                                         const __half* __restrict__ sk, const uint32_t* __restrict__ qv,
+                                         const __half* __restrict__ sv, const int32_t* __restrict__ block_table) {
     const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, g = lane >> 2, t = lane & 3u;
     const bool tail = t0 + kTile > ctx;  // holds positions >= ctx: rows read their own tree slots
     const uint32_t staged = tail ? kStaged : kTile;
+    const uint32_t next = t0 + kTile;
     if (tid < staged) {
         uint32_t slot = kNoSlot;
         if (tid < kTile) {
@@ -178,7 +339,12 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
         b.slot[tid] = slot;
     }
     __syncthreads();
+#if ELPIS_MMA_PREFETCH
+    stage_ahead<kKBits, false>(b, ahead.k, qk, sk, block_table, tail, h);
+    if (next < block_end) ahead.k = fetch_ahead<false, kKBits>(qk, sk, block_table, next, ctx, h);
+#else
     stage<kKBits, false>(b, qk, sk, block_table, staged, h);
+#endif
     __syncthreads();
 
     // Scores S^T = K Q^T, then this half-tile's max: warp -> positions 16*(warp & 1).., rows 2*(warp >> 1)
@@ -238,11 +404,13 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
             }
         }
     }
-    if (tail) {  // the zero row's slot stays kNoSlot; tree rows and the tile's committed rows as for K
-        stage<kVBits, true>(b, qv, sv, block_table, staged, h);
-    } else {
-        stage<kVBits, true>(b, qv, sv, block_table, kTile, h);
-    }
+#if ELPIS_MMA_PREFETCH
+    stage_ahead<kVBits, true>(b, ahead.v, qv, sv, block_table, tail, h);
+    if (next < block_end) ahead.v = fetch_ahead<true, kVBits>(qv, sv, block_table, next, ctx, h);
+#else
+    // the zero row's slot stays kNoSlot; tree rows and the tile's committed rows as for K
+    stage<kVBits, true>(b, qv, sv, block_table, staged, h);
+#endif
     __syncthreads();
 
     // Running (max, sum) per (row, query); O^T = alpha O^T + V^T P^T: warp -> head dims 16*warp..
@@ -353,10 +521,17 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
 #pragma unroll
     for (uint32_t r = 0; r < kMaxRows; r++) o[r][0] = o[r][1] = o[r][2] = o[r][3] = 0.0f;
 
+    Ahead ahead;
+#if ELPIS_MMA_PREFETCH
+    if (begin < block_end) {
+        ahead.k = fetch_ahead<false, kKBits>(qk, sk, block_table, begin, ctx, h);
+        ahead.v = fetch_ahead<true, kVBits>(qv, sv, block_table, begin, ctx, h);
+    }
+#endif
     for (uint32_t t0 = begin; t0 < block_end; t0 += kTile) {
         active = 0;
         for (uint32_t r = 0; r < kMaxRows; r++) active |= (b.end[r] > t0 ? 1u : 0u) << r;
-        run_tile(b, o, t0, active, rows, ctx, scale, h, qk, sk, qv, sv, block_table);
+        run_tile(b, o, ahead, t0, block_end, active, rows, ctx, scale, h, qk, sk, qv, sv, block_table);
     }
 
 #pragma unroll

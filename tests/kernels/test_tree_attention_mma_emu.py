@@ -29,10 +29,8 @@ GROUPS = ta.KV_HEADS * ta.HEAD_DIM // qr.GROUP
 PARENTS = [-1, 0, 1, 2, 3, 4, 5, 6, 7, 0, 8, 9, 10, 2, 12, 13]
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    tmp = tmp_path_factory.mktemp("tree_attention_mma_emu")
-    defines = {"ELPIS_QCACHE_K_BITS": BITS, "ELPIS_QCACHE_V_BITS": BITS}
+def _build(tmp: object, **extra: int) -> ctypes.CDLL:
+    defines = {"ELPIS_QCACHE_K_BITS": BITS, "ELPIS_QCACHE_V_BITS": BITS, **extra}
     lib = cuda_emu.build_emulated(
         ta.SOURCE_MMA, tmp, launches=2, needs=("verify_schedule.h",), defines=defines
     )
@@ -42,6 +40,17 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     lib.elpis_tree_attention_workspace_floats.argtypes = [ctypes.c_uint32] * 3
     lib.elpis_tree_attention_workspace_floats.restype = ctypes.c_uint64
     return lib
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    return _build(tmp_path_factory.mktemp("tree_attention_mma_emu"))
+
+
+@pytest.fixture(scope="module")
+def direct_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The build with the direct staging (ELPIS_MMA_PREFETCH=0) that the pipelined staging replaced."""
+    return _build(tmp_path_factory.mktemp("tree_attention_mma_emu_direct"), ELPIS_MMA_PREFETCH=0)
 
 
 class Pages:
@@ -139,6 +148,7 @@ def test_graph_form_reads_the_context_from_memory(lib: ctypes.CDLL) -> None:
     floats = lib.elpis_tree_attention_workspace_floats(rows, max_ctx, rows - 1)
     work = torch.full((floats,), float("nan"), dtype=torch.float32)
     out = torch.full((rows, ta.Q_HEADS, ta.HEAD_DIM), float("nan"), dtype=torch.half)
+
     def call(workspace_floats: int) -> int:
         return lib.elpis_tree_attention_mma_dev(
             q.data_ptr(), *(t.data_ptr() for t in pages.caches), pages.table.data_ptr(),
@@ -166,3 +176,26 @@ def test_rows_dealt_to_several_blocks_keep_their_bits(lib: ctypes.CDLL) -> None:
     finally:
         lib.emu_set_sms(1)
     assert torch.equal(dealt, one) and torch.equal(dealt_lse, one_lse)
+
+
+@pytest.mark.parametrize(
+    ("ctx", "parents", "seed"),
+    [
+        (70, [-1, 0, 1, 0, 3, 4], 31),  # two shared tiles, then tails in the third
+        (90, PARENTS, 32),  # 16 rows, tails straddling the tile boundary at 96
+        (31, [-1, 0, 0, 1], 33),  # the first tile is already the tail
+        (129, [-1], 34),  # one row, five tiles: every tile's groups loaded one tile ahead
+    ],
+)
+def test_pipelined_staging_keeps_the_direct_stagings_bits(
+    lib: ctypes.CDLL, direct_lib: ctypes.CDLL, ctx: int, parents: list[int], seed: int
+) -> None:
+    """Loading groups a tile ahead and decoding half-groups on every thread changes no output bit."""
+    masks = accept.tree_masks(parents)
+    pages = Pages(ctx + len(parents), seed)
+    q = _queries(len(parents), seed)
+    out, lse = attend(lib, pages, q, ctx, masks.depth, masks.ancestors)
+    want, want_lse = attend(direct_lib, pages, q, ctx, masks.depth, masks.ancestors)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(lse, want_lse)

@@ -94,3 +94,29 @@ def test_second_turn_reuses_the_prefix_cache(tiny) -> None:
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= first.usage.prompt_tokens - 1
     assert cached < second.usage.prompt_tokens
+
+
+def test_usage_reports_recovered_round_faults(tiny, tiny_model, qwen_text) -> None:
+    """A server whose rounds are damaged (elpis.spec.faults) answers with the clean server's text and says
+    in usage which faults it detected and how many rounds it recomputed."""
+    from elpis.reference.loader import load_backend
+    from elpis.spec.faults import CORRUPT, DROPPED, REPEATED, FaultSchedule, FaultyBackend
+
+    tokenizer, template = qwen_text
+    schedule = FaultSchedule({1: (CORRUPT,), 2: (DROPPED, REPEATED)}, seed=3)
+
+    def load() -> ModelService:
+        backend = load_backend(tiny_model, max_context=2048, model_id="tiny")
+        faulty = FaultyBackend(backend, schedule)
+        generator = SpeculativeGenerator(faulty, tokenizer, drafter=NgramDrafter(), tree_budget=8)
+        return ModelService("tiny", tokenizer, template, generator, max_context=2048)
+
+    body = {**NO_THINK, "ignore_eos": True}
+    clean = ask(tiny, "Count slowly.", max_tokens=24, extra_body=body)
+    with running_server(load) as faulty_server:
+        damaged = ask(faulty_server, "Count slowly.", max_tokens=24, extra_body=body)
+    assert damaged.choices[0].message.content == clean.choices[0].message.content
+    spec, clean_spec = damaged.usage.model_extra["speculation"], clean.usage.model_extra["speculation"]
+    assert clean_spec["faults_detected"] == {} and clean_spec["rounds_recovered"] == 0
+    assert spec["faults_detected"] == {CORRUPT: 1, DROPPED: 1, REPEATED: 1}
+    assert spec["rounds_recovered"] == 2
