@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,8 +98,12 @@ def _qcache_library(k_bits: int, v_bits: int) -> ctypes.CDLL:
 
 
 @lru_cache(maxsize=4)
-def _mma_library(k_bits: int, v_bits: int) -> ctypes.CDLL:
-    lib = _load({"ELPIS_QCACHE_K_BITS": k_bits, "ELPIS_QCACHE_V_BITS": v_bits}, SOURCE_MMA)
+def _mma_library(k_bits: int, v_bits: int, pipelined: bool = True) -> ctypes.CDLL:
+    """The tensor-core build; `pipelined` False builds the direct staging the pipelined one replaced (same
+    bits, kept to prove that on the GPU and to time the two side by side)."""
+    defines = {"ELPIS_QCACHE_K_BITS": k_bits, "ELPIS_QCACHE_V_BITS": v_bits}
+    defines["ELPIS_MMA_PREFETCH"] = int(pipelined)
+    lib = _load(defines, SOURCE_MMA)
     for name, argtypes in MMA_ENTRY_ARGS.items():
         getattr(lib, name).argtypes = list(argtypes)
         getattr(lib, name).restype = ctypes.c_int
@@ -324,14 +328,17 @@ def tree_attention_mma(
     *,
     scale: float = DEFAULT_SCALE,
     return_lse: bool = False,
+    pipelined: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The tensor-core build (`patches/kernels/tree_attention_mma.cu`) of `tree_attention_qcache`: same
     arguments, same schedule and row invariance, one block per (split, K/V head) serving every row. P enters
     the tensor cores in fp16, so its values differ from the fp32 SIMT build in the last bits (measured
-    against fp64 by the GPU tests); a row's bits still never depend on the other rows."""
+    against fp64 by the GPU tests); a row's bits still never depend on the other rows. `pipelined` False
+    runs the direct staging (tests and timings only: same bits, slower)."""
     caches = (qk, sk, qv, sv)
+    library = _mma_library if pipelined else partial(_mma_library, pipelined=False)
     return _quantized_call(
-        _mma_library, "elpis_tree_attention_mma", q, caches, block_table, ctx, depth, ancestors, scale,
+        library, "elpis_tree_attention_mma", q, caches, block_table, ctx, depth, ancestors, scale,
         return_lse,
     )  # fmt: skip
 

@@ -7,12 +7,15 @@ block table). Run with `-m gpu`; results go to $ELPIS_KERNEL_LOG (JSON lines) wh
   context whose tails straddle a tile and at 32K.
 - Error against float64 attention over the same fp16 pages, next to the fp32 SIMT build's error (the
   numbers this kernel's P-in-fp16 costs); the mma build must stay within 2^-11 * max|v| + 2^-10 * |out|.
-- One timing line against the SIMT build and the fp16 kernel at 32K and 128K, 8 and 16 rows.
+- The pipelined staging (groups loaded a tile ahead, half-groups on every thread) gives the direct
+  staging's bits at 1K, 32K and 128K, 1, 8 and 16 rows.
+- One timing line against the SIMT build and the direct staging at 32K and 128K, 8 and 16 rows.
 """
 
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import pytest
 import torch
@@ -96,10 +99,28 @@ def test_timing_against_the_simt_build() -> None:
             q = torch.randn((rows, ta.Q_HEADS, ta.HEAD_DIM), device="cuda").half()
             args = (*_layer_args(pool), ctx, masks.depth, masks.ancestors)
             key = f"{ctx // 1024 + 1}k_{rows}"
-            builds = (("mma", ta.tree_attention_mma, 20), ("simt", ta.tree_attention_qcache, 10))
+            direct = partial(ta.tree_attention_mma, pipelined=False)
+            builds = (("mma", ta.tree_attention_mma, 20), ("direct", direct, 20),
+                      ("simt", ta.tree_attention_qcache, 10))  # fmt: skip
             for name, fn, reps in builds:
                 ms = tc.median_ms(lambda fn=fn, q=q, a=args: fn(q, *a), reps)
                 record[f"{name}_ms_{key}"] = round(ms, 4)
         del pool
         torch.cuda.empty_cache()
     _log(record)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctx", [1000, 32760, 131050])
+def test_pipelined_staging_keeps_the_direct_stagings_bits(ctx: int) -> None:
+    pool = QuantPool(ctx + 16, seed=ctx + 1)
+    for rows in (1, 8, 16):
+        masks = accept.tree_masks(tc.random_parents(rows, random.Random(ctx + rows)))
+        gen = torch.Generator().manual_seed(ctx + rows)
+        q = torch.randn((rows, ta.Q_HEADS, ta.HEAD_DIM), generator=gen).half().cuda()
+        args = (*_layer_args(pool), ctx, masks.depth, masks.ancestors)
+        out, lse = ta.tree_attention_mma(q, *args, return_lse=True)
+        want, want_lse = ta.tree_attention_mma(q, *args, return_lse=True, pipelined=False)
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16)), f"{rows} rows at {ctx}"
+        assert torch.equal(lse, want_lse), f"{rows} rows at {ctx}: lse"
+    _log({"check": "pipelined staging == direct staging", "ctx": ctx, "rows": [1, 8, 16], "ok": True})
