@@ -187,11 +187,12 @@ def test_engine_refusals(argv, message, capsys):
 
 
 def test_profile_systems(capsys):
-    """stock, elpis and elpis-tree16 (a tree-mode round) can be profiled; elpis-tree8 is the same 16-row
-    round, and elpis with elpis-tree16 would share one worker whose backend has one mode."""
+    """stock and any one elpis system can be profiled (elpis-tree8 is an 8-row tree round since tree runs
+    of 8 exist); two elpis systems would share one worker whose backend has one mode."""
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    refusals = (("stock,elpis-tree8", "unknown system"), ("elpis,elpis-tree16", "separate runs"))
+    refusals = (("stock,elpis-tree9", "unknown system"), ("elpis,elpis-tree16", "one elpis system"),
+                ("elpis-tree8,elpis-tree16", "one elpis system"))  # fmt: skip
     for systems, message in refusals:
         args = parser.parse_args(["profile", "--model", "m", "--draft", "d", "--systems", systems])
         assert cli.run(args) == 2
