@@ -10,7 +10,8 @@
 # (elpis chain-8 switches it to chain mode for its turns; the first elpis system pays each prefill).
 # Outputs: $OUT/treebench.{json,md,png}, the run's console output in $OUT/treebench.txt, the tree table and
 # one JSON line per context in $OUT/log.
-# $TREEBENCH_EXTRA, when set, is added to the bench options (e.g. --tree-graphs).
+# $TREEBENCH_EXTRA, when set, is added to the bench options (e.g. --tree-eager); $TREEBENCH_MIN (default 150 s)
+# is the least time left for which the part runs at all (the run reports the contexts it reached).
 # Sourced after device_common.sh (PYTHONPATH, $OUT, `left`), with `python3 -m elpis.cli build` run and the
 # full-size checkpoints written to /tmp/full. Budget: at most 240 s wall (the tree kernels' nvcc compiles
 # included if part tree did not run before in this call).
@@ -19,7 +20,7 @@ tb_budget=$(left)
 if [ "$tb_budget" -gt 240 ]; then tb_budget=240; fi
 if [ ! -f /tmp/full/target/config.json ] || [ ! -f /tmp/full/draft/config.json ]; then
   echo "part treebench: skipped, /tmp/full/{target,draft} missing" | tee -a "$OUT/log"
-elif [ "$tb_budget" -lt 150 ]; then
+elif [ "$tb_budget" -lt "${TREEBENCH_MIN:-150}" ]; then
   echo "part treebench: skipped, only ${tb_budget}s left" | tee -a "$OUT/log"
 else
   # the run stops starting measurements in time to report; the outer timeout is the last guard
