@@ -110,9 +110,6 @@ __global__ void __launch_bounds__(kHeadDim) tree_attention_combine(
     const uint32_t n = elpis_sched_splits(elpis_sched_span(ctx, depth[row]));
     const size_t base = (static_cast<size_t>(row) * kQHeads + head) * max_splits;
     float m = part_ml[base * 2], l = part_ml[base * 2 + 1], a = part_acc[base * kHeadDim + d];
-    // Unrolled so that several splits' loads are in flight at once (at 128K a row has 256 splits); the fold
-    // itself stays in ascending order.
-#pragma unroll 8
     for (uint32_t s = 1; s < n; s++) {
         const float ms = part_ml[(base + s) * 2], ls = part_ml[(base + s) * 2 + 1];
         const float as = part_acc[(base + s) * kHeadDim + d];

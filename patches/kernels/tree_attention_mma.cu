@@ -555,16 +555,20 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
     }
 }
 
-// Blocks per (split, K/V head): one serves every row, which dequantises each tile once; at short contexts
-// (few splits) the rows are dealt to several blocks so that the grid fills the GPU (two blocks per SM).
+// Blocks per (split, K/V head): one serves every row, which dequantises each tile once. Only when the grid
+// would leave multiprocessors idle are the rows dealt to several blocks, and never past one wave (one block
+// per SM: the kernel's registers allow no more). A block's time is set by its tiles, not its rows (on the
+// H200, 16 rows cost 1.2x 8 rows), so a second wave of blocks that repeat the same tiles costs their full
+// time again: at 32K the 8-row kernel took 0.38 ms with one block per split (device call 13) and 0.55 ms
+// with the rows dealt to two (call 15, direct staging both times).
 uint32_t row_groups(uint32_t rows, uint32_t max_splits) {
     int device = 0, sms = 1;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
         sms = 1;
     const uint32_t blocks = max_splits * kKvHeads;
-    const uint32_t want = (2u * static_cast<uint32_t>(sms) + blocks - 1) / blocks;
-    return want < 1u ? 1u : (want > rows ? rows : want);
+    const uint32_t fit = static_cast<uint32_t>(sms) / blocks;  // blocks per (split, head) in one wave
+    return fit < 1u ? 1u : (fit > rows ? rows : fit);
 }
 
 // Both entries: `max_splits` (the grid and the partial buffers' stride) covers every row's span.

@@ -170,7 +170,7 @@ def test_rows_dealt_to_several_blocks_keep_their_bits(lib: ctypes.CDLL) -> None:
     q = _queries(len(PARENTS), 21)
     lib.emu_set_sms(1)  # 1 split x 4 heads: one block per head serves the 16 rows
     one, one_lse = attend(lib, pages, q, ctx, masks.depth, masks.ancestors)
-    lib.emu_set_sms(12)  # 2 * 12 multiprocessors over 4 blocks: the rows dealt to 6 blocks per head
+    lib.emu_set_sms(24)  # 24 multiprocessors over 4 blocks: the rows dealt to 6 blocks per head
     try:
         dealt, dealt_lse = attend(lib, pages, q, ctx, masks.depth, masks.ancestors)
     finally:
