@@ -171,6 +171,30 @@ def check_ampere_only(
         raise NvccError(f"{source}: its sm_90 build uses instructions an RTX 3090 lacks: {', '.join(found)}")
 
 
+# A kernel longer than this many PTX instructions does not fit the SM's instruction cache once compiled (about
+# 16 bytes of machine code per instruction against ~128 KB of cache): every pass over its hot loop then
+# fetches code from L2. The tree attention once inlined its slot map at every unrolled use and reached
+# ~40,000 PTX instructions (~47,500 in SASS); at 5,400 it fits.
+MAX_KERNEL_PTX_INSTRUCTIONS = 12_000
+
+_PTX_ENTRY = re.compile(r"^(?:\.(?:visible|weak)\s+)?\.entry\s+([\w$]+)\s*\(", re.MULTILINE)
+_PTX_INSTRUCTION = re.compile(r"^\s+(?:@!?%\w+\s+)?[a-z][\w.:]*(?:\s[^;]*)?;", re.MULTILINE)
+
+
+def ptx_entry_instructions(ptx: str) -> dict[str, int]:
+    """Instructions of each kernel entry (`.entry`) of a PTX text: the body's lines that end in `;` and
+    start with an opcode (directives, labels and declarations are not counted)."""
+    counts: dict[str, int] = {}
+    for match in _PTX_ENTRY.finditer(ptx):
+        start = ptx.index("{", match.end())
+        end = ptx.find("\n}", start)
+        body = ptx[start : end if end >= 0 else len(ptx)]
+        counts[match.group(1)] = sum(
+            1 for m in _PTX_INSTRUCTION.finditer(body) if not m.group(0).lstrip().startswith(".")
+        )
+    return counts
+
+
 def kernel_sources() -> list[Path]:
     """Every CUDA source of the project (kernels of patches and the device build of the acceptor)."""
     return sorted((REPO_ROOT / "patches" / "kernels").glob("*.cu")) + sorted((REPO_ROOT / "ext").glob("*.cu"))

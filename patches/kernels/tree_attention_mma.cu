@@ -27,7 +27,7 @@
 //
 // Numerics differ from the SIMT kernel (P in fp16 as the tensor cores take it; the mma's internal
 // summation): the GPU test records the error of both against an fp64 reference. Ampere instructions only
-// (mma.sync, no wgmma/TMA); dynamic shared memory 93,508 bytes (sm_86 allows 99 KB per block).
+// (mma.sync, no wgmma/TMA); dynamic shared memory 94,020 bytes (sm_86 allows 99 KB per block).
 #include "tree_attention_common.cuh"
 
 #ifdef ELPIS_CUDA_EMU
@@ -65,7 +65,8 @@ constexpr size_t kOffP = kOffKV + ((kKBytes > kVBytes ? kKBytes : kVBytes) + 15)
 constexpr size_t kOffStats = kOffP + size_t(kStats) * kPStride * 2;
 constexpr size_t kOffSlots = kOffStats + 7 * size_t(kStats) * 4;
 constexpr size_t kOffRows = kOffSlots + kStaged * 4;
-constexpr size_t kSmemBytes = kOffRows + 2 * kMaxRows * 4;
+constexpr size_t kOffSrow = kOffRows + 2 * kMaxRows * 4;
+constexpr size_t kSmemBytes = kOffSrow + kMaxRows * kTile;
 static_assert(kSmemBytes <= 99 * 1024, "an RTX 3090 block gets at most 99 KB of shared memory");
 static_assert(kOffKV % 16 == 0 && kOffP % 16 == 0 && (kKStride * 2) % 16 == 0, "16-byte staging stores");
 
@@ -115,6 +116,7 @@ struct Block {
     uint32_t* slot;  // [kStaged] cache slot of each staged row (kNoSlot: zeros)
     uint32_t* end;   // [kMaxRows] end of the row's positions in this split (0: the row is not in it)
     uint32_t* mask;  // [kMaxRows]
+    uint8_t* srow;   // [kMaxRows][kTile] staged row of each (row, position of the tile), see run_tile
 };
 
 constexpr uint32_t kNoSlot = 0xffffffffu;
@@ -338,6 +340,14 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
         }
         b.slot[tid] = slot;
     }
+    // Each (row, position) of the tile looks its staged row up once, here, one per thread: the score and
+    // output loops then read a table instead of inlining the slot map (a 16-step walk of the ancestor mask)
+    // at every one of their unrolled uses, which made the kernel ~95,000 instructions long.
+    static_assert(kMaxRows * kTile == kThreads && kZeroRow < 256, "one table entry per thread, in a byte");
+    {
+        const uint32_t r = tid / kTile, i = tid % kTile;
+        b.srow[tid] = static_cast<uint8_t>(((active >> r) & 1u) ? staged_row(b, r, t0 + i, t0, ctx) : kZeroRow);
+    }
     __syncthreads();
 #if ELPIS_MMA_PREFETCH
     stage_ahead<kKBits, false>(b, ahead.k, qk, sk, block_table, tail, h);
@@ -356,8 +366,8 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     for (uint32_t k = 0; k < 2; k++) {
         const uint32_t r = r0 + k;
         if (!((active >> r) & 1u)) continue;
-        const __half* k_lo = b.kv + staged_row(b, r, p_lo, t0, ctx) * kKStride + 2u * t;
-        const __half* k_hi = b.kv + staged_row(b, r, p_hi, t0, ctx) * kKStride + 2u * t;
+        const __half* k_lo = b.kv + b.srow[r * kTile + (p_lo - t0)] * kKStride + 2u * t;
+        const __half* k_hi = b.kv + b.srow[r * kTile + (p_hi - t0)] * kKStride + 2u * t;
         const __half* qb = b.q + (r * kGroup + (g < kGroup ? g : 0u)) * kQStride + 2u * t;
 #pragma unroll 4
         for (uint32_t kk = 0; kk < kHeadDim / 16; kk++) {
@@ -448,8 +458,8 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
         for (uint32_t r = 0; r < kMaxRows; r++) {
             if (!((active >> r) & 1u)) continue;
             if (tail) {
-                const uint32_t c0 = staged_row(b, r, p0, t0, ctx), c1 = staged_row(b, r, p0 + 1, t0, ctx);
-                const uint32_t c8 = staged_row(b, r, p0 + 8, t0, ctx), c9 = staged_row(b, r, p0 + 9, t0, ctx);
+                const uint8_t* sr = b.srow + r * kTile + (p0 - t0);
+                const uint32_t c0 = sr[0], c1 = sr[1], c8 = sr[8], c9 = sr[9];
                 a[0] = pack2(v_lo[c0], v_lo[c1]);
                 a[1] = pack2(v_hi[c0], v_hi[c1]);
                 a[2] = pack2(v_lo[c8], v_lo[c9]);
@@ -482,7 +492,8 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
                   stats + 5 * kStats,
                   reinterpret_cast<uint32_t*>(smem + kOffSlots),
                   reinterpret_cast<uint32_t*>(smem + kOffRows),
-                  reinterpret_cast<uint32_t*>(smem + kOffRows) + kMaxRows};
+                  reinterpret_cast<uint32_t*>(smem + kOffRows) + kMaxRows,
+                  reinterpret_cast<uint8_t*>(smem + kOffSrow)};
     const uint32_t split = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     const uint32_t lane = tid & 31u, warp = tid >> 5, g = lane >> 2, t = lane & 3u;
     const uint32_t begin = elpis_sched_split_begin(split);

@@ -92,3 +92,35 @@ def test_compiler_errors_carry_nvccs_message(tmp_path: Path) -> None:
 @pytest.mark.parametrize("source", nvcc.kernel_sources(), ids=lambda p: p.name)
 def test_every_kernel_builds_for_ampere_and_hopper_from_one_source(source: Path) -> None:
     nvcc.check_ampere_only(source)
+
+
+def test_ptx_entry_instructions_counts_each_kernel_body() -> None:
+    ptx = """
+.visible .entry first(
+	.param .u64 a
+)
+{
+	.reg .b32 	%r<4>;
+	ld.param.u64 	%rd1, [a];
+$L__BB0_1:
+	@%p1 bra 	$L__BB0_2;
+	add.s32 	%r1, %r2, %r3;
+	ret;
+}
+.entry second()
+{
+	ret;
+}
+"""
+    assert nvcc.ptx_entry_instructions(ptx) == {"first": 4, "second": 1}
+
+
+@needs_nvcc
+@pytest.mark.parametrize("source", nvcc.kernel_sources(), ids=lambda p: p.name)
+def test_every_kernel_fits_the_instruction_cache(source: Path) -> None:
+    ptx = nvcc.compile_to(source, "ptx", arch="sm_86").read_text()
+    counts = nvcc.ptx_entry_instructions(ptx)
+    assert counts, f"{source.name}: no kernel entry found in its PTX"
+    limit = nvcc.MAX_KERNEL_PTX_INSTRUCTIONS
+    too_long = {k: n for k, n in counts.items() if n > limit}
+    assert not too_long, f"{source.name}: kernels over {limit} PTX instructions: {too_long}"
