@@ -93,17 +93,38 @@ class DFlash2Drafter:
         logprobs = torch.log_softmax(logits[:depth].float(), dim=-1)
         chain = chain[:depth]
         chain_lp = logprobs.gather(1, chain[:, None])[:, 0]
-        k = min(top_k, logprobs.shape[-1])
-        top = torch.topk(logprobs, k, dim=-1)
-        chain_l, chain_lp_l = chain.tolist(), chain_lp.tolist()  # one host sync for the whole block
-        top_ids, top_lp = top.indices.tolist(), top.values.tolist()
-        candidates: list[list[tuple[int, float]]] = []
-        for d in range(depth):
-            row = [(int(chain_l[d]), min(0.0, float(chain_lp_l[d])))]
-            for token, lp in zip(top_ids[d], top_lp[d], strict=True):
-                if len(row) == k:
-                    break
-                if token != row[0][0]:
-                    row.append((int(token), min(0.0, float(lp))))
-            candidates.append(row)
-        return DraftBlock(candidates)
+        top = torch.topk(logprobs, min(top_k, logprobs.shape[-1]), dim=-1)
+        return DraftBlock(candidates(chain, chain_lp, top.indices, top.values))
+
+
+# Token ids travel as float32 in the one read-back: exact below 2^24 (the vocabulary is 248,320).
+EXACT_FLOAT32_IDS = 1 << 24
+
+
+def candidates(
+    chain: torch.Tensor, chain_lp: torch.Tensor, top_ids: torch.Tensor, top_lp: torch.Tensor
+) -> list[list[tuple[int, float]]]:
+    """Candidates per depth from the draft's device tensors, read back in one transfer (one host sync per
+    block): the selector's chain token first with its log-probability, then the row's most likely other
+    tokens, k in all. Log-probabilities are clamped to <= 0 (a rounding above 0 is not a probability)."""
+    depth, k = top_ids.shape
+    if depth == 0:
+        return []
+    if chain.shape != (depth,) or chain_lp.shape != (depth,) or top_lp.shape != top_ids.shape:
+        raise ValueError("draft candidates: the chain, its log-probabilities and the top-k rows disagree")
+    packed = torch.cat(
+        (chain[:, None].float(), chain_lp[:, None].float(), top_ids.float(), top_lp.float()), dim=1
+    ).tolist()
+    rows: list[list[tuple[int, float]]] = []
+    for values in packed:
+        ids, lps = values[2 : 2 + k], values[2 + k :]
+        if max(values[0], *ids) >= EXACT_FLOAT32_IDS:
+            raise ValueError(f"draft candidates: ids of {EXACT_FLOAT32_IDS} or more cannot be read back")
+        row = [(int(values[0]), min(0.0, values[1]))]
+        for token, lp in zip(ids, lps, strict=True):
+            if len(row) == k:
+                break
+            if int(token) != row[0][0]:
+                row.append((int(token), min(0.0, lp)))
+        rows.append(row)
+    return rows
