@@ -248,6 +248,15 @@ def gdn_tree_verify(
     return (out, out_bf16) if out_bf16 is not None else out
 
 
+def _check_plan_dev(plan_dev: torch.Tensor, qkv: torch.Tensor) -> None:
+    """A graph form's plan buffer: uint8 [PLAN_CAPACITY] on qkv's device."""
+    import torch
+
+    _check_tensor("plan_dev", plan_dev, torch.uint8, (PLAN_CAPACITY,))
+    if plan_dev.device != qkv.device:
+        raise ValueError("plan_dev must be on qkv's device")
+
+
 def gdn_tree_verify_graph(
     qkv: torch.Tensor,
     beta: torch.Tensor,
@@ -264,9 +273,7 @@ def gdn_tree_verify_graph(
     import torch
 
     rows = _check_inputs(qkv, beta, g, conv_weight, conv_state, state)
-    _check_tensor("plan_dev", plan_dev, torch.uint8, (PLAN_CAPACITY,))
-    if plan_dev.device != qkv.device:
-        raise ValueError("plan_dev must be on qkv's device")
+    _check_plan_dev(plan_dev, qkv)
     out, out_bf16 = _outputs(rows, qkv.device, True, True)
     err = _library().elpis_gdn_tree_verify_dev(
         qkv.data_ptr(), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(), conv_state.data_ptr(),
@@ -327,9 +334,7 @@ def gdn_tree_commit_graph(
     import torch
 
     _check_inputs(qkv, beta, g, conv_weight, conv_state, state)
-    _check_tensor("plan_dev", plan_dev, torch.uint8, (PLAN_CAPACITY,))
-    if plan_dev.device != qkv.device:
-        raise ValueError("plan_dev must be on qkv's device")
+    _check_plan_dev(plan_dev, qkv)
     err = _library().elpis_gdn_tree_commit_dev(
         qkv.data_ptr(), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(), conv_state.data_ptr(),
         conv_state.shape[1], state.data_ptr(), plan_dev.data_ptr(),

@@ -51,34 +51,51 @@ __device__ __forceinline__ uint32_t group_code(const uint32_t (&w)[kBits], uint3
     return code;
 }
 
-// One group of 32 values as fp16: (code - mid) * step with step = scale * fp32(1/sqrt(32)) / 2^(bits-1),
-// then the unnormalised Hadamard as butterflies over index bits 0..4 in order, each operation rounded once
-// (explicit _rn intrinsics: never fused), then fp16 (rn). Reproduces ExLlamaV3's dequant_cache_paged
-// (elpis/exl3/qcache_ref.py is the reference, checked bit for bit against CacheLayer_quant.get_kv).
+// Dequantisation step of a group: scale * fp32(1/sqrt(32)) / 2^(bits-1), each product rounded once.
 template <uint32_t kBits>
-__device__ __forceinline__ void dequant_group(const uint32_t* __restrict__ words, __half scale,
-                                              __half (&out)[kQGroup]) {
+__device__ __forceinline__ float group_step(__half scale) {
     static_assert(kBits >= 2 && kBits <= 8, "quantized cache bits are 2..8");
-    uint32_t w[kBits];
-#pragma unroll
-    for (uint32_t i = 0; i < kBits; i++) w[i] = words[i];
     constexpr float kHalfLevels = static_cast<float>(1u << (kBits - 1));
-    constexpr float kMid = kHalfLevels - 0.5f;
-    const float step = __fmul_rn(__fmul_rn(__half2float(scale), kRsqrt32), 1.0f / kHalfLevels);
-    float v[kQGroup];
+    return __fmul_rn(__fmul_rn(__half2float(scale), kRsqrt32), 1.0f / kHalfLevels);
+}
+
+// Value of a code before the Hadamard: (code - mid) * step, mid = 2^(bits-1) - 0.5.
+template <uint32_t kBits>
+__device__ __forceinline__ float code_value(uint32_t code, float step) {
+    constexpr float kMid = static_cast<float>(1u << (kBits - 1)) - 0.5f;
+    return __fmul_rn(__fsub_rn(static_cast<float>(code), kMid), step);
+}
+
+// The unnormalised Hadamard's butterflies over index bits 0 .. log2(kN)-1 of v, in that order, each operation
+// rounded once (explicit _rn intrinsics: never fused).
+template <uint32_t kN>
+__device__ __forceinline__ void hadamard_butterflies(float (&v)[kN]) {
 #pragma unroll
-    for (uint32_t j = 0; j < kQGroup; j++)
-        v[j] = __fmul_rn(__fsub_rn(static_cast<float>(group_code<kBits>(w, j)), kMid), step);
+    for (uint32_t b = 1; b < kN; b <<= 1) {
 #pragma unroll
-    for (uint32_t b = 1; b < kQGroup; b <<= 1) {
-#pragma unroll
-        for (uint32_t j = 0; j < kQGroup; j++) {
+        for (uint32_t j = 0; j < kN; j++) {
             if (j & b) continue;
             const float lo = v[j], hi = v[j | b];
             v[j] = __fadd_rn(lo, hi);
             v[j | b] = __fsub_rn(lo, hi);
         }
     }
+}
+
+// One group of 32 values as fp16: code_value, then the unnormalised Hadamard as butterflies over index bits
+// 0..4 in order, then fp16 (rn). Reproduces ExLlamaV3's dequant_cache_paged (elpis/exl3/qcache_ref.py is the
+// reference, checked bit for bit against CacheLayer_quant.get_kv).
+template <uint32_t kBits>
+__device__ __forceinline__ void dequant_group(const uint32_t* __restrict__ words, __half scale,
+                                              __half (&out)[kQGroup]) {
+    uint32_t w[kBits];
+#pragma unroll
+    for (uint32_t i = 0; i < kBits; i++) w[i] = words[i];
+    const float step = group_step<kBits>(scale);
+    float v[kQGroup];
+#pragma unroll
+    for (uint32_t j = 0; j < kQGroup; j++) v[j] = code_value<kBits>(group_code<kBits>(w, j), step);
+    hadamard_butterflies(v);
 #pragma unroll
     for (uint32_t j = 0; j < kQGroup; j++) out[j] = __float2half_rn(v[j]);
 }

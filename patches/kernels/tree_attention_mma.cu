@@ -248,23 +248,11 @@ __device__ __forceinline__ uint32_t half_code(const uint32_t (&w)[kBits], uint32
 template <uint32_t kBits, bool kTranspose>
 __device__ __forceinline__ void decode_half(const Block& b, const Packed<kBits>& p, uint32_t row, uint32_t grp,
                                             uint32_t half, bool store) {
-    constexpr float kHalfLevels = static_cast<float>(1u << (kBits - 1));
-    constexpr float kMid = kHalfLevels - 0.5f;
-    const float step = __fmul_rn(__fmul_rn(__half2float(p.scale), kRsqrt32), 1.0f / kHalfLevels);
+    const float step = group_step<kBits>(p.scale);
     float v[kHalfGroup];
 #pragma unroll
-    for (uint32_t j = 0; j < kHalfGroup; j++)
-        v[j] = __fmul_rn(__fsub_rn(static_cast<float>(half_code<kBits>(p.w, half, j)), kMid), step);
-#pragma unroll
-    for (uint32_t bb = 1; bb < kHalfGroup; bb <<= 1) {
-#pragma unroll
-        for (uint32_t j = 0; j < kHalfGroup; j++) {
-            if (j & bb) continue;
-            const float lo = v[j], hi = v[j | bb];
-            v[j] = __fadd_rn(lo, hi);
-            v[j | bb] = __fsub_rn(lo, hi);
-        }
-    }
+    for (uint32_t j = 0; j < kHalfGroup; j++) v[j] = code_value<kBits>(half_code<kBits>(p.w, half, j), step);
+    hadamard_butterflies(v);  // index bits 0..3, within the half
     // index bit 4: value j (half 0) is lo, value 16 + j (half 1) is hi
 #pragma unroll
     for (uint32_t j = 0; j < kHalfGroup; j++) {

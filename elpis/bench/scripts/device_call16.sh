@@ -18,32 +18,18 @@ source elpis/bench/scripts/device_common.sh
 python3 -c "import exllamav3.ext as e; print('exllamav3 ext', e.exllamav3_ext.__file__)" 2>&1 | tail -1 | tee -a "$OUT/log"
 start_build_and_full_synth
 wait_build
-echo "=== mma kernel tests ($(left) s left)" | tee -a "$OUT/log"
-ELPIS_KERNEL_LOG="$OUT/log" timeout -k 3 100 python3 -m pytest -m gpu tests/kernels/test_tree_attention_mma.py \
-  -k "not timing" -q -p no:cacheprovider -rfEs --tb=short > "$OUT/pytest.txt" 2>&1
-echo "mma tests exit $?" | tee -a "$OUT/log"
-grep -E "passed|failed|^FAILED|^E " "$OUT/pytest.txt" | tail -6 | tee -a "$OUT/log"
+gpu_pytest "mma kernel tests" 100 tests/kernels/test_tree_attention_mma.py -k "not timing"
 wait_synth
-echo "=== mma timing ($(left) s left)" | tee -a "$OUT/log"
-ELPIS_KERNEL_LOG="$OUT/log" timeout -k 3 60 python3 -m pytest -m gpu tests/kernels/test_tree_attention_mma.py \
-  -k timing -q -p no:cacheprovider -rfEs --tb=short >> "$OUT/pytest.txt" 2>&1
-echo "mma timing exit $?" | tee -a "$OUT/log"
+gpu_pytest "mma timing" 60 tests/kernels/test_tree_attention_mma.py -k timing
 TREEBENCH_MIN=110
 ( source elpis/bench/scripts/device_part_treebench.sh ) 2>&1 | tail -5
 rm -f "$OUT/treebench.png"  # $OUT returns at most 8 files
 save_caches > /dev/null 2>&1
 if [ "$(left)" -gt 200 ]; then
-  echo "=== tree graph tests, full size ($(left) s left)" | tee -a "$OUT/log"
-  ELPIS_SMALL_DIR=/tmp/full ELPIS_TREE_LOG="$OUT/log" timeout -k 3 190 python3 -m pytest -m gpu \
-    tests/exl3/test_tree_graph.py -q -p no:cacheprovider -rfEs --tb=short >> "$OUT/pytest.txt" 2>&1
-  echo "graph tests exit $?" | tee -a "$OUT/log"
+  ELPIS_SMALL_DIR=/tmp/full gpu_pytest "tree graph tests, full size" 190 tests/exl3/test_tree_graph.py
 fi
 if [ "$(left)" -gt 150 ]; then
-  echo "=== 24 GiB, tree-16 with graphs, 262K ($(left) s left)" | tee -a "$OUT/log"
-  ELPIS_FULL_TARGET=/tmp/full/target ELPIS_FULL_DRAFT=/tmp/full/draft timeout -k 3 $(( $(left) - 10 )) \
-    python3 -m pytest -m gpu "tests/exl3/test_gpu.py::test_24gib_budget_full_model[tree-16]" -q -s \
-    -p no:cacheprovider -rfEs --tb=short >> "$OUT/pytest.txt" 2>&1
-  echo "24 GiB tree-16 exit $?" | tee -a "$OUT/log"
-  grep -E "\"24gib\"" "$OUT/pytest.txt" | tail -2 | tee -a "$OUT/log"
+  ELPIS_FULL_TARGET=/tmp/full/target ELPIS_FULL_DRAFT=/tmp/full/draft gpu_pytest \
+    "24 GiB, tree-16 with graphs, 262K" $(( $(left) - 10 )) -s "tests/exl3/test_gpu.py::test_24gib_budget_full_model[tree-16]"
 fi
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"

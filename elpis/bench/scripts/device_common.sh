@@ -34,3 +34,15 @@ part() {  # name: run one part's script (each bounds itself by `left`)
   echo "=== $1 ($(left) s left)" | tee -a "$OUT/log"
   ( source "elpis/bench/scripts/device_part_$1.sh" ) 2>&1 | tail -30
 }
+# gpu_pytest TITLE LIMIT ARGS...: one `pytest -m gpu` run of at most LIMIT s, its output appended to
+# $OUT/pytest.txt, the tests' JSON lines (ELPIS_KERNEL_LOG / ELPIS_TREE_LOG) and its outcome in the log.
+gpu_pytest() {
+  local title=$1 limit=$2 rc
+  shift 2
+  echo "=== $title ($(left) s left)" | tee -a "$OUT/log"
+  ELPIS_KERNEL_LOG="$OUT/log" ELPIS_TREE_LOG="$OUT/log" timeout -k 3 "$limit" python3 -m pytest -m gpu -q \
+    -p no:cacheprovider -rfEs --tb=short "$@" >> "$OUT/pytest.txt" 2>&1
+  rc=$?
+  echo "$title: exit $rc" | tee -a "$OUT/log"
+  tail -40 "$OUT/pytest.txt" | grep -E "passed|failed|^FAILED|^E |\"24gib\"" | tail -8 | tee -a "$OUT/log"
+}
