@@ -121,6 +121,30 @@ struct Block {
 
 constexpr uint32_t kNoSlot = 0xffffffffu;
 
+// Diagnostic build (ELPIS_MMA_CLOCKS, never served): thread 0 of one block in the middle of the grid adds the
+// cycles of each phase of its tiles to g_phase_cycles (read by elpis_tree_attention_mma_clocks), to find
+// where a tile's time goes. It adds one barrier between P and the V staging, so that the two are timed
+// apart; the normal build has neither.
+#ifdef ELPIS_MMA_CLOCKS
+constexpr uint32_t kClockSlots = 10;  // phases 0..5, tiles, block cycles, block ns, blocks measured
+__device__ unsigned long long g_phase_cycles[kClockSlots];
+__device__ __forceinline__ bool clocked_block() {
+    return threadIdx.x == 0 && blockIdx.x == gridDim.x / 2 && blockIdx.y == 0 && blockIdx.z == 0;
+}
+#define ELPIS_PHASE(k)                                    \
+    do {                                                  \
+        if (clocked_block()) {                            \
+            const long long now_ = clock64();             \
+            g_phase_cycles[k] += now_ - clk;              \
+            clk = now_;                                   \
+        }                                                 \
+    } while (0)
+#else
+#define ELPIS_PHASE(k) \
+    do {               \
+    } while (0)
+#endif
+
 // Staged row holding row r's position `pos` of a tile starting at t0: the tile's own row for a committed
 // position, the tree slot of its ancestor at that depth (the proved schedule's slot), the zero row past
 // the row's span.
@@ -315,7 +339,8 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
                                          uint32_t block_end, uint32_t active, uint32_t rows, uint32_t ctx,
                                          float scale, uint32_t h, const uint32_t* __restrict__ qk,
                                          const __half* __restrict__ sk, const uint32_t* __restrict__ qv,
-                                         const __half* __restrict__ sv, const int32_t* __restrict__ block_table) {
+                                         const __half* __restrict__ sv, const int32_t* __restrict__ block_table,
+                                         long long& clk) {
     const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, g = lane >> 2, t = lane & 3u;
     const bool tail = t0 + kTile > ctx;  // holds positions >= ctx: rows read their own tree slots
     const uint32_t staged = tail ? kStaged : kTile;
@@ -338,6 +363,7 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
         b.srow[tid] = static_cast<uint8_t>(((active >> r) & 1u) ? staged_row(b, r, t0 + i, t0, ctx) : kZeroRow);
     }
     __syncthreads();
+    ELPIS_PHASE(0);
 #if ELPIS_MMA_PREFETCH
     stage_ahead<kKBits, false>(b, ahead.k, qk, sk, block_table, tail, h);
     if (next < block_end) ahead.k = fetch_ahead<false, kKBits>(qk, sk, block_table, next, ctx, h);
@@ -345,6 +371,7 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     stage<kKBits, false>(b, qk, sk, block_table, staged, h);
 #endif
     __syncthreads();
+    ELPIS_PHASE(1);
 
     // Scores S^T = K Q^T, then this half-tile's max: warp -> positions 16*(warp & 1).., rows 2*(warp >> 1)
     // and the next. In a tail tile each row's A operand rows are its own staged rows.
@@ -379,6 +406,7 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
         }
     }
     __syncthreads();
+    ELPIS_PHASE(2);
 
     // P = fp16(exp(s - new max)), this half-tile's sum of P (fixed butterfly); V staged meanwhile.
 #pragma unroll
@@ -403,6 +431,10 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
             }
         }
     }
+#ifdef ELPIS_MMA_CLOCKS
+    __syncthreads();
+    ELPIS_PHASE(3);
+#endif
 #if ELPIS_MMA_PREFETCH
     stage_ahead<kVBits, true>(b, ahead.v, qv, sv, block_table, tail, h);
     if (next < block_end) ahead.v = fetch_ahead<true, kVBits>(qv, sv, block_table, next, ctx, h);
@@ -411,6 +443,7 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     stage<kVBits, true>(b, qv, sv, block_table, staged, h);
 #endif
     __syncthreads();
+    ELPIS_PHASE(4);
 
     // Running (max, sum) per (row, query); O^T = alpha O^T + V^T P^T: warp -> head dims 16*warp..
     if (tid < kStats) {
@@ -459,6 +492,7 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
         }
     }
     __syncthreads();  // the next tile restages K, V and P and reads (m, l)
+    ELPIS_PHASE(5);
 }
 
 // One block: split `blockIdx.x`, K/V head `blockIdx.y`, every row whose span reaches the split. Writes the
@@ -521,6 +555,14 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
 #pragma unroll
     for (uint32_t r = 0; r < kMaxRows; r++) o[r][0] = o[r][1] = o[r][2] = o[r][3] = 0.0f;
 
+#ifdef ELPIS_MMA_CLOCKS
+    long long clk = clock64();
+    const long long clk0 = clk;
+    unsigned long long ns0 = 0;
+    if (clocked_block()) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns0));
+#else
+    long long clk = 0;  // unused: phases are timed in the diagnostic build only
+#endif
     Ahead ahead;
 #if ELPIS_MMA_PREFETCH
     if (begin < block_end) {
@@ -531,8 +573,20 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
     for (uint32_t t0 = begin; t0 < block_end; t0 += kTile) {
         active = 0;
         for (uint32_t r = 0; r < kMaxRows; r++) active |= (b.end[r] > t0 ? 1u : 0u) << r;
-        run_tile(b, o, ahead, t0, block_end, active, rows, ctx, scale, h, qk, sk, qv, sv, block_table);
+        run_tile(b, o, ahead, t0, block_end, active, rows, ctx, scale, h, qk, sk, qv, sv, block_table, clk);
+#ifdef ELPIS_MMA_CLOCKS
+        if (clocked_block()) g_phase_cycles[6] += 1;
+#endif
     }
+#ifdef ELPIS_MMA_CLOCKS
+    if (clocked_block()) {
+        unsigned long long ns1 = 0;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns1));
+        g_phase_cycles[7] += clock64() - clk0;
+        g_phase_cycles[8] += ns1 - ns0;
+        g_phase_cycles[9] += 1;
+    }
+#endif
 
 #pragma unroll
     for (uint32_t r = 0; r < kMaxRows; r++) {
@@ -602,6 +656,16 @@ extern "C" {
 uint32_t elpis_tree_attention_qcache_bits(void) { return kKBits * 16u + kVBits; }
 
 uint32_t elpis_tree_attention_mma_smem_bytes(void) { return static_cast<uint32_t>(kSmemBytes); }
+
+#ifdef ELPIS_MMA_CLOCKS
+// The diagnostic build's counters (see ELPIS_PHASE): copied to `out` [kClockSlots], then zeroed.
+int elpis_tree_attention_mma_clocks(unsigned long long* out) {
+    cudaError_t err = cudaMemcpyFromSymbol(out, g_phase_cycles, sizeof(g_phase_cycles));
+    if (err != cudaSuccess) return static_cast<int>(err);
+    const unsigned long long zeros[kClockSlots] = {};
+    return static_cast<int>(cudaMemcpyToSymbol(g_phase_cycles, zeros, sizeof(zeros)));
+}
+#endif
 
 // Device pointers, validated by elpis/exl3/tree_attention.py (as for elpis_tree_attention_qcache): q
 // [rows, 24, 256] fp16; qk [pages, 256, 32 * K bits] and qv [pages, 256, 32 * V bits] int32 (the build's
