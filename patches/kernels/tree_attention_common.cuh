@@ -116,6 +116,8 @@ struct CtxArg {
 
 __device__ __forceinline__ uint32_t ctx_of(const CtxArg c) { return c.ptr != nullptr ? *c.ptr : c.value; }
 
+constexpr uint32_t kCombineAhead = 8;  // split partials loaded ahead of their fold
+
 // One block per (row, query head), kHeadDim threads: fold the row's splits in ascending order, normalise,
 // write fp16 (and the log-sum-exp). `max_splits` is only the partial buffers' stride.
 __global__ void __launch_bounds__(kHeadDim) tree_attention_combine(
@@ -127,14 +129,27 @@ __global__ void __launch_bounds__(kHeadDim) tree_attention_combine(
     const uint32_t n = elpis_sched_splits(elpis_sched_span(ctx, depth[row]));
     const size_t base = (static_cast<size_t>(row) * kQHeads + head) * max_splits;
     float m = part_ml[base * 2], l = part_ml[base * 2 + 1], a = part_acc[base * kHeadDim + d];
-    for (uint32_t s = 1; s < n; s++) {
-        const float ms = part_ml[(base + s) * 2], ls = part_ml[(base + s) * 2 + 1];
-        const float as = part_acc[(base + s) * kHeadDim + d];
-        const float mn = fmaxf(m, ms);
-        const float keep = expf(m - mn), take = expf(ms - mn);
-        l = fmaf(l, keep, ls * take);
-        a = fmaf(a, keep, as * take);
-        m = mn;
+    // The partials are loaded kCombineAhead splits at a time before they are folded one by one, so that a
+    // long context's hundreds of splits do not each wait a full load latency; the folding order and
+    // operations are those of a one-at-a-time loop.
+    for (uint32_t s0 = 1; s0 < n; s0 += kCombineAhead) {
+        float ms[kCombineAhead], ls[kCombineAhead], as[kCombineAhead];
+#pragma unroll
+        for (uint32_t j = 0; j < kCombineAhead; j++) {
+            if (s0 + j >= n) break;
+            ms[j] = part_ml[(base + s0 + j) * 2];
+            ls[j] = part_ml[(base + s0 + j) * 2 + 1];
+            as[j] = part_acc[(base + s0 + j) * kHeadDim + d];
+        }
+#pragma unroll
+        for (uint32_t j = 0; j < kCombineAhead; j++) {
+            if (s0 + j >= n) break;
+            const float mn = fmaxf(m, ms[j]);
+            const float keep = expf(m - mn), take = expf(ms[j] - mn);
+            l = fmaf(l, keep, ls[j] * take);
+            a = fmaf(a, keep, as[j] * take);
+            m = mn;
+        }
     }
     const size_t o = static_cast<size_t>(row) * kQHeads + head;
     out[o * kHeadDim + d] = __float2half_rn(a / l);
