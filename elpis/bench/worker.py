@@ -212,6 +212,7 @@ class ElpisSystem:
             host_cache_gib=8.0,
             tree=self.tree_loaded,
             tree_graphs=not getattr(args, "tree_eager", False),
+            prefill_chunk=getattr(args, "prefill_chunk", 2048),
         )
         self.decoder = BenchDecoder(args.model)
         self.vocab = self.backend.info.vocab_size
@@ -692,6 +693,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tree-eager",
         action="store_true",
         help="tree systems: eager tree verifies instead of replayed CUDA graphs",
+    )
+    parser.add_argument(
+        "--prefill-chunk", type=int, default=2048, help="elpis systems: tokens per prefill chunk"
     )
     parser.add_argument("--profile", action="store_true", help="per-phase profile instead of timings")
     parser.add_argument(

@@ -32,6 +32,7 @@ def load_backend(
     tree: bool = False,
     tree_rows: int = 16,
     tree_graphs: bool = True,
+    prefill_chunk: int = 2048,
 ) -> Exl3Backend:
     """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
 
@@ -48,9 +49,15 @@ def load_backend(
     `tree_graphs` (tree mode only): replay tree verifies from CUDA graphs captured per (rows, context bucket,
     recurrent slot) (`elpis.exl3.tree_graph`) instead of running ExLlamaV3's forward eagerly; bit-identical
     to the eager forward and lossless (bench/results/tree/README.md), so on by default.
+    `prefill_chunk`: tokens per prefill chunk, one of `elpis.exl3.engine.PREFILL_CHUNKS`. 2048 (ExLlamaV3's
+    own) keeps its arithmetic; 8192 prefills up to 1.2x faster but its logits differ slightly and no gate
+    verdict covers it yet (bench/results/prefill/README.md).
     """
     import torch
 
+    from elpis.exl3.engine import check_prefill_chunk
+
+    check_prefill_chunk(prefill_chunk)
     if not torch.cuda.is_available():
         raise RuntimeError("the exl3 backend needs a CUDA GPU (use --backend reference on CPU)")
     from elpis.exl3.backend import Exl3Backend
@@ -66,6 +73,7 @@ def load_backend(
         Path(draft_dir) if draft_dir else None,
         warmup=warmup,
         recurrent_dtype=torch.float if gdn_state_fp32 else torch.half,
+        prefill_chunk=prefill_chunk,
     )
     disk = bound_cache_dir(Path(disk_cache_dir), engine) if disk_cache_dir else None
     return Exl3Backend(

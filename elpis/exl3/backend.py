@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from elpis.backend import BackendError, BackendInfo
-from elpis.exl3.engine import CHUNK, Engine
+from elpis.exl3.engine import Engine
 from elpis.exl3.prefix import PAGE, GiB, PrefixCache, Snapshot, prefill_boundaries, prefix_key
 from elpis.exl3.tree_verify import TREE_RUNS, TreeCall, TreeLayout, check_parents, check_path, layout_tree
 from elpis.exl3.upload import pinned, upload
@@ -175,7 +175,7 @@ class Exl3Backend:
         self.prefix = PrefixCache(
             CachePageStore(self),
             self.num_pages,
-            chunk=CHUNK,
+            chunk=engine.prefill_chunk,
             host_bytes=host_cache_bytes,
             snapshot_bytes=snapshot_bytes,
             disk_dir=disk_cache_dir,
@@ -276,7 +276,7 @@ class Exl3Backend:
     def _prefill(self, body: list[int], keys: list[bytes]) -> None:
         engine = self.engine
         end = len(body)
-        for stop in prefill_boundaries(len(self.tokens), end, CHUNK):
+        for stop in prefill_boundaries(len(self.tokens), end, engine.prefill_chunk):
             start = len(self.tokens)
             self.ensure_pages(stop)
             table = self.block_table(stock_table_width(stop))

@@ -22,7 +22,18 @@ MAX_CONTEXT = 262_144
 KV_BITS = 3
 # The GDN conv ring and scan staging hold up to 16 verify rows (issue 8's tree size).
 MAX_HISTORY = 15
-CHUNK = 2048
+# Prefill chunk sizes (tokens). 2048 is ExLlamaV3's own and keeps its arithmetic. A larger chunk rebuilds
+# each EXL3 weight (trellis decode to fp16) once per more tokens, so prefill is faster, but the dense GEMMs
+# run at another row count: the logits are not bitwise those of 2048-token chunks and no quality-gate
+# verdict covers it yet (bench/results/prefill/README.md), so it is opt-in (`elpis serve --prefill-chunk`).
+DEFAULT_PREFILL_CHUNK = 2048
+PREFILL_CHUNKS = (2048, 4096, 8192)
+
+
+def check_prefill_chunk(chunk: int) -> int:
+    if chunk not in PREFILL_CHUNKS:
+        raise ValueError(f"prefill chunk must be one of {PREFILL_CHUNKS} tokens, got {chunk}")
+    return chunk
 
 
 @dataclass
@@ -39,6 +50,7 @@ class Engine:
     load_seconds: float
     cache_tokens: int
     kv_bits: int
+    prefill_chunk: int
 
     @property
     def vocab_size(self) -> int:
@@ -68,10 +80,13 @@ def load_engine(
     warmup: bool = True,
     progress: bool = True,
     recurrent_dtype: torch.dtype = torch.half,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
 ) -> Engine:
-    """Load target (and draft) onto one GPU with 3-bit K/V caches of `cache_tokens` tokens."""
+    """Load target (and draft) onto one GPU with 3-bit K/V caches of `cache_tokens` tokens; ExLlamaV3's
+    scratch is sized for prefill chunks of `prefill_chunk` tokens."""
     if cache_tokens % 256:
         raise ValueError(f"cache_tokens must be a multiple of 256, got {cache_tokens}")
+    check_prefill_chunk(prefill_chunk)
     patches.apply_all()
     from exllamav3 import Cache, Config, Model
     from exllamav3.cache import CacheLayer_quant
@@ -111,7 +126,7 @@ def load_engine(
     if draft is not None:
         draft.attach_to(model)
     if warmup:
-        model.warmup(cache=cache, max_chunk_size=CHUNK, max_batch_size=1, max_q_len=MAX_HISTORY + 1)
+        model.warmup(cache=cache, max_chunk_size=prefill_chunk, max_batch_size=1, max_q_len=MAX_HISTORY + 1)
     cache.reset_states()
     return Engine(
         model,
@@ -126,6 +141,7 @@ def load_engine(
         time.perf_counter() - t0,
         cache_tokens,
         kv_bits,
+        prefill_chunk,
     )
 
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def binding(engine: Engine) -> dict:
     import torch
 
-    from elpis.exl3.engine import CHUNK, MAX_HISTORY, env_switches, exllamav3_version
+    from elpis.exl3.engine import MAX_HISTORY, env_switches, exllamav3_version
     from elpis.manifest import model_fingerprint
 
     return {
@@ -30,7 +30,7 @@ def binding(engine: Engine) -> dict:
         "cache_tokens": engine.cache_tokens,
         "kv_bits": engine.kv_bits,
         "page": PAGE,
-        "chunk": CHUNK,
+        "chunk": engine.prefill_chunk,
         "max_history": MAX_HISTORY,
         "gdn_state": str(next(iter(engine.cache.get_all_recurrent_layers().values())).recurrent_state.dtype),
         "env": env_switches(),

@@ -221,6 +221,10 @@ def test_worker_commands(tmp_path):
     assert group[group.index("--tree-top-k") + 1] == "2" and group[group.index("--cap-gib") + 1] == "24.0"
     parsed = worker.parse_args(group[3:])
     assert parsed.system == ["elpis", "elpis-tree8"] and parsed.tree_top_k == 2 and parsed.spec_only
+    assert parsed.prefill_chunk == 2048 and "--prefill-chunk" not in stock  # stock prefills its own way
+    chunked = engine_args("--systems", "stock,elpis", "--prefill-chunk", "8192")
+    elpis = worker.parse_args(cli.worker_command(chunked, ["elpis"], tmp_path / "c.json", 123.0)[3:])
+    assert elpis.prefill_chunk == 8192
 
 
 def test_worker_refuses_mixed_or_unknown_systems(capsys):

@@ -78,3 +78,24 @@ def test_bad_registry_entries(tmp_path, change, message):
     path.write_text(json.dumps({"patches": [entry]}))
     with pytest.raises(ValueError, match=message):
         patches.load_registry(path)
+
+
+@pytest.mark.parametrize("chunk", [0, 1000, 2047, 3072, 16384])
+def test_prefill_chunk_refused_before_anything_loads(chunk):
+    from elpis.exl3 import load_backend
+
+    with pytest.raises(ValueError, match=r"prefill chunk must be one of \(2048, 4096, 8192\) tokens"):
+        load_backend("no/such/model", None, prefill_chunk=chunk)
+
+
+def test_prefill_chunks_keep_page_boundaries_and_default_to_exllamav3s():
+    import inspect
+
+    from elpis.exl3 import load_backend
+    from elpis.exl3.engine import DEFAULT_PREFILL_CHUNK, PREFILL_CHUNKS, load_engine
+    from elpis.exl3.prefix import PAGE
+
+    assert DEFAULT_PREFILL_CHUNK == 2048 and DEFAULT_PREFILL_CHUNK in PREFILL_CHUNKS
+    assert all(chunk % PAGE == 0 for chunk in PREFILL_CHUNKS)  # prefix-cache boundaries stay page-aligned
+    for loader in (load_backend, load_engine):
+        assert inspect.signature(loader).parameters["prefill_chunk"].default == DEFAULT_PREFILL_CHUNK

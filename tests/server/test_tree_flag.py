@@ -84,6 +84,19 @@ def test_exl3_load_options_carry_tree_mode(tmp_path: Path):
     assert set(options) <= set(inspect.signature(load_backend).parameters)
 
 
+def test_prefill_chunk_option():
+    assert cli.exl3_load_options(serve_args("--backend", "exl3"))["prefill_chunk"] == 2048
+    options = cli.exl3_load_options(serve_args("--backend", "exl3", "--prefill-chunk", "8192"))
+    assert options["prefill_chunk"] == 8192
+
+
+def test_prefill_chunk_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        serve_args("--backend", "exl3", "--prefill-chunk", "1000")
+    assert exit_info.value.code == 2
+    assert "--prefill-chunk: invalid choice: 1000" in capsys.readouterr().err
+
+
 PROMPT = "one two three one two four one two five one two"  # "one two" was followed by 3 different words
 
 

@@ -16,9 +16,6 @@ import random
 
 import torch
 
-from elpis.exl3 import backend as backend_module
-from elpis.exl3 import engine as engine_module
-
 
 def main() -> None:
     p = argparse.ArgumentParser()
@@ -29,14 +26,14 @@ def main() -> None:
     args = p.parse_args()
     chunks = [int(c) for c in args.chunks.split(",")]
     lengths = [int(n) for n in args.prompts.split(",")]
-    engine_module.CHUNK = max(chunks)  # the warm-up sizes ExLlamaV3's scratch for the largest chunk
     from elpis.exl3 import load_backend
 
-    be = load_backend(args.model, args.draft, prefix_cache=False)
+    # loaded (and ExLlamaV3's scratch sized) for the largest chunk; each pass below prefills with its own
+    be = load_backend(args.model, args.draft, prefix_cache=False, prefill_chunk=max(chunks))
     vocab = be.info.vocab_size
     first: dict[int, torch.Tensor] = {}
     for chunk in chunks:
-        backend_module.CHUNK = chunk
+        be.engine.prefill_chunk = chunk
         for n in lengths:
             rng = random.Random(n)
             prompt = [rng.randrange(vocab) for _ in range(n)]
