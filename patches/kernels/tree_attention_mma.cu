@@ -345,24 +345,30 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     const bool tail = t0 + kTile > ctx;  // holds positions >= ctx: rows read their own tree slots
     const uint32_t staged = tail ? kStaged : kTile;
     const uint32_t next = t0 + kTile;
-    if (tid < staged) {
-        uint32_t slot = kNoSlot;
-        if (tid < kTile) {
-            if (t0 + tid < ctx) slot = t0 + tid;
-        } else if (tid < kZeroRow) {
-            if (tid - kTreeRow < rows) slot = ctx + (tid - kTreeRow);
+    // The slot and staged-row tables serve the tail tile only (rows read their own tree slots there); a tile
+    // below ctx stages its own 32 positions for every row, so it skips them and their barrier. The direct
+    // staging reads b.slot on every tile.
+    if (tail || !ELPIS_MMA_PREFETCH) {
+        if (tid < staged) {
+            uint32_t slot = kNoSlot;
+            if (tid < kTile) {
+                if (t0 + tid < ctx) slot = t0 + tid;
+            } else if (tid < kZeroRow) {
+                if (tid - kTreeRow < rows) slot = ctx + (tid - kTreeRow);
+            }
+            b.slot[tid] = slot;
         }
-        b.slot[tid] = slot;
+        // Each (row, position) of the tile looks its staged row up once, here, one per thread: the output
+        // loop's tail path then reads a table instead of inlining the slot map (a 16-step walk of the ancestor
+        // mask) at every one of its unrolled uses, which made the kernel ~95,000 instructions long.
+        static_assert(kMaxRows * kTile == kThreads && kZeroRow < 256, "one table entry per thread, in a byte");
+        {
+            const uint32_t r = tid / kTile, i = tid % kTile;
+            b.srow[tid] =
+                static_cast<uint8_t>(((active >> r) & 1u) ? staged_row(b, r, t0 + i, t0, ctx) : kZeroRow);
+        }
+        __syncthreads();
     }
-    // Each (row, position) of the tile looks its staged row up once, here, one per thread: the score and
-    // output loops then read a table instead of inlining the slot map (a 16-step walk of the ancestor mask)
-    // at every one of their unrolled uses, which made the kernel ~95,000 instructions long.
-    static_assert(kMaxRows * kTile == kThreads && kZeroRow < 256, "one table entry per thread, in a byte");
-    {
-        const uint32_t r = tid / kTile, i = tid % kTile;
-        b.srow[tid] = static_cast<uint8_t>(((active >> r) & 1u) ? staged_row(b, r, t0 + i, t0, ctx) : kZeroRow);
-    }
-    __syncthreads();
     ELPIS_PHASE(0);
 #if ELPIS_MMA_PREFETCH
     stage_ahead<kKBits, false>(b, ahead.k, qk, sk, block_table, tail, h);
@@ -378,20 +384,42 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     const uint32_t mt = warp & 1u, r0 = 2u * (warp >> 1);
     const uint32_t p_lo = t0 + 16u * mt + g, p_hi = p_lo + 8u;
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    const bool on0 = (active >> r0) & 1u, on1 = (active >> (r0 + 1u)) & 1u;
+    const uint32_t qcol = g < kGroup ? g : 0u;  // padding query columns read row 0's and are zeroed below
+    if (!tail) {
+        // Below ctx both rows read the tile's own positions: one A fragment per k-step serves both, and their
+        // two mma chains interleave. Each row's operands and k-step order are those of the tail path.
+        const __half* k_lo = b.kv + (p_lo - t0) * kKStride + 2u * t;
+        const __half* k_hi = b.kv + (p_hi - t0) * kKStride + 2u * t;
+        const __half* q0 = b.q + (r0 * kGroup + qcol) * kQStride + 2u * t;
+        const __half* q1 = q0 + kGroup * kQStride;
+        if (on0 || on1) {
+#pragma unroll 4
+            for (uint32_t kk = 0; kk < kHeadDim / 16; kk++) {
+                const uint32_t a[4] = {ld32(k_lo + 16u * kk), ld32(k_hi + 16u * kk), ld32(k_lo + 16u * kk + 8),
+                                       ld32(k_hi + 16u * kk + 8)};
+                const bool real = g < kGroup;  // padding query columns: zero
+                if (on0) mma16816(acc[0], a, real ? ld32(q0 + 16u * kk) : 0u, real ? ld32(q0 + 16u * kk + 8) : 0u);
+                if (on1) mma16816(acc[1], a, real ? ld32(q1 + 16u * kk) : 0u, real ? ld32(q1 + 16u * kk + 8) : 0u);
+            }
+        }
+    }
 #pragma unroll
     for (uint32_t k = 0; k < 2; k++) {
         const uint32_t r = r0 + k;
         if (!((active >> r) & 1u)) continue;
-        const __half* k_lo = b.kv + b.srow[r * kTile + (p_lo - t0)] * kKStride + 2u * t;
-        const __half* k_hi = b.kv + b.srow[r * kTile + (p_hi - t0)] * kKStride + 2u * t;
-        const __half* qb = b.q + (r * kGroup + (g < kGroup ? g : 0u)) * kQStride + 2u * t;
+        if (tail) {
+            const __half* k_lo = b.kv + b.srow[r * kTile + (p_lo - t0)] * kKStride + 2u * t;
+            const __half* k_hi = b.kv + b.srow[r * kTile + (p_hi - t0)] * kKStride + 2u * t;
+            const __half* qb = b.q + (r * kGroup + qcol) * kQStride + 2u * t;
 #pragma unroll 4
-        for (uint32_t kk = 0; kk < kHeadDim / 16; kk++) {
-            const uint32_t a[4] = {ld32(k_lo + 16u * kk), ld32(k_hi + 16u * kk), ld32(k_lo + 16u * kk + 8),
-                                   ld32(k_hi + 16u * kk + 8)};
-            const uint32_t b0 = g < kGroup ? ld32(qb + 16u * kk) : 0u;  // padding query columns: zero
-            const uint32_t b1 = g < kGroup ? ld32(qb + 16u * kk + 8) : 0u;
-            mma16816(acc[k], a, b0, b1);
+            for (uint32_t kk = 0; kk < kHeadDim / 16; kk++) {
+                const uint32_t a[4] = {ld32(k_lo + 16u * kk), ld32(k_hi + 16u * kk), ld32(k_lo + 16u * kk + 8),
+                                       ld32(k_hi + 16u * kk + 8)};
+                const uint32_t b0 = g < kGroup ? ld32(qb + 16u * kk) : 0u;  // padding query columns: zero
+                const uint32_t b1 = g < kGroup ? ld32(qb + 16u * kk + 8) : 0u;
+                mma16816(acc[k], a, b0, b1);
+            }
         }
         const float ninf = __int_as_float(0xff800000);
         const bool v_lo = p_lo < b.end[r], v_hi = p_hi < b.end[r];
