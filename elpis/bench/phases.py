@@ -12,9 +12,10 @@ Windows are chosen by the target model's own calls (wrapped on the instance, so 
 touched): `prefill(c)` profiles the prefill calls whose first position is at least `c - tail` up to the
 first decode-sized forward at position >= c - 1; `rounds(c, warm, n)` skips `warm` decode forwards at
 position >= c - 1 and then profiles exactly `n` rounds (from one verify forward to the verify forward `n`
-later, so each round's draft is inside). `summarize` turns the trace into per-round (or per-token) GPU
-milliseconds: per phase, per kernel family inside each phase, busy time (union of kernel intervals) and
-idle gaps (window length minus busy).
+later, so each round's draft is inside). A tree verify replayed from a CUDA graph makes no forward call;
+given the backend's `TreeGraphs`, the profiler counts its replays as those forwards. `summarize` turns the
+trace into per-round (or per-token) GPU milliseconds: per phase, per kernel family inside each phase, busy
+time (union of kernel intervals) and idle gaps (window length minus busy).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class _Depth(threading.local):
 class PhaseProfiler:
     """Labels the modules of `model` (and the whole of `draft`) and profiles windows of the target's calls."""
 
-    def __init__(self, model: Any, draft: Any | None = None) -> None:
+    def __init__(self, model: Any, draft: Any | None = None, graphs: Any | None = None) -> None:
         self.depth = _Depth()
         self.phase_of: dict[int, str] = {}
         self._restore: list[Callable[[], None]] = []
@@ -102,6 +103,8 @@ class PhaseProfiler:
                 self._wrap_instance(selector, "walk_block", "draft")
         self._wrap_window(model, "forward")
         self._wrap_window(model, "prefill")
+        if graphs is not None:
+            self._wrap_graph_window(graphs)
 
     # -- labelling ------------------------------------------------------------------------------------
     def _labelled(self, phase: str, call: Callable[[], Any]) -> Any:
@@ -140,11 +143,24 @@ class PhaseProfiler:
         original = getattr(model, name)
 
         def call(input_ids, params=None, *args, **kwargs):
-            self._before(name, input_ids, params or {})
+            self._before(name, int(input_ids.shape[-1]), _position(params or {}))
             return original(input_ids, params, *args, **kwargs)
 
         setattr(model, name, call)
         self._restore.append(lambda: model.__dict__.pop(name, None))
+
+    def _wrap_graph_window(self, graphs: Any) -> None:
+        """A tree verify replayed from a CUDA graph (`elpis.exl3.tree_graph.TreeGraphs.verify`) calls no
+        forward of the model, so its rounds are counted here: `ids` rows at position `kvp`. Its kernels run
+        in no module's range; the report files them under "other", by kernel family."""
+        original = graphs.verify
+
+        def verify(state, pages, ids, layout, kvp, *args, **kwargs):
+            self._before("forward", len(ids), int(kvp))
+            return original(state, pages, ids, layout, kvp, *args, **kwargs)
+
+        graphs.verify = verify
+        self._restore.append(lambda: graphs.__dict__.pop("verify", None))
 
     def close(self) -> None:
         self.clear()
@@ -165,9 +181,7 @@ class PhaseProfiler:
             raise ValueError("profile at least one round")
         self._plans.append({"kind": label, "context": context, "skip": warm, "count": count, "seen": 0})
 
-    def _before(self, name: str, input_ids: torch.Tensor, params: dict) -> None:
-        rows = int(input_ids.shape[-1])
-        position = _position(params)
+    def _before(self, name: str, rows: int, position: int | None) -> None:
         while self._plans:
             plan = self._plans[0]
             decode = name == "forward" and rows <= DECODE_ROWS and position is not None

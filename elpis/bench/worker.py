@@ -499,7 +499,8 @@ def run_profile(args: argparse.Namespace) -> int:
         vocab = system.vocab
         system.generate(workload.prompt(1025, seed=99, vocab=vocab), 8, True)  # warm-up, unprofiled
         system.generate(workload.prompt(1025, seed=98, vocab=vocab), 8, False)
-        profiler = PhaseProfiler(model, draft)
+        graphs = system.backend.graphs if isinstance(system, ElpisSystem) else None
+        profiler = PhaseProfiler(model, draft, graphs)
         base = workload.prompt(max(args.checkpoints) + 1, seed=1, vocab=vocab)
         tokens = args.warmup + args.rounds + 2
         for c in args.checkpoints:

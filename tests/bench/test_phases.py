@@ -62,3 +62,51 @@ def test_report_table_has_every_phase_and_unit():
     text = phase_report.markdown(doc)
     assert "| prefill | 32K | stock | µs per token |" in text
     assert "gdn" in text and "gdn-scan" in text and "- stock: boom" in text
+
+
+class _Model:
+    """The two calls a profile window watches; no modules to label."""
+
+    def __init__(self) -> None:
+        self.modules: list = []
+
+    def forward(self, input_ids, params=None):
+        return "forward"
+
+    def prefill(self, input_ids, params=None):
+        return "prefill"
+
+
+class _Graphs:
+    def verify(self, state, pages, ids, layout, kvp):
+        return ("replay", kvp)
+
+
+def test_graph_replays_count_as_rounds(monkeypatch):
+    """A tree verify replayed from a CUDA graph calls no model forward; the replay opens and closes round
+    windows exactly as a forward would, and closing the profiler removes the wrapper."""
+    events: list = []
+
+    def start(self):
+        events.append("start")
+        self._profiler = object()
+
+    def finish(self, per, unit):
+        events.append(("finish", per, unit))
+        self._plans.pop(0)
+        self._profiler = None
+
+    monkeypatch.setattr(phases.PhaseProfiler, "_start", start)
+    monkeypatch.setattr(phases.PhaseProfiler, "_finish", finish)
+    graphs = _Graphs()
+    profiler = phases.PhaseProfiler(_Model(), None, graphs)
+    profiler.rounds(1024, warm=1, count=2)
+    assert graphs.verify(None, [], [1] * 8, None, 1000) == ("replay", 1000)  # before the context
+    assert events == []
+    for kvp in (1024, 1025, 1026):
+        graphs.verify(None, [], [1] * 8, None, kvp)
+    assert events == ["start"] and profiler.pending == 1  # skipped one, profiling two
+    graphs.verify(None, [], [1] * 8, None, 1027)
+    assert events == ["start", ("finish", 2, "round")] and profiler.pending == 0
+    profiler.close()
+    assert "verify" not in vars(graphs)
