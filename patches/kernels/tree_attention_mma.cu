@@ -388,19 +388,32 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     const uint32_t qcol = g < kGroup ? g : 0u;  // padding query columns read row 0's and are zeroed below
     if (!tail) {
         // Below ctx both rows read the tile's own positions: one A fragment per k-step serves both, and their
-        // two mma chains interleave. Each row's operands and k-step order are those of the tail path.
+        // two mma chains interleave. Each row's operands and k-step order are those of the tail path. The
+        // branches are warp-uniform and outside the loops, so each loop is straight-line code.
         const __half* k_lo = b.kv + (p_lo - t0) * kKStride + 2u * t;
         const __half* k_hi = b.kv + (p_hi - t0) * kKStride + 2u * t;
         const __half* q0 = b.q + (r0 * kGroup + qcol) * kQStride + 2u * t;
         const __half* q1 = q0 + kGroup * kQStride;
-        if (on0 || on1) {
+        const bool real = g < kGroup;  // padding query columns: zero
+        if (on0 && on1) {
 #pragma unroll 4
             for (uint32_t kk = 0; kk < kHeadDim / 16; kk++) {
                 const uint32_t a[4] = {ld32(k_lo + 16u * kk), ld32(k_hi + 16u * kk), ld32(k_lo + 16u * kk + 8),
                                        ld32(k_hi + 16u * kk + 8)};
-                const bool real = g < kGroup;  // padding query columns: zero
-                if (on0) mma16816(acc[0], a, real ? ld32(q0 + 16u * kk) : 0u, real ? ld32(q0 + 16u * kk + 8) : 0u);
-                if (on1) mma16816(acc[1], a, real ? ld32(q1 + 16u * kk) : 0u, real ? ld32(q1 + 16u * kk + 8) : 0u);
+                mma16816(acc[0], a, real ? ld32(q0 + 16u * kk) : 0u, real ? ld32(q0 + 16u * kk + 8) : 0u);
+                mma16816(acc[1], a, real ? ld32(q1 + 16u * kk) : 0u, real ? ld32(q1 + 16u * kk + 8) : 0u);
+            }
+        } else {
+#pragma unroll
+            for (uint32_t k = 0; k < 2; k++) {
+                if (k == 0 ? !on0 : !on1) continue;
+                const __half* qb = k == 0 ? q0 : q1;
+#pragma unroll 4
+                for (uint32_t kk = 0; kk < kHeadDim / 16; kk++) {
+                    const uint32_t a[4] = {ld32(k_lo + 16u * kk), ld32(k_hi + 16u * kk),
+                                           ld32(k_lo + 16u * kk + 8), ld32(k_hi + 16u * kk + 8)};
+                    mma16816(acc[k], a, real ? ld32(qb + 16u * kk) : 0u, real ? ld32(qb + 16u * kk + 8) : 0u);
+                }
             }
         }
     }
