@@ -283,6 +283,23 @@ __device__ __forceinline__ uint32_t half_code(const uint32_t (&w)[kBits], uint32
     return code;
 }
 
+// Store half `half` of a group's fp16 values into staged row `row`: K position-major (two 16-byte stores),
+// V^T dim-major (2-byte stores down one column each).
+template <bool kTranspose>
+__device__ __forceinline__ void store_half(const Block& b, const __half (&vals)[kHalfGroup], uint32_t row,
+                                           uint32_t grp, uint32_t half) {
+    if (kTranspose) {
+#pragma unroll
+        for (uint32_t j = 0; j < kHalfGroup; j++)
+            b.kv[(grp * kQGroup + kHalfGroup * half + j) * kVStride + row] = vals[j];
+    } else {
+        uint4* dst = reinterpret_cast<uint4*>(b.kv + row * kKStride + grp * kQGroup + kHalfGroup * half);
+        const uint4* src = reinterpret_cast<const uint4*>(vals);
+        dst[0] = src[0];
+        dst[1] = src[1];
+    }
+}
+
 // Decode half `half` of a group into staged row `row` (every lane of the warp calls it: the last butterfly
 // is a shuffle with the partner lane; `store` false only computes). Same operations as dequant_group.
 template <uint32_t kBits, bool kTranspose>
@@ -295,16 +312,7 @@ __device__ __forceinline__ void decode_half(const Block& b, const Packed<kBits>&
 #pragma unroll
         for (uint32_t j = 0; j < kHalfGroup; j++)
             vals[j] = __float2half_rn(p.valid ? code_value<kBits>(half_code<kBits>(p.w, half, j), raw) : 0.0f);
-        if (kTranspose) {
-#pragma unroll
-            for (uint32_t j = 0; j < kHalfGroup; j++)
-                b.kv[(grp * kQGroup + kHalfGroup * half + j) * kVStride + row] = vals[j];
-        } else {
-            uint4* dst = reinterpret_cast<uint4*>(b.kv + row * kKStride + grp * kQGroup + kHalfGroup * half);
-            const uint4* src = reinterpret_cast<const uint4*>(vals);
-            dst[0] = src[0];
-            dst[1] = src[1];
-        }
+        store_half<kTranspose>(b, vals, row, grp, half);
         return;
     }
     const float step = group_step<kBits>(p.scale);
@@ -322,16 +330,7 @@ __device__ __forceinline__ void decode_half(const Block& b, const Packed<kBits>&
     __align__(16) __half vals[kHalfGroup];
 #pragma unroll
     for (uint32_t j = 0; j < kHalfGroup; j++) vals[j] = __float2half_rn(p.valid ? v[j] : 0.0f);
-    if (kTranspose) {
-#pragma unroll
-        for (uint32_t j = 0; j < kHalfGroup; j++)
-            b.kv[(grp * kQGroup + kHalfGroup * half + j) * kVStride + row] = vals[j];
-    } else {
-        uint4* dst = reinterpret_cast<uint4*>(b.kv + row * kKStride + grp * kQGroup + kHalfGroup * half);
-        const uint4* src = reinterpret_cast<const uint4*>(vals);
-        dst[0] = src[0];
-        dst[1] = src[1];
-    }
+    store_half<kTranspose>(b, vals, row, grp, half);
 }
 
 // Stage a tile from the group loaded ahead (the tile's own rows) and, in a tail tile, the tree rows and the
