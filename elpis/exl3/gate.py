@@ -9,6 +9,9 @@ written `none`, or ids joined by `+` in sorted order, e.g. `fixed-rows-8+gdn-sta
                       call is computed as rows of an 8-row call.
   gdn-state-fp32      the Gated DeltaNet recurrent state stored in fp32 (`load_backend(gdn_state_fp32=True)`,
                       elpis default; ExLlamaV3 stores fp16).
+  prefill-chunk-8192  prefill in 8192-token chunks (`load_backend(prefill_chunk=8192)`, opt-in; ExLlamaV3's
+                      chunks are 2048): the dense GEMMs run at another row count. It touches no op of the
+                      op gate; a model comparison sees it only with `elpis gate model --score-from` past 2048.
 
 Ops (`gate_ops`): operands are real activations, recorded during one forward pass of `tokens` tokens through
 the loaded model (WikiText-2 through the model's tokenizer, or fixed pseudo-random ids when the tokenizer's
@@ -59,13 +62,14 @@ from typing import Any
 
 import torch
 
-from elpis.gate.configs import BackendLogits, Spec
+from elpis.gate.configs import BackendLogits, Spec, check_start
 from elpis.gate.ops import GateOp, OpInputs
 
 PATCHES: dict[str, str] = {
     "exl3-int8-gemv-off": "1- and 2-row EXL3 GEMMs on fp16-activation kernels (registry patch, default off)",
     "fixed-rows-8": "every verify runs 8 rows (elpis default)",
     "gdn-state-fp32": "Gated DeltaNet recurrent state stored in fp32 (elpis default)",
+    "prefill-chunk-8192": "prefill in 8192-token chunks instead of ExLlamaV3's 2048 (opt-in)",
 }
 # Registry patches that are no gate candidate: always applied, and they change no arithmetic of Qwen3.8.
 NEUTRAL_PATCHES: dict[str, str] = {
@@ -265,11 +269,12 @@ class Exl3Configuration:
             prefix_cache=False,  # every sequence from scratch, like the reference configurations
             fixed_rows=FIXED_ROWS if "fixed-rows-8" in names else None,
             gdn_state_fp32="gdn-state-fp32" in names,
+            prefill_chunk=8192 if "prefill-chunk-8192" in names else 2048,
         )
         self._served = BackendLogits(self.spec, self.backend, int(full["rows"]), self.vocab_size)
 
-    def teacher_forced(self, tokens: Sequence[int]) -> torch.Tensor:
-        return self._served.teacher_forced(tokens)
+    def teacher_forced(self, tokens: Sequence[int], start: int = 0) -> torch.Tensor:
+        return self._served.teacher_forced(tokens, start)
 
     def greedy(self, prompt: Sequence[int], steps: int) -> list[int]:
         return self._served.greedy(prompt, steps)
@@ -296,11 +301,10 @@ class Exl3ForwardConfiguration:
         out = self.model.forward(ids, {"attn_mode": "flash_attn_nc"})
         return out[0, :, : self.vocab_size].float()
 
-    def teacher_forced(self, tokens: Sequence[int]) -> torch.Tensor:
+    def teacher_forced(self, tokens: Sequence[int], start: int = 0) -> torch.Tensor:
         tokens = list(tokens)
-        if len(tokens) < 2:
-            raise ValueError("teacher forcing needs at least two tokens")
-        return self._logits(tokens[:-1]).cpu()
+        check_start(len(tokens), start)
+        return self._logits(tokens[:-1])[start:].cpu()
 
     def greedy(self, prompt: Sequence[int], steps: int) -> list[int]:
         sequence, produced = list(prompt), []

@@ -55,6 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument(
         "--greedy-tokens", type=int, default=512, help="greedy continuation length per prompt and arm"
     )
+    model.add_argument(
+        "--score-from",
+        type=int,
+        default=0,
+        metavar="N",
+        help="every configuration prefills each document's first N tokens its own way; only the positions "
+        "after them are compared (prefill changes, e.g. the exl3 patch prefill-chunk-8192, need N > 2048)",
+    )
     model.add_argument("--results", type=Path, help="results directory (default bench/results/gate)")
     model.add_argument(
         "--random-ids",
@@ -230,6 +238,7 @@ def _model(args: argparse.Namespace) -> int:
             docs,
             prompts,
             plan.greedy_tokens,
+            score_from=args.score_from,
             progress=lambda text: status.update(text),
         )
     measurement.identity = {**identity(), "model": model_fingerprint(resolve_model(model_path))}

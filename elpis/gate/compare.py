@@ -140,11 +140,22 @@ def compare_models(
     prompts: Sequence[TokenDocument],
     greedy_tokens: int,
     *,
+    score_from: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> Measurement:
-    """Teacher-force every document and decode every prompt through the reference and each arm."""
+    """Teacher-force every document and decode every prompt through the reference and each arm. With
+    `score_from` > 0 every configuration first prefills each document's first `score_from` tokens its own
+    way, and only the positions after them are compared (what a long prompt's continuation sees)."""
     if not arms:
         raise ValueError("nothing to compare: give at least one arm")
+    if score_from < 0:
+        raise ValueError(f"--score-from must be >= 0, got {score_from}")
+    short = [doc.id for doc in docs if len(doc.tokens) < score_from + 2]
+    if short:
+        raise ValueError(
+            f"documents {short[:4]} have fewer than {score_from + 2} tokens: nothing to compare after "
+            f"--score-from {score_from}"
+        )
     widths = {reference.vocab_size, *(arm.vocab_size for arm in arms.values())}
     if len(widths) != 1:
         raise ValueError(f"the configurations compare different vocabulary widths {sorted(widths)}")
@@ -156,10 +167,10 @@ def compare_models(
     for doc in docs:
         if progress:
             progress(f"teacher forcing {doc.id} ({len(doc.tokens)} tokens)")
-        ref_logits = reference.teacher_forced(doc.tokens)
-        targets = doc.tokens[1:]
+        ref_logits = reference.teacher_forced(doc.tokens, score_from)
+        targets = doc.tokens[score_from + 1 :]
         for name, arm in arms.items():
-            got = compare_logits(ref_logits, arm.teacher_forced(doc.tokens), targets)
+            got = compare_logits(ref_logits, arm.teacher_forced(doc.tokens, score_from), targets)
             per_arm[name]["kl"].append(got.kl)
             per_arm[name]["top1"].append(got.top1)
             per_arm[name]["nll"].append(got.nll_arm)
@@ -176,7 +187,7 @@ def compare_models(
         model=model,
         reference=reference.spec,
         nll_ref=np.concatenate(nll_ref),
-        documents=[Document(d.id, d.stratum, len(d.tokens) - 1) for d in docs],
+        documents=[Document(d.id, d.stratum, len(d.tokens) - 1 - score_from) for d in docs],
         arms={
             name: ArmResult(
                 spec=arm.spec,
@@ -189,4 +200,5 @@ def compare_models(
         },
         greedy_tokens=greedy_tokens,
         measured_at=measured_at,
+        score_from=score_from,
     )

@@ -8,8 +8,8 @@ configuration's identity, which the measurement ledger records and rule files na
 every switch that changes numerics.
 
 `BackendLogits` adapts any `elpis.backend.Backend` (the served path: `begin` / `verify` / `commit`):
-teacher forcing runs the sequence through verify calls of `rows` chained rows each, and greedy decoding
-is plain decoding (`verify([anchor], [-1])`, `commit([0])`).
+teacher forcing prefills the first `start` tokens (`begin`) and runs the rest through verify calls of `rows`
+chained rows each, and greedy decoding is plain decoding (`verify([anchor], [-1])`, `commit([0])`).
 """
 
 from __future__ import annotations
@@ -30,13 +30,23 @@ class LogitsModel(Protocol):
     spec: str
     vocab_size: int  # width of the rows compared (a provider trims padding to the tokenizer's vocabulary)
 
-    def teacher_forced(self, tokens: Sequence[int]) -> torch.Tensor:
-        """`[len(tokens) - 1, vocab_size]` logits; row i is the distribution of tokens[i + 1]."""
+    def teacher_forced(self, tokens: Sequence[int], start: int = 0) -> torch.Tensor:
+        """`[len(tokens) - 1 - start, vocab_size]` logits; row i is the distribution of tokens[start + i + 1].
+        A configuration with a prefill path runs tokens[:start] through it first (so the rows measure what
+        follows a prefill of that length); the others compute every row and drop the first `start`."""
         ...
 
     def greedy(self, prompt: Sequence[int], steps: int) -> list[int]:
         """`steps` greedy tokens after `prompt` (argmax, lowest id on ties; no stop tokens)."""
         ...
+
+
+def check_start(tokens: int, start: int) -> None:
+    """Teacher forcing from position `start` needs a token to predict after it."""
+    if start < 0 or tokens < start + 2:
+        raise ValueError(
+            f"teacher forcing from position {start} needs at least {start + 2} tokens, got {tokens}"
+        )
 
 
 @dataclass(frozen=True)
@@ -102,15 +112,14 @@ class BackendLogits:
             raise ValueError(f"vocabulary {vocab_size} is wider than the backend's logits")
         self.spec, self.backend, self.rows, self.vocab_size = spec, backend, rows, vocab_size
 
-    def teacher_forced(self, tokens: Sequence[int]) -> torch.Tensor:
+    def teacher_forced(self, tokens: Sequence[int], start: int = 0) -> torch.Tensor:
         tokens = list(tokens)
-        if len(tokens) < 2:
-            raise ValueError("teacher forcing needs at least two tokens")
-        self.backend.begin(tokens[:1])
+        check_start(len(tokens), start)
+        self.backend.begin(tokens[: start + 1])  # prefills tokens[:start]; tokens[start] is the anchor
         out = []
         try:
-            for start in range(0, len(tokens) - 1, self.rows):
-                chunk = tokens[start : min(start + self.rows, len(tokens) - 1)]
+            for first in range(start, len(tokens) - 1, self.rows):
+                chunk = tokens[first : min(first + self.rows, len(tokens) - 1)]
                 logits = self.backend.verify(chunk, [-1, *range(len(chunk) - 1)])
                 out.append(logits[:, : self.vocab_size].to("cpu"))
                 self.backend.commit(list(range(len(chunk))))

@@ -25,7 +25,7 @@ FORMAT = "elpis-gate-model/1"
 class Document:
     id: str
     stratum: str  # "wikitext", "gsm8k", "aime": the bootstrap resamples within each
-    positions: int  # teacher-forced positions compared (tokens - 1)
+    positions: int  # teacher-forced positions compared (tokens - 1 - the measurement's score_from)
 
 
 @dataclass
@@ -50,6 +50,8 @@ class Measurement:
     greedy_tokens: int
     measured_at: float = field(default_factory=time.time)
     identity: dict[str, Any] = field(default_factory=dict)
+    # positions before this one were prefilled, not compared (`elpis gate model --score-from`)
+    score_from: int = 0
 
     def __post_init__(self) -> None:
         total = sum(doc.positions for doc in self.documents)
@@ -105,6 +107,7 @@ class Measurement:
             "reference": self.reference,
             "arms": {name: arm.spec for name, arm in self.arms.items()},
             "greedy_tokens": self.greedy_tokens,
+            "score_from": self.score_from,
             "documents": [doc.__dict__ for doc in self.documents],
             "first_divergence": {name: arm.first_divergence for name, arm in self.arms.items()},
             "summary": self.summary(),
@@ -151,4 +154,5 @@ class Measurement:
             greedy_tokens=int(record["greedy_tokens"]),
             measured_at=float(record["measured_at"]),
             identity=record.get("identity", {}),
+            score_from=int(record.get("score_from", 0)),  # measurements before the option compared all
         )

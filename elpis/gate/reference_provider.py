@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from elpis.gate.compare import resolve_model
-from elpis.gate.configs import BackendLogits, Spec
+from elpis.gate.configs import BackendLogits, Spec, check_start
 from elpis.gate.ops import GateOp, OpInputs
 
 ATTENTION_CANDIDATES = ("qk-bf16", "qk-int8", "fp64-accumulate")
@@ -132,15 +132,14 @@ class ReferenceConfiguration:
         with _attention_patch(self.options["attention"]) if "attention" in self.options else nullcontext():
             yield
 
-    def teacher_forced(self, tokens: Sequence[int]) -> torch.Tensor:
+    def teacher_forced(self, tokens: Sequence[int], start: int = 0) -> torch.Tensor:
         with self._patched(), torch.inference_mode():
             if self.options["path"] == "verify":
-                return self._served.teacher_forced(tokens)
+                return self._served.teacher_forced(tokens, start)
             model = self.backend.model
             tokens = list(tokens)
-            if len(tokens) < 2:
-                raise ValueError("teacher forcing needs at least two tokens")
-            return model.prefill(model.new_state(len(tokens)), tokens[:-1], logits="all")
+            check_start(len(tokens), start)
+            return model.prefill(model.new_state(len(tokens)), tokens[:-1], logits="all")[start:]
 
     def greedy(self, prompt: Sequence[int], steps: int) -> list[int]:
         with self._patched():

@@ -39,7 +39,8 @@ def test_provider_found_without_gpu():
     [
         ("none", ()),
         ("elpis", ("fixed-rows-8", "gdn-state-fp32")),
-        ("all", ("exl3-int8-gemv-off", "fixed-rows-8", "gdn-state-fp32")),
+        ("all", ("exl3-int8-gemv-off", "fixed-rows-8", "gdn-state-fp32", "prefill-chunk-8192")),
+        ("gdn-state-fp32+prefill-chunk-8192", ("gdn-state-fp32", "prefill-chunk-8192")),
         ("gdn-state-fp32", ("gdn-state-fp32",)),
         ("gdn-state-fp32+exl3-int8-gemv-off", ("exl3-int8-gemv-off", "gdn-state-fp32")),
     ],
@@ -107,7 +108,8 @@ def test_op_options_and_spec():
     assert chosen.patches == tuple(sorted(gate.PATCHES))
     assert (chosen.tokens, chosen.layers) == (gate.DEFAULT_TOKENS, 2)
     assert chosen.spec == (
-        "exl3-ops:layers=2,patches=exl3-int8-gemv-off+fixed-rows-8+gdn-state-fp32,tokens=1280"
+        "exl3-ops:layers=2,patches=exl3-int8-gemv-off+fixed-rows-8+gdn-state-fp32+prefill-chunk-8192,"
+        "tokens=1280"
     )
     assert gate.op_options({"patches": "none", "tokens": "512"}).spec == (
         "exl3-ops:layers=2,patches=none,tokens=512"

@@ -21,6 +21,7 @@ from elpis.gate.compare import (
 )
 from elpis.gate.configs import BackendLogits, canonical, make_configuration, parse_spec
 from elpis.gate.ledger import first_measured
+from elpis.gate.measurement import Measurement
 from elpis.gate.rules import RULES_DIR, load_rules
 from elpis.gate.verdicts import latest
 
@@ -87,6 +88,35 @@ def test_verify_chunking_is_row_invariant_and_matches_prefill(configs) -> None:
     assert torch.equal(by16, by5)  # exact rows: every row is a decode step, whatever the call size
     prefill = configs["prefill"].teacher_forced(tokens)
     assert (by16 - prefill.float()).abs().max() < 1e-3  # same positions, fp32 rounding apart
+
+
+def test_teacher_forcing_from_a_prefilled_start(configs) -> None:
+    """start=N: the first N tokens are prefilled (the served path's `begin`), rows cover positions N.. only;
+    the prefill path computes every row and drops the first N. Too short a sequence is refused."""
+    tokens = list(range(1000, 1023))
+    decode, prefill = configs["decode"], configs["prefill"]
+    whole = decode.teacher_forced(tokens)
+    after = decode.teacher_forced(tokens, 7)
+    assert after.shape == (22 - 7, decode.vocab_size)
+    assert (after - whole[7:]).abs().max() < 1e-3  # a prefill then decode steps: the same positions
+    assert torch.equal(prefill.teacher_forced(tokens, 7), prefill.teacher_forced(tokens)[7:])
+    for config in (decode, prefill):
+        with pytest.raises(ValueError, match="needs at least 23 tokens"):
+            config.teacher_forced(tokens[:22], 21)
+
+
+def test_comparison_scores_from_a_position(configs, tmp_path: Path) -> None:
+    docs, prompts = random_corpus(PLAN, 64)
+    arms = {"decode": configs["decode"]}
+    m = compare_models("unit", "tiny", configs["ref"], arms, docs, prompts[:0], 1, score_from=5)
+    assert m.score_from == 5
+    assert [d.positions for d in m.documents] == [len(d.tokens) - 1 - 5 for d in docs]
+    assert len(m.nll_ref) == sum(d.positions for d in m.documents)
+    assert Measurement.load(m.save(tmp_path, "scored")).score_from == 5  # recorded with the arrays
+    with pytest.raises(ValueError, match="fewer than 21 tokens"):
+        compare_models("unit", "tiny", configs["ref"], arms, docs, prompts[:0], 1, score_from=19)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        compare_models("unit", "tiny", configs["ref"], arms, docs, prompts[:0], 1, score_from=-1)
 
 
 @pytest.mark.slow
