@@ -87,6 +87,8 @@ class RuleSpec(BaseModel):
     floors: list[str] = Field(min_length=1)
     scopes: list[Literal["all", "per_stratum"]] = Field(default_factory=lambda: ["all"], min_length=1)
     op_bar: bool = False
+    # the least `--score-from` a measurement may have: a prefill-only change is invisible before it
+    score_from: int = Field(default=0, ge=0)
     bootstrap: BootstrapRule
     checks: list[Check] = Field(min_length=1)
 

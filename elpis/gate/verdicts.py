@@ -170,6 +170,11 @@ def judge(
         raise ValueError(
             f"the measurement's reference is {measurement.reference!r}; the rules require {spec.reference!r}"
         )
+    if measurement.score_from < spec.score_from:
+        raise ValueError(
+            f"the measurement compares positions from {measurement.score_from}; the rules require "
+            f"--score-from {spec.score_from} or more"
+        )
     if candidate not in measurement.arms:
         raise ValueError(f"the measurement has no arm {candidate!r} (arms: {sorted(measurement.arms)})")
     candidate_spec = measurement.arms[candidate].spec

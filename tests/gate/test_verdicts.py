@@ -153,6 +153,22 @@ def test_judge_writes_a_verdict_that_latest_returns(rule_repo, tmp_path: Path) -
     assert latest("other", results) is None
 
 
+def test_rules_may_require_a_prefilled_start(git_repo, tmp_path: Path) -> None:
+    """A rule with score_from judges only measurements that compared positions from there on."""
+    git_repo.commit("rules/late.toml", RULE.replace('scopes = ["all", "per_stratum"]\n',
+                    'scopes = ["all", "per_stratum"]\nscore_from = 4096\n'), when=T0)  # fmt: skip
+    rules = load_rules(git_repo.root / "rules/late.toml")
+    assert rules.spec.score_from == 4096
+    rng = np.random.default_rng(6)
+    m = _measurement(np.zeros(512), rng)
+    m.arms["cand"].kl = 0.5 * m.arms["f16"].kl
+    with pytest.raises(ValueError, match="require --score-from 4096 or more"):
+        judge(rules, m.save(tmp_path / "m", "early"), "cand", "p1", results_dir=tmp_path / "r")
+    m.score_from = 8192
+    verdict = judge(rules, m.save(tmp_path / "m", "scored"), "cand", "p1", results_dir=tmp_path / "r")
+    assert verdict.verdict == "PASS"
+
+
 def test_judge_refuses_what_it_may_not_judge(rule_repo, tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     early = _measurement(np.zeros(512), rng, measured_at=T0 - 1.0).save(tmp_path / "m", "early")
