@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from elpis.bench.workload import ELPIS_SYSTEMS, PROFILE_SYSTEMS, SYSTEMS, TREE_BUDGETS, TREE_CHECKPOINTS
+from elpis.exl3 import DEFAULT_PREFILL_CHUNK, PREFILL_CHUNKS
 from elpis.paths import BENCH_RESULTS
 
 
@@ -78,8 +79,8 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prefill-chunk",
         type=int,
-        choices=(2048, 4096, 8192),
-        default=2048,
+        choices=PREFILL_CHUNKS,
+        default=DEFAULT_PREFILL_CHUNK,
         help="elpis systems: tokens per prefill chunk (2048: ExLlamaV3's own and its arithmetic; 4096 and "
         "8192 are faster, not bitwise the same, not gated yet)",
     )
@@ -271,7 +272,7 @@ def worker_command(
             cmd += ["--tree-top-k", str(args.tree_top_k)]
         if getattr(args, "tree_eager", False) and any(s in TREE_BUDGETS for s in group):
             cmd.append("--tree-eager")
-        cmd += ["--prefill-chunk", str(getattr(args, "prefill_chunk", 2048))]
+        cmd += ["--prefill-chunk", str(getattr(args, "prefill_chunk", DEFAULT_PREFILL_CHUNK))]
     return cmd
 
 

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from elpis.bench import hardware, workload
+from elpis.exl3 import DEFAULT_PREFILL_CHUNK, PREFILL_CHUNKS
 
 GiB = 1 << 30
 MB = 1e6
@@ -212,7 +213,7 @@ class ElpisSystem:
             host_cache_gib=8.0,
             tree=self.tree_loaded,
             tree_graphs=not getattr(args, "tree_eager", False),
-            prefill_chunk=getattr(args, "prefill_chunk", 2048),
+            prefill_chunk=getattr(args, "prefill_chunk", DEFAULT_PREFILL_CHUNK),
         )
         self.decoder = BenchDecoder(args.model)
         self.vocab = self.backend.info.vocab_size
@@ -696,7 +697,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tree systems: eager tree verifies instead of replayed CUDA graphs",
     )
     parser.add_argument(
-        "--prefill-chunk", type=int, default=2048, help="elpis systems: tokens per prefill chunk"
+        "--prefill-chunk",
+        type=int,
+        choices=PREFILL_CHUNKS,
+        default=DEFAULT_PREFILL_CHUNK,
+        help="elpis systems: tokens per prefill chunk",
     )
     parser.add_argument("--profile", action="store_true", help="per-phase profile instead of timings")
     parser.add_argument(

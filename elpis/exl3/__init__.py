@@ -11,6 +11,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# Prefill chunk sizes (tokens). 2048 is ExLlamaV3's own and keeps its arithmetic. A larger chunk rebuilds
+# each EXL3 weight (trellis decode to fp16) once per more tokens, so prefill is faster, but the dense GEMMs
+# run at another row count: the logits are not bitwise those of 2048-token chunks and no quality-gate
+# verdict covers it yet (bench/results/prefill/README.md), so it is opt-in (`elpis serve --prefill-chunk`).
+# Here, not in engine.py, so that the CLIs' option parsers read them without importing torch.
+DEFAULT_PREFILL_CHUNK = 2048
+PREFILL_CHUNKS = (2048, 4096, 8192)
+
+
+def check_prefill_chunk(chunk: int) -> int:
+    if chunk not in PREFILL_CHUNKS:
+        raise ValueError(f"prefill chunk must be one of {PREFILL_CHUNKS} tokens, got {chunk}")
+    return chunk
+
+
 if TYPE_CHECKING:
     from elpis.exl3.backend import Exl3Backend
 
@@ -32,7 +47,7 @@ def load_backend(
     tree: bool = False,
     tree_rows: int = 16,
     tree_graphs: bool = True,
-    prefill_chunk: int = 2048,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
 ) -> Exl3Backend:
     """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
 
@@ -49,13 +64,11 @@ def load_backend(
     `tree_graphs` (tree mode only): replay tree verifies from CUDA graphs captured per (rows, context bucket,
     recurrent slot) (`elpis.exl3.tree_graph`) instead of running ExLlamaV3's forward eagerly; bit-identical
     to the eager forward and lossless (bench/results/tree/README.md), so on by default.
-    `prefill_chunk`: tokens per prefill chunk, one of `elpis.exl3.engine.PREFILL_CHUNKS`. 2048 (ExLlamaV3's
+    `prefill_chunk`: tokens per prefill chunk, one of `PREFILL_CHUNKS`. 2048 (ExLlamaV3's
     own) keeps its arithmetic; 8192 prefills up to 1.2x faster but its logits differ slightly and no gate
     verdict covers it yet (bench/results/prefill/README.md).
     """
     import torch
-
-    from elpis.exl3.engine import check_prefill_chunk
 
     check_prefill_chunk(prefill_chunk)
     if not torch.cuda.is_available():
@@ -102,4 +115,4 @@ def walk_modules(model: Any) -> Iterator[Any]:
         stack.extend(getattr(module, "modules", []) or [])
 
 
-__all__ = ["load_backend", "walk_modules"]
+__all__ = ["DEFAULT_PREFILL_CHUNK", "PREFILL_CHUNKS", "check_prefill_chunk", "load_backend", "walk_modules"]

@@ -15,25 +15,13 @@ from typing import Any
 
 import torch
 
-from elpis.exl3 import patches
+from elpis.exl3 import DEFAULT_PREFILL_CHUNK, check_prefill_chunk, patches
 
 CACHE_TOKENS = 270_336  # 1056 pages: 262,144 context + room for verify rows and the draft block
 MAX_CONTEXT = 262_144
 KV_BITS = 3
 # The GDN conv ring and scan staging hold up to 16 verify rows (issue 8's tree size).
 MAX_HISTORY = 15
-# Prefill chunk sizes (tokens). 2048 is ExLlamaV3's own and keeps its arithmetic. A larger chunk rebuilds
-# each EXL3 weight (trellis decode to fp16) once per more tokens, so prefill is faster, but the dense GEMMs
-# run at another row count: the logits are not bitwise those of 2048-token chunks and no quality-gate
-# verdict covers it yet (bench/results/prefill/README.md), so it is opt-in (`elpis serve --prefill-chunk`).
-DEFAULT_PREFILL_CHUNK = 2048
-PREFILL_CHUNKS = (2048, 4096, 8192)
-
-
-def check_prefill_chunk(chunk: int) -> int:
-    if chunk not in PREFILL_CHUNKS:
-        raise ValueError(f"prefill chunk must be one of {PREFILL_CHUNKS} tokens, got {chunk}")
-    return chunk
 
 
 @dataclass

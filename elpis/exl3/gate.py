@@ -62,6 +62,7 @@ from typing import Any
 
 import torch
 
+from elpis.exl3 import DEFAULT_PREFILL_CHUNK
 from elpis.gate.configs import BackendLogits, Spec, check_start
 from elpis.gate.ops import GateOp, OpInputs
 
@@ -269,7 +270,7 @@ class Exl3Configuration:
             prefix_cache=False,  # every sequence from scratch, like the reference configurations
             fixed_rows=FIXED_ROWS if "fixed-rows-8" in names else None,
             gdn_state_fp32="gdn-state-fp32" in names,
-            prefill_chunk=8192 if "prefill-chunk-8192" in names else 2048,
+            prefill_chunk=8192 if "prefill-chunk-8192" in names else DEFAULT_PREFILL_CHUNK,
         )
         self._served = BackendLogits(self.spec, self.backend, int(full["rows"]), self.vocab_size)
 

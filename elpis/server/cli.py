@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from elpis.exl3 import DEFAULT_PREFILL_CHUNK, PREFILL_CHUNKS
 from elpis.paths import CACHE_DIR
 from elpis.server.auth import Authorizer, KeyFileError, is_loopback, load_api_key, write_new_key
 from elpis.server.limits import Limits
@@ -95,8 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument(
         "--prefill-chunk",
         type=int,
-        choices=(2048, 4096, 8192),
-        default=2048,
+        choices=PREFILL_CHUNKS,
+        default=DEFAULT_PREFILL_CHUNK,
         help="exl3: tokens per prefill chunk. 2048 is ExLlamaV3's own and keeps its arithmetic; 8192 "
         "prefills up to 1.2x faster (H200, bench/results/prefill) with logits that differ slightly and no "
         "quality-gate verdict yet; it needs about 1 GiB more GPU memory",

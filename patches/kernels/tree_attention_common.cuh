@@ -94,32 +94,21 @@ __device__ __forceinline__ void hadamard_butterflies(float (&v)[kN]) {
 
 // One group of 32 values as fp16: code_value, then the unnormalised Hadamard as butterflies over index bits
 // 0..4 in order, then fp16 (rn). Reproduces ExLlamaV3's dequant_cache_paged (elpis/exl3/qcache_ref.py is the
-// reference, checked bit for bit against CacheLayer_quant.get_kv).
-template <uint32_t kBits>
+// reference, checked bit for bit against CacheLayer_quant.get_kv). kHadamard false: the values before the
+// Hadamard, (code - mid) * group_step_raw (the tensor-core build's ELPIS_MMA_HADAMARD_Q).
+template <uint32_t kBits, bool kHadamard = true>
 __device__ __forceinline__ void dequant_group(const uint32_t* __restrict__ words, __half scale,
                                               __half (&out)[kQGroup]) {
     uint32_t w[kBits];
 #pragma unroll
     for (uint32_t i = 0; i < kBits; i++) w[i] = words[i];
-    const float step = group_step<kBits>(scale);
+    const float step = kHadamard ? group_step<kBits>(scale) : group_step_raw<kBits>(scale);
     float v[kQGroup];
 #pragma unroll
     for (uint32_t j = 0; j < kQGroup; j++) v[j] = code_value<kBits>(group_code<kBits>(w, j), step);
-    hadamard_butterflies(v);
+    if (kHadamard) hadamard_butterflies(v);
 #pragma unroll
     for (uint32_t j = 0; j < kQGroup; j++) out[j] = __float2half_rn(v[j]);
-}
-
-// One group's values before the Hadamard, (code - mid) * group_step_raw, as fp16 (rn).
-template <uint32_t kBits>
-__device__ __forceinline__ void dequant_group_raw(const uint32_t* __restrict__ words, __half scale,
-                                                  __half (&out)[kQGroup]) {
-    uint32_t w[kBits];
-#pragma unroll
-    for (uint32_t i = 0; i < kBits; i++) w[i] = words[i];
-    const float step = group_step_raw<kBits>(scale);
-#pragma unroll
-    for (uint32_t j = 0; j < kQGroup; j++) out[j] = __float2half_rn(code_value<kBits>(group_code<kBits>(w, j), step));
 }
 
 // Index of group g (0..7) of K/V head h at cache slot `slot` in the packed words / scales.

@@ -183,11 +183,7 @@ __device__ __forceinline__ void stage(const Block& b, const uint32_t* __restrict
             for (uint32_t j = 0; j < kQGroup; j++) vals[j] = __float2half_rn(0.0f);
         } else {
             const size_t idx = qcache_group(block_table, slot, h, grp);
-            if (kHadamardQ) {
-                dequant_group_raw<kBits>(packed + idx * kBits, scales[idx], vals);
-            } else {
-                dequant_group<kBits>(packed + idx * kBits, scales[idx], vals);
-            }
+            dequant_group<kBits, !kHadamardQ>(packed + idx * kBits, scales[idx], vals);
         }
         if (kTranspose) {
 #pragma unroll

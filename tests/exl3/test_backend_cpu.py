@@ -91,8 +91,8 @@ def test_prefill_chunk_refused_before_anything_loads(chunk):
 def test_prefill_chunks_keep_page_boundaries_and_default_to_exllamav3s():
     import inspect
 
-    from elpis.exl3 import load_backend
-    from elpis.exl3.engine import DEFAULT_PREFILL_CHUNK, PREFILL_CHUNKS, load_engine
+    from elpis.exl3 import DEFAULT_PREFILL_CHUNK, PREFILL_CHUNKS, load_backend
+    from elpis.exl3.engine import load_engine
     from elpis.exl3.prefix import PAGE
 
     assert DEFAULT_PREFILL_CHUNK == 2048 and DEFAULT_PREFILL_CHUNK in PREFILL_CHUNKS
