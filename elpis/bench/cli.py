@@ -77,6 +77,11 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         help="tree systems: run tree verifies eagerly instead of replaying captured CUDA graphs",
     )
     p.add_argument(
+        "--draft-eager",
+        action="store_true",
+        help="elpis systems: run the DFlash2 draft block eagerly instead of replaying captured CUDA graphs",
+    )
+    p.add_argument(
         "--prefill-chunk",
         type=int,
         choices=PREFILL_CHUNKS,
@@ -272,6 +277,8 @@ def worker_command(
             cmd += ["--tree-top-k", str(args.tree_top_k)]
         if getattr(args, "tree_eager", False) and any(s in TREE_BUDGETS for s in group):
             cmd.append("--tree-eager")
+        if getattr(args, "draft_eager", False):
+            cmd.append("--draft-eager")
         cmd += ["--prefill-chunk", str(getattr(args, "prefill_chunk", DEFAULT_PREFILL_CHUNK))]
     return cmd
 

@@ -13,7 +13,8 @@ touched): `prefill(c)` profiles the prefill calls whose first position is at lea
 first decode-sized forward at position >= c - 1; `rounds(c, warm, n)` skips `warm` decode forwards at
 position >= c - 1 and then profiles exactly `n` rounds (from one verify forward to the verify forward `n`
 later, so each round's draft is inside). A tree verify replayed from a CUDA graph makes no forward call;
-given the backend's `TreeGraphs`, the profiler counts its replays as those forwards. `summarize` turns the
+given the backend's `TreeGraphs`, the profiler counts its replays as those forwards, and given the drafter's
+`DraftGraphs`, its replayed draft blocks are labelled draft. `summarize` turns the
 trace into per-round (or per-token) GPU milliseconds: per phase, per kernel family inside each phase, busy
 time (union of kernel intervals) and idle gaps (window length minus busy).
 """
@@ -79,7 +80,9 @@ class _Depth(threading.local):
 class PhaseProfiler:
     """Labels the modules of `model` (and the whole of `draft`) and profiles windows of the target's calls."""
 
-    def __init__(self, model: Any, draft: Any | None = None, graphs: Any | None = None) -> None:
+    def __init__(
+        self, model: Any, draft: Any | None = None, graphs: Any | None = None, draft_graphs: Any | None = None
+    ) -> None:
         self.depth = _Depth()
         self.phase_of: dict[int, str] = {}
         self._restore: list[Callable[[], None]] = []
@@ -101,6 +104,9 @@ class PhaseProfiler:
             selector = getattr(draft, "selector", None)
             if selector is not None and hasattr(selector, "walk_block"):
                 self._wrap_instance(selector, "walk_block", "draft")
+            if draft_graphs is not None:
+                # a replayed draft block (`elpis.exl3.draft_graph.DraftGraphs`) calls no method of the draft
+                self._wrap_instance(draft_graphs, "block", "draft")
         self._wrap_window(model, "forward")
         self._wrap_window(model, "prefill")
         if graphs is not None:

@@ -213,6 +213,7 @@ class ElpisSystem:
             host_cache_gib=8.0,
             tree=self.tree_loaded,
             tree_graphs=not getattr(args, "tree_eager", False),
+            draft_graphs=not getattr(args, "draft_eager", False),
             prefill_chunk=getattr(args, "prefill_chunk", DEFAULT_PREFILL_CHUNK),
         )
         self.decoder = BenchDecoder(args.model)
@@ -463,6 +464,7 @@ def load_system(args: argparse.Namespace, out: ResultFile):
             gdn_state_dtype=str(next(iter(layers)).recurrent_state.dtype),
             backend_tree_mode=system.tree_loaded,
             backend_tree_graphs=system.backend.graphs is not None,
+            backend_draft_graphs=getattr(system.backend.drafter, "graphs", None) is not None,
         )
     notes["peak_after_load"] = peak_memory()
     for name in args.system:
@@ -500,8 +502,11 @@ def run_profile(args: argparse.Namespace) -> int:
         vocab = system.vocab
         system.generate(workload.prompt(1025, seed=99, vocab=vocab), 8, True)  # warm-up, unprofiled
         system.generate(workload.prompt(1025, seed=98, vocab=vocab), 8, False)
-        graphs = system.backend.graphs if isinstance(system, ElpisSystem) else None
-        profiler = PhaseProfiler(model, draft, graphs)
+        graphs = draft_graphs = None
+        if isinstance(system, ElpisSystem):
+            graphs = system.backend.graphs
+            draft_graphs = getattr(system.backend.drafter, "graphs", None)
+        profiler = PhaseProfiler(model, draft, graphs, draft_graphs)
         base = workload.prompt(max(args.checkpoints) + 1, seed=1, vocab=vocab)
         tokens = args.warmup + args.rounds + 2
         for c in args.checkpoints:
@@ -695,6 +700,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tree-eager",
         action="store_true",
         help="tree systems: eager tree verifies instead of replayed CUDA graphs",
+    )
+    parser.add_argument(
+        "--draft-eager",
+        action="store_true",
+        help="elpis systems: eager DFlash2 draft blocks instead of replayed CUDA graphs",
     )
     parser.add_argument(
         "--prefill-chunk",

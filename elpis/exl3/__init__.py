@@ -47,6 +47,7 @@ def load_backend(
     tree: bool = False,
     tree_rows: int = 16,
     tree_graphs: bool = True,
+    draft_graphs: bool = True,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
 ) -> Exl3Backend:
     """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
@@ -64,6 +65,9 @@ def load_backend(
     `tree_graphs` (tree mode only): replay tree verifies from CUDA graphs captured per (rows, context bucket,
     recurrent slot) (`elpis.exl3.tree_graph`) instead of running ExLlamaV3's forward eagerly; bit-identical
     to the eager forward and lossless (bench/results/tree/README.md), so on by default.
+    `draft_graphs`: replay the DFlash2 draft block from a CUDA graph per block-table width
+    (`elpis.exl3.draft_graph`) instead of ExLlamaV3's eager draft forward. It saves host time per round;
+    the draft only proposes, so the output is the same either way.
     `prefill_chunk`: tokens per prefill chunk, one of `PREFILL_CHUNKS`. 2048 (ExLlamaV3's
     own) keeps its arithmetic; 8192 prefills up to 1.2x faster but its logits differ slightly and no gate
     verdict covers it yet (bench/results/prefill/README.md).
@@ -99,6 +103,7 @@ def load_backend(
         prefix_cache=prefix_cache,
         tree=tree,
         tree_graphs=tree and tree_graphs,
+        draft_graphs=draft_graphs,
     )
 
 

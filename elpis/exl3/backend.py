@@ -153,6 +153,7 @@ class Exl3Backend:
         prefix_cache: bool = True,
         tree: bool = False,
         tree_graphs: bool = False,
+        draft_graphs: bool = False,
     ) -> None:
         if max_context + MAX_ROWS > engine.cache_tokens:
             raise ValueError(
@@ -205,7 +206,7 @@ class Exl3Backend:
         if engine.draft is not None:
             from elpis.exl3.drafter import DFlash2Drafter
 
-            self.drafter = DFlash2Drafter(self)
+            self.drafter = DFlash2Drafter(self, graphs=draft_graphs)
 
     # -- pages ------------------------------------------------------------------------------------------
     def ensure_pages(self, tokens: int) -> None:

@@ -6,7 +6,8 @@ ExLlamaV3's DFlash2 selector walks the top-16 candidates of each row into the gr
 Candidates per depth: the selector's chain token first, then the row's most likely other tokens; each with
 its log-probability under the draft's logits (log-softmax over the whole vocabulary), so a tree builder can
 rank them. The drafter proposes for the backend's current sequence only: `context` must be the backend's
-committed tokens plus the anchor.
+committed tokens plus the anchor. With `graphs`, the block after the input layer is replayed from a CUDA
+graph per block-table width (`elpis.exl3.draft_graph`).
 """
 
 from __future__ import annotations
@@ -21,16 +22,22 @@ from elpis.exl3.upload import pinned
 
 if TYPE_CHECKING:
     from elpis.exl3.backend import Exl3Backend
+    from elpis.exl3.draft_graph import DraftGraphs
 
 
 class DFlash2Drafter:
-    def __init__(self, backend: Exl3Backend) -> None:
+    def __init__(self, backend: Exl3Backend, *, graphs: bool = False) -> None:
         self.backend = backend
         engine = backend.engine
         self.model = engine.draft
         self.config = engine.draft_config
         self.depth = int(self.config.block_size) - 1
         self.last_seconds = 0.0
+        self.graphs: DraftGraphs | None = None
+        if graphs:
+            from elpis.exl3.draft_graph import DraftGraphs
+
+            self.graphs = DraftGraphs(engine)
 
     def reset(self) -> None:
         """Nothing per sequence lives here: the draft's K/V belong to the backend's sequence."""
@@ -57,9 +64,12 @@ class DFlash2Drafter:
         kvp = backend.position()
         block = self.depth + 1
         backend.ensure_pages(kvp + block)
+        width = stock_table_width(kvp + 1 + block)
+        if self.graphs is not None:
+            return self.graphs.block(anchor, backend.pages, kvp, width)
         params: dict[str, Any] = {
             "attn_mode": "flash_attn",
-            "block_table": backend.block_table(stock_table_width(kvp + 1 + block)),
+            "block_table": backend.block_table(width),
             "cache": engine.draft_cache,
             "cache_seqlens": pinned([kvp], torch.int32),
             # the round's token read-back is the sync point before the staging buffer is reused

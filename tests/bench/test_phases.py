@@ -110,3 +110,32 @@ def test_graph_replays_count_as_rounds(monkeypatch):
     assert events == ["start", ("finish", 2, "round")] and profiler.pending == 0
     profiler.close()
     assert "verify" not in vars(graphs)
+
+
+class _DraftGraphs:
+    def block(self, anchor, pages, kvp, width):
+        return ("draft", anchor)
+
+
+def test_replayed_draft_blocks_are_labelled_draft(monkeypatch):
+    """A draft block replayed from a CUDA graph calls no method of the draft model: its call runs inside the
+    draft range, and closing the profiler removes the wrapper."""
+    ranges: list[str] = []
+
+    class Range:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            ranges.append(self.name)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(phases.torch.profiler, "record_function", Range)
+    draft_graphs = _DraftGraphs()
+    profiler = phases.PhaseProfiler(_Model(), _Model(), None, draft_graphs)
+    assert draft_graphs.block(5, [], 10, 16) == ("draft", 5)
+    assert ranges == [phases.PREFIX + "draft"]
+    profiler.close()
+    assert "block" not in vars(draft_graphs)

@@ -224,7 +224,11 @@ def test_worker_commands(tmp_path):
     assert parsed.prefill_chunk == 2048 and "--prefill-chunk" not in stock  # stock prefills its own way
     chunked = engine_args("--systems", "stock,elpis", "--prefill-chunk", "8192")
     elpis = worker.parse_args(cli.worker_command(chunked, ["elpis"], tmp_path / "c.json", 123.0)[3:])
-    assert elpis.prefill_chunk == 8192
+    assert elpis.prefill_chunk == 8192 and not elpis.draft_eager
+    eager = engine_args("--systems", "stock,elpis", "--draft-eager")
+    assert "--draft-eager" not in cli.worker_command(eager, ["stock"], tmp_path / "d.json", 123.0)
+    elpis = worker.parse_args(cli.worker_command(eager, ["elpis"], tmp_path / "e2.json", 123.0)[3:])
+    assert elpis.draft_eager
 
 
 def test_worker_refuses_mixed_or_unknown_systems(capsys):

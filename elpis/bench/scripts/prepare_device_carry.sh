@@ -9,7 +9,8 @@
 #   bash elpis/bench/scripts/prepare_device_carry.sh
 # Needs: network (PyPI), nvcc 13.0 (CUDA_HOME below), a Python 3.12 interpreter (PY312).
 set -euo pipefail
-PY312=${PY312:-$(PYENV_VERSION=3.12.1 command -v python3.12 || true)}
+# pyenv's shim only runs with PYENV_VERSION set: resolve the interpreter itself
+PY312=${PY312:-$(PYENV_VERSION=3.12.1 pyenv which python3.12 2>/dev/null || command -v python3.12 || true)}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda-13.0}
 WORK=${WORK:-/tmp/elpis-carry}
 [ -n "$PY312" ] || { echo "no python3.12: set PY312" >&2; exit 2; }

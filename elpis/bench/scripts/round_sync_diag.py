@@ -8,7 +8,8 @@ For chain-8, tree-8 and tree-16 rounds of the speculation core at a 1K context i
   in elpis and ExLlamaV3 that made them, counted per round.
 Syncs inside ExLlamaV3's C++ extension or our ctypes kernels are not seen by torch's sync debug mode; a phase
 whose host time is close to the round's GPU time without a reported sync points at one of those.
-Prints one JSON line per mode prefixed with "SYNCDIAG ".
+Each mode runs with the DFlash2 draft block replayed from CUDA graphs (`elpis.exl3.draft_graph`, the default)
+and eager, in the same process. Prints one JSON line per mode and draft setting prefixed with "SYNCDIAG ".
 """
 
 from __future__ import annotations
@@ -127,9 +128,14 @@ def main(model: str, draft: str) -> None:
 
     rng = random.Random(7)
     ids = [rng.randrange(1000, backend.info.vocab_size - 1000) for _ in range(1024)]
-    for debug in (False, True):
+    graphs = backend.drafter.graphs
+    # the draft block replayed from CUDA graphs (the default) and eager in one run; sync debug with graphs
+    for draft_graphs, debug in ((True, False), (False, False), (True, True)):
+        backend.drafter.graphs = graphs if draft_graphs else None
         for name in MODES:
-            print("SYNCDIAG " + json.dumps(run_mode(backend, decoder, name, ids, debug)), flush=True)
+            record = {"draft_graphs": draft_graphs, **run_mode(backend, decoder, name, ids, debug)}
+            print("SYNCDIAG " + json.dumps(record), flush=True)
+    backend.drafter.graphs = graphs
 
 
 if __name__ == "__main__":

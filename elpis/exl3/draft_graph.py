@@ -1,0 +1,201 @@
+"""CUDA-graph-captured DFlash2 draft blocks (issue 9: host time per round).
+
+An eager draft block runs ExLlamaV3's DFlash2 forward module by module: five blocks (norms, two dynamic
+convolutions, attention, MLP), the final norm, the target's 6 bpw head over the 7 block rows and the
+selector's top-k and walk kernels. On the H200 that is about 3.3 ms of host time per round against
+1.8 ms of GPU work (bench/results/tree/README.md, call 15), so the GPU waits on Python. Here everything
+after the input layer is captured once per block-table width and replayed.
+
+What changes between replays lives in device buffers filled before each replay, in stream order from
+pinned memory: the input layer's output (the anchor's embedding and the mask rows, looked up on the host as
+ExLlamaV3 does), the block table (the sequence's pages, zero-padded to the key's width), `cache_seqlens`
+(kvp; the attention's positions and its cache writes follow it) and the anchor id the selector walks from.
+
+The key is the block table's width, rounded up to 16 pages as ExLlamaV3's generator rounds it
+(`stock_table_width`): the attention kernels derive their split count from the width, so a graph per
+width keeps every replay's arithmetic that of the eager block at that width. The width grows by one key
+per 4,096 tokens of context, and the least recently used graph is dropped past MAX_GRAPHS.
+
+Both the warm-up (the first call of a key, run eagerly on the key's buffers) and the capture run
+ExLlamaV3's plain module path: its own graph-captured attention blocks (BC attention) and MLP blocks are
+switched off for the duration, since they capture and launch graphs of their own. A replay therefore
+equals its key's warm-up bit for bit (tests/exl3/test_draft_graph.py), not necessarily the eager draft
+with BC attention. Speculation stays lossless either way: the draft only proposes, the target's verify and
+the proven acceptor decide what is committed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from elpis.exl3.upload import pinned
+
+MAX_GRAPHS = 3  # captured draft blocks kept (one per block-table width; contexts only grow within a sequence)
+
+
+@dataclass
+class DraftCaptured:
+    """One width's buffers and (once captured) graph, with the tensors the graph writes."""
+
+    x: torch.Tensor | None  # [1, block, hidden]: the input layer's output (allocated at the first fill)
+    block_table: torch.Tensor  # int32 [1, width]
+    seqlens: torch.Tensor  # int32 [1]
+    anchor: torch.Tensor  # int64 [1]
+    graph: torch.cuda.CUDAGraph | None = None
+    chain: torch.Tensor | None = None  # int64 [block - 1]: the selector's walk after the anchor
+    logits: torch.Tensor | None = None  # [block - 1, vocab]: the head's logits of the block rows
+
+
+@contextmanager
+def plain_module_path(model: Any) -> Iterator[None]:
+    """Run `model` through ExLlamaV3's plain module path: its graph-captured MLP blocks and BC attention
+    off (they capture on their own and launch graphs, neither of which may happen inside a capture)."""
+    import exllamav3.modules.attn as attn
+
+    from elpis.exl3 import walk_modules
+
+    blocks = [(m, m.bc) for m in walk_modules(model) if "MLP" in type(m).__name__ and getattr(m, "bc", None)]
+    bc_attn = attn._bc_attn_enable
+    for m, _ in blocks:
+        m.bc = None
+    attn._bc_attn_enable = False
+    try:
+        yield
+    finally:
+        attn._bc_attn_enable = bc_attn
+        for m, bc in blocks:
+            m.bc = bc
+
+
+class DraftGraphs:
+    """Captured draft blocks of one engine (one sequence at a time, like the backend)."""
+
+    def __init__(self, engine: Any) -> None:
+        model = engine.draft
+        if model is None:
+            raise RuntimeError("draft graphs: the engine has no draft model")
+        if model.loaded_tp:
+            raise RuntimeError("draft graphs: tensor-parallel drafts are not supported")
+        if model._get_prefetch_layers:
+            raise RuntimeError("draft graphs: drafts with prefetching layers are not supported")
+        if model.recurrent_state_cls is not None:
+            raise RuntimeError("draft graphs: the draft keeps per-sequence recurrent state (load swa_full)")
+        first = model.fwd_modules[0][0]
+        if type(first).__name__ != "DFlashInputLayer":
+            raise RuntimeError(f"draft graphs: the first module is {type(first).__name__}, not the input")
+        self.engine = engine
+        self.model = model
+        self.input_layer = first
+        self.block_size = int(engine.draft_config.block_size)
+        self.device = engine.device
+        self.graphs: OrderedDict[int, DraftCaptured] = OrderedDict()
+        self.captures = 0  # draft blocks captured so far (tests bound this)
+        self.replays = 0
+
+    def block(self, anchor: int, pages: Sequence[int], kvp: int, width: int) -> tuple[Tensor, Tensor]:
+        """The selector's chain (block - 1 ids) and the head's logits of the block rows after the anchor, on
+        the GPU, for a draft block at kvp over the sequence's `pages` (a table of `width` pages). The tensors
+        belong to the key: they are overwritten by the next call of the same width."""
+        c = self.graphs.get(width)
+        fresh = c is None
+        if c is None:
+            c = self._buffers(width)
+        self._fill(c, anchor, pages, kvp)
+        if fresh:
+            # First call of the key: the eager warm-up on the same buffers gives this block's result.
+            chain, logits = self._run(c)
+            self._capture(c)
+            self.graphs[width] = c
+            while len(self.graphs) > MAX_GRAPHS:
+                self.graphs.popitem(last=False)
+            return chain, logits
+        self.graphs.move_to_end(width)
+        assert c.graph is not None and c.chain is not None and c.logits is not None
+        c.graph.replay()
+        self.replays += 1
+        return c.chain, c.logits
+
+    def warm_up(self, anchor: int, pages: Sequence[int], kvp: int, width: int) -> tuple[Tensor, Tensor]:
+        """What the key's warm-up computes for these inputs, run eagerly now on fresh buffers (tests compare
+        replays with it)."""
+        c = self._buffers(width)
+        self._fill(c, anchor, pages, kvp)
+        return self._run(c)
+
+    # -- buffers ----------------------------------------------------------------------------------------
+    def _buffers(self, width: int) -> DraftCaptured:
+        dev = self.device
+        return DraftCaptured(
+            x=None,
+            block_table=torch.zeros((1, width), dtype=torch.int32, device=dev),
+            seqlens=torch.zeros((1,), dtype=torch.int32, device=dev),
+            anchor=torch.zeros((1,), dtype=torch.long, device=dev),
+        )
+
+    def _fill(self, c: DraftCaptured, anchor: int, pages: Sequence[int], kvp: int) -> None:
+        """This block's values into the key's buffers, in stream order (no synchronisation)."""
+        width = c.block_table.shape[1]
+        if len(pages) > width and any(pages[width:]):
+            raise RuntimeError(f"draft graphs: {len(pages)} pages do not fit the key's {width}")
+        table = list(pages[:width]) + [0] * (width - min(width, len(pages)))
+        x = self.input_layer.forward(torch.tensor([[anchor]], dtype=torch.long), {})
+        if c.x is None:
+            c.x = torch.empty(x.shape, dtype=x.dtype, device=self.device)
+        if c.x.shape != x.shape or c.x.dtype != x.dtype:
+            raise RuntimeError(f"draft graphs: the input layer gave {x.dtype} {list(x.shape)}, the key holds "
+                               f"{c.x.dtype} {list(c.x.shape)}")  # fmt: skip
+        if x.device.type == "cpu":
+            x = x.pin_memory()
+        pairs = (
+            (c.x, x),
+            (c.block_table, pinned(table, torch.int32).view(1, -1)),
+            (c.seqlens, pinned([kvp], torch.int32)),
+            (c.anchor, pinned([anchor], torch.long)),
+        )
+        for dst, src in pairs:
+            dst.copy_(src, non_blocking=True)
+
+    # -- forward, capture -------------------------------------------------------------------------------
+    def _run(self, c: DraftCaptured) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft block on the key's buffers, after the input layer: the draft's modules, the target's
+        head over the block rows, the selector's walk. Warm-up and capture both run exactly this."""
+        engine, model = self.engine, self.model
+        params: dict[str, Any] = {
+            "attn_mode": "flash_attn",
+            "block_table": c.block_table,
+            "cache": engine.draft_cache,
+            "cache_seqlens": c.seqlens,
+        }
+        model.prepare_inputs(torch.zeros((1, 1), dtype=torch.long), params)  # host-side parameters only
+        modules = model.fwd_modules
+        model.fwd_modules = modules[1:]
+        try:
+            with plain_module_path(model):
+                state = model.forward_ls(c.x, params)[:, 1:]  # rows predicting positions kvp+1 .. kvp+7
+        finally:
+            model.fwd_modules = modules
+        head = engine.model.modules[engine.model.logit_layer_idx]
+        logits = head.forward(head.prepare_for_device(state.half().contiguous(), params), params)
+        chain, _ = model.selector.walk_block(
+            state,
+            logits,
+            c.anchor,
+            vocab_size=engine.vocab_size,
+            scale=engine.draft_config.output_multiplier,
+            softcap=engine.draft_config.final_logit_softcapping,
+        )
+        return chain[0, 1:], logits[0, :, : engine.vocab_size]
+
+    def _capture(self, c: DraftCaptured) -> None:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            chain, logits = self._run(c)
+        c.graph, c.chain, c.logits = graph, chain, logits
+        self.captures += 1

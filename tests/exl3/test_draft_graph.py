@@ -1,0 +1,100 @@
+"""GPU tests of CUDA-graph-captured DFlash2 draft blocks (`load_backend(draft_graphs=True)`, the default;
+`elpis.exl3.draft_graph`) on the synthetic checkpoint of ELPIS_SMALL_DIR (else written to a temporary
+directory).
+
+What they establish:
+(a) a replay gives the bits of its key's eager warm-up (ExLlamaV3's plain module path on the same buffers)
+    for other anchors and contexts than the captured ones, on both sides of a block-table width;
+(b) replays follow their inputs: other anchors give other drafts;
+(c) captures stay bounded by the keys: one per block-table width;
+(d) the product path with the draft's top-k trees through replays gives the tokens of plain decoding.
+How a replay compares with ExLlamaV3's eager draft (BC attention on) is logged, not required: the draft only
+proposes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.exl3.test_gpu import decoder, prompt, small  # noqa: F401  (fixtures)
+from tests.exl3.test_tree_verify import TOKENS, log, plain, run_rows, tree_generate
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def backend(small):  # noqa: F811
+    from elpis.exl3 import load_backend
+
+    b = load_backend(
+        small / "target", small / "draft", max_context=65536, model_id="small", host_cache_gib=1.0, tree=True
+    )
+    b.prefix.enabled = False
+    assert b.drafter is not None and b.drafter.graphs is not None, "draft graphs are not on by default"
+    yield b
+
+
+def block(backend, anchor: int):
+    chain, logits = backend.drafter.block(anchor)
+    return chain.clone(), logits.clone()
+
+
+def test_replay_equals_warm_up(backend):
+    import torch
+
+    from elpis.exl3.backend import stock_table_width
+
+    graphs = backend.drafter.graphs
+    vocab = backend.info.vocab_size
+    # 700 and 4000 share a 16-page width; 4090 + the block needs 17 pages: the next width (32)
+    for length in (700, 4000, 4090):
+        ids = prompt(length, length, vocab)
+        backend.begin(ids)
+        try:
+            anchor = ids[-1]
+            first = block(backend, anchor)  # warm-up (first call of a width) or replay
+            replays = graphs.replays
+            again = block(backend, anchor)
+            assert graphs.replays == replays + 1, "the second call of a width did not replay"
+            assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1]), f"ctx {length}"
+            other = (anchor + 7919) % vocab
+            replayed = block(backend, other)
+            kvp = backend.position()
+            width = stock_table_width(kvp + 1 + graphs.block_size)
+            chain, logits = graphs.warm_up(other, backend.pages, kvp, width)
+            assert torch.equal(replayed[0], chain), f"ctx {length}: the replayed chain differs from warm-up"
+            assert torch.equal(replayed[1], logits), f"ctx {length}: the replayed logits differ from warm-up"
+            assert not torch.equal(replayed[1], again[1]), "another anchor gave the same logits"
+            drafter_graphs, backend.drafter.graphs = backend.drafter.graphs, None
+            try:
+                stock = block(backend, other)  # ExLlamaV3's eager draft forward (BC attention on)
+            finally:
+                backend.drafter.graphs = drafter_graphs
+            diff = float((stock[1].float() - replayed[1].float()).abs().max())
+            same = bool(torch.equal(stock[0], replayed[0]))
+            log({"test": "draft_graph_vs_eager", "ctx": length, "chain_equal": same, "logits_max_diff": diff})
+        finally:
+            backend.finish()
+    assert graphs.captures == 2, f"{graphs.captures} captures for two block-table widths"
+
+
+def test_draft_tree_speculation_through_replays_is_lossless(backend, decoder):  # noqa: F811
+    from elpis.exl3.tree_verify import tree_run
+    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+
+    graphs = backend.drafter.graphs
+    ids = prompt(1000, 52, backend.info.vocab_size)
+    for budget, top_k in ((8, 2), (16, 4)):
+        with run_rows(backend, tree_run(budget)):
+            truth, _ = tree_generate(backend, ids, TOKENS, plain)
+            replays = graphs.replays
+            gen = SpeculativeGenerator(
+                backend, decoder, drafter=backend.drafter, tree_budget=budget, draft_top_k=top_k
+            )
+            request = GenerationRequest(
+                prompt_ids=tuple(ids), max_tokens=TOKENS, sampling=SamplingParams(), ignore_eos=True
+            )
+            out = [t for step in gen.generate(request) for t in step.token_ids]
+        assert graphs.replays > replays, "no draft block was replayed"
+        first = next((i for i, (a, b) in enumerate(zip(out, truth, strict=False)) if a != b), None)
+        assert out == truth, f"tree budget {budget}, top-{top_k}: differs from plain decoding at {first}"
