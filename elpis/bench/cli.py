@@ -86,8 +86,8 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         type=int,
         choices=PREFILL_CHUNKS,
         default=DEFAULT_PREFILL_CHUNK,
-        help="elpis systems: tokens per prefill chunk (2048: ExLlamaV3's own and its arithmetic; 4096 and "
-        "8192 are faster, not bitwise the same, not gated yet)",
+        help="elpis systems: tokens per prefill chunk (2048, the default: ExLlamaV3's own and its "
+        "arithmetic; 8192: faster cold prefills, gated, opt-in)",
     )
     p.add_argument("--title", default=None)
     p.add_argument(

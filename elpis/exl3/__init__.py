@@ -11,12 +11,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-# Prefill chunk sizes (tokens). 2048 is ExLlamaV3's own and keeps its arithmetic. A larger chunk rebuilds
-# each EXL3 weight (trellis decode to fp16) once per more tokens, so prefill is faster, but the dense GEMMs
-# run at another row count: the logits are not bitwise those of 2048-token chunks and no quality-gate
-# verdict covers it yet (bench/results/prefill/README.md), so it is opt-in (`elpis serve --prefill-chunk`).
-# Here, not in engine.py, so that the CLIs' option parsers read them without importing torch.
-DEFAULT_PREFILL_CHUNK = 2048
+# Prefill chunk sizes (tokens). 2048 is ExLlamaV3's own and keeps its arithmetic. 8192 rebuilds each EXL3
+# weight (trellis decode to fp16) once per 8192 tokens, so a cold prefill is up to 1.2x faster (H200,
+# bench/results/prefill/README.md); its logits are not bitwise those of 2048-token chunks, and the quality
+# gate passed it (rule exl3-small-prefill-r1, bench/results/gate/verdicts/prefill-chunk-8192-*). It stays
+# opt-in because the prefix cache resumes only at chunk boundaries (a resumed prefill must run the cold
+# prefill's chunks, elpis/exl3/prefix.py): with 8192-token chunks a follow-up turn reuses nothing of a
+# prompt shorter than 8192 tokens and recomputes up to 8191 tokens more than with 2048 (device call 23,
+# tests/exl3/test_gpu.py::test_prefix_reuse_is_exact). Here, not in engine.py, so that the CLIs' option
+# parsers read them without importing torch.
+EXLLAMA_PREFILL_CHUNK = 2048
+DEFAULT_PREFILL_CHUNK = EXLLAMA_PREFILL_CHUNK
 PREFILL_CHUNKS = (2048, 4096, 8192)
 
 
@@ -120,4 +125,11 @@ def walk_modules(model: Any) -> Iterator[Any]:
         stack.extend(getattr(module, "modules", []) or [])
 
 
-__all__ = ["DEFAULT_PREFILL_CHUNK", "PREFILL_CHUNKS", "check_prefill_chunk", "load_backend", "walk_modules"]
+__all__ = [
+    "DEFAULT_PREFILL_CHUNK",
+    "EXLLAMA_PREFILL_CHUNK",
+    "PREFILL_CHUNKS",
+    "check_prefill_chunk",
+    "load_backend",
+    "walk_modules",
+]

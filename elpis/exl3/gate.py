@@ -9,9 +9,10 @@ written `none`, or ids joined by `+` in sorted order, e.g. `fixed-rows-8+gdn-sta
                       call is computed as rows of an 8-row call.
   gdn-state-fp32      the Gated DeltaNet recurrent state stored in fp32 (`load_backend(gdn_state_fp32=True)`,
                       elpis default; ExLlamaV3 stores fp16).
-  prefill-chunk-8192  prefill in 8192-token chunks (`load_backend(prefill_chunk=8192)`, opt-in; ExLlamaV3's
-                      chunks are 2048): the dense GEMMs run at another row count. It touches no op of the
-                      op gate; a model comparison sees it only with `elpis gate model --score-from` past 2048.
+  prefill-chunk-8192  prefill in 8192-token chunks (`load_backend(prefill_chunk=8192)`, opt-in; PASS under
+                      exl3-small-prefill-r1); without it a configuration prefills in ExLlamaV3's
+                      2048-token chunks. The dense GEMMs run at another row count. It touches no
+                      op of the op gate; a model comparison sees it only with `--score-from` past 2048.
 
 Ops (`gate_ops`): operands are real activations, recorded during one forward pass of `tokens` tokens through
 the loaded model (WikiText-2 through the model's tokenizer, or fixed pseudo-random ids when the tokenizer's
@@ -62,7 +63,7 @@ from typing import Any
 
 import torch
 
-from elpis.exl3 import DEFAULT_PREFILL_CHUNK
+from elpis.exl3 import EXLLAMA_PREFILL_CHUNK
 from elpis.gate.configs import BackendLogits, Spec, check_start
 from elpis.gate.ops import GateOp, OpInputs
 
@@ -70,7 +71,7 @@ PATCHES: dict[str, str] = {
     "exl3-int8-gemv-off": "1- and 2-row EXL3 GEMMs on fp16-activation kernels (registry patch, default off)",
     "fixed-rows-8": "every verify runs 8 rows (elpis default)",
     "gdn-state-fp32": "Gated DeltaNet recurrent state stored in fp32 (elpis default)",
-    "prefill-chunk-8192": "prefill in 8192-token chunks instead of ExLlamaV3's 2048 (opt-in)",
+    "prefill-chunk-8192": "prefill in 8192-token chunks instead of ExLlamaV3's 2048 (opt-in, gated)",
 }
 # Registry patches that are no gate candidate: always applied, and they change no arithmetic of Qwen3.8.
 NEUTRAL_PATCHES: dict[str, str] = {
@@ -270,7 +271,7 @@ class Exl3Configuration:
             prefix_cache=False,  # every sequence from scratch, like the reference configurations
             fixed_rows=FIXED_ROWS if "fixed-rows-8" in names else None,
             gdn_state_fp32="gdn-state-fp32" in names,
-            prefill_chunk=8192 if "prefill-chunk-8192" in names else DEFAULT_PREFILL_CHUNK,
+            prefill_chunk=8192 if "prefill-chunk-8192" in names else EXLLAMA_PREFILL_CHUNK,
         )
         self._served = BackendLogits(self.spec, self.backend, int(full["rows"]), self.vocab_size)
 

@@ -91,11 +91,11 @@ def test_prefill_chunk_refused_before_anything_loads(chunk):
 def test_prefill_chunks_keep_page_boundaries_and_default_to_exllamav3s():
     import inspect
 
-    from elpis.exl3 import DEFAULT_PREFILL_CHUNK, PREFILL_CHUNKS, load_backend
+    from elpis.exl3 import DEFAULT_PREFILL_CHUNK, EXLLAMA_PREFILL_CHUNK, PREFILL_CHUNKS, load_backend
     from elpis.exl3.engine import load_engine
     from elpis.exl3.prefix import PAGE
 
-    assert DEFAULT_PREFILL_CHUNK == 2048 and DEFAULT_PREFILL_CHUNK in PREFILL_CHUNKS
+    assert DEFAULT_PREFILL_CHUNK == EXLLAMA_PREFILL_CHUNK == 2048 and DEFAULT_PREFILL_CHUNK in PREFILL_CHUNKS
     assert all(chunk % PAGE == 0 for chunk in PREFILL_CHUNKS)  # prefix-cache boundaries stay page-aligned
     for loader in (load_backend, load_engine):
         assert inspect.signature(loader).parameters["prefill_chunk"].default == DEFAULT_PREFILL_CHUNK

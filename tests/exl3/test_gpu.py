@@ -223,7 +223,7 @@ def test_tree_parents_refused(backend):
 
 def test_matches_stock_generator(backend, decoder, small):
     """Stock ExLlamaV3 (its Generator, DFlash2 chain, argmax) and elpis (spec core + proven acceptor) give
-    the same tokens from the same synthetic weights."""
+    the same tokens from the same synthetic weights, prefilling in chunks of the same size (the backend's)."""
     import torch
     from exllamav3 import Cache, Config, Generator, Job, Model, Tokenizer
     from exllamav3.cache import CacheLayer_quant
@@ -262,7 +262,7 @@ def test_matches_stock_generator(backend, decoder, small):
         draft_model=draft,
         draft_cache=dcache,
         num_draft_tokens=7,
-        max_chunk_size=2048,
+        max_chunk_size=backend.engine.prefill_chunk,
         max_batch_size=1,
     )
     try:

@@ -204,3 +204,15 @@ def test_all_pages_in_use_is_an_error():
     cache.allocate()
     with pytest.raises(MemoryError):
         cache.allocate()
+
+
+def test_resume_points_follow_the_chunk_size():
+    """Why 8192-token prefill chunks stay opt-in: a follow-up turn resumes only where its own cold prefill has
+    a chunk boundary. After a 6,000-token first turn, a 6,716-token second prompt resumes at 4,096 with
+    2048-token chunks and nowhere with 8192-token chunks (device call 23 saw this as 0 cached tokens)."""
+    first_end, second_end = 5999, 6716
+    for chunk, expected in ((2048, 4096), (8192, None)):
+        cache = PrefixCache(FakeStore(64), 64, chunk=chunk, snapshot_interval=8192, host_bytes=0)
+        snapshots = [p for p in prefill_boundaries(0, first_end, chunk) if cache.wants_snapshot(p, first_end)]
+        usable = [p for p in snapshots if p <= second_end and is_boundary(p, second_end, chunk)]
+        assert max(usable, default=None) == expected, (chunk, snapshots, usable)
