@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from elpis.exl3.upload import pinned
+from elpis.exl3.upload import fill, padded_table, pinned, static_input
 
 MAX_GRAPHS = 3  # captured draft blocks kept (one per block-table width; contexts only grow within a sequence)
 
@@ -141,26 +141,17 @@ class DraftGraphs:
 
     def _fill(self, c: DraftCaptured, anchor: int, pages: Sequence[int], kvp: int) -> None:
         """This block's values into the key's buffers, in stream order (no synchronisation)."""
-        width = c.block_table.shape[1]
-        if len(pages) > width and any(pages[width:]):
-            raise RuntimeError(f"draft graphs: {len(pages)} pages do not fit the key's {width}")
-        table = list(pages[:width]) + [0] * (width - min(width, len(pages)))
+        table = padded_table(pages, c.block_table.shape[1], "draft graphs")
         x = self.input_layer.forward(torch.tensor([[anchor]], dtype=torch.long), {})
-        if c.x is None:
-            c.x = torch.empty(x.shape, dtype=x.dtype, device=self.device)
-        if c.x.shape != x.shape or c.x.dtype != x.dtype:
-            raise RuntimeError(f"draft graphs: the input layer gave {x.dtype} {list(x.shape)}, the key holds "
-                               f"{c.x.dtype} {list(c.x.shape)}")  # fmt: skip
-        if x.device.type == "cpu":
-            x = x.pin_memory()
-        pairs = (
-            (c.x, x),
-            (c.block_table, pinned(table, torch.int32).view(1, -1)),
-            (c.seqlens, pinned([kvp], torch.int32)),
-            (c.anchor, pinned([anchor], torch.long)),
+        c.x = static_input(c.x, x, self.device, "draft graphs")
+        fill(
+            (
+                (c.x, x),
+                (c.block_table, pinned(table, torch.int32).view(1, -1)),
+                (c.seqlens, pinned([kvp], torch.int32)),
+                (c.anchor, pinned([anchor], torch.long)),
+            )
         )
-        for dst, src in pairs:
-            dst.copy_(src, non_blocking=True)
 
     # -- forward, capture -------------------------------------------------------------------------------
     def _run(self, c: DraftCaptured) -> tuple[torch.Tensor, torch.Tensor]:

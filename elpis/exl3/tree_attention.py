@@ -98,13 +98,11 @@ def _qcache_library(k_bits: int, v_bits: int) -> ctypes.CDLL:
 
 
 @lru_cache(maxsize=8)
-def _mma_library(k_bits: int, v_bits: int, pipelined: bool = True, hadamard_q: bool = False) -> ctypes.CDLL:
+def _mma_library(k_bits: int, v_bits: int, pipelined: bool = True) -> ctypes.CDLL:
     """The tensor-core build; `pipelined` False builds the direct staging the pipelined one replaced (same
-    bits, kept to prove that on the GPU and to time the two side by side); `hadamard_q` the Hadamard-on-Q
-    experiment (ELPIS_MMA_HADAMARD_Q: other arithmetic, never served until its GPU error and speed are in)."""
+    bits, kept to prove that on the GPU and to time the two side by side)."""
     defines = {"ELPIS_QCACHE_K_BITS": k_bits, "ELPIS_QCACHE_V_BITS": v_bits}
     defines["ELPIS_MMA_PREFETCH"] = int(pipelined)
-    defines["ELPIS_MMA_HADAMARD_Q"] = int(hadamard_q)
     lib = _load(defines, SOURCE_MMA)
     for name, argtypes in MMA_ENTRY_ARGS.items():
         getattr(lib, name).argtypes = list(argtypes)
@@ -331,16 +329,14 @@ def tree_attention_mma(
     scale: float = DEFAULT_SCALE,
     return_lse: bool = False,
     pipelined: bool = True,
-    hadamard_q: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The tensor-core build (`patches/kernels/tree_attention_mma.cu`) of `tree_attention_qcache`: same
     arguments, same schedule and row invariance, one block per (split, K/V head) serving every row. P enters
     the tensor cores in fp16, so its values differ from the fp32 SIMT build in the last bits (measured
     against fp64 by the GPU tests); a row's bits still never depend on the other rows. `pipelined` False
-    runs the direct staging (tests and timings only: same bits, slower); `hadamard_q` the Hadamard-on-Q
-    experiment (tests and timings only: other arithmetic)."""
+    runs the direct staging (tests and timings only: same bits, slower)."""
     caches = (qk, sk, qv, sv)
-    library = partial(_mma_library, pipelined=pipelined, hadamard_q=hadamard_q)
+    library = partial(_mma_library, pipelined=pipelined)
     return _quantized_call(
         library, "elpis_tree_attention_mma", q, caches, block_table, ctx, depth, ancestors, scale,
         return_lse,

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from elpis.exl3.tree_verify import PAGE, GraphInputs, TreeCall, TreeLayout, kv_moves, slot_pages, tree_forward
-from elpis.exl3.upload import pinned
+from elpis.exl3.upload import fill, padded_table, pinned, static_input
 
 MIN_BUCKET = 4096  # smallest context bucket (the attention grid of a capture covers contexts up to it)
 MAX_GRAPHS = 4  # captured forwards kept; the least recently used is dropped past this
@@ -206,31 +206,22 @@ class TreeGraphs:
         gdn_tree: Any,
     ) -> None:
         """This verify's values into the key's buffers, in stream order (no synchronisation)."""
-        width = c.block_table.shape[1]
-        if len(pages) > width and any(pages[width:]):
-            raise RuntimeError(f"tree graphs: {len(pages)} pages do not fit the bucket's {width}")
-        table = list(pages[:width]) + [0] * (width - min(width, len(pages)))
+        table = padded_table(pages, c.block_table.shape[1], "tree graphs")
         x = self.embedding.forward(torch.tensor([list(ids)], dtype=torch.long), {})
-        if c.x is None:
-            c.x = torch.empty(x.shape, dtype=x.dtype, device=self.device)
-        if c.x.shape != x.shape or c.x.dtype != x.dtype:
-            raise RuntimeError(f"tree graphs: embedding gave {x.dtype} {list(x.shape)}, the key holds "
-                               f"{c.x.dtype} {list(c.x.shape)}")  # fmt: skip
-        if x.device.type == "cpu":
-            x = x.pin_memory()
+        c.x = static_input(c.x, x, self.device, "tree graphs")
         plan = gdn_tree.packed_plan(layout.depth, layout.ancestors)
         plan = plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan))
-        pairs = (
-            (c.x, x),
-            (c.block_table, pinned(table, torch.int32).view(1, -1)),
-            (c.seqlens, pinned([kvp], torch.int32)),
-            (c.position_ids, pinned(layout.position_ids(kvp), torch.int32).view(1, -1)),
-            (c.inputs.ctx, pinned([kvp], torch.int32)),
-            (c.inputs.masks, pinned([*layout.depth, *layout.ancestors], torch.int32)),
-            (c.inputs.plan, torch.frombuffer(bytearray(plan), dtype=torch.uint8).pin_memory()),
+        fill(
+            (
+                (c.x, x),
+                (c.block_table, pinned(table, torch.int32).view(1, -1)),
+                (c.seqlens, pinned([kvp], torch.int32)),
+                (c.position_ids, pinned(layout.position_ids(kvp), torch.int32).view(1, -1)),
+                (c.inputs.ctx, pinned([kvp], torch.int32)),
+                (c.inputs.masks, pinned([*layout.depth, *layout.ancestors], torch.int32)),
+                (c.inputs.plan, torch.frombuffer(bytearray(plan), dtype=torch.uint8).pin_memory()),
+            )
         )
-        for dst, src in pairs:
-            dst.copy_(src, non_blocking=True)
 
     # -- forward, capture -------------------------------------------------------------------------------
     def _params(self, c: Captured, state: Any, run: int) -> dict[str, Any]:

@@ -22,3 +22,35 @@ def pinned(values: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
 def upload(values: Sequence[int], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """`values` on `device`, copied in stream order (no synchronisation)."""
     return pinned(values, dtype).to(device, non_blocking=True)
+
+
+# -- the static input buffers of captured CUDA graphs (elpis.exl3.tree_graph, elpis.exl3.draft_graph) ------
+
+
+def padded_table(pages: Sequence[int], width: int, who: str) -> list[int]:
+    """A sequence's pages as a block table of `width` columns, zero-padded (columns past the cache lengths
+    are never read). Pages past the width must be unused (0)."""
+    if len(pages) > width and any(pages[width:]):
+        raise RuntimeError(f"{who}: {len(pages)} pages do not fit the key's {width}")
+    return list(pages[:width]) + [0] * (width - min(width, len(pages)))
+
+
+def static_input(
+    buffer: torch.Tensor | None, x: torch.Tensor, device: torch.device | str, who: str
+) -> torch.Tensor:
+    """The key's buffer for the per-call input `x`: allocated like `x` at the first fill, and every later
+    `x` must have its shape and dtype (a captured graph reads the buffer as it was captured)."""
+    if buffer is None:
+        buffer = torch.empty(x.shape, dtype=x.dtype, device=device)
+    if buffer.shape != x.shape or buffer.dtype != x.dtype:
+        raise RuntimeError(f"{who}: the input is {x.dtype} {list(x.shape)}, the key holds "
+                           f"{buffer.dtype} {list(buffer.shape)}")  # fmt: skip
+    return buffer
+
+
+def fill(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Copy each (buffer, host or device value) in stream order; host values are pinned first."""
+    for dst, src in pairs:
+        if src.device.type == "cpu" and not src.is_pinned():
+            src = src.pin_memory()
+        dst.copy_(src, non_blocking=True)

@@ -287,8 +287,7 @@ static int launch(const void* q, const void* k_cache, const void* k_scales, cons
         static_cast<const CacheWord*>(v_cache), static_cast<const __half*>(v_scales), block_table, depth, ancestors,
         ctx, scale, max_splits, part_acc, part_ml);
     tree_attention_combine<<<dim3(rows, kQHeads), kHeadDim, 0, s>>>(depth, CtxArg{ctx, nullptr}, max_splits,
-                                                                    part_acc, part_ml, static_cast<__half*>(out), lse,
-                                                                    false);
+                                                                    part_acc, part_ml, static_cast<__half*>(out), lse);
     return static_cast<int>(cudaGetLastError());
 }
 

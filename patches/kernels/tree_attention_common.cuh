@@ -59,16 +59,6 @@ __device__ __forceinline__ float group_step(__half scale) {
     return __fmul_rn(__fmul_rn(__half2float(scale), kRsqrt32), 1.0f / kHalfLevels);
 }
 
-// The step without the Hadamard's 1/sqrt(32): scale / 2^(bits-1), exact in fp32. With it a code's value v
-// satisfies k = (H / sqrt(32)) v for the group's dequantised values k, which the tensor-core build's
-// Hadamard-on-Q variant (ELPIS_MMA_HADAMARD_Q) uses: q . k = ((H / sqrt(32)) q) . v.
-template <uint32_t kBits>
-__device__ __forceinline__ float group_step_raw(__half scale) {
-    static_assert(kBits >= 2 && kBits <= 8, "quantized cache bits are 2..8");
-    constexpr float kHalfLevels = static_cast<float>(1u << (kBits - 1));
-    return __fmul_rn(__half2float(scale), 1.0f / kHalfLevels);
-}
-
 // Value of a code before the Hadamard: (code - mid) * step, mid = 2^(bits-1) - 0.5.
 template <uint32_t kBits>
 __device__ __forceinline__ float code_value(uint32_t code, float step) {
@@ -94,19 +84,18 @@ __device__ __forceinline__ void hadamard_butterflies(float (&v)[kN]) {
 
 // One group of 32 values as fp16: code_value, then the unnormalised Hadamard as butterflies over index bits
 // 0..4 in order, then fp16 (rn). Reproduces ExLlamaV3's dequant_cache_paged (elpis/exl3/qcache_ref.py is the
-// reference, checked bit for bit against CacheLayer_quant.get_kv). kHadamard false: the values before the
-// Hadamard, (code - mid) * group_step_raw (the tensor-core build's ELPIS_MMA_HADAMARD_Q).
-template <uint32_t kBits, bool kHadamard = true>
+// reference, checked bit for bit against CacheLayer_quant.get_kv).
+template <uint32_t kBits>
 __device__ __forceinline__ void dequant_group(const uint32_t* __restrict__ words, __half scale,
                                               __half (&out)[kQGroup]) {
     uint32_t w[kBits];
 #pragma unroll
     for (uint32_t i = 0; i < kBits; i++) w[i] = words[i];
-    const float step = kHadamard ? group_step<kBits>(scale) : group_step_raw<kBits>(scale);
+    const float step = group_step<kBits>(scale);
     float v[kQGroup];
 #pragma unroll
     for (uint32_t j = 0; j < kQGroup; j++) v[j] = code_value<kBits>(group_code<kBits>(w, j), step);
-    if (kHadamard) hadamard_butterflies(v);
+    hadamard_butterflies(v);
 #pragma unroll
     for (uint32_t j = 0; j < kQGroup; j++) out[j] = __float2half_rn(v[j]);
 }
@@ -130,13 +119,11 @@ __device__ __forceinline__ uint32_t ctx_of(const CtxArg c) { return c.ptr != nul
 constexpr uint32_t kCombineAhead = 8;  // split partials loaded ahead of their fold
 
 // One block per (row, query head), kHeadDim threads: fold the row's splits in ascending order, normalise,
-// write fp16 (and the log-sum-exp). `max_splits` is only the partial buffers' stride. `hadamard_out`: the
-// partials hold values before the Hadamard (ELPIS_MMA_HADAMARD_Q), so the folded output of each 32-dim group
-// (one warp) goes through (H / sqrt(32)) first: butterflies over lane bits 0..4 in order, then the scale.
+// write fp16 (and the log-sum-exp). `max_splits` is only the partial buffers' stride.
 __global__ void __launch_bounds__(kHeadDim) tree_attention_combine(
     const uint32_t* __restrict__ depth, const CtxArg ctx_arg, uint32_t max_splits,
     const float* __restrict__ part_acc, const float* __restrict__ part_ml, __half* __restrict__ out,
-    float* __restrict__ lse, bool hadamard_out) {
+    float* __restrict__ lse) {
     const uint32_t row = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
     const uint32_t ctx = ctx_of(ctx_arg);
     const uint32_t n = elpis_sched_splits(elpis_sched_span(ctx, depth[row]));
@@ -163,14 +150,6 @@ __global__ void __launch_bounds__(kHeadDim) tree_attention_combine(
             a = fmaf(a, keep, as[j] * take);
             m = mn;
         }
-    }
-    if (hadamard_out) {  // block-uniform
-#pragma unroll
-        for (uint32_t bit = 1; bit < kQGroup; bit <<= 1) {
-            const float other = __shfl_xor_sync(kFull, a, bit);
-            a = (d & bit) ? __fsub_rn(other, a) : __fadd_rn(a, other);
-        }
-        a = __fmul_rn(a, kRsqrt32);
     }
     const size_t o = static_cast<size_t>(row) * kQHeads + head;
     out[o * kHeadDim + d] = __float2half_rn(a / l);

@@ -53,18 +53,6 @@ constexpr uint32_t kPStride = kTile + 8;      // halves per P query row
 constexpr uint32_t kQStride = kHeadDim + 8;   // halves per staged query head (conflict-free B loads)
 constexpr uint32_t kStats = kMaxRows * kQPad;  // (row, query column) pairs
 
-// Hadamard-on-Q variant (ELPIS_MMA_HADAMARD_Q, off by default until timed on the GPU). A K/V group's values
-// are k = (H / sqrt(32)) v, with v = (code - mid) * scale / 2^(bits-1). So q . k = ((H / sqrt(32)) q) . v,
-// and sum p k = (H / sqrt(32)) sum p v. The block stages Q through the Hadamard once, stages v (no
-// butterflies, no shuffles), and the combine applies the Hadamard to the output. This is other arithmetic
-// than the default build's (q and v are each rounded to fp16 once): the fp64 error is checked in emulation
-// and on the GPU before it may be served. Row invariance is unchanged: every row still sees only its own
-// operands.
-#ifndef ELPIS_MMA_HADAMARD_Q
-#define ELPIS_MMA_HADAMARD_Q 0
-#endif
-constexpr bool kHadamardQ = ELPIS_MMA_HADAMARD_Q != 0;
-
 static_assert(kSplit % kTile == 0, "tiles never straddle a split");
 static_assert(kTile == 32 && kMaxRows == 16 && kGroup <= kQPad && kWarps == 16, "the warp layout below");
 
@@ -183,7 +171,7 @@ __device__ __forceinline__ void stage(const Block& b, const uint32_t* __restrict
             for (uint32_t j = 0; j < kQGroup; j++) vals[j] = __float2half_rn(0.0f);
         } else {
             const size_t idx = qcache_group(block_table, slot, h, grp);
-            dequant_group<kBits, !kHadamardQ>(packed + idx * kBits, scales[idx], vals);
+            dequant_group<kBits>(packed + idx * kBits, scales[idx], vals);
         }
         if (kTranspose) {
 #pragma unroll
@@ -301,16 +289,6 @@ __device__ __forceinline__ void store_half(const Block& b, const __half (&vals)[
 template <uint32_t kBits, bool kTranspose>
 __device__ __forceinline__ void decode_half(const Block& b, const Packed<kBits>& p, uint32_t row, uint32_t grp,
                                             uint32_t half, bool store) {
-    if (kHadamardQ) {  // the values before the Hadamard: nothing to exchange with the partner lane
-        if (!store) return;
-        const float raw = group_step_raw<kBits>(p.scale);
-        __align__(16) __half vals[kHalfGroup];
-#pragma unroll
-        for (uint32_t j = 0; j < kHalfGroup; j++)
-            vals[j] = __float2half_rn(p.valid ? code_value<kBits>(half_code<kBits>(p.w, half, j), raw) : 0.0f);
-        store_half<kTranspose>(b, vals, row, grp, half);
-        return;
-    }
     const float step = group_step<kBits>(p.scale);
     float v[kHalfGroup];
 #pragma unroll
@@ -605,28 +583,13 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
         b.mask[tid] = mask;
     }
     if (tid == 0) b.slot[kZeroRow] = kNoSlot;
-    if (kHadamardQ) {  // (H / sqrt(32)) q per 32-dim group: butterflies over index bits 0..4, then the scale
-        for (uint32_t i = tid; i < rows * kGroup * kQGroupsPerHead; i += kThreads) {
-            const uint32_t head = i / kQGroupsPerHead, grp = i % kQGroupsPerHead;  // head = r * kGroup + j
-            const uint32_t r = head / kGroup, j = head % kGroup;
-            const __half* src = q + (static_cast<size_t>(r) * kQHeads + h * kGroup + j) * kHeadDim + grp * kQGroup;
-            float v[kQGroup];
-#pragma unroll
-            for (uint32_t c = 0; c < kQGroup; c++) v[c] = __half2float(src[c]);
-            hadamard_butterflies(v);
-            __half* dst = b.q + head * kQStride + grp * kQGroup;
-#pragma unroll
-            for (uint32_t c = 0; c < kQGroup; c++) dst[c] = __float2half_rn(__fmul_rn(v[c], kRsqrt32));
-        }
-    } else {
-        constexpr uint32_t kChunks = kHeadDim / 8;  // 16-byte chunks of a query head
-        for (uint32_t i = tid; i < rows * kGroup * kChunks; i += kThreads) {
-            const uint32_t head = i / kChunks, c = i % kChunks;  // head = r * kGroup + j
-            const uint32_t r = head / kGroup, j = head % kGroup;
-            const uint4* src =
-                reinterpret_cast<const uint4*>(q + (static_cast<size_t>(r) * kQHeads + h * kGroup + j) * kHeadDim);
-            reinterpret_cast<uint4*>(b.q + head * kQStride)[c] = src[c];
-        }
+    constexpr uint32_t kChunks = kHeadDim / 8;  // 16-byte chunks of a query head
+    for (uint32_t i = tid; i < rows * kGroup * kChunks; i += kThreads) {
+        const uint32_t head = i / kChunks, c = i % kChunks;  // head = r * kGroup + j
+        const uint32_t r = head / kGroup, j = head % kGroup;
+        const uint4* src =
+            reinterpret_cast<const uint4*>(q + (static_cast<size_t>(r) * kQHeads + h * kGroup + j) * kHeadDim);
+        reinterpret_cast<uint4*>(b.q + head * kQStride)[c] = src[c];
     }
     for (uint32_t i = tid; i < kStats * kPStride / 2; i += kThreads) reinterpret_cast<uint32_t*>(b.p)[i] = 0;
     if (tid < kStats) {
@@ -732,7 +695,7 @@ int launch_mma(const void* q, const void* qk, const void* sk, const void* qv, co
         static_cast<const uint32_t*>(qv), static_cast<const __half*>(sv), block_table, depth, ancestors, rows, ctx,
         scale, max_splits, part_acc, part_ml);
     tree_attention_combine<<<dim3(rows, kQHeads), kHeadDim, 0, s>>>(depth, ctx, max_splits, part_acc, part_ml,
-                                                                   static_cast<__half*>(out), lse, kHadamardQ);
+                                                                   static_cast<__half*>(out), lse);
     return static_cast<int>(cudaGetLastError());
 }
 

@@ -47,17 +47,6 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return _build(tmp_path_factory.mktemp("tree_attention_mma_emu"))
 
 
-@pytest.fixture(scope="module")
-def hadamard_q_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """The Hadamard-on-Q variant (ELPIS_MMA_HADAMARD_Q=1): other arithmetic, the same contract."""
-    return _build(tmp_path_factory.mktemp("tree_attention_mma_emu_hq"), ELPIS_MMA_HADAMARD_Q=1)
-
-
-@pytest.fixture(scope="module")
-def direct_hadamard_q_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    return _build(tmp_path_factory.mktemp("tree_attention_mma_emu_hq_direct"), ELPIS_MMA_HADAMARD_Q=1,
-                  ELPIS_MMA_PREFETCH=0)  # fmt: skip
-
 
 @pytest.fixture(scope="module")
 def direct_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
@@ -122,26 +111,6 @@ def check_rows_against_plain_decoding(lib: ctypes.CDLL, ctx: int, parents: list[
 def test_rows_match_float64(lib: ctypes.CDLL) -> None:
     """Shared tiles (positions < 64) and a tail tile per row; error within fp16 P's rounding."""
     check_float64(lib)
-
-
-def test_hadamard_q_variant_keeps_the_contract(
-    hadamard_q_lib: ctypes.CDLL, direct_hadamard_q_lib: ctypes.CDLL, lib: ctypes.CDLL
-) -> None:
-    """Q through the Hadamard, K/V staged before it, the output through it in the combine: within the
-    default build's error bound against float64, its bits not the default build's, its pipelined and
-    direct stagings bit-identical, and every row of a 16-row tree still bit-identical to plain decoding of
-    its path."""
-    check_float64(hadamard_q_lib)
-    ctx, parents = 70, [-1, 0, 1, 0, 3, 4]
-    masks = accept.tree_masks(parents)
-    pages = Pages(ctx + len(parents), 3)
-    q = _queries(len(parents), 3)
-    hq, _ = attend(hadamard_q_lib, pages, q, ctx, masks.depth, masks.ancestors)
-    default, _ = attend(lib, pages, q, ctx, masks.depth, masks.ancestors)
-    assert not torch.equal(hq, default)  # the switch reaches the arithmetic
-    direct, _ = attend(direct_hadamard_q_lib, pages, q, ctx, masks.depth, masks.ancestors)
-    assert torch.equal(hq.view(torch.int16), direct.view(torch.int16))
-    check_rows_against_plain_decoding(hadamard_q_lib, 90, PARENTS, 11)
 
 
 def check_float64(lib: ctypes.CDLL) -> None:
