@@ -71,11 +71,12 @@ def load_backend(
     recurrent slot) (`elpis.exl3.tree_graph`) instead of running ExLlamaV3's forward eagerly; bit-identical
     to the eager forward and lossless (bench/results/tree/README.md), so on by default.
     `draft_graphs`: replay the DFlash2 draft block from a CUDA graph per block-table width
-    (`elpis.exl3.draft_graph`) instead of ExLlamaV3's eager draft forward. It saves host time per round;
-    the draft only proposes, so the output is the same either way.
-    `prefill_chunk`: tokens per prefill chunk, one of `PREFILL_CHUNKS`. 2048 (ExLlamaV3's
-    own) keeps its arithmetic; 8192 prefills up to 1.2x faster but its logits differ slightly and no gate
-    verdict covers it yet (bench/results/prefill/README.md).
+    (`elpis.exl3.draft_graph`) instead of ExLlamaV3's eager draft forward: 0.65-1.9 ms less per round at 1K
+    on the H200 (bench/results/tree/README.md, session 8). The draft only proposes, so the output is the
+    same either way.
+    `prefill_chunk`: tokens per prefill chunk, one of `PREFILL_CHUNKS`. 2048 (ExLlamaV3's own) keeps its
+    arithmetic; 8192 prefills cold prompts up to 1.2x faster and passed the quality gate, but the prefix
+    cache then resumes follow-up turns only at multiples of 8192 tokens (see the note at the top).
     """
     import torch
 
