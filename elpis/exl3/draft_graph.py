@@ -17,8 +17,9 @@ width keeps every replay's arithmetic that of the eager block at that width. The
 per 4,096 tokens of context, and the least recently used graph is dropped past MAX_GRAPHS.
 
 Both the warm-up (the first call of a key, run eagerly on the key's buffers) and the capture run
-ExLlamaV3's plain module path: its own graph-captured attention blocks (BC attention) and MLP blocks are
-switched off for the duration, since they capture and launch graphs of their own. A replay therefore
+ExLlamaV3's plain module path (`elpis.exl3.capture`): its own graph-captured attention blocks (BC
+attention) and MLP blocks are switched off for the duration, since they capture and launch graphs of their
+own. A replay therefore
 equals its key's warm-up bit for bit (tests/exl3/test_draft_graph.py), not necessarily the eager draft
 with BC attention. Speculation stays lossless either way: the draft only proposes, the target's verify and
 the proven acceptor decide what is committed.
@@ -27,14 +28,14 @@ the proven acceptor decide what is committed.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from elpis.exl3.capture import forward_after_input
 from elpis.exl3.upload import fill, padded_table, pinned, static_input
 
 MAX_GRAPHS = 3  # captured draft blocks kept (one per block-table width; contexts only grow within a sequence)
@@ -51,27 +52,6 @@ class DraftCaptured:
     graph: torch.cuda.CUDAGraph | None = None
     chain: torch.Tensor | None = None  # int64 [block - 1]: the selector's walk after the anchor
     logits: torch.Tensor | None = None  # [block - 1, vocab]: the head's logits of the block rows
-
-
-@contextmanager
-def plain_module_path(model: Any) -> Iterator[None]:
-    """Run `model` through ExLlamaV3's plain module path: its graph-captured MLP blocks and BC attention
-    off (they capture on their own and launch graphs, neither of which may happen inside a capture)."""
-    import exllamav3.modules.attn as attn
-
-    from elpis.exl3 import walk_modules
-
-    blocks = [(m, m.bc) for m in walk_modules(model) if "MLP" in type(m).__name__ and getattr(m, "bc", None)]
-    bc_attn = attn._bc_attn_enable
-    for m, _ in blocks:
-        m.bc = None
-    attn._bc_attn_enable = False
-    try:
-        yield
-    finally:
-        attn._bc_attn_enable = bc_attn
-        for m, bc in blocks:
-            m.bc = bc
 
 
 class DraftGraphs:
@@ -165,13 +145,8 @@ class DraftGraphs:
             "cache_seqlens": c.seqlens,
         }
         model.prepare_inputs(torch.zeros((1, 1), dtype=torch.long), params)  # host-side parameters only
-        modules = model.fwd_modules
-        model.fwd_modules = modules[1:]
-        try:
-            with plain_module_path(model):
-                state = model.forward_ls(c.x, params)[:, 1:]  # rows predicting positions kvp+1 .. kvp+7
-        finally:
-            model.fwd_modules = modules
+        assert c.x is not None
+        state = forward_after_input(model, c.x, params)[:, 1:]  # rows predicting positions kvp+1 .. kvp+7
         head = engine.model.modules[engine.model.logit_layer_idx]
         logits = head.forward(head.prepare_for_device(state.half().contiguous(), params), params)
         chain, _ = model.selector.walk_block(

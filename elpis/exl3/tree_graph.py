@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from elpis.exl3.capture import forward_after_input
 from elpis.exl3.tree_verify import PAGE, GraphInputs, TreeCall, TreeLayout, kv_moves, slot_pages, tree_forward
 from elpis.exl3.upload import fill, padded_table, pinned, static_input
 
@@ -92,9 +93,6 @@ class TreeGraphs:
         if not isinstance(first, Embedding):
             raise RuntimeError(f"tree graphs: the first module is {type(first).__name__}, not the embedding")
         self.embedding = first
-        from elpis.exl3 import walk_modules
-
-        self.mlps = [m for m in walk_modules(model) if "MLP" in type(m).__name__ and hasattr(m, "bc")]
 
     # -- one verify -------------------------------------------------------------------------------------
     def verify(
@@ -241,23 +239,11 @@ class TreeGraphs:
         return params
 
     def _layers(self, x: torch.Tensor | None, params: dict[str, Any]) -> torch.Tensor:
-        """ExLlamaV3's layer-split forward over every module after the embedding, with ExLlamaV3's own
-        graph-captured MLP blocks (at most 8 rows) switched off: they capture on their second call and launch
-        a graph of their own, neither of which may happen inside a capture. Both the warm-up and the capture
-        run this, so a key's replays equal its warm-up."""
+        """Every module after the embedding (`elpis.exl3.capture`); the warm-up and the capture both run
+        this, so a key's replays equal its warm-up. Inside a tree verify the attention layers take the tree
+        kernels whatever BC attention's switch says."""
         assert x is not None
-        model = self.engine.model
-        modules = model.fwd_modules
-        blocks = [(m, m.bc) for m in self.mlps if m.bc is not None]
-        model.fwd_modules = modules[1:]
-        for m, _ in blocks:
-            m.bc = None
-        try:
-            return model.forward_ls(x, params)
-        finally:
-            model.fwd_modules = modules
-            for m, bc in blocks:
-                m.bc = bc
+        return forward_after_input(self.engine.model, x, params)
 
     def _forward(
         self, c: Captured, state: Any, call: TreeCall

@@ -1,6 +1,8 @@
 #!/bin/bash
-# Call 25 (prepared in session 8, for the next session): the captured graphs after the host-side refactor of
-# their static inputs (elpis.exl3.upload: padded_table, static_input, fill; 193fec0, not run on a GPU yet),
+# Call 25 (prepared in session 8, for the next session): the captured graphs after the host-side refactors
+# of their static inputs (elpis.exl3.upload: padded_table, static_input, fill; 193fec0) and of the plain
+# module path both captures run (elpis.exl3.capture; tree verifies now also switch BC attention off, which
+# their tree kernels bypass anyway), neither run on a GPU yet,
 # and the served tensor-core kernel after the Hadamard-on-Q removal (SASS byte-identical to call 21's, so
 # its tests run as a check of the build, not of new code). Run with run(carry=[".whl", ".device"]).
 #  1. build and the full-size synthetic checkpoints (background);
