@@ -47,34 +47,31 @@ constexpr uint32_t kQPad = 8;                 // an n-tile: one row's 6 query he
 constexpr uint32_t kStaged = kTile + kMaxRows + 1;  // staged K/V rows: the tile, the tree rows, a zero row
 constexpr uint32_t kTreeRow = kTile;          // staged row of tree slot ctx + j: kTreeRow + j
 constexpr uint32_t kZeroRow = kTile + kMaxRows;
-constexpr uint32_t kKStride = kHeadDim + 8;   // halves per staged K row (spreads smem banks)
-constexpr uint32_t kVStride = kStaged + 7;    // halves per staged V^T head dim (28 words: conflict-free loads)
-constexpr uint32_t kPStride = kTile + 8;      // halves per P query row
-constexpr uint32_t kQStride = kHeadDim + 8;   // halves per staged query head (conflict-free B loads)
+constexpr uint32_t kKStride = kHeadDim + 8;   // halves per staged K or V row (132 words: conflict-free ldmatrix)
+constexpr uint32_t kPStride = kTile + 8;      // halves per P query row (20 words: conflict-free ldmatrix)
+constexpr uint32_t kQStride = kHeadDim + 8;   // halves per staged query head (conflict-free ldmatrix)
 constexpr uint32_t kStats = kMaxRows * kQPad;  // (row, query column) pairs
+constexpr uint32_t kRowChunk = 4;             // rows per step of the output loop below ctx (see run_tile)
 
 static_assert(kSplit % kTile == 0, "tiles never straddle a split");
 static_assert(kTile == 32 && kMaxRows == 16 && kGroup <= kQPad && kWarps == 16, "the warp layout below");
 
-// Dynamic shared memory (bytes). K [kStaged][kKStride] and V^T [kHeadDim][kVStride] share one buffer.
+// Dynamic shared memory (bytes). K and V, both [kStaged][kKStride] position-major, share one buffer; a zero
+// query row serves the padding query columns' ldmatrix rows.
 constexpr size_t kQBytes = size_t(kMaxRows) * kGroup * kQStride * 2;
-constexpr size_t kKBytes = size_t(kStaged) * kKStride * 2;
-constexpr size_t kVBytes = size_t(kHeadDim) * kVStride * 2;
+constexpr size_t kKVBytes = size_t(kStaged) * kKStride * 2;
 constexpr size_t kOffKV = kQBytes;
-constexpr size_t kOffP = kOffKV + ((kKBytes > kVBytes ? kKBytes : kVBytes) + 15) / 16 * 16;
-constexpr size_t kOffStats = kOffP + size_t(kStats) * kPStride * 2;
+constexpr size_t kOffP = kOffKV + (kKVBytes + 15) / 16 * 16;
+constexpr size_t kOffQZero = kOffP + size_t(kStats) * kPStride * 2;
+constexpr size_t kOffStats = kOffQZero + size_t(kQStride) * 2;
 constexpr size_t kOffSlots = kOffStats + 7 * size_t(kStats) * 4;
 constexpr size_t kOffRows = kOffSlots + kStaged * 4;
 constexpr size_t kOffSrow = kOffRows + 2 * kMaxRows * 4;
 constexpr size_t kSmemBytes = kOffSrow + kMaxRows * kTile;
 static_assert(kSmemBytes <= 99 * 1024, "an RTX 3090 block gets at most 99 KB of shared memory");
-static_assert(kOffKV % 16 == 0 && kOffP % 16 == 0 && (kKStride * 2) % 16 == 0, "16-byte staging stores");
-
-__device__ __forceinline__ uint32_t ld32(const __half* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
-__device__ __forceinline__ uint32_t pack2(__half lo, __half hi) {
-    return static_cast<uint32_t>(__half_as_ushort(lo)) | (static_cast<uint32_t>(__half_as_ushort(hi)) << 16);
-}
+static_assert(kOffKV % 16 == 0 && kOffP % 16 == 0 && kOffQZero % 16 == 0 && (kKStride * 2) % 16 == 0 &&
+                  (kPStride * 2) % 16 == 0 && (kQStride * 2) % 16 == 0,
+              "16-byte staging stores and ldmatrix rows");
 
 // d += A B for one m16n8k16 tile (A row-major 16x16, B column-major 16x8, fp16; d fp32), PTX fragment
 // layout: a = rows (g, g+8) x cols (2t.., 2t+8..), b = k (2t.., 2t+8..) x col g, d = rows (g, g+8) x
@@ -91,6 +88,26 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
 #endif
 }
 
+// Four 8x8 fp16 matrices from shared memory (ldmatrix: Ampere and later): lane 8i+k gives the address of row k
+// of matrix i (16 bytes); r[i] holds, for lane l, row l/4's elements 2(l%4), +1 of matrix i - with kTrans,
+// rows 2(l%4), +1 of column l/4. Only moves data: the fragments hold the same halves as 32-bit loads would.
+template <bool kTrans>
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const __half* row) {
+#ifdef ELPIS_CUDA_EMU
+    emu_ldmatrix_x4(r, row, kTrans);
+#else
+    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+    if (kTrans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+#endif
+}
+
 // Max / sum over the 8 lanes of a warp that share lane % 4 (the g index of a fragment), a fixed butterfly.
 __device__ __forceinline__ float max_over_g(float v) {
     v = fmaxf(v, __shfl_xor_sync(kFull, v, 4));
@@ -104,10 +121,14 @@ __device__ __forceinline__ float sum_over_g(float v) {
     return __fadd_rn(v, __shfl_xor_sync(kFull, v, 16));
 }
 
+// A block's rows are local rows 0 .. n-1 (local row lr is global row blockIdx.z + lr * gridDim.z): every
+// per-row array below and the accumulators o[lr] are indexed by local row, so that below ctx - where every
+// row of the block is active - the active rows are always a prefix.
 struct Block {
     __half* q;       // [kMaxRows][kGroup][kQStride]
-    __half* kv;      // K [kStaged][kKStride] | V^T [kHeadDim][kVStride]
+    __half* kv;      // K or V [kStaged][kKStride]
     __half* p;       // [kMaxRows][kQPad][kPStride]
+    __half* qzero;   // [kQStride] zeros: the padding query columns' rows
     float* m;        // [kStats] running max
     float* l;        // [kStats] running sum
     float* alpha;    // [kStats] this tile's rescale factor
@@ -154,16 +175,13 @@ __device__ __forceinline__ uint32_t staged_row(const Block& b, uint32_t r, uint3
     return kTreeRow + (elpis_sched_slot(ctx, b.mask[r], pos) - ctx);
 }
 
-// Dequantise the staged rows' groups (row i / 8, head-dim group i % 8) into K position-major (transpose =
-// false) or V head-dim-major (transpose = true).
-template <uint32_t kBits, bool kTranspose>
+// Dequantise the staged rows' groups (row i / 8, head-dim group i % 8) position-major into b.kv.
+template <uint32_t kBits>
 __device__ __forceinline__ void stage(const Block& b, const uint32_t* __restrict__ packed,
                                       const __half* __restrict__ scales, const int32_t* __restrict__ block_table,
                                       uint32_t rows_used, uint32_t h) {
     for (uint32_t i = threadIdx.x; i < rows_used * kQGroupsPerHead; i += kThreads) {
-        // K: groups fastest (16-byte stores along a row); V^T: rows fastest (2-byte stores along a column)
-        const uint32_t row = kTranspose ? i % rows_used : i / kQGroupsPerHead;
-        const uint32_t grp = kTranspose ? i / rows_used : i % kQGroupsPerHead;
+        const uint32_t row = i / kQGroupsPerHead, grp = i % kQGroupsPerHead;  // 16-byte stores along a row
         __align__(16) __half vals[kQGroup];
         const uint32_t slot = b.slot[row];
         if (slot == kNoSlot) {
@@ -173,15 +191,10 @@ __device__ __forceinline__ void stage(const Block& b, const uint32_t* __restrict
             const size_t idx = qcache_group(block_table, slot, h, grp);
             dequant_group<kBits>(packed + idx * kBits, scales[idx], vals);
         }
-        if (kTranspose) {
+        uint4* dst = reinterpret_cast<uint4*>(b.kv + row * kKStride + grp * kQGroup);
+        const uint4* src = reinterpret_cast<const uint4*>(vals);
 #pragma unroll
-            for (uint32_t j = 0; j < kQGroup; j++) b.kv[(grp * kQGroup + j) * kVStride + row] = vals[j];
-        } else {
-            uint4* dst = reinterpret_cast<uint4*>(b.kv + row * kKStride + grp * kQGroup);
-            const uint4* src = reinterpret_cast<const uint4*>(vals);
-#pragma unroll
-            for (uint32_t c = 0; c < 4; c++) dst[c] = src[c];
-        }
+        for (uint32_t c = 0; c < 4; c++) dst[c] = src[c];
     }
 }
 
@@ -209,20 +222,11 @@ struct Packed {
     bool valid;  // false: a position past the context, the zero row, an unused tree slot
 };
 
-// Item `i` (a thread) of a pass over 32 staged rows: (row, group, half). K (position-major) puts a group's
-// halves in lanes i and i^1 along a row; V^T (dim-major) puts them in lanes i and i^16, so each half-warp's
-// 2-byte stores cover 16 consecutive rows of one column.
-template <bool kTranspose>
+// Item `i` (a thread) of a pass over 32 staged rows: (row, group, half), a group's halves in lanes i and i^1.
 __device__ __forceinline__ void pass_item(uint32_t i, uint32_t& row, uint32_t& grp, uint32_t& half) {
-    if (kTranspose) {
-        half = (i >> 4) & 1u;
-        row = (i & 15u) + 16u * ((i >> 5) & 1u);
-        grp = (i >> 6) & 7u;
-    } else {
-        half = i & 1u;
-        grp = (i >> 1) & 7u;
-        row = (i >> 4) & 31u;
-    }
+    half = i & 1u;
+    grp = (i >> 1) & 7u;
+    row = (i >> 4) & 31u;
 }
 
 // Slot of staged row `row` (< kTile) of the tile at t0: what run_tile writes to b.slot for the tile's rows.
@@ -250,89 +254,104 @@ __device__ __forceinline__ Packed<kBits> fetch_group(const uint32_t* __restrict_
     return p;
 }
 
-// group_code for value 16 * half + j (j a compile-time index): the words are chosen by selects, never by a
-// run-time array index (which would put `w` in local memory).
+// The words holding half `half` of a group's codes, placed so that value j (< 16) of the half reads its field
+// of each bit plane at the compile-time bit j * width of word base + (j * width) / 32: a plane of width >= 2
+// keeps its `width / 2` words of the half, the 1-bit plane its word shifted down by 16 * half. The selects
+// run once per group, not once per value; the codes are group_code's.
 template <uint32_t kBits>
-__device__ __forceinline__ uint32_t half_code(const uint32_t (&w)[kBits], uint32_t half, uint32_t j) {
-    uint32_t code = 0;
+__device__ __forceinline__ void half_words(const uint32_t (&w)[kBits], uint32_t half, uint32_t (&hw)[kBits]) {
+#pragma unroll
+    for (uint32_t i = 0; i < kBits; i++) hw[i] = 0;
 #pragma unroll
     for (uint32_t width = 1; width <= 8; width <<= 1) {
         if (!(kBits & width)) continue;
         const uint32_t base = kBits & ~(2u * width - 1u);
-        const uint32_t bit0 = j * width, bit1 = (kHalfGroup + j) * width;
-        const uint32_t word = half ? w[base + (bit1 >> 5)] : w[base + (bit0 >> 5)];
-        const uint32_t field = (word >> ((half ? bit1 : bit0) & 31u)) & ((1u << width) - 1u);
+        if (width == 1) {
+            hw[base] = w[base] >> (half ? kHalfGroup : 0u);
+        } else {
+#pragma unroll
+            for (uint32_t i = 0; i < width / 2; i++) hw[base + i] = half ? w[base + width / 2 + i] : w[base + i];
+        }
+    }
+}
+
+template <uint32_t kBits>
+__device__ __forceinline__ uint32_t half_code(const uint32_t (&hw)[kBits], uint32_t j) {
+    uint32_t code = 0;
+#pragma unroll
+    for (uint32_t width = 1; width <= 8; width <<= 1) {
+        if (!(kBits & width)) continue;
+        const uint32_t base = kBits & ~(2u * width - 1u), bit = j * width;
+        const uint32_t field = (hw[base + (bit >> 5)] >> (bit & 31u)) & ((1u << width) - 1u);
         code |= field << (kBits & (width - 1u));
     }
     return code;
 }
 
-// Store half `half` of a group's fp16 values into staged row `row`: K position-major (two 16-byte stores),
-// V^T dim-major (2-byte stores down one column each).
-template <bool kTranspose>
-__device__ __forceinline__ void store_half(const Block& b, const __half (&vals)[kHalfGroup], uint32_t row,
-                                           uint32_t grp, uint32_t half) {
-    if (kTranspose) {
-#pragma unroll
-        for (uint32_t j = 0; j < kHalfGroup; j++)
-            b.kv[(grp * kQGroup + kHalfGroup * half + j) * kVStride + row] = vals[j];
-    } else {
-        uint4* dst = reinterpret_cast<uint4*>(b.kv + row * kKStride + grp * kQGroup + kHalfGroup * half);
-        const uint4* src = reinterpret_cast<const uint4*>(vals);
-        dst[0] = src[0];
-        dst[1] = src[1];
-    }
+// Store half `half` of a group's fp16 values into staged row `row` (two 16-byte stores), zeros if !valid.
+__device__ __forceinline__ void store_half(const Block& b, const __half (&vals)[kHalfGroup], bool valid,
+                                           uint32_t row, uint32_t grp, uint32_t half) {
+    uint4* dst = reinterpret_cast<uint4*>(b.kv + row * kKStride + grp * kQGroup + kHalfGroup * half);
+    const uint4* src = reinterpret_cast<const uint4*>(vals);
+    const uint4 zero{0u, 0u, 0u, 0u};
+    dst[0] = valid ? src[0] : zero;
+    dst[1] = valid ? src[1] : zero;
 }
 
 // Decode half `half` of a group into staged row `row` (every lane of the warp calls it: the last butterfly
-// is a shuffle with the partner lane; `store` false only computes). Same operations as dequant_group.
-template <uint32_t kBits, bool kTranspose>
+// is a shuffle with the partner lane; `store` false only computes). Same operations as dequant_group; the
+// last butterfly's lo + hi (half 0) and lo - hi (half 1) are one fma with an exact product (+-1 * v), so
+// each is rounded once, as the add and the subtract are.
+template <uint32_t kBits>
 __device__ __forceinline__ void decode_half(const Block& b, const Packed<kBits>& p, uint32_t row, uint32_t grp,
                                             uint32_t half, bool store) {
     const float step = group_step<kBits>(p.scale);
+    uint32_t hw[kBits];
+    half_words<kBits>(p.w, half, hw);
     float v[kHalfGroup];
 #pragma unroll
-    for (uint32_t j = 0; j < kHalfGroup; j++) v[j] = code_value<kBits>(half_code<kBits>(p.w, half, j), step);
+    for (uint32_t j = 0; j < kHalfGroup; j++) v[j] = code_value<kBits>(half_code<kBits>(hw, j), step);
     hadamard_butterflies(v);  // index bits 0..3, within the half
     // index bit 4: value j (half 0) is lo, value 16 + j (half 1) is hi
+    const float sign = half ? -1.0f : 1.0f;
 #pragma unroll
     for (uint32_t j = 0; j < kHalfGroup; j++) {
-        const float other = __shfl_xor_sync(kFull, v[j], kTranspose ? 16 : 1);
-        v[j] = half ? __fsub_rn(other, v[j]) : __fadd_rn(v[j], other);
+        const float other = __shfl_xor_sync(kFull, v[j], 1);
+        v[j] = __fmaf_rn(v[j], sign, other);  // half 0: v + other; half 1: other - v
     }
     if (!store) return;
     __align__(16) __half vals[kHalfGroup];
 #pragma unroll
-    for (uint32_t j = 0; j < kHalfGroup; j++) vals[j] = __float2half_rn(p.valid ? v[j] : 0.0f);
-    store_half<kTranspose>(b, vals, row, grp, half);
+    for (uint32_t j = 0; j < kHalfGroup; j++) vals[j] = __float2half_rn(v[j]);
+    store_half(b, vals, p.valid, row, grp, half);
 }
 
 // Stage a tile from the group loaded ahead (the tile's own rows) and, in a tail tile, the tree rows and the
 // zero row (rows kTile.., loaded now: they exist only in the block's last tile).
-template <uint32_t kBits, bool kTranspose>
+template <uint32_t kBits>
 __device__ __forceinline__ void stage_ahead(const Block& b, const Packed<kBits>& ahead,
                                             const uint32_t* __restrict__ packed, const __half* __restrict__ scales,
                                             const int32_t* __restrict__ block_table, bool tail, uint32_t h) {
     uint32_t row, grp, half;
-    pass_item<kTranspose>(threadIdx.x, row, grp, half);
-    decode_half<kBits, kTranspose>(b, ahead, row, grp, half, true);
+    pass_item(threadIdx.x, row, grp, half);
+    decode_half<kBits>(b, ahead, row, grp, half, true);
     if (tail) {
         const uint32_t extra = kTile + row;
         const bool store = extra < kStaged;
         const uint32_t slot = store ? b.slot[extra] : kNoSlot;
-        decode_half<kBits, kTranspose>(b, fetch_group<kBits>(packed, scales, block_table, slot, h, grp), extra,
-                                       grp, half, store);
+        decode_half<kBits>(b, fetch_group<kBits>(packed, scales, block_table, slot, h, grp), extra, grp, half,
+                           store);
     }
 }
 
-// The groups this thread stages for the tile at t0 (K and V), loaded ahead of it.
-template <bool kTranspose, uint32_t kBits>
+// The group this thread stages for the tile at t0, loaded ahead of it.
+template <uint32_t kBits>
 __device__ __forceinline__ Packed<kBits> fetch_ahead(const uint32_t* __restrict__ packed,
                                                     const __half* __restrict__ scales,
                                                     const int32_t* __restrict__ block_table, uint32_t t0,
                                                     uint32_t ctx, uint32_t h) {
     uint32_t row, grp, half;
-    pass_item<kTranspose>(threadIdx.x, row, grp, half);
+    pass_item(threadIdx.x, row, grp, half);
     return fetch_group<kBits>(packed, scales, block_table, tile_slot(t0, row, ctx), h, grp);
 }
 
@@ -341,10 +360,41 @@ struct Ahead {
     Packed<kVBits> v;
 };
 
-// One tile of kTile absolute positions from t0 for the rows in `active`.
+// This lane's ldmatrix row of the Q fragments of local row r, k-steps 2kp and 2kp+1 (add 32 kp): matrices
+// (b0, b1) of the first k-step, then of the second; the padding query columns read the zero row.
+__device__ __forceinline__ const __half* q_row(const Block& b, uint32_t r, uint32_t lane) {
+    const uint32_t n = lane & 7u, koff = 8u * (lane >> 3);
+    return (n < kGroup ? b.q + (r * kGroup + n) * kQStride : b.qzero) + koff;
+}
+
+// Scores S^T = K Q^T of local row r over positions 16 mt .. 16 mt + 15 of the tile, k-steps 0..15 in order.
+// `k_row` is this lane's ldmatrix row of the A fragments at k-step 0 (matrices: positions +0 / +8, head dims
+// +0 / +8); with kShared the two rows r0 and r0+1 share each A fragment.
+template <bool kShared>
+__device__ __forceinline__ void scores(const Block& b, float (&acc0)[4], float (&acc1)[4], const __half* k_row,
+                                       uint32_t r0, uint32_t lane) {
+    const __half* q0 = q_row(b, r0, lane);
+    const __half* q1 = q_row(b, r0 + 1u, lane);
+#pragma unroll 2
+    for (uint32_t kp = 0; kp < kHeadDim / 32; kp++) {
+        uint32_t b0[4], b1[4];
+        ldsm_x4<false>(b0, q0 + 32u * kp);
+        if (kShared) ldsm_x4<false>(b1, q1 + 32u * kp);
+#pragma unroll
+        for (uint32_t s = 0; s < 2; s++) {
+            const uint32_t kk = 2u * kp + s;
+            uint32_t a[4];
+            ldsm_x4<false>(a, k_row + 16u * kk);
+            mma16816(acc0, a, b0[2 * s], b0[2 * s + 1]);
+            if (kShared) mma16816(acc1, a, b1[2 * s], b1[2 * s + 1]);
+        }
+    }
+}
+
+// One tile of kTile absolute positions from t0 for the local rows in `active` (below ctx: all n of them).
 // `ahead` holds this tile's packed groups on entry and the next tile's (at `next`, if below `block_end`) on exit.
 __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4], Ahead& ahead, uint32_t t0,
-                                         uint32_t block_end, uint32_t active, uint32_t rows, uint32_t ctx,
+                                         uint32_t block_end, uint32_t n, uint32_t rows, uint32_t ctx,
                                          float scale, uint32_t h, const uint32_t* __restrict__ qk,
                                          const __half* __restrict__ sk, const uint32_t* __restrict__ qv,
                                          const __half* __restrict__ sv, const int32_t* __restrict__ block_table,
@@ -353,10 +403,17 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     const bool tail = t0 + kTile > ctx;  // holds positions >= ctx: rows read their own tree slots
     const uint32_t staged = tail ? kStaged : kTile;
     const uint32_t next = t0 + kTile;
+    // Below ctx every local row of the block is active in every tile (its span reaches past ctx and its split's
+    // end past the tile), so the active rows are the prefix 0 .. n-1; a tail tile checks each row's end.
+    uint32_t active = (1u << n) - 1u;
     // The slot and staged-row tables serve the tail tile only (rows read their own tree slots there); a tile
     // below ctx stages its own 32 positions for every row, so it skips them and their barrier. The direct
     // staging reads b.slot on every tile.
     if (tail || !ELPIS_MMA_PREFETCH) {
+        if (tail) {
+            active = 0;
+            for (uint32_t r = 0; r < kMaxRows; r++) active |= (b.end[r] > t0 ? 1u : 0u) << r;
+        }
         if (tid < staged) {
             uint32_t slot = kNoSlot;
             if (tid < kTile) {
@@ -366,9 +423,9 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
             }
             b.slot[tid] = slot;
         }
-        // Each (row, position) of the tile looks its staged row up once, here, one per thread: the output
-        // loop's tail path then reads a table instead of inlining the slot map (a 16-step walk of the ancestor
-        // mask) at every one of its unrolled uses, which made the kernel ~95,000 instructions long.
+        // Each (row, position) of the tile looks its staged row up once, here, one per thread: the tail paths
+        // below then read a table instead of inlining the slot map (a 16-step walk of the ancestor mask) at
+        // every use.
         static_assert(kMaxRows * kTile == kThreads && kZeroRow < 256, "one table entry per thread, in a byte");
         {
             const uint32_t r = tid / kTile, i = tid % kTile;
@@ -379,69 +436,44 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     }
     ELPIS_PHASE(0);
 #if ELPIS_MMA_PREFETCH
-    stage_ahead<kKBits, false>(b, ahead.k, qk, sk, block_table, tail, h);
-    if (next < block_end) ahead.k = fetch_ahead<false, kKBits>(qk, sk, block_table, next, ctx, h);
+    stage_ahead<kKBits>(b, ahead.k, qk, sk, block_table, tail, h);
+    if (next < block_end) ahead.k = fetch_ahead<kKBits>(qk, sk, block_table, next, ctx, h);
 #else
-    stage<kKBits, false>(b, qk, sk, block_table, staged, h);
+    stage<kKBits>(b, qk, sk, block_table, staged, h);
 #endif
     __syncthreads();
     ELPIS_PHASE(1);
 
-    // Scores S^T = K Q^T, then this half-tile's max: warp -> positions 16*(warp & 1).., rows 2*(warp >> 1)
-    // and the next. In a tail tile each row's A operand rows are its own staged rows.
-    const uint32_t mt = warp & 1u, r0 = 2u * (warp >> 1);
-    const uint32_t p_lo = t0 + 16u * mt + g, p_hi = p_lo + 8u;
+    // Scores, then this half-tile's max. Warp -> positions 16 * mt.. (mt = warp & 1) and, for up to 8 rows,
+    // local row warp >> 1, else rows 2 (warp >> 1) and the next (which share each A fragment below ctx). In
+    // a tail tile each row's A fragment rows are its own staged rows (the ldmatrix rows gather them).
+    const uint32_t mt = warp & 1u;
+    const bool pair = n > kMaxRows / 2;
+    const uint32_t r0 = pair ? 2u * (warp >> 1) : warp >> 1;
+    const uint32_t nr = pair ? 2u : 1u;
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    const bool on0 = (active >> r0) & 1u, on1 = (active >> (r0 + 1u)) & 1u;
-    const uint32_t qcol = g < kGroup ? g : 0u;  // padding query columns read row 0's and are zeroed below
+    // this lane's ldmatrix row: matrix i = lane / 8 -> positions +8 (i & 1), head dims +8 (i >> 1)
+    const uint32_t a_pos = 16u * mt + 8u * ((lane >> 3) & 1u) + (lane & 7u), a_dim = 8u * (lane >> 4);
     if (!tail) {
-        // Below ctx both rows read the tile's own positions: one A fragment per k-step serves both, and their
-        // two mma chains interleave. Each row's operands and k-step order are those of the tail path. The
-        // branches are warp-uniform and outside the loops, so each loop is straight-line code.
-        const __half* k_lo = b.kv + (p_lo - t0) * kKStride + 2u * t;
-        const __half* k_hi = b.kv + (p_hi - t0) * kKStride + 2u * t;
-        const __half* q0 = b.q + (r0 * kGroup + qcol) * kQStride + 2u * t;
-        const __half* q1 = q0 + kGroup * kQStride;
-        const bool real = g < kGroup;  // padding query columns: zero
-        if (on0 && on1) {
-#pragma unroll 4
-            for (uint32_t kk = 0; kk < kHeadDim / 16; kk++) {
-                const uint32_t a[4] = {ld32(k_lo + 16u * kk), ld32(k_hi + 16u * kk), ld32(k_lo + 16u * kk + 8),
-                                       ld32(k_hi + 16u * kk + 8)};
-                mma16816(acc[0], a, real ? ld32(q0 + 16u * kk) : 0u, real ? ld32(q0 + 16u * kk + 8) : 0u);
-                mma16816(acc[1], a, real ? ld32(q1 + 16u * kk) : 0u, real ? ld32(q1 + 16u * kk + 8) : 0u);
-            }
-        } else {
+        const __half* k_row = b.kv + a_pos * kKStride + a_dim;
+        if (pair && ((active >> (r0 + 1u)) & 1u))
+            scores<true>(b, acc[0], acc[1], k_row, r0, lane);
+        else if ((active >> r0) & 1u)
+            scores<false>(b, acc[0], acc[1], k_row, r0, lane);
+    } else {
 #pragma unroll
-            for (uint32_t k = 0; k < 2; k++) {
-                if (k == 0 ? !on0 : !on1) continue;
-                const __half* qb = k == 0 ? q0 : q1;
-#pragma unroll 4
-                for (uint32_t kk = 0; kk < kHeadDim / 16; kk++) {
-                    const uint32_t a[4] = {ld32(k_lo + 16u * kk), ld32(k_hi + 16u * kk),
-                                           ld32(k_lo + 16u * kk + 8), ld32(k_hi + 16u * kk + 8)};
-                    mma16816(acc[k], a, real ? ld32(qb + 16u * kk) : 0u, real ? ld32(qb + 16u * kk + 8) : 0u);
-                }
-            }
+        for (uint32_t k = 0; k < 2; k++) {
+            const uint32_t r = r0 + k;
+            if (k >= nr || !((active >> r) & 1u)) continue;
+            const __half* k_row = b.kv + b.srow[r * kTile + a_pos] * kKStride + a_dim;
+            scores<false>(b, acc[k], acc[k], k_row, r, lane);
         }
     }
+    const uint32_t p_lo = t0 + 16u * mt + g, p_hi = p_lo + 8u;
 #pragma unroll
     for (uint32_t k = 0; k < 2; k++) {
         const uint32_t r = r0 + k;
-        if (!((active >> r) & 1u)) continue;
-        if (tail) {
-            const __half* k_lo = b.kv + b.srow[r * kTile + (p_lo - t0)] * kKStride + 2u * t;
-            const __half* k_hi = b.kv + b.srow[r * kTile + (p_hi - t0)] * kKStride + 2u * t;
-            const __half* qb = b.q + (r * kGroup + qcol) * kQStride + 2u * t;
-#pragma unroll 4
-            for (uint32_t kk = 0; kk < kHeadDim / 16; kk++) {
-                const uint32_t a[4] = {ld32(k_lo + 16u * kk), ld32(k_hi + 16u * kk), ld32(k_lo + 16u * kk + 8),
-                                       ld32(k_hi + 16u * kk + 8)};
-                const uint32_t b0 = g < kGroup ? ld32(qb + 16u * kk) : 0u;  // padding query columns: zero
-                const uint32_t b1 = g < kGroup ? ld32(qb + 16u * kk + 8) : 0u;
-                mma16816(acc[k], a, b0, b1);
-            }
-        }
+        if (k >= nr || !((active >> r) & 1u)) continue;
         const float ninf = __int_as_float(0xff800000);
         const bool v_lo = p_lo < b.end[r], v_hi = p_hi < b.end[r];
         acc[k][0] = v_lo ? __fmul_rn(acc[k][0], scale) : ninf;
@@ -461,7 +493,7 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
 #pragma unroll
     for (uint32_t k = 0; k < 2; k++) {
         const uint32_t r = r0 + k;
-        if (!((active >> r) & 1u)) continue;
+        if (k >= nr || !((active >> r) & 1u)) continue;
 #pragma unroll
         for (uint32_t c = 0; c < 2; c++) {
             const uint32_t j = 2u * t + c, st = r * kQPad + j;
@@ -485,16 +517,18 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     ELPIS_PHASE(3);
 #endif
 #if ELPIS_MMA_PREFETCH
-    stage_ahead<kVBits, true>(b, ahead.v, qv, sv, block_table, tail, h);
-    if (next < block_end) ahead.v = fetch_ahead<true, kVBits>(qv, sv, block_table, next, ctx, h);
+    stage_ahead<kVBits>(b, ahead.v, qv, sv, block_table, tail, h);
+    if (next < block_end) ahead.v = fetch_ahead<kVBits>(qv, sv, block_table, next, ctx, h);
 #else
     // the zero row's slot stays kNoSlot; tree rows and the tile's committed rows as for K
-    stage<kVBits, true>(b, qv, sv, block_table, staged, h);
+    stage<kVBits>(b, qv, sv, block_table, staged, h);
 #endif
     __syncthreads();
     ELPIS_PHASE(4);
 
-    // Running (max, sum) per (row, query); O^T = alpha O^T + V^T P^T: warp -> head dims 16*warp..
+    // Running (max, sum) per (row, query); O^T = alpha O^T + V^T P^T: warp -> head dims 16*warp.., each row's
+    // two k-steps (positions 0-15, 16-31) in order. The A fragments (V^T) come from the position-major V by
+    // transposing ldmatrix rows: matrix i = lane / 8 -> head dims +8 (i & 1), positions +8 (i >> 1).
     if (tid < kStats) {
         const uint32_t r = tid / kQPad, j = tid % kQPad;
         if (((active >> r) & 1u) && j < kGroup) {
@@ -503,49 +537,57 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
             b.m[tid] = m_new;
         }
     }
+    const uint32_t v_pos = 8u * (lane >> 4) + (lane & 7u), v_dim = 16u * warp + 8u * ((lane >> 3) & 1u);
+    // this lane's ldmatrix row of a row's P fragments: query column lane % 8, positions +8 (lane / 8)
+    const __half* p_row = b.p + (lane & 7u) * kPStride + 8u * (lane >> 3);
+    if (!tail) {
+        // Every row of the block is active: rows go in steps of kRowChunk with no per-row branch. A step's
+        // rows past n are rows no tile of this block touches: P zero (never written), alpha 1, never output.
+        uint32_t va[2][4];
+        ldsm_x4<true>(va[0], b.kv + v_pos * kKStride + v_dim);
+        ldsm_x4<true>(va[1], b.kv + (16u + v_pos) * kKStride + v_dim);
 #pragma unroll
-    for (uint32_t r = 0; r < kMaxRows; r++) {
-        if (!((active >> r) & 1u)) continue;
-        const float a0 = b.alpha[r * kQPad + 2u * t], a1 = b.alpha[r * kQPad + 2u * t + 1u];
-        o[r][0] = __fmul_rn(o[r][0], a0);
-        o[r][1] = __fmul_rn(o[r][1], a1);
-        o[r][2] = __fmul_rn(o[r][2], a0);
-        o[r][3] = __fmul_rn(o[r][3], a1);
-    }
-    const __half* v_lo = b.kv + (16u * warp + g) * kVStride;
-    const __half* v_hi = v_lo + 8 * kVStride;
+        for (uint32_t c = 0; c < kMaxRows / kRowChunk; c++) {
+            if (c * kRowChunk >= n) break;
 #pragma unroll
-    for (uint32_t kk = 0; kk < kTile / 16; kk++) {
-        const uint32_t p0 = t0 + 16u * kk + 2u * t;  // this lane's positions: p0, p0+1, p0+8, p0+9
-        uint32_t a[4];
-        if (!tail) {
-            const uint32_t c = p0 - t0;
-            a[0] = ld32(v_lo + c);
-            a[1] = ld32(v_hi + c);
-            a[2] = ld32(v_lo + c + 8);
-            a[3] = ld32(v_hi + c + 8);
+            for (uint32_t i = 0; i < kRowChunk; i++) {
+                const uint32_t r = c * kRowChunk + i;
+                uint32_t pb[4];
+                ldsm_x4<false>(pb, p_row + r * kQPad * kPStride);
+                const float a0 = b.alpha[r * kQPad + 2u * t], a1 = b.alpha[r * kQPad + 2u * t + 1u];
+                o[r][0] = __fmul_rn(o[r][0], a0);
+                o[r][1] = __fmul_rn(o[r][1], a1);
+                o[r][2] = __fmul_rn(o[r][2], a0);
+                o[r][3] = __fmul_rn(o[r][3], a1);
+                mma16816(o[r], va[0], pb[0], pb[1]);
+                mma16816(o[r], va[1], pb[2], pb[3]);
+            }
         }
+    } else {
 #pragma unroll
         for (uint32_t r = 0; r < kMaxRows; r++) {
             if (!((active >> r) & 1u)) continue;
-            if (tail) {
-                const uint8_t* sr = b.srow + r * kTile + (p0 - t0);
-                const uint32_t c0 = sr[0], c1 = sr[1], c8 = sr[8], c9 = sr[9];
-                a[0] = pack2(v_lo[c0], v_lo[c1]);
-                a[1] = pack2(v_hi[c0], v_hi[c1]);
-                a[2] = pack2(v_lo[c8], v_lo[c9]);
-                a[3] = pack2(v_hi[c8], v_hi[c9]);
+            const float a0 = b.alpha[r * kQPad + 2u * t], a1 = b.alpha[r * kQPad + 2u * t + 1u];
+            o[r][0] = __fmul_rn(o[r][0], a0);
+            o[r][1] = __fmul_rn(o[r][1], a1);
+            o[r][2] = __fmul_rn(o[r][2], a0);
+            o[r][3] = __fmul_rn(o[r][3], a1);
+            uint32_t pb[4];
+            ldsm_x4<false>(pb, p_row + r * kQPad * kPStride);
+#pragma unroll
+            for (uint32_t kk = 0; kk < kTile / 16; kk++) {
+                uint32_t va[4];
+                ldsm_x4<true>(va, b.kv + b.srow[r * kTile + 16u * kk + v_pos] * kKStride + v_dim);
+                mma16816(o[r], va, pb[2 * kk], pb[2 * kk + 1]);
             }
-            const __half* pb = b.p + (r * kQPad + g) * kPStride + 16u * kk + 2u * t;
-            mma16816(o[r], a, ld32(pb), ld32(pb + 8));
         }
     }
     __syncthreads();  // the next tile restages K, V and P and reads (m, l)
     ELPIS_PHASE(5);
 }
 
-// One block: split `blockIdx.x`, K/V head `blockIdx.y`, every row whose span reaches the split. Writes the
-// split's partial (max, sum, acc[256]) per (row, query head), as tree_attention.cu does.
+// One block: split `blockIdx.x`, K/V head `blockIdx.y`, rows blockIdx.z + lr * gridDim.z whose span reaches
+// the split. Writes the split's partial (max, sum, acc[256]) per (row, query head), as tree_attention.cu does.
 __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
     const __half* __restrict__ q, const uint32_t* __restrict__ qk, const __half* __restrict__ sk,
     const uint32_t* __restrict__ qv, const __half* __restrict__ sv, const int32_t* __restrict__ block_table,
@@ -557,6 +599,7 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
     const Block b{reinterpret_cast<__half*>(smem),
                   reinterpret_cast<__half*>(smem + kOffKV),
                   reinterpret_cast<__half*>(smem + kOffP),
+                  reinterpret_cast<__half*>(smem + kOffQZero),
                   stats,
                   stats + kStats,
                   stats + 2 * kStats,
@@ -569,29 +612,32 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
     const uint32_t split = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     const uint32_t lane = tid & 31u, warp = tid >> 5, g = lane >> 2, t = lane & 3u;
     const uint32_t begin = elpis_sched_split_begin(split);
+    // Rows are dealt round-robin to gridDim.z blocks per (split, head): local row lr is global row
+    // blockIdx.z + lr * gridDim.z. A row's arithmetic does not depend on which rows share its block.
+    const uint32_t n = rows > blockIdx.z ? (rows - blockIdx.z + gridDim.z - 1) / gridDim.z : 0u;
 
     if (tid < kMaxRows) {
         uint32_t end = 0, mask = 0;
-        // Rows are dealt round-robin to gridDim.z blocks per (split, head); a row of another block stays
-        // inactive here. A row's arithmetic does not depend on which rows share its block.
-        if (tid < rows && tid % gridDim.z == blockIdx.z) {
-            const uint32_t span = elpis_sched_span(ctx, depth[tid]);
+        if (tid < n) {
+            const uint32_t row = blockIdx.z + tid * gridDim.z;
+            const uint32_t span = elpis_sched_span(ctx, depth[row]);
             if (split < elpis_sched_splits(span)) end = elpis_sched_split_end(span, split);
-            mask = ancestors[tid];
+            mask = ancestors[row];
         }
         b.end[tid] = end;
         b.mask[tid] = mask;
     }
     if (tid == 0) b.slot[kZeroRow] = kNoSlot;
     constexpr uint32_t kChunks = kHeadDim / 8;  // 16-byte chunks of a query head
-    for (uint32_t i = tid; i < rows * kGroup * kChunks; i += kThreads) {
-        const uint32_t head = i / kChunks, c = i % kChunks;  // head = r * kGroup + j
-        const uint32_t r = head / kGroup, j = head % kGroup;
+    for (uint32_t i = tid; i < n * kGroup * kChunks; i += kThreads) {
+        const uint32_t head = i / kChunks, c = i % kChunks;  // head = lr * kGroup + j
+        const uint32_t lr = head / kGroup, j = head % kGroup, row = blockIdx.z + lr * gridDim.z;
         const uint4* src =
-            reinterpret_cast<const uint4*>(q + (static_cast<size_t>(r) * kQHeads + h * kGroup + j) * kHeadDim);
+            reinterpret_cast<const uint4*>(q + (static_cast<size_t>(row) * kQHeads + h * kGroup + j) * kHeadDim);
         reinterpret_cast<uint4*>(b.q + head * kQStride)[c] = src[c];
     }
     for (uint32_t i = tid; i < kStats * kPStride / 2; i += kThreads) reinterpret_cast<uint32_t*>(b.p)[i] = 0;
+    if (tid < kQStride / 2) reinterpret_cast<uint32_t*>(b.qzero)[tid] = 0;
     if (tid < kStats) {
         b.m[tid] = __int_as_float(0xff800000);
         b.l[tid] = 0.0f;
@@ -599,7 +645,7 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
     }
     __syncthreads();
 
-    uint32_t block_end = 0, active = 0;
+    uint32_t block_end = 0;
     for (uint32_t r = 0; r < kMaxRows; r++) block_end = max(block_end, b.end[r]);
     float o[kMaxRows][4];
 #pragma unroll
@@ -616,14 +662,12 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
     Ahead ahead;
 #if ELPIS_MMA_PREFETCH
     if (begin < block_end) {
-        ahead.k = fetch_ahead<false, kKBits>(qk, sk, block_table, begin, ctx, h);
-        ahead.v = fetch_ahead<true, kVBits>(qv, sv, block_table, begin, ctx, h);
+        ahead.k = fetch_ahead<kKBits>(qk, sk, block_table, begin, ctx, h);
+        ahead.v = fetch_ahead<kVBits>(qv, sv, block_table, begin, ctx, h);
     }
 #endif
     for (uint32_t t0 = begin; t0 < block_end; t0 += kTile) {
-        active = 0;
-        for (uint32_t r = 0; r < kMaxRows; r++) active |= (b.end[r] > t0 ? 1u : 0u) << r;
-        run_tile(b, o, ahead, t0, block_end, active, rows, ctx, scale, h, qk, sk, qv, sv, block_table, clk);
+        run_tile(b, o, ahead, t0, block_end, n, rows, ctx, scale, h, qk, sk, qv, sv, block_table, clk);
 #ifdef ELPIS_MMA_CLOCKS
         if (clocked_block()) g_phase_cycles[6] += 1;
 #endif
@@ -641,18 +685,20 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
 #pragma unroll
     for (uint32_t r = 0; r < kMaxRows; r++) {
         if (b.end[r] == 0) continue;
+        const uint32_t row = blockIdx.z + r * gridDim.z;
 #pragma unroll
         for (uint32_t e = 0; e < 4; e++) {
             const uint32_t d = 16u * warp + g + (e >= 2 ? 8u : 0u), j = 2u * t + (e & 1u);
             if (j >= kGroup) continue;
-            const size_t part = (static_cast<size_t>(r) * kQHeads + h * kGroup + j) * max_splits + split;
+            const size_t part = (static_cast<size_t>(row) * kQHeads + h * kGroup + j) * max_splits + split;
             part_acc[part * kHeadDim + d] = o[r][e];
         }
     }
     if (tid < kMaxRows * kGroup) {
         const uint32_t r = tid / kGroup, j = tid % kGroup;
         if (b.end[r] != 0) {
-            const size_t part = (static_cast<size_t>(r) * kQHeads + h * kGroup + j) * max_splits + split;
+            const uint32_t row = blockIdx.z + r * gridDim.z;
+            const size_t part = (static_cast<size_t>(row) * kQHeads + h * kGroup + j) * max_splits + split;
             part_ml[part * 2] = b.m[r * kQPad + j];
             part_ml[part * 2 + 1] = b.l[r * kQPad + j];
         }

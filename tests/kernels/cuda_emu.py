@@ -2,7 +2,7 @@
 
 `build_emulated(source, out_dir, launches=...)` compiles a `.cu` file with g++ against small headers that
 emulate what our kernels use of CUDA: the blocks of a grid one after another, one std::thread per CUDA
-thread, __syncthreads as a block barrier, warp shuffles through a per-warp buffer and barrier, __shared__
+thread, __syncthreads as a block barrier, warp shuffles and ldmatrix through a per-warp buffer and barrier, __shared__
 as statics, the IEEE round-to-nearest intrinsics as plain float operations, fp16 as _Float16 and bf16 by
 round-to-nearest-even (both as on the GPU). Every `<<<...>>>` launch becomes a call of an emulated launch,
 which runs every block, or only the blocks chosen with `emu_set_blocks` (for a grid of more than one row
@@ -150,6 +150,21 @@ inline void emu_mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
         float acc = d[e];
         for (int k = 0; k < 16; k++) acc = acc + A[m][k] * B[k][n];
         d[e] = acc;
+    }
+    emu_warp_barrier[warp]->arrive_and_wait();
+}
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16 for one warp: lane 8i+k posts the address of row k of
+// matrix i; register i of lane l gets (row l/4, cols 2(l%4), +1) of matrix i, or with trans (rows 2(l%4), +1,
+// col l/4), low half first.
+static const uint16_t* emu_ldsm_row[32][32];
+inline void emu_ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    emu_ldsm_row[warp][lane] = static_cast<const uint16_t*>(row);
+    emu_warp_barrier[warp]->arrive_and_wait();
+    for (int i = 0; i < 4; i++) {
+        const uint16_t* const* m = emu_ldsm_row[warp] + 8 * i;
+        const uint32_t lo = trans ? m[2 * t][g] : m[g][2 * t], hi = trans ? m[2 * t + 1][g] : m[g][2 * t + 1];
+        r[i] = lo | (hi << 16);
     }
     emu_warp_barrier[warp]->arrive_and_wait();
 }

@@ -1,0 +1,75 @@
+"""The served tensor-core tree attention against a previous build of its source, on the GPU (diagnostic).
+
+A kernel change that keeps the arithmetic must keep every bit: for contexts that use one block per
+(split, head) and several (short contexts deal the rows to more blocks), 1-16 rows and random trees, both
+builds get the same quantized cache (tests/kernels/tree_cases.QuantPool) and queries, and their outputs and
+log-sum-exps are compared bit for bit; then both are timed (median of CUDA-event times) at 32K and 128K.
+Prints one JSON line per check and exits non-zero on any difference.
+Usage (repo root, after `make build`): python3 elpis/bench/scripts/mma_vs_previous.py PREVIOUS.cu
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import random
+import sys
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from elpis import accept
+from elpis.exl3 import tree_attention as ta
+from tests.kernels import tree_cases as tc
+
+
+def previous_library(source: Path) -> ctypes.CDLL:
+    lib = ta._load({"ELPIS_QCACHE_K_BITS": 3, "ELPIS_QCACHE_V_BITS": 3}, source)
+    for name, argtypes in ta.MMA_ENTRY_ARGS.items():
+        getattr(lib, name).argtypes = list(argtypes)
+        getattr(lib, name).restype = ctypes.c_int
+    return lib
+
+
+def main(previous: Path) -> int:
+    lib = previous_library(previous)
+
+    def prev(q, *a, return_lse=False):
+        return ta._quantized_call(lambda k, v: lib, "elpis_tree_attention_mma", q, a[:4], a[4], a[5], a[6], a[7],
+                                  ta.DEFAULT_SCALE, return_lse)  # fmt: skip
+
+    new = partial(ta.tree_attention_mma)
+    failures = 0
+    for ctx in (1000, 4093, 32760, 131050):
+        pool = tc.QuantPool(ctx + 16, seed=ctx + 3)
+        args0 = (pool.layer.qk, pool.layer.sk, pool.layer.qv, pool.layer.sv, pool.table)
+        for rows in (1, 3, 8, 9, 12, 16):
+            masks = accept.tree_masks(tc.random_parents(rows, random.Random(ctx * 31 + rows)))
+            q = torch.randn((rows, ta.Q_HEADS, ta.HEAD_DIM), generator=torch.Generator().manual_seed(rows)).half()
+            q = q.cuda()
+            args = (*args0, ctx, masks.depth, masks.ancestors)
+            out_new, lse_new = new(q, *args, return_lse=True)
+            out_old, lse_old = prev(q, *args, return_lse=True)
+            same = torch.equal(out_new.view(torch.int16), out_old.view(torch.int16)) and torch.equal(
+                lse_new.view(torch.int32), lse_old.view(torch.int32))
+            failures += not same
+            print(json.dumps({"check": "bits vs previous build", "ctx": ctx, "rows": rows, "identical": same}))
+        if ctx >= 32760:
+            record: dict = {"check": "timing vs previous build", "ctx": ctx}
+            for rows in (8, 16):
+                masks = accept.tree_masks(tc.random_parents(rows, random.Random(rows)))
+                q = torch.randn((rows, ta.Q_HEADS, ta.HEAD_DIM), device="cuda").half()
+                args = (*args0, ctx, masks.depth, masks.ancestors)
+                for name, fn in (("new", new), ("previous", prev), ("new_again", new)):
+                    ms = tc.median_ms(lambda fn=fn, q=q, a=args: fn(q, *a), 30)
+                    record[f"{name}_ms_{rows}"] = round(ms, 4)
+            print(json.dumps(record), flush=True)
+        del pool
+        torch.cuda.empty_cache()
+    print(json.dumps({"check": "bits vs previous build", "failures": failures}))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))
