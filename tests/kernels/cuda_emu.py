@@ -2,11 +2,11 @@
 
 `build_emulated(source, out_dir, launches=...)` compiles a `.cu` file with g++ against small headers that
 emulate what our kernels use of CUDA: the blocks of a grid one after another, one std::thread per CUDA
-thread, __syncthreads as a block barrier, warp shuffles and ldmatrix through a per-warp buffer and barrier, __shared__
-as statics, the IEEE round-to-nearest intrinsics as plain float operations, fp16 as _Float16 and bf16 by
-round-to-nearest-even (both as on the GPU). Every `<<<...>>>` launch becomes a call of an emulated launch,
-which runs every block, or only the blocks chosen with `emu_set_blocks` (for a grid of more than one row
-of blocks). exp and log are the CPU's, so the numbers are not the GPU's bits; tests compare with float64
+thread, __syncthreads as a block barrier, warp shuffles and ldmatrix through a per-warp buffer and barrier,
+__shared__ as statics, the IEEE round-to-nearest intrinsics as plain float operations, fp16 as _Float16 and
+bf16 by round-to-nearest-even (both as on the GPU). Every `<<<...>>>` launch becomes a call of an emulated
+launch, which runs every block, or only the blocks chosen with `emu_set_blocks` (for a grid of more than one
+row of blocks). exp and log are the CPU's, so the numbers are not the GPU's bits; tests compare with float64
 references and check bitwise row invariance of the kernel's own code.
 """
 

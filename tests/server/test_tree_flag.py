@@ -1,5 +1,6 @@
-"""`elpis serve --tree`: the speculation shape it asks for, its refusals, the exl3 load options, and a
-reference-backend server that builds token trees and serves exactly what plain decoding serves."""
+"""`elpis serve --tree` / `--chain`: the speculation shape they ask for (trees by default on exl3 with a
+DFlash2 draft), their refusals, the exl3 load options, and a reference-backend server that builds token trees
+and serves exactly what plain decoding serves."""
 
 from __future__ import annotations
 
@@ -26,6 +27,47 @@ def test_speculation_shape():
     assert cli.speculation_shape(serve_args("--tree-budget", "5")) == (5, 1)
     assert cli.speculation_shape(serve_args("--tree")) == (16, DEFAULT_DRAFT_TOP_K)
     assert cli.speculation_shape(serve_args("--tree", "--tree-budget", "8")) == (8, DEFAULT_DRAFT_TOP_K)
+
+
+@pytest.mark.parametrize(
+    ("argv", "tree"),
+    [
+        (["--backend", "exl3", "--draft", "d"], True),  # a DFlash2 draft directory: trees by default
+        (["--backend", "exl3", "--draft", "d", "--chain"], False),
+        (["--backend", "exl3", "--draft", "d", "--tree"], True),
+        (["--backend", "exl3"], False),  # the default drafter there is n-gram: chains
+        (["--backend", "exl3", "--draft", "ngram"], False),
+        (["--backend", "exl3", "--draft", "none"], False),
+        (["--draft", "ngram"], False),
+        (["--draft", "ngram", "--tree"], True),
+        ([], False),
+    ],
+)
+def test_tree_mode_default(argv, tree):
+    args = serve_args(*argv)
+    assert cli.tree_mode(args) is tree
+    assert cli.speculation_shape(args) == ((16, DEFAULT_DRAFT_TOP_K) if tree else (8, 1))
+    assert cli.speculation_refusal(args) is None
+
+
+def test_exl3_with_a_draft_loads_tree_mode_by_default():
+    options = cli.exl3_load_options(serve_args("--backend", "exl3", "--draft", "d"))
+    assert options["tree"] is True and options["tree_rows"] == 16
+    chain = cli.exl3_load_options(serve_args("--backend", "exl3", "--draft", "d", "--chain"))
+    assert chain["tree"] is False and "tree_rows" not in chain
+    assert cli.speculation_shape(
+        serve_args("--backend", "exl3", "--draft", "d", "--chain", "--tree-budget", "4")
+    ) == (
+        4,
+        1,
+    )
+
+
+def test_tree_and_chain_exclude_each_other(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        serve_args("--tree", "--chain")
+    assert exit_info.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,8 @@
 # Outputs: $OUT/treebench.{json,md,png}, the run's console output in $OUT/treebench.txt, the tree table and
 # one JSON line per context in $OUT/log.
 # $TREEBENCH_EXTRA, when set, is added to the bench options (e.g. --tree-eager); $TREEBENCH_MIN (default 150 s)
-# is the least time left for which the part runs at all (the run reports the contexts it reached).
+# is the least time left for which the part runs at all (the run reports the contexts it reached);
+# $TREEBENCH_CHECKPOINTS and $TREEBENCH_ROUNDS replace the default contexts (1K/8K/32K/128K) and 8 rounds.
 # Sourced after device_common.sh (PYTHONPATH, $OUT, `left`), with `python3 -m elpis.cli build` run and the
 # full-size checkpoints written to /tmp/full. Budget: at most 240 s wall (the tree kernels' nvcc compiles
 # included if part tree did not run before in this call).
@@ -26,8 +27,8 @@ else
   # the run stops starting measurements in time to report; the outer timeout is the last guard
   timeout -k 5 "$tb_budget" python3 -m elpis.cli bench engine \
     --model /tmp/full/target --draft /tmp/full/draft \
-    --systems stock,elpis,elpis-tree8,elpis-tree16 --checkpoints 1024,8192,32768,131072 ${TREEBENCH_EXTRA:-} \
-    --rounds 8 --warmup 2 --final-tokens 0 --spec-only \
+    --systems stock,elpis,elpis-tree8,elpis-tree16 --checkpoints ${TREEBENCH_CHECKPOINTS:-1024,8192,32768,131072} ${TREEBENCH_EXTRA:-} \
+    --rounds ${TREEBENCH_ROUNDS:-8} --warmup 2 --final-tokens 0 --spec-only \
     --time-limit $(( tb_budget - 12 )) --out-dir "$OUT" --stem treebench \
     --title "issue 8: stock chain-8 vs elpis chain-8 vs tree-8 vs tree-16, H200" > "$OUT/treebench.txt" 2>&1
   echo "part treebench: exit $?" | tee -a "$OUT/log"

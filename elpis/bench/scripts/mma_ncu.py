@@ -22,7 +22,16 @@ def main(ctx: int, rows: int, calls: int) -> None:
     pool = tc.QuantPool(ctx + 16, seed=ctx)
     masks = accept.tree_masks(tc.random_parents(rows, random.Random(rows)))
     q = torch.randn((rows, ta.Q_HEADS, ta.HEAD_DIM), device="cuda").half()
-    args = (pool.layer.qk, pool.layer.sk, pool.layer.qv, pool.layer.sv, pool.table, ctx, masks.depth, masks.ancestors)
+    args = (
+        pool.layer.qk,
+        pool.layer.sk,
+        pool.layer.qv,
+        pool.layer.sv,
+        pool.table,
+        ctx,
+        masks.depth,
+        masks.ancestors,
+    )
     for _ in range(calls):
         ta.tree_attention_mma(q, *args)
     torch.cuda.synchronize()

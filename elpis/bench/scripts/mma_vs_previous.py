@@ -36,8 +36,11 @@ def main(previous: Path) -> int:
     lib = previous_library(previous)
 
     def prev(q, *a, return_lse=False):
-        return ta._quantized_call(lambda k, v: lib, "elpis_tree_attention_mma", q, a[:4], a[4], a[5], a[6], a[7],
-                                  ta.DEFAULT_SCALE, return_lse)  # fmt: skip
+        caches, table, ctx, depth, ancestors = a[:4], a[4], a[5], a[6], a[7]
+        entry = "elpis_tree_attention_mma"
+        return ta._quantized_call(
+            lambda k, v: lib, entry, q, caches, table, ctx, depth, ancestors, ta.DEFAULT_SCALE, return_lse
+        )
 
     new = partial(ta.tree_attention_mma)
     failures = 0
@@ -46,15 +49,20 @@ def main(previous: Path) -> int:
         args0 = (pool.layer.qk, pool.layer.sk, pool.layer.qv, pool.layer.sv, pool.table)
         for rows in (1, 3, 8, 9, 12, 16):
             masks = accept.tree_masks(tc.random_parents(rows, random.Random(ctx * 31 + rows)))
-            q = torch.randn((rows, ta.Q_HEADS, ta.HEAD_DIM), generator=torch.Generator().manual_seed(rows)).half()
+            q = torch.randn(
+                (rows, ta.Q_HEADS, ta.HEAD_DIM), generator=torch.Generator().manual_seed(rows)
+            ).half()
             q = q.cuda()
             args = (*args0, ctx, masks.depth, masks.ancestors)
             out_new, lse_new = new(q, *args, return_lse=True)
             out_old, lse_old = prev(q, *args, return_lse=True)
             same = torch.equal(out_new.view(torch.int16), out_old.view(torch.int16)) and torch.equal(
-                lse_new.view(torch.int32), lse_old.view(torch.int32))
+                lse_new.view(torch.int32), lse_old.view(torch.int32)
+            )
             failures += not same
-            print(json.dumps({"check": "bits vs previous build", "ctx": ctx, "rows": rows, "identical": same}))
+            print(
+                json.dumps({"check": "bits vs previous build", "ctx": ctx, "rows": rows, "identical": same})
+            )
         if ctx >= 32760:
             record: dict = {"check": "timing vs previous build", "ctx": ctx}
             for rows in (8, 16):
