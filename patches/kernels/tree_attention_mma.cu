@@ -27,7 +27,7 @@
 //
 // Numerics differ from the SIMT kernel (P in fp16 as the tensor cores take it; the mma's internal
 // summation): the GPU test records the error of both against an fp64 reference. Ampere instructions only
-// (mma.sync, no wgmma/TMA); dynamic shared memory 94,020 bytes (sm_86 allows 99 KB per block).
+// (mma.sync, ldmatrix; no wgmma/TMA); dynamic shared memory kSmemBytes, 91,748 bytes (sm_86 allows 99 KB).
 #include "tree_attention_common.cuh"
 
 #ifdef ELPIS_CUDA_EMU
