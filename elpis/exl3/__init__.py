@@ -66,7 +66,8 @@ def load_backend(
     accepted drafts can change the output; measured on the H200, bench/results/lossless-2026-11-30.md).
     `tree`: verify token trees through elpis's tree kernels (`elpis.exl3.tree_verify`); every verify, plain
     decoding included, then runs as `tree_rows` rows (8 or 16: trees of up to that many rows), which
-    replaces `fixed_rows`. Needs `gdn_state_fp32`. Off by default until the GPU evidence of issue 8 is in.
+    replaces `fixed_rows`. Needs `gdn_state_fp32`. Off by default here (the library's callers choose);
+    `elpis serve` turns it on with a DFlash2 draft, on issue 8's evidence (bench/results/tree/README.md).
     `tree_graphs` (tree mode only): replay tree verifies from CUDA graphs captured per (rows, context bucket,
     recurrent slot) (`elpis.exl3.tree_graph`) instead of running ExLlamaV3's forward eagerly; bit-identical
     to the eager forward and lossless (bench/results/tree/README.md), so on by default.
