@@ -13,6 +13,11 @@ written `none`, or ids joined by `+` in sorted order, e.g. `fixed-rows-8+gdn-sta
                       exl3-small-prefill-r1); without it a configuration prefills in ExLlamaV3's
                       2048-token chunks. The dense GEMMs run at another row count. It touches no
                       op of the op gate; a model comparison sees it only with `--score-from` past 2048.
+  tree-verify         tree mode (`load_backend(tree=True, tree_rows=16)`; `elpis serve`'s default with a
+                      DFlash2 draft): every verify a 16-row tree through elpis's tree attention and Gated
+                      DeltaNet kernels. Needs gdn-state-fp32 and replaces fixed-rows-8 (a configuration
+                      naming it must name the one and not the other). Judged by model comparisons
+                      (rule exl3-small-tree-r1); the op gate has no tree-kernel candidate yet.
 
 Ops (`gate_ops`): operands are real activations, recorded during one forward pass of `tokens` tokens through
 the loaded model (WikiText-2 through the model's tokenizer, or fixed pseudo-random ids when the tokenizer's
@@ -72,7 +77,10 @@ PATCHES: dict[str, str] = {
     "fixed-rows-8": "every verify runs 8 rows (elpis default)",
     "gdn-state-fp32": "Gated DeltaNet recurrent state stored in fp32 (elpis default)",
     "prefill-chunk-8192": "prefill in 8192-token chunks instead of ExLlamaV3's 2048 (opt-in, gated)",
+    "tree-verify": "verifies as 16-row trees through elpis's tree kernels (served default with a draft)",
 }
+# Patches judged only by model comparisons: no op of the op gate has a candidate for them.
+MODEL_ONLY_PATCHES = ("prefill-chunk-8192", "tree-verify")
 # Registry patches that are no gate candidate: always applied, and they change no arithmetic of Qwen3.8.
 NEUTRAL_PATCHES: dict[str, str] = {
     "exl3-trim-padded-out": "trims padded linear outputs; no Qwen3.8 linear has one (SmolLM2's 576 does)",
@@ -249,6 +257,23 @@ def _check_int8_switch(names: Sequence[str]) -> None:
         )
 
 
+def backend_options(names: Sequence[str]) -> dict[str, Any]:
+    """`load_backend` keywords of a configuration's patches; refuses combinations the backend cannot run."""
+    tree = "tree-verify" in names
+    if tree and "gdn-state-fp32" not in names:
+        raise ValueError("patch tree-verify needs gdn-state-fp32 (the tree kernels keep a fp32 GDN state)")
+    if tree and "fixed-rows-8" in names:
+        raise ValueError("patch tree-verify replaces fixed-rows-8 (every verify is a 16-row tree): drop it")
+    options: dict[str, Any] = {
+        "fixed_rows": FIXED_ROWS if "fixed-rows-8" in names else None,
+        "gdn_state_fp32": "gdn-state-fp32" in names,
+        "prefill_chunk": 8192 if "prefill-chunk-8192" in names else EXLLAMA_PREFILL_CHUNK,
+    }
+    if tree:
+        options.update(tree=True, tree_rows=16)
+    return options
+
+
 class Exl3Configuration:
     """A `LogitsModel` over the served exl3 backend (see the module docstring)."""
 
@@ -257,6 +282,7 @@ class Exl3Configuration:
         self.spec = Spec("exl3", full).text
         self.options = full
         names = parse_patches(full["patches"])
+        loader_options = backend_options(names)
         require_gpu()
         model_dir = _model_dir(model)
         self.vocab_size = _compared_width(model_dir)
@@ -269,9 +295,7 @@ class Exl3Configuration:
             model_id=model_dir.name,
             host_cache_gib=0.0,
             prefix_cache=False,  # every sequence from scratch, like the reference configurations
-            fixed_rows=FIXED_ROWS if "fixed-rows-8" in names else None,
-            gdn_state_fp32="gdn-state-fp32" in names,
-            prefill_chunk=8192 if "prefill-chunk-8192" in names else EXLLAMA_PREFILL_CHUNK,
+            **loader_options,
         )
         self._served = BackendLogits(self.spec, self.backend, int(full["rows"]), self.vocab_size)
 

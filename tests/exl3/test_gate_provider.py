@@ -39,7 +39,10 @@ def test_provider_found_without_gpu():
     [
         ("none", ()),
         ("elpis", ("fixed-rows-8", "gdn-state-fp32")),
-        ("all", ("exl3-int8-gemv-off", "fixed-rows-8", "gdn-state-fp32", "prefill-chunk-8192")),
+        (
+            "all",
+            ("exl3-int8-gemv-off", "fixed-rows-8", "gdn-state-fp32", "prefill-chunk-8192", "tree-verify"),
+        ),
         ("gdn-state-fp32+prefill-chunk-8192", ("gdn-state-fp32", "prefill-chunk-8192")),
         ("gdn-state-fp32", ("gdn-state-fp32",)),
         ("gdn-state-fp32+exl3-int8-gemv-off", ("exl3-int8-gemv-off", "gdn-state-fp32")),
@@ -103,13 +106,35 @@ def test_configuration_options_refused(options, message):
         gate.configuration_options(options)
 
 
+def test_backend_options_of_the_patches():
+    assert gate.backend_options(("fixed-rows-8", "gdn-state-fp32")) == {
+        "fixed_rows": 8, "gdn_state_fp32": True, "prefill_chunk": 2048,
+    }  # fmt: skip
+    tree = gate.backend_options(("gdn-state-fp32", "tree-verify"))
+    assert tree["tree"] is True and tree["tree_rows"] == 16 and tree["fixed_rows"] is None
+    assert gate.backend_options(("gdn-state-fp32", "prefill-chunk-8192"))["prefill_chunk"] == 8192
+    assert set(gate.MODEL_ONLY_PATCHES) <= set(gate.PATCHES)
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (("tree-verify",), "needs gdn-state-fp32"),
+        (("fixed-rows-8", "gdn-state-fp32", "tree-verify"), "replaces fixed-rows-8"),
+    ],
+)
+def test_backend_options_refused(names, message):
+    with pytest.raises(ValueError, match=message):
+        gate.backend_options(names)
+
+
 def test_op_options_and_spec():
     chosen = gate.op_options({})
     assert chosen.patches == tuple(sorted(gate.PATCHES))
     assert (chosen.tokens, chosen.layers) == (gate.DEFAULT_TOKENS, 2)
     assert chosen.spec == (
-        "exl3-ops:layers=2,patches=exl3-int8-gemv-off+fixed-rows-8+gdn-state-fp32+prefill-chunk-8192,"
-        "tokens=1280"
+        "exl3-ops:layers=2,patches=exl3-int8-gemv-off+fixed-rows-8+gdn-state-fp32+prefill-chunk-8192+"
+        "tree-verify,tokens=1280"
     )
     assert gate.op_options({"patches": "none", "tokens": "512"}).spec == (
         "exl3-ops:layers=2,patches=none,tokens=512"
@@ -491,7 +516,7 @@ def test_gate_op_on_the_small_model(small, tmp_path, capsys):
         # O(1) errors would mean the fp64 evaluation computes other math than the kernels (the max is left
         # free: a near-zero fp16 state row can lose most of its digits to subnormals)
         assert cell["impls"]["stock"]["mean"] < 0.05 and cell["impls"]["stock"]["p99"] < 0.25, cell
-    assert set(record["bar"]) == set(gate.PATCHES)
+    assert set(record["bar"]) == set(gate.PATCHES) - set(gate.MODEL_ONLY_PATCHES)
     for name, bar in record["bar"].items():
         assert bar["cells"] > 0 and isinstance(bar["pass"], bool), name
     # a candidate that cannot change a cell's arithmetic equals stock there (more than 8 rows: no padding;
