@@ -92,6 +92,10 @@ def load_backend(
         raise ValueError(f"max_context must be in 1..{CACHE_TOKENS - 16}, got {max_context}")
     if tree and not gdn_state_fp32:
         raise ValueError("tree mode needs gdn_state_fp32=True (the tree kernels keep the GDN state in fp32)")
+    if tree:
+        from elpis.exl3.tree_verify import require_tree_patch
+
+        require_tree_patch()
     engine = load_engine(
         Path(model_dir),
         Path(draft_dir) if draft_dir else None,

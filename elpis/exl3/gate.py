@@ -85,6 +85,8 @@ MODEL_ONLY_PATCHES = ("prefill-chunk-8192", "tree-verify")
 NEUTRAL_PATCHES: dict[str, str] = {
     "exl3-trim-padded-out": "trims padded linear outputs; no Qwen3.8 linear has one (SmolLM2's 576 does)",
     "exl3-async-slice-pointers": "uploads the sliced GEMM's output pointers in stream order; same pointers",
+    "exl3-tree-verify": "tree mode's wrappers: outside a tree verify they call the originals (tree mode's "
+    "own numerics are the configuration patch tree-verify)",
 }
 ELPIS_DEFAULTS = ("fixed-rows-8", "gdn-state-fp32")
 INT8_PATCH = "exl3-int8-gemv-off"

@@ -341,14 +341,3 @@ def gdn_tree_commit_graph(
         torch.cuda.current_stream(qkv.device).cuda_stream,
     )  # fmt: skip
     _raise_on(err, "commit (graph form)")
-
-
-def install() -> None:
-    """The registry switch ELPIS_PATCH_GDN_TREE (to be registered with GPU evidence). The kernel runs in the
-    engine's tree mode (`load_backend(tree=True)`, `elpis.exl3.tree_verify`), which is off by default until
-    that evidence exists, so the switch refuses instead of silently running the chain path."""
-    raise RuntimeError(
-        "patch gdn-tree: this registry switch is not wired into the exl3 engine yet "
-        "(the kernel runs in tree mode, load_backend(tree=True), until the GPU evidence of issue 8 is in); "
-        "unset ELPIS_PATCH_GDN_TREE"
-    )

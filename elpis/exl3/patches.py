@@ -100,3 +100,11 @@ def apply_all(path: Path = REGISTRY) -> dict[str, bool]:
 
 def applied() -> dict[str, bool]:
     return dict(_applied)
+
+
+def enabled(patch_id: str, path: Path = REGISTRY) -> bool:
+    """Whether registry patch `patch_id` is switched on in this process (its switch, else its default)."""
+    for patch in load_registry(path):
+        if patch.id == patch_id:
+            return patch.enabled()
+    raise KeyError(f"no patch {patch_id!r} in {path}")

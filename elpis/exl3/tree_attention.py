@@ -420,14 +420,3 @@ def _quantized_call(
     block_table = _check_call(q, caches, block_table, ctx, rows, scale)
     lib = library(k_bits, v_bits)
     return _run(getattr(lib, entry), lib, q, caches, block_table, ctx, depth, ancestors, scale, return_lse)
-
-
-def install() -> None:
-    """The registry switch ELPIS_PATCH_TREE_ATTENTION (to be registered with GPU evidence). The kernel runs in
-    the engine's tree mode (`load_backend(tree=True)`, `elpis.exl3.tree_verify`), which is off by default
-    until that evidence exists, so the switch refuses instead of silently running the chain path."""
-    raise RuntimeError(
-        "patch tree-verify-attention: this registry switch is not wired into the exl3 engine yet "
-        "(the kernel runs in tree mode, load_backend(tree=True), until the GPU evidence of issue 8 is in); "
-        "unset ELPIS_PATCH_TREE_ATTENTION"
-    )

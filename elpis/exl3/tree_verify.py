@@ -204,9 +204,35 @@ def _exl3_modules() -> tuple[Any, Any]:
     return attn, gated_delta_net
 
 
+TREE_PATCH = "exl3-tree-verify"  # the registry entry (patches/registry.json) whose install() this is
+
+
+def require_tree_patch() -> None:
+    """Refuse tree mode when its registry patch is switched off (ELPIS_PATCH_TREE_VERIFY=0)."""
+    from elpis.exl3 import patches
+
+    if not patches.enabled(TREE_PATCH):
+        raise RuntimeError(
+            f"tree mode needs the patch {TREE_PATCH}, switched off by ELPIS_PATCH_TREE_VERIFY=0: unset it, "
+            "or verify chains (load_backend(tree=False), elpis serve --chain)"
+        )
+
+
+def enable() -> None:
+    """The registry patch exl3-tree-verify's entry point (`elpis.exl3.patches.apply_all`): the wrappers are
+    installed by the first tree verify (`tree_forward`), so a process that never verifies a tree runs
+    ExLlamaV3's functions untouched. Checks that ExLlamaV3 has the five names the wrappers replace."""
+    attn, gdn = _exl3_modules()
+    for owner, name in ((attn, "attn_dispatch"), (attn.Attention, "bc_attn_step"),
+                        (gdn.GatedDeltaNet, "forward"), (gdn, "causal_conv1d_update"),
+                        (gdn, "gated_delta_rule_fn")):  # fmt: skip
+        if not callable(getattr(owner, name, None)):
+            raise RuntimeError(f"patch {TREE_PATCH}: exllamav3 has no {owner.__name__}.{name} to wrap")
+
+
 def install() -> None:
-    """Wrap the four ExLlamaV3 names (idempotent). The wrappers call the originals unless a tree_forward
-    context is active, so installing changes nothing on the stock paths."""
+    """Wrap the five ExLlamaV3 names (idempotent; called by the first tree verify). The wrappers call the
+    originals unless a tree_forward context is active, so installing changes nothing on the stock paths."""
     with _lock:
         if _originals:
             return
@@ -231,6 +257,7 @@ def installed() -> bool:
 def tree_forward(call: TreeCall) -> Iterator[TreeCall]:
     """Run the target's forward inside this to verify `call.layout`'s tree (one call at a time)."""
     global _active
+    require_tree_patch()
     install()
     if _active is not None:
         raise RuntimeError("tree_forward: a tree verify is already running")

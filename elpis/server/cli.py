@@ -219,6 +219,14 @@ def speculation_refusal(args: argparse.Namespace) -> str | None:
         return f"--draft {args.draft}: a draft model needs --backend exl3"
     if not tree_mode(args):
         return None
+    if args.backend == "exl3" and draft not in ("none", "ngram"):
+        from elpis.exl3 import patches
+
+        if not patches.enabled("exl3-tree-verify"):
+            return (
+                "tree mode (the default with a DFlash2 draft) needs the patch exl3-tree-verify, switched off "
+                "by ELPIS_PATCH_TREE_VERIFY=0: unset it, or pass --chain"
+            )
     if args.backend == "exl3" and draft in ("none", "ngram"):
         return (
             f"--tree on --backend exl3 needs a DFlash2 draft directory (--draft DIR), not --draft {draft}: "

@@ -166,6 +166,21 @@ def test_load_backend_tree_needs_fp32_state(monkeypatch):
         load_backend("/nonexistent", None, tree=True, gdn_state_fp32=False)
 
 
+def test_tree_mode_refused_when_its_patch_is_off(monkeypatch):
+    import torch
+
+    from elpis.exl3 import load_backend, patches
+
+    assert patches.enabled(tv.TREE_PATCH)  # on by default
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("ELPIS_PATCH_TREE_VERIFY", "0")
+    assert not patches.enabled(tv.TREE_PATCH)
+    with pytest.raises(RuntimeError, match="ELPIS_PATCH_TREE_VERIFY=0"):
+        load_backend("/nonexistent", None, tree=True)
+    with pytest.raises(KeyError, match="no patch 'nope'"):
+        patches.enabled("nope")
+
+
 def test_patches_are_not_installed_by_import():
     """Importing the module changes nothing in ExLlamaV3: install() runs on the first tree verify."""
     assert not tv.installed()

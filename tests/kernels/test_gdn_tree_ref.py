@@ -286,11 +286,6 @@ def test_gpu_entry_points_refuse_cpu_tensors() -> None:
         gdn_tree.gdn_tree_commit(*inp.tensors(), [0, 1])
 
 
-def test_install_refuses_until_wired() -> None:
-    with pytest.raises(RuntimeError, match="not wired into the exl3 engine"):
-        gdn_tree.install()
-
-
 # --- the kernel's own source, run on the CPU ----------------------------------------------------------
 # gdn_tree.cu compiled by g++ against the CUDA emulation of tests/kernels/cuda_emu.py; the emulated launch
 # runs chosen blocks of the main kernel (all of them would take minutes) and every block of the conv

@@ -63,6 +63,15 @@ def test_exl3_with_a_draft_loads_tree_mode_by_default():
     )
 
 
+def test_tree_mode_refused_when_its_patch_is_off(monkeypatch):
+    monkeypatch.setenv("ELPIS_PATCH_TREE_VERIFY", "0")
+    refusal = cli.speculation_refusal(serve_args("--backend", "exl3", "--draft", "d"))
+    assert refusal is not None and "ELPIS_PATCH_TREE_VERIFY=0" in refusal and "--chain" in refusal
+    assert cli.speculation_refusal(serve_args("--backend", "exl3", "--draft", "d", "--chain")) is None
+    monkeypatch.setenv("ELPIS_PATCH_TREE_VERIFY", "1")
+    assert cli.speculation_refusal(serve_args("--backend", "exl3", "--draft", "d")) is None
+
+
 def test_tree_and_chain_exclude_each_other(capsys):
     with pytest.raises(SystemExit) as exit_info:
         serve_args("--tree", "--chain")
