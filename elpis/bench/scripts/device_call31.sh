@@ -5,8 +5,8 @@
 # Run with run(carry=[".whl", ".device"]).
 #  1. build;
 #  2. the engine's tree tests and test_gpu.py on the small model (tree mode through apply_all's patch);
-#  3. part gate (the op gate on the small model, its GPU tests);
-#  4. ELPIS_PATCH_TREE_VERIFY=0: load_backend(tree=True) refused, chain mode unaffected (test_tree_plan on GPU).
+#  3. part gate (the op gate on the small model, its GPU tests).
+# (The switch turned off is CPU-tested: tests/exl3/test_tree_plan.py, tests/server/test_tree_flag.py.)
 LIMIT=${LIMIT:-560}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
@@ -16,6 +16,4 @@ tail -3 /tmp/build.log | tee -a "$OUT/log"
 gpu_pytest "tree engine tests (small model)" 200 tests/exl3/test_tree_verify.py tests/exl3/test_tree_graph.py
 gpu_pytest "engine tests (small), defaults" 200 tests/exl3/test_gpu.py -k "not 24gib"
 part gate
-ELPIS_PATCH_TREE_VERIFY=0 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/exl3/test_tree_plan.py \
-  2>&1 | tail -2 | tee -a "$OUT/log"
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
