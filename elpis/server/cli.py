@@ -312,6 +312,10 @@ def build_service(args: argparse.Namespace) -> ModelService:
         log.warning("[serve] no chat template (%s): chat endpoints answer 400, completions work", exc)
         template = None
     budget, top_k = speculation_shape(args)
+    if drafter is not None:
+        trees = f"trees of up to {budget} rows (top-{top_k} per depth)"
+        shape = trees if tree_mode(args) else f"chains of {budget} rows"
+        log.info("[serve] speculation: %s drafter, %s", draft_choice(args), shape)
     generator = SpeculativeGenerator(
         backend, tokenizer, drafter=drafter, tree_budget=budget, draft_top_k=top_k
     )

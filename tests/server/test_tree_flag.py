@@ -148,6 +148,18 @@ def test_prefill_chunk_refused_by_the_parser(capsys):
     assert "--prefill-chunk: invalid choice: 1000" in capsys.readouterr().err
 
 
+def test_the_speculation_shape_is_logged_at_start(tiny_model: Path, caplog):
+    common = ["--model", str(tiny_model), "--model-id", "tiny", "--no-auth", "--draft", "ngram"]
+    with caplog.at_level("INFO", logger="elpis.server"):
+        cli.build_service(serve_args(*common, "--tree"))
+        cli.build_service(serve_args(*common))
+    lines = [r.getMessage() for r in caplog.records if "speculation:" in r.getMessage()]
+    assert lines == [
+        f"[serve] speculation: ngram drafter, trees of up to 16 rows (top-{DEFAULT_DRAFT_TOP_K} per depth)",
+        "[serve] speculation: ngram drafter, chains of 8 rows",
+    ]
+
+
 PROMPT = "one two three one two four one two five one two"  # "one two" was followed by 3 different words
 
 
