@@ -60,16 +60,21 @@ static thread_local dim3 threadIdx;
 static dim3 blockIdx, blockDim, gridDim;
 static std::barrier<>* emu_block_barrier;
 static std::barrier<>* emu_warp_barrier[32];
-static float emu_warp_buf[32][32];
+// Warp exchanges (shuffle, mma, ldmatrix) cost one warp barrier each: every kind of exchange alternates
+// between two buffers (a per-lane phase; the lanes of a warp make the same exchanges in the same order). A
+// lane writes buffer p of its next exchange of a kind only after passing the barrier of that kind's previous
+// exchange, which every lane reaches after reading buffer p of the exchange before it.
+static float emu_warp_buf[2][32][32];
+static thread_local unsigned emu_shfl_phase;
 static std::vector<std::pair<unsigned, unsigned>> emu_blocks;  // (x, y) chosen by emu_set_blocks
 inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float v, int m) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    emu_warp_buf[warp][lane] = v;
+    float (&buf)[32] = emu_warp_buf[emu_shfl_phase][warp];
+    emu_shfl_phase ^= 1u;
+    buf[lane] = v;
     emu_warp_barrier[warp]->arrive_and_wait();
-    const float r = emu_warp_buf[warp][lane ^ m];
-    emu_warp_barrier[warp]->arrive_and_wait();
-    return r;
+    return buf[lane ^ m];
 }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
@@ -127,7 +132,8 @@ inline unsigned short __half_as_ushort(__half h) { unsigned short u; std::memcpy
 // mma.sync m16n8k16 (fp16 A row-major, B column-major, fp32 C/D) for one warp: every lane posts its
 // fragments (PTX layout, g = lane / 4, t = lane % 4), then computes its four outputs as C + sum over k in
 // order, in fp32 (not the tensor cores' bits: the tests check indexing and invariance, not GPU numbers).
-static float emu_mma_a[32][16][16], emu_mma_b[32][16][8];
+static float emu_mma_a[2][32][16][16], emu_mma_b[2][32][16][8];  // [phase][warp]: see the runtime header
+static thread_local unsigned emu_mma_phase;
 inline void emu_mma_half_pair(uint32_t pair, float& lo, float& hi) {
     __half h[2];
     std::memcpy(h, &pair, 4);
@@ -136,8 +142,9 @@ inline void emu_mma_half_pair(uint32_t pair, float& lo, float& hi) {
 }
 inline void emu_mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    float (&A)[16][16] = emu_mma_a[warp];
-    float (&B)[16][8] = emu_mma_b[warp];
+    float (&A)[16][16] = emu_mma_a[emu_mma_phase][warp];
+    float (&B)[16][8] = emu_mma_b[emu_mma_phase][warp];
+    emu_mma_phase ^= 1u;
     emu_mma_half_pair(a[0], A[g][2 * t], A[g][2 * t + 1]);
     emu_mma_half_pair(a[1], A[g + 8][2 * t], A[g + 8][2 * t + 1]);
     emu_mma_half_pair(a[2], A[g][2 * t + 8], A[g][2 * t + 9]);
@@ -151,22 +158,23 @@ inline void emu_mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
         for (int k = 0; k < 16; k++) acc = acc + A[m][k] * B[k][n];
         d[e] = acc;
     }
-    emu_warp_barrier[warp]->arrive_and_wait();
 }
 // ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16 for one warp: lane 8i+k posts the address of row k of
 // matrix i; register i of lane l gets (row l/4, cols 2(l%4), +1) of matrix i, or with trans (rows 2(l%4), +1,
 // col l/4), low half first.
-static const uint16_t* emu_ldsm_row[32][32];
+static const uint16_t* emu_ldsm_row[2][32][32];  // [phase][warp][lane]
+static thread_local unsigned emu_ldsm_phase;
 inline void emu_ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    emu_ldsm_row[warp][lane] = static_cast<const uint16_t*>(row);
+    const uint16_t** rows = emu_ldsm_row[emu_ldsm_phase][warp];
+    emu_ldsm_phase ^= 1u;
+    rows[lane] = static_cast<const uint16_t*>(row);
     emu_warp_barrier[warp]->arrive_and_wait();
     for (int i = 0; i < 4; i++) {
-        const uint16_t* const* m = emu_ldsm_row[warp] + 8 * i;
+        const uint16_t* const* m = rows + 8 * i;
         const uint32_t lo = trans ? m[2 * t][g] : m[g][2 * t], hi = trans ? m[2 * t + 1][g] : m[g][2 * t + 1];
         r[i] = lo | (hi << 16);
     }
-    emu_warp_barrier[warp]->arrive_and_wait();
 }
 """
 
