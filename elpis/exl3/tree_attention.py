@@ -103,11 +103,17 @@ def _mma_library(k_bits: int, v_bits: int, pipelined: bool = True) -> ctypes.CDL
     bits, kept to prove that on the GPU and to time the two side by side)."""
     defines = {"ELPIS_QCACHE_K_BITS": k_bits, "ELPIS_QCACHE_V_BITS": v_bits}
     defines["ELPIS_MMA_PREFETCH"] = int(pipelined)
-    lib = _load(defines, SOURCE_MMA)
+    return _check_bits(load_mma(defines), k_bits, v_bits)
+
+
+def load_mma(defines: dict[str, int], source: Path = SOURCE_MMA) -> ctypes.CDLL:
+    """A build of the tensor-core source (`source`: the served one, or another version of it) with its entry
+    points bound; the served builds go through `_mma_library`, diagnostics call this directly."""
+    lib = _load(defines, source)
     for name, argtypes in MMA_ENTRY_ARGS.items():
         getattr(lib, name).argtypes = list(argtypes)
         getattr(lib, name).restype = ctypes.c_int
-    return _check_bits(lib, k_bits, v_bits)
+    return lib
 
 
 def _check_bits(lib: ctypes.CDLL, k_bits: int, v_bits: int) -> ctypes.CDLL:

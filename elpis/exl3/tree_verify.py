@@ -204,7 +204,7 @@ def _exl3_modules() -> tuple[Any, Any]:
     return attn, gated_delta_net
 
 
-TREE_PATCH = "exl3-tree-verify"  # the registry entry (patches/registry.json) whose install() this is
+TREE_PATCH = "exl3-tree-verify"  # the registry entry (patches/registry.json) of the wrappers below
 
 
 def require_tree_patch() -> None:
@@ -218,35 +218,40 @@ def require_tree_patch() -> None:
         )
 
 
+def _wrap_targets() -> list[tuple[str, Any, str, Any]]:
+    """(key in _originals, owner, attribute, wrapper) of each ExLlamaV3 name tree mode wraps."""
+    attn, gdn = _exl3_modules()
+    return [
+        ("attn_dispatch", attn, "attn_dispatch", _tree_attention),
+        ("bc_attn_step", attn.Attention, "bc_attn_step", _bc_attn_step),
+        ("gdn_forward", gdn.GatedDeltaNet, "forward", _gdn_forward),
+        ("conv", gdn, "causal_conv1d_update", _tree_conv),
+        ("rule", gdn, "gated_delta_rule_fn", _tree_rule),
+    ]
+
+
 def enable() -> None:
     """The registry patch exl3-tree-verify's entry point (`elpis.exl3.patches.apply_all`): the wrappers are
     installed by the first tree verify (`tree_forward`), so a process that never verifies a tree runs
-    ExLlamaV3's functions untouched. Checks that ExLlamaV3 has the five names the wrappers replace."""
-    attn, gdn = _exl3_modules()
-    for owner, name in ((attn, "attn_dispatch"), (attn.Attention, "bc_attn_step"),
-                        (gdn.GatedDeltaNet, "forward"), (gdn, "causal_conv1d_update"),
-                        (gdn, "gated_delta_rule_fn")):  # fmt: skip
+    ExLlamaV3's functions untouched. Checks that ExLlamaV3 has the names the wrappers replace."""
+    for _, owner, name, _ in _wrap_targets():
         if not callable(getattr(owner, name, None)):
             raise RuntimeError(f"patch {TREE_PATCH}: exllamav3 has no {owner.__name__}.{name} to wrap")
 
 
 def install() -> None:
-    """Wrap the five ExLlamaV3 names (idempotent; called by the first tree verify). The wrappers call the
-    originals unless a tree_forward context is active, so installing changes nothing on the stock paths."""
+    """Wrap the five ExLlamaV3 names (idempotent; called by the first tree verify, which is refused when the
+    registry patch is switched off). The wrappers call the originals unless a tree_forward context is
+    active, so installing changes nothing on the stock paths."""
     with _lock:
         if _originals:
             return
-        attn, gdn = _exl3_modules()
-        _originals["attn_dispatch"] = attn.attn_dispatch
-        _originals["bc_attn_step"] = attn.Attention.bc_attn_step
-        _originals["gdn_forward"] = gdn.GatedDeltaNet.forward
-        _originals["conv"] = gdn.causal_conv1d_update
-        _originals["rule"] = gdn.gated_delta_rule_fn
-        attn.attn_dispatch = _tree_attention
-        attn.Attention.bc_attn_step = _bc_attn_step
-        gdn.GatedDeltaNet.forward = _gdn_forward
-        gdn.causal_conv1d_update = _tree_conv
-        gdn.gated_delta_rule_fn = _tree_rule
+        require_tree_patch()
+        targets = _wrap_targets()
+        for key, owner, name, _ in targets:
+            _originals[key] = getattr(owner, name)
+        for _, owner, name, wrapper in targets:
+            setattr(owner, name, wrapper)
 
 
 def installed() -> bool:
@@ -257,7 +262,6 @@ def installed() -> bool:
 def tree_forward(call: TreeCall) -> Iterator[TreeCall]:
     """Run the target's forward inside this to verify `call.layout`'s tree (one call at a time)."""
     global _active
-    require_tree_patch()
     install()
     if _active is not None:
         raise RuntimeError("tree_forward: a tree verify is already running")

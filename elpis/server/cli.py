@@ -192,12 +192,17 @@ def draft_choice(args: argparse.Namespace) -> str:
     return args.draft or ("none" if args.backend == "reference" else "ngram")
 
 
+def draft_model(args: argparse.Namespace) -> bool:
+    """Whether the drafter is a draft model directory (DFlash2), not `none` or `ngram`."""
+    return draft_choice(args) not in ("none", "ngram")
+
+
 def tree_mode(args: argparse.Namespace) -> bool:
     """Whether the speculation core builds trees: `--tree`, or by default on exl3 with a DFlash2 draft
     directory (the drafter whose top-k candidates the tree kernels were built and measured for)."""
     if args.tree or args.chain:
         return bool(args.tree)
-    return args.backend == "exl3" and draft_choice(args) not in ("none", "ngram")
+    return args.backend == "exl3" and draft_model(args)
 
 
 def speculation_shape(args: argparse.Namespace) -> tuple[int, int]:
@@ -215,19 +220,18 @@ def speculation_refusal(args: argparse.Namespace) -> str | None:
     if args.tree_budget is not None and not 1 <= args.tree_budget <= 16:
         return f"--tree-budget must be in 1..16, got {args.tree_budget}"
     draft = draft_choice(args)
-    if draft not in ("none", "ngram") and args.backend != "exl3":
+    if draft_model(args) and args.backend != "exl3":
         return f"--draft {args.draft}: a draft model needs --backend exl3"
     if not tree_mode(args):
         return None
-    if args.backend == "exl3" and draft not in ("none", "ngram"):
-        from elpis.exl3 import patches
+    if args.backend == "exl3" and draft_model(args):
+        from elpis.exl3.tree_verify import require_tree_patch
 
-        if not patches.enabled("exl3-tree-verify"):
-            return (
-                "tree mode (the default with a DFlash2 draft) needs the patch exl3-tree-verify, switched off "
-                "by ELPIS_PATCH_TREE_VERIFY=0: unset it, or pass --chain"
-            )
-    if args.backend == "exl3" and draft in ("none", "ngram"):
+        try:
+            require_tree_patch()
+        except RuntimeError as exc:
+            return str(exc)
+    if args.backend == "exl3" and not draft_model(args):
         return (
             f"--tree on --backend exl3 needs a DFlash2 draft directory (--draft DIR), not --draft {draft}: "
             "the tree rows come from the draft model's top-k candidates"
@@ -295,7 +299,7 @@ def build_service(args: argparse.Namespace) -> ModelService:
     else:
         from elpis.exl3 import load_backend as load_exl3_backend
 
-        draft_dir = None if draft_choice(args) in ("none", "ngram") else Path(draft_choice(args))
+        draft_dir = Path(draft_choice(args)) if draft_model(args) else None
         verify_model_files(model_path, draft_dir)
         backend = load_exl3_backend(model_path, draft_dir, **exl3_load_options(args))
     drafter = None

@@ -24,10 +24,7 @@ PHASES = ("slots", "stage_k", "scores", "softmax_p", "stage_v", "output")
 
 
 def clock_library() -> ctypes.CDLL:
-    lib = ta._load({"ELPIS_QCACHE_K_BITS": 3, "ELPIS_QCACHE_V_BITS": 3, "ELPIS_MMA_CLOCKS": 1}, ta.SOURCE_MMA)
-    for name, argtypes in ta.MMA_ENTRY_ARGS.items():
-        getattr(lib, name).argtypes = list(argtypes)
-        getattr(lib, name).restype = ctypes.c_int
+    lib = ta.load_mma({"ELPIS_QCACHE_K_BITS": 3, "ELPIS_QCACHE_V_BITS": 3, "ELPIS_MMA_CLOCKS": 1})
     lib.elpis_tree_attention_mma_clocks.argtypes = [ctypes.c_void_p]
     lib.elpis_tree_attention_mma_clocks.restype = ctypes.c_int
     return lib

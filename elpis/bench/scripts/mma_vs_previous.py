@@ -10,11 +10,9 @@ Usage (repo root, after `make build`): python3 elpis/bench/scripts/mma_vs_previo
 
 from __future__ import annotations
 
-import ctypes
 import json
 import random
 import sys
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,16 +22,8 @@ from elpis.exl3 import tree_attention as ta
 from tests.kernels import tree_cases as tc
 
 
-def previous_library(source: Path) -> ctypes.CDLL:
-    lib = ta._load({"ELPIS_QCACHE_K_BITS": 3, "ELPIS_QCACHE_V_BITS": 3}, source)
-    for name, argtypes in ta.MMA_ENTRY_ARGS.items():
-        getattr(lib, name).argtypes = list(argtypes)
-        getattr(lib, name).restype = ctypes.c_int
-    return lib
-
-
 def main(previous: Path) -> int:
-    lib = previous_library(previous)
+    lib = ta.load_mma({"ELPIS_QCACHE_K_BITS": 3, "ELPIS_QCACHE_V_BITS": 3}, previous)
 
     def prev(q, *a, return_lse=False):
         caches, table, ctx, depth, ancestors = a[:4], a[4], a[5], a[6], a[7]
@@ -42,7 +32,7 @@ def main(previous: Path) -> int:
             lambda k, v: lib, entry, q, caches, table, ctx, depth, ancestors, ta.DEFAULT_SCALE, return_lse
         )
 
-    new = partial(ta.tree_attention_mma)
+    new = ta.tree_attention_mma
     failures = 0
     for ctx in (1000, 4093, 32760, 131050):
         pool = tc.QuantPool(ctx + 16, seed=ctx + 3)
