@@ -54,6 +54,7 @@ def load_backend(
     tree_graphs: bool = True,
     draft_graphs: bool = True,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    rows_gemm: bool | None = None,
 ) -> Exl3Backend:
     """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
 
@@ -78,6 +79,9 @@ def load_backend(
     `prefill_chunk`: tokens per prefill chunk, one of `PREFILL_CHUNKS`. 2048 (ExLlamaV3's own) keeps its
     arithmetic; 8192 prefills cold prompts up to 1.2x faster and passed the quality gate, but the prefix
     cache then resumes follow-up turns only at multiples of 8192 tokens (see the note at the top).
+    `rows_gemm`: the EXL3 linears of 1-16 rows (every verify and draft block) run elpis's GEMM
+    (`elpis.exl3.rows_gemm_patch`) instead of ExLlamaV3's; None: as the registry patch exl3-rows-gemm is
+    switched (off by default until its quality gate passes). True with the patch switched off is refused.
     """
     import torch
 
@@ -96,12 +100,18 @@ def load_backend(
         from elpis.exl3.tree_verify import require_tree_patch
 
         require_tree_patch()
+    if rows_gemm is None:
+        from elpis.exl3 import patches
+        from elpis.exl3.rows_gemm_patch import PATCH
+
+        rows_gemm = patches.enabled(PATCH)
     engine = load_engine(
         Path(model_dir),
         Path(draft_dir) if draft_dir else None,
         warmup=warmup,
         recurrent_dtype=torch.float if gdn_state_fp32 else torch.half,
         prefill_chunk=prefill_chunk,
+        rows_gemm=rows_gemm,
     )
     disk = bound_cache_dir(Path(disk_cache_dir), engine) if disk_cache_dir else None
     return Exl3Backend(

@@ -69,15 +69,19 @@ def load_engine(
     progress: bool = True,
     recurrent_dtype: torch.dtype = torch.half,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    rows_gemm: bool = False,
 ) -> Engine:
     """Load target (and draft) onto one GPU with 3-bit K/V caches of `cache_tokens` tokens; ExLlamaV3's
-    scratch is sized for prefill chunks of `prefill_chunk` tokens."""
+    scratch is sized for prefill chunks of `prefill_chunk` tokens. `rows_gemm`: the EXL3 linears of both run
+    elpis's GEMM for 1-16 rows (registry patch exl3-rows-gemm, `elpis.exl3.rows_gemm_patch`)."""
     if cache_tokens % 256:
         raise ValueError(f"cache_tokens must be a multiple of 256, got {cache_tokens}")
     check_prefill_chunk(prefill_chunk)
     patches.apply_all()
     from exllamav3 import Cache, Config, Model
     from exllamav3.cache import CacheLayer_quant
+
+    from elpis.exl3 import rows_gemm_patch
 
     t0 = time.perf_counter()
     dev = torch.device(device)
@@ -109,8 +113,14 @@ def load_engine(
             v_bits=kv_bits,
             max_batch_size=1,
         )
-        draft.load(device=dev, progressbar=progress)
-    model.load(device=dev, progressbar=progress)
+        with rows_gemm_patch.loading(rows_gemm):
+            draft.load(device=dev, progressbar=progress)
+    with rows_gemm_patch.loading(rows_gemm):
+        model.load(device=dev, progressbar=progress)
+    if rows_gemm:
+        for loaded in (model, draft):
+            if loaded is not None:
+                rows_gemm_patch.mark(loaded)
     if draft is not None:
         draft.attach_to(model)
     if warmup:

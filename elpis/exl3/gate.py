@@ -78,6 +78,7 @@ PATCHES: dict[str, str] = {
     "gdn-state-fp32": "Gated DeltaNet recurrent state stored in fp32 (elpis default)",
     "prefill-chunk-8192": "prefill in 8192-token chunks instead of ExLlamaV3's 2048 (opt-in, gated)",
     "tree-verify": "verifies as 16-row trees through elpis's tree kernels (served default with a draft)",
+    "rows-gemm": "EXL3 linears of 1-16 rows through elpis's GEMM (registry patch exl3-rows-gemm)",
 }
 # Patches judged only by model comparisons: no op of the op gate has a candidate for them.
 MODEL_ONLY_PATCHES = ("prefill-chunk-8192", "tree-verify")
@@ -87,6 +88,8 @@ NEUTRAL_PATCHES: dict[str, str] = {
     "exl3-async-slice-pointers": "uploads the sliced GEMM's output pointers in stream order; same pointers",
     "exl3-tree-verify": "tree mode's wrappers: outside a tree verify they call the originals (tree mode's "
     "own numerics are the configuration patch tree-verify)",
+    "exl3-rows-gemm": "its wrappers act only on models loaded with rows_gemm=True (the configuration patch "
+    "rows-gemm)",
 }
 ELPIS_DEFAULTS = ("fixed-rows-8", "gdn-state-fp32")
 INT8_PATCH = "exl3-int8-gemv-off"
@@ -270,6 +273,7 @@ def backend_options(names: Sequence[str]) -> dict[str, Any]:
         "fixed_rows": FIXED_ROWS if "fixed-rows-8" in names else None,
         "gdn_state_fp32": "gdn-state-fp32" in names,
         "prefill_chunk": 8192 if "prefill-chunk-8192" in names else EXLLAMA_PREFILL_CHUNK,
+        "rows_gemm": "rows-gemm" in names,  # explicit: a floor never follows the process's registry switch
     }
     if tree:
         options.update(tree=True, tree_rows=16)
@@ -650,6 +654,20 @@ def _linear_ops(rec: Recorded, names: Sequence[str], contexts: tuple[int, ...]) 
             raise RuntimeError("the int8 GEMV setting was not read again: the patch did not take effect")
         return out
 
+    def rows_gemm_forward(o: OpInputs) -> torch.Tensor:
+        """What the patch rows-gemm computes: elpis's GEMM where it takes the call, ExLlamaV3's elsewhere."""
+        from elpis.exl3 import rows_gemm, rows_gemm_patch
+
+        inner, x, out_dtype = o.params["linear"].inner, o.tensors["x"], o.params["out_dtype"]
+        if not rows_gemm_patch.eligible(inner, x, {}, out_dtype):
+            return forward(o)
+        with torch.inference_mode():
+            y = rows_gemm.rows_gemm(
+                x.reshape(-1, x.shape[-1]).contiguous(), inner.trellis, inner.suh, inner.svh,
+                out_dtype or inner.default_out_dtype,
+            )  # fmt: skip
+        return y.view(*x.shape[:-1], -1)
+
     def candidates(as_logits: bool) -> dict[str, Callable[[OpInputs], torch.Tensor]]:
         wrap = (lambda f: lambda o: f(o).float()) if as_logits else (lambda f: f)
         found: dict[str, Callable[[OpInputs], torch.Tensor]] = {}
@@ -657,6 +675,8 @@ def _linear_ops(rec: Recorded, names: Sequence[str], contexts: tuple[int, ...]) 
             found[INT8_PATCH] = wrap(int8_off)
         if "fixed-rows-8" in names:
             found["fixed-rows-8"] = wrap(lambda o: forward(o, FIXED_ROWS))
+        if "rows-gemm" in names:
+            found["rows-gemm"] = wrap(rows_gemm_forward)
         return found
 
     def make_inputs(entries: list[tuple[Any, torch.Tensor, Any]]):

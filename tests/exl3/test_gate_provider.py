@@ -41,7 +41,14 @@ def test_provider_found_without_gpu():
         ("elpis", ("fixed-rows-8", "gdn-state-fp32")),
         (
             "all",
-            ("exl3-int8-gemv-off", "fixed-rows-8", "gdn-state-fp32", "prefill-chunk-8192", "tree-verify"),
+            (
+                "exl3-int8-gemv-off",
+                "fixed-rows-8",
+                "gdn-state-fp32",
+                "prefill-chunk-8192",
+                "rows-gemm",
+                "tree-verify",
+            ),
         ),
         ("gdn-state-fp32+prefill-chunk-8192", ("gdn-state-fp32", "prefill-chunk-8192")),
         ("gdn-state-fp32", ("gdn-state-fp32",)),
@@ -108,8 +115,10 @@ def test_configuration_options_refused(options, message):
 
 def test_backend_options_of_the_patches():
     assert gate.backend_options(("fixed-rows-8", "gdn-state-fp32")) == {
-        "fixed_rows": 8, "gdn_state_fp32": True, "prefill_chunk": 2048,
+        "fixed_rows": 8, "gdn_state_fp32": True, "prefill_chunk": 2048, "rows_gemm": False,
     }  # fmt: skip
+    # the kernel is a configuration's choice, never the process's registry switch
+    assert gate.backend_options(("fixed-rows-8", "gdn-state-fp32", "rows-gemm"))["rows_gemm"] is True
     tree = gate.backend_options(("gdn-state-fp32", "tree-verify"))
     assert tree["tree"] is True and tree["tree_rows"] == 16 and tree["fixed_rows"] is None
     assert gate.backend_options(("gdn-state-fp32", "prefill-chunk-8192"))["prefill_chunk"] == 8192
@@ -134,7 +143,7 @@ def test_op_options_and_spec():
     assert (chosen.tokens, chosen.layers) == (gate.DEFAULT_TOKENS, 2)
     assert chosen.spec == (
         "exl3-ops:layers=2,patches=exl3-int8-gemv-off+fixed-rows-8+gdn-state-fp32+prefill-chunk-8192+"
-        "tree-verify,tokens=1280"
+        "rows-gemm+tree-verify,tokens=1280"
     )
     assert gate.op_options({"patches": "none", "tokens": "512"}).spec == (
         "exl3-ops:layers=2,patches=none,tokens=512"
@@ -476,18 +485,6 @@ def test_rows_and_padding():
 
 
 # --- GPU ---------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def small(tmp_path_factory) -> Path:
-    given = os.environ.get("ELPIS_SMALL_DIR")
-    if given:
-        return Path(given)
-    from elpis.exl3.synth import write_small
-
-    out = tmp_path_factory.mktemp("synth") / "small"
-    write_small(out, seed=0)
-    return out
 
 
 @pytest.mark.gpu

@@ -28,18 +28,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory) -> Path:
-    given = os.environ.get("ELPIS_SMALL_DIR")
-    if given:
-        return Path(given)
-    from elpis.exl3.synth import write_small
-
-    out = tmp_path_factory.mktemp("synth") / "small"
-    write_small(out, seed=0)
-    return out
-
-
-@pytest.fixture(scope="module")
 def backend(small):
     from elpis.exl3 import load_backend
 

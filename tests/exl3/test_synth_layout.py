@@ -102,15 +102,6 @@ def read_dir(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     return found
 
 
-@pytest.fixture(scope="module")
-def small(tmp_path_factory) -> Path:
-    from elpis.exl3.synth import write_small
-
-    out = tmp_path_factory.mktemp("synth") / "small"
-    write_small(out, seed=0)
-    return out
-
-
 @pytest.mark.slow
 def test_small_target_tensors(small):
     config = json.loads((small / "target" / "config.json").read_text())

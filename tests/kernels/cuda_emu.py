@@ -35,6 +35,7 @@ EMU_RUNTIME = r"""
 #include <vector>
 struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
 struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
 struct float2 { float x, y; };
 typedef int cudaError_t;
 enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
@@ -46,12 +47,15 @@ static int emu_sms = 1;  // the emulated GPU's multiprocessors (emu_set_sms)
 inline cudaError_t cudaGetDevice(int* d) { *d = 0; return 0; }
 inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr, int) { *v = emu_sms; return 0; }
 template <typename K> cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, size_t) { return 0; }
+// One block of any kernel per emulated multiprocessor.
+template <typename K>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, K, int, size_t) { *n = 1; return 0; }
 #define ELPIS_CUDA_EMU 1
 #define __global__
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 // Emulation state is static, not inline: g++ gives inline variables process-wide (GNU unique) binding, so
@@ -75,6 +79,17 @@ inline float __shfl_xor_sync(unsigned, float v, int m) {
     buf[lane] = v;
     emu_warp_barrier[warp]->arrive_and_wait();
     return buf[lane ^ m];
+}
+// __shfl_sync of a 32-bit word from lane `src` (same buffers and phase as the float shuffle).
+inline unsigned emu_shfl_u32(unsigned v, unsigned src) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float (&buf)[32] = emu_warp_buf[emu_shfl_phase][warp];
+    emu_shfl_phase ^= 1u;
+    std::memcpy(&buf[lane], &v, 4);
+    emu_warp_barrier[warp]->arrive_and_wait();
+    unsigned r;
+    std::memcpy(&r, &buf[src & 31u], 4);
+    return r;
 }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }

@@ -1,0 +1,147 @@
+"""elpis's EXL3 GEMM for 1-16 rows (`patches/kernels/exl3_gemm_rows.cu`): the binding.
+
+`rows_gemm(x, trellis, suh, svh)` is the EXL3 linear `((x * suh) H) D H * svh` of a 4-bit mul1 trellis for
+1..16 rows, every weight decoded once and fed to tensor cores; `decode(trellis)` is the decoded D alone, for
+tests against `elpis.exl3.trellis_ref` and ExLlamaV3's own decode. The work schedule is the proved one of
+`build/kernels/gemm_schedule.h`: nothing in it depends on the row count.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from elpis.paths import BUILD_DIR, REPO_ROOT
+
+if TYPE_CHECKING:
+    import torch
+
+SOURCE = REPO_ROOT / "patches" / "kernels" / "exl3_gemm_rows.cu"
+SCHEDULE_HEADER = BUILD_DIR / "kernels" / "gemm_schedule.h"
+BITS = 4
+MAX_ROWS = 16
+MAX_COUNTERS = 4096  # n-blocks of 128 columns: up to n = 524,288
+
+_VP, _U32, _U64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
+# x, suh, trellis, svh, out, out_f32, m, k, n, a_frag, frag_halves, workspace, workspace_floats, counters,
+# counters_len, stream
+GEMM_ARGS = (_VP, _VP, _VP, _VP, _VP, _U32, _U32, _U32, _U32, _VP, _U64, _VP, _U64, _VP, _U32, _VP)
+DECODE_ARGS = (_VP, _VP, _U32, _U32, _VP)
+# ctypes signatures of the entries (a CPU test checks them against the kernel source)
+ENTRY_ARGS = {"elpis_rows_gemm": GEMM_ARGS, "elpis_rows_gemm_decode": DECODE_ARGS}
+SIZE_ENTRIES = {
+    "elpis_rows_gemm_supported": ((_U32, _U32, _U32), _U32),
+    "elpis_rows_gemm_blocks": ((_U32, _U32), _U32),
+    "elpis_rows_gemm_resident_blocks": ((), _U32),
+    "elpis_rows_gemm_frag_halves": ((_U32, _U32), _U64),
+    "elpis_rows_gemm_workspace_floats": ((_U32, _U32, _U32), _U64),
+    "elpis_rows_gemm_counters": ((_U32,), _U32),
+}
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Set the argument and result types of every entry of a build (GPU or emulated)."""
+    for name, argtypes in ENTRY_ARGS.items():
+        getattr(lib, name).argtypes = list(argtypes)
+        getattr(lib, name).restype = ctypes.c_int
+    for name, (argtypes, restype) in SIZE_ENTRIES.items():
+        getattr(lib, name).argtypes = list(argtypes)
+        getattr(lib, name).restype = restype
+    return lib
+
+
+@lru_cache(maxsize=8)
+def library(source: Path = SOURCE, stages: int | None = None) -> ctypes.CDLL:
+    """The build (`stages`: k-tiles of weights in flight per warp, ELPIS_GEMM_STAGES; None: the source's
+    default), bound."""
+    from elpis import nvcc
+
+    if not SCHEDULE_HEADER.is_file():
+        raise RuntimeError(f"GEMM schedule not built ({SCHEDULE_HEADER} missing): run make build")
+    return bind(nvcc.load(source, defines={} if stages is None else {"ELPIS_GEMM_STAGES": stages}))
+
+
+@lru_cache(maxsize=8)
+def _counters(device: str) -> torch.Tensor:
+    """The zero words the kernel's last block per n-block counts on (each launch leaves them zero)."""
+    import torch
+
+    return torch.zeros(MAX_COUNTERS, dtype=torch.int32, device=device)
+
+
+def _check(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous() or not t.is_cuda:
+        raise ValueError(
+            f"rows_gemm: {name} must be a contiguous CUDA {dtype} tensor of shape {shape}, "
+            f"got {t.dtype} {tuple(t.shape)}{'' if t.is_contiguous() else ' (not contiguous)'}"
+        )
+
+
+def supported(rows: int, k: int, n: int, bits: int = BITS) -> bool:
+    """Whether the kernel takes this shape: 1..16 rows, k and n multiples of 128, 4-bit trellis."""
+    return bits == BITS and 1 <= rows <= MAX_ROWS and k % 128 == 0 and n % 128 == 0 and k >= 128 and n >= 128
+
+
+def rows_gemm(
+    x: torch.Tensor,
+    trellis: torch.Tensor,
+    suh: torch.Tensor,
+    svh: torch.Tensor,
+    out_dtype: torch.dtype | None = None,
+    lib: ctypes.CDLL | None = None,
+) -> torch.Tensor:
+    """y [m, n] of x [m, k] fp16 through the EXL3 linear (trellis [k/16, n/16, 64] int16, suh [k], svh [n]
+    fp16); `out_dtype` fp16 (default) or fp32."""
+    import torch
+
+    lib = lib or library()
+    out_dtype = out_dtype or torch.half
+    if out_dtype not in (torch.half, torch.float):
+        raise ValueError(f"rows_gemm: out_dtype must be float16 or float32, got {out_dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"rows_gemm: x must be [rows, k], got shape {tuple(x.shape)}")
+    m, k = x.shape
+    if trellis.dim() != 3 or trellis.shape[2] != 16 * BITS:
+        raise ValueError(f"rows_gemm: trellis must be [k/16, n/16, {16 * BITS}], got {tuple(trellis.shape)}")
+    n = trellis.shape[1] * 16
+    if not supported(m, k, n):
+        raise ValueError(
+            f"rows_gemm: {m} rows, k={k}, n={n} is outside the kernel (1..16 rows, k, n % 128 == 0)"
+        )
+    _check("x", x, torch.half, (m, k))
+    _check("trellis", trellis, torch.int16, (k // 16, n // 16, 16 * BITS))
+    _check("suh", suh, torch.half, (k,))
+    _check("svh", svh, torch.half, (n,))
+    device = x.device
+    frag_halves = int(lib.elpis_rows_gemm_frag_halves(m, k))
+    floats = int(lib.elpis_rows_gemm_workspace_floats(m, k, n))
+    a_frag = torch.empty(frag_halves, dtype=torch.half, device=device)
+    workspace = torch.empty(max(floats, 1), dtype=torch.float32, device=device)
+    counters = _counters(str(device))
+    out = torch.empty((m, n), dtype=out_dtype, device=device)
+    stream = torch.cuda.current_stream(device).cuda_stream
+    err = lib.elpis_rows_gemm(
+        x.data_ptr(), suh.data_ptr(), trellis.data_ptr(), svh.data_ptr(), out.data_ptr(),
+        int(out_dtype == torch.float), m, k, n, a_frag.data_ptr(), frag_halves, workspace.data_ptr(), floats,
+        counters.data_ptr(), MAX_COUNTERS, stream,
+    )  # fmt: skip
+    if err != 0:
+        raise RuntimeError(f"rows_gemm kernel failed: CUDA error {err}")
+    return out
+
+
+def decode(trellis: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """D [k, n] fp16 of a 4-bit mul1 trellis [k/16, n/16, 64] (int16, CUDA)."""
+    import torch
+
+    lib = lib or library()
+    kt, nt, _ = trellis.shape
+    _check("trellis", trellis, torch.int16, (kt, nt, 16 * BITS))
+    d = torch.empty((kt * 16, nt * 16), dtype=torch.half, device=trellis.device)
+    stream = torch.cuda.current_stream(trellis.device).cuda_stream
+    err = lib.elpis_rows_gemm_decode(trellis.data_ptr(), d.data_ptr(), kt * 16, nt * 16, stream)
+    if err != 0:
+        raise RuntimeError(f"rows_gemm decode failed: CUDA error {err}")
+    return d

@@ -1,0 +1,473 @@
+// EXL3 GEMM for 1-16 rows: every weight decoded once, on tensor cores (mma.sync m16n8k16, Ampere
+// instructions only), for the verify rows and plain decoding of issue 9.
+//
+// y = ((x * suh) H) D H * svh, where D [k, n] is the decoded 4-bit mul1 trellis and H the normalised
+// 128-point Sylvester Hadamard on each group of 128 (the format: shared/notes/exllamav3_internals.md 1.3).
+//
+// Two launches:
+//  1. rows_gemm_input: a = fp16((x * suh) H) in fp32 arithmetic, written in the order the mma B
+//     fragments are read (rows past m are zero; 8 or 16 rows).
+//  2. rows_gemm_kernel: the weights are the mma's A operand (16 output columns x 16 k), the rows its B
+//     operand (16 k x 8 rows), so one mma serves a whole 16x16 weight tile for 8 rows. A lane decodes the
+//     eight trellis positions 8*lane .. 8*lane+7 of a tile, which are exactly its A fragment. The schedule
+//     (proved, build/kernels/gemm_schedule.h) is stream-K over units (n-block of 128 columns, 128-group of
+//     k), n-block major: block b takes the units [begin(b), end(b)) of an even partition; within an n-block
+//     warp w takes k-tile 8g+w of each of the block's groups g, ascending; the block sums its warps in
+//     ascending order; the blocks that share an n-block leave partials, which the last of them to arrive
+//     sums in ascending block order before it applies H and svh. The block count depends on k, n and the
+//     GPU, never on the row count, and every mma takes one row per B column: a row's result is the same
+//     whatever the other rows are or how many there are.
+// Arithmetic: fp32 accumulation; a decoded weight is the codebook's fp16 value (one fp16 fma rounding,
+// as the format defines it); the transforms in fp32 with one fp16 rounding of the activations and of y.
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "gemm_schedule.h"
+
+namespace {
+
+constexpr uint32_t kWarps = ELPIS_GEMM_WARPS;      // warps per block = k-tiles per group
+constexpr uint32_t kGroupK = ELPIS_GEMM_GROUP_K;   // k per group (one Hadamard block)
+constexpr uint32_t kBlockN = 128;                  // output columns per block (one Hadamard block)
+constexpr uint32_t kTilesN = kBlockN / 16;         // weight tiles per warp per k-tile
+constexpr uint32_t kWordsPerTile = 32;             // 16 * 4 bits * 256 / 32: 4-bit trellis only
+constexpr uint32_t kRedStride = kBlockN + 4;       // padded row of the reduction buffer (no bank conflicts)
+constexpr float kInvSqrt128 = 0.08838834764831845f;
+#ifndef ELPIS_GEMM_STAGES
+#define ELPIS_GEMM_STAGES 3
+#endif
+constexpr int kStages = ELPIS_GEMM_STAGES;         // k-tiles of words in flight per warp
+
+static_assert(kWarps == 8 && kGroupK == 128, "the kernel's warp layout is for 8 k-tiles per group");
+
+// ---- small exact operations (bit patterns in, bit patterns out) -------------------------------------------
+
+#ifdef ELPIS_CUDA_EMU
+inline uint32_t shfl_u32(uint32_t v, uint32_t src) { return emu_shfl_u32(v, src); }
+inline float shfl_xor_f32(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+inline uint32_t dp4a_u32(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t s = c;
+    for (int i = 0; i < 4; i++) s += ((a >> (8 * i)) & 0xffu) * ((b >> (8 * i)) & 0xffu);
+    return s;
+}
+inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    const uint64_t v = (uint64_t(b) << 32) | a;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++) r |= uint32_t((v >> (8 * ((sel >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+    return r;
+}
+inline uint32_t shr64(uint32_t lo, uint32_t hi, uint32_t s) { return uint32_t(((uint64_t(hi) << 32) | lo) >> s); }
+// fp16x2 fma with one rounding: the fp32 fma is exact for the codebook's operands (22 + 11 bits)
+inline uint32_t hfma2_bits(uint32_t x, uint32_t a, uint32_t b) {
+    uint32_t r = 0;
+    for (int i = 0; i < 2; i++) {
+        _Float16 hx, ha, hb;
+        const uint16_t ux = uint16_t(x >> (16 * i)), ua = uint16_t(a >> (16 * i)), ub = uint16_t(b >> (16 * i));
+        std::memcpy(&hx, &ux, 2); std::memcpy(&ha, &ua, 2); std::memcpy(&hb, &ub, 2);
+        const _Float16 hr = _Float16(std::fma(float(hx), float(ha), float(hb)));
+        uint16_t ur; std::memcpy(&ur, &hr, 2);
+        r |= uint32_t(ur) << (16 * i);
+    }
+    return r;
+}
+inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { emu_mma_m16n8k16(d, a, b0, b1); }
+inline uint32_t atomic_inc(uint32_t* p) { return (*p)++; }
+inline float load_cg(const float* p) { return *p; }
+inline uint32_t load_words(const uint32_t* p) { return *p; }
+inline uint2 load_frag(const uint2* p) { return *p; }
+#define ELPIS_FENCE() do {} while (0)
+#else
+__device__ __forceinline__ uint32_t shfl_u32(uint32_t v, uint32_t src) { return __shfl_sync(0xffffffffu, v, src); }
+__device__ __forceinline__ float shfl_xor_f32(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+__device__ __forceinline__ uint32_t dp4a_u32(uint32_t a, uint32_t b, uint32_t c) { return __dp4a(a, b, c); }
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
+__device__ __forceinline__ uint32_t shr64(uint32_t lo, uint32_t hi, uint32_t s) { return __funnelshift_r(lo, hi, s); }
+__device__ __forceinline__ uint32_t hfma2_bits(uint32_t x, uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t atomic_inc(uint32_t* p) { return atomicAdd(p, 1u); }
+__device__ __forceinline__ float load_cg(const float* p) { return __ldcg(p); }
+// The trellis is read once per GEMM: stream it past L1.
+__device__ __forceinline__ uint32_t load_words(const uint32_t* p) { return __ldcs(p); }
+__device__ __forceinline__ uint2 load_frag(const uint2* p) { return __ldg(p); }
+#define ELPIS_FENCE() __threadfence()
+#endif
+
+// The 16-bit trellis state of each of a lane's eight positions 8L..8L+7, from its word L (`lo`) and word
+// L-1 (`hi`, circular within the tile): position 8L+j reads bits 4(7-j) .. 4(7-j)+15 of hi:lo. Byte-aligned
+// windows are one byte permute with zero fill; the others are the same after a funnel shift by 4.
+__device__ __forceinline__ void states8(uint32_t lo, uint32_t hi, uint32_t (&w)[8]) {
+    const uint32_t s4 = shr64(lo, hi, 4), s16 = shr64(lo, hi, 16), s20 = shr64(lo, hi, 20);
+    w[7] = prmt(lo, 0u, 0x4410u);
+    w[6] = prmt(s4, 0u, 0x4410u);
+    w[5] = prmt(lo, 0u, 0x4421u);
+    w[4] = prmt(s4, 0u, 0x4421u);
+    w[3] = prmt(lo, 0u, 0x4432u);
+    w[2] = prmt(s4, 0u, 0x4432u);
+    w[1] = prmt(s16, 0u, 0x4421u);
+    w[0] = prmt(s20, 0u, 0x4421u);
+}
+
+// mul1 codebook, two states to an fp16 pair (low half: s0): fp16(1024 + bytesum(s * 0x83DCD12D)) * 1/147.7
+// - 10.39 with the format's fp16 constants (0x1eee, 0xc931), one rounding.
+__device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
+    const uint32_t h0 = dp4a_u32(s0 * 0x83DCD12Du, 0x01010101u, 0x6400u);
+    const uint32_t h1 = dp4a_u32(s1 * 0x83DCD12Du, 0x01010101u, 0x6400u);
+    return hfma2_bits(prmt(h0, h1, 0x5410u), 0x1eee1eeeu, 0xc931c931u);
+}
+
+// A lane's A fragment of one 16x16 weight tile (rows: output columns, columns: k): registers 0-3 hold
+// (n g, k 2q..2q+1), (n g+8, k 2q..), (n g, k 2q+8..), (n g+8, k 2q+8..); positions 8L+j sit at
+// k = 2q + (j&1) + 8((j>>1)&1), n = g + 8(j>>2).
+__device__ __forceinline__ void decode_tile(uint32_t lo, uint32_t hi, uint32_t (&a)[4]) {
+    uint32_t w[8];
+    states8(lo, hi, w);
+    a[0] = decode_pair(w[0], w[1]);
+    a[1] = decode_pair(w[4], w[5]);
+    a[2] = decode_pair(w[2], w[3]);
+    a[3] = decode_pair(w[6], w[7]);
+}
+
+// In-place 128-point Sylvester transform (unnormalised) of the values 4*lane + j held by a warp.
+__device__ __forceinline__ void fwht128(float (&v)[4], uint32_t lane) {
+    float a = v[0] + v[1], b = v[0] - v[1], c = v[2] + v[3], d = v[2] - v[3];
+    v[0] = a + c; v[1] = b + d; v[2] = a - c; v[3] = b - d;
+#pragma unroll
+    for (int bit = 0; bit < 5; bit++) {
+        const bool upper = (lane >> bit) & 1u;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float other = shfl_xor_f32(v[j], 1 << bit);
+            v[j] = upper ? other - v[j] : v[j] + other;
+        }
+    }
+}
+
+// ---- launch 1: the input transform -------------------------------------------------------------------------
+
+// Index (in halves) of element (row, kk) of k-tile t in the fragment order: per (t, row half), lane
+// g*4+q holds (row g, k 2q, 2q+1) then (row g, k 2q+8, 2q+9).
+__device__ __forceinline__ uint32_t frag_index(uint32_t t, uint32_t row, uint32_t kk, uint32_t row_halves) {
+    const uint32_t q = (kk & 7u) >> 1, which = kk >> 3;
+    return ((((t * row_halves + (row >> 3)) * 32u + (row & 7u) * 4u + q) * 2u + which) * 2u) + (kk & 1u);
+}
+
+// grid (k / 128, rows_padded / 4), 128 threads: warp w transforms row 4*blockIdx.y + w of group blockIdx.x.
+__global__ void __launch_bounds__(128) rows_gemm_input(const __half* __restrict__ x, const __half* __restrict__ suh,
+                                                       __half* __restrict__ a_frag, uint32_t m, uint32_t k,
+                                                       uint32_t row_halves) {
+    const uint32_t lane = threadIdx.x & 31u, row = blockIdx.y * 4u + (threadIdx.x >> 5);
+    const uint32_t k0 = blockIdx.x * kGroupK + lane * 4u;
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        v[j] = row < m ? __half2float(x[size_t(row) * k + k0 + j]) * __half2float(suh[k0 + j]) : 0.0f;
+    fwht128(v, lane);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uint32_t kg = k0 + j;
+        a_frag[frag_index(kg >> 4, row, kg & 15u, row_halves)] = __float2half_rn(v[j] * kInvSqrt128);
+    }
+}
+
+// ---- the decode alone (tests): D [k, n] fp16 from the trellis, one warp per 16x16 tile -------------------
+
+__global__ void __launch_bounds__(32) rows_gemm_decode(const uint32_t* __restrict__ trellis, __half* __restrict__ d,
+                                                       uint32_t n) {
+    const uint32_t lane = threadIdx.x, kt = blockIdx.y, nt = blockIdx.x, g = lane >> 2, q = lane & 3u;
+    const uint32_t lo = trellis[(size_t(kt) * (n / 16u) + nt) * kWordsPerTile + lane];
+    const uint32_t hi = shfl_u32(lo, (lane + 31u) & 31u);
+    uint32_t a[4];
+    decode_tile(lo, hi, a);
+    uint16_t* const out = reinterpret_cast<uint16_t*>(d);
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const uint32_t row = kt * 16u + 2u * q + ((r & 2) ? 8u : 0u), col = nt * 16u + g + ((r & 1) ? 8u : 0u);
+        out[size_t(row) * n + col] = uint16_t(a[r] & 0xffffu);
+        out[size_t(row + 1u) * n + col] = uint16_t(a[r] >> 16);
+    }
+}
+
+// ---- launch 2: the GEMM ------------------------------------------------------------------------------------
+
+template <int kRH>
+struct Stage {
+    uint32_t words[kTilesN];
+    uint2 frag[kRH];
+};
+
+template <int kRH>
+__device__ __forceinline__ void load_stage(Stage<kRH>& st, const uint32_t* __restrict__ words, const uint2* __restrict__ frags,
+                                           uint32_t t, uint32_t tiles_n) {
+    const uint32_t* p = words + size_t(t) * tiles_n * kWordsPerTile;
+#pragma unroll
+    for (uint32_t j = 0; j < kTilesN; j++) st.words[j] = load_words(p + j * kWordsPerTile);
+#pragma unroll
+    for (int h = 0; h < kRH; h++) st.frag[h] = load_frag(frags + (size_t(t) * kRH + h) * 32u);
+}
+
+template <int kRH>
+__device__ __forceinline__ void mma_stage(const Stage<kRH>& st, float (&acc)[kTilesN][kRH][4], uint32_t lane) {
+    const uint32_t prev = (lane + 31u) & 31u;
+#pragma unroll
+    for (uint32_t j = 0; j < kTilesN; j++) {
+        const uint32_t hi = shfl_u32(st.words[j], prev);
+        uint32_t a[4];
+        decode_tile(st.words[j], hi, a);
+#pragma unroll
+        for (int h = 0; h < kRH; h++) mma_16816(acc[j][h], a, st.frag[h].x, st.frag[h].y);
+    }
+}
+
+// Groups [gb, ge) of n-block nb through the warps (warp w: k-tile 8g+w of each group g, ascending), then the
+// warps' sums in ascending order: `total` holds this thread's outputs, rows 8h + (t >> 7) + 2i, column t & 127.
+template <int kRH>
+__device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, const uint32_t* __restrict__ trellis,
+                                           uint32_t nb, uint32_t gb, uint32_t ge, uint32_t tiles_n,
+                                           float (&red)[kWarps][8][kRedStride], float (&total)[kRH][4]) {
+    const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u, g = lane >> 2, q = lane & 3u;
+    float acc[kTilesN][kRH][4];
+#pragma unroll
+    for (uint32_t j = 0; j < kTilesN; j++)
+#pragma unroll
+        for (int h = 0; h < kRH; h++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[j][h][e] = 0.0f;
+
+    const uint32_t* words = trellis + size_t(nb) * kTilesN * kWordsPerTile + lane;
+    const uint2* frags = a_frag + lane;
+    Stage<kRH> st[kStages];
+#pragma unroll
+    for (int i = 0; i < kStages; i++)
+        if (gb + i < ge) load_stage(st[i], words, frags, elpis_gemm_ktile(gb + i, warp), tiles_n);
+    for (uint32_t g0 = gb; g0 < ge; g0 += kStages) {
+#pragma unroll
+        for (int i = 0; i < kStages; i++) {
+            if (g0 + i < ge) {
+                mma_stage(st[i], acc, lane);
+                if (g0 + i + kStages < ge)
+                    load_stage(st[i], words, frags, elpis_gemm_ktile(g0 + i + kStages, warp), tiles_n);
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < kRH; h++) {
+#pragma unroll
+        for (uint32_t j = 0; j < kTilesN; j++) {
+            const uint32_t c = j * 16u + g;
+            red[warp][2 * q][c] = acc[j][h][0];
+            red[warp][2 * q + 1][c] = acc[j][h][1];
+            red[warp][2 * q][c + 8] = acc[j][h][2];
+            red[warp][2 * q + 1][c + 8] = acc[j][h][3];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t idx = threadIdx.x + 256u * i, r = idx >> 7, c = idx & 127u;
+            float v = red[0][r][c];
+#pragma unroll
+            for (uint32_t w = 1; w < kWarps; w++) v += red[w][r][c];
+            total[h][i] = v;
+        }
+        __syncthreads();
+    }
+}
+
+// y [rows < m, n-block nb] = (total H) / sqrt(128) * svh, one row per warp (red is scratch; ends on a barrier).
+template <int kRH, bool kOutF32>
+__device__ __forceinline__ void finish(const float (&total)[kRH][4], float (&red)[kWarps][8][kRedStride],
+                                       const __half* __restrict__ svh, void* __restrict__ out, uint32_t m, uint32_t n,
+                                       uint32_t nb) {
+    const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+    float* const part = &red[0][0][0];  // [16 rows][kRedStride]
+#pragma unroll
+    for (int h = 0; h < kRH; h++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t idx = threadIdx.x + 256u * i;
+            part[(8u * h + (idx >> 7)) * kRedStride + (idx & 127u)] = total[h][i];
+        }
+    __syncthreads();
+    for (uint32_t r = warp; r < m; r += kWarps) {
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = part[r * kRedStride + lane * 4u + j];
+        fwht128(v, lane);
+        const uint32_t c0 = nb * kBlockN + lane * 4u;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float y = (v[j] * kInvSqrt128) * __half2float(svh[c0 + j]);
+            if constexpr (kOutF32)
+                static_cast<float*>(out)[size_t(r) * n + c0 + j] = y;
+            else
+                static_cast<__half*>(out)[size_t(r) * n + c0 + j] = __float2half_rn(y);
+        }
+    }
+    __syncthreads();
+}
+
+// Stream-K over units (n-block, group), n-block major: block b takes units [begin(b), end(b)) of the proved
+// partition, so every block gets the same work to one unit. A block that holds a whole n-block finishes it; the
+// blocks sharing one write their partials to slot b + nb of `workspace` ([slots][m][128] floats: the pairs
+// (block, n-block) lie on a monotone staircase, so b + nb is unique) and the last to arrive (counted in
+// `counters`, one zero word per n-block, left zero again) sums them in ascending block order and finishes it.
+// Two blocks per multiprocessor (the grid is one wave of them): up to 128 registers.
+template <int kRH, bool kOutF32>
+__global__ void __launch_bounds__(256, 2)
+    rows_gemm_kernel(const uint2* __restrict__ a_frag, const uint32_t* __restrict__ trellis,
+                     const __half* __restrict__ svh, void* __restrict__ out, uint32_t m, uint32_t k, uint32_t n,
+                     float* __restrict__ workspace, uint32_t* __restrict__ counters) {
+    __shared__ float red[kWarps][8][kRedStride];
+    __shared__ uint32_t last_flag;
+    const uint32_t b = blockIdx.x, blocks = gridDim.x;
+    const uint32_t groups = k / kGroupK, tiles_n = n / 16u, units = groups * (n / kBlockN);
+    const uint32_t u0 = elpis_gemm_split_begin(units, blocks, b), u1 = elpis_gemm_split_end(units, blocks, b);
+    for (uint32_t nb = u0 / groups; nb * groups < u1; nb++) {
+        const uint32_t base = nb * groups;
+        const uint32_t gb = (u0 > base ? u0 : base) - base, ge = (u1 < base + groups ? u1 : base + groups) - base;
+        float total[kRH][4];
+        accumulate<kRH>(a_frag, trellis, nb, gb, ge, tiles_n, red, total);
+        const uint32_t first = elpis_gemm_owner(units, blocks, base);
+        const uint32_t last = elpis_gemm_owner(units, blocks, base + groups - 1u);
+        if (first != last) {
+#pragma unroll
+            for (int h = 0; h < kRH; h++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const uint32_t idx = threadIdx.x + 256u * i, r = 8u * h + (idx >> 7), c = idx & 127u;
+                    if (r < m) workspace[(size_t(b + nb) * m + r) * kBlockN + c] = total[h][i];
+                }
+            ELPIS_FENCE();
+            __syncthreads();
+            if (threadIdx.x == 0) last_flag = atomic_inc(&counters[nb]) == last - first;
+            __syncthreads();
+            if (!last_flag) continue;
+            ELPIS_FENCE();
+#pragma unroll
+            for (int h = 0; h < kRH; h++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const uint32_t idx = threadIdx.x + 256u * i, r = 8u * h + (idx >> 7), c = idx & 127u;
+                    if (r >= m) continue;
+                    // ascending block order; eight loads in flight before their adds
+                    const float* p = workspace + (size_t(first + nb) * m + r) * kBlockN + c;
+                    const size_t stride = size_t(m) * kBlockN;
+                    float v = load_cg(p);
+                    for (uint32_t s = 1u; s <= last - first; s += 8u) {
+                        float part[8];
+#pragma unroll
+                        for (uint32_t e = 0; e < 8u; e++) part[e] = s + e <= last - first ? load_cg(p + (s + e) * stride) : 0.0f;
+#pragma unroll
+                        for (uint32_t e = 0; e < 8u; e++)
+                            if (s + e <= last - first) v += part[e];
+                    }
+                    total[h][i] = v;
+                }
+            if (threadIdx.x == 0) counters[nb] = 0u;
+        }
+        finish<kRH, kOutF32>(total, red, svh, out, m, n, nb);
+    }
+}
+
+template <int kRH, bool kOutF32>
+void launch_gemm(dim3 grid, cudaStream_t s, const uint2* frags, const uint32_t* words, const __half* sv, void* out,
+                 uint32_t m, uint32_t k, uint32_t n, float* workspace, uint32_t* counters) {
+    auto kernel = rows_gemm_kernel<kRH, kOutF32>;
+    kernel<<<grid, 256, 0, s>>>(frags, words, sv, out, m, k, n, workspace, counters);
+}
+
+uint32_t row_halves_for(uint32_t m) { return m > 8u ? 2u : 1u; }
+
+// The stream-K grid's block count for this GPU: its multiprocessors times the blocks of the 16-row kernel one
+// holds (two on the H200 and the RTX 3090), so the grid is one full wave with every multiprocessor equally
+// loaded. Every row count uses this one number, so the partition (hence the summation order) is the same for 1
+// and for 16 rows.
+uint32_t resident_blocks() {
+    static uint32_t cached[64] = {};
+    int device = 0, sms = 0;
+    cudaGetDevice(&device);
+    if (device < 0 || device >= 64) return 1u;
+    if (cached[device] == 0u) {
+        int fit = 0;
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, rows_gemm_kernel<2, false>, 256, 0);
+        cached[device] = uint32_t(sms > 0 ? sms : 1) * uint32_t(fit > 0 ? fit : 1);
+    }
+    return cached[device];
+}
+
+// Blocks of the stream-K grid: resident_blocks(), or one per unit when there are fewer (a function of k, n and
+// the GPU, never of the row count).
+uint32_t blocks_for(uint32_t k, uint32_t n) { return elpis_gemm_blocks((k / kGroupK) * (n / kBlockN), resident_blocks()); }
+
+}  // namespace
+
+extern "C" {
+
+// Rows, k and n the kernel takes: 1..16 rows, k and n multiples of 128.
+uint32_t elpis_rows_gemm_supported(uint32_t m, uint32_t k, uint32_t n) {
+    return m >= 1u && m <= 16u && k >= kGroupK && k % kGroupK == 0u && n >= kBlockN && n % kBlockN == 0u &&
+           k / kGroupK <= 4096u && n / kBlockN <= 4096u;
+}
+
+uint32_t elpis_rows_gemm_blocks(uint32_t k, uint32_t n) { return blocks_for(k, n); }
+
+// The stream-K block count's input besides k and n (resident_blocks above).
+uint32_t elpis_rows_gemm_resident_blocks(void) { return resident_blocks(); }
+
+// Scratch sizes: the input fragments (halves) and the split partials (floats, 0 for one split).
+uint64_t elpis_rows_gemm_frag_halves(uint32_t m, uint32_t k) { return uint64_t(k) * 16u * row_halves_for(m); }
+uint64_t elpis_rows_gemm_workspace_floats(uint32_t m, uint32_t k, uint32_t n) {
+    return (uint64_t(blocks_for(k, n)) + n / kBlockN) * m * kBlockN;
+}
+// Zeroed words the counters must hold: one per n-block.
+uint32_t elpis_rows_gemm_counters(uint32_t n) { return n / kBlockN; }
+
+// D [k, n] fp16 (row-major) = the decoded trellis, for tests against the format's reference.
+int elpis_rows_gemm_decode(const void* trellis, void* d, uint32_t k, uint32_t n, void* stream) {
+    if (k % 16u != 0u || n % 16u != 0u || k == 0u || n == 0u || k / 16u > 65535u) return static_cast<int>(cudaErrorInvalidValue);
+    rows_gemm_decode<<<dim3(n / 16u, k / 16u), 32, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const uint32_t*>(trellis), static_cast<__half*>(d), n);
+    return static_cast<int>(cudaGetLastError());
+}
+
+// y [m, n] (fp16, or fp32 when out_f32) = the EXL3 linear (4-bit mul1 trellis [k/16, n/16, 64] uint16, suh
+// [k], svh [n] fp16) of x [m, k] fp16. Returns 0 or a CUDA error code (cudaErrorInvalidValue: a shape or
+// scratch size outside what the entries above say).
+int elpis_rows_gemm(const void* x, const void* suh, const void* trellis, const void* svh, void* out, uint32_t out_f32,
+                    uint32_t m, uint32_t k, uint32_t n, void* a_frag, uint64_t frag_halves, float* workspace,
+                    uint64_t workspace_floats, uint32_t* counters, uint32_t counters_len, void* stream) {
+    if (!elpis_rows_gemm_supported(m, k, n) || frag_halves < elpis_rows_gemm_frag_halves(m, k) ||
+        workspace_floats < elpis_rows_gemm_workspace_floats(m, k, n) || counters_len < elpis_rows_gemm_counters(n))
+        return static_cast<int>(cudaErrorInvalidValue);
+    const uint32_t rh = row_halves_for(m), blocks = blocks_for(k, n);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    rows_gemm_input<<<dim3(k / kGroupK, rh * 2u), 128, 0, s>>>(
+        static_cast<const __half*>(x), static_cast<const __half*>(suh), static_cast<__half*>(a_frag), m, k, rh);
+    const dim3 grid(blocks);
+    const uint2* frags = static_cast<const uint2*>(a_frag);
+    const uint32_t* words = static_cast<const uint32_t*>(trellis);
+    const __half* sv = static_cast<const __half*>(svh);
+    if (rh == 1u && !out_f32)
+        launch_gemm<1, false>(grid, s, frags, words, sv, out, m, k, n, workspace, counters);
+    else if (rh == 1u)
+        launch_gemm<1, true>(grid, s, frags, words, sv, out, m, k, n, workspace, counters);
+    else if (!out_f32)
+        launch_gemm<2, false>(grid, s, frags, words, sv, out, m, k, n, workspace, counters);
+    else
+        launch_gemm<2, true>(grid, s, frags, words, sv, out, m, k, n, workspace, counters);
+    return static_cast<int>(cudaGetLastError());
+}
+
+}  // extern "C"

@@ -1,0 +1,149 @@
+"""elpis's EXL3 GEMM for 1-16 rows (patches/kernels/exl3_gemm_rows.cu) on the CPU, through the CUDA
+emulation of tests/kernels/cuda_emu.py. Its decode is bit for bit the format's (elpis.exl3.trellis_ref); its
+GEMM agrees with the float64 EXL3 linear within the fp16 rounding of the activations and the output; a row's
+result does not depend on the other rows or on how many there are. The mma is emulated in fp32 per warp; the
+tensor cores' own bits are checked on the GPU (tests/kernels/test_rows_gemm.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from elpis.exl3 import rows_gemm as rg
+from elpis.exl3 import trellis_ref as ref
+from tests.kernels import cuda_emu
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    built = cuda_emu.build_emulated(
+        rg.SOURCE, tmp_path_factory.mktemp("rows_gemm_emu"), launches=3, needs=("gemm_schedule.h",)
+    )
+    built.emu_set_sms(8)  # before the first call: the kernel caches its resident-block count
+    return rg.bind(built)
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+class Linear:
+    """A random 4-bit mul1 EXL3 linear k -> n: unit-scale suh signs, svh ~ 1/sqrt(k)."""
+
+    def __init__(self, k: int, n: int, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.k, self.n = k, n
+        self.trellis = rng.integers(0, 1 << 16, size=(k // 16, n // 16, 64)).astype(np.uint16)
+        self.suh = rng.choice([-1.0, 1.0], size=k).astype(np.float16)
+        self.svh = (rng.uniform(0.5, 1.0, size=n) * rng.choice([-1, 1], size=n) / np.sqrt(k)).astype(
+            np.float16
+        )
+
+    def run(self, lib: ctypes.CDLL, x: np.ndarray, out_f32: bool = False) -> np.ndarray:
+        m = x.shape[0]
+        x = np.ascontiguousarray(x, dtype=np.float16)
+        out = np.zeros((m, self.n), dtype=np.float32 if out_f32 else np.float16)
+        frag = np.zeros(int(lib.elpis_rows_gemm_frag_halves(m, self.k)), dtype=np.float16)
+        floats = int(lib.elpis_rows_gemm_workspace_floats(m, self.k, self.n))
+        work = np.zeros(max(floats, 1), dtype=np.float32)
+        counters = np.zeros(rg.MAX_COUNTERS, dtype=np.uint32)
+        err = lib.elpis_rows_gemm(
+            _ptr(x), _ptr(self.suh), _ptr(self.trellis), _ptr(self.svh), _ptr(out), int(out_f32),
+            m, self.k, self.n, _ptr(frag), frag.size, _ptr(work), floats, _ptr(counters), counters.size, None,
+        )  # fmt: skip
+        assert err == 0
+        assert not counters.any(), "the last block of each n-block must leave its counter zero"
+        return out
+
+    def exact(self, x: np.ndarray) -> np.ndarray:
+        return ref.linear(x.astype(np.float64), self.trellis, self.suh, self.svh)
+
+
+def test_decode_is_the_formats_bit_for_bit(lib: ctypes.CDLL) -> None:
+    rng = np.random.default_rng(1)
+    trellis = rng.integers(0, 1 << 16, size=(3, 5, 64)).astype(np.uint16)
+    d = np.zeros((48, 80), dtype=np.float16)
+    assert lib.elpis_rows_gemm_decode(_ptr(trellis), _ptr(d), 48, 80, None) == 0
+    want = ref.decoded(trellis, 4)
+    assert np.array_equal(d.view(np.uint16), want.view(np.uint16))
+
+
+def test_reference_decodes_to_unit_gaussian_values() -> None:
+    # mul1 of uniformly random states is close to N(0, 1): the reference's codebook is the format's
+    values = ref.decode_mul1(np.arange(1 << 16)).astype(np.float64)
+    assert abs(values.mean()) < 0.02 and abs(values.std() - 1.0) < 0.03
+
+
+def _tolerance(y: np.ndarray) -> float:
+    # fp16 activations (2^-11 relative) carried through both unit-norm transforms, plus fp16 output rounding
+    return 4e-3 * float(np.abs(y).max()) + 1e-3
+
+
+@pytest.mark.parametrize(
+    ("rows", "k", "n", "out_f32"), [(1, 256, 128, False), (8, 512, 128, True), (13, 256, 256, False)]
+)
+def test_gemm_agrees_with_the_float64_linear(
+    lib: ctypes.CDLL, rows: int, k: int, n: int, out_f32: bool
+) -> None:
+    layer = Linear(k, n, seed=rows)
+    x = np.random.default_rng(rows + 100).standard_normal((rows, k)).astype(np.float16)
+    got = layer.run(lib, x, out_f32).astype(np.float64)
+    want = layer.exact(x)
+    err = np.abs(got - want).max()
+    assert err <= _tolerance(want), f"max error {err} against max |y| {np.abs(want).max()}"
+    # a wrong tile order, transform or fragment would be off by O(|y|), not by rounding
+    assert np.abs(want).max() > 0.1
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "blocks"),
+    [
+        (512, 128, 4),  # one n-block shared by four blocks: partials summed by the last to arrive
+        (384, 512, 8),  # 12 units on 8 blocks: blocks that span two n-blocks
+        (128, 1280, 8),  # 10 units on 8 blocks: blocks that hold whole n-blocks and finish them alone
+        (2048, 128, 8),  # 16 units on 8 blocks: eight partials of one n-block summed in one batch of loads
+    ],
+)
+def test_stream_k_covers_every_unit_once(lib: ctypes.CDLL, k: int, n: int, blocks: int) -> None:
+    assert int(lib.elpis_rows_gemm_resident_blocks()) == 8
+    assert int(lib.elpis_rows_gemm_blocks(k, n)) == blocks
+    layer = Linear(k, n, seed=k + n)
+    x = np.zeros((2, k), dtype=np.float16)
+    x[0, 3] = 1.0  # one input: y = e3 * W, every unit but one contributes exact zeros
+    x[1] = np.random.default_rng(8).standard_normal(k)
+    got = layer.run(lib, x).astype(np.float64)
+    want = layer.exact(x)
+    assert np.abs(got - want).max() <= _tolerance(want)
+
+
+def test_a_row_does_not_depend_on_the_other_rows(lib: ctypes.CDLL) -> None:
+    layer = Linear(256, 128, seed=3)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((16, 256)).astype(np.float16)
+    batch16 = layer.run(lib, x)
+    batch8 = layer.run(lib, x[:8])
+    alone = np.stack([layer.run(lib, x[i : i + 1])[0] for i in (0, 5, 9, 15)])
+    assert np.array_equal(batch16[:8].view(np.uint16), batch8.view(np.uint16))
+    assert np.array_equal(batch16[[0, 5, 9, 15]].view(np.uint16), alone.view(np.uint16))
+    other = x.copy()
+    other[1:] = rng.standard_normal((15, 256))
+    assert np.array_equal(layer.run(lib, other)[0].view(np.uint16), batch16[0].view(np.uint16))
+
+
+def test_sizes_and_refusals(lib: ctypes.CDLL) -> None:
+    assert lib.elpis_rows_gemm_supported(16, 5120, 17408) == 1
+    assert lib.elpis_rows_gemm_supported(17, 5120, 17408) == 0
+    assert lib.elpis_rows_gemm_supported(8, 5120 + 16, 128) == 0
+    assert lib.elpis_rows_gemm_supported(8, 5120, 100) == 0
+    assert lib.elpis_rows_gemm_frag_halves(8, 256) == 256 * 16
+    assert lib.elpis_rows_gemm_frag_halves(9, 256) == 256 * 32
+    counters = np.zeros(1, dtype=np.uint32)
+    x = np.zeros((1, 256), dtype=np.float16)
+    # a scratch smaller than the sizes say is refused before any launch
+    err = lib.elpis_rows_gemm(
+        _ptr(x), None, None, None, None, 0, 1, 256, 128, _ptr(x), 0, None, 0, _ptr(counters), 1, None
+    )
+    assert err != 0
