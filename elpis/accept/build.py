@@ -4,10 +4,10 @@ admit the result with the server's own loader, and only then move it into place.
 Fail closed: every step runs into a fresh staging directory next to the output; the first failing step
 stops the build with a BuildError naming its layer ("prove", "generate", "c-scan", "compile", "table",
 "identity", "admission"), and the previous build (if any) is left untouched. Admission later re-checks
-everything against the sources, so a stale previous build still cannot be served. One step also writes the
-tree-verify attention schedule header and one the GDN tree plan header into the root's `build/kernels/` (the
-CUDA include directory), each only once a host build of it matches the Bend interpreter (a failure is a
-"generate" or "table" error).
+everything against the sources, so a stale previous build still cannot be served. Three steps also write
+kernel headers into the root's `build/kernels/` (the CUDA include directory): the tree-verify attention
+schedule, the GDN tree plan and the EXL3 GEMM schedule, each only once a host build of it matches the Bend
+interpreter (a failure is a "generate" or "table" error).
 """
 
 from __future__ import annotations
@@ -181,6 +181,9 @@ def _build_into(
     with steps.step("generate", "GDN tree plan header (checked against the interpreter)"):
         _gdn_plan(root, root / "build" / "kernels", cc)
 
+    with steps.step("generate", "GEMM schedule header (checked against the interpreter)"):
+        _gemm_schedule(root, root / "build" / "kernels", cc)
+
     with steps.step("generate", "generate C from the implementation modules"):
         generated = _generate(root, work / "generated")
         for name, path in generated.items():
@@ -290,6 +293,21 @@ def _gdn_plan(root: Path, kernels_dir: Path, cc: str) -> None:
         raise BuildError("table", f"gdn plan header: {exc}") from exc
     except BendError as exc:
         raise BuildError("generate", f"gdn plan header: {exc}") from exc
+
+
+def _gemm_schedule(root: Path, kernels_dir: Path, cc: str) -> None:
+    """Compile bend/gemm_schedule.bend (proved in the prove step) to build/kernels/gemm_schedule.h; the
+    header is written only once a host build of it matches the Bend interpreter on the whole table, and the
+    interpreter the closed forms inside the law domain."""
+    from elpis.bend import gemm_schedule
+    from elpis.bend.errors import BendError
+
+    try:
+        gemm_schedule.build(kernels_dir, root, cc)
+    except gemm_schedule.ScheduleMismatch as exc:
+        raise BuildError("table", f"gemm schedule header: {exc}") from exc
+    except BendError as exc:
+        raise BuildError("generate", f"gemm schedule header: {exc}") from exc
 
 
 def _generate(root: Path, out_dir: Path) -> dict[str, Path]:
