@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.exl3.test_gpu import decoder, prompt, small  # noqa: F401  (fixtures)
+from tests.exl3.test_gpu import decoder, prompt  # noqa: F401  (decoder: a fixture)
 from tests.exl3.test_tree_verify import TOKENS, log, plain, run_rows, tree_generate
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def backend(small):  # noqa: F811
+def backend(small):
     from elpis.exl3 import load_backend
 
     b = load_backend(

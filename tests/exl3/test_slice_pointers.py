@@ -10,7 +10,6 @@ import torch
 
 from elpis.exl3 import patches
 from elpis.exl3.slice_pointers import slice_addresses
-from tests.exl3.test_gpu import small  # noqa: F401  (fixture)
 
 
 @dataclass
@@ -68,7 +67,7 @@ def test_registry_installs_it_by_default():
 
 
 @pytest.mark.gpu
-def test_same_pointers_as_exllamav3_without_a_sync(small):  # noqa: F811
+def test_same_pointers_as_exllamav3_without_a_sync(small):
     """On every sliced bundle of the small model: ExLlamaV3's table and ours hold the same addresses, and
     ours is built under torch's sync debug mode set to error."""
     from exllamav3.modules.multilinear import SlicedMultiLinear

@@ -19,7 +19,7 @@ import random
 
 import pytest
 
-from tests.exl3.test_gpu import prompt, small  # noqa: F401  (fixtures)
+from tests.exl3.test_gpu import prompt
 from tests.exl3.test_tree_verify import (
     check_lossless,
     random_tree,
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def backend(small):  # noqa: F811
+def backend(small):
     from elpis.exl3 import load_backend
 
     b = load_backend(

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from elpis.exl3.tree_verify import TREE_RUNS, tree_run
-from tests.exl3.test_gpu import decoder, oracle_generate, prompt, small  # noqa: F401  (fixtures)
+from tests.exl3.test_gpu import decoder, oracle_generate, prompt  # noqa: F401  (decoder: a fixture)
 
 pytestmark = pytest.mark.gpu
 
@@ -58,7 +58,7 @@ def run_rows(backend, run: int):
 
 
 @pytest.fixture(scope="module")
-def backend(small):  # noqa: F811
+def backend(small):
     from elpis.exl3 import load_backend
 
     b = load_backend(
