@@ -656,17 +656,13 @@ def _linear_ops(rec: Recorded, names: Sequence[str], contexts: tuple[int, ...]) 
 
     def rows_gemm_forward(o: OpInputs) -> torch.Tensor:
         """What the patch rows-gemm computes: elpis's GEMM where it takes the call, ExLlamaV3's elsewhere."""
-        from elpis.exl3 import rows_gemm, rows_gemm_patch
+        from elpis.exl3 import rows_gemm_patch
 
         inner, x, out_dtype = o.params["linear"].inner, o.tensors["x"], o.params["out_dtype"]
         if not rows_gemm_patch.eligible(inner, x, {}, out_dtype):
             return forward(o)
         with torch.inference_mode():
-            y = rows_gemm.rows_gemm(
-                x.reshape(-1, x.shape[-1]).contiguous(), inner.trellis, inner.suh, inner.svh,
-                out_dtype or inner.default_out_dtype,
-            )  # fmt: skip
-        return y.view(*x.shape[:-1], -1)
+            return rows_gemm_patch.run(inner, x, out_dtype)
 
     def candidates(as_logits: bool) -> dict[str, Callable[[OpInputs], torch.Tensor]]:
         wrap = (lambda f: lambda o: f(o).float()) if as_logits else (lambda f: f)

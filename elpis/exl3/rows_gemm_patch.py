@@ -65,11 +65,16 @@ def _forward(self: Any, x: Any, params: dict, out_dtype: Any = None) -> Any:
     if not getattr(self, MARK, False) or not eligible(self, x, params, out_dtype):
         return _originals["forward"](self, x, params, out_dtype)
     calls["rows_gemm"] += 1
+    return run(self, x, out_dtype)
+
+
+def run(linear: Any, x: Any, out_dtype: Any = None) -> Any:
+    """`rows_gemm` of an `eligible` call of `LinearEXL3.forward`, shaped as that call returns it."""
     y = rows_gemm.rows_gemm(
-        x.reshape(-1, self.in_features).contiguous(), self.trellis, self.suh, self.svh,
-        out_dtype or self.default_out_dtype,
+        x.reshape(-1, linear.in_features).contiguous(), linear.trellis, linear.suh, linear.svh,
+        out_dtype or linear.default_out_dtype,
     )  # fmt: skip
-    return y.view(*x.shape[:-1], self.out_features)
+    return y.view(*x.shape[:-1], linear.out_features)
 
 
 def _use_mgemm(self: Any, *args: Any, **kwargs: Any) -> bool:
