@@ -1,17 +1,21 @@
 """elpis's EXL3 GEMM for 1-16 rows (`patches/kernels/exl3_gemm_rows.cu`): the binding.
 
 `rows_gemm(x, trellis, suh, svh)` is the EXL3 linear `((x * suh) H) D H * svh` of a 4-bit mul1 trellis for
-1..16 rows, every weight decoded once and fed to tensor cores; `decode(trellis)` is the decoded D alone, for
-tests against `elpis.exl3.trellis_ref` and ExLlamaV3's own decode. The work schedule is the proved one of
-`build/kernels/gemm_schedule.h`: nothing in it depends on the row count.
+1..16 rows, every weight decoded once and fed to tensor cores; `rows_gemm_group(x, members)` runs up to four
+such linears that share the input x in one call (one input-transform launch and one GEMM launch, the members'
+n-blocks in one stream-K grid); `decode(trellis)` is the decoded D alone, for tests against
+`elpis.exl3.trellis_ref` and ExLlamaV3's own decode. The work schedule is the proved one of
+`build/kernels/gemm_schedule.h`: nothing in it depends on the row count. A member's result does depend on
+the group it runs in (the group's total width sets the partition), so a caller keeps its groups fixed.
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from elpis.paths import BUILD_DIR, REPO_ROOT
 
@@ -22,17 +26,20 @@ SOURCE = REPO_ROOT / "patches" / "kernels" / "exl3_gemm_rows.cu"
 SCHEDULE_HEADER = BUILD_DIR / "kernels" / "gemm_schedule.h"
 BITS = 4
 MAX_ROWS = 16
-MAX_COUNTERS = 4096  # n-blocks of 128 columns: up to n = 524,288
+MAX_MEMBERS = 4  # linears of one call
+MAX_COUNTERS = 4096  # n-blocks of 128 columns, all members together: up to n = 524,288
 
 _VP, _U32, _U64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
-# x, suh, trellis, svh, out, out_f32, m, k, n, a_frag, frag_halves, workspace, workspace_floats, counters,
-# counters_len, stream
-GEMM_ARGS = (_VP, _VP, _VP, _VP, _VP, _U32, _U32, _U32, _U32, _VP, _U64, _VP, _U64, _VP, _U32, _VP)
+# x, m, k, count, suh[], trellis[], svh[], out[], n[] (host arrays of `count`), out_f32 (bit per member),
+# a_frag, frag_halves, workspace, workspace_floats, counters, counters_len, stream
+GEMM_ARGS = (_VP, _U32, _U32, _U32, _VP, _VP, _VP, _VP, _VP, _U32, _VP, _U64, _VP, _U64, _VP, _U32, _VP)
 DECODE_ARGS = (_VP, _VP, _U32, _U32, _VP)
 # ctypes signatures of the entries (a CPU test checks them against the kernel source)
 ENTRY_ARGS = {"elpis_rows_gemm": GEMM_ARGS, "elpis_rows_gemm_decode": DECODE_ARGS}
 SIZE_ENTRIES = {
     "elpis_rows_gemm_supported": ((_U32, _U32, _U32), _U32),
+    "elpis_rows_gemm_max_members": ((), _U32),
+    "elpis_rows_gemm_max_nblocks": ((), _U32),
     "elpis_rows_gemm_blocks": ((_U32, _U32), _U32),
     "elpis_rows_gemm_resident_blocks": ((), _U32),
     "elpis_rows_gemm_frag_halves": ((_U32, _U32), _U64),
@@ -84,6 +91,80 @@ def supported(rows: int, k: int, n: int, bits: int = BITS) -> bool:
     return bits == BITS and 1 <= rows <= MAX_ROWS and k % 128 == 0 and n % 128 == 0 and k >= 128 and n >= 128
 
 
+class Member(NamedTuple):
+    """One EXL3 linear of a call: trellis [k/16, n/16, 64] int16, suh [k], svh [n] fp16, and the output's
+    dtype (fp16 or fp32)."""
+
+    trellis: torch.Tensor
+    suh: torch.Tensor
+    svh: torch.Tensor
+    out_dtype: torch.dtype
+
+
+def void_ptrs(*pointers: int | None) -> ctypes.Array:
+    return (ctypes.c_void_p * len(pointers))(*pointers)
+
+
+def rows_gemm_group(
+    x: torch.Tensor, members: Sequence[Member], lib: ctypes.CDLL | None = None
+) -> list[torch.Tensor]:
+    """y_i [m, n_i] of x [m, k] fp16 through each member's EXL3 linear, in one call."""
+    import torch
+
+    lib = lib or library()
+    if not 1 <= len(members) <= MAX_MEMBERS:
+        raise ValueError(f"rows_gemm: a call takes 1..{MAX_MEMBERS} linears, got {len(members)}")
+    if x.dim() != 2:
+        raise ValueError(f"rows_gemm: x must be [rows, k], got shape {tuple(x.shape)}")
+    m, k = x.shape
+    _check("x", x, torch.half, (m, k))
+    widths = []
+    for i, member in enumerate(members):
+        trellis = member.trellis
+        if trellis.dim() != 3 or trellis.shape[2] != 16 * BITS:
+            raise ValueError(
+                f"rows_gemm: trellis must be [k/16, n/16, {16 * BITS}], got {tuple(trellis.shape)}"
+            )
+        n = trellis.shape[1] * 16
+        if not supported(m, k, n):
+            raise ValueError(
+                f"rows_gemm: {m} rows, k={k}, n={n} is outside the kernel (1..16 rows, k, n % 128 == 0)"
+            )
+        if member.out_dtype not in (torch.half, torch.float):
+            raise ValueError(f"rows_gemm: out_dtype must be float16 or float32, got {member.out_dtype}")
+        _check(f"trellis {i}", trellis, torch.int16, (k // 16, n // 16, 16 * BITS))
+        _check(f"suh {i}", member.suh, torch.half, (k,))
+        _check(f"svh {i}", member.svh, torch.half, (n,))
+        widths.append(n)
+    n_total = sum(widths)
+    if n_total // 128 > MAX_COUNTERS:
+        raise ValueError(
+            f"rows_gemm: {n_total} output columns in one call, the kernel takes {MAX_COUNTERS * 128}"
+        )
+    device = x.device
+    frag_halves = int(lib.elpis_rows_gemm_frag_halves(m, k)) * len(members)
+    floats = int(lib.elpis_rows_gemm_workspace_floats(m, k, n_total))
+    a_frag = torch.empty(frag_halves, dtype=torch.half, device=device)
+    workspace = torch.empty(max(floats, 1), dtype=torch.float32, device=device)
+    counters = _counters(str(device))
+    outs = [
+        torch.empty((m, n), dtype=mb.out_dtype, device=device) for mb, n in zip(members, widths, strict=True)
+    ]
+    out_f32 = sum(1 << i for i, mb in enumerate(members) if mb.out_dtype == torch.float)
+    stream = torch.cuda.current_stream(device).cuda_stream
+    err = lib.elpis_rows_gemm(
+        x.data_ptr(), m, k, len(members),
+        void_ptrs(*(mb.suh.data_ptr() for mb in members)),
+        void_ptrs(*(mb.trellis.data_ptr() for mb in members)),
+        void_ptrs(*(mb.svh.data_ptr() for mb in members)), void_ptrs(*(y.data_ptr() for y in outs)),
+        (ctypes.c_uint32 * len(widths))(*widths), out_f32, a_frag.data_ptr(), frag_halves,
+        workspace.data_ptr(), floats, counters.data_ptr(), MAX_COUNTERS, stream,
+    )  # fmt: skip
+    if err != 0:
+        raise RuntimeError(f"rows_gemm kernel failed: CUDA error {err}")
+    return outs
+
+
 def rows_gemm(
     x: torch.Tensor,
     trellis: torch.Tensor,
@@ -92,44 +173,11 @@ def rows_gemm(
     out_dtype: torch.dtype | None = None,
     lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
-    """y [m, n] of x [m, k] fp16 through the EXL3 linear (trellis [k/16, n/16, 64] int16, suh [k], svh [n]
+    """y [m, n] of x [m, k] fp16 through one EXL3 linear (trellis [k/16, n/16, 64] int16, suh [k], svh [n]
     fp16); `out_dtype` fp16 (default) or fp32."""
     import torch
 
-    lib = lib or library()
-    out_dtype = out_dtype or torch.half
-    if out_dtype not in (torch.half, torch.float):
-        raise ValueError(f"rows_gemm: out_dtype must be float16 or float32, got {out_dtype}")
-    if x.dim() != 2:
-        raise ValueError(f"rows_gemm: x must be [rows, k], got shape {tuple(x.shape)}")
-    m, k = x.shape
-    if trellis.dim() != 3 or trellis.shape[2] != 16 * BITS:
-        raise ValueError(f"rows_gemm: trellis must be [k/16, n/16, {16 * BITS}], got {tuple(trellis.shape)}")
-    n = trellis.shape[1] * 16
-    if not supported(m, k, n):
-        raise ValueError(
-            f"rows_gemm: {m} rows, k={k}, n={n} is outside the kernel (1..16 rows, k, n % 128 == 0)"
-        )
-    _check("x", x, torch.half, (m, k))
-    _check("trellis", trellis, torch.int16, (k // 16, n // 16, 16 * BITS))
-    _check("suh", suh, torch.half, (k,))
-    _check("svh", svh, torch.half, (n,))
-    device = x.device
-    frag_halves = int(lib.elpis_rows_gemm_frag_halves(m, k))
-    floats = int(lib.elpis_rows_gemm_workspace_floats(m, k, n))
-    a_frag = torch.empty(frag_halves, dtype=torch.half, device=device)
-    workspace = torch.empty(max(floats, 1), dtype=torch.float32, device=device)
-    counters = _counters(str(device))
-    out = torch.empty((m, n), dtype=out_dtype, device=device)
-    stream = torch.cuda.current_stream(device).cuda_stream
-    err = lib.elpis_rows_gemm(
-        x.data_ptr(), suh.data_ptr(), trellis.data_ptr(), svh.data_ptr(), out.data_ptr(),
-        int(out_dtype == torch.float), m, k, n, a_frag.data_ptr(), frag_halves, workspace.data_ptr(), floats,
-        counters.data_ptr(), MAX_COUNTERS, stream,
-    )  # fmt: skip
-    if err != 0:
-        raise RuntimeError(f"rows_gemm kernel failed: CUDA error {err}")
-    return out
+    return rows_gemm_group(x, [Member(trellis, suh, svh, out_dtype or torch.half)], lib)[0]
 
 
 def decode(trellis: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:

@@ -10,6 +10,14 @@ untouched:
 - `LinearEXL3.forward` of a linear of such a model runs `rows_gemm` for a call the kernel takes
   (`eligible`: 1-16 rows of fp16, 4-bit mul1 trellis, no bias, no reconstruct or override request) and the
   original for any other (prefill, the 6-bit head).
+The projections a module computes from one input (`SHARED_INPUT`: attention Q(+gate)/K/V, Gated DeltaNet
+qkv/z, MLP gate/up) form a `Group` at `mark`: the first of them called with an input runs the whole group in
+one kernel call (one input-transform launch, one GEMM launch over all their n-blocks) and keeps the others'
+outputs for their own calls with that same input tensor object. Inference tensors have no version counter,
+so what makes a kept output current is the call structure: ExLlamaV3's forward code calls every member of a
+group with the same tensor, untouched in between, before the module's next input exists; a compute drops
+whatever an earlier one kept, and the GPU tests check that a verify leaves nothing kept. A member's result is
+a function of its group, fixed at `mark`, so a verify and plain decoding still run the same arithmetic.
 Where it reaches (device call 36, `elpis/bench/scripts/rows_gemm_reach.py`): in tree mode (elpis serve's
 default with a draft) every EXL3 linear of a verify but the 6-bit head runs the kernel; chain mode keeps
 ExLlamaV3's C++ block graphs (`bc` objects of the MLP and Gated DeltaNet layers, whose GEMMs no Python
@@ -25,15 +33,48 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from elpis.exl3 import rows_gemm
 
 PATCH = "exl3-rows-gemm"
 MARK = "_elpis_rows_gemm"
+GROUP = "_elpis_rows_gemm_group"
+# Projections ExLlamaV3 1.6.5 computes from one input tensor, by exact module type: `Attention.project_qkv`
+# (Q with its interleaved gate or a separate g_proj, K, V), the split-projection `GatedDeltaNet.forward`
+# (qkv, z; b and a are too narrow for the kernel), `GatedMLP.forward` of its one slice (gate, up).
+SHARED_INPUT = {
+    "Attention": ("q_proj", "g_proj", "k_proj", "v_proj"),
+    "GatedDeltaNet": ("qkv_proj", "z_proj"),
+    "GatedMLP": ("gates", "ups"),
+}
+# A DFlash draft also projects the target's hidden states through K and V alone (architecture/dflash.py), so
+# there Q stays out of the attention group: K and V always share their input, Q only sometimes.
+SHARED_INPUT_DFLASH = {**SHARED_INPUT, "Attention": ("k_proj", "v_proj")}
 _originals: dict[str, Any] = {}
 _state = threading.local()
-calls = {"rows_gemm": 0}  # linears served by the kernel in this process (tests check the patch took effect)
+# linears served by the kernel, and kernel calls made for groups, in this process (tests check the patch took
+# effect)
+calls = {"rows_gemm": 0, "groups": 0}
+
+
+def format_ok(linear: Any) -> bool:
+    """Whether the kernel takes this EXL3 linear's weights (4-bit mul1 trellis, suh and svh, no bias)."""
+    import torch
+
+    shape = (linear.in_features // 16, linear.out_features // 16, 16 * rows_gemm.BITS)
+    return (
+        linear.bias is None
+        and linear.mul1
+        and not linear.mcg
+        and linear.K == rows_gemm.BITS
+        and linear.suh is not None
+        and linear.svh is not None
+        and linear.trellis.dtype == torch.int16
+        and tuple(linear.trellis.shape) == shape
+        and rows_gemm.supported(1, linear.in_features, linear.out_features)
+    )
 
 
 def eligible(linear: Any, x: Any, params: dict, out_dtype: Any) -> bool:
@@ -46,25 +87,67 @@ def eligible(linear: Any, x: Any, params: dict, out_dtype: Any) -> bool:
         return False
     rows = x.numel() // max(x.shape[-1], 1)
     dtype = out_dtype or linear.default_out_dtype
-    shape = (linear.in_features // 16, linear.out_features // 16, 16 * rows_gemm.BITS)
     return (
         dtype in (torch.half, torch.float)
-        and linear.bias is None
-        and linear.mul1
-        and not linear.mcg
-        and linear.K == rows_gemm.BITS
-        and linear.suh is not None
-        and linear.svh is not None
-        and linear.trellis.dtype == torch.int16
-        and tuple(linear.trellis.shape) == shape
+        and format_ok(linear)
         and rows_gemm.supported(rows, linear.in_features, linear.out_features)
     )
+
+
+@dataclass
+class _Kept:
+    x: Any  # the input tensor itself (held, so its identity cannot pass to another tensor)
+    version: int | None  # its version counter, where it has one (inference tensors do not)
+    y: Any
+
+
+def _version(x: Any) -> int | None:
+    return None if x.is_inference() else x._version
+
+
+@dataclass
+class Group:
+    """EXL3 linears a module computes from one input, run by one kernel call (see the module docstring)."""
+
+    members: list[Any]
+    wanted: list[Any] = field(default_factory=list)  # each member's output dtype (its last call's)
+    kept: dict[int, _Kept] = field(default_factory=dict)  # member index -> output not yet asked for
+
+    def __post_init__(self) -> None:
+        self.wanted = [m.default_out_dtype for m in self.members]
+
+    def output(self, linear: Any, x: Any, out_dtype: Any) -> Any:
+        import torch
+
+        i = next(j for j, m in enumerate(self.members) if m is linear)
+        dtype = out_dtype or linear.default_out_dtype
+        self.wanted[i] = dtype
+        kept = self.kept.pop(i, None)
+        if kept is not None and kept.x is x and kept.version == _version(x):
+            if kept.y.dtype == dtype:
+                return kept.y
+            if kept.y.dtype == torch.float and dtype == torch.half:
+                return kept.y.to(torch.half)  # the kernel's own fp16 output is this rounding of its fp32 one
+        ys = rows_gemm.rows_gemm_group(
+            x.reshape(-1, linear.in_features).contiguous(),
+            [
+                rows_gemm.Member(m.trellis, m.suh, m.svh, w)
+                for m, w in zip(self.members, self.wanted, strict=True)
+            ],
+        )
+        calls["groups"] += 1
+        shaped = [y.view(*x.shape[:-1], y.shape[-1]) for y in ys]
+        self.kept = {j: _Kept(x, _version(x), y) for j, y in enumerate(shaped) if j != i}
+        return shaped[i]
 
 
 def _forward(self: Any, x: Any, params: dict, out_dtype: Any = None) -> Any:
     if not getattr(self, MARK, False) or not eligible(self, x, params, out_dtype):
         return _originals["forward"](self, x, params, out_dtype)
     calls["rows_gemm"] += 1
+    group = getattr(self, GROUP, None)
+    if group is not None:
+        return group.output(self, x, out_dtype)
     return run(self, x, out_dtype)
 
 
@@ -129,15 +212,67 @@ def loading(enabled: bool) -> Iterator[None]:
         _state.loading = before
 
 
+def _shared_input_linears(module: Any, table: dict[str, tuple[str, ...]]) -> list[Any]:
+    """The EXL3 linears (inner objects) `module` computes from one input, per `table`."""
+    names = table.get(type(module).__name__, ())
+    if type(module).__name__ == "Attention" and getattr(module, "use_k_as_v", False):
+        names = tuple(n for n in names if n != "v_proj")
+    if type(module).__name__ == "GatedDeltaNet" and (
+        getattr(module, "qkvz_proj", None) is not None or getattr(module, "kda", False)
+    ):
+        return []
+    found = []
+    for name in names:
+        linear = getattr(module, name, None)
+        if isinstance(linear, list):  # GatedMLP's slices: only a single slice shares the input whole
+            if len(linear) != 1:
+                return []
+            linear = linear[0]
+        inner = getattr(linear, "inner", None)
+        if inner is not None and hasattr(inner, "trellis") and hasattr(inner, "svh"):
+            found.append(inner)
+    return found
+
+
+def _group(linears: list[Any]) -> Group | None:
+    """A group of these linears if the kernel can run them as one call."""
+    if not 2 <= len(linears) <= rows_gemm.MAX_MEMBERS or not all(format_ok(m) for m in linears):
+        return None
+    if len({m.in_features for m in linears}) != 1:
+        return None
+    if sum(m.out_features for m in linears) // 128 > rows_gemm.MAX_COUNTERS:
+        return None
+    return Group(linears)
+
+
 def mark(model: Any) -> int:
-    """Route every EXL3 linear of `model` through the kernel; returns how many were marked."""
+    """Route every EXL3 linear of `model` through the kernel, the projections sharing an input as groups;
+    returns how many linears were marked."""
     from elpis.exl3 import walk_modules
 
     require_patch()
+    arch = str(getattr(getattr(model, "config", None), "arch_string", ""))
+    table = SHARED_INPUT_DFLASH if arch.startswith("DFlash") else SHARED_INPUT
     count = 0
     for module in walk_modules(model):
         inner = getattr(module, "inner", None)
         if inner is not None and hasattr(inner, "trellis") and hasattr(inner, "svh"):
             setattr(inner, MARK, True)
             count += 1
+        group = _group(_shared_input_linears(module, table))
+        for linear in group.members if group is not None else ():
+            setattr(linear, GROUP, group)
     return count
+
+
+def groups(model: Any) -> list[Group]:
+    """The groups `mark` formed in `model`, each once."""
+    from elpis.exl3 import walk_modules
+
+    seen: dict[int, Group] = {}
+    for module in walk_modules(model):
+        inner = getattr(module, "inner", None)
+        group = getattr(inner, GROUP, None) if inner is not None else None
+        if group is not None:
+            seen.setdefault(id(group), group)
+    return list(seen.values())

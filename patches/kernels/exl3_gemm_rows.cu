@@ -4,18 +4,20 @@
 // y = ((x * suh) H) D H * svh, where D [k, n] is the decoded 4-bit mul1 trellis and H the normalised
 // 128-point Sylvester Hadamard on each group of 128 (the format: shared/notes/exllamav3_internals.md 1.3).
 //
-// Two launches:
-//  1. rows_gemm_input: a = fp16((x * suh) H) in fp32 arithmetic, written in the order the mma B
-//     fragments are read (rows past m are zero; 8 or 16 rows).
+// One call serves a group of up to four linears that share their input x (Q/K/V, GDN qkv/z, MLP gate/up), in
+// two launches:
+//  1. rows_gemm_input: a_i = fp16((x * suh_i) H) in fp32 arithmetic for every member i, written in the order
+//     the mma B fragments are read (rows past m are zero; 8 or 16 rows).
 //  2. rows_gemm_kernel: the weights are the mma's A operand (16 output columns x 16 k), the rows its B
 //     operand (16 k x 8 rows), so one mma serves a whole 16x16 weight tile for 8 rows. A lane decodes the
 //     eight trellis positions 8*lane .. 8*lane+7 of a tile, which are exactly its A fragment. The schedule
 //     (proved, build/kernels/gemm_schedule.h) is stream-K over units (n-block of 128 columns, 128-group of
-//     k), n-block major: block b takes the units [begin(b), end(b)) of an even partition; within an n-block
+//     k), n-block major, over the n-blocks of all members one after another (a narrow member, K or V, shares
+//     the grid with the wide ones instead of leaving it idle): block b takes the units [begin(b), end(b)) of an even partition; within an n-block
 //     warp w takes k-tile 8g+w of each of the block's groups g, ascending; the block sums its warps in
 //     ascending order; the blocks that share an n-block leave partials, which the last of them to arrive
-//     sums in ascending block order before it applies H and svh. The block count depends on k, n and the
-//     GPU, never on the row count, and every mma takes one row per B column: a row's result is the same
+//     sums in ascending block order before it applies H and svh. The block count depends on k, the members'
+//     n and the GPU, never on the row count, and every mma takes one row per B column: a row's result is the same
 //     whatever the other rows are or how many there are.
 // Arithmetic: fp32 accumulation; a decoded weight is the codebook's fp16 value (one fp16 fma rounding,
 // as the format defines it); the transforms in fp32 with one fp16 rounding of the activations and of y.
@@ -35,6 +37,8 @@ constexpr uint32_t kTilesN = kBlockN / 16;         // weight tiles per warp per 
 constexpr uint32_t kWordsPerTile = 32;             // 16 * 4 bits * 256 / 32: 4-bit trellis only
 constexpr uint32_t kRedStride = kBlockN + 4;       // padded row of the reduction buffer (no bank conflicts)
 constexpr float kInvSqrt128 = 0.08838834764831845f;
+constexpr uint32_t kMaxMembers = 4;                // linears per call (one shared input)
+constexpr uint32_t kMaxNBlocks = 4096;             // n-blocks per call, all members together
 #ifndef ELPIS_GEMM_STAGES
 #define ELPIS_GEMM_STAGES 3
 #endif
@@ -163,12 +167,30 @@ __device__ __forceinline__ uint32_t frag_index(uint32_t t, uint32_t row, uint32_
     return ((((t * row_halves + (row >> 3)) * 32u + (row & 7u) * 4u + q) * 2u + which) * 2u) + (kk & 1u);
 }
 
-// grid (k / 128, rows_padded / 4), 128 threads: warp w transforms row 4*blockIdx.y + w of group blockIdx.x.
-__global__ void __launch_bounds__(128) rows_gemm_input(const __half* __restrict__ x, const __half* __restrict__ suh,
+// values[mi] by unrolled selects: a dynamic index into a kernel parameter's array would copy the parameter to
+// local memory.
+template <typename T>
+__device__ __forceinline__ T pick(const T (&values)[kMaxMembers], uint32_t mi) {
+    T v = values[0];
+#pragma unroll
+    for (uint32_t j = 1; j < kMaxMembers; j++)
+        if (mi == j) v = values[j];
+    return v;
+}
+
+struct MemberScales {
+    const __half* suh[kMaxMembers];
+};
+
+// grid (k / 128, rows_padded / 4, members), 128 threads: warp w transforms row 4*blockIdx.y + w of group
+// blockIdx.x for member blockIdx.z, into that member's fragments (frag_halves apart).
+__global__ void __launch_bounds__(128) rows_gemm_input(const __half* __restrict__ x, const MemberScales scales,
                                                        __half* __restrict__ a_frag, uint32_t m, uint32_t k,
-                                                       uint32_t row_halves) {
+                                                       uint32_t row_halves, uint64_t frag_halves) {
     const uint32_t lane = threadIdx.x & 31u, row = blockIdx.y * 4u + (threadIdx.x >> 5);
     const uint32_t k0 = blockIdx.x * kGroupK + lane * 4u;
+    const __half* const suh = pick(scales.suh, blockIdx.z);
+    __half* const frag = a_frag + blockIdx.z * frag_halves;
     float v[4];
 #pragma unroll
     for (int j = 0; j < 4; j++)
@@ -177,7 +199,7 @@ __global__ void __launch_bounds__(128) rows_gemm_input(const __half* __restrict_
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const uint32_t kg = k0 + j;
-        a_frag[frag_index(kg >> 4, row, kg & 15u, row_halves)] = __float2half_rn(v[j] * kInvSqrt128);
+        frag[frag_index(kg >> 4, row, kg & 15u, row_halves)] = __float2half_rn(v[j] * kInvSqrt128);
     }
 }
 
@@ -285,10 +307,10 @@ __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, con
 }
 
 // y [rows < m, n-block nb] = (total H) / sqrt(128) * svh, one row per warp (red is scratch; ends on a barrier).
-template <int kRH, bool kOutF32>
+template <int kRH>
 __device__ __forceinline__ void finish(const float (&total)[kRH][4], float (&red)[kWarps][8][kRedStride],
-                                       const __half* __restrict__ svh, void* __restrict__ out, uint32_t m, uint32_t n,
-                                       uint32_t nb) {
+                                       const __half* __restrict__ svh, void* __restrict__ out, bool out_f32,
+                                       uint32_t m, uint32_t n, uint32_t nb) {
     const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
     float* const part = &red[0][0][0];  // [16 rows][kRedStride]
 #pragma unroll
@@ -308,7 +330,7 @@ __device__ __forceinline__ void finish(const float (&total)[kRH][4], float (&red
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const float y = (v[j] * kInvSqrt128) * __half2float(svh[c0 + j]);
-            if constexpr (kOutF32)
+            if (out_f32)
                 static_cast<float*>(out)[size_t(r) * n + c0 + j] = y;
             else
                 static_cast<__half*>(out)[size_t(r) * n + c0 + j] = __float2half_rn(y);
@@ -317,27 +339,44 @@ __device__ __forceinline__ void finish(const float (&total)[kRH][4], float (&red
     __syncthreads();
 }
 
-// Stream-K over units (n-block, group), n-block major: block b takes units [begin(b), end(b)) of the proved
-// partition, so every block gets the same work to one unit. A block that holds a whole n-block finishes it; the
-// blocks sharing one write their partials to slot b + nb of `workspace` ([slots][m][128] floats: the pairs
-// (block, n-block) lie on a monotone staircase, so b + nb is unique) and the last to arrive (counted in
-// `counters`, one zero word per n-block, left zero again) sums them in ascending block order and finishes it.
-// Two blocks per multiprocessor (the grid is one wave of them): up to 128 registers.
-template <int kRH, bool kOutF32>
+// The members of one call: member i owns the n-blocks [nb_end[i-1], nb_end[i]) of the call's n-block order (the
+// slots past count hold the total, so they own none).
+struct Members {
+    const uint32_t* trellis[kMaxMembers];
+    const __half* svh[kMaxMembers];
+    void* out[kMaxMembers];
+    uint32_t nb_end[kMaxMembers];
+    uint32_t count;
+    uint32_t out_f32;      // bit i: member i writes fp32 (else fp16)
+    uint64_t frag_halves;  // one member's input fragments
+};
+
+// Stream-K over units (n-block, group), n-block major over all members' n-blocks: block b takes units
+// [begin(b), end(b)) of the proved partition, so every block gets the same work to one unit. A block that holds a
+// whole n-block finishes it; the blocks sharing one write their partials to slot b + nb of `workspace`
+// ([slots][m][128] floats: the pairs (block, n-block) lie on a monotone staircase, so b + nb is unique) and the
+// last to arrive (counted in `counters`, one zero word per n-block, left zero again) sums them in ascending block
+// order and finishes it. Two blocks per multiprocessor (the grid is one wave of them): up to 128 registers.
+template <int kRH>
 __global__ void __launch_bounds__(256, 2)
-    rows_gemm_kernel(const uint2* __restrict__ a_frag, const uint32_t* __restrict__ trellis,
-                     const __half* __restrict__ svh, void* __restrict__ out, uint32_t m, uint32_t k, uint32_t n,
+    rows_gemm_kernel(const uint2* __restrict__ a_frag, const Members members, uint32_t m, uint32_t k,
                      float* __restrict__ workspace, uint32_t* __restrict__ counters) {
     __shared__ float red[kWarps][8][kRedStride];
     __shared__ uint32_t last_flag;
     const uint32_t b = blockIdx.x, blocks = gridDim.x;
-    const uint32_t groups = k / kGroupK, tiles_n = n / 16u, units = groups * (n / kBlockN);
+    const uint32_t groups = k / kGroupK, units = groups * pick(members.nb_end, members.count - 1u);
     const uint32_t u0 = elpis_gemm_split_begin(units, blocks, b), u1 = elpis_gemm_split_end(units, blocks, b);
     for (uint32_t nb = u0 / groups; nb * groups < u1; nb++) {
+        uint32_t mi = 0, nb0 = 0;  // the member that owns n-block nb, and its first n-block
+#pragma unroll
+        for (uint32_t j = 0; j + 1u < kMaxMembers; j++)
+            if (nb >= members.nb_end[j]) mi = j + 1u, nb0 = members.nb_end[j];
+        const uint32_t n = (pick(members.nb_end, mi) - nb0) * kBlockN;
         const uint32_t base = nb * groups;
         const uint32_t gb = (u0 > base ? u0 : base) - base, ge = (u1 < base + groups ? u1 : base + groups) - base;
         float total[kRH][4];
-        accumulate<kRH>(a_frag, trellis, nb, gb, ge, tiles_n, red, total);
+        accumulate<kRH>(a_frag + mi * (members.frag_halves / 4u), pick(members.trellis, mi), nb - nb0, gb, ge, n / 16u,
+                        red, total);
         const uint32_t first = elpis_gemm_owner(units, blocks, base);
         const uint32_t last = elpis_gemm_owner(units, blocks, base + groups - 1u);
         if (first != last) {
@@ -376,15 +415,8 @@ __global__ void __launch_bounds__(256, 2)
                 }
             if (threadIdx.x == 0) counters[nb] = 0u;
         }
-        finish<kRH, kOutF32>(total, red, svh, out, m, n, nb);
+        finish<kRH>(total, red, pick(members.svh, mi), pick(members.out, mi), (members.out_f32 >> mi) & 1u, m, n, nb - nb0);
     }
-}
-
-template <int kRH, bool kOutF32>
-void launch_gemm(dim3 grid, cudaStream_t s, const uint2* frags, const uint32_t* words, const __half* sv, void* out,
-                 uint32_t m, uint32_t k, uint32_t n, float* workspace, uint32_t* counters) {
-    auto kernel = rows_gemm_kernel<kRH, kOutF32>;
-    kernel<<<grid, 256, 0, s>>>(frags, words, sv, out, m, k, n, workspace, counters);
 }
 
 uint32_t row_halves_for(uint32_t m) { return m > 8u ? 2u : 1u; }
@@ -401,37 +433,43 @@ uint32_t resident_blocks() {
     if (cached[device] == 0u) {
         int fit = 0;
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, rows_gemm_kernel<2, false>, 256, 0);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, rows_gemm_kernel<2>, 256, 0);
         cached[device] = uint32_t(sms > 0 ? sms : 1) * uint32_t(fit > 0 ? fit : 1);
     }
     return cached[device];
 }
 
-// Blocks of the stream-K grid: resident_blocks(), or one per unit when there are fewer (a function of k, n and
-// the GPU, never of the row count).
+// Blocks of the stream-K grid for k and the members' n together: resident_blocks(), or one per unit when there
+// are fewer (a function of k, n and the GPU, never of the row count).
 uint32_t blocks_for(uint32_t k, uint32_t n) { return elpis_gemm_blocks((k / kGroupK) * (n / kBlockN), resident_blocks()); }
 
 }  // namespace
 
 extern "C" {
 
-// Rows, k and n the kernel takes: 1..16 rows, k and n multiples of 128.
+// Rows, k and n (one member's) the kernel takes: 1..16 rows, k and n multiples of 128.
 uint32_t elpis_rows_gemm_supported(uint32_t m, uint32_t k, uint32_t n) {
     return m >= 1u && m <= 16u && k >= kGroupK && k % kGroupK == 0u && n >= kBlockN && n % kBlockN == 0u &&
-           k / kGroupK <= 4096u && n / kBlockN <= 4096u;
+           k / kGroupK <= 4096u && n / kBlockN <= kMaxNBlocks;
 }
 
+// Members one call takes; n-blocks of 128 columns, all members together.
+uint32_t elpis_rows_gemm_max_members(void) { return kMaxMembers; }
+uint32_t elpis_rows_gemm_max_nblocks(void) { return kMaxNBlocks; }
+
+// n: all members' output columns together.
 uint32_t elpis_rows_gemm_blocks(uint32_t k, uint32_t n) { return blocks_for(k, n); }
 
 // The stream-K block count's input besides k and n (resident_blocks above).
 uint32_t elpis_rows_gemm_resident_blocks(void) { return resident_blocks(); }
 
-// Scratch sizes: the input fragments (halves) and the split partials (floats, 0 for one split).
+// Scratch sizes: the input fragments of one member (halves) and the split partials (floats; n: all members
+// together).
 uint64_t elpis_rows_gemm_frag_halves(uint32_t m, uint32_t k) { return uint64_t(k) * 16u * row_halves_for(m); }
 uint64_t elpis_rows_gemm_workspace_floats(uint32_t m, uint32_t k, uint32_t n) {
     return (uint64_t(blocks_for(k, n)) + n / kBlockN) * m * kBlockN;
 }
-// Zeroed words the counters must hold: one per n-block.
+// Zeroed words the counters must hold: one per n-block (n: all members together).
 uint32_t elpis_rows_gemm_counters(uint32_t n) { return n / kBlockN; }
 
 // D [k, n] fp16 (row-major) = the decoded trellis, for tests against the format's reference.
@@ -442,31 +480,44 @@ int elpis_rows_gemm_decode(const void* trellis, void* d, uint32_t k, uint32_t n,
     return static_cast<int>(cudaGetLastError());
 }
 
-// y [m, n] (fp16, or fp32 when out_f32) = the EXL3 linear (4-bit mul1 trellis [k/16, n/16, 64] uint16, suh
-// [k], svh [n] fp16) of x [m, k] fp16. Returns 0 or a CUDA error code (cudaErrorInvalidValue: a shape or
-// scratch size outside what the entries above say).
-int elpis_rows_gemm(const void* x, const void* suh, const void* trellis, const void* svh, void* out, uint32_t out_f32,
-                    uint32_t m, uint32_t k, uint32_t n, void* a_frag, uint64_t frag_halves, float* workspace,
-                    uint64_t workspace_floats, uint32_t* counters, uint32_t counters_len, void* stream) {
-    if (!elpis_rows_gemm_supported(m, k, n) || frag_halves < elpis_rows_gemm_frag_halves(m, k) ||
-        workspace_floats < elpis_rows_gemm_workspace_floats(m, k, n) || counters_len < elpis_rows_gemm_counters(n))
+// For each of `count` (1..4) EXL3 linears i sharing the input x [m, k] fp16: out[i] [m, n[i]] (fp32 where bit i
+// of out_f32 is set, else fp16) = the linear (4-bit mul1 trellis[i] [k/16, n[i]/16, 64] uint16, suh[i] [k],
+// svh[i] [n[i]] fp16) of x. a_frag holds count * frag_halves(m, k) halves; workspace and counters are sized for
+// the members' n together. Returns 0 or a CUDA error code (cudaErrorInvalidValue: a shape or scratch size
+// outside what the entries above say).
+int elpis_rows_gemm(const void* x, uint32_t m, uint32_t k, uint32_t count, const void* const* suh,
+                    const void* const* trellis, const void* const* svh, void* const* out, const uint32_t* n,
+                    uint32_t out_f32, void* a_frag, uint64_t frag_halves, float* workspace, uint64_t workspace_floats,
+                    uint32_t* counters, uint32_t counters_len, void* stream) {
+    if (count < 1u || count > kMaxMembers) return static_cast<int>(cudaErrorInvalidValue);
+    Members members{};
+    MemberScales scales{};
+    uint32_t n_total = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        if (!elpis_rows_gemm_supported(m, k, n[i])) return static_cast<int>(cudaErrorInvalidValue);
+        n_total += n[i];
+        members.trellis[i] = static_cast<const uint32_t*>(trellis[i]);
+        members.svh[i] = static_cast<const __half*>(svh[i]);
+        members.out[i] = out[i];
+        members.nb_end[i] = n_total / kBlockN;
+        scales.suh[i] = static_cast<const __half*>(suh[i]);
+    }
+    const uint64_t one = elpis_rows_gemm_frag_halves(m, k);
+    if (n_total / kBlockN > kMaxNBlocks || frag_halves < one * count ||
+        workspace_floats < elpis_rows_gemm_workspace_floats(m, k, n_total) || counters_len < elpis_rows_gemm_counters(n_total))
         return static_cast<int>(cudaErrorInvalidValue);
-    const uint32_t rh = row_halves_for(m), blocks = blocks_for(k, n);
+    for (uint32_t i = count; i < kMaxMembers; i++) members.nb_end[i] = n_total / kBlockN;  // owns no n-block
+    members.count = count;
+    members.out_f32 = out_f32;
+    members.frag_halves = one;
+    const uint32_t rh = row_halves_for(m);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    rows_gemm_input<<<dim3(k / kGroupK, rh * 2u), 128, 0, s>>>(
-        static_cast<const __half*>(x), static_cast<const __half*>(suh), static_cast<__half*>(a_frag), m, k, rh);
-    const dim3 grid(blocks);
+    rows_gemm_input<<<dim3(k / kGroupK, rh * 2u, count), 128, 0, s>>>(static_cast<const __half*>(x), scales,
+                                                                      static_cast<__half*>(a_frag), m, k, rh, one);
+    const dim3 grid(blocks_for(k, n_total));
     const uint2* frags = static_cast<const uint2*>(a_frag);
-    const uint32_t* words = static_cast<const uint32_t*>(trellis);
-    const __half* sv = static_cast<const __half*>(svh);
-    if (rh == 1u && !out_f32)
-        launch_gemm<1, false>(grid, s, frags, words, sv, out, m, k, n, workspace, counters);
-    else if (rh == 1u)
-        launch_gemm<1, true>(grid, s, frags, words, sv, out, m, k, n, workspace, counters);
-    else if (!out_f32)
-        launch_gemm<2, false>(grid, s, frags, words, sv, out, m, k, n, workspace, counters);
-    else
-        launch_gemm<2, true>(grid, s, frags, words, sv, out, m, k, n, workspace, counters);
+    const auto kernel = rh == 1u ? rows_gemm_kernel<1> : rows_gemm_kernel<2>;
+    kernel<<<grid, 256, 0, s>>>(frags, members, m, k, workspace, counters);
     return static_cast<int>(cudaGetLastError());
 }
 

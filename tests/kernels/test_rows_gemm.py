@@ -7,8 +7,6 @@ other rows.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from elpis.exl3 import rows_gemm as rg
@@ -27,14 +25,11 @@ def layer():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     pytest.importorskip("exllamav3")
+    from elpis.bench.scripts.rows_gemm_check import random_linear
+
     g = torch.Generator(device="cuda").manual_seed(5)
-    k, n = 5120, 6144
-    trellis = torch.randint(
-        -32768, 32768, (k // 16, n // 16, 64), dtype=torch.int16, device="cuda", generator=g
-    )
-    suh = (torch.randint(0, 2, (k,), device="cuda", generator=g) * 2 - 1).half()
-    svh = ((torch.rand(n, device="cuda", generator=g) * 0.5 + 0.5) / math.sqrt(k)).half()
-    return trellis, suh, svh, g
+    trellises, suh, svh = random_linear(5120, 6144, g, copies=1)
+    return trellises[0], suh, svh, g
 
 
 @pytest.mark.gpu
@@ -85,3 +80,34 @@ def test_rows_do_not_depend_on_the_other_rows(layer) -> None:
     assert torch.equal(y16.view(torch.int16), alone.view(torch.int16))
     y32 = rg.rows_gemm(x, trellis, suh, svh, out_dtype=torch.float)
     assert torch.equal(y32.half().view(torch.int16), y16.view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_a_group_call_gives_each_linear_with_row_invariance(layer) -> None:
+    """Attention's Q/K/V shape: one call for three linears; each member's error against float64 is at the
+    single call's level, its fp32 and fp16 outputs agree, and its rows do not depend on the other rows."""
+    import torch
+    from exllamav3.ext import exllamav3_ext as ext
+
+    from elpis.bench.scripts.rows_gemm_check import blockwise, hadamard, random_linear
+
+    _, _, _, g = layer
+    k, widths = 5120, (12288, 1024, 1024)
+    linears = [random_linear(k, n, g, copies=1) for n in widths]
+    dtypes = (torch.half, torch.float, torch.half)
+    members = [rg.Member(t[0], suh, svh, dt) for (t, suh, svh), dt in zip(linears, dtypes, strict=True)]
+    x = torch.randn((16, k), generator=g, device="cuda").half()
+    ys = rg.rows_gemm_group(x, members)
+    h = hadamard("cuda")
+    for (t, suh, svh), y, dt in zip(linears, ys, dtypes, strict=True):
+        assert y.dtype == dt and y.shape == (16, t[0].shape[1] * 16)
+        d = torch.empty((k, y.shape[1]), dtype=torch.half, device="cuda")
+        ext.reconstruct(d, t[0], 4, False, True)
+        ref = blockwise(blockwise(x.double() * suh.double(), h) @ d.double(), h) * svh.double()
+        rel = ((y.double() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
+        assert rel < 1e-3, f"member of width {y.shape[1]}: rms error {rel:.2e}"
+    for i in (0, 9):
+        alone = rg.rows_gemm_group(x[i : i + 1].contiguous(), members)
+        assert all(torch.equal(y[i : i + 1], a) for y, a in zip(ys, alone, strict=True))
+    as_half = rg.rows_gemm_group(x, [m._replace(out_dtype=torch.half) for m in members])
+    assert torch.equal(as_half[1].view(torch.int16), ys[1].half().view(torch.int16))

@@ -43,23 +43,37 @@ class Linear:
         )
 
     def run(self, lib: ctypes.CDLL, x: np.ndarray, out_f32: bool = False) -> np.ndarray:
-        m = x.shape[0]
-        x = np.ascontiguousarray(x, dtype=np.float16)
-        out = np.zeros((m, self.n), dtype=np.float32 if out_f32 else np.float16)
-        frag = np.zeros(int(lib.elpis_rows_gemm_frag_halves(m, self.k)), dtype=np.float16)
-        floats = int(lib.elpis_rows_gemm_workspace_floats(m, self.k, self.n))
-        work = np.zeros(max(floats, 1), dtype=np.float32)
-        counters = np.zeros(rg.MAX_COUNTERS, dtype=np.uint32)
-        err = lib.elpis_rows_gemm(
-            _ptr(x), _ptr(self.suh), _ptr(self.trellis), _ptr(self.svh), _ptr(out), int(out_f32),
-            m, self.k, self.n, _ptr(frag), frag.size, _ptr(work), floats, _ptr(counters), counters.size, None,
-        )  # fmt: skip
-        assert err == 0
-        assert not counters.any(), "the last block of each n-block must leave its counter zero"
-        return out
+        return run_group(lib, x, [self], [out_f32])[0]
 
     def exact(self, x: np.ndarray) -> np.ndarray:
         return ref.linear(x.astype(np.float64), self.trellis, self.suh, self.svh)
+
+
+def run_group(lib: ctypes.CDLL, x: np.ndarray, layers: list[Linear], out_f32: list[bool]) -> list[np.ndarray]:
+    """One call of the kernel for linears sharing x (their k); every output checked to be written."""
+    m, k = x.shape
+    x = np.ascontiguousarray(x, dtype=np.float16)
+    outs = [
+        np.full((m, lay.n), np.nan, dtype=np.float32 if f32 else np.float16)
+        for lay, f32 in zip(layers, out_f32, strict=True)
+    ]
+    n_total = sum(lay.n for lay in layers)
+    frag = np.zeros(int(lib.elpis_rows_gemm_frag_halves(m, k)) * len(layers), dtype=np.float16)
+    floats = int(lib.elpis_rows_gemm_workspace_floats(m, k, n_total))
+    work = np.zeros(max(floats, 1), dtype=np.float32)
+    counters = np.zeros(rg.MAX_COUNTERS, dtype=np.uint32)
+    widths = (ctypes.c_uint32 * len(layers))(*(lay.n for lay in layers))
+    err = lib.elpis_rows_gemm(
+        _ptr(x), m, k, len(layers), rg.void_ptrs(*(_ptr(lay.suh) for lay in layers)),
+        rg.void_ptrs(*(_ptr(lay.trellis) for lay in layers)),
+        rg.void_ptrs(*(_ptr(lay.svh) for lay in layers)),
+        rg.void_ptrs(*(_ptr(y) for y in outs)), widths, sum(1 << i for i, f in enumerate(out_f32) if f),
+        _ptr(frag), frag.size, _ptr(work), floats, _ptr(counters), counters.size, None,
+    )  # fmt: skip
+    assert err == 0
+    assert not counters.any(), "the last block of each n-block must leave its counter zero"
+    assert all(not np.isnan(y).any() for y in outs), "every output column is written"
+    return outs
 
 
 def test_decode_is_the_formats_bit_for_bit(lib: ctypes.CDLL) -> None:
@@ -133,6 +147,24 @@ def test_a_row_does_not_depend_on_the_other_rows(lib: ctypes.CDLL) -> None:
     assert np.array_equal(layer.run(lib, other)[0].view(np.uint16), batch16[0].view(np.uint16))
 
 
+@pytest.mark.parametrize("rows", [3, 12])
+def test_a_group_of_linears_sharing_the_input_is_each_linear(lib: ctypes.CDLL, rows: int) -> None:
+    # 2 + 1 + 3 n-blocks of k = 384: 18 units on 8 blocks, so blocks span members (a wide and a narrow
+    # member's n-blocks in one block) and members' n-blocks are shared between blocks
+    layers = [Linear(384, 256, seed=20), Linear(384, 128, seed=21), Linear(384, 384, seed=22)]
+    assert int(lib.elpis_rows_gemm_blocks(384, 768)) == 8
+    x = np.random.default_rng(rows).standard_normal((rows, 384)).astype(np.float16)
+    outs = run_group(lib, x, layers, [False, True, False])
+    assert [y.dtype for y in outs] == [np.float16, np.float32, np.float16]
+    for layer, y in zip(layers, outs, strict=True):
+        want = layer.exact(x)
+        assert np.abs(y.astype(np.float64) - want).max() <= _tolerance(want)
+    # row invariance holds inside a group too
+    alone = run_group(lib, x[1:2], layers, [False, True, False])
+    for y, y1 in zip(outs, alone, strict=True):
+        assert np.array_equal(y[1:2], y1)
+
+
 def test_sizes_and_refusals(lib: ctypes.CDLL) -> None:
     assert lib.elpis_rows_gemm_supported(16, 5120, 17408) == 1
     assert lib.elpis_rows_gemm_supported(17, 5120, 17408) == 0
@@ -140,10 +172,20 @@ def test_sizes_and_refusals(lib: ctypes.CDLL) -> None:
     assert lib.elpis_rows_gemm_supported(8, 5120, 100) == 0
     assert lib.elpis_rows_gemm_frag_halves(8, 256) == 256 * 16
     assert lib.elpis_rows_gemm_frag_halves(9, 256) == 256 * 32
+    assert lib.elpis_rows_gemm_max_members() == rg.MAX_MEMBERS
+    assert lib.elpis_rows_gemm_max_nblocks() == rg.MAX_COUNTERS
     counters = np.zeros(1, dtype=np.uint32)
     x = np.zeros((1, 256), dtype=np.float16)
-    # a scratch smaller than the sizes say is refused before any launch
-    err = lib.elpis_rows_gemm(
-        _ptr(x), None, None, None, None, 0, 1, 256, 128, _ptr(x), 0, None, 0, _ptr(counters), 1, None
-    )
-    assert err != 0
+    nulls = rg.void_ptrs(None)
+    one = (ctypes.c_uint32 * 1)(128)
+
+    def call(count: int, frag_halves: int) -> int:
+        return lib.elpis_rows_gemm(
+            _ptr(x), 1, 256, count, nulls, nulls, nulls, nulls, one, 0, _ptr(x), frag_halves, None, 0,
+            _ptr(counters), 1, None,
+        )  # fmt: skip
+
+    # a scratch smaller than the sizes say, or no member / too many, is refused before any launch
+    assert call(1, 0) != 0
+    assert call(0, 1 << 20) != 0
+    assert call(rg.MAX_MEMBERS + 1, 1 << 20) != 0

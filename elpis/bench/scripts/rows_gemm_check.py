@@ -9,8 +9,12 @@ Per shape, with random 4-bit mul1 trellises (speed does not depend on the values
   or more, past the 50 MB L2) so every launch reads its weights from DRAM, for both kernels in the same
   process; with the fraction of the bandwidth floor (trellis bytes / 4.29 TB/s, the H200's measured copy
   rate).
+And per group of linears that share an input (attention Q/K/V, Gated DeltaNet qkv/z, MLP gate/up) at 8 and 16
+rows: one group call against the members' single calls and against ExLlamaV3's single GEMMs (time, as above),
+each member's error against float64, row invariance inside the group.
 Writes one JSON object to argv[1] and prints a table.
-Usage (repo root, after `make build`): python3 elpis/bench/scripts/rows_gemm_check.py OUT.json [STAGES]
+Usage (repo root, after `make build`): python3 elpis/bench/scripts/rows_gemm_check.py OUT.json [STAGES|-]
+[groups]  (`groups`: the groups alone)
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ SHAPES = (
     ("gdn.out, attn.o", 6144, 5120),
     ("attn.q", 5120, 12288),
     ("attn.k, attn.v", 5120, 1024),
+)
+GROUPS = (
+    ("attn q/k/v", 5120, (12288, 1024, 1024)),
+    ("gdn qkv/z", 5120, (10240, 6144)),
+    ("mlp gate/up", 5120, (17408, 17408)),
 )
 ROWS = (1, 8, 16)
 COPIES = 4
@@ -122,12 +131,7 @@ def time_both(xs: list, trellises: list, suh: torch.Tensor, svh: torch.Tensor) -
 def check_shape(name: str, k: int, n: int, h: torch.Tensor) -> dict:
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(k * 7 + n)
-    trellises = [
-        torch.randint(-32768, 32768, (k // 16, n // 16, 64), dtype=torch.int16, device=dev, generator=g)
-        for _ in range(COPIES)
-    ]
-    suh = (torch.randint(0, 2, (k,), device=dev, generator=g) * 2 - 1).half()
-    svh = ((torch.rand(n, device=dev, generator=g) * 0.5 + 0.5) / math.sqrt(k)).half()
+    trellises, suh, svh = random_linear(k, n, g)
     lib = LIB
     result: dict = {"shape": name, "k": k, "n": n, "blocks": int(lib.elpis_rows_gemm_blocks(k, n))}
     result["resident_blocks"] = int(lib.elpis_rows_gemm_resident_blocks())
@@ -171,7 +175,66 @@ def check_shape(name: str, k: int, n: int, h: torch.Tensor) -> dict:
     return result
 
 
-def main(out_path: str, stages: int | None = None) -> None:
+def random_linear(
+    k: int, n: int, g: torch.Generator, copies: int = COPIES
+) -> tuple[list, torch.Tensor, torch.Tensor]:
+    """`copies` random 4-bit trellises [k/16, n/16, 64] and one suh, svh (unit signs, svh ~ 1/sqrt(k))."""
+    dev = "cuda"
+    trellises = [
+        torch.randint(-32768, 32768, (k // 16, n // 16, 64), dtype=torch.int16, device=dev, generator=g)
+        for _ in range(copies)
+    ]
+    suh = (torch.randint(0, 2, (k,), device=dev, generator=g) * 2 - 1).half()
+    svh = ((torch.rand(n, device=dev, generator=g) * 0.5 + 0.5) / math.sqrt(k)).half()
+    return trellises, suh, svh
+
+
+def group_rows(k: int, widths: tuple[int, ...], linears: list, rows: int, g, h: torch.Tensor) -> dict:
+    dev = "cuda"
+    xs = [torch.randn((rows, k), generator=g, device=dev).half() for _ in range(COPIES)]
+
+    def members(c: int) -> list:
+        return [rg.Member(t[c], suh, svh, torch.half) for t, suh, svh in linears]
+
+    ys = rg.rows_gemm_group(xs[0], members(0), lib=LIB)
+    entry: dict = {"rows": rows, "rms_rel": []}
+    for (t, suh, svh), y in zip(linears, ys, strict=True):
+        d = torch.empty((k, t[0].shape[1] * 16), dtype=torch.half, device=dev)
+        _ext().reconstruct(d, t[0], 4, False, True)
+        ref = blockwise(blockwise(xs[0].double() * suh.double(), h) @ d.double(), h) * svh.double()
+        scale = ref.pow(2).mean().sqrt().item()
+        entry["rms_rel"].append((y.double() - ref).pow(2).mean().sqrt().item() / scale)
+    alone = [rg.rows_gemm_group(xs[0][i : i + 1].contiguous(), members(0), lib=LIB) for i in (0, rows - 1)]
+    entry["rows_equal_alone"] = all(
+        torch.equal(y[[i]].view(torch.int16), a[j].view(torch.int16))
+        for i, a in zip((0, rows - 1), alone, strict=True)
+        for j, y in enumerate(ys)
+    )
+    outs = [torch.empty((rows, n), dtype=torch.half, device=dev) for n in widths]
+    a_had = torch.empty_like(xs[0])
+
+    def stock_singles(i: int) -> None:
+        for (t, suh, svh), o in zip(linears, outs, strict=True):
+            stock_gemm(xs[i % COPIES], t[i % COPIES], suh, svh, o, a_had)
+
+    entry["group_ms"], _ = timed(lambda i: rg.rows_gemm_group(xs[i % COPIES], members(i % COPIES), lib=LIB))
+    entry["singles_ms"], _ = timed(
+        lambda i: [_gemm(xs[i % COPIES], t[i % COPIES], suh, svh) for t, suh, svh in linears]
+    )
+    entry["stock_singles_ms"], _ = timed(stock_singles)
+    entry["floor_ms"] = k * sum(widths) / 2 / BANDWIDTH * 1e3
+    return entry
+
+
+def check_group(name: str, k: int, widths: tuple[int, ...], h: torch.Tensor) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(k * 11 + sum(widths))
+    linears = [random_linear(k, n, g) for n in widths]
+    blocks = int(LIB.elpis_rows_gemm_blocks(k, sum(widths)))
+    rows = [group_rows(k, widths, linears, r, g, h) for r in (8, 16)]
+    return {"group": name, "k": k, "widths": list(widths), "blocks": blocks, "rows": rows}
+
+
+def main(out_path: str, stages: int | None = None, groups_only: bool = False) -> None:
     global LIB
     LIB = rg.library(stages=stages)
     h = hadamard("cuda")
@@ -181,7 +244,8 @@ def main(out_path: str, stages: int | None = None) -> None:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "stages": stages,
-        "shapes": [check_shape(*s, h) for s in SHAPES],
+        "shapes": [] if groups_only else [check_shape(*s, h) for s in SHAPES],
+        "groups": [check_group(*grp, h) for grp in GROUPS],
     }
     try:
         from importlib.metadata import version
@@ -200,7 +264,16 @@ def main(out_path: str, stages: int | None = None) -> None:
                 f"{r['stock_ms'] / r['elpis_ms']:6.2f} {r['elpis_of_floor']:6.2f} {r['elpis_rms_rel']:9.2e} "
                 f"{r['stock_rms_rel']:9.2e} {int(r['rows_equal_alone'])} {s['decode_mismatches']}"
             )
+    print(f"{'group':14} {'rows':>4} {'group ms':>9} {'singles':>9} {'stock':>9} {'floor':>6} inv rms")
+    for grp in report["groups"]:
+        for r in grp["rows"]:
+            print(
+                f"{grp['group']:14} {r['rows']:4d} {r['group_ms']:9.4f} {r['singles_ms']:9.4f} "
+                f"{r['stock_singles_ms']:9.4f} {r['floor_ms'] / r['group_ms']:6.2f} "
+                f"{int(r['rows_equal_alone'])} " + " ".join(f"{e:.2e}" for e in r["rms_rel"])
+            )
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)
+    stages_arg = sys.argv[2] if len(sys.argv) > 2 else "-"
+    main(sys.argv[1], None if stages_arg == "-" else int(stages_arg), "groups" in sys.argv[3:])

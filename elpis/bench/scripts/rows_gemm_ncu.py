@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 
 import torch
@@ -15,12 +14,11 @@ from elpis.exl3 import rows_gemm as rg
 def main(k: int, n: int, rows: int) -> None:
     from exllamav3.ext import exllamav3_ext as ext
 
+    from elpis.bench.scripts.rows_gemm_check import random_linear
+
     g = torch.Generator(device="cuda").manual_seed(1)
-    trellis = torch.randint(
-        -32768, 32768, (k // 16, n // 16, 64), dtype=torch.int16, device="cuda", generator=g
-    )
-    suh = (torch.randint(0, 2, (k,), device="cuda", generator=g) * 2 - 1).half()
-    svh = ((torch.rand(n, device="cuda", generator=g) * 0.5 + 0.5) / math.sqrt(k)).half()
+    trellises, suh, svh = random_linear(k, n, g, copies=1)
+    trellis = trellises[0]
     x = torch.randn((rows, k), generator=g, device="cuda").half()
     out, a_had = torch.empty((rows, n), dtype=torch.half, device="cuda"), torch.empty_like(x)
     for _ in range(3):

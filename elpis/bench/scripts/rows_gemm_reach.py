@@ -2,7 +2,8 @@
 
 Loads the small synthetic model with rows_gemm=True in tree mode with eager tree verifies, lists the modules
 that still hold an ExLlamaV3 C++ block graph (`bc`, whose GEMMs no Python wrapper reaches), and counts the
-kernel's calls in one eager chain verify and one eager tree verify against the number of marked linears.
+linears the kernel serves in one eager chain verify and one eager tree verify, and the kernel calls that
+served them (a group of projections sharing an input is one call), against the number of marked linears.
 Usage (repo root, after `make build`, ELPIS_PATCH_ROWS_GEMM=1): python3 rows_gemm_reach.py SMALL_DIR
 """
 
@@ -29,15 +30,24 @@ def main(small: str) -> None:
         type(m).__name__ for m in walk_modules(model) if getattr(m, "bc", None) is not None
     )
     ids = list(range(100, 700))
-    report = {"marked_linears": marked, "modules_with_bc": dict(with_bc)}
+    groups = rows_gemm_patch.groups(model)
+    report = {
+        "marked_linears": marked,
+        "groups": len(groups),
+        "grouped_linears": sum(len(g.members) for g in groups),
+        "modules_with_bc": dict(with_bc),
+    }
     for label, tree in (("chain", False), ("tree", True)):
         loaded = backend.tree, backend.fixed_rows
         backend.tree, backend.fixed_rows = tree, (16 if tree else 8)
         try:
             backend.begin(ids)
-            before = rows_gemm_patch.calls["rows_gemm"]
+            before = dict(rows_gemm_patch.calls)
             backend.verify([ids[-1], 5, 6, 7], [-1, 0, 1, 2])
-            report[f"{label}_verify_kernel_calls"] = rows_gemm_patch.calls["rows_gemm"] - before
+            served = rows_gemm_patch.calls["rows_gemm"] - before["rows_gemm"]
+            group_calls = rows_gemm_patch.calls["groups"] - before["groups"]
+            report[f"{label}_verify_linears_served"] = served
+            report[f"{label}_verify_group_calls"] = group_calls
             backend.finish()
         finally:
             backend.tree, backend.fixed_rows = loaded
