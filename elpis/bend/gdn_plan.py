@@ -25,7 +25,7 @@ from pathlib import Path
 from elpis.bend.check import Program, load
 from elpis.bend.codegen import Generator, template_env
 from elpis.bend.errors import BendError
-from elpis.bend.headers import harness_lines, install_checked, require_same_table
+from elpis.bend.headers import harness_lines, install_checked, require_same_table, source_digest
 from elpis.bend.interp import Interpreter
 from elpis.paths import BUILD_DIR, REPO_ROOT
 
@@ -99,13 +99,10 @@ def render(root: Path = REPO_ROOT) -> str:
         raise BendError(f"{MODULE}: the plan must use scalars and lists only (found records)")
     interp = Interpreter(prog)
     constants = {name: int(interp.function(key)()) for name, key in CONSTANTS.items()}
-    digest = hashlib.sha256()
-    for rel in (MODULE, MASKS, "bend/verify_schedule.bend", f"codegen/{TEMPLATE}"):
-        digest.update(rel.encode() + b"\0" + (root / rel).read_bytes())
     template = template_env(root).get_template(TEMPLATE)
     return template.render(
         source=MODULE,
-        digest=digest.hexdigest(),
+        digest=source_digest(root, (MODULE, MASKS, "bend/verify_schedule.bend", f"codegen/{TEMPLATE}")),
         max_rows=MAX_ROWS,
         prototypes=[_rename(protos[k]) + ";" for k in sorted(protos)],
         functions=[_rename(bodies[k]) for k in sorted(bodies)],

@@ -5,8 +5,9 @@ qualifier macro ELPIS_GEMM_FN), compiled one-to-one from the Bend program by the
 (`codegen.FnEmitter`) through the jinja2 template `codegen/gemm_schedule.h.j2`; every generated name is
 prefixed `elpis_gemms_`, so the header can share a translation unit with `verify_schedule.h` and
 `gdn_plan.h`. `check_header(header, root)` compiles a harness around the header with the host C compiler
-and compares it with the Bend interpreter on every query of `table_queries()` (the model's shapes, also as
-stream-K grids, every partition of up to 12 groups, the edges of the domain and beyond it), through the
+and compares it with the Bend interpreter on every query of `table_queries()` (the model's shapes as
+stream-K grids and as partitions of their groups, every partition of up to 12 items, the edges of the
+domain and beyond it), through the
 shared harness of `elpis.bend.headers`; wherever the program's quotient is exact (a superset of the law
 domain) the interpreter's answers are also compared with the closed forms (`closed_form`). Any difference
 is a ScheduleMismatch (fail closed).
@@ -24,7 +25,7 @@ from pathlib import Path
 from elpis.bend.check import Program, load
 from elpis.bend.codegen import Generator, template_env
 from elpis.bend.errors import BendError
-from elpis.bend.headers import harness_lines, install_checked, require_same_table
+from elpis.bend.headers import harness_lines, install_checked, require_same_table, source_digest
 from elpis.bend.interp import Interpreter
 from elpis.paths import BUILD_DIR, REPO_ROOT
 
@@ -37,14 +38,9 @@ PREFIX = "elpis_gemms_"
 
 # exported C name -> (Bend def, parameter types, one line for the header)
 ENTRIES: dict[str, tuple[str, tuple[str, ...], str]] = {
-    "elpis_gemm_splits": (
-        "splits",
-        ("U32", "U32"),
-        "number of k-splits: min(groups, max(1, ceil(ELPIS_GEMM_TARGET_BLOCKS / nblocks))), nblocks >= 1",
-    ),
-    "elpis_gemm_split_begin": ("split_begin", ("U32", "U32", "U32"), "first group of split s"),
-    "elpis_gemm_split_end": ("split_end", ("U32", "U32", "U32"), "one past the last group of split s"),
-    "elpis_gemm_owner": ("owner", ("U32", "U32", "U32"), "the split holding group g"),
+    "elpis_gemm_split_begin": ("split_begin", ("U32", "U32", "U32"), "first item of part s"),
+    "elpis_gemm_split_end": ("split_end", ("U32", "U32", "U32"), "one past the last item of part s"),
+    "elpis_gemm_owner": ("owner", ("U32", "U32", "U32"), "the part holding item g"),
     "elpis_gemm_ktile": ("ktile", ("U32", "U32"), "the k-tile warp `warp` handles in group `group`"),
     "elpis_gemm_blocks": (
         "blocks",
@@ -53,10 +49,9 @@ ENTRIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     ),
 }
 # The header's macros (ELPIS_GEMM_<NAME>) -> the Bend defs whose values they carry.
-CONSTANTS = {"warps": "warps", "group_k": "group_k", "target_blocks": "target_blocks"}
+CONSTANTS = {"warps": "warps", "group_k": "group_k"}
 # Query kinds of the table (what the harness evaluates): kind -> entry.
 KINDS = (
-    "elpis_gemm_splits",
     "elpis_gemm_split_begin",
     "elpis_gemm_split_end",
     "elpis_gemm_owner",
@@ -64,14 +59,15 @@ KINDS = (
     "elpis_gemm_blocks",
 )
 
-# The law domain: 1 <= splits <= groups < 2^20 with splits < 2^12, and 1 <= nblocks <= NBLOCKS_MAX for
-# the ceiling. The closed forms are compared wherever the quotient is exact (`exact_partition`).
+# The law domain: 1 <= splits <= groups < 2^20 with splits < 2^12. The closed forms are compared wherever
+# the quotient is exact (`exact_partition`).
 GROUPS_LIMIT = 1 << 20
-NBLOCKS_MAX = 65535
 MODEL_GROUPS = (40, 48, 136)  # k = 5120, 6144, 17408 in groups of 128
-MODEL_NBLOCKS = (8, 40, 48, 80, 96, 136, 1940)  # n / 128 of the model's projections
-# nblocks where ceil(264 / nblocks) steps, and beyond
-CEILING_EDGES = (1, 2, 3, 7, 8, 33, 40, 48, 80, 88, 96, 131, 132, 133, 136, 263, 264, 265, 1940, 65535)
+# n / 128 of the model's projections and of its groups of projections sharing an input (Q/K/V 112, GDN
+# qkv/z 128, MLP gate/up 272, DFlash K/V 16)
+MODEL_NBLOCKS = (8, 16, 40, 48, 80, 96, 112, 128, 136, 272, 1940)
+# part counts of the model's groups beside the stream-K grids (the kernel's first, k-split design)
+MODEL_SPLITS = (1, 2, 7, 8, 33)
 
 
 class ScheduleMismatch(BendError):
@@ -115,7 +111,7 @@ def _c_name(bend_name: str) -> str:
 
 
 def constants(root: Path = REPO_ROOT) -> dict[str, int]:
-    """warps(), group_k() and target_blocks() by the interpreter."""
+    """warps() and group_k() by the interpreter."""
     interp = Interpreter(load_schedule(root))
     return {name: int(interp.function(_key(b))()) for name, b in CONSTANTS.items()}
 
@@ -141,13 +137,10 @@ def render(root: Path = REPO_ROOT) -> str:
                 "call": f"{_c_name(bend_name)}({', '.join(params)})",
             }
         )
-    digest = hashlib.sha256()
-    for rel in (MODULE, f"codegen/{TEMPLATE}"):
-        digest.update(rel.encode() + b"\0" + (root / rel).read_bytes())
     template = template_env(root).get_template(TEMPLATE)
     return template.render(
         source=MODULE,
-        digest=digest.hexdigest(),
+        digest=source_digest(root, (MODULE, f"codegen/{TEMPLATE}")),
         prototypes=[_rename(protos[k]) + ";" for k in sorted(protos)],
         functions=[_rename(bodies[k]) for k in sorted(bodies)],
         entries=entries,
@@ -156,11 +149,6 @@ def render(root: Path = REPO_ROOT) -> str:
 
 
 # ====================================================================== the table
-
-
-def ceil_splits(groups: int, nblocks: int, target: int = 264) -> int:
-    """The number of splits by its definition (nblocks >= 1, target: target_blocks())."""
-    return min(groups, max(1, -(-target // nblocks)))
 
 
 def begin_of(groups: int, splits: int, s: int) -> int:
@@ -188,38 +176,30 @@ def _partition(groups: int, splits: int, every: bool, owners: tuple[int, ...] = 
         edges = {begin_of(groups, splits, s) for s in ss} if exact_partition(groups, splits) else set()
         near = {g for e in edges | {0, groups // 2, groups} for g in (e - 1, e, e + 1) if 0 <= g < groups}
         gs = sorted(near | {g for g in owners if 0 <= g < groups})
-    out = [Query(1, groups, splits, s) for s in ss]
-    out += [Query(2, groups, splits, s) for s in ss if s < splits or not every]
-    out += [Query(3, groups, splits, g) for g in gs]
+    out = [Query(0, groups, splits, s) for s in ss]
+    out += [Query(1, groups, splits, s) for s in ss if s < splits or not every]
+    out += [Query(2, groups, splits, g) for g in gs]
     return out
 
 
-def table_queries(target: int = 264) -> list[Query]:
-    """The model's shapes: groups 40, 48, 136 (k = 5120, 6144, 17408) with every nblocks of its
-    projections, every split and the owner of every group; the same shapes as stream-K grids (units =
-    groups x nblocks over 264 blocks, and 132 and 528 for k = 5120: around split boundaries, and the
-    owners of the first and last group of the first and last n-blocks); every partition of 1..12
-    groups; large and edge partitions (sampled around split boundaries); the number of splits around
-    every step of the ceiling; stream-K block counts; k-tiles; and inputs outside the law domain (zero
-    splits, more splits than groups, groups of 2^20 and more, U32 maxima), where only the header and
-    the interpreter are compared."""
+def table_queries() -> list[Query]:
+    """The model's shapes as stream-K grids (units = groups x nblocks over 264 blocks, and 132 and 528 for
+    k = 5120: around part boundaries, and the owners of the first and last group of the first and last
+    n-blocks) and as partitions of their groups into a few parts (every part, the owner of every group);
+    every partition of 1..12 items; large and edge partitions (sampled around part boundaries); stream-K
+    block counts; k-tiles; and inputs outside the law domain (zero parts, more parts than items, 2^20
+    items and more, U32 maxima), where only the header and the interpreter are compared."""
     out: list[Query] = []
-    nblocks = sorted({0, *CEILING_EDGES, 65536, 2**32 - 1})
-    for groups in (1, 2, 3, 40, 48, 136, 264, 265, 4096, 65535, 0, 2**32 - 1):
-        out += [Query(0, groups, nb) for nb in nblocks]
-    out += [Query(0, 65535, nb) for nb in range(1, 300)]
     for groups in MODEL_GROUPS:
-        for nb in MODEL_NBLOCKS:
-            out.append(Query(0, groups, nb))
-            out += _partition(groups, ceil_splits(groups, nb, target), every=True)
-    for groups in MODEL_GROUPS:
+        for splits in MODEL_SPLITS:
+            out += _partition(groups, splits, every=True)
         for nb in MODEL_NBLOCKS:
             units = groups * nb
             firsts = [j * groups for j in (*range(min(nb, 2)), *range(max(2, nb - 2), nb))]
             owners = tuple(g for f in firsts for g in (f, f + groups - 1))
             for capacity in (132, 264, 528) if groups == MODEL_GROUPS[0] else (264,):
                 blocks = min(units, capacity)
-                out.append(Query(5, units, capacity))
+                out.append(Query(4, units, capacity))
                 out += _partition(units, blocks, every=False, owners=owners)
     for groups in range(1, 13):
         for splits in range(1, groups + 1):
@@ -231,27 +211,25 @@ def table_queries(target: int = 264) -> list[Query]:
     for groups, splits in edges:
         out += _partition(groups, splits, every=False)
     for group in (0, 1, 7, 40, 135, 2**29 - 1, 2**32 - 1):
-        out += [Query(4, group, warp) for warp in range(9)]
+        out += [Query(3, group, warp) for warp in range(9)]
     for units in (0, 1, 2, 131, 132, 264, 265, 77600, 2**32 - 1):
-        out += [Query(5, units, capacity) for capacity in (0, 1, 132, 264, 528, 2**32 - 1)]
+        out += [Query(4, units, capacity) for capacity in (0, 1, 132, 264, 528, 2**32 - 1)]
     return list(dict.fromkeys(out))
 
 
-def closed_form(q: Query, target: int = 264) -> int | None:
+def closed_form(q: Query) -> int | None:
     """What a query must answer by the closed forms, where the program is exact (None elsewhere)."""
     a, b, c = q.a, q.b, q.c
     match q.kind:
-        case 0 if a >= 1 and 1 <= b <= NBLOCKS_MAX:
-            return ceil_splits(a, b, target)
-        case 1 if exact_partition(a, b) and c <= b:
+        case 0 if exact_partition(a, b) and c <= b:
             return begin_of(a, b, c)
-        case 2 if exact_partition(a, b) and c < b:
+        case 1 if exact_partition(a, b) and c < b:
             return begin_of(a, b, c + 1)
-        case 3 if exact_partition(a, b) and c < a:
+        case 2 if exact_partition(a, b) and c < a:
             return owner_of(a, b, c)
-        case 4 if a < 2**29 and b < 8:
+        case 3 if a < 2**29 and b < 8:
             return 8 * a + b
-        case 5:
+        case 4:
             return min(a, max(1, b))
     return None
 
@@ -274,11 +252,11 @@ def _reference_table(root: Path) -> tuple[list[Query], list[str]]:
     interp = Interpreter(load_schedule(root))
     f: dict[str, Callable[..., int]] = {c: interp.function(_key(b)) for c, (b, _, _) in ENTRIES.items()}
     consts = constants(root)
-    queries = table_queries(consts["target_blocks"])
-    lines = [f"C {consts['warps']} {consts['group_k']} {consts['target_blocks']}"]
+    queries = table_queries()
+    lines = [f"C {consts['warps']} {consts['group_k']}"]
     for q in queries:
         got = int(f[KINDS[q.kind]](*q.args()))
-        want = closed_form(q, consts["target_blocks"])
+        want = closed_form(q)
         if want is not None and got != want:
             raise ScheduleMismatch(f"{MODULE}: {KINDS[q.kind]}{q.args()} is {got}, the closed form {want}")
         lines.append(_line(q, got))
@@ -296,17 +274,16 @@ HARNESS = r"""
 static const uint32_t QUERIES[][4] = {%QUERIES%};
 
 int main(void) {
-  printf("C %u %u %u\n", ELPIS_GEMM_WARPS, ELPIS_GEMM_GROUP_K, ELPIS_GEMM_TARGET_BLOCKS);
+  printf("C %u %u\n", ELPIS_GEMM_WARPS, ELPIS_GEMM_GROUP_K);
   for (size_t i = 0; i < sizeof QUERIES / sizeof QUERIES[0]; i++) {
     const uint32_t kind = QUERIES[i][0], a = QUERIES[i][1], b = QUERIES[i][2], c = QUERIES[i][3];
     uint32_t v;
     switch (kind) {
-      case 0: v = elpis_gemm_splits(a, b); break;
-      case 1: v = elpis_gemm_split_begin(a, b, c); break;
-      case 2: v = elpis_gemm_split_end(a, b, c); break;
-      case 3: v = elpis_gemm_owner(a, b, c); break;
-      case 4: v = elpis_gemm_ktile(a, b); break;
-      case 5: v = elpis_gemm_blocks(a, b); break;
+      case 0: v = elpis_gemm_split_begin(a, b, c); break;
+      case 1: v = elpis_gemm_split_end(a, b, c); break;
+      case 2: v = elpis_gemm_owner(a, b, c); break;
+      case 3: v = elpis_gemm_ktile(a, b); break;
+      case 4: v = elpis_gemm_blocks(a, b); break;
       default: return 2;
     }
     printf("%u %u %u %u %u\n", kind, a, b, c, v);
@@ -345,7 +322,7 @@ def build(out_dir: Path = KERNELS_BUILD_DIR, root: Path = REPO_ROOT, cc: str | N
 
 
 def constants_of(header: Path) -> dict[str, int]:
-    """ELPIS_GEMM_WARPS, ELPIS_GEMM_GROUP_K and ELPIS_GEMM_TARGET_BLOCKS as written in a generated header."""
+    """ELPIS_GEMM_WARPS and ELPIS_GEMM_GROUP_K as written in a generated header."""
     text = Path(header).read_text()
     out = {}
     for name in CONSTANTS:

@@ -4,6 +4,7 @@ interpreter's table line by line, and install the header atomically only once th
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import tempfile
@@ -12,6 +13,14 @@ from pathlib import Path
 
 # Host build of a harness: plain C11, every warning an error (the header must be clean C for gcc too).
 HARNESS_CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra", "-Werror")
+
+
+def source_digest(root: Path, sources: Sequence[str]) -> str:
+    """The sha256 a generated header records of its sources: each path (relative to `root`) and its bytes."""
+    digest = hashlib.sha256()
+    for rel in sources:
+        digest.update(rel.encode() + b"\0" + (Path(root) / rel).read_bytes())
+    return digest.hexdigest()
 
 
 def install_checked(text: str, out_dir: Path, name: str, check: Callable[[Path], object]) -> Path:

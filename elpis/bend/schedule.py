@@ -12,7 +12,6 @@ difference is a ScheduleMismatch (fail closed).
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from collections.abc import Iterable
@@ -22,7 +21,7 @@ from pathlib import Path
 from elpis.bend.check import Program, load
 from elpis.bend.codegen import Generator, template_env
 from elpis.bend.errors import BendError
-from elpis.bend.headers import harness_lines, install_checked, require_same_table
+from elpis.bend.headers import harness_lines, install_checked, require_same_table, source_digest
 from elpis.bend.interp import Interpreter
 from elpis.paths import BUILD_DIR, REPO_ROOT
 
@@ -91,13 +90,10 @@ def render(root: Path = REPO_ROOT) -> str:
                 "call": f"{_short(prog, bend_name)}({', '.join(args)})",
             }
         )
-    digest = hashlib.sha256()
-    for rel in (MODULE, f"codegen/{TEMPLATE}"):
-        digest.update(rel.encode() + b"\0" + (root / rel).read_bytes())
     template = template_env(root).get_template(TEMPLATE)
     return template.render(
         source=MODULE,
-        digest=digest.hexdigest(),
+        digest=source_digest(root, (MODULE, f"codegen/{TEMPLATE}")),
         split_size=split_size,
         max_rows=MAX_ROWS,
         prototypes=[_qualify(protos[k]) + ";" for k in sorted(protos)],

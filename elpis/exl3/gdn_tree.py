@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from elpis.exl3.tensors import check_tensor
 from elpis.exl3.tree_attention import check_masks
 from elpis.paths import PATCHES_DIR
 
@@ -157,37 +158,21 @@ def stack_slots() -> int:
     return int(_host_library().elpis_gdn_tree_stack_slots())
 
 
-def _check_tensor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int | None, ...]) -> None:
-    import torch
-
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_cuda:
-        raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
-    if t.dtype != dtype:
-        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
-    if t.dim() != len(shape) or any(w is not None and w != s for w, s in zip(shape, t.shape, strict=True)):
-        want = ", ".join("*" if w is None else str(w) for w in shape)
-        raise ValueError(f"{name} must have shape [{want}], got {list(t.shape)}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-
-
 def _check_inputs(qkv, beta, g, conv_weight, conv_state, state) -> int:
     """Validate the shared inputs; returns the number of input rows."""
     import torch
 
-    _check_tensor("qkv", qkv, torch.bfloat16, (None, CONV_DIM))
+    check_tensor("qkv", qkv, torch.bfloat16, (None, CONV_DIM))
     n_in = qkv.shape[0]
     if not 1 <= n_in <= MAX_ROWS:
         raise ValueError(f"qkv must have 1..{MAX_ROWS} rows, got {n_in}")
-    _check_tensor("beta", beta, torch.bfloat16, (n_in, VALUE_HEADS))
-    _check_tensor("g", g, torch.float32, (n_in, VALUE_HEADS))
-    _check_tensor("conv_weight", conv_weight, torch.bfloat16, (CONV_DIM, TAPS))
-    _check_tensor("conv_state", conv_state, torch.bfloat16, (CONV_DIM, None))
+    check_tensor("beta", beta, torch.bfloat16, (n_in, VALUE_HEADS))
+    check_tensor("g", g, torch.float32, (n_in, VALUE_HEADS))
+    check_tensor("conv_weight", conv_weight, torch.bfloat16, (CONV_DIM, TAPS))
+    check_tensor("conv_state", conv_state, torch.bfloat16, (CONV_DIM, None))
     if conv_state.shape[1] < TAPS:
         raise ValueError(f"conv_state must have at least {TAPS} columns, got {conv_state.shape[1]}")
-    _check_tensor("state", state, torch.float32, (VALUE_HEADS, HEAD_DIM, HEAD_DIM))
+    check_tensor("state", state, torch.float32, (VALUE_HEADS, HEAD_DIM, HEAD_DIM))
     tensors = (qkv, beta, g, conv_weight, conv_state, state)
     if len({t.device for t in tensors}) != 1:
         raise ValueError("qkv, beta, g, conv_weight, conv_state and state must be on the same device")
@@ -252,7 +237,7 @@ def _check_plan_dev(plan_dev: torch.Tensor, qkv: torch.Tensor) -> None:
     """A graph form's plan buffer: uint8 [PLAN_CAPACITY] on qkv's device."""
     import torch
 
-    _check_tensor("plan_dev", plan_dev, torch.uint8, (PLAN_CAPACITY,))
+    check_tensor("plan_dev", plan_dev, torch.uint8, (PLAN_CAPACITY,))
     if plan_dev.device != qkv.device:
         raise ValueError("plan_dev must be on qkv's device")
 

@@ -17,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from elpis.exl3.tensors import check_tensor
 from elpis.paths import BUILD_DIR, REPO_ROOT
 
 if TYPE_CHECKING:
@@ -78,14 +79,6 @@ def _counters(device: str) -> torch.Tensor:
     return torch.zeros(MAX_COUNTERS, dtype=torch.int32, device=device)
 
 
-def _check(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
-    if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous() or not t.is_cuda:
-        raise ValueError(
-            f"rows_gemm: {name} must be a contiguous CUDA {dtype} tensor of shape {shape}, "
-            f"got {t.dtype} {tuple(t.shape)}{'' if t.is_contiguous() else ' (not contiguous)'}"
-        )
-
-
 def supported(rows: int, k: int, n: int, bits: int = BITS) -> bool:
     """Whether the kernel takes this shape: 1..16 rows, k and n multiples of 128, 4-bit trellis."""
     return bits == BITS and 1 <= rows <= MAX_ROWS and k % 128 == 0 and n % 128 == 0 and k >= 128 and n >= 128
@@ -117,7 +110,7 @@ def rows_gemm_group(
     if x.dim() != 2:
         raise ValueError(f"rows_gemm: x must be [rows, k], got shape {tuple(x.shape)}")
     m, k = x.shape
-    _check("x", x, torch.half, (m, k))
+    check_tensor("rows_gemm: x", x, torch.half, (m, k))
     widths = []
     for i, member in enumerate(members):
         trellis = member.trellis
@@ -132,9 +125,9 @@ def rows_gemm_group(
             )
         if member.out_dtype not in (torch.half, torch.float):
             raise ValueError(f"rows_gemm: out_dtype must be float16 or float32, got {member.out_dtype}")
-        _check(f"trellis {i}", trellis, torch.int16, (k // 16, n // 16, 16 * BITS))
-        _check(f"suh {i}", member.suh, torch.half, (k,))
-        _check(f"svh {i}", member.svh, torch.half, (n,))
+        check_tensor(f"rows_gemm: trellis {i}", trellis, torch.int16, (k // 16, n // 16, 16 * BITS))
+        check_tensor(f"rows_gemm: suh {i}", member.suh, torch.half, (k,))
+        check_tensor(f"rows_gemm: svh {i}", member.svh, torch.half, (n,))
         widths.append(n)
     n_total = sum(widths)
     if n_total // 128 > MAX_COUNTERS:
@@ -186,7 +179,7 @@ def decode(trellis: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tenso
 
     lib = lib or library()
     kt, nt, _ = trellis.shape
-    _check("trellis", trellis, torch.int16, (kt, nt, 16 * BITS))
+    check_tensor("rows_gemm: trellis", trellis, torch.int16, (kt, nt, 16 * BITS))
     d = torch.empty((kt * 16, nt * 16), dtype=torch.half, device=trellis.device)
     stream = torch.cuda.current_stream(trellis.device).cuda_stream
     err = lib.elpis_rows_gemm_decode(trellis.data_ptr(), d.data_ptr(), kt * 16, nt * 16, stream)

@@ -19,6 +19,7 @@ from functools import lru_cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from elpis.exl3.tensors import check_tensor
 from elpis.paths import BUILD_DIR, PATCHES_DIR
 
 if TYPE_CHECKING:
@@ -152,24 +153,6 @@ def check_masks(depth: Sequence[int], ancestors: Sequence[int]) -> None:
             raise ValueError(f"row {r}: depth {d} but {bin(a).count('1')} rows in its ancestor mask")
 
 
-def _check_tensor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int | None, ...]) -> None:
-    import torch
-
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_cuda:
-        raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
-    if t.dtype != dtype:
-        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
-    if t.dim() != len(shape) or any(w is not None and w != s for w, s in zip(shape, t.shape, strict=True)):
-        want = ", ".join("*" if w is None else str(w) for w in shape)
-        raise ValueError(f"{name} must have shape [{want}], got {list(t.shape)}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-    if t.data_ptr() % 16:
-        raise ValueError(f"{name} must be 16-byte aligned")
-
-
 def tree_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -196,9 +179,9 @@ def tree_attention(
 
     rows = len(depth)
     check_masks(depth, ancestors)
-    _check_tensor("q", q, torch.half, (rows, Q_HEADS, HEAD_DIM))
-    _check_tensor("k_cache", k_cache, torch.half, (None, PAGE, KV_HEADS, HEAD_DIM))
-    _check_tensor("v_cache", v_cache, torch.half, tuple(k_cache.shape))
+    check_tensor("q", q, torch.half, (rows, Q_HEADS, HEAD_DIM), align=16)
+    check_tensor("k_cache", k_cache, torch.half, (None, PAGE, KV_HEADS, HEAD_DIM), align=16)
+    check_tensor("v_cache", v_cache, torch.half, tuple(k_cache.shape), align=16)
     block_table = _check_call(q, (k_cache, v_cache), block_table, ctx, rows, scale)
     lib = _library(bool(staged))
     return _run(lib.elpis_tree_attention, lib, q, (k_cache, v_cache), block_table, ctx, depth, ancestors,
@@ -218,7 +201,7 @@ def _check_call(
 
     if isinstance(block_table, torch.Tensor) and block_table.dim() == 2 and block_table.shape[0] == 1:
         block_table = block_table[0]
-    _check_tensor("block_table", block_table, torch.int32, (None,))
+    check_tensor("block_table", block_table, torch.int32, (None,), align=16)
     if any(t.device != q.device for t in (*caches, block_table)):
         raise ValueError("q, the cache tensors and block_table must be on the same device")
     if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 0 or ctx + rows > MAX_SPAN:
@@ -371,10 +354,10 @@ def tree_attention_mma_graph(
     rows = q.shape[0]
     if not 1 <= rows <= MAX_ROWS:
         raise ValueError(f"tree attention takes 1..{MAX_ROWS} rows, got {rows}")
-    _check_tensor("q", q, torch.half, (rows, Q_HEADS, HEAD_DIM))
-    _check_tensor("ctx_dev", ctx_dev, torch.int32, (1,))
-    _check_tensor("masks", masks, torch.int32, (2 * rows,))
-    _check_tensor("block_table", block_table, torch.int32, (None,))
+    check_tensor("q", q, torch.half, (rows, Q_HEADS, HEAD_DIM), align=16)
+    check_tensor("ctx_dev", ctx_dev, torch.int32, (1,), align=16)
+    check_tensor("masks", masks, torch.int32, (2 * rows,), align=16)
+    check_tensor("block_table", block_table, torch.int32, (None,), align=16)
     if not 1 <= max_ctx <= MAX_SPAN or block_table.shape[0] * PAGE < max_ctx:
         raise ValueError(
             f"max_ctx {max_ctx}: must be in 1..{MAX_SPAN} and covered by the block table "
@@ -416,13 +399,13 @@ def _quantized_call(
     qk, sk, qv, sv = caches
     rows = len(depth)
     check_masks(depth, ancestors)
-    _check_tensor("q", q, torch.half, (rows, Q_HEADS, HEAD_DIM))
-    _check_tensor("qk", qk, torch.int32, (None, PAGE, None))
+    check_tensor("q", q, torch.half, (rows, Q_HEADS, HEAD_DIM), align=16)
+    check_tensor("qk", qk, torch.int32, (None, PAGE, None), align=16)
     pages, groups = qk.shape[0], KV_HEADS * HEAD_DIM // 32
-    _check_tensor("qv", qv, torch.int32, (pages, PAGE, None))
+    check_tensor("qv", qv, torch.int32, (pages, PAGE, None), align=16)
     k_bits, v_bits = qcache_bits("qk", qk), qcache_bits("qv", qv)
-    _check_tensor("sk", sk, torch.half, (pages, PAGE, groups))
-    _check_tensor("sv", sv, torch.half, (pages, PAGE, groups))
+    check_tensor("sk", sk, torch.half, (pages, PAGE, groups), align=16)
+    check_tensor("sv", sv, torch.half, (pages, PAGE, groups), align=16)
     block_table = _check_call(q, caches, block_table, ctx, rows, scale)
     lib = library(k_bits, v_bits)
     return _run(getattr(lib, entry), lib, q, caches, block_table, ctx, depth, ancestors, scale, return_lse)

@@ -5,7 +5,6 @@ schedule is the partition it claims to be on the model's shapes."""
 from __future__ import annotations
 
 import itertools
-import math
 import re
 from pathlib import Path
 
@@ -18,8 +17,6 @@ from elpis.paths import REPO_ROOT
 
 # The statements of proofs/gemm_schedule_proof.bend (their proofs cite every other law there).
 STATEMENTS = {
-    "gemm_splits_in_range",
-    "gemm_ceil_blocks_is_the_ceiling",
     "gemm_first_split_begins_at_0",
     "gemm_last_split_ends_at_groups",
     "gemm_splits_contiguous",
@@ -44,7 +41,7 @@ def test_header_is_written_only_when_it_matches(tmp_path: Path) -> None:
     path = gemm_schedule.build(tmp_path)
     assert path == tmp_path / gemm_schedule.HEADER
     assert [p.name for p in tmp_path.iterdir()] == [gemm_schedule.HEADER]
-    assert gemm_schedule.constants_of(path) == {"warps": 8, "group_k": 128, "target_blocks": 264}
+    assert gemm_schedule.constants_of(path) == {"warps": 8, "group_k": 128}
     assert gemm_schedule.check_header(path) > 4000
     assert gemm_schedule.render() == path.read_text(), "generation is deterministic"
 
@@ -52,7 +49,6 @@ def test_header_is_written_only_when_it_matches(tmp_path: Path) -> None:
 def test_header_exports_the_kernel_interface() -> None:
     text = gemm_schedule.render()
     for signature in (
-        "uint32_t elpis_gemm_splits(uint32_t groups, uint32_t nblocks)",
         "uint32_t elpis_gemm_split_begin(uint32_t groups, uint32_t splits, uint32_t s)",
         "uint32_t elpis_gemm_split_end(uint32_t groups, uint32_t splits, uint32_t s)",
         "uint32_t elpis_gemm_owner(uint32_t groups, uint32_t splits, uint32_t g)",
@@ -66,13 +62,13 @@ def test_header_exports_the_kernel_interface() -> None:
     assert names and all(n.startswith(("elpis_gemms_", "elpis_gemm_")) for n in names), names
     # No function takes the row count: a row's summation order cannot depend on it.
     params = set(re.findall(r"uint32_t ([a-z_]+)[,)]", text.split("exported entry points")[1]))
-    assert params == {"groups", "nblocks", "splits", "s", "g", "group", "warp", "units", "capacity"}
+    assert params == {"groups", "splits", "s", "g", "group", "warp", "units", "capacity"}
 
 
 @pytest.mark.parametrize(
     ("old", "new"),
     [
-        ("    return UINT32_C(1);\n", "    return UINT32_C(2);\n"),  # two splits from 264 n-blocks on
+        ("    return v_a__i1;\n", "    return (v_a__i1 + 1u);\n"),  # a stream-K block more than units
         (
             "elpis_gemms_gemm_schedule_min_u32(v_x, v_b)",
             "elpis_gemms_gemm_schedule_max_u32(v_x, v_b)",
@@ -113,10 +109,10 @@ def test_the_laws_are_proved() -> None:
 @pytest.mark.parametrize(
     ("old", "new", "law"),
     [
-        (  # no clamp to the number of groups
-            "  min_u32(groups, max_u32(1, ceil_blocks(nblocks)))",
-            "  max_u32(1, ceil_blocks(nblocks))",
-            "gemm_splits_in_range",
+        (  # no clamp to the number of units
+            "  min_u32(units, max_u32(1, capacity))",
+            "  max_u32(1, capacity)",
+            "gemm_blocks_in_range",
         ),
         (  # the remainder spread one split too far
             "  ((x * a : U32) + min_u32(x, b) : U32)",
@@ -153,11 +149,11 @@ def test_a_wrong_schedule_fails_its_laws(repo_copy: Path, old: str, new: str, la
 def test_table_covers_the_model_shapes() -> None:
     queries = set(gemm_schedule.table_queries())
     for groups in gemm_schedule.MODEL_GROUPS:
+        for splits in gemm_schedule.MODEL_SPLITS:
+            assert all(gemm_schedule.Query(1, groups, splits, s) in queries for s in range(splits))
+            assert all(gemm_schedule.Query(2, groups, splits, g) in queries for g in range(groups))
         for nblocks in gemm_schedule.MODEL_NBLOCKS:
-            splits = gemm_schedule.ceil_splits(groups, nblocks)
-            assert gemm_schedule.Query(0, groups, nblocks) in queries
-            assert all(gemm_schedule.Query(2, groups, splits, s) in queries for s in range(splits))
-            assert all(gemm_schedule.Query(3, groups, splits, g) in queries for g in range(groups))
+            assert gemm_schedule.Query(4, groups * nblocks, 264) in queries
 
 
 def test_closed_forms_are_a_balanced_partition() -> None:
@@ -174,12 +170,10 @@ def test_closed_forms_are_a_balanced_partition() -> None:
 
 
 def test_model_shapes(sched: dict) -> None:
-    """The schedule of every projection shape of the model, by the interpreter: splits as defined, every
-    group in exactly one split, every k-tile of the matrix handled by exactly one (group, warp)."""
+    """Partitions of every projection's groups by the interpreter: every group in exactly one part,
+    every k-tile of the matrix handled by exactly one (group, warp)."""
     for groups in gemm_schedule.MODEL_GROUPS:
-        for nblocks in gemm_schedule.MODEL_NBLOCKS:
-            splits = sched["splits"](groups, nblocks)
-            assert splits == min(groups, max(1, math.ceil(264 / nblocks)))
+        for splits in gemm_schedule.MODEL_SPLITS:
             held = [
                 s
                 for s in range(splits)

@@ -1,0 +1,32 @@
+"""One check of a tensor handed to one of elpis's CUDA kernels through ctypes, where a wrong dtype, shape,
+layout or device would not fail but be misread: each binding (tree attention, the GDN tree kernel, the
+1-16-row EXL3 GEMM) calls `check_tensor` on every argument before the launch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+def check_tensor(
+    name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int | None, ...], *, align: int = 0
+) -> None:
+    """Refuse, naming `name`, anything but a contiguous CUDA tensor of `dtype` and `shape` (None: any size)
+    whose data address is a multiple of `align` bytes (0: any)."""
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_cuda:
+        raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.dim() != len(shape) or any(w is not None and w != s for w, s in zip(shape, t.shape, strict=True)):
+        want = ", ".join("*" if w is None else str(w) for w in shape)
+        raise ValueError(f"{name} must have shape [{want}], got {list(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    if align and t.data_ptr() % align:
+        raise ValueError(f"{name} must be {align}-byte aligned")
