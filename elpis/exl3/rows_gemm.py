@@ -1,8 +1,9 @@
 """elpis's EXL3 GEMM for 1-16 rows (`patches/kernels/exl3_gemm_rows.cu`): the binding.
 
-`rows_gemm(x, trellis, suh, svh)` is the EXL3 linear `((x * suh) H) D H * svh` of a 4-bit mul1 trellis for
-1..16 rows, every weight decoded once and fed to tensor cores; `rows_gemm_group(x, members)` runs up to four
-such linears that share the input x in one call (one input-transform launch and one GEMM launch, the members'
+`rows_gemm(x, trellis, suh, svh)` is the EXL3 linear `((x * suh) H) D H * svh` of a 4- or 6-bit mul1
+trellis (the body and the output head of the served model) for 1..16 rows, every weight decoded once and fed
+to tensor cores; `rows_gemm_group(x, members)` runs up to four such linears that share the input x in one
+call (one input-transform launch and one GEMM launch, the members'
 n-blocks in one stream-K grid); `decode(trellis)` is the decoded D alone, for tests against
 `elpis.exl3.trellis_ref` and ExLlamaV3's own decode. The work schedule is the proved one of
 `build/kernels/gemm_schedule.h`: nothing in it depends on the row count. A member's result does depend on
@@ -25,26 +26,27 @@ if TYPE_CHECKING:
 
 SOURCE = REPO_ROOT / "patches" / "kernels" / "exl3_gemm_rows.cu"
 SCHEDULE_HEADER = BUILD_DIR / "kernels" / "gemm_schedule.h"
-BITS = 4
+BITS = (4, 6)  # trellis widths the kernel decodes
 MAX_ROWS = 16
 MAX_MEMBERS = 4  # linears of one call
 MAX_COUNTERS = 4096  # n-blocks of 128 columns, all members together: up to n = 524,288
 
 _VP, _U32, _U64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
 # x, m, k, count, suh[], trellis[], svh[], out[], n[] (host arrays of `count`), out_f32 (bit per member),
-# a_frag, frag_halves, workspace, workspace_floats, counters, counters_len, stream
-GEMM_ARGS = (_VP, _U32, _U32, _U32, _VP, _VP, _VP, _VP, _VP, _U32, _VP, _U64, _VP, _U64, _VP, _U32, _VP)
-DECODE_ARGS = (_VP, _VP, _U32, _U32, _VP)
+# bits, a_frag, frag_halves, workspace, workspace_floats, counters, counters_len, stream
+GEMM_ARGS = (_VP, _U32, _U32, _U32, _VP, _VP, _VP, _VP, _VP, _U32, _U32, _VP, _U64, _VP, _U64, _VP, _U32, _VP)
+DECODE_ARGS = (_VP, _VP, _U32, _U32, _U32, _VP)  # trellis, d, k, n, bits, stream
 # ctypes signatures of the entries (a CPU test checks them against the kernel source)
 ENTRY_ARGS = {"elpis_rows_gemm": GEMM_ARGS, "elpis_rows_gemm_decode": DECODE_ARGS}
 SIZE_ENTRIES = {
     "elpis_rows_gemm_supported": ((_U32, _U32, _U32), _U32),
+    "elpis_rows_gemm_bits_supported": ((_U32,), _U32),
     "elpis_rows_gemm_max_members": ((), _U32),
     "elpis_rows_gemm_max_nblocks": ((), _U32),
-    "elpis_rows_gemm_blocks": ((_U32, _U32), _U32),
-    "elpis_rows_gemm_resident_blocks": ((), _U32),
+    "elpis_rows_gemm_blocks": ((_U32, _U32, _U32), _U32),
+    "elpis_rows_gemm_resident_blocks": ((_U32,), _U32),
     "elpis_rows_gemm_frag_halves": ((_U32, _U32), _U64),
-    "elpis_rows_gemm_workspace_floats": ((_U32, _U32, _U32), _U64),
+    "elpis_rows_gemm_workspace_floats": ((_U32, _U32, _U32, _U32), _U64),
     "elpis_rows_gemm_counters": ((_U32,), _U32),
 }
 
@@ -79,14 +81,14 @@ def _counters(device: str) -> torch.Tensor:
     return torch.zeros(MAX_COUNTERS, dtype=torch.int32, device=device)
 
 
-def supported(rows: int, k: int, n: int, bits: int = BITS) -> bool:
-    """Whether the kernel takes this shape: 1..16 rows, k and n multiples of 128, 4-bit trellis."""
-    return bits == BITS and 1 <= rows <= MAX_ROWS and k % 128 == 0 and n % 128 == 0 and k >= 128 and n >= 128
+def supported(rows: int, k: int, n: int, bits: int = 4) -> bool:
+    """Whether the kernel takes this shape: 1..16 rows, k and n multiples of 128, a 4- or 6-bit trellis."""
+    return bits in BITS and 1 <= rows <= MAX_ROWS and k % 128 == 0 and n % 128 == 0 and k >= 128 and n >= 128
 
 
 class Member(NamedTuple):
-    """One EXL3 linear of a call: trellis [k/16, n/16, 64] int16, suh [k], svh [n] fp16, and the output's
-    dtype (fp16 or fp32)."""
+    """One EXL3 linear of a call: trellis [k/16, n/16, 16 * bits] int16, suh [k], svh [n] fp16, and the
+    output's dtype (fp16 or fp32)."""
 
     trellis: torch.Tensor
     suh: torch.Tensor
@@ -98,10 +100,19 @@ def void_ptrs(*pointers: int | None) -> ctypes.Array:
     return (ctypes.c_void_p * len(pointers))(*pointers)
 
 
+def trellis_bits(trellis: torch.Tensor) -> int:
+    """The width of a trellis [k/16, n/16, 16 * bits] the kernel decodes (ValueError for any other)."""
+    if trellis.dim() != 3 or trellis.shape[2] not in tuple(16 * b for b in BITS):
+        widths = " or ".join(str(16 * b) for b in BITS)
+        raise ValueError(f"rows_gemm: trellis must be [k/16, n/16, {widths}], got {tuple(trellis.shape)}")
+    return int(trellis.shape[2]) // 16
+
+
 def rows_gemm_group(
     x: torch.Tensor, members: Sequence[Member], lib: ctypes.CDLL | None = None
 ) -> list[torch.Tensor]:
-    """y_i [m, n_i] of x [m, k] fp16 through each member's EXL3 linear, in one call."""
+    """y_i [m, n_i] of x [m, k] fp16 through each member's EXL3 linear, in one call (all members of one
+    trellis width)."""
     import torch
 
     lib = lib or library()
@@ -112,20 +123,21 @@ def rows_gemm_group(
     m, k = x.shape
     check_tensor("rows_gemm: x", x, torch.half, (m, k))
     widths = []
+    bits = trellis_bits(members[0].trellis)
     for i, member in enumerate(members):
         trellis = member.trellis
-        if trellis.dim() != 3 or trellis.shape[2] != 16 * BITS:
+        if trellis_bits(trellis) != bits:
             raise ValueError(
-                f"rows_gemm: trellis must be [k/16, n/16, {16 * BITS}], got {tuple(trellis.shape)}"
+                f"rows_gemm: one call takes one trellis width, got {bits} and {trellis_bits(trellis)}"
             )
         n = trellis.shape[1] * 16
-        if not supported(m, k, n):
+        if not supported(m, k, n, bits):
             raise ValueError(
                 f"rows_gemm: {m} rows, k={k}, n={n} is outside the kernel (1..16 rows, k, n % 128 == 0)"
             )
         if member.out_dtype not in (torch.half, torch.float):
             raise ValueError(f"rows_gemm: out_dtype must be float16 or float32, got {member.out_dtype}")
-        check_tensor(f"rows_gemm: trellis {i}", trellis, torch.int16, (k // 16, n // 16, 16 * BITS))
+        check_tensor(f"rows_gemm: trellis {i}", trellis, torch.int16, (k // 16, n // 16, 16 * bits))
         check_tensor(f"rows_gemm: suh {i}", member.suh, torch.half, (k,))
         check_tensor(f"rows_gemm: svh {i}", member.svh, torch.half, (n,))
         widths.append(n)
@@ -136,7 +148,7 @@ def rows_gemm_group(
         )
     device = x.device
     frag_halves = int(lib.elpis_rows_gemm_frag_halves(m, k)) * len(members)
-    floats = int(lib.elpis_rows_gemm_workspace_floats(m, k, n_total))
+    floats = int(lib.elpis_rows_gemm_workspace_floats(m, k, n_total, bits))
     a_frag = torch.empty(frag_halves, dtype=torch.half, device=device)
     workspace = torch.empty(max(floats, 1), dtype=torch.float32, device=device)
     counters = _counters(str(device))
@@ -150,7 +162,7 @@ def rows_gemm_group(
         void_ptrs(*(mb.suh.data_ptr() for mb in members)),
         void_ptrs(*(mb.trellis.data_ptr() for mb in members)),
         void_ptrs(*(mb.svh.data_ptr() for mb in members)), void_ptrs(*(y.data_ptr() for y in outs)),
-        (ctypes.c_uint32 * len(widths))(*widths), out_f32, a_frag.data_ptr(), frag_halves,
+        (ctypes.c_uint32 * len(widths))(*widths), out_f32, bits, a_frag.data_ptr(), frag_halves,
         workspace.data_ptr(), floats, counters.data_ptr(), MAX_COUNTERS, stream,
     )  # fmt: skip
     if err != 0:
@@ -166,23 +178,24 @@ def rows_gemm(
     out_dtype: torch.dtype | None = None,
     lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
-    """y [m, n] of x [m, k] fp16 through one EXL3 linear (trellis [k/16, n/16, 64] int16, suh [k], svh [n]
-    fp16); `out_dtype` fp16 (default) or fp32."""
+    """y [m, n] of x [m, k] fp16 through one EXL3 linear (trellis [k/16, n/16, 16 * bits] int16, suh [k],
+    svh [n] fp16); `out_dtype` fp16 (default) or fp32."""
     import torch
 
     return rows_gemm_group(x, [Member(trellis, suh, svh, out_dtype or torch.half)], lib)[0]
 
 
 def decode(trellis: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """D [k, n] fp16 of a 4-bit mul1 trellis [k/16, n/16, 64] (int16, CUDA)."""
+    """D [k, n] fp16 of a 4- or 6-bit mul1 trellis [k/16, n/16, 16 * bits] (int16, CUDA)."""
     import torch
 
     lib = lib or library()
+    bits = trellis_bits(trellis)
     kt, nt, _ = trellis.shape
-    check_tensor("rows_gemm: trellis", trellis, torch.int16, (kt, nt, 16 * BITS))
+    check_tensor("rows_gemm: trellis", trellis, torch.int16, (kt, nt, 16 * bits))
     d = torch.empty((kt * 16, nt * 16), dtype=torch.half, device=trellis.device)
     stream = torch.cuda.current_stream(trellis.device).cuda_stream
-    err = lib.elpis_rows_gemm_decode(trellis.data_ptr(), d.data_ptr(), kt * 16, nt * 16, stream)
+    err = lib.elpis_rows_gemm_decode(trellis.data_ptr(), d.data_ptr(), kt * 16, nt * 16, bits, stream)
     if err != 0:
         raise RuntimeError(f"rows_gemm decode failed: CUDA error {err}")
     return d

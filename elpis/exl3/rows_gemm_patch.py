@@ -8,8 +8,8 @@ untouched:
   bundles (attention Q/K/V(+gate), Gated DeltaNet qkv+z, MLP gate+up), whose fused GEMMs run in C++ where no
   wrapper reaches, so every projection is a Linear of its own;
 - `LinearEXL3.forward` of a linear of such a model runs `rows_gemm` for a call the kernel takes
-  (`eligible`: 1-16 rows of fp16, 4-bit mul1 trellis, no bias, no reconstruct or override request) and the
-  original for any other (prefill, the 6-bit head).
+  (`eligible`: 1-16 rows of fp16, a 4- or 6-bit mul1 trellis, no bias, no reconstruct or override request)
+  and the original for any other (prefill).
 The projections a module computes from one input (`SHARED_INPUT`: attention Q(+gate)/K/V, Gated DeltaNet
 qkv/z, MLP gate/up) form a `Group` at `mark`: the first of them called with an input runs the whole group in
 one kernel call (one input-transform launch, one GEMM launch over all their n-blocks) and keeps the others'
@@ -18,8 +18,9 @@ so what makes a kept output current is the call structure: ExLlamaV3's forward c
 group with the same tensor, untouched in between, before the module's next input exists; a compute drops
 whatever an earlier one kept, and the GPU tests check that a verify leaves nothing kept. A member's result is
 a function of its group, fixed at `mark`, so a verify and plain decoding still run the same arithmetic.
-Where it reaches (device call 36, `elpis/bench/scripts/rows_gemm_reach.py`): in tree mode (elpis serve's
-default with a draft) every EXL3 linear of a verify but the 6-bit head runs the kernel; chain mode keeps
+Where it reaches (device call 36, `elpis/bench/scripts/rows_gemm_reach.py`, before the kernel decoded 6-bit
+trellises): in tree mode (elpis serve's default with a draft) every EXL3 linear of a verify but the 6-bit
+head ran the kernel (the head now qualifies too, not yet run on a GPU); chain mode keeps
 ExLlamaV3's C++ block graphs (`bc` objects of the MLP and Gated DeltaNet layers, whose GEMMs no Python
 wrapper reaches), so there the patch changes little. Either way a verify and plain decoding of one backend run
 the same kernels.
@@ -60,20 +61,20 @@ calls = {"rows_gemm": 0, "groups": 0}
 
 
 def format_ok(linear: Any) -> bool:
-    """Whether the kernel takes this EXL3 linear's weights (4-bit mul1 trellis, suh and svh, no bias)."""
+    """Whether the kernel takes this EXL3 linear's weights (4- or 6-bit mul1, suh and svh, no bias)."""
     import torch
 
-    shape = (linear.in_features // 16, linear.out_features // 16, 16 * rows_gemm.BITS)
+    shape = (linear.in_features // 16, linear.out_features // 16, 16 * linear.K)
     return (
         linear.bias is None
         and linear.mul1
         and not linear.mcg
-        and linear.K == rows_gemm.BITS
+        and linear.K in rows_gemm.BITS
         and linear.suh is not None
         and linear.svh is not None
         and linear.trellis.dtype == torch.int16
         and tuple(linear.trellis.shape) == shape
-        and rows_gemm.supported(1, linear.in_features, linear.out_features)
+        and rows_gemm.supported(1, linear.in_features, linear.out_features, linear.K)
     )
 
 
@@ -90,7 +91,7 @@ def eligible(linear: Any, x: Any, params: dict, out_dtype: Any) -> bool:
     return (
         dtype in (torch.half, torch.float)
         and format_ok(linear)
-        and rows_gemm.supported(rows, linear.in_features, linear.out_features)
+        and rows_gemm.supported(rows, linear.in_features, linear.out_features, linear.K)
     )
 
 
@@ -238,7 +239,7 @@ def _group(linears: list[Any]) -> Group | None:
     """A group of these linears if the kernel can run them as one call."""
     if not 2 <= len(linears) <= rows_gemm.MAX_MEMBERS or not all(format_ok(m) for m in linears):
         return None
-    if len({m.in_features for m in linears}) != 1:
+    if len({m.in_features for m in linears}) != 1 or len({m.K for m in linears}) != 1:
         return None
     if sum(m.out_features for m in linears) // 128 > rows_gemm.MAX_COUNTERS:
         return None

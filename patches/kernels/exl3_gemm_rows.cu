@@ -34,7 +34,9 @@ constexpr uint32_t kWarps = ELPIS_GEMM_WARPS;      // warps per block = k-tiles 
 constexpr uint32_t kGroupK = ELPIS_GEMM_GROUP_K;   // k per group (one Hadamard block)
 constexpr uint32_t kBlockN = 128;                  // output columns per block (one Hadamard block)
 constexpr uint32_t kTilesN = kBlockN / 16;         // weight tiles per warp per k-tile
-constexpr uint32_t kWordsPerTile = 32;             // 16 * 4 bits * 256 / 32: 4-bit trellis only
+// 32-bit words of one 16x16 tile of a K-bit trellis (256 K bits), and of them the ones a lane loads.
+__host__ __device__ constexpr uint32_t words_per_tile(int bits) { return 8u * uint32_t(bits); }
+__host__ __device__ constexpr int lane_words(int bits) { return bits == 4 ? 1 : 2; }
 constexpr uint32_t kRedStride = kBlockN + 4;       // padded row of the reduction buffer (no bank conflicts)
 constexpr float kInvSqrt128 = 0.08838834764831845f;
 constexpr uint32_t kMaxMembers = 4;                // linears per call (one shared input)
@@ -42,7 +44,11 @@ constexpr uint32_t kMaxNBlocks = 4096;             // n-blocks per call, all mem
 #ifndef ELPIS_GEMM_STAGES
 #define ELPIS_GEMM_STAGES 3
 #endif
-constexpr int kStages = ELPIS_GEMM_STAGES;         // k-tiles of words in flight per warp
+#ifndef ELPIS_GEMM_STAGES6
+#define ELPIS_GEMM_STAGES6 2
+#endif
+// k-tiles of words in flight per warp (the 6-bit trellis holds twice the words per tile in registers)
+__host__ __device__ constexpr int stages(int bits) { return bits == 4 ? ELPIS_GEMM_STAGES : ELPIS_GEMM_STAGES6; }
 
 static_assert(kWarps == 8 && kGroupK == 128, "the kernel's warp layout is for 8 k-tiles per group");
 
@@ -63,6 +69,7 @@ inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
     return r;
 }
 inline uint32_t shr64(uint32_t lo, uint32_t hi, uint32_t s) { return uint32_t(((uint64_t(hi) << 32) | lo) >> s); }
+inline uint32_t shl64(uint32_t lo, uint32_t hi, uint32_t s) { return uint32_t((((uint64_t(hi) << 32) | lo) << s) >> 32); }
 // fp16x2 fma with one rounding: the fp32 fma is exact for the codebook's operands (22 + 11 bits)
 inline uint32_t hfma2_bits(uint32_t x, uint32_t a, uint32_t b) {
     uint32_t r = 0;
@@ -88,6 +95,7 @@ __device__ __forceinline__ float shfl_xor_f32(float v, int m) { return __shfl_xo
 __device__ __forceinline__ uint32_t dp4a_u32(uint32_t a, uint32_t b, uint32_t c) { return __dp4a(a, b, c); }
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
 __device__ __forceinline__ uint32_t shr64(uint32_t lo, uint32_t hi, uint32_t s) { return __funnelshift_r(lo, hi, s); }
+__device__ __forceinline__ uint32_t shl64(uint32_t lo, uint32_t hi, uint32_t s) { return __funnelshift_l(lo, hi, s); }
 __device__ __forceinline__ uint32_t hfma2_bits(uint32_t x, uint32_t a, uint32_t b) {
     uint32_t r;
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(a), "r"(b));
@@ -123,6 +131,23 @@ __device__ __forceinline__ void states8(uint32_t lo, uint32_t hi, uint32_t (&w)[
     w[0] = prmt(s20, 0u, 0x4421u);
 }
 
+// The same for a 6-bit trellis (48 words a tile): position 8L+j reads the 16 stream bits that start at 48L + 6j - 10.
+// Lane L = 2i loads words 3i and 3i+1 (`a`, `b`) and takes word 3i-1 (`p`, circular) from lane L-1; lane 2i+1
+// loads words 3i+1 and 3i+2 and needs no third. As one 96-bit value p:a:b (p most significant), lane 2i's window j
+// ends 58 - 6j bits above the least significant bit, lane 2i+1's 42 - 6j: shifted left by `d` = 0 or 16 bits,
+// every lane reads the windows at 58 - 6j.
+__device__ __forceinline__ void states8_6(uint32_t p, uint32_t a, uint32_t b, uint32_t d, uint32_t (&w)[8]) {
+    const uint32_t hi = shl64(a, p, d), mid = shl64(b, a, d), lo = b << d;
+    w[0] = shr64(mid, hi, 26) & 0xffffu;
+    w[1] = shr64(mid, hi, 20) & 0xffffu;
+    w[2] = shr64(mid, hi, 14) & 0xffffu;
+    w[3] = prmt(mid, 0u, 0x4421u);  // (hi:mid) >> 8
+    w[4] = shr64(mid, hi, 2) & 0xffffu;
+    w[5] = shr64(lo, mid, 28) & 0xffffu;
+    w[6] = shr64(lo, mid, 22) & 0xffffu;
+    w[7] = prmt(lo, 0u, 0x4432u);  // (mid:lo) >> 16
+}
+
 // mul1 codebook, two states to an fp16 pair (low half: s0): fp16(1024 + bytesum(s * 0x83DCD12D)) * 1/147.7
 // - 10.39 with the format's fp16 constants (0x1eee, 0xc931), one rounding.
 __device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
@@ -134,13 +159,31 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
 // A lane's A fragment of one 16x16 weight tile (rows: output columns, columns: k): registers 0-3 hold
 // (n g, k 2q..2q+1), (n g+8, k 2q..), (n g, k 2q+8..), (n g+8, k 2q+8..); positions 8L+j sit at
 // k = 2q + (j&1) + 8((j>>1)&1), n = g + 8(j>>2).
-__device__ __forceinline__ void decode_tile(uint32_t lo, uint32_t hi, uint32_t (&a)[4]) {
-    uint32_t w[8];
-    states8(lo, hi, w);
+__device__ __forceinline__ void decode_states(const uint32_t (&w)[8], uint32_t (&a)[4]) {
     a[0] = decode_pair(w[0], w[1]);
     a[1] = decode_pair(w[4], w[5]);
     a[2] = decode_pair(w[2], w[3]);
     a[3] = decode_pair(w[6], w[7]);
+}
+
+// Offset of the first word lane `lane` loads of a tile (lane_words(kBits) consecutive words).
+template <int kBits>
+__device__ __forceinline__ uint32_t lane_word(uint32_t lane) {
+    return kBits == 4 ? lane : 3u * (lane >> 1) + (lane & 1u);
+}
+
+// A lane's A fragment of a tile from the words it loaded (a warp-wide exchange: every lane calls it).
+template <int kBits>
+__device__ __forceinline__ void decode_tile(const uint32_t (&words)[lane_words(kBits)], uint32_t lane,
+                                            uint32_t (&a)[4]) {
+    uint32_t w[8];
+    if constexpr (kBits == 4) {
+        states8(words[0], shfl_u32(words[0], (lane + 31u) & 31u), w);
+    } else {
+        const uint32_t prev = shfl_u32(words[1], (lane + 31u) & 31u);
+        states8_6(prev, words[0], words[1], (lane & 1u) * 16u, w);
+    }
+    decode_states(w, a);
 }
 
 // In-place 128-point Sylvester transform (unnormalised) of the values 4*lane + j held by a warp.
@@ -205,13 +248,16 @@ __global__ void __launch_bounds__(128) rows_gemm_input(const __half* __restrict_
 
 // ---- the decode alone (tests): D [k, n] fp16 from the trellis, one warp per 16x16 tile -------------------
 
+template <int kBits>
 __global__ void __launch_bounds__(32) rows_gemm_decode(const uint32_t* __restrict__ trellis, __half* __restrict__ d,
                                                        uint32_t n) {
     const uint32_t lane = threadIdx.x, kt = blockIdx.y, nt = blockIdx.x, g = lane >> 2, q = lane & 3u;
-    const uint32_t lo = trellis[(size_t(kt) * (n / 16u) + nt) * kWordsPerTile + lane];
-    const uint32_t hi = shfl_u32(lo, (lane + 31u) & 31u);
+    const uint32_t* tile = trellis + (size_t(kt) * (n / 16u) + nt) * words_per_tile(kBits) + lane_word<kBits>(lane);
+    uint32_t words[lane_words(kBits)];
+#pragma unroll
+    for (int e = 0; e < lane_words(kBits); e++) words[e] = tile[e];
     uint32_t a[4];
-    decode_tile(lo, hi, a);
+    decode_tile<kBits>(words, lane, a);
     uint16_t* const out = reinterpret_cast<uint16_t*>(d);
 #pragma unroll
     for (int r = 0; r < 4; r++) {
@@ -223,30 +269,31 @@ __global__ void __launch_bounds__(32) rows_gemm_decode(const uint32_t* __restric
 
 // ---- launch 2: the GEMM ------------------------------------------------------------------------------------
 
-template <int kRH>
+template <int kRH, int kBits>
 struct Stage {
-    uint32_t words[kTilesN];
+    uint32_t words[kTilesN][lane_words(kBits)];
     uint2 frag[kRH];
 };
 
-template <int kRH>
-__device__ __forceinline__ void load_stage(Stage<kRH>& st, const uint32_t* __restrict__ words, const uint2* __restrict__ frags,
-                                           uint32_t t, uint32_t tiles_n) {
-    const uint32_t* p = words + size_t(t) * tiles_n * kWordsPerTile;
+// `words`: the n-block's first tile plus the lane's word offset.
+template <int kRH, int kBits>
+__device__ __forceinline__ void load_stage(Stage<kRH, kBits>& st, const uint32_t* __restrict__ words,
+                                           const uint2* __restrict__ frags, uint32_t t, uint32_t tiles_n) {
+    const uint32_t* p = words + size_t(t) * tiles_n * words_per_tile(kBits);
 #pragma unroll
-    for (uint32_t j = 0; j < kTilesN; j++) st.words[j] = load_words(p + j * kWordsPerTile);
+    for (uint32_t j = 0; j < kTilesN; j++)
+#pragma unroll
+        for (int e = 0; e < lane_words(kBits); e++) st.words[j][e] = load_words(p + j * words_per_tile(kBits) + e);
 #pragma unroll
     for (int h = 0; h < kRH; h++) st.frag[h] = load_frag(frags + (size_t(t) * kRH + h) * 32u);
 }
 
-template <int kRH>
-__device__ __forceinline__ void mma_stage(const Stage<kRH>& st, float (&acc)[kTilesN][kRH][4], uint32_t lane) {
-    const uint32_t prev = (lane + 31u) & 31u;
+template <int kRH, int kBits>
+__device__ __forceinline__ void mma_stage(const Stage<kRH, kBits>& st, float (&acc)[kTilesN][kRH][4], uint32_t lane) {
 #pragma unroll
     for (uint32_t j = 0; j < kTilesN; j++) {
-        const uint32_t hi = shfl_u32(st.words[j], prev);
         uint32_t a[4];
-        decode_tile(st.words[j], hi, a);
+        decode_tile<kBits>(st.words[j], lane, a);
 #pragma unroll
         for (int h = 0; h < kRH; h++) mma_16816(acc[j][h], a, st.frag[h].x, st.frag[h].y);
     }
@@ -254,7 +301,7 @@ __device__ __forceinline__ void mma_stage(const Stage<kRH>& st, float (&acc)[kTi
 
 // Groups [gb, ge) of n-block nb through the warps (warp w: k-tile 8g+w of each group g, ascending), then the
 // warps' sums in ascending order: `total` holds this thread's outputs, rows 8h + (t >> 7) + 2i, column t & 127.
-template <int kRH>
+template <int kRH, int kBits>
 __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, const uint32_t* __restrict__ trellis,
                                            uint32_t nb, uint32_t gb, uint32_t ge, uint32_t tiles_n,
                                            float (&red)[kWarps][8][kRedStride], float (&total)[kRH][4]) {
@@ -267,9 +314,10 @@ __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, con
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[j][h][e] = 0.0f;
 
-    const uint32_t* words = trellis + size_t(nb) * kTilesN * kWordsPerTile + lane;
+    constexpr int kStages = stages(kBits);
+    const uint32_t* words = trellis + size_t(nb) * kTilesN * words_per_tile(kBits) + lane_word<kBits>(lane);
     const uint2* frags = a_frag + lane;
-    Stage<kRH> st[kStages];
+    Stage<kRH, kBits> st[kStages];
 #pragma unroll
     for (int i = 0; i < kStages; i++)
         if (gb + i < ge) load_stage(st[i], words, frags, elpis_gemm_ktile(gb + i, warp), tiles_n);
@@ -357,7 +405,7 @@ struct Members {
 // ([slots][m][128] floats: the pairs (block, n-block) lie on a monotone staircase, so b + nb is unique) and the
 // last to arrive (counted in `counters`, one zero word per n-block, left zero again) sums them in ascending block
 // order and finishes it. Two blocks per multiprocessor (the grid is one wave of them): up to 128 registers.
-template <int kRH>
+template <int kRH, int kBits>
 __global__ void __launch_bounds__(256, 2)
     rows_gemm_kernel(const uint2* __restrict__ a_frag, const Members members, uint32_t m, uint32_t k,
                      float* __restrict__ workspace, uint32_t* __restrict__ counters) {
@@ -375,7 +423,7 @@ __global__ void __launch_bounds__(256, 2)
         const uint32_t base = nb * groups;
         const uint32_t gb = (u0 > base ? u0 : base) - base, ge = (u1 < base + groups ? u1 : base + groups) - base;
         float total[kRH][4];
-        accumulate<kRH>(a_frag + mi * (members.frag_halves / 4u), pick(members.trellis, mi), nb - nb0, gb, ge, n / 16u,
+        accumulate<kRH, kBits>(a_frag + mi * (members.frag_halves / 4u), pick(members.trellis, mi), nb - nb0, gb, ge, n / 16u,
                         red, total);
         const uint32_t first = elpis_gemm_owner(units, blocks, base);
         const uint32_t last = elpis_gemm_owner(units, blocks, base + groups - 1u);
@@ -421,27 +469,35 @@ __global__ void __launch_bounds__(256, 2)
 
 uint32_t row_halves_for(uint32_t m) { return m > 8u ? 2u : 1u; }
 
-// The stream-K grid's block count for this GPU: its multiprocessors times the blocks of the 16-row kernel one
-// holds (two on the H200 and the RTX 3090), so the grid is one full wave with every multiprocessor equally
-// loaded. Every row count uses this one number, so the partition (hence the summation order) is the same for 1
-// and for 16 rows.
-uint32_t resident_blocks() {
-    static uint32_t cached[64] = {};
+bool bits_ok(uint32_t bits) { return bits == 4u || bits == 6u; }
+
+// The stream-K grid's block count for this GPU and trellis width: its multiprocessors times the blocks of the
+// 16-row kernel one holds (two on the H200 and the RTX 3090), so the grid is one full wave with every
+// multiprocessor equally loaded. Every row count uses this one number, so the partition (hence the summation
+// order) is the same for 1 and for 16 rows.
+uint32_t resident_blocks(uint32_t bits) {
+    static uint32_t cached[64][2] = {};
     int device = 0, sms = 0;
     cudaGetDevice(&device);
     if (device < 0 || device >= 64) return 1u;
-    if (cached[device] == 0u) {
+    uint32_t& slot = cached[device][bits == 6u ? 1 : 0];
+    if (slot == 0u) {
         int fit = 0;
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, rows_gemm_kernel<2>, 256, 0);
-        cached[device] = uint32_t(sms > 0 ? sms : 1) * uint32_t(fit > 0 ? fit : 1);
+        if (bits == 6u)
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, rows_gemm_kernel<2, 6>, 256, 0);
+        else
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, rows_gemm_kernel<2, 4>, 256, 0);
+        slot = uint32_t(sms > 0 ? sms : 1) * uint32_t(fit > 0 ? fit : 1);
     }
-    return cached[device];
+    return slot;
 }
 
-// Blocks of the stream-K grid for k and the members' n together: resident_blocks(), or one per unit when there
-// are fewer (a function of k, n and the GPU, never of the row count).
-uint32_t blocks_for(uint32_t k, uint32_t n) { return elpis_gemm_blocks((k / kGroupK) * (n / kBlockN), resident_blocks()); }
+// Blocks of the stream-K grid for k and the members' n together: resident_blocks(bits), or one per unit when
+// there are fewer (a function of k, n, the trellis width and the GPU, never of the row count).
+uint32_t blocks_for(uint32_t k, uint32_t n, uint32_t bits) {
+    return elpis_gemm_blocks((k / kGroupK) * (n / kBlockN), resident_blocks(bits));
+}
 
 }  // namespace
 
@@ -457,39 +513,46 @@ uint32_t elpis_rows_gemm_supported(uint32_t m, uint32_t k, uint32_t n) {
 uint32_t elpis_rows_gemm_max_members(void) { return kMaxMembers; }
 uint32_t elpis_rows_gemm_max_nblocks(void) { return kMaxNBlocks; }
 
-// n: all members' output columns together.
-uint32_t elpis_rows_gemm_blocks(uint32_t k, uint32_t n) { return blocks_for(k, n); }
+// Trellis widths the kernel decodes (4 and 6 bits per weight, mul1 codebook).
+uint32_t elpis_rows_gemm_bits_supported(uint32_t bits) { return bits_ok(bits); }
+
+// n: all members' output columns together; bits: 4 or 6 (0 for another width).
+uint32_t elpis_rows_gemm_blocks(uint32_t k, uint32_t n, uint32_t bits) {
+    return bits_ok(bits) ? blocks_for(k, n, bits) : 0u;
+}
 
 // The stream-K block count's input besides k and n (resident_blocks above).
-uint32_t elpis_rows_gemm_resident_blocks(void) { return resident_blocks(); }
+uint32_t elpis_rows_gemm_resident_blocks(uint32_t bits) { return bits_ok(bits) ? resident_blocks(bits) : 0u; }
 
 // Scratch sizes: the input fragments of one member (halves) and the split partials (floats; n: all members
 // together).
 uint64_t elpis_rows_gemm_frag_halves(uint32_t m, uint32_t k) { return uint64_t(k) * 16u * row_halves_for(m); }
-uint64_t elpis_rows_gemm_workspace_floats(uint32_t m, uint32_t k, uint32_t n) {
-    return (uint64_t(blocks_for(k, n)) + n / kBlockN) * m * kBlockN;
+uint64_t elpis_rows_gemm_workspace_floats(uint32_t m, uint32_t k, uint32_t n, uint32_t bits) {
+    return bits_ok(bits) ? (uint64_t(blocks_for(k, n, bits)) + n / kBlockN) * m * kBlockN : 0u;
 }
 // Zeroed words the counters must hold: one per n-block (n: all members together).
 uint32_t elpis_rows_gemm_counters(uint32_t n) { return n / kBlockN; }
 
-// D [k, n] fp16 (row-major) = the decoded trellis, for tests against the format's reference.
-int elpis_rows_gemm_decode(const void* trellis, void* d, uint32_t k, uint32_t n, void* stream) {
-    if (k % 16u != 0u || n % 16u != 0u || k == 0u || n == 0u || k / 16u > 65535u) return static_cast<int>(cudaErrorInvalidValue);
-    rows_gemm_decode<<<dim3(n / 16u, k / 16u), 32, 0, static_cast<cudaStream_t>(stream)>>>(
+// D [k, n] fp16 (row-major) = the decoded trellis (`bits` per weight), for tests against the format's reference.
+int elpis_rows_gemm_decode(const void* trellis, void* d, uint32_t k, uint32_t n, uint32_t bits, void* stream) {
+    if (k % 16u != 0u || n % 16u != 0u || k == 0u || n == 0u || k / 16u > 65535u || !bits_ok(bits))
+        return static_cast<int>(cudaErrorInvalidValue);
+    const auto kernel = bits == 4u ? rows_gemm_decode<4> : rows_gemm_decode<6>;
+    kernel<<<dim3(n / 16u, k / 16u), 32, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const uint32_t*>(trellis), static_cast<__half*>(d), n);
     return static_cast<int>(cudaGetLastError());
 }
 
 // For each of `count` (1..4) EXL3 linears i sharing the input x [m, k] fp16: out[i] [m, n[i]] (fp32 where bit i
-// of out_f32 is set, else fp16) = the linear (4-bit mul1 trellis[i] [k/16, n[i]/16, 64] uint16, suh[i] [k],
-// svh[i] [n[i]] fp16) of x. a_frag holds count * frag_halves(m, k) halves; workspace and counters are sized for
+// of out_f32 is set, else fp16) = the linear (`bits`-bit mul1 trellis[i] [k/16, n[i]/16, 16 * bits] uint16,
+// suh[i] [k], svh[i] [n[i]] fp16) of x. a_frag holds count * frag_halves(m, k) halves; workspace and counters are sized for
 // the members' n together. Returns 0 or a CUDA error code (cudaErrorInvalidValue: a shape or scratch size
 // outside what the entries above say).
 int elpis_rows_gemm(const void* x, uint32_t m, uint32_t k, uint32_t count, const void* const* suh,
                     const void* const* trellis, const void* const* svh, void* const* out, const uint32_t* n,
-                    uint32_t out_f32, void* a_frag, uint64_t frag_halves, float* workspace, uint64_t workspace_floats,
-                    uint32_t* counters, uint32_t counters_len, void* stream) {
-    if (count < 1u || count > kMaxMembers) return static_cast<int>(cudaErrorInvalidValue);
+                    uint32_t out_f32, uint32_t bits, void* a_frag, uint64_t frag_halves, float* workspace,
+                    uint64_t workspace_floats, uint32_t* counters, uint32_t counters_len, void* stream) {
+    if (count < 1u || count > kMaxMembers || !bits_ok(bits)) return static_cast<int>(cudaErrorInvalidValue);
     Members members{};
     MemberScales scales{};
     uint32_t n_total = 0;
@@ -504,7 +567,8 @@ int elpis_rows_gemm(const void* x, uint32_t m, uint32_t k, uint32_t count, const
     }
     const uint64_t one = elpis_rows_gemm_frag_halves(m, k);
     if (n_total / kBlockN > kMaxNBlocks || frag_halves < one * count ||
-        workspace_floats < elpis_rows_gemm_workspace_floats(m, k, n_total) || counters_len < elpis_rows_gemm_counters(n_total))
+        workspace_floats < elpis_rows_gemm_workspace_floats(m, k, n_total, bits) ||
+        counters_len < elpis_rows_gemm_counters(n_total))
         return static_cast<int>(cudaErrorInvalidValue);
     for (uint32_t i = count; i < kMaxMembers; i++) members.nb_end[i] = n_total / kBlockN;  // owns no n-block
     members.count = count;
@@ -514,9 +578,10 @@ int elpis_rows_gemm(const void* x, uint32_t m, uint32_t k, uint32_t count, const
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     rows_gemm_input<<<dim3(k / kGroupK, rh * 2u, count), 128, 0, s>>>(static_cast<const __half*>(x), scales,
                                                                       static_cast<__half*>(a_frag), m, k, rh, one);
-    const dim3 grid(blocks_for(k, n_total));
+    const dim3 grid(blocks_for(k, n_total, bits));
     const uint2* frags = static_cast<const uint2*>(a_frag);
-    const auto kernel = rh == 1u ? rows_gemm_kernel<1> : rows_gemm_kernel<2>;
+    const auto kernel = bits == 4u ? (rh == 1u ? rows_gemm_kernel<1, 4> : rows_gemm_kernel<2, 4>)
+                                   : (rh == 1u ? rows_gemm_kernel<1, 6> : rows_gemm_kernel<2, 6>);
     kernel<<<grid, 256, 0, s>>>(frags, members, m, k, workspace, counters);
     return static_cast<int>(cudaGetLastError());
 }

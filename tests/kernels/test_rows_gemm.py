@@ -15,7 +15,7 @@ from elpis.exl3 import rows_gemm as rg
 def test_supported_shapes() -> None:
     assert rg.supported(1, 5120, 17408) and rg.supported(16, 17408, 5120)
     assert not rg.supported(17, 5120, 17408)
-    assert not rg.supported(8, 5120, 17408, bits=6)
+    assert rg.supported(8, 5120, 248320, bits=6) and not rg.supported(8, 5120, 17408, bits=5)
     assert not rg.supported(8, 5120 + 16, 1024)
 
 
@@ -111,3 +111,33 @@ def test_a_group_call_gives_each_linear_with_row_invariance(layer) -> None:
         assert all(torch.equal(y[i : i + 1], a) for y, a in zip(ys, alone, strict=True))
     as_half = rg.rows_gemm_group(x, [m._replace(out_dtype=torch.half) for m in members])
     assert torch.equal(as_half[1].view(torch.int16), ys[1].half().view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_the_6_bit_head_format(layer) -> None:
+    """A 6-bit trellis (the output head's width): decode bit for bit ExLlamaV3's, error against float64 at
+    most its GEMM's, rows independent of the other rows."""
+    import torch
+    from exllamav3.ext import exllamav3_ext as ext
+
+    from elpis.bench.scripts.rows_gemm_check import blockwise, hadamard, random_linear
+
+    _, _, _, g = layer
+    k, n = 5120, 2048
+    trellises, suh, svh = random_linear(k, n, g, copies=1, bits=6)
+    trellis = trellises[0]
+    d = torch.empty((k, n), dtype=torch.half, device="cuda")
+    ext.reconstruct(d, trellis, 6, False, True)
+    assert torch.equal(rg.decode(trellis).view(torch.int16), d.view(torch.int16))
+    x = torch.randn((16, k), generator=g, device="cuda").half()
+    ref = blockwise(blockwise(x.double() * suh.double(), hadamard("cuda")) @ d.double(), hadamard("cuda"))
+    ref = ref * svh.double()
+    ours = rg.rows_gemm(x, trellis, suh, svh, out_dtype=torch.float)
+    stock = torch.empty((16, n), dtype=torch.half, device="cuda")
+    ext.exl3_gemm(x, trellis, stock, suh, torch.empty_like(x), svh, 0, False, True, 0)
+    rms = lambda y: (y.double() - ref).pow(2).mean().sqrt().item()  # noqa: E731
+    assert rms(ours) <= rms(stock), f"elpis rms error {rms(ours):.3e} > ExLlamaV3's {rms(stock):.3e}"
+    alone = torch.cat(
+        [rg.rows_gemm(x[i : i + 1].contiguous(), trellis, suh, svh, torch.float) for i in (0, 15)]
+    )
+    assert torch.equal(alone, ours[[0, 15]])

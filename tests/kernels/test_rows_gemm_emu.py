@@ -1,5 +1,6 @@
 """elpis's EXL3 GEMM for 1-16 rows (patches/kernels/exl3_gemm_rows.cu) on the CPU, through the CUDA
-emulation of tests/kernels/cuda_emu.py. Its decode is bit for bit the format's (elpis.exl3.trellis_ref); its
+emulation of tests/kernels/cuda_emu.py. Its decode of 4- and 6-bit trellises is bit for bit the format's
+(elpis.exl3.trellis_ref); its
 GEMM agrees with the float64 EXL3 linear within the fp16 rounding of the activations and the output; a row's
 result does not depend on the other rows or on how many there are. The mma is emulated in fp32 per warp; the
 tensor cores' own bits are checked on the GPU (tests/kernels/test_rows_gemm.py).
@@ -31,12 +32,12 @@ def _ptr(a: np.ndarray) -> int:
 
 
 class Linear:
-    """A random 4-bit mul1 EXL3 linear k -> n: unit-scale suh signs, svh ~ 1/sqrt(k)."""
+    """A random mul1 EXL3 linear k -> n of `bits` per weight: unit-scale suh signs, svh ~ 1/sqrt(k)."""
 
-    def __init__(self, k: int, n: int, seed: int) -> None:
+    def __init__(self, k: int, n: int, seed: int, bits: int = 4) -> None:
         rng = np.random.default_rng(seed)
-        self.k, self.n = k, n
-        self.trellis = rng.integers(0, 1 << 16, size=(k // 16, n // 16, 64)).astype(np.uint16)
+        self.k, self.n, self.bits = k, n, bits
+        self.trellis = rng.integers(0, 1 << 16, size=(k // 16, n // 16, 16 * bits)).astype(np.uint16)
         self.suh = rng.choice([-1.0, 1.0], size=k).astype(np.float16)
         self.svh = (rng.uniform(0.5, 1.0, size=n) * rng.choice([-1, 1], size=n) / np.sqrt(k)).astype(
             np.float16
@@ -46,7 +47,7 @@ class Linear:
         return run_group(lib, x, [self], [out_f32])[0]
 
     def exact(self, x: np.ndarray) -> np.ndarray:
-        return ref.linear(x.astype(np.float64), self.trellis, self.suh, self.svh)
+        return ref.linear(x.astype(np.float64), self.trellis, self.suh, self.svh, self.bits)
 
 
 def run_group(lib: ctypes.CDLL, x: np.ndarray, layers: list[Linear], out_f32: list[bool]) -> list[np.ndarray]:
@@ -57,9 +58,9 @@ def run_group(lib: ctypes.CDLL, x: np.ndarray, layers: list[Linear], out_f32: li
         np.full((m, lay.n), np.nan, dtype=np.float32 if f32 else np.float16)
         for lay, f32 in zip(layers, out_f32, strict=True)
     ]
-    n_total = sum(lay.n for lay in layers)
+    n_total, bits = sum(lay.n for lay in layers), layers[0].bits
     frag = np.zeros(int(lib.elpis_rows_gemm_frag_halves(m, k)) * len(layers), dtype=np.float16)
-    floats = int(lib.elpis_rows_gemm_workspace_floats(m, k, n_total))
+    floats = int(lib.elpis_rows_gemm_workspace_floats(m, k, n_total, bits))
     work = np.zeros(max(floats, 1), dtype=np.float32)
     counters = np.zeros(rg.MAX_COUNTERS, dtype=np.uint32)
     widths = (ctypes.c_uint32 * len(layers))(*(lay.n for lay in layers))
@@ -67,7 +68,7 @@ def run_group(lib: ctypes.CDLL, x: np.ndarray, layers: list[Linear], out_f32: li
         _ptr(x), m, k, len(layers), rg.void_ptrs(*(_ptr(lay.suh) for lay in layers)),
         rg.void_ptrs(*(_ptr(lay.trellis) for lay in layers)),
         rg.void_ptrs(*(_ptr(lay.svh) for lay in layers)),
-        rg.void_ptrs(*(_ptr(y) for y in outs)), widths, sum(1 << i for i, f in enumerate(out_f32) if f),
+        rg.void_ptrs(*(_ptr(y) for y in outs)), widths, sum(1 << i for i, f in enumerate(out_f32) if f), bits,
         _ptr(frag), frag.size, _ptr(work), floats, _ptr(counters), counters.size, None,
     )  # fmt: skip
     assert err == 0
@@ -76,13 +77,15 @@ def run_group(lib: ctypes.CDLL, x: np.ndarray, layers: list[Linear], out_f32: li
     return outs
 
 
-def test_decode_is_the_formats_bit_for_bit(lib: ctypes.CDLL) -> None:
-    rng = np.random.default_rng(1)
-    trellis = rng.integers(0, 1 << 16, size=(3, 5, 64)).astype(np.uint16)
+@pytest.mark.parametrize("bits", [4, 6])
+def test_decode_is_the_formats_bit_for_bit(lib: ctypes.CDLL, bits: int) -> None:
+    rng = np.random.default_rng(bits)
+    trellis = rng.integers(0, 1 << 16, size=(3, 5, 16 * bits)).astype(np.uint16)
     d = np.zeros((48, 80), dtype=np.float16)
-    assert lib.elpis_rows_gemm_decode(_ptr(trellis), _ptr(d), 48, 80, None) == 0
-    want = ref.decoded(trellis, 4)
+    assert lib.elpis_rows_gemm_decode(_ptr(trellis), _ptr(d), 48, 80, bits, None) == 0
+    want = ref.decoded(trellis, bits)
     assert np.array_equal(d.view(np.uint16), want.view(np.uint16))
+    assert lib.elpis_rows_gemm_decode(_ptr(trellis), _ptr(d), 48, 80, 5, None) != 0  # no 5-bit decode
 
 
 def test_reference_decodes_to_unit_gaussian_values() -> None:
@@ -97,12 +100,13 @@ def _tolerance(y: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize(
-    ("rows", "k", "n", "out_f32"), [(1, 256, 128, False), (8, 512, 128, True), (13, 256, 256, False)]
+    ("rows", "k", "n", "out_f32", "bits"),
+    [(1, 256, 128, False, 4), (8, 512, 128, True, 4), (13, 256, 256, False, 4), (11, 256, 256, True, 6)],
 )
 def test_gemm_agrees_with_the_float64_linear(
-    lib: ctypes.CDLL, rows: int, k: int, n: int, out_f32: bool
+    lib: ctypes.CDLL, rows: int, k: int, n: int, out_f32: bool, bits: int
 ) -> None:
-    layer = Linear(k, n, seed=rows)
+    layer = Linear(k, n, seed=rows, bits=bits)
     x = np.random.default_rng(rows + 100).standard_normal((rows, k)).astype(np.float16)
     got = layer.run(lib, x, out_f32).astype(np.float64)
     want = layer.exact(x)
@@ -122,8 +126,8 @@ def test_gemm_agrees_with_the_float64_linear(
     ],
 )
 def test_stream_k_covers_every_unit_once(lib: ctypes.CDLL, k: int, n: int, blocks: int) -> None:
-    assert int(lib.elpis_rows_gemm_resident_blocks()) == 8
-    assert int(lib.elpis_rows_gemm_blocks(k, n)) == blocks
+    assert int(lib.elpis_rows_gemm_resident_blocks(4)) == 8
+    assert int(lib.elpis_rows_gemm_blocks(k, n, 4)) == blocks
     layer = Linear(k, n, seed=k + n)
     x = np.zeros((2, k), dtype=np.float16)
     x[0, 3] = 1.0  # one input: y = e3 * W, every unit but one contributes exact zeros
@@ -133,8 +137,9 @@ def test_stream_k_covers_every_unit_once(lib: ctypes.CDLL, k: int, n: int, block
     assert np.abs(got - want).max() <= _tolerance(want)
 
 
-def test_a_row_does_not_depend_on_the_other_rows(lib: ctypes.CDLL) -> None:
-    layer = Linear(256, 128, seed=3)
+@pytest.mark.parametrize("bits", [4, 6])
+def test_a_row_does_not_depend_on_the_other_rows(lib: ctypes.CDLL, bits: int) -> None:
+    layer = Linear(256, 128, seed=3, bits=bits)
     rng = np.random.default_rng(4)
     x = rng.standard_normal((16, 256)).astype(np.float16)
     batch16 = layer.run(lib, x)
@@ -152,7 +157,7 @@ def test_a_group_of_linears_sharing_the_input_is_each_linear(lib: ctypes.CDLL, r
     # 2 + 1 + 3 n-blocks of k = 384: 18 units on 8 blocks, so blocks span members (a wide and a narrow
     # member's n-blocks in one block) and members' n-blocks are shared between blocks
     layers = [Linear(384, 256, seed=20), Linear(384, 128, seed=21), Linear(384, 384, seed=22)]
-    assert int(lib.elpis_rows_gemm_blocks(384, 768)) == 8
+    assert int(lib.elpis_rows_gemm_blocks(384, 768, 4)) == 8
     x = np.random.default_rng(rows).standard_normal((rows, 384)).astype(np.float16)
     outs = run_group(lib, x, layers, [False, True, False])
     assert [y.dtype for y in outs] == [np.float16, np.float32, np.float16]
@@ -173,19 +178,25 @@ def test_sizes_and_refusals(lib: ctypes.CDLL) -> None:
     assert lib.elpis_rows_gemm_frag_halves(8, 256) == 256 * 16
     assert lib.elpis_rows_gemm_frag_halves(9, 256) == 256 * 32
     assert lib.elpis_rows_gemm_max_members() == rg.MAX_MEMBERS
+    assert [lib.elpis_rows_gemm_bits_supported(b) for b in range(1, 9)] == [b in rg.BITS for b in range(1, 9)]
+    assert (
+        lib.elpis_rows_gemm_blocks(256, 128, 5) == 0
+        and lib.elpis_rows_gemm_workspace_floats(1, 256, 128, 3) == 0
+    )
     assert lib.elpis_rows_gemm_max_nblocks() == rg.MAX_COUNTERS
     counters = np.zeros(1, dtype=np.uint32)
     x = np.zeros((1, 256), dtype=np.float16)
     nulls = rg.void_ptrs(None)
     one = (ctypes.c_uint32 * 1)(128)
 
-    def call(count: int, frag_halves: int) -> int:
+    def call(count: int, frag_halves: int, bits: int = 4) -> int:
         return lib.elpis_rows_gemm(
-            _ptr(x), 1, 256, count, nulls, nulls, nulls, nulls, one, 0, _ptr(x), frag_halves, None, 0,
+            _ptr(x), 1, 256, count, nulls, nulls, nulls, nulls, one, 0, bits, _ptr(x), frag_halves, None, 0,
             _ptr(counters), 1, None,
         )  # fmt: skip
 
-    # a scratch smaller than the sizes say, or no member / too many, is refused before any launch
+    # a scratch smaller than the sizes say, no member or too many, or another width: refused before any launch
     assert call(1, 0) != 0
     assert call(0, 1 << 20) != 0
     assert call(rg.MAX_MEMBERS + 1, 1 << 20) != 0
+    assert call(1, 1 << 20, bits=5) != 0

@@ -38,6 +38,7 @@ SHAPES = (
     ("gdn.out, attn.o", 6144, 5120),
     ("attn.q", 5120, 12288),
     ("attn.k, attn.v", 5120, 1024),
+    ("head (6-bit)", 5120, 248320, 6),
 )
 GROUPS = (
     ("attn q/k/v", 5120, (12288, 1024, 1024)),
@@ -128,16 +129,17 @@ def time_both(xs: list, trellises: list, suh: torch.Tensor, svh: torch.Tensor) -
     }
 
 
-def check_shape(name: str, k: int, n: int, h: torch.Tensor) -> dict:
+def check_shape(name: str, k: int, n: int, bits: int, h: torch.Tensor) -> dict:
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(k * 7 + n)
-    trellises, suh, svh = random_linear(k, n, g)
+    trellises, suh, svh = random_linear(k, n, g, bits=bits)
     lib = LIB
-    result: dict = {"shape": name, "k": k, "n": n, "blocks": int(lib.elpis_rows_gemm_blocks(k, n))}
-    result["resident_blocks"] = int(lib.elpis_rows_gemm_resident_blocks())
+    result: dict = {"shape": name, "k": k, "n": n, "bits": bits}
+    result["blocks"] = int(lib.elpis_rows_gemm_blocks(k, n, bits))
+    result["resident_blocks"] = int(lib.elpis_rows_gemm_resident_blocks(bits))
 
     d_stock = torch.empty((k, n), dtype=torch.half, device=dev)
-    _ext().reconstruct(d_stock, trellises[0], 4, False, True)
+    _ext().reconstruct(d_stock, trellises[0], bits, False, True)
     d_ours = rg.decode(trellises[0], lib=LIB)
     result["decode_mismatches"] = int((d_ours.view(torch.int16) != d_stock.view(torch.int16)).sum())
     d64 = d_stock.double()
@@ -161,7 +163,7 @@ def check_shape(name: str, k: int, n: int, h: torch.Tensor) -> dict:
         entry["rows_equal_alone"] = bool(torch.equal(alone.view(torch.int16), ours.view(torch.int16)))
         xs = [x] + [torch.randn((rows, k), generator=g, device=dev).half() for _ in range(COPIES - 1)]
         entry.update(time_both(xs, trellises, suh, svh))
-        floor_ms = k * n / 2 / BANDWIDTH * 1e3
+        floor_ms = k * n * bits / 8 / BANDWIDTH * 1e3
         entry["floor_ms"] = floor_ms
         entry["elpis_of_floor"] = floor_ms / entry["elpis_ms"]
         entry["stock_of_floor"] = floor_ms / entry["stock_ms"]
@@ -176,13 +178,13 @@ def check_shape(name: str, k: int, n: int, h: torch.Tensor) -> dict:
 
 
 def random_linear(
-    k: int, n: int, g: torch.Generator, copies: int = COPIES
+    k: int, n: int, g: torch.Generator, copies: int = COPIES, bits: int = 4
 ) -> tuple[list, torch.Tensor, torch.Tensor]:
-    """`copies` random 4-bit trellises [k/16, n/16, 64] and one suh, svh (unit signs, svh ~ 1/sqrt(k))."""
+    """`copies` random trellises [k/16, n/16, 16 * bits] and one suh, svh (unit signs, svh ~ 1/sqrt(k))."""
     dev = "cuda"
+    shape = (k // 16, n // 16, 16 * bits)
     trellises = [
-        torch.randint(-32768, 32768, (k // 16, n // 16, 64), dtype=torch.int16, device=dev, generator=g)
-        for _ in range(copies)
+        torch.randint(-32768, 32768, shape, dtype=torch.int16, device=dev, generator=g) for _ in range(copies)
     ]
     suh = (torch.randint(0, 2, (k,), device=dev, generator=g) * 2 - 1).half()
     svh = ((torch.rand(n, device=dev, generator=g) * 0.5 + 0.5) / math.sqrt(k)).half()
@@ -229,7 +231,7 @@ def group_rows(k: int, widths: tuple[int, ...], linears: list, rows: int, g, h: 
 def check_group(name: str, k: int, widths: tuple[int, ...], h: torch.Tensor) -> dict:
     g = torch.Generator(device="cuda").manual_seed(k * 11 + sum(widths))
     linears = [random_linear(k, n, g) for n in widths]
-    blocks = int(LIB.elpis_rows_gemm_blocks(k, sum(widths)))
+    blocks = int(LIB.elpis_rows_gemm_blocks(k, sum(widths), 4))
     rows = [group_rows(k, widths, linears, r, g, h) for r in (8, 16)]
     return {"group": name, "k": k, "widths": list(widths), "blocks": blocks, "rows": rows}
 
@@ -244,7 +246,7 @@ def main(out_path: str, stages: int | None = None, groups_only: bool = False) ->
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "stages": stages,
-        "shapes": [] if groups_only else [check_shape(*s, h) for s in SHAPES],
+        "shapes": [] if groups_only else [check_shape(*s[:3], s[3] if len(s) > 3 else 4, h) for s in SHAPES],
         "groups": [check_group(*grp, h) for grp in GROUPS],
     }
     try:
