@@ -1,8 +1,9 @@
 #!/bin/bash
 # Call 42 (issue 9, session 11): the grouped build of elpis's 1-16-row EXL3 GEMM (one kernel call per group of
-# projections sharing an input) on the small model: the kernel's and the patch's GPU tests, tree-mode lossless
-# tests with ELPIS_PATCH_ROWS_GEMM=1, where the patch reaches, the per-group check of rows_gemm_check.py, the
-# model gate under the rule exl3-small-rows-gemm-r2 (committed before this call), then the op gate (part gate).
+# projections sharing an input) and its 6-bit decode (the output head) on the small model: the kernel's and the
+# patch's GPU tests, tree-mode lossless tests with ELPIS_PATCH_ROWS_GEMM=1, where the patch reaches,
+# rows_gemm_check.py on every Qwen3.8 shape (the head included) and group, the model gate under the rule
+# exl3-small-rows-gemm-r2 (committed before this call), then the op gate (part gate).
 # Run with run(carry=[".whl", ".device"]). Afterwards, on the CPU machine: copy $OUT/gate/model-*.{json,npz} to
 # bench/results/gate/ and run elpis gate verdict --rules elpis/gate/rules/exl3-small-rows-gemm-r2.toml ...
 LIMIT=${LIMIT:-580}
@@ -23,9 +24,8 @@ gpu_pytest "tree mode lossless with the kernel" 150 tests/exl3/test_tree_verify.
   -k "invariant or lossless or product_path"
 echo "=== reach ($(left) s left)" | tee -a "$OUT/log"
 timeout 90 python3 elpis/bench/scripts/rows_gemm_reach.py /tmp/small 2>&1 | tail -3 | tee -a "$OUT/log"
-echo "=== groups check ($(left) s left)" | tee -a "$OUT/log"
-timeout 80 python3 elpis/bench/scripts/rows_gemm_check.py "$OUT/rows_gemm_groups.json" - groups 2>&1 | tail -8 \
-  | tee -a "$OUT/log"
+echo "=== rows_gemm_check ($(left) s left)" | tee -a "$OUT/log"
+timeout 150 python3 elpis/bench/scripts/rows_gemm_check.py "$OUT/rows_gemm.json" 2>&1 | tail -32 | tee -a "$OUT/log"
 wait $DEQ; tail -2 /tmp/deq.log | tee -a "$OUT/log"
 mkdir -p "$OUT/gate"
 ref="device=cuda:0,model=/tmp/small-deq,path=prefill"
