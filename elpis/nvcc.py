@@ -195,6 +195,33 @@ def ptx_entry_instructions(ptx: str) -> dict[str, int]:
     return counts
 
 
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '([\w$]+)' for '(sm_\d+a?)'")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_REGISTERS = re.compile(r"Used (\d+) registers")
+
+
+def ptxas_usage(ptx: Path, arch: str) -> dict[str, dict[str, int]]:
+    """What `ptxas -v` reports for each kernel entry of a PTX file built for `arch`: registers, and bytes of
+    spill stores and loads."""
+    ptxas = _require_nvcc().parent / "ptxas"
+    done = subprocess.run(
+        [str(ptxas), f"-arch={arch}", "-v", str(ptx), "-o", os.devnull], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise NvccError(f"ptxas failed on {ptx}:\n{done.stderr.strip()}")
+    usage: dict[str, dict[str, int]] = {}
+    entry = None
+    for line in (done.stderr + done.stdout).splitlines():
+        if m := _PTXAS_ENTRY.search(line):
+            entry = m.group(1)
+            usage[entry] = {"registers": 0, "spill_stores": 0, "spill_loads": 0}
+        elif entry and (m := _PTXAS_SPILL.search(line)):
+            usage[entry]["spill_stores"], usage[entry]["spill_loads"] = int(m.group(1)), int(m.group(2))
+        elif entry and (m := _PTXAS_REGISTERS.search(line)):
+            usage[entry]["registers"] = int(m.group(1))
+    return usage
+
+
 def kernel_sources() -> list[Path]:
     """Every CUDA source of the project (kernels of patches and the device build of the acceptor)."""
     return sorted((REPO_ROOT / "patches" / "kernels").glob("*.cu")) + sorted((REPO_ROOT / "ext").glob("*.cu"))

@@ -89,6 +89,7 @@ inline float load_cg(const float* p) { return *p; }
 inline uint32_t load_words(const uint32_t* p) { return *p; }
 inline uint2 load_frag(const uint2* p) { return *p; }
 #define ELPIS_FENCE() do {} while (0)
+template <typename T> inline T* pin(T* p) { return p; }
 #else
 __device__ __forceinline__ uint32_t shfl_u32(uint32_t v, uint32_t src) { return __shfl_sync(0xffffffffu, v, src); }
 __device__ __forceinline__ float shfl_xor_f32(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
@@ -114,6 +115,13 @@ __device__ __forceinline__ float load_cg(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ uint32_t load_words(const uint32_t* p) { return __ldcs(p); }
 __device__ __forceinline__ uint2 load_frag(const uint2* p) { return __ldg(p); }
 #define ELPIS_FENCE() __threadfence()
+// The pointer held in registers: the compiler cannot rebuild it from the kernel parameters (it did, with the
+// member selects, before every stage's loads).
+template <typename T>
+__device__ __forceinline__ T* pin(T* p) {
+    asm volatile("" : "+l"(p));
+    return p;
+}
 #endif
 
 // The 16-bit trellis state of each of a lane's eight positions 8L..8L+7, from its word L (`lo`) and word
@@ -315,7 +323,7 @@ __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, con
             for (int e = 0; e < 4; e++) acc[j][h][e] = 0.0f;
 
     constexpr int kStages = stages(kBits);
-    const uint32_t* words = trellis + size_t(nb) * kTilesN * words_per_tile(kBits) + lane_word<kBits>(lane);
+    const uint32_t* words = pin(trellis + size_t(nb) * kTilesN * words_per_tile(kBits) + lane_word<kBits>(lane));
     const uint2* frags = a_frag + lane;
     Stage<kRH, kBits> st[kStages];
 #pragma unroll
