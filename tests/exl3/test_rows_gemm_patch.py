@@ -69,8 +69,9 @@ def test_each_member_of_a_group_gets_its_own_linear(patched) -> None:
     model = patched.engine.model
     groups = rows_gemm_patch.groups(model)
     kinds = {len(g.members) for g in groups}
-    # every attention (Q, K, V), Gated DeltaNet (qkv, z) and MLP (gate, up) layer of the target
-    assert len(groups) == 2 * model.config.num_hidden_layers and kinds == {2, 3}, (len(groups), kinds)
+    # every attention (Q, K, V), Gated DeltaNet (qkv, z) and MLP (gate, up) layer of the target (and of an MTP
+    # block, where the checkpoint has one)
+    assert len(groups) >= 2 * model.config.num_hidden_layers and kinds == {2, 3}, (len(groups), kinds)
     stock = rows_gemm_patch._originals["forward"]
     torch.manual_seed(0)
     for group in groups[:6]:
