@@ -1,8 +1,9 @@
 // EXL3 GEMM for 1-16 rows: every weight decoded once, on tensor cores (mma.sync m16n8k16, Ampere
 // instructions only), for the verify rows and plain decoding of issue 9.
 //
-// y = ((x * suh) H) D H * svh, where D [k, n] is the decoded 4-bit mul1 trellis and H the normalised
-// 128-point Sylvester Hadamard on each group of 128 (the format: shared/notes/exllamav3_internals.md 1.3).
+// y = ((x * suh) H) D H * svh, where D [k, n] is the decoded 4- or 6-bit mul1 trellis (the body's linears and
+// the output head) and H the normalised 128-point Sylvester Hadamard on each group of 128 (the format:
+// shared/notes/exllamav3_internals.md 1.3).
 //
 // One call serves a group of up to four linears that share their input x (Q/K/V, GDN qkv/z, MLP gate/up), in
 // two launches:
@@ -13,12 +14,13 @@
 //     eight trellis positions 8*lane .. 8*lane+7 of a tile, which are exactly its A fragment. The schedule
 //     (proved, build/kernels/gemm_schedule.h) is stream-K over units (n-block of 128 columns, 128-group of
 //     k), n-block major, over the n-blocks of all members one after another (a narrow member, K or V, shares
-//     the grid with the wide ones instead of leaving it idle): block b takes the units [begin(b), end(b)) of an even partition; within an n-block
-//     warp w takes k-tile 8g+w of each of the block's groups g, ascending; the block sums its warps in
-//     ascending order; the blocks that share an n-block leave partials, which the last of them to arrive
-//     sums in ascending block order before it applies H and svh. The block count depends on k, the members'
-//     n and the GPU, never on the row count, and every mma takes one row per B column: a row's result is the same
-//     whatever the other rows are or how many there are.
+//     the grid with the wide ones instead of leaving it idle): block b takes the units [begin(b), end(b)) of
+//     an even partition; within an n-block warp w takes k-tile 8g+w of each of the block's groups g,
+//     ascending; the block sums its warps in ascending order; the blocks that share an n-block leave
+//     partials, which the last of them to arrive sums in ascending block order before it applies H and svh.
+//     The block count depends on k, the members' n, the trellis width and the GPU, never on the row count,
+//     and every mma takes one row per B column: a row's result is the same whatever the other rows are or
+//     how many there are.
 // Arithmetic: fp32 accumulation; a decoded weight is the codebook's fp16 value (one fp16 fma rounding,
 // as the format defines it); the transforms in fp32 with one fp16 rounding of the activations and of y.
 
