@@ -10,12 +10,7 @@ LIMIT=${LIMIT:-580}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
 export ELPIS_PATCH_ROWS_GEMM=1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"
-( ELPIS_PROVE_JOBS=14 python3 -m elpis.cli build ) > /tmp/build.log 2>&1 &
-BUILD=$!
-timeout -k 2 60 python3 -m elpis.cli synth --small /tmp/small 2>&1 | tail -1 | tee -a "$OUT/log"
-wait $BUILD || { tail -20 /tmp/build.log | tee -a "$OUT/log"; exit 1; }
-tail -2 /tmp/build.log | tee -a "$OUT/log"
+build_and_small_synth
 ( timeout -k 3 90 python3 -m elpis.cli dequantize --model /tmp/small/target --out /tmp/small-deq ) > /tmp/deq.log 2>&1 &
 DEQ=$!
 export ELPIS_SMALL_DIR=/tmp/small

@@ -29,6 +29,16 @@ start_build_and_full_synth() {
   SYNTH=$!
 }
 wait_build() { wait "$BUILD"; tail -3 /tmp/build.log | tee -a "$OUT/log"; }
+# The same with the small synthetic model (/tmp/small) made beside the build; returns once both are done (a
+# failed build ends the script).
+build_and_small_synth() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"
+  ( ELPIS_PROVE_JOBS=${ELPIS_PROVE_JOBS:-14} python3 -m elpis.cli build ) > /tmp/build.log 2>&1 &
+  BUILD=$!
+  timeout -k 2 60 python3 -m elpis.cli synth --small /tmp/small 2>&1 | tail -1 | tee -a "$OUT/log"
+  wait $BUILD || { tail -20 /tmp/build.log | tee -a "$OUT/log"; exit 1; }
+  tail -2 /tmp/build.log | tee -a "$OUT/log"
+}
 wait_synth() { wait "$SYNTH"; tail -1 /tmp/synth_full.log | tee -a "$OUT/log"; }
 part() {  # name: run one part's script (each bounds itself by `left`)
   echo "=== $1 ($(left) s left)" | tee -a "$OUT/log"
