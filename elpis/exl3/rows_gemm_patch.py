@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,11 +108,13 @@ def _version(x: Any) -> int | None:
 
 @dataclass
 class Group:
-    """EXL3 linears a module computes from one input, run by one kernel call (see the module docstring)."""
+    """EXL3 linears a module computes from one input, run by one kernel call (see the module docstring).
+    `run` computes a call (the kernel; the CPU tests pass the format's reference)."""
 
     members: list[Any]
     wanted: list[Any] = field(default_factory=list)  # each member's output dtype (its last call's)
     kept: dict[int, _Kept] = field(default_factory=dict)  # member index -> output not yet asked for
+    run: Callable[[Any, list[rows_gemm.Member]], list[Any]] = rows_gemm.rows_gemm_group
 
     def __post_init__(self) -> None:
         self.wanted = [m.default_out_dtype for m in self.members]
@@ -129,7 +131,7 @@ class Group:
                 return kept.y
             if kept.y.dtype == torch.float and dtype == torch.half:
                 return kept.y.to(torch.half)  # the kernel's own fp16 output is this rounding of its fp32 one
-        ys = rows_gemm.rows_gemm_group(
+        ys = self.run(
             x.reshape(-1, linear.in_features).contiguous(),
             [
                 rows_gemm.Member(m.trellis, m.suh, m.svh, w)

@@ -1,4 +1,6 @@
 """The registry patch exl3-rows-gemm (elpis.exl3.rows_gemm_patch): refused with the reason when switched off;
+on the CPU, a group of projections (with the format's float64 reference in place of the kernel) computes
+once per input, gives each member its own output, recomputes for a changed input and keeps the asked dtype;
 on the GPU, a model loaded in tree mode with rows_gemm=True routes its linears through elpis's GEMM (the
 kernel is really called during an eager tree verify; chain mode keeps ExLlamaV3's C++ block graphs, which no
 wrapper reaches), the projections sharing an input run as one kernel call per group and each member gets its
@@ -8,9 +10,85 @@ the plain greedy tokens.
 
 from __future__ import annotations
 
-import pytest
+from types import SimpleNamespace
 
-from elpis.exl3 import rows_gemm_patch
+import numpy as np
+import pytest
+import torch
+
+from elpis.exl3 import rows_gemm, rows_gemm_patch, trellis_ref
+
+
+def reference_run(x: torch.Tensor, members: list[rows_gemm.Member]) -> list[torch.Tensor]:
+    """A group call by the format's float64 reference on the CPU (what the kernel computes, exactly)."""
+    out = []
+    for m in members:
+        trellis = m.trellis.numpy().view(np.uint16)
+        y = trellis_ref.linear(
+            x.double().numpy(), trellis, m.suh.numpy(), m.svh.numpy(), trellis.shape[2] // 16
+        )
+        out.append(torch.from_numpy(y).to(m.out_dtype))
+    return out
+
+
+def layer(k: int, n: int, seed: int, out_dtype: torch.dtype = torch.half) -> SimpleNamespace:
+    """What a group reads of an EXL3 linear: its trellis, suh, svh, input width and default output dtype."""
+    g = torch.Generator().manual_seed(seed)
+    return SimpleNamespace(
+        trellis=torch.randint(-32768, 32768, (k // 16, n // 16, 64), dtype=torch.int16, generator=g),
+        suh=(torch.randint(0, 2, (k,), generator=g) * 2 - 1).half(),
+        svh=(torch.rand(n, generator=g) / k**0.5).half(),
+        in_features=k,
+        default_out_dtype=out_dtype,
+    )
+
+
+def alone(linear: SimpleNamespace, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    member = rows_gemm.Member(linear.trellis, linear.suh, linear.svh, dtype)
+    return reference_run(x.reshape(-1, linear.in_features), [member])[0].view(*x.shape[:-1], -1)
+
+
+def test_a_group_computes_once_and_each_member_gets_its_own_output() -> None:
+    layers = [layer(256, 128, 1), layer(256, 256, 2, torch.float), layer(256, 128, 3)]
+    runs: list[int] = []
+    group = rows_gemm_patch.Group(layers, run=lambda x, ms: runs.append(len(ms)) or reference_run(x, ms))
+    x = torch.randn(1, 3, 256).half()
+    order = (layers[1], layers[2], layers[0])  # any member may be called first
+    ys = [group.output(m, x, None) for m in order]
+    assert runs == [3] and not group.kept
+    for m, y in zip(order, ys, strict=True):
+        assert torch.equal(y, alone(m, x, m.default_out_dtype))
+    # the same values in another tensor are computed afresh: a kept output answers only its own input
+    other = x.clone()
+    group.output(layers[0], x, None)
+    assert torch.equal(group.output(layers[2], other, None), alone(layers[2], other, torch.half))
+    assert runs == [3, 3, 3]
+
+
+def test_a_kept_output_follows_its_input_and_the_asked_dtype() -> None:
+    layers = [layer(128, 128, 4), layer(128, 256, 5, torch.float)]
+    runs: list[int] = []
+    group = rows_gemm_patch.Group(layers, run=lambda x, ms: runs.append(len(ms)) or reference_run(x, ms))
+    x = torch.randn(2, 128).half()
+    group.output(layers[0], x, None)
+    x.mul_(0.5)  # changed in place after the compute: the kept output is stale
+    assert torch.equal(group.output(layers[1], x, None), alone(layers[1], x, torch.float))
+    assert len(runs) == 2
+    # fp16 asked of a kept fp32 output: its rounding, as the kernel's own fp16 output would be
+    group.output(layers[0], x, None)
+    assert torch.equal(group.output(layers[1], x, torch.half), alone(layers[1], x, torch.float).half())
+    assert len(runs) == 3
+    # fp32 asked of a kept fp16 output cannot be recovered: computed afresh, and asked so from then on
+    group.output(layers[1], x, None)
+    y = group.output(layers[0], x, torch.float)
+    assert y.dtype == torch.float and torch.equal(y, alone(layers[0], x, torch.float)) and len(runs) == 5
+    group.output(layers[1], torch.randn(2, 128).half(), None)  # a new input: member 0 kept as it last asked
+    assert group.kept[0].y.dtype == torch.float and len(runs) == 6
+    with torch.inference_mode():  # inference tensors: kept outputs answer by identity alone
+        xi = torch.randn(2, 128).half()
+        group.output(layers[0], xi, None)
+        assert torch.equal(group.output(layers[1], xi, None), alone(layers[1], xi, torch.float))
+        assert len(runs) == 7
 
 
 def test_refused_when_the_registry_patch_is_off(monkeypatch) -> None:
