@@ -29,7 +29,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check elpis tests ext
 
 test: build lint
-	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not gpu" --durations=25 $(PYTEST_ARGS)
 
 serve: build
 	$(BIN)/elpis serve
