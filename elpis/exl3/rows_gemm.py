@@ -3,9 +3,9 @@
 `rows_gemm(x, trellis, suh, svh)` is the EXL3 linear `((x * suh) H) D H * svh` of a 4- or 6-bit mul1
 trellis (the body and the output head of the served model) for 1..16 rows, every weight decoded once and fed
 to tensor cores; `rows_gemm_group(x, members)` runs up to four such linears that share the input x in one
-call (one input-transform launch and one GEMM launch, the members'
-n-blocks in one stream-K grid); `decode(trellis)` is the decoded D alone, for tests against
-`elpis.exl3.trellis_ref` and ExLlamaV3's own decode. The work schedule is the proved one of
+call (one input-transform launch and one GEMM launch, the members' n-blocks in one stream-K grid);
+`decode(trellis)` is the decoded D alone, for tests against `elpis.exl3.trellis_ref` and ExLlamaV3's own
+decode. The work schedule is the proved one of
 `build/kernels/gemm_schedule.h`: nothing in it depends on the row count. A member's result does depend on
 the group it runs in (the group's total width sets the partition), so a caller keeps its groups fixed.
 """
