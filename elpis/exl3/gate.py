@@ -49,13 +49,17 @@ grid, is left out with the reason on stderr; a candidate that fails in any cell 
 
 Configurations (`configuration`, spec `exl3:patches=...,rows=N`): the served backend
 (`elpis.exl3.load_backend`, no draft, no prefix reuse) under the named patches; teacher forcing runs verify
-calls of `rows` chained rows (default 8). exl3-int8-gemv-off is a process-wide switch of ExLlamaV3: a
-configuration naming it (or not) must match the process (`ELPIS_PATCH_INT8_GEMV_OFF`), else it is refused.
+calls of `rows` chained rows (default 8). A configuration naming a patch whose arithmetic is elpis's own
+kernel (`KERNEL_SOURCES`: rows-gemm) also carries `code`, the digest of that kernel's sources, written out
+like any default (a `code` that differs from the checkout's is refused). exl3-int8-gemv-off is a process-wide
+switch of ExLlamaV3: a configuration naming it (or not) must match the process (`ELPIS_PATCH_INT8_GEMV_OFF`),
+else it is refused.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import importlib.util
 import math
 import os
@@ -91,6 +95,19 @@ NEUTRAL_PATCHES: dict[str, str] = {
     "exl3-rows-gemm": "its wrappers act only on models loaded with rows_gemm=True (the configuration patch "
     "rows-gemm)",
 }
+# Configuration patches whose arithmetic is elpis's own kernel: a configuration naming one carries `code`, the
+# digest of these sources (repository paths), so a rebuilt kernel is a new configuration in the ledger and a
+# rule written before its first measurement can judge it (elpis.gate.ledger). tree-verify predates this and
+# keeps its spec (its rules name it as a floor); it joins when its kernels next change under a new rule.
+KERNEL_SOURCES: dict[str, tuple[str, ...]] = {
+    "rows-gemm": (
+        "patches/kernels/exl3_gemm_rows.cu",
+        "bend/gemm_schedule.bend",
+        "elpis/exl3/rows_gemm.py",
+        "elpis/exl3/rows_gemm_patch.py",
+    ),
+}
+CODE_DIGEST_HEX = 12
 ELPIS_DEFAULTS = ("fixed-rows-8", "gdn-state-fp32")
 INT8_PATCH = "exl3-int8-gemv-off"
 FIXED_ROWS = 8
@@ -144,6 +161,24 @@ def patches_text(names: Sequence[str]) -> str:
     return "+".join(sorted(names)) if names else "none"
 
 
+def code_digest(names: Sequence[str]) -> str | None:
+    """Digest of the kernel sources of the named configuration patches (`KERNEL_SOURCES`), or None if none
+    of them has any. A missing source is refused: the configuration's identity could not be known."""
+    from elpis.paths import REPO_ROOT
+
+    sources = [(n, rel) for n in sorted(names) for rel in KERNEL_SOURCES.get(n, ())]
+    if not sources:
+        return None
+    digest = hashlib.sha256()
+    for name, rel in sources:
+        path = REPO_ROOT / rel
+        if not path.is_file():
+            raise ValueError(f"patch {name}: kernel source {rel} is missing: no configuration identity")
+        digest.update(f"{name}\0{rel}\0".encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:CODE_DIGEST_HEX]
+
+
 def _positive(options: dict[str, str], key: str, default: int, low: int = 1, high: int | None = None) -> int:
     text = options.get(key, str(default))
     if not text.isdigit() or int(text) < low or (high is not None and int(text) > high):
@@ -172,19 +207,30 @@ def configuration_options(options: dict[str, str]) -> dict[str, str]:
         raise ValueError(f"exl3 path must be served or forward, got {path!r}")
     if "path" in options:
         raise ValueError("exl3 path=served is the default: leave it out (one configuration, one spec)")
-    known = {"patches", "rows"}
+    known = {"code", "patches", "rows"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise ValueError(f"unknown exl3 option(s) {unknown}: known {sorted(known)}")
     text = options.get("patches", "none")
-    canonical = patches_text(parse_patches(text))
+    names = parse_patches(text)
+    canonical = patches_text(names)
     if text != canonical:
         raise ValueError(
             f"patches={text!r}: a configuration names its patches explicitly, sorted, joined by '+' "
             f"(write patches={canonical}) so that one configuration has one spec"
         )
     rows = _positive(options, "rows", FIXED_ROWS, 1, MAX_VERIFY_ROWS)
-    return {"patches": canonical, "rows": str(rows)}
+    full = {"patches": canonical, "rows": str(rows)}
+    code = code_digest(names)
+    if "code" in options and options["code"] != code:
+        raise ValueError(
+            f"code={options['code']}: this checkout's kernel sources of patches={canonical} are "
+            f"{'code=' + code if code else 'none of elpis own (leave code out)'}; a configuration is "
+            "measured from the code it names"
+        )
+    if code is not None:
+        full["code"] = code
+    return full
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,37 @@ def test_configuration_options_and_spec():
     )
 
 
+def test_a_kernel_patch_names_its_code(tmp_path, monkeypatch):
+    import shutil
+
+    import elpis.paths
+
+    full = gate.configuration_options({"patches": "gdn-state-fp32+rows-gemm+tree-verify"})
+    code = full["code"]
+    assert len(code) == gate.CODE_DIGEST_HEX and int(code, 16) >= 0
+    assert Spec("exl3", full).text == f"exl3:code={code},patches=gdn-state-fp32+rows-gemm+tree-verify,rows=8"
+    # naming the checkout's code is the same configuration; naming other code is refused
+    assert gate.configuration_options({"patches": "rows-gemm", "code": code}) == {
+        "code": code, "patches": "rows-gemm", "rows": "8",
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=f"kernel sources of patches=rows-gemm are code={code}"):
+        gate.configuration_options({"patches": "rows-gemm", "code": "0" * gate.CODE_DIGEST_HEX})
+    with pytest.raises(ValueError, match="leave code out"):
+        gate.configuration_options({"patches": "gdn-state-fp32+tree-verify", "code": code})
+    # a changed kernel source is another configuration; a missing one has no identity
+    for rel in gate.KERNEL_SOURCES["rows-gemm"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(elpis.paths.REPO_ROOT / rel, tmp_path / rel)
+    monkeypatch.setattr(elpis.paths, "REPO_ROOT", tmp_path)
+    assert gate.code_digest(["rows-gemm"]) == code
+    kernel = tmp_path / gate.KERNEL_SOURCES["rows-gemm"][0]
+    kernel.write_bytes(kernel.read_bytes() + b"\n")
+    assert gate.code_digest(["rows-gemm"]) != code
+    kernel.unlink()
+    with pytest.raises(ValueError, match="is missing"):
+        gate.code_digest(["rows-gemm", "tree-verify"])
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
