@@ -236,6 +236,7 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"{_fmt(r.get('plain_ms'), '.3f')} |"
             )
     lines += tree_markdown(doc.get("tree") or [])
+    lines += capture_notes(doc)
     lines += ["", "Fresh TTFT (nothing cached):", ""]
     for system, data in doc.get("systems", {}).items():
         for f in data.get("fresh_ttft", []):
@@ -258,6 +259,24 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"  - note: {err.splitlines()[0]}")
     lines.append("")
     return "\n".join(lines)
+
+
+def capture_notes(doc: dict[str, Any]) -> list[str]:
+    """A warning for each measurement whose timed rounds include CUDA graph captures (their medians and MADs
+    carry capture time: too few warm-up rounds for the keys the run reached)."""
+    found = [
+        (system, entry["context"], n)
+        for system, data in doc.get("systems", {}).items()
+        for entry in data.get("checkpoints", [])
+        for kind in ("spec", "plain")
+        if (n := (entry.get(kind) or {}).get("captures_in_timed_rounds"))
+    ]
+    if not found:
+        return []
+    lines = ["", "**Graph captures inside timed rounds** (their time is in those rounds: raise --warmup):"]
+    lines.append("")
+    lines += [f"- {system} at {label(context)}: {n}" for system, context, n in found]
+    return lines
 
 
 def tree_markdown(rows: list[dict[str, Any]]) -> list[str]:

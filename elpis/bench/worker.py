@@ -237,6 +237,12 @@ class ElpisSystem:
         self.backend.tree = self.tree_loaded
         self.backend.fixed_rows = TREE_ROWS if self.tree_loaded else workload.CHAIN_ROWS  # as loaded
 
+    def captures(self) -> int:
+        """CUDA graphs captured so far (verify forwards and draft blocks): a capture inside a timed round
+        adds its cost to that round, so the results count them."""
+        graphs = [self.backend.graphs, getattr(self.backend.drafter, "graphs", None)]
+        return sum(g.captures for g in graphs if g is not None)
+
     def generate_direct(self, prompt: list[int], tokens: int, draft: bool) -> dict[str, Any]:
         """Rounds straight on the backend without the speculation core: commit the anchor row only (valid
         whatever the draft holds, so no acceptance decision is made), next anchor = argmax of row 0. Only
@@ -245,7 +251,7 @@ class ElpisSystem:
         if self.variant.tree or self.tree_loaded:
             raise RuntimeError("the direct loop drives chain-mode backends only")
         self._mode(draft)
-        stamps, counts, draft_seconds = [], [], []
+        stamps, counts, draft_seconds, captures = [], [], [], []
         memory = RoundMemory()
         start = time.perf_counter()
         cached = backend.begin(prompt)
@@ -264,6 +270,7 @@ class ElpisSystem:
                 context.append(anchor)
                 stamps.append(time.perf_counter())
                 counts.append(1)
+                captures.append(self.captures())
                 memory.first_step_done()
         finally:
             backend.finish()
@@ -274,6 +281,7 @@ class ElpisSystem:
             "counts": counts,
             "cached": cached,
             "draft_seconds": draft_seconds,
+            "captures": captures,
             "memory": memory.result(),
         }
 
@@ -291,7 +299,7 @@ class ElpisSystem:
         request = GenerationRequest(
             prompt_ids=tuple(prompt), max_tokens=tokens, sampling=SamplingParams(), ignore_eos=True
         )
-        stamps, counts = [], []
+        stamps, counts, captures = [], [], []
         memory = RoundMemory()
         start = time.perf_counter()
         stats = None
@@ -299,6 +307,7 @@ class ElpisSystem:
             for step in gen.generate(request):
                 stamps.append(time.perf_counter())
                 counts.append(len(step.token_ids))
+                captures.append(self.captures())
                 if step.finish_reason is not None:
                     stats = step.stats
                 memory.first_step_done()
@@ -310,6 +319,7 @@ class ElpisSystem:
             "counts": counts,
             "cached": stats.cached_tokens if stats else None,
             "draft_seconds": drafter.seconds if drafter else [],
+            "captures": captures,
             "memory": memory.result(),
         }
 
@@ -408,6 +418,10 @@ def summarize(run: dict[str, Any], warmup: int) -> dict[str, Any]:
     if not stamps:
         return {"ttft_seconds": None, "round_seconds": [], "tokens_per_round": []}
     rounds = [b - a for a, b in itertools.pairwise(stamps)][warmup:]
+    captures = run.get("captures") or []  # graphs captured so far, at each stamp (elpis systems)
+    timed_captures: dict[str, int] = {}
+    if captures and rounds:
+        timed_captures["captures_in_timed_rounds"] = captures[-1] - captures[warmup]
     return {
         "ttft_seconds": stamps[0] - run["start"],
         "round_seconds": rounds,
@@ -416,6 +430,7 @@ def summarize(run: dict[str, Any], warmup: int) -> dict[str, Any]:
         "tokens": sum(counts),
         "cached": run["cached"],
         "draft_median_ms": median_ms(run["draft_seconds"][1 + warmup :]),
+        **timed_captures,
         **run.get("memory", {}),
     }
 

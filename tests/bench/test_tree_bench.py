@@ -139,6 +139,22 @@ def test_tokens_per_round_note_follows_the_numbers(arith, tmp_path):
     assert "| 1K |" in md and "| 1.00 / 1.00 / 1.38 / 1.00 |" in md
 
 
+def test_graph_captures_inside_timed_rounds_are_counted_and_reported(arith):
+    from elpis.bench.worker import summarize
+
+    # stamps 0..5: the first token, then five rounds; two warm-up rounds, so rounds 2..4 are timed
+    run = {"start": 0.0, "stamps": [1.0, 2.0, 3.0, 4.0, 5.5, 6.0], "counts": [1] * 6, "cached": 0,
+           "draft_seconds": [], "captures": [1, 2, 2, 2, 3, 3]}  # fmt: skip
+    assert summarize(run, 2)["captures_in_timed_rounds"] == 1  # the one between stamps 3 and 4
+    assert summarize({**run, "captures": [1, 2, 3, 3, 3, 3]}, 2)["captures_in_timed_rounds"] == 0
+    assert "captures_in_timed_rounds" not in summarize({**run, "captures": []}, 2)  # stock: no graphs
+    doc = tree_doc()
+    assert "Graph captures inside timed rounds" not in report.markdown(report.build(doc, arith))
+    doc["systems"]["elpis-tree16"]["checkpoints"][0]["spec"]["captures_in_timed_rounds"] = 3
+    md = report.markdown(report.build(doc, arith))
+    assert "Graph captures inside timed rounds" in md and "- elpis-tree16 at 1K: 3" in md
+
+
 def test_no_tree_table_without_tree_systems(arith):
     doc = tree_doc()
     for name in ("elpis-tree8", "elpis-tree16"):
