@@ -6,6 +6,8 @@
 # 2. the round A/B of call 43 again with 16 rounds after 8 warm-up rounds (call 43's 2 warm-up rounds left three
 #    tree-16 graph captures inside the timed rounds at 1K; written in bench/results/rows_gemm/README.md before
 #    this run: this A/B decides the default's condition 3).
+# As run in session 12 the gate line lacked ELPIS_PATCH_ROWS_GEMM=1 (the rows-gemm arm was refused: the registry
+# patch was off); call 46 ran that part alone on the same warm machine, as now written here.
 # Run with run(carry=[".whl", ".device"]). Afterwards, on the CPU machine: copy $OUT/gate/model-*.{json,npz} and
 # the ledger lines to bench/results/gate/, then elpis gate verdict.
 LIMIT=${LIMIT:-580}
@@ -22,7 +24,7 @@ echo "rows-gemm code=$CODE" | tee -a "$OUT/log"
 mkdir -p "$OUT/gate"
 ref="device=cuda:0,model=/tmp/small-deq,path=prefill"
 echo "=== gate model ($(left) s left)" | tee -a "$OUT/log"
-timeout -k 3 150 python3 -m elpis.cli gate model --model /tmp/small/target --random-ids 32768 \
+ELPIS_PATCH_ROWS_GEMM=1 timeout -k 3 150 python3 -m elpis.cli gate model --model /tmp/small/target --random-ids 32768 \
   --label rows-gemm-grouped-code-small --results "$OUT/gate" --wikitext-chunks 8 --wikitext-tokens 512 --gsm8k 0 \
   --aime 0 --greedy-prompts 0 --reference "reference:dtype=fp64,$ref" \
   --arm "floor-tree=exl3:patches=gdn-state-fp32+tree-verify,rows=8" \
