@@ -94,6 +94,35 @@ def mad_ms(seconds: list[float] | None) -> float | None:
     return statistics.median(abs(s - mid) for s in seconds) * 1000
 
 
+def pooled_ab(
+    a_docs: list[dict[str, Any]], b_docs: list[dict[str, Any]], system: str
+) -> list[dict[str, Any]]:
+    """An A/B over alternating runs (A, B, A, B, ... on one machine): per context, the median and MAD of each
+    arm's speculative rounds pooled over its runs, and whether A is faster than B beyond the noise
+    (NOISE_MADS x the larger pooled MAD). Each doc is one run's result JSON (`elpis bench engine`)."""
+
+    def rounds(docs: list[dict[str, Any]]) -> dict[int, list[float]]:
+        pooled: dict[int, list[float]] = {}
+        for doc in docs:
+            for entry in doc["systems"][system]["checkpoints"]:
+                pooled.setdefault(entry["context"], []).extend((entry.get("spec") or {})["round_seconds"])
+        return pooled
+
+    a, b = rounds(a_docs), rounds(b_docs)
+    if set(a) != set(b):
+        raise ValueError(f"the arms measured different contexts: {sorted(a)} vs {sorted(b)}")
+    out = []
+    for context in sorted(a):
+        a_ms, b_ms = statistics.median(a[context]) * 1000, statistics.median(b[context]) * 1000
+        noise = NOISE_MADS * max(mad_ms(a[context]) or 0.0, mad_ms(b[context]) or 0.0)
+        out.append({
+            "context": context, "label": label(context), "a_ms": a_ms, "b_ms": b_ms,
+            "a_rounds": len(a[context]), "b_rounds": len(b[context]), "gain_ms": b_ms - a_ms,
+            "noise_ms": noise, "verdict": _verdict(b_ms - a_ms > noise),
+        })  # fmt: skip
+    return out
+
+
 def _verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("PASS" if ok else "MISS")
 

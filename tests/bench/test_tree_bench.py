@@ -155,6 +155,27 @@ def test_graph_captures_inside_timed_rounds_are_counted_and_reported(arith):
     assert "Graph captures inside timed rounds" in md and "- elpis-tree16 at 1K: 3" in md
 
 
+def test_pooled_ab_pools_alternating_runs_and_applies_the_noise_rule():
+    def run(ms_1k: list[float], ms_8k: list[float] | None = None) -> dict:
+        checkpoints = [{"context": 1024, "spec": {"round_seconds": [m / 1000 for m in ms_1k]}}]
+        if ms_8k is not None:
+            checkpoints.append({"context": 8192, "spec": {"round_seconds": [m / 1000 for m in ms_8k]}})
+        return {"systems": {"elpis-tree16": {"checkpoints": checkpoints}}}
+
+    a = [run([20, 21, 22], [18, 20, 22]), run([21, 21, 40], [18, 20, 22])]
+    b = [run([25, 26, 25], [21, 21, 21]), run([25, 25, 60], [21, 21, 21])]
+    one_k, eight_k = report.pooled_ab(a, b, "elpis-tree16")
+    # 1K: A pools 20,21,21,21,22,40 (median 21, MAD 0.5), B 25,25,25,25,26,60 (median 25, MAD 0): gain 4 > 1
+    assert (one_k["a_rounds"], one_k["b_rounds"]) == (6, 6)
+    assert one_k["a_ms"] == pytest.approx(21.0) and one_k["b_ms"] == pytest.approx(25.0)
+    assert one_k["noise_ms"] == pytest.approx(1.0) and one_k["verdict"] == "PASS"
+    # 8K: A 18,18,20,20,22,22 (median 20, MAD 2) against B's 21: gain 1 inside noise 4
+    assert eight_k["gain_ms"] == pytest.approx(1.0) and eight_k["noise_ms"] == pytest.approx(4.0)
+    assert eight_k["verdict"] == "MISS"
+    with pytest.raises(ValueError, match="different contexts"):
+        report.pooled_ab(a, [run([25])], "elpis-tree16")
+
+
 def test_no_tree_table_without_tree_systems(arith):
     doc = tree_doc()
     for name in ("elpis-tree8", "elpis-tree16"):

@@ -1,0 +1,36 @@
+"""The pooled A/B of alternating `elpis bench engine` runs (report.pooled_ab), as a table and JSON.
+
+Usage: python3 ab_pooled.py SYSTEM OUT.json --a RUN.json [RUN.json ...] --b RUN.json [RUN.json ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from elpis.bench.report import NOISE_MADS, pooled_ab
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("system")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--a", nargs="+", type=Path, required=True, help="arm A's runs (result JSON)")
+    parser.add_argument("--b", nargs="+", type=Path, required=True, help="arm B's runs (result JSON)")
+    args = parser.parse_args()
+    rows = pooled_ab(
+        [json.loads(p.read_text()) for p in args.a], [json.loads(p.read_text()) for p in args.b], args.system
+    )
+    doc = {"system": args.system, "a": [p.name for p in args.a], "b": [p.name for p in args.b], "rows": rows}
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{args.system}: A {doc['a']} vs B {doc['b']} (noise {NOISE_MADS:g} x the larger pooled MAD)")
+    for r in rows:
+        print(
+            f"{r['label']}: A {r['a_ms']:.2f} ms ({r['a_rounds']} rounds), B {r['b_ms']:.2f} ms "
+            f"({r['b_rounds']}), gain {r['gain_ms']:.2f} ms, noise {r['noise_ms']:.2f} ms: {r['verdict']}"
+        )
+
+
+if __name__ == "__main__":
+    main()
