@@ -8,9 +8,11 @@ the running package, as in a real build.
 Cost. The repository build (make build, admitted here against the current sources) already proved
 exactly the pristine prover inputs, so the pristine copy and every mutation outside bend/ and proofs/
 reuse its proof certificates (each such test asserts bend/ and proofs/ are byte-identical to the
-pristine copy: the prover reads nothing else). A Bend mutation gets a real proof run of the mutated
-root by the real prover, restricted to the implementation-equals-spec law of the mutated module (a
-full build checks it among all the others); the build stops at that first failing layer.
+pristine copy: the prover reads nothing else), and the kernel headers the pristine build generated and
+checked (verify schedule, GDN plan, GEMM schedule: each rendered from bend/ and its own codegen/ template,
+also asserted identical; no later layer reads them). A Bend mutation gets a real proof run of the mutated
+root by the real prover, restricted to the implementation-equals-spec law of the mutated module (a full
+build checks it among all the others); the build stops at that first failing layer.
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ import pytest
 from elpis.accept import build as build_module
 from elpis.accept import identity, loader, table
 from elpis.accept.build import BuildError, build
-from elpis.bend import codegen
+from elpis.bend import codegen, gdn_plan, gemm_schedule, schedule
 from elpis.paths import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
 PROVER_INPUTS = ("bend", "proofs")
+# The build's kernel-header steps and the module each runs: a header is rendered from bend/ and the
+# module's template in codegen/, then checked against the interpreter (the slow part).
+HEADER_STEPS = {"_schedule": schedule, "_gdn_plan": gdn_plan, "_gemm_schedule": gemm_schedule}
 
 
 def _copy_root(target: Path) -> Path:
@@ -83,12 +88,28 @@ def _mutated(tmp_path: Path, pristine: dict[str, Any], path: str, old: str, new:
 
 
 def _reuse_pristine_proofs(monkeypatch: pytest.MonkeyPatch, pristine: dict[str, Any], root: Path) -> None:
+    """The prove and kernel-header steps give the pristine build's results (their inputs are asserted
+    identical), so the build spends its time on the layers the mutation targets."""
     for rel in PROVER_INPUTS:
         assert _same_tree(pristine["root"] / rel, root / rel), (
             f"{rel}/ differs: this mutation needs a proof run"
         )
     certificates = pristine["certificates"]
     monkeypatch.setattr(build_module, "_prove", lambda root, advance=None: certificates)
+    checked = pristine["root"] / "build" / "kernels"
+    for step, module in HEADER_STEPS.items():
+        template = Path("codegen") / module.TEMPLATE
+        assert filecmp.cmp(pristine["root"] / template, root / template, shallow=False), (
+            f"{template} differs: this mutation needs a header build"
+        )
+        monkeypatch.setattr(build_module, step, partial(_install_checked_header, checked, module.HEADER))
+
+
+def _install_checked_header(checked: Path, name: str, root: Path, kernels_dir: Path, cc: str) -> None:
+    """Stands in for a header step: the pristine build's checked header, as that step would write it."""
+    kernels_dir.mkdir(parents=True, exist_ok=True)
+    if (kernels_dir / name).resolve() != (checked / name).resolve():
+        shutil.copyfile(checked / name, kernels_dir / name)
 
 
 def _fails(
