@@ -37,6 +37,17 @@ if TYPE_CHECKING:
 GiB = 1 << 30
 
 
+def default_rows_gemm(tree: bool) -> bool:
+    """Whether a model loads with elpis's GEMM for 1-16 rows when the caller does not say: in tree mode, as
+    the registry patch exl3-rows-gemm is switched (on by default: bench/results/rows_gemm/README.md); in
+    chain mode never, since a chain verify's GEMMs run inside ExLlamaV3's C++ block graphs, which no wrapper
+    reaches, and a model loaded for the kernel is built without ExLlamaV3's multi-projection bundles."""
+    from elpis.exl3 import patches
+    from elpis.exl3.rows_gemm_patch import PATCH
+
+    return tree and patches.enabled(PATCH)
+
+
 def load_backend(
     model_dir: str | Path,
     draft_dir: str | Path | None,
@@ -80,8 +91,8 @@ def load_backend(
     arithmetic; 8192 prefills cold prompts up to 1.2x faster and passed the quality gate, but the prefix
     cache then resumes follow-up turns only at multiples of 8192 tokens (see the note at the top).
     `rows_gemm`: the EXL3 linears of 1-16 rows (every verify and draft block) run elpis's GEMM
-    (`elpis.exl3.rows_gemm_patch`) instead of ExLlamaV3's; None: as the registry patch exl3-rows-gemm is
-    switched (off by default until its quality gate passes). True with the patch switched off is refused.
+    (`elpis.exl3.rows_gemm_patch`) instead of ExLlamaV3's; None: `default_rows_gemm(tree)`. True with the
+    patch switched off is refused.
     """
     import torch
 
@@ -101,10 +112,7 @@ def load_backend(
 
         require_tree_patch()
     if rows_gemm is None:
-        from elpis.exl3 import patches
-        from elpis.exl3.rows_gemm_patch import PATCH
-
-        rows_gemm = patches.enabled(PATCH)
+        rows_gemm = default_rows_gemm(tree)
     engine = load_engine(
         Path(model_dir),
         Path(draft_dir) if draft_dir else None,

@@ -18,15 +18,14 @@ so what makes a kept output current is the call structure: ExLlamaV3's forward c
 group with the same tensor, untouched in between, before the module's next input exists; a compute drops
 whatever an earlier one kept, and the GPU tests check that a verify leaves nothing kept. A member's result is
 a function of its group, fixed at `mark`, so a verify and plain decoding still run the same arithmetic.
-Where it reaches (device call 36, `elpis/bench/scripts/rows_gemm_reach.py`, before the kernel decoded 6-bit
-trellises): in tree mode (elpis serve's default with a draft) every EXL3 linear of a verify but the 6-bit
-head ran the kernel (the head now qualifies too, not yet run on a GPU); chain mode keeps
-ExLlamaV3's C++ block graphs (`bc` objects of the MLP and Gated DeltaNet layers, whose GEMMs no Python
-wrapper reaches), so there the patch changes little. Either way a verify and plain decoding of one backend run
-the same kernels.
+Where it reaches (device call 42, `elpis/bench/scripts/rows_gemm_reach.py`): in tree mode (elpis serve's
+default with a draft) every EXL3 linear of a verify runs the kernel, the 6-bit head included, the 34 grouped
+ones in 16 group calls on the small model; chain mode keeps ExLlamaV3's C++ block graphs (`bc` objects of
+the MLP and Gated DeltaNet layers, whose GEMMs no Python wrapper reaches), so there the patch changes little.
+Either way a verify and plain decoding of one backend run the same kernels.
 Numerics change (fp32 transforms, one fp16 rounding of the activations and of the output; error against fp64
-below ExLlamaV3's own GEMM's, `bench/results/rows_gemm/README.md`), so the served default stays off until a
-quality-gate verdict on the final build passes.
+below ExLlamaV3's own GEMM's, `bench/results/rows_gemm/README.md`); the grouped build passed the quality gates
+and the conditions written before its measurements, so it is on by default in tree mode since session 12.
 """
 
 from __future__ import annotations

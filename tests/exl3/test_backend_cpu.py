@@ -99,3 +99,17 @@ def test_prefill_chunks_keep_page_boundaries_and_default_to_exllamav3s():
     assert all(chunk % PAGE == 0 for chunk in PREFILL_CHUNKS)  # prefix-cache boundaries stay page-aligned
     for loader in (load_backend, load_engine):
         assert inspect.signature(loader).parameters["prefill_chunk"].default == DEFAULT_PREFILL_CHUNK
+
+
+def test_rows_gemm_defaults_to_the_registry_switch_in_tree_mode_only(monkeypatch):
+    from elpis.exl3 import default_rows_gemm
+    from elpis.exl3.rows_gemm_patch import PATCH
+
+    registry = {p.id: p for p in patches.load_registry()}
+    switch = registry[PATCH].switch
+    monkeypatch.delenv(switch, raising=False)
+    assert registry[PATCH].default is True  # on by default (bench/results/rows_gemm/README.md, session 12)
+    assert default_rows_gemm(tree=True) is True
+    assert default_rows_gemm(tree=False) is False  # chain verifies run in ExLlamaV3's block graphs
+    monkeypatch.setenv(switch, "0")
+    assert default_rows_gemm(tree=True) is False
