@@ -87,10 +87,11 @@ def eligible(linear: Any, x: Any, params: dict, out_dtype: Any) -> bool:
         return False
     rows = x.numel() // max(x.shape[-1], 1)
     dtype = out_dtype or linear.default_out_dtype
+    # the cheap shape test first: prefill-sized calls (every chunk, every linear) skip format_ok's checks
     return (
         dtype in (torch.half, torch.float)
-        and format_ok(linear)
         and rows_gemm.supported(rows, linear.in_features, linear.out_features, linear.K)
+        and format_ok(linear)
     )
 
 

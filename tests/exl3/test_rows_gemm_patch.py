@@ -91,6 +91,21 @@ def test_a_kept_output_follows_its_input_and_the_asked_dtype() -> None:
         assert len(runs) == 7
 
 
+def test_eligible_tests_the_rows_before_the_weights_format(monkeypatch) -> None:
+    # a prefill chunk calls every linear with thousands of rows: those calls must not pay format_ok's checks
+    linear = SimpleNamespace(in_features=256, out_features=256, K=4, default_out_dtype=torch.half)
+    x = SimpleNamespace(dtype=torch.half, is_cuda=True, shape=(1, 2048, 256), numel=lambda: 2048 * 256)
+    x.dim = lambda: 3
+    seen = []
+    monkeypatch.setattr(rows_gemm_patch, "format_ok", lambda lin: seen.append(lin) or True)
+    assert not rows_gemm_patch.eligible(linear, x, {}, None)
+    assert seen == []
+    x.shape, x.numel = (1, 16, 256), lambda: 16 * 256
+    assert rows_gemm_patch.eligible(linear, x, {}, None) and seen == [linear]
+    monkeypatch.setattr(rows_gemm_patch, "format_ok", lambda lin: False)
+    assert not rows_gemm_patch.eligible(linear, x, {}, None)
+
+
 def test_refused_when_the_registry_patch_is_off(monkeypatch) -> None:
     monkeypatch.setenv("ELPIS_PATCH_ROWS_GEMM", "0")
     monkeypatch.setattr(rows_gemm_patch, "_originals", {})
