@@ -56,3 +56,13 @@ gpu_pytest() {
   echo "$title: exit $rc" | tee -a "$OUT/log"
   tail -40 "$OUT/pytest.txt" | grep -E "passed|failed|^FAILED|^E |\"24gib\"" | tail -8 | tee -a "$OUT/log"
 }
+# At most 8 files come back from $OUT (2 folders deep): past that, everything but the log goes back as one
+# archive, $OUT/out.tar (session 12's call 47 lost four files to the limit).
+pack_outputs() {
+  local count
+  count=$(find "$OUT" -type f | wc -l)
+  if [ "$count" -gt 8 ]; then
+    ( cd "$OUT" && find . -type f ! -name log ! -name out.tar -print0 | tar --null -cf out.tar -T - --remove-files )
+    echo "packed $count files into out.tar" | tee -a "$OUT/log"
+  fi
+}
