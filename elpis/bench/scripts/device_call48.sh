@@ -28,3 +28,4 @@ if [ "$(left)" -gt 70 ]; then
   grep "^SYNCDIAG" "$OUT/syncdiag.txt" | cut -c1-400 >> "$OUT/log"
 fi
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
+pack_outputs
