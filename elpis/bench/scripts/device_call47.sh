@@ -26,6 +26,6 @@ bench ab-b2 0
 rm -f "$OUT"/*.png
 python3 elpis/bench/scripts/ab_pooled.py elpis-tree16 "$OUT/ab-pooled.json" --a "$OUT"/ab-a?.json \
   --b "$OUT"/ab-b?.json 2>&1 | tee -a "$OUT/log"
-# at most 8 files come back from $OUT: the runs go back as one archive (session 12's call 47 lost four files)
+# at most 8 files come back from $OUT: the runs go back as one archive (session 12's call 47 lost six files)
 ( cd "$OUT" && tar -cf ab-runs.tar ab-a?.* ab-b?.* && rm -f ab-a?.* ab-b?.* )
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"

@@ -57,7 +57,7 @@ gpu_pytest() {
   tail -40 "$OUT/pytest.txt" | grep -E "passed|failed|^FAILED|^E |\"24gib\"" | tail -8 | tee -a "$OUT/log"
 }
 # At most 8 files come back from $OUT (2 folders deep): past that, everything but the log goes back as one
-# archive, $OUT/out.tar (session 12's call 47 lost four files to the limit).
+# archive, $OUT/out.tar (session 12's call 47 lost six files to the limit).
 pack_outputs() {
   local count
   count=$(find "$OUT" -type f | wc -l)
