@@ -94,6 +94,11 @@ def mad_ms(seconds: list[float] | None) -> float | None:
     return statistics.median(abs(s - mid) for s in seconds) * 1000
 
 
+def noise_ms(*mads: float | None) -> float:
+    """The noise two measurements are compared within: NOISE_MADS x the larger MAD (a missing MAD is 0)."""
+    return NOISE_MADS * max((m or 0.0) for m in mads)
+
+
 def pooled_ab(
     a_docs: list[dict[str, Any]], b_docs: list[dict[str, Any]], system: str
 ) -> list[dict[str, Any]]:
@@ -114,7 +119,7 @@ def pooled_ab(
     out = []
     for context in sorted(a):
         a_ms, b_ms = statistics.median(a[context]) * 1000, statistics.median(b[context]) * 1000
-        noise = NOISE_MADS * max(mad_ms(a[context]) or 0.0, mad_ms(b[context]) or 0.0)
+        noise = noise_ms(mad_ms(a[context]), mad_ms(b[context]))
         out.append({
             "context": context, "label": label(context), "a_ms": a_ms, "b_ms": b_ms,
             "a_rounds": len(a[context]), "b_rounds": len(b[context]), "gain_ms": b_ms - a_ms,
@@ -132,7 +137,7 @@ def tree_checks(row: dict[str, Any]) -> dict[str, dict[str, Any]]:
     checks: dict[str, dict[str, Any]] = {}
     stock, tree8, tree16 = row.get("stock_ms"), row.get("tree8_ms"), row.get("tree16_ms")
     if stock is not None and tree8 is not None:
-        noise = NOISE_MADS * max(row.get("stock_mad_ms") or 0.0, row.get("tree8_mad_ms") or 0.0)
+        noise = noise_ms(row.get("stock_mad_ms"), row.get("tree8_mad_ms"))
         checks["tree8_vs_stock"] = {
             "verdict": _verdict(tree8 <= stock + noise),
             "ratio": tree8 / stock,
@@ -302,10 +307,12 @@ def capture_notes(doc: dict[str, Any]) -> list[str]:
     ]
     if not found:
         return []
-    lines = ["", "**Graph captures inside timed rounds** (their time is in those rounds: raise --warmup):"]
-    lines.append("")
-    lines += [f"- {system} at {label(context)}: {n}" for system, context, n in found]
-    return lines
+    return [
+        "",
+        "**Graph captures inside timed rounds** (their time is in those rounds: raise --warmup):",
+        "",
+        *(f"- {system} at {label(context)}: {n}" for system, context, n in found),
+    ]
 
 
 def tree_markdown(rows: list[dict[str, Any]]) -> list[str]:
