@@ -7,24 +7,14 @@
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-start_build_and_full_synth
-timeout -k 2 60 python3 -m elpis.cli synth --small /tmp/small 2>&1 | tail -1 | tee -a "$OUT/log"
+start_build_and_synths
 wait_build
 [ -f build/kernels/gemm_schedule.h ] || { echo "no gemm_schedule.h after the build" | tee -a "$OUT/log"; exit 1; }
 ELPIS_SMALL_DIR=/tmp/small ELPIS_PATCH_ROWS_GEMM=1 gpu_pytest "rows GEMM patch tests" 90 \
   tests/exl3/test_rows_gemm_patch.py
 wait_synth
-bench() {  # label patch systems
-  echo "=== bench $1 ($(left) s left)" | tee -a "$OUT/log"
-  ELPIS_PATCH_ROWS_GEMM=$2 timeout -k 5 $(( $(left) - 20 )) python3 -m elpis.cli bench engine \
-    --model /tmp/full/target --draft /tmp/full/draft --systems "$3" --checkpoints 1024,8192 \
-    --rounds 8 --warmup 2 --final-tokens 0 --spec-only --time-limit $(( $(left) - 30 )) --out-dir "$OUT" \
-    --stem "rowsgemm-$1" --title "issue 9: elpis's 1-16-row EXL3 GEMM, grouped ($1), H200" \
-    > "$OUT/rowsgemm-$1.txt" 2>&1
-  echo "bench $1: exit $?" | tee -a "$OUT/log"
-  grep -E "ms/round|round|tree-8|tree-16|stock" "$OUT/rowsgemm-$1.md" 2>/dev/null | head -20 | tee -a "$OUT/log"
-}
-bench kernel 1 stock,elpis-tree8,elpis-tree16
-bench exllamav3-gemm 0 elpis-tree8,elpis-tree16
+title="issue 9: elpis's 1-16-row EXL3 GEMM, grouped"
+engine_bench rowsgemm-kernel 1 stock,elpis-tree8,elpis-tree16 8 2 "$title (kernel), H200"
+engine_bench rowsgemm-exllamav3-gemm 0 elpis-tree8,elpis-tree16 8 2 "$title (exllamav3-gemm), H200"
 rm -f "$OUT"/*.png
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"

@@ -13,36 +13,15 @@
 LIMIT=${LIMIT:-580}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-start_build_and_full_synth
-timeout -k 2 60 python3 -m elpis.cli synth --small /tmp/small 2>&1 | tail -1 | tee -a "$OUT/log"
+start_build_and_synths
 wait_build
 [ -f build/kernels/gemm_schedule.h ] || { echo "no gemm_schedule.h after the build" | tee -a "$OUT/log"; exit 1; }
 timeout -k 3 90 python3 -m elpis.cli dequantize --model /tmp/small/target --out /tmp/small-deq > /tmp/deq.log 2>&1
 tail -1 /tmp/deq.log | tee -a "$OUT/log"
-CODE=$(python3 -c "from elpis.exl3.gate import code_digest; print(code_digest(['rows-gemm']))")
-echo "rows-gemm code=$CODE" | tee -a "$OUT/log"
-mkdir -p "$OUT/gate"
-ref="device=cuda:0,model=/tmp/small-deq,path=prefill"
-echo "=== gate model ($(left) s left)" | tee -a "$OUT/log"
-ELPIS_PATCH_ROWS_GEMM=1 timeout -k 3 150 python3 -m elpis.cli gate model --model /tmp/small/target --random-ids 32768 \
-  --label rows-gemm-grouped-code-small --results "$OUT/gate" --wikitext-chunks 8 --wikitext-tokens 512 --gsm8k 0 \
-  --aime 0 --greedy-prompts 0 --reference "reference:dtype=fp64,$ref" \
-  --arm "floor-tree=exl3:patches=gdn-state-fp32+tree-verify,rows=8" \
-  --arm "floor-stock=exl3:patches=none,rows=8" \
-  --arm "rows-gemm=exl3:code=$CODE,patches=gdn-state-fp32+rows-gemm+tree-verify,rows=8" \
-  2>&1 | grep -v "^\s*$" | tail -16 | tee -a "$OUT/log"
+rows_gemm_model_gate rows-gemm-grouped-code-small
 wait_synth
-bench() {  # label patch systems
-  echo "=== bench $1 ($(left) s left)" | tee -a "$OUT/log"
-  ELPIS_PATCH_ROWS_GEMM=$2 timeout -k 5 $(( $(left) - 20 )) python3 -m elpis.cli bench engine \
-    --model /tmp/full/target --draft /tmp/full/draft --systems "$3" --checkpoints 1024,8192 \
-    --rounds 16 --warmup 8 --final-tokens 0 --spec-only --time-limit $(( $(left) - 30 )) --out-dir "$OUT" \
-    --stem "rowsgemm-$1" --title "issue 9: elpis's 1-16-row EXL3 GEMM, grouped ($1), H200" \
-    > "$OUT/rowsgemm-$1.txt" 2>&1
-  echo "bench $1: exit $?" | tee -a "$OUT/log"
-  grep -E "^\| [0-9]+K" "$OUT/rowsgemm-$1.md" 2>/dev/null | head -8 | tee -a "$OUT/log"
-}
-bench kernel 1 stock,elpis-tree8,elpis-tree16
-bench exllamav3-gemm 0 elpis-tree8,elpis-tree16
+title="issue 9: elpis's 1-16-row EXL3 GEMM, grouped"
+engine_bench rowsgemm-kernel 1 stock,elpis-tree8,elpis-tree16 16 8 "$title (kernel), H200"
+engine_bench rowsgemm-exllamav3-gemm 0 elpis-tree8,elpis-tree16 16 8 "$title (exllamav3-gemm), H200"
 rm -f "$OUT"/*.png
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"

@@ -10,22 +10,14 @@ start_build_and_full_synth
 wait_build
 [ -f build/kernels/gemm_schedule.h ] || { echo "no gemm_schedule.h after the build" | tee -a "$OUT/log"; exit 1; }
 wait_synth
-bench() {  # stem patch
-  echo "=== bench $1 ($(left) s left)" | tee -a "$OUT/log"
-  ELPIS_PATCH_ROWS_GEMM=$2 timeout -k 5 $(( $(left) - 10 )) python3 -m elpis.cli bench engine \
-    --model /tmp/full/target --draft /tmp/full/draft --systems elpis-tree16 --checkpoints 1024,8192 \
-    --rounds 16 --warmup 8 --final-tokens 0 --spec-only --time-limit $(( $(left) - 20 )) --out-dir "$OUT" \
-    --stem "$1" --title "issue 9: rows GEMM pooled A/B ($1), H200" > "$OUT/$1.txt" 2>&1
-  echo "bench $1: exit $?" | tee -a "$OUT/log"
-  grep -E "^\| elpis" "$OUT/$1.md" 2>/dev/null | tee -a "$OUT/log"
-}
-bench ab-a1 1
-bench ab-b1 0
-bench ab-a2 1
-bench ab-b2 0
+export BENCH_MARGIN=10
+title="issue 9: rows GEMM pooled A/B"
+engine_bench ab-a1 1 elpis-tree16 16 8 "$title (ab-a1), H200"  # A: the kernel
+engine_bench ab-b1 0 elpis-tree16 16 8 "$title (ab-b1), H200"  # B: ExLlamaV3's GEMMs
+engine_bench ab-a2 1 elpis-tree16 16 8 "$title (ab-a2), H200"
+engine_bench ab-b2 0 elpis-tree16 16 8 "$title (ab-b2), H200"
 rm -f "$OUT"/*.png
 python3 elpis/bench/scripts/ab_pooled.py elpis-tree16 "$OUT/ab-pooled.json" --a "$OUT"/ab-a?.json \
   --b "$OUT"/ab-b?.json 2>&1 | tee -a "$OUT/log"
-# at most 8 files come back from $OUT: the runs go back as one archive (session 12's call 47 lost six files)
-( cd "$OUT" && tar -cf ab-runs.tar ab-a?.* ab-b?.* && rm -f ab-a?.* ab-b?.* )
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
+pack_outputs

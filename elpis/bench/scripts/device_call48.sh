@@ -11,8 +11,7 @@
 LIMIT=${LIMIT:-580}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-start_build_and_full_synth
-timeout -k 2 60 python3 -m elpis.cli synth --small /tmp/small 2>&1 | tail -1 | tee -a "$OUT/log"
+start_build_and_synths
 wait_build
 ELPIS_SMALL_DIR=/tmp/small gpu_pytest "tree graph tests, rows GEMM on" 150 tests/exl3/test_tree_graph.py
 wait_synth

@@ -40,6 +40,41 @@ build_and_small_synth() {
   tail -2 /tmp/build.log | tee -a "$OUT/log"
 }
 wait_synth() { wait "$SYNTH"; tail -1 /tmp/synth_full.log | tee -a "$OUT/log"; }
+# Both checkpoint sizes: the build and the full-size synthesis in the background, the small model (/tmp/small)
+# made meanwhile.
+start_build_and_synths() {
+  start_build_and_full_synth
+  timeout -k 2 60 python3 -m elpis.cli synth --small /tmp/small 2>&1 | tail -1 | tee -a "$OUT/log"
+}
+# engine_bench STEM PATCH SYSTEMS ROUNDS WARMUP TITLE: one `elpis bench engine` run of SYSTEMS on /tmp/full at
+# 1K and 8K, speculative rounds only, with ELPIS_PATCH_ROWS_GEMM=PATCH; writes $OUT/STEM.{json,md,png,txt} and
+# puts its context rows in the log. It stops $BENCH_MARGIN s (default 20) before the call's limit.
+engine_bench() {
+  local stem=$1 patch=$2 systems=$3 rounds=$4 warmup=$5 title=$6 margin=${BENCH_MARGIN:-20}
+  echo "=== bench $stem ($(left) s left)" | tee -a "$OUT/log"
+  ELPIS_PATCH_ROWS_GEMM=$patch timeout -k 5 $(( $(left) - margin )) python3 -m elpis.cli bench engine \
+    --model /tmp/full/target --draft /tmp/full/draft --systems "$systems" --checkpoints 1024,8192 \
+    --rounds "$rounds" --warmup "$warmup" --final-tokens 0 --spec-only --time-limit $(( $(left) - margin - 10 )) \
+    --out-dir "$OUT" --stem "$stem" --title "$title" > "$OUT/$stem.txt" 2>&1
+  echo "bench $stem: exit $?" | tee -a "$OUT/log"
+  grep -E "^\| [0-9]+K" "$OUT/$stem.md" 2>/dev/null | head -8 | tee -a "$OUT/log"
+}
+# rows_gemm_model_gate LABEL: the model gate of the patch rows-gemm on the small model (/tmp/small, its fp64
+# reference /tmp/small-deq), floors tree mode with ExLlamaV3's GEMMs and stock, the candidate under the
+# checkout's kernel code; $OUT/gate/model-LABEL-*.{json,npz} and the ledger lines.
+rows_gemm_model_gate() {
+  local code ref="device=cuda:0,model=/tmp/small-deq,path=prefill"
+  code=$(python3 -c "from elpis.exl3.gate import code_digest; print(code_digest(['rows-gemm']))")
+  echo "=== gate model, rows-gemm code=$code ($(left) s left)" | tee -a "$OUT/log"
+  mkdir -p "$OUT/gate"
+  ELPIS_PATCH_ROWS_GEMM=1 timeout -k 3 200 python3 -m elpis.cli gate model --model /tmp/small/target \
+    --random-ids 32768 --label "$1" --results "$OUT/gate" --wikitext-chunks 8 --wikitext-tokens 512 --gsm8k 0 \
+    --aime 0 --greedy-prompts 0 --reference "reference:dtype=fp64,$ref" \
+    --arm "floor-tree=exl3:patches=gdn-state-fp32+tree-verify,rows=8" \
+    --arm "floor-stock=exl3:patches=none,rows=8" \
+    --arm "rows-gemm=exl3:code=$code,patches=gdn-state-fp32+rows-gemm+tree-verify,rows=8" \
+    2>&1 | grep -v "^\s*$" | tail -16 | tee -a "$OUT/log"
+}
 part() {  # name: run one part's script (each bounds itself by `left`)
   echo "=== $1 ($(left) s left)" | tee -a "$OUT/log"
   ( source "elpis/bench/scripts/device_part_$1.sh" ) 2>&1 | tail -30
