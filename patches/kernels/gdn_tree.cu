@@ -71,11 +71,16 @@ constexpr int kThreads = 256;
 constexpr int kPerLane = kDim / 16;  // k rows of a column held by one lane
 constexpr int kStackSlots = 3;
 constexpr int kStagePitch = kSlice + 1;  // padded row of the state staging buffer
+constexpr int kInPitch = kThreads + kSlice;  // staged input rows: the block's q/k channels, then its v slice
+constexpr int kStateLoads = kDim * kSlice / kThreads;  // state slice elements staged per thread
 constexpr unsigned kFull = 0xffffffffu;
 
 static_assert(kThreads == 2 * kDim, "phase A gives each thread one q or k channel");
 static_assert(kThreads / 32 * 2 == kSlice, "each warp owns two columns of the slice");
 static_assert(kStackSlots * kPerLane * kThreads >= kDim * kStagePitch, "staging fits in the stack area");
+static_assert(kDim * kSlice % kThreads == 0, "each thread stages the same number of state elements");
+static_assert(kStackSlots * kPerLane * kThreads * 4 >= kDim * kStagePitch * 4 + kMaxRows * kInPitch * 2,
+              "the state staging and the staged input rows fit in the stack area together");
 static_assert(kStackSlots == ELPIS_GDN_PLAN_SLOTS && kTaps == ELPIS_GDN_PLAN_TAPS &&
                   static_cast<unsigned>(kMaxRows) == ELPIS_GDN_PLAN_MAX_ROWS,
               "the kernel's stack, taps and rows are the ones the proved plan assumes");
@@ -170,18 +175,40 @@ struct GdnTreeArgs {
 
 __device__ __forceinline__ float bf(const __nv_bfloat16 x) { return __bfloat162float(x); }
 
-// silu(sum_j w_j x_j) of one channel of logical row r, taps in order.
-__device__ __forceinline__ float conv_channel(const GdnTreeArgs& a, const GdnTreePlan& plan, int r, int ch) {
+// silu(sum_j w_j x_j) of one channel of logical row r, taps in order. x: the channel's staged input rows
+// (s_in column, pitch kInPitch), hist[c - 1]: its committed window column c (1..3), w: its taps.
+__device__ __forceinline__ float conv_channel(const GdnTreePlan& plan, int r, const __nv_bfloat16* x,
+                                              const float (&hist)[kTaps - 1], const float (&w)[kTaps]) {
     float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < kTaps; j++) {
         const int s = plan.src[r][j];
-        const float x = s >= 0 ? bf(a.qkv[static_cast<size_t>(s) * kConvDim + ch])
-                               : bf(a.conv_state[static_cast<size_t>(ch) * a.conv_stride + (-1 - s)]);
-        const float w = bf(a.conv_weight[ch * kTaps + j]);
-        acc = j == 0 ? __fmul_rn(w, x) : __fmaf_rn(w, x, acc);
+        // a committed column by selects, not a dynamic register index (which would go to local memory)
+        const float committed = s == -2 ? hist[0] : (s == -3 ? hist[1] : hist[2]);
+        const float v = s >= 0 ? bf(x[s * kInPitch]) : committed;
+        acc = j == 0 ? __fmul_rn(w[j], v) : __fmaf_rn(w[j], v, acc);
     }
     return __fdiv_rn(acc, __fadd_rn(1.0f, expf(-acc)));
+}
+
+// Stage one channel of every logical row's input row into x (pitch kInPitch), and load its committed window
+// columns 1..3 and its taps. All global loads are issued before the first shared store, so their latencies
+// overlap (a store between two loads through generic pointers would order them one after the other).
+__device__ __forceinline__ void stage_channel(const GdnTreeArgs& a, const GdnTreePlan& plan, int ch,
+                                              __nv_bfloat16* x, float (&hist)[kTaps - 1], float (&w)[kTaps]) {
+    __nv_bfloat16 raw[kMaxRows];
+#pragma unroll
+    for (int r = 0; r < kMaxRows; r++) {
+        raw[r] = r < plan.rows ? a.qkv[static_cast<size_t>(plan.in_row[r]) * kConvDim + ch] : __nv_bfloat16{};
+    }
+#pragma unroll
+    for (int c = 1; c < kTaps; c++) hist[c - 1] = bf(a.conv_state[static_cast<size_t>(ch) * a.conv_stride + c]);
+#pragma unroll
+    for (int j = 0; j < kTaps; j++) w[j] = bf(a.conv_weight[ch * kTaps + j]);
+#pragma unroll
+    for (int r = 0; r < kMaxRows; r++) {
+        if (r < plan.rows) x[plan.in_row[r] * kInPitch] = raw[r];
+    }
 }
 
 // Sum over the 16 lanes of a half warp; every lane of the half ends with the same bits.
@@ -210,27 +237,49 @@ __device__ __forceinline__ void gdn_tree_body(const GdnTreeArgs& a, const GdnTre
     const int key_head = head / kGroup;
     const int rows = plan.rows;
     float* stage = s_stack;  // [kDim][kStagePitch]
+    // Phase A only: each input row's channels of this block, behind the staging in the stack area.
+    __nv_bfloat16* s_x = reinterpret_cast<__nv_bfloat16*>(s_stack + kDim * kStagePitch);
 
-    // Stage the committed state slice S[head][:, slice] (coalesced: 16 columns = 64 bytes per k row).
+    // Stage the committed state slice S[head][:, slice] (coalesced: 16 columns = 64 bytes per k row); the
+    // loads first, then the shared stores, so the loads are in flight together.
     const float* s_in = a.state_in + static_cast<size_t>(head) * kDim * kDim + slice * kSlice;
-    for (int e = t; e < kDim * kSlice; e += kThreads) {
-        const int k = e / kSlice;
-        const int c = e % kSlice;
-        stage[k * kStagePitch + c] = s_in[static_cast<size_t>(k) * kDim + c];
+    float loaded[kStateLoads];
+#pragma unroll
+    for (int i = 0; i < kStateLoads; i++) {
+        const int e = t + i * kThreads;
+        loaded[i] = s_in[static_cast<size_t>(e / kSlice) * kDim + e % kSlice];
     }
 
     // Phase A (rows in parallel, independent of the state): conv + SiLU of the key head's q and k channels
-    // and the slice's v channels, the gates.
+    // and the slice's v channels, the gates. Each thread first stages its channel of every row.
     const int qk_channel = t < kDim ? key_head * kDim + t : kKOffset + key_head * kDim + (t - kDim);
-    for (int r = 0; r < rows; r++) s_qk[r][t] = conv_channel(a, plan, r, qk_channel);
-    if (t < kSlice) {
-        const int v_channel = kVOffset + head * kDim + slice * kSlice + t;
-        for (int r = 0; r < rows; r++) s_v[r][t] = conv_channel(a, plan, r, v_channel);
-    }
+    float hist[kTaps - 1];
+    float w[kTaps];
+    stage_channel(a, plan, qk_channel, &s_x[t], hist, w);
+    const int v_channel = kVOffset + head * kDim + slice * kSlice + t;
+    float v_hist[kTaps - 1];
+    float v_w[kTaps];
+    if (t < kSlice) stage_channel(a, plan, v_channel, &s_x[kThreads + t], v_hist, v_w);
+    float decay = 0.0f;
+    float beta = 0.0f;
     if (t < rows) {
         const size_t i = static_cast<size_t>(plan.in_row[t]) * kValueHeads + head;
-        s_decay[t] = expf(a.g[i]);
-        s_beta[t] = bf(a.beta[i]);
+        decay = expf(a.g[i]);
+        beta = bf(a.beta[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kStateLoads; i++) {
+        const int e = t + i * kThreads;
+        stage[(e / kSlice) * kStagePitch + e % kSlice] = loaded[i];
+    }
+    // Each thread reads back only its own channel's staged rows: no barrier needed before the conv.
+    for (int r = 0; r < rows; r++) s_qk[r][t] = conv_channel(plan, r, &s_x[t], hist, w);
+    if (t < kSlice) {
+        for (int r = 0; r < rows; r++) s_v[r][t] = conv_channel(plan, r, &s_x[kThreads + t], v_hist, v_w);
+    }
+    if (t < rows) {
+        s_decay[t] = decay;
+        s_beta[t] = beta;
     }
     __syncthreads();
     // L2 norms: warp w normalises (row, q|k) pairs w, w + 8, ...; lane sums channels 4l..4l+3 in order.
@@ -301,10 +350,10 @@ __device__ __forceinline__ void gdn_tree_body(const GdnTreeArgs& a, const GdnTre
         for (int i = 0; i < kPerLane; i++) stage[(16 * i + sub) * kStagePitch + col] = st[i];
         __syncthreads();
         float* s_out = a.state_out + static_cast<size_t>(head) * kDim * kDim + slice * kSlice;
-        for (int e = t; e < kDim * kSlice; e += kThreads) {
-            const int k = e / kSlice;
-            const int c = e % kSlice;
-            s_out[static_cast<size_t>(k) * kDim + c] = stage[k * kStagePitch + c];
+#pragma unroll
+        for (int i = 0; i < kStateLoads; i++) {
+            const int e = t + i * kThreads;
+            s_out[static_cast<size_t>(e / kSlice) * kDim + e % kSlice] = stage[(e / kSlice) * kStagePitch + e % kSlice];
         }
     }
 }
