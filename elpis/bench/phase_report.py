@@ -69,6 +69,16 @@ def markdown(doc: dict[str, Any]) -> str:
                 fams = ", ".join(f"{f} {_value(w, ms)}" for f, ms in w["phases"][p]["families"].items())
                 parts.append(f"{p}: {fams}")
         lines.append(f"- {w['kind']} {label(w['context'])} {system}: " + "; ".join(parts))
+    lines += ["", "Most expensive kernels by name inside each phase (time, launches per unit):", ""]
+    for system, w in windows:
+        parts = []
+        for p in phases:
+            top = w["phases"].get(p, {}).get("top_kernels", {})
+            if top:
+                named = ", ".join(f"{n} {_value(w, ms)} x{count:g}" for n, (ms, count) in top.items())
+                parts.append(f"{p}: {named}")
+        if parts:
+            lines.append(f"- {w['kind']} {label(w['context'])} {system}: " + "; ".join(parts))
     errors = [(s, e) for s, d in doc.get("systems", {}).items() for e in d.get("errors", [])]
     if errors:
         lines += ["", "Errors:", ""] + [f"- {s}: {e.splitlines()[0]}" for s, e in errors]

@@ -66,6 +66,25 @@ FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 )
 
 
+TOP_KERNELS = 8  # kernels listed by name per phase
+
+
+def short_name(kernel: str) -> str:
+    """A kernel's name without its template and argument lists (the part that says what it is)."""
+    closing = {"<": ">", "(": ")"}
+    stack: list[str] = []
+    out = []
+    for ch in kernel:
+        if ch in closing:
+            stack.append(closing[ch])
+        elif stack and ch == stack[-1]:
+            stack.pop()
+        elif not stack:
+            out.append(ch)
+    name = "".join(out).strip().removeprefix("void ").lstrip(":").strip()
+    return (name or kernel)[:120]
+
+
 def family(kernel: str) -> str:
     for name, pattern in FAMILIES:
         if pattern.search(kernel):
@@ -282,11 +301,15 @@ def summarize(events: list[dict[str, Any]], per: int, unit: str) -> dict[str, An
     if not kernels:
         raise ValueError("the profile window holds no GPU kernels (was CUPTI available?)")
     phases: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    by_name: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
     for k in kernels:
         start, dur = float(k["ts"]), float(k.get("dur", 0))
         middle = start + dur / 2
         phase = next((name for a, b, name in ranges if a <= middle <= b), "other")
         phases[phase][family(k["name"])] += dur
+        entry = by_name[phase][short_name(k["name"])]
+        entry[0] += dur
+        entry[1] += 1
     first = min(float(k["ts"]) for k in kernels)
     last = max(float(k["ts"]) + float(k.get("dur", 0)) for k in kernels)
     busy = _union([(float(k["ts"]), float(k["ts"]) + float(k.get("dur", 0))) for k in kernels])
@@ -302,6 +325,13 @@ def summarize(events: list[dict[str, Any]], per: int, unit: str) -> dict[str, An
             phase: {
                 "ms": sum(fam.values()) * scale,
                 "families": {f: v * scale for f, v in sorted(fam.items())},
+                # the phase's most expensive kernels by name: [ms, launches] per unit
+                "top_kernels": {
+                    name: [total * scale, count / per]
+                    for name, (total, count) in sorted(by_name[phase].items(), key=lambda kv: -kv[1][0])[
+                        :TOP_KERNELS
+                    ]
+                },
             }
             for phase, fam in sorted(phases.items())
         },

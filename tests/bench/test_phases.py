@@ -44,6 +44,23 @@ def test_summary_attributes_kernels_to_ranges_and_measures_gaps():
     assert out["phases"]["attention"]["families"] == pytest.approx({"attention": 0.02, "exl3-gemm": 0.02})
     assert out["phases"]["mlp"]["ms"] == pytest.approx(60e-3 / 2)
     assert out["phases"]["other"]["families"] == pytest.approx({"sampling": 0.01})
+    # kernels by name per phase, most expensive first, with launches per round
+    assert list(out["phases"]["attention"]["top_kernels"]) == [
+        "exl3_gemm_kernel",
+        "_paged_attn_decode_split_kernel",
+    ]
+    assert out["phases"]["mlp"]["top_kernels"]["exl3_gemm_kernel"] == pytest.approx([0.03, 1.0])
+
+
+def test_short_kernel_names_drop_templates_and_arguments():
+    assert phases.short_name("void exl3_gemm_kernel<4, 256>(half const*, int)") == "exl3_gemm_kernel"
+    assert (
+        phases.short_name(
+            "void (anonymous namespace)::gdn_tree_kernel_dev((anonymous namespace)::Args, P const*)"
+        )
+        == "gdn_tree_kernel_dev"
+    )
+    assert phases.short_name("Memcpy HtoD (Pinned -> Device)") == "Memcpy HtoD"
 
 
 def test_summary_refuses_empty_windows():
@@ -62,6 +79,7 @@ def test_report_table_has_every_phase_and_unit():
     text = phase_report.markdown(doc)
     assert "| prefill | 32K | stock | µs per token |" in text
     assert "gdn" in text and "gdn-scan" in text and "- stock: boom" in text
+    assert "- prefill 32K stock: gdn: chunk_gated_delta_rule_fwd 0.5 x0.01" in text
 
 
 class _Model:
