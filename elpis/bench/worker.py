@@ -238,10 +238,10 @@ class ElpisSystem:
         self.backend.fixed_rows = TREE_ROWS if self.tree_loaded else workload.CHAIN_ROWS  # as loaded
 
     def captures(self) -> int:
-        """CUDA graphs captured so far (verify forwards and draft blocks): a capture inside a timed round
-        adds its cost to that round, so the results count them."""
+        """CUDA graphs captured so far (verify forwards, draft blocks and conditionings): a capture inside a
+        timed round adds its cost to that round, so the results count them."""
         graphs = [self.backend.graphs, getattr(self.backend.drafter, "graphs", None)]
-        return sum(g.captures for g in graphs if g is not None)
+        return sum(g.captures + getattr(g, "condition_captures", 0) for g in graphs if g is not None)
 
     def generate_direct(self, prompt: list[int], tokens: int, draft: bool) -> dict[str, Any]:
         """Rounds straight on the backend without the speculation core: commit the anchor row only (valid

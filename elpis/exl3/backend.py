@@ -433,7 +433,12 @@ class Exl3Backend:
         if self.graphs is None or not self.graphs.commit(call, path, self.pages):
             commit_kv(engine.cache, self.pages, pending.kvp, path)
             commit_gdn(call, path)
-        if engine.draft is not None and pending.export is not None:
+        draft_graphs = self.drafter.graphs if self.drafter is not None else None
+        replayed = call.source is not None and draft_graphs is not None and draft_graphs.conditioning
+        if engine.draft is not None and pending.export is not None and replayed:
+            # a replayed verify's exports stay in its graph's buffers: the conditioning replays too
+            draft_graphs.condition(pending.export, path, self._last_table, pending.kvp)
+        elif engine.draft is not None and pending.export is not None:
             index = upload(path, torch.long, pending.export[0].device)
             engine.draft.update_kv_from_target(
                 target_hidden=[t.index_select(1, index) for t in pending.export],

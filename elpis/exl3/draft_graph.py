@@ -16,6 +16,13 @@ The key is the block table's width, rounded up to 16 pages as ExLlamaV3's genera
 width keeps every replay's arithmetic that of the eager block at that width. The width grows by one key
 per 4,096 tokens of context, and the least recently used graph is dropped past MAX_GRAPHS.
 
+The draft's conditioning after a commit (ExLlamaV3's `update_kv_from_target`: the verify's tap states of
+the accepted rows through the draft's fc, norm, K/V projections, RoPE and cache writes, about 30 kernels)
+is captured too (`condition`): one graph per (accepted rows, block-table width, export tensors), the
+accepted rows' indices, the table and kvp filled before each replay. Its key includes the addresses of
+the verify's export tensors, so only a replayed tree verify (whose exports live in its graph's buffers)
+uses it; a replay writes the draft's cache exactly as its warm-up does (tests/exl3/test_draft_graph.py).
+
 Both the warm-up (the first call of a key, run eagerly on the key's buffers) and the capture run
 ExLlamaV3's plain module path (`elpis.exl3.capture`): its own graph-captured attention blocks (BC
 attention) and MLP blocks are switched off for the duration, since they capture and launch graphs of their
@@ -39,6 +46,8 @@ from elpis.exl3.capture import forward_after_input
 from elpis.exl3.upload import fill, padded_table, pinned, static_input
 
 MAX_GRAPHS = 3  # captured draft blocks kept (one per block-table width; contexts only grow within a sequence)
+# captured conditionings kept: accepted-row counts (1-16) of the widths and verify keys in use
+MAX_CONDITIONS = 64
 
 
 @dataclass
@@ -52,6 +61,16 @@ class DraftCaptured:
     graph: torch.cuda.CUDAGraph | None = None
     chain: torch.Tensor | None = None  # int64 [block - 1]: the selector's walk after the anchor
     logits: torch.Tensor | None = None  # [block - 1, vocab]: the head's logits of the block rows
+
+
+@dataclass
+class ConditionCaptured:
+    """One conditioning key's buffers and (once captured) graph."""
+
+    index: torch.Tensor  # int64 [count]: the accepted rows of the verify, root first
+    block_table: torch.Tensor  # int32 [1, width]
+    seqlens: torch.Tensor  # int32 [1]: kvp, where the accepted rows' K/V go
+    graph: torch.cuda.CUDAGraph | None = None
 
 
 class DraftGraphs:
@@ -78,6 +97,11 @@ class DraftGraphs:
         self.graphs: OrderedDict[int, DraftCaptured] = OrderedDict()
         self.captures = 0  # draft blocks captured so far (tests bound this)
         self.replays = 0
+        self.conditioning = True  # replay conditionings (`condition`); off: the backend conditions eagerly
+        self.conditions: OrderedDict[tuple[int, int, tuple], ConditionCaptured] = OrderedDict()
+        self.condition_captures = 0
+        self.condition_replays = 0
+        self._condition_pool = torch.cuda.graph_pool_handle()  # shared: the graphs only leave transients
 
     def block(self, anchor: int, pages: Sequence[int], kvp: int, width: int) -> tuple[Tensor, Tensor]:
         """The selector's chain (block - 1 ids) and the head's logits of the block rows after the anchor, on
@@ -108,6 +132,62 @@ class DraftGraphs:
         c = self._buffers(width)
         self._fill(c, anchor, pages, kvp)
         return self._run(c)
+
+    def condition(self, export: Sequence[Tensor], path: Sequence[int], table: Tensor, kvp: int) -> None:
+        """Write the draft's K/V of the accepted rows `path` (rows of the verify whose tap states are
+        `export`, root first) at positions kvp.. through the block table `table` (host int32 [1, width], the
+        verify's), through a replay when the key was captured before. `export` must be tensors that stay in
+        place between calls (a replayed verify's)."""
+        rows = [int(r) for r in path]
+        if not rows:
+            raise ValueError("draft graphs: a conditioning needs at least one accepted row")
+        host_int32 = table.dtype == torch.int32 and table.device.type == "cpu"
+        if table.dim() != 2 or table.shape[0] != 1 or not host_int32:
+            raise ValueError("draft graphs: the block table must be a host int32 tensor [1, width]")
+        width = int(table.shape[1])
+        # the export tensors as the graph reads them: where, and in what shape, layout and type
+        sources = tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in export)
+        key = (len(rows), width, sources)
+        c = self.conditions.get(key)
+        fresh = c is None
+        if c is None:
+            dev = self.device
+            c = ConditionCaptured(
+                index=torch.zeros((len(rows),), dtype=torch.long, device=dev),
+                block_table=torch.zeros((1, width), dtype=torch.int32, device=dev),
+                seqlens=torch.zeros((1,), dtype=torch.int32, device=dev),
+            )
+        fill(
+            (
+                (c.index, pinned(rows, torch.long)),
+                (c.block_table, table),
+                (c.seqlens, pinned([kvp], torch.int32)),
+            )
+        )
+        if fresh:
+            self._condition(c, export)  # this call's conditioning; the capture records the same operations
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._condition_pool):
+                self._condition(c, export)
+            c.graph = graph
+            self.condition_captures += 1
+            self.conditions[key] = c
+            while len(self.conditions) > MAX_CONDITIONS:
+                self.conditions.popitem(last=False)
+            return
+        self.conditions.move_to_end(key)
+        assert c.graph is not None
+        c.graph.replay()
+        self.condition_replays += 1
+
+    def _condition(self, c: ConditionCaptured, export: Sequence[Tensor]) -> None:
+        """ExLlamaV3's conditioning of the draft on the key's buffers (warm-up and capture run this)."""
+        self.model.update_kv_from_target(
+            target_hidden=[t.index_select(1, c.index) for t in export],
+            cache=self.engine.draft_cache,
+            params={"block_table": c.block_table, "cache_seqlens": c.seqlens},
+            lengths=[c.index.shape[0]],
+        )
 
     # -- buffers ----------------------------------------------------------------------------------------
     def _buffers(self, width: int) -> DraftCaptured:

@@ -21,12 +21,19 @@ call of the key replays.
 
 The commit of a replayed verify is captured too (once per key, after an eager first commit with the same
 buffers): the accepted rows' K/V moves (padded to run - 1 moves with a slot copied onto itself) and the GDN
-path replay (`gdn_tree_commit_graph`, the path's plan read from device memory). The draft's conditioning
-stays eager (ExLlamaV3's own update of the draft cache).
+path replay (`gdn_tree_commit_graph`, the path's plan read from device memory). The draft's conditioning on
+the accepted rows is replayed by `elpis.exl3.draft_graph.DraftGraphs.condition` (the backend calls it for a
+replayed verify, whose export states stay in this key's buffers).
+
+The integer inputs of a replay (block table, kvp, position ids, masks, GDN plan) are views of one device
+buffer per key, filled by one upload from one pinned host buffer (each upload costs host time while the GPU
+waits for the verify).
 """
 
 from __future__ import annotations
 
+import struct
+import sys
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,8 +45,45 @@ from elpis.exl3.capture import forward_after_input
 from elpis.exl3.tree_verify import PAGE, GraphInputs, TreeCall, TreeLayout, kv_moves, slot_pages, tree_forward
 from elpis.exl3.upload import fill, padded_table, pinned, static_input
 
+if sys.byteorder != "little":  # plan_words lays the plan's bytes out as the GPU reads them
+    raise ImportError("tree graphs: a little-endian host is required")
+
 MIN_BUCKET = 4096  # smallest context bucket (the attention grid of a capture covers contexts up to it)
 MAX_GRAPHS = 4  # captured forwards kept; the least recently used is dropped past this
+
+
+PACKED_ALIGN_WORDS = 4  # each input starts on a 16-byte boundary (the tree kernels' alignment rule)
+
+
+def packed_sizes(width: int, run: int, plan_capacity: int) -> list[tuple[int, int]]:
+    """(words, words with padding) of a key's integer inputs, in buffer order: block table, cache_seqlens,
+    position ids, ctx, masks (depth then ancestors), GDN plan. Each is padded to PACKED_ALIGN_WORDS so the
+    next starts 16-byte aligned."""
+    if plan_capacity % 4:
+        raise ValueError(f"the GDN plan's capacity ({plan_capacity} bytes) is not a whole number of words")
+    words = [width, 1, run, 1, 2 * run, plan_capacity // 4]
+    return [(n, -(-n // PACKED_ALIGN_WORDS) * PACKED_ALIGN_WORDS) for n in words]
+
+
+def packed_values(segments: Sequence[Sequence[int]], sizes: Sequence[tuple[int, int]]) -> list[int]:
+    """The host words of one upload: each segment's values, zero-padded to its padded size."""
+    if len(segments) != len(sizes):
+        raise ValueError(f"{len(segments)} segments for {len(sizes)} inputs")
+    out: list[int] = []
+    for values, (n, padded) in zip(segments, sizes, strict=True):
+        if len(values) != n:
+            raise ValueError(f"an input of {n} words got {len(values)}")
+        out += [*values, *([0] * (padded - n))]
+    return out
+
+
+def plan_words(plan: bytes, capacity: int) -> list[int]:
+    """A packed GDN plan, zero-padded to `capacity` bytes, as the int32 words that hold its bytes on the
+    device (little-endian, as both the host and the GPU are)."""
+    if len(plan) > capacity:
+        raise ValueError(f"a GDN plan of {len(plan)} bytes does not fit {capacity}")
+    padded = plan + bytes(capacity - len(plan))
+    return list(struct.unpack(f"<{capacity // 4}i", padded))
 
 
 def context_bucket(end: int, limit: int) -> int:
@@ -61,6 +105,7 @@ class Captured:
     seqlens: torch.Tensor  # int32 [1]
     position_ids: torch.Tensor  # int32 [1, run]
     inputs: GraphInputs
+    ints: torch.Tensor | None = None  # int32: the storage of every integer input above (one upload)
     graph: torch.cuda.CUDAGraph | None = None
     call: TreeCall | None = None  # the captured call: its GDN records point into the graph's memory
     out: torch.Tensor | None = None
@@ -180,18 +225,19 @@ class TreeGraphs:
     def _buffers(self, run: int, bucket: int) -> Captured:
         from elpis.exl3 import gdn_tree
 
-        dev, i32 = self.device, torch.int32
+        width = -(-bucket // PAGE)
+        sizes = packed_sizes(width, run, gdn_tree.PLAN_CAPACITY)
+        ints = torch.zeros((sum(padded for _, padded in sizes),), dtype=torch.int32, device=self.device)
+        parts = torch.split(ints, [padded for _, padded in sizes])
+        views = (t[:n] for t, (n, _) in zip(parts, sizes, strict=True))
+        table, seqlens, position_ids, ctx, masks, plan = views
         return Captured(
             x=None,
-            block_table=torch.zeros((1, -(-bucket // PAGE)), dtype=i32, device=dev),
-            seqlens=torch.zeros((1,), dtype=i32, device=dev),
-            position_ids=torch.zeros((1, run), dtype=i32, device=dev),
-            inputs=GraphInputs(
-                ctx=torch.zeros((1,), dtype=i32, device=dev),
-                masks=torch.zeros((2 * run,), dtype=i32, device=dev),
-                plan=torch.zeros((gdn_tree.PLAN_CAPACITY,), dtype=torch.uint8, device=dev),
-                max_ctx=bucket,
-            ),
+            block_table=table.view(1, width),
+            seqlens=seqlens,
+            position_ids=position_ids.view(1, run),
+            inputs=GraphInputs(ctx=ctx, masks=masks, plan=plan.view(torch.uint8), max_ctx=bucket),
+            ints=ints,
         )
 
     def _fill(
@@ -203,23 +249,15 @@ class TreeGraphs:
         kvp: int,
         gdn_tree: Any,
     ) -> None:
-        """This verify's values into the key's buffers, in stream order (no synchronisation)."""
+        """This verify's values into the key's buffers, in stream order (no synchronisation): the embedding
+        output, and every integer input in one upload (the layout of `_buffers`)."""
         table = padded_table(pages, c.block_table.shape[1], "tree graphs")
         x = self.embedding.forward(torch.tensor([list(ids)], dtype=torch.long), {})
         c.x = static_input(c.x, x, self.device, "tree graphs")
-        plan = gdn_tree.packed_plan(layout.depth, layout.ancestors)
-        plan = plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan))
-        fill(
-            (
-                (c.x, x),
-                (c.block_table, pinned(table, torch.int32).view(1, -1)),
-                (c.seqlens, pinned([kvp], torch.int32)),
-                (c.position_ids, pinned(layout.position_ids(kvp), torch.int32).view(1, -1)),
-                (c.inputs.ctx, pinned([kvp], torch.int32)),
-                (c.inputs.masks, pinned([*layout.depth, *layout.ancestors], torch.int32)),
-                (c.inputs.plan, torch.frombuffer(bytearray(plan), dtype=torch.uint8).pin_memory()),
-            )
-        )
+        plan = plan_words(gdn_tree.packed_plan(layout.depth, layout.ancestors), gdn_tree.PLAN_CAPACITY)
+        segments = (table, [kvp], layout.position_ids(kvp), [kvp], [*layout.depth, *layout.ancestors], plan)
+        sizes = packed_sizes(len(table), layout.run, gdn_tree.PLAN_CAPACITY)
+        fill(((c.x, x), (c.ints, pinned(packed_values(segments, sizes), torch.int32))))
 
     # -- forward, capture -------------------------------------------------------------------------------
     def _params(self, c: Captured, state: Any, run: int) -> dict[str, Any]:

@@ -7,7 +7,9 @@ What they establish:
     for other anchors and contexts than the captured ones, on both sides of a block-table width;
 (b) replays follow their inputs: other anchors give other drafts;
 (c) captures stay bounded by the keys: one per block-table width;
-(d) the product path with the draft's top-k trees through replays gives the tokens of plain decoding.
+(d) the product path with the draft's top-k trees through replays gives the tokens of plain decoding;
+(e) the draft's conditioning after a commit, replayed, writes the draft's cache bit for bit as ExLlamaV3's
+    eager `update_kv_from_target` does, for other accepted rows than the captured ones.
 How a replay compares with ExLlamaV3's eager draft (BC attention on) is logged, not required: the draft only
 proposes.
 """
@@ -96,5 +98,62 @@ def test_draft_tree_speculation_through_replays_is_lossless(backend, decoder):  
             )
             out = [t for step in gen.generate(request) for t in step.token_ids]
         assert graphs.replays > replays, "no draft block was replayed"
+        assert graphs.condition_replays > 0, "no conditioning was replayed"
         first = next((i for i, (a, b) in enumerate(zip(out, truth, strict=False)) if a != b), None)
         assert out == truth, f"tree budget {budget}, top-{top_k}: differs from plain decoding at {first}"
+
+
+def test_conditioning_replay_equals_eager(backend):
+    import torch
+
+    with torch.inference_mode():  # the caches hold inference tensors, as in the backend's commit
+        _check_conditioning_replays(backend)
+
+
+def _check_conditioning_replays(backend) -> None:
+    import torch
+
+    from elpis.exl3.upload import pinned
+
+    graphs = backend.drafter.graphs
+    engine = backend.engine
+    vocab = backend.info.vocab_size
+    ids = prompt(900, 900, vocab)
+    backend.begin(ids)
+    try:
+        kvp = backend.position()
+        tokens = [ids[-1]] + [(ids[-1] + 131 * i) % vocab for i in range(1, 8)]
+        backend.verify(tokens, [-1, 0, 1, 2, 0, 4, 1, 6])
+        export = [t.clone() for t in backend.pending.export]  # clones: in place for the whole test
+        table = backend._last_table
+        backend.abandon()
+        layers = engine.draft_cache.layers.values()
+        tensors = [t for layer in layers for t in layer.get_tensors() if t is not None]
+        before = [t.clone() for t in tensors]
+
+        def restore() -> None:
+            for t, saved in zip(tensors, before, strict=True):
+                t.copy_(saved)
+
+        def same_as(reference: list) -> bool:
+            return all(torch.equal(t, r) for t, r in zip(tensors, reference, strict=True))
+
+        captures = graphs.condition_captures
+        for path in ([0, 1, 2], [0, 4, 5], [0]):
+            restore()
+            index = torch.tensor(path, device=export[0].device)
+            engine.draft.update_kv_from_target(
+                target_hidden=[t.index_select(1, index) for t in export],
+                cache=engine.draft_cache,
+                params={"block_table": table, "cache_seqlens": pinned([kvp], torch.int32)},
+                lengths=[len(path)],
+            )
+            eager = [t.clone() for t in tensors]
+            assert not same_as(before), f"path {path}: the eager conditioning wrote nothing"
+            for attempt in ("first", "again"):
+                restore()
+                graphs.condition(export, path, table, kvp)
+                assert same_as(eager), f"path {path} ({attempt} call): the draft's cache differs from eager"
+        assert graphs.condition_captures == captures + 2, "one capture per accepted-row count"
+    finally:
+        backend.finish()

@@ -10,6 +10,9 @@ Syncs inside ExLlamaV3's C++ extension or our ctypes kernels are not seen by tor
 whose host time is close to the round's GPU time without a reported sync points at one of those.
 Each mode runs with the DFlash2 draft block replayed from CUDA graphs (`elpis.exl3.draft_graph`, the default)
 and eager, in the same process. Prints one JSON line per mode and draft setting prefixed with "SYNCDIAG ".
+With `--conditioning-ab N`, instead: tree-16 rounds with the draft's conditioning replayed from CUDA graphs
+(the default) and eager, alternating (A, B, A, B, ...) N times each, pooled per arm ("CONDAB " lines: each
+run, then the pooled medians, MADs and the verdict by `elpis.bench.report.noise_ms`).
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ def run_mode(backend, decoder, name: str, ids: list[int], debug: bool) -> dict:
         "sync_debug": debug,
         "rounds_measured": len(rounds),
         "round_ms_median": statistics.median(rounds) if rounds else None,
+        "rounds_ms": rounds,
         "host_ms_median": {k: statistics.median(v) for k, v in probe.host.items() if v},
         "syncs_per_round": [
             {"phase": phase, "site": site, "per_round": round(count / n, 2)}
@@ -121,22 +125,57 @@ def run_mode(backend, decoder, name: str, ids: list[int], debug: bool) -> dict:
     }
 
 
-def main(model: str, draft: str) -> None:
+def conditioning_ab(backend, decoder, ids: list[int], runs: int) -> None:
+    from elpis.bench.report import noise_ms
+
+    graphs = backend.drafter.graphs
+    pooled: dict[str, list[float]] = {"graphs": [], "eager": []}
+    try:
+        run_mode(backend, decoder, "tree-16", ids, False)  # untimed: the verify and conditioning captures
+        for i in range(2 * runs):
+            arm = "graphs" if i % 2 == 0 else "eager"
+            graphs.conditioning = arm == "graphs"
+            captures, replays = graphs.condition_captures, graphs.condition_replays
+            record = run_mode(backend, decoder, "tree-16", ids, False)
+            record["conditioning"] = arm
+            record["condition_captures"] = graphs.condition_captures - captures
+            record["condition_replays"] = graphs.condition_replays - replays
+            pooled[arm].extend(record.pop("rounds_ms"))
+            print("CONDAB " + json.dumps(record), flush=True)
+    finally:
+        graphs.conditioning = True
+    a, b = pooled["graphs"], pooled["eager"]
+    med_a, med_b = statistics.median(a), statistics.median(b)
+    mad_a = statistics.median(abs(x - med_a) for x in a)
+    mad_b = statistics.median(abs(x - med_b) for x in b)
+    noise = noise_ms(mad_a, mad_b)
+    verdict = "PASS" if med_b - med_a > noise else "within noise" if abs(med_b - med_a) <= noise else "WORSE"
+    summary = {"pooled": True, "rounds": [len(a), len(b)], "graphs_ms": med_a, "eager_ms": med_b}
+    summary.update(mad_ms=[mad_a, mad_b], noise_ms=noise, gain_ms=med_b - med_a, verdict=verdict)
+    print("CONDAB " + json.dumps(summary), flush=True)
+
+
+def main(model: str, draft: str, ab_runs: int = 0) -> None:
     backend = load_backend(model, draft, max_context=65536, model_id="diag", host_cache_gib=0.0, tree=True)
     decoder = BenchDecoder(Path(model))
     import random
 
     rng = random.Random(7)
     ids = [rng.randrange(1000, backend.info.vocab_size - 1000) for _ in range(1024)]
+    if ab_runs:
+        conditioning_ab(backend, decoder, ids, ab_runs)
+        return
     graphs = backend.drafter.graphs
     # the draft block replayed from CUDA graphs (the default) and eager in one run; sync debug with graphs
     for draft_graphs, debug in ((True, False), (False, False), (True, True)):
         backend.drafter.graphs = graphs if draft_graphs else None
         for name in MODES:
             record = {"draft_graphs": draft_graphs, **run_mode(backend, decoder, name, ids, debug)}
+            record.pop("rounds_ms")
             print("SYNCDIAG " + json.dumps(record), flush=True)
     backend.drafter.graphs = graphs
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    ab = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--conditioning-ab" else "0"
+    main(sys.argv[1], sys.argv[2], int(ab))
