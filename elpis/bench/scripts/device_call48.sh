@@ -15,11 +15,7 @@ start_build_and_synths
 wait_build
 ELPIS_SMALL_DIR=/tmp/small gpu_pytest "tree graph tests, rows GEMM on" 150 tests/exl3/test_tree_graph.py
 wait_synth
-echo "=== profile stock vs elpis-tree16, eager tree verifies ($(left) s left)" | tee -a "$OUT/log"
-timeout -k 5 $(( $(left) - 90 )) python3 -m elpis.cli bench profile --systems stock,elpis-tree16 --tree-eager \
-  --model /tmp/full/target --draft /tmp/full/draft --out-dir /tmp/profile --time-limit $(( $(left) - 100 )) \
-  --checkpoints 1024,8192 --profile-prefill "" --stem profile 2>&1 | grep -v "it/s\]$" | tail -30 | tee -a "$OUT/log"
-cp /tmp/profile/profile.json /tmp/profile/profile.md "$OUT/" 2>/dev/null
+tree_profile 90
 if [ "$(left)" -gt 70 ]; then
   echo "=== round sync diag, graphs ($(left) s left)" | tee -a "$OUT/log"
   timeout -k 3 $(( $(left) - 8 )) python3 elpis/bench/scripts/round_sync_diag.py /tmp/full/target /tmp/full/draft \

@@ -19,10 +19,6 @@ grep "^GDNAB" "$OUT/gdnab.txt" | grep -v '"identical": true' | tee -a "$OUT/log"
 gpu_pytest "gdn tree kernel tests" 120 tests/kernels/test_gdn_tree.py
 ELPIS_SMALL_DIR=/tmp/small gpu_pytest "tree verify tests" 150 tests/exl3/test_tree_verify.py
 wait_synth
-echo "=== profile stock vs elpis-tree16, eager tree verifies ($(left) s left)" | tee -a "$OUT/log"
-timeout -k 5 $(( $(left) - 15 )) python3 -m elpis.cli bench profile --systems stock,elpis-tree16 --tree-eager \
-  --model /tmp/full/target --draft /tmp/full/draft --out-dir /tmp/profile --time-limit $(( $(left) - 25 )) \
-  --checkpoints 1024,8192 --profile-prefill "" --stem profile 2>&1 | grep -v "it/s\]$" | tail -3 | tee -a "$OUT/log"
-cp /tmp/profile/profile.json /tmp/profile/profile.md "$OUT/" 2>/dev/null
+tree_profile 15
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
 pack_outputs

@@ -75,6 +75,17 @@ rows_gemm_model_gate() {
     --arm "rows-gemm=exl3:code=$code,patches=gdn-state-fp32+rows-gemm+tree-verify,rows=8" \
     2>&1 | grep -v "^\s*$" | tail -16 | tee -a "$OUT/log"
 }
+# tree_profile MARGIN: `elpis bench profile` of stock and elpis-tree16 at 1K and 8K with eager tree verifies (a
+# replayed graph opens no profiler window), on /tmp/full, ending MARGIN s before the call's limit;
+# $OUT/profile.{json,md} and the report's last lines in the log.
+tree_profile() {
+  local margin=$1
+  echo "=== profile stock vs elpis-tree16, eager tree verifies ($(left) s left)" | tee -a "$OUT/log"
+  timeout -k 5 $(( $(left) - margin )) python3 -m elpis.cli bench profile --systems stock,elpis-tree16 --tree-eager \
+    --model /tmp/full/target --draft /tmp/full/draft --out-dir /tmp/profile --time-limit $(( $(left) - margin - 10 )) \
+    --checkpoints 1024,8192 --profile-prefill "" --stem profile 2>&1 | grep -v "it/s\]$" | tail -30 | tee -a "$OUT/log"
+  cp /tmp/profile/profile.json /tmp/profile/profile.md "$OUT/" 2>/dev/null
+}
 part() {  # name: run one part's script (each bounds itself by `left`)
   echo "=== $1 ($(left) s left)" | tee -a "$OUT/log"
   ( source "elpis/bench/scripts/device_part_$1.sh" ) 2>&1 | tail -30

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import json
 import random
-import statistics
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -24,6 +22,7 @@ import torch
 from elpis import accept
 from elpis.exl3 import gdn_tree as gt
 from elpis.exl3 import gdn_tree_ref as ref
+from tests.kernels.test_gdn_tree import _graph_us, _path  # _graph_us: device time per call in one graph
 
 LAYERS = 48  # calls per captured graph: one per GDN layer of the model
 
@@ -41,34 +40,8 @@ def _with(lib) -> None:
     gt._library = lambda: lib  # type: ignore[assignment]
 
 
-def _path(parents: list[int], r: int) -> list[int]:
-    path = [r]
-    while parents[path[-1]] >= 0:
-        path.append(parents[path[-1]])
-    return path[::-1]
-
-
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
-
-
-def _graph_us(fn: Callable[[], object], reps: int = 21) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for _ in range(LAYERS):
-            fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / LAYERS)
-    return statistics.median(times)
 
 
 def main(previous: Path) -> int:
@@ -105,14 +78,13 @@ def main(previous: Path) -> int:
             parents = [-1] + [random.Random(rows).randrange(r) for r in range(1, rows)]
             inp = ref.random_inputs(rows, seed=rows).to("cuda")
             m = accept.tree_masks(parents)
-            t[f"verify_rows{rows}_us"] = round(
-                _graph_us(lambda inp=inp, m=m: gt.gdn_tree_verify(*inp.tensors(), m.depth, m.ancestors)), 2
-            )
+            verify = lambda inp=inp, m=m: gt.gdn_tree_verify(*inp.tensors(), m.depth, m.ancestors)  # noqa: E731
+            t[f"verify_rows{rows}_us"] = round(_graph_us(verify, LAYERS, 21), 2)
         for n in (1, 4, 16):
             inp = ref.random_inputs(16, seed=n).to("cuda")
             path = list(range(n))
             commit = lambda inp=inp, path=path: gt.gdn_tree_commit(*inp.tensors(), path)  # noqa: E731
-            t[f"commit_path{n}_us"] = round(_graph_us(commit), 2)
+            t[f"commit_path{n}_us"] = round(_graph_us(commit, LAYERS, 21), 2)
         timings[label] = t
     unit = "us per call, 48 calls per graph"
     print(
