@@ -105,7 +105,7 @@ class Captured:
     seqlens: torch.Tensor  # int32 [1]
     position_ids: torch.Tensor  # int32 [1, run]
     inputs: GraphInputs
-    ints: torch.Tensor | None = None  # int32: the storage of every integer input above (one upload)
+    ints: torch.Tensor  # int32: the storage of every integer input above (`_fill` uploads it at once)
     graph: torch.cuda.CUDAGraph | None = None
     call: TreeCall | None = None  # the captured call: its GDN records point into the graph's memory
     out: torch.Tensor | None = None

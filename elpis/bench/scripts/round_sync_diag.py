@@ -17,10 +17,10 @@ run, then the pooled medians, MADs and the verdict by `elpis.bench.report.noise_
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import statistics
-import sys
 import time
 import traceback
 import warnings
@@ -177,5 +177,9 @@ def main(model: str, draft: str, ab_runs: int = 0) -> None:
 
 
 if __name__ == "__main__":
-    ab = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--conditioning-ab" else "0"
-    main(sys.argv[1], sys.argv[2], int(ab))
+    parser = argparse.ArgumentParser(description="Where a verify round waits for the GPU (diagnostic).")
+    parser.add_argument("model")
+    parser.add_argument("draft")
+    parser.add_argument("--conditioning-ab", type=int, default=0, metavar="N", help="A/B runs per arm")
+    args = parser.parse_args()
+    main(args.model, args.draft, args.conditioning_ab)
