@@ -48,6 +48,15 @@ def default_rows_gemm(tree: bool) -> bool:
     return tree and patches.enabled(PATCH)
 
 
+def default_gdn_ba(tree: bool) -> bool:
+    """Whether a model loads with elpis's gate-projection kernel when the caller does not say: in tree mode
+    (the only place it acts), as the registry patch exl3-gdn-ba is switched (off by default)."""
+    from elpis.exl3 import patches
+    from elpis.exl3.gdn_ba_patch import PATCH
+
+    return tree and patches.enabled(PATCH)
+
+
 def load_backend(
     model_dir: str | Path,
     draft_dir: str | Path | None,
@@ -66,6 +75,7 @@ def load_backend(
     draft_graphs: bool = True,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     rows_gemm: bool | None = None,
+    gdn_ba: bool | None = None,
 ) -> Exl3Backend:
     """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
 
@@ -93,6 +103,9 @@ def load_backend(
     `rows_gemm`: the EXL3 linears of 1-16 rows (every verify and draft block) run elpis's GEMM
     (`elpis.exl3.rows_gemm_patch`) instead of ExLlamaV3's; None: `default_rows_gemm(tree)`. True with the
     patch switched off is refused.
+    `gdn_ba`: inside tree verifies, the Gated DeltaNet gate projections b and a run as one launch of elpis's
+    kernel (`elpis.exl3.gdn_ba_patch`); None: `default_gdn_ba(tree)`. Tree mode only; True with the patch
+    switched off is refused.
     """
     import torch
 
@@ -113,6 +126,14 @@ def load_backend(
         require_tree_patch()
     if rows_gemm is None:
         rows_gemm = default_rows_gemm(tree)
+    if gdn_ba is None:
+        gdn_ba = default_gdn_ba(tree)
+    if gdn_ba and not tree:
+        raise ValueError("gdn_ba acts inside tree verifies only: it needs tree=True")
+    if gdn_ba:
+        from elpis.exl3.gdn_ba_patch import require_patch
+
+        require_patch()
     engine = load_engine(
         Path(model_dir),
         Path(draft_dir) if draft_dir else None,
@@ -121,6 +142,10 @@ def load_backend(
         prefill_chunk=prefill_chunk,
         rows_gemm=rows_gemm,
     )
+    if gdn_ba:
+        from elpis.exl3.gdn_ba_patch import mark
+
+        mark(engine.model)
     disk = bound_cache_dir(Path(disk_cache_dir), engine) if disk_cache_dir else None
     return Exl3Backend(
         engine,

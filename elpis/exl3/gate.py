@@ -83,9 +83,10 @@ PATCHES: dict[str, str] = {
     "prefill-chunk-8192": "prefill in 8192-token chunks instead of ExLlamaV3's 2048 (opt-in, gated)",
     "tree-verify": "verifies as 16-row trees through elpis's tree kernels (served default with a draft)",
     "rows-gemm": "EXL3 linears of 1-16 rows through elpis's GEMM (registry patch exl3-rows-gemm)",
+    "gdn-ba": "tree verifies' Gated DeltaNet gate projections in one kernel (registry patch exl3-gdn-ba)",
 }
 # Patches judged only by model comparisons: no op of the op gate has a candidate for them.
-MODEL_ONLY_PATCHES = ("prefill-chunk-8192", "tree-verify")
+MODEL_ONLY_PATCHES = ("gdn-ba", "prefill-chunk-8192", "tree-verify")
 # Registry patches that are no gate candidate: always applied, and they change no arithmetic of Qwen3.8.
 NEUTRAL_PATCHES: dict[str, str] = {
     "exl3-trim-padded-out": "trims padded linear outputs; no Qwen3.8 linear has one (SmolLM2's 576 does)",
@@ -94,6 +95,7 @@ NEUTRAL_PATCHES: dict[str, str] = {
     "own numerics are the configuration patch tree-verify)",
     "exl3-rows-gemm": "its wrappers act only on models loaded with rows_gemm=True (the configuration patch "
     "rows-gemm)",
+    "exl3-gdn-ba": "acts only on models loaded with gdn_ba=True (the configuration patch gdn-ba)",
 }
 # Configuration patches whose arithmetic is elpis's own kernel: a configuration naming one carries `code`, the
 # digest of these sources (repository paths), so a rebuilt kernel is a new configuration in the ledger and a
@@ -106,6 +108,7 @@ KERNEL_SOURCES: dict[str, tuple[str, ...]] = {
         "elpis/exl3/rows_gemm.py",
         "elpis/exl3/rows_gemm_patch.py",
     ),
+    "gdn-ba": ("patches/kernels/gdn_ba_rows.cu", "elpis/exl3/gdn_ba.py", "elpis/exl3/gdn_ba_patch.py"),
 }
 CODE_DIGEST_HEX = 12
 ELPIS_DEFAULTS = ("fixed-rows-8", "gdn-state-fp32")
@@ -315,11 +318,14 @@ def backend_options(names: Sequence[str]) -> dict[str, Any]:
         raise ValueError("patch tree-verify needs gdn-state-fp32 (the tree kernels keep a fp32 GDN state)")
     if tree and "fixed-rows-8" in names:
         raise ValueError("patch tree-verify replaces fixed-rows-8 (every verify is a 16-row tree): drop it")
+    if "gdn-ba" in names and not tree:
+        raise ValueError("patch gdn-ba acts inside tree verifies only: it needs tree-verify")
     options: dict[str, Any] = {
         "fixed_rows": FIXED_ROWS if "fixed-rows-8" in names else None,
         "gdn_state_fp32": "gdn-state-fp32" in names,
         "prefill_chunk": 8192 if "prefill-chunk-8192" in names else EXLLAMA_PREFILL_CHUNK,
         "rows_gemm": "rows-gemm" in names,  # explicit: a floor never follows the process's registry switch
+        "gdn_ba": "gdn-ba" in names,
     }
     if tree:
         options.update(tree=True, tree_rows=16)

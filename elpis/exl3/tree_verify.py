@@ -16,7 +16,8 @@ functions behave differently:
   `causal_conv1d_update` and `gated_delta_rule_fn` (as bound in `exllamav3.modules.gated_delta_net`) become
   `_tree_conv` (hands the pre-conv inputs on, writes nothing) and `_tree_rule` (`elpis.exl3.gdn_tree`:
   conv + delta rule along each row's ancestors from the committed conv window and recurrent state, which it
-  only reads). Projections, gates, gated norm and out_proj stay stock.
+  only reads). Projections, gates, gated norm and out_proj stay stock (the gate projections b and a become one
+  kernel call on layers marked by the patch exl3-gdn-ba, `elpis.exl3.gdn_ba_patch`, off by default).
 
 Each GDN layer's inputs are kept (`TreeCall.gdn`) for the commit: `commit_gdn` replays the accepted path
 from the committed state in place (bitwise equal to one-token stepping), `commit_kv` moves the accepted
@@ -368,6 +369,8 @@ def _check_gdn_module(module: Any) -> None:
 
 
 def _gdn_forward(self: Any, x: Any, params: dict, out_dtype: Any = None) -> Any:
+    from elpis.exl3 import gdn_ba_patch
+
     call = _active
     if call is None:
         return _originals["gdn_forward"](self, x, params, out_dtype)
@@ -378,7 +381,8 @@ def _gdn_forward(self: Any, x: Any, params: dict, out_dtype: Any = None) -> Any:
     fused = self.bc_split
     self.bc_split = False  # the fused decode graph runs its own conv and scan: take the torch path
     try:
-        out = _originals["gdn_forward"](self, x, params, out_dtype)
+        with gdn_ba_patch.projections(self):  # the patch exl3-gdn-ba, on layers marked at load
+            out = _originals["gdn_forward"](self, x, params, out_dtype)
     finally:
         self.bc_split = fused
         call._module = None

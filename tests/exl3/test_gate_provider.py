@@ -44,6 +44,7 @@ def test_provider_found_without_gpu():
             (
                 "exl3-int8-gemv-off",
                 "fixed-rows-8",
+                "gdn-ba",
                 "gdn-state-fp32",
                 "prefill-chunk-8192",
                 "rows-gemm",
@@ -107,6 +108,10 @@ def test_a_kernel_patch_names_its_code(tmp_path, monkeypatch):
     }  # fmt: skip
     with pytest.raises(ValueError, match=f"kernel sources of patches=rows-gemm are code={code}"):
         gate.configuration_options({"patches": "rows-gemm", "code": "0" * gate.CODE_DIGEST_HEX})
+    # the gate-projection kernel carries its code too; naming both kernels digests both's sources
+    ba = gate.configuration_options({"patches": "gdn-ba+gdn-state-fp32+tree-verify"})["code"]
+    both = gate.configuration_options({"patches": "gdn-ba+gdn-state-fp32+rows-gemm+tree-verify"})["code"]
+    assert len({code, ba, both}) == 3
     with pytest.raises(ValueError, match="leave code out"):
         gate.configuration_options({"patches": "gdn-state-fp32+tree-verify", "code": code})
     # a changed kernel source is another configuration; a missing one has no identity
@@ -146,12 +151,14 @@ def test_configuration_options_refused(options, message):
 
 def test_backend_options_of_the_patches():
     assert gate.backend_options(("fixed-rows-8", "gdn-state-fp32")) == {
-        "fixed_rows": 8, "gdn_state_fp32": True, "prefill_chunk": 2048, "rows_gemm": False,
+        "fixed_rows": 8, "gdn_state_fp32": True, "prefill_chunk": 2048, "rows_gemm": False, "gdn_ba": False,
     }  # fmt: skip
     # the kernel is a configuration's choice, never the process's registry switch
     assert gate.backend_options(("fixed-rows-8", "gdn-state-fp32", "rows-gemm"))["rows_gemm"] is True
     tree = gate.backend_options(("gdn-state-fp32", "tree-verify"))
     assert tree["tree"] is True and tree["tree_rows"] == 16 and tree["fixed_rows"] is None
+    assert tree["gdn_ba"] is False  # a floor never follows the registry switch either
+    assert gate.backend_options(("gdn-ba", "gdn-state-fp32", "tree-verify"))["gdn_ba"] is True
     assert gate.backend_options(("gdn-state-fp32", "prefill-chunk-8192"))["prefill_chunk"] == 8192
     assert set(gate.MODEL_ONLY_PATCHES) <= set(gate.PATCHES)
 
@@ -161,6 +168,7 @@ def test_backend_options_of_the_patches():
     [
         (("tree-verify",), "needs gdn-state-fp32"),
         (("fixed-rows-8", "gdn-state-fp32", "tree-verify"), "replaces fixed-rows-8"),
+        (("fixed-rows-8", "gdn-ba", "gdn-state-fp32"), "needs tree-verify"),
     ],
 )
 def test_backend_options_refused(names, message):
@@ -173,7 +181,7 @@ def test_op_options_and_spec():
     assert chosen.patches == tuple(sorted(gate.PATCHES))
     assert (chosen.tokens, chosen.layers) == (gate.DEFAULT_TOKENS, 2)
     assert chosen.spec == (
-        "exl3-ops:layers=2,patches=exl3-int8-gemv-off+fixed-rows-8+gdn-state-fp32+prefill-chunk-8192+"
+        "exl3-ops:layers=2,patches=exl3-int8-gemv-off+fixed-rows-8+gdn-ba+gdn-state-fp32+prefill-chunk-8192+"
         "rows-gemm+tree-verify,tokens=1280"
     )
     assert gate.op_options({"patches": "none", "tokens": "512"}).spec == (

@@ -1,0 +1,156 @@
+"""The patch exl3-gdn-ba (`elpis.exl3.gdn_ba_patch`): the Gated DeltaNet gate projections of a tree verify
+in one kernel call.
+
+CPU: what the patch refuses (a process without the registry patch, layers the kernel cannot serve) and that
+an unmarked layer is left alone. GPU, on the synthetic --small checkpoint (ELPIS_SMALL_DIR, else written to a
+temporary directory): a backend loaded with gdn_ba=True marks every Gated DeltaNet layer, its tree verifies
+call the kernel (eager, and through captured graphs), a row's logits are bit-identical to the plain decoding
+step of its path, and tree speculation (known-continuation trees and DFlash2 top-k trees) gives the tokens of
+plain decoding; how far its logits move from the backend without the patch is logged.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from elpis.exl3 import gdn_ba_patch
+from tests.exl3.test_gpu import decoder  # noqa: F401  (a fixture)
+
+
+class _Linear:
+    """A linear whose inner weight class is named `kind` (the patch checks ExLlamaV3's class by name)."""
+
+    def __init__(self, kind: str, bias: object = None) -> None:
+        methods = {"get_bias_tensor": lambda s: bias, "get_weight_tensor": lambda s: None}
+        self.inner = type(kind, (), methods)()
+
+
+def _layer(**overrides: object) -> types.SimpleNamespace:
+    fields = {"layer_idx": 3, "kda": False, "ba_proj": None, "b_proj": _Linear("LinearFP16"),
+              "a_proj": _Linear("LinearFP16")}  # fmt: skip
+    return types.SimpleNamespace(**{**fields, **overrides})
+
+
+def test_a_process_without_the_registry_patch_is_refused(monkeypatch) -> None:
+    monkeypatch.setattr(gdn_ba_patch, "_installed", [])
+    monkeypatch.setenv("ELPIS_PATCH_GDN_BA", "0")
+    with pytest.raises(RuntimeError, match=r"needs the registry patch exl3-gdn-ba, which is switched off"):
+        gdn_ba_patch.require_patch()
+    monkeypatch.setenv("ELPIS_PATCH_GDN_BA", "1")
+    with pytest.raises(RuntimeError, match=r"not applied"):
+        gdn_ba_patch.require_patch()
+    gdn_ba_patch.install()
+    gdn_ba_patch.require_patch()  # installed: accepted
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"kda": True}, "not a split-projection"),
+        ({"ba_proj": object()}, "not a split-projection"),
+        ({"b_proj": _Linear("LinearEXL3")}, "b_proj is not an fp16 linear"),
+        ({"a_proj": types.SimpleNamespace()}, "a_proj is not an fp16 linear"),
+        ({"a_proj": _Linear("LinearFP16", bias=object())}, "a_proj has a bias"),
+    ],
+)
+def test_layers_the_kernel_cannot_serve_are_refused(overrides: dict, message: str) -> None:
+    with pytest.raises(RuntimeError, match=f"layer 3.*{message}|{message}"):
+        gdn_ba_patch._gate_weights(_layer(**overrides))
+
+
+def test_a_model_without_gated_deltanet_layers_is_refused(monkeypatch) -> None:
+    monkeypatch.setattr(gdn_ba_patch, "_installed", [True])
+    dense = types.SimpleNamespace(modules=[types.SimpleNamespace(modules=[])])
+    with pytest.raises(RuntimeError, match="no Gated DeltaNet layers"):
+        gdn_ba_patch.mark(dense)
+
+
+def test_an_unmarked_layer_is_left_alone() -> None:
+    layer = _layer()
+    forwards = (layer.b_proj.__dict__.get("forward"), layer.a_proj.__dict__.get("forward"))
+    with gdn_ba_patch.projections(layer):
+        assert (vars(layer.b_proj).get("forward"), vars(layer.a_proj).get("forward")) == forwards
+
+
+# --- GPU -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def backend(small):
+    from elpis.exl3 import load_backend
+
+    gdn_ba_patch.install()  # what ELPIS_PATCH_GDN_BA=1 makes patches.apply_all do
+    b = load_backend(
+        small / "target", small / "draft", max_context=65536, model_id="small", host_cache_gib=1.0, tree=True,
+        gdn_ba=True,
+    )  # fmt: skip
+    b.prefix.enabled = False
+    yield b
+
+
+@pytest.mark.gpu
+def test_every_gdn_layer_is_marked_and_served(backend) -> None:
+    from elpis.exl3 import walk_modules
+    from tests.exl3.test_gpu import prompt
+    from tests.exl3.test_tree_verify import plain, tree_generate
+
+    layers = [m for m in walk_modules(backend.engine.model) if type(m).__name__ == "GatedDeltaNet"]
+    assert layers and all(getattr(m, gdn_ba_patch.MARK, None) is not None for m in layers)
+    before = gdn_ba_patch.calls["gdn_ba"]
+    tree_generate(backend, prompt(300, 3, backend.info.vocab_size), 4, plain)
+    assert gdn_ba_patch.calls["gdn_ba"] > before, "no tree verify called the kernel"
+    for m in layers:
+        assert "forward" not in vars(m.b_proj) and "forward" not in vars(m.a_proj), "a verify left its hook"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("run", (8, 16))
+def test_rows_stay_invariant_and_speculation_lossless(backend, run) -> None:
+    """tests/exl3/test_tree_verify.py's row-invariance and lossless checks, on the patched backend (its
+    verifies replayed from graphs after each key's warm-up)."""
+    from tests.exl3.test_tree_verify import SIZES, check_lossless, check_row_invariance, run_rows
+
+    with run_rows(backend, run):
+        check_row_invariance(backend, [n for n in (5, 8, 12, 16) if n <= run])
+        check_lossless(backend, [n for n in SIZES if n <= run])
+
+
+@pytest.mark.gpu
+def test_product_path_with_the_patch(backend, decoder) -> None:  # noqa: F811
+    from tests.exl3.test_tree_verify import test_product_path_with_draft_trees
+
+    test_product_path_with_draft_trees(backend, decoder)
+
+
+@pytest.mark.gpu
+def test_logits_against_the_backend_without_the_patch(backend) -> None:
+    """How far the patch moves a verify's logits (logged; the quality gate judges it). Both verifies run
+    eagerly: a replay would run what its capture recorded, marked or not."""
+    import torch
+
+    from elpis.exl3 import walk_modules
+    from tests.exl3.test_gpu import prompt
+    from tests.exl3.test_tree_verify import log, tree_logits
+
+    vocab = backend.info.vocab_size
+    ids = prompt(800, 17, vocab)
+    tokens = [ids[-1]] + [(ids[-1] + 37 * i) % vocab for i in range(1, 16)]
+    parents = [-1] + [(r - 1) // 2 for r in range(1, 16)]
+    graphs, backend.graphs = backend.graphs, None
+    layers = [m for m in walk_modules(backend.engine.model) if type(m).__name__ == "GatedDeltaNet"]
+    try:
+        patched = tree_logits(backend, ids, tokens, parents).clone()
+        kept = [vars(m).pop(gdn_ba_patch.MARK) for m in layers]  # unmarked: ExLlamaV3's two GEMMs
+        try:
+            stock = tree_logits(backend, ids, tokens, parents).clone()
+        finally:
+            for m, wt in zip(layers, kept, strict=True):
+                setattr(m, gdn_ba_patch.MARK, wt)
+    finally:
+        backend.graphs = graphs
+    diff = (patched - stock).abs().max().item()
+    agree = (patched.argmax(-1) == stock.argmax(-1)).float().mean().item()
+    log({"test": "gdn_ba_vs_cublas_logits", "max_abs_diff": diff, "argmax_agreement": agree})
+    assert torch.isfinite(patched).all()
