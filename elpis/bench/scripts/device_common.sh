@@ -59,21 +59,29 @@ engine_bench() {
   echo "bench $stem: exit $?" | tee -a "$OUT/log"
   grep -E "^\| [0-9]+K" "$OUT/$stem.md" 2>/dev/null | head -8 | tee -a "$OUT/log"
 }
-# rows_gemm_model_gate LABEL: the model gate of the patch rows-gemm on the small model (/tmp/small, its fp64
-# reference /tmp/small-deq), floors tree mode with ExLlamaV3's GEMMs and stock, the candidate under the
-# checkout's kernel code; $OUT/gate/model-LABEL-*.{json,npz} and the ledger lines.
-rows_gemm_model_gate() {
-  local code ref="device=cuda:0,model=/tmp/small-deq,path=prefill"
-  code=$(python3 -c "from elpis.exl3.gate import code_digest; print(code_digest(['rows-gemm']))")
-  echo "=== gate model, rows-gemm code=$code ($(left) s left)" | tee -a "$OUT/log"
+# model_gate LABEL ARM...: `elpis gate model` on the small model (/tmp/small, its fp64 reference /tmp/small-deq),
+# 32,768 pseudo-random ids, 8 WikiText-shaped chunks of 512; ARM is NAME=SPEC; $OUT/gate/model-LABEL-*.{json,npz}
+# and the ledger lines. The caller sets the patch switches its arms need in the environment.
+model_gate() {
+  local label=$1 ref="device=cuda:0,model=/tmp/small-deq,path=prefill" arms=()
+  shift
+  for arm in "$@"; do arms+=(--arm "$arm"); done
+  echo "=== gate model $label ($(left) s left)" | tee -a "$OUT/log"
   mkdir -p "$OUT/gate"
-  ELPIS_PATCH_ROWS_GEMM=1 timeout -k 3 200 python3 -m elpis.cli gate model --model /tmp/small/target \
-    --random-ids 32768 --label "$1" --results "$OUT/gate" --wikitext-chunks 8 --wikitext-tokens 512 --gsm8k 0 \
-    --aime 0 --greedy-prompts 0 --reference "reference:dtype=fp64,$ref" \
-    --arm "floor-tree=exl3:patches=gdn-state-fp32+tree-verify,rows=8" \
-    --arm "floor-stock=exl3:patches=none,rows=8" \
-    --arm "rows-gemm=exl3:code=$code,patches=gdn-state-fp32+rows-gemm+tree-verify,rows=8" \
+  timeout -k 3 200 python3 -m elpis.cli gate model --model /tmp/small/target \
+    --random-ids 32768 --label "$label" --results "$OUT/gate" --wikitext-chunks 8 --wikitext-tokens 512 --gsm8k 0 \
+    --aime 0 --greedy-prompts 0 --reference "reference:dtype=fp64,$ref" "${arms[@]}" \
     2>&1 | grep -v "^\s*$" | tail -16 | tee -a "$OUT/log"
+}
+# rows_gemm_model_gate LABEL: the patch rows-gemm's arms (rule exl3-small-rows-gemm-r2): floors tree mode with
+# ExLlamaV3's GEMMs and stock, the candidate under the checkout's kernel code.
+rows_gemm_model_gate() {
+  local code
+  code=$(python3 -c "from elpis.exl3.gate import code_digest; print(code_digest(['rows-gemm']))")
+  ELPIS_PATCH_ROWS_GEMM=1 model_gate "$1" \
+    "floor-tree=exl3:patches=gdn-state-fp32+tree-verify,rows=8" \
+    "floor-stock=exl3:patches=none,rows=8" \
+    "rows-gemm=exl3:code=$code,patches=gdn-state-fp32+rows-gemm+tree-verify,rows=8"
 }
 # tree_profile MARGIN: `elpis bench profile` of stock and elpis-tree16 at 1K and 8K with eager tree verifies (a
 # replayed graph opens no profiler window), on /tmp/full, ending MARGIN s before the call's limit;
