@@ -130,10 +130,6 @@ def load_backend(
         gdn_ba = default_gdn_ba(tree)
     if gdn_ba and not tree:
         raise ValueError("gdn_ba acts inside tree verifies only: it needs tree=True")
-    if gdn_ba:
-        from elpis.exl3.gdn_ba_patch import require_patch
-
-        require_patch()
     engine = load_engine(
         Path(model_dir),
         Path(draft_dir) if draft_dir else None,
@@ -142,7 +138,7 @@ def load_backend(
         prefill_chunk=prefill_chunk,
         rows_gemm=rows_gemm,
     )
-    if gdn_ba:
+    if gdn_ba:  # after load_engine, which applies the registry patches; mark refuses them switched off
         from elpis.exl3.gdn_ba_patch import mark
 
         mark(engine.model)

@@ -11,6 +11,8 @@
 #    copied into bench/results/gate/ledger.jsonl: the rule's commit time comes from git, which the device
 #    machine's copy does not have);
 # 3. the pooled A/B of tree-16 rounds at 1K and 8K, alternating ELPIS_PATCH_GDN_BA=1 / 0, two runs each.
+# Before the default can change, the 24 GiB test must pass with it too (its weights add ~47 MB):
+# `ELPIS_PATCH_GDN_BA=1 LIMIT=262 bash elpis/bench/scripts/device_call44.sh` (about 4 minutes on a fresh machine).
 # Run with run(carry=[".whl", ".device"]); if the time runs short, split 3 into its own call.
 LIMIT=${LIMIT:-580}
 T0=$(date +%s)
