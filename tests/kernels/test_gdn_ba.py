@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 from pathlib import Path
 
 import pytest
 import torch
 
 from elpis.exl3 import gdn_ba
+from tests.kernels.timing import graph_us
 
 pytestmark = pytest.mark.gpu
 
@@ -92,34 +92,14 @@ def test_bad_inputs_are_refused() -> None:
         gdn_ba.transposed_weights(wb[:, :3].contiguous(), wa[:, :3].contiguous())
 
 
-def _graph_us(fn, reps: int = 21) -> float:
-    """Device time per call: LAYERS calls captured in one CUDA graph, median over replays."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for _ in range(LAYERS):
-            fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / LAYERS)
-    return statistics.median(times)
-
-
 def test_timing_line() -> None:
     record: dict = {"check": "timing", "unit": "us per layer (b and a), 48 calls per graph"}
     for rows in (1, 8, 16):
         x, wb, wa = _operands(rows, seed=rows)
         wt = gdn_ba.transposed_weights(wb, wa)
-        record[f"elpis_rows{rows}"] = round(_graph_us(lambda x=x, wt=wt: gdn_ba.gdn_ba(x, wt)), 2)
+        record[f"elpis_rows{rows}"] = round(graph_us(lambda x=x, wt=wt: gdn_ba.gdn_ba(x, wt), LAYERS, 21), 2)
         record[f"hgemm_x2_rows{rows}"] = round(
-            _graph_us(lambda x=x, wb=wb, wa=wa: (_hgemm(x, wb), _hgemm(x, wa))), 2
+            graph_us(lambda x=x, wb=wb, wa=wa: (_hgemm(x, wb), _hgemm(x, wa)), LAYERS, 21), 2
         )
     record["device"] = torch.cuda.get_device_name()
     _log(record)

@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import random
-import statistics
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ import torch
 from elpis import accept
 from elpis.exl3 import gdn_tree as gt
 from elpis.exl3 import gdn_tree_ref as ref
+from tests.kernels.timing import graph_us, median_us
 
 pytestmark = pytest.mark.gpu
 
@@ -228,33 +228,6 @@ def test_bad_inputs_are_refused() -> None:
         gt.gdn_tree_commit(*inp.tensors(), [0, 1, 1])
 
 
-def _median_us(fn, calls: int = 20, reps: int = 15) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / calls)
-    return statistics.median(times)
-
-
-def _graph_us(fn, calls: int = 20, reps: int = 15) -> float:
-    """Device time per call: `calls` launches captured in one CUDA graph (no Python between kernels)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for _ in range(calls):
-            fn()
-    return _median_us(graph.replay, calls=1, reps=reps) / calls
-
-
 def test_timing_line() -> None:
     record: dict = {"check": "timing", "layer": "one GDN layer, 48x128x128 fp32 state", "unit": "us/call"}
     for rows in (8, 16):
@@ -264,11 +237,11 @@ def test_timing_line() -> None:
         verify = functools.partial(gt.gdn_tree_verify, *inp.tensors(), m.depth, m.ancestors)
         path = _path(parents, rows - 1)
         commit = functools.partial(gt.gdn_tree_commit, *inp.clone().tensors(), path)
-        record[f"verify_rows{rows}_host_median_us"] = round(_median_us(verify), 2)
-        record[f"commit_path{len(path)}_host_median_us"] = round(_median_us(commit), 2)
+        record[f"verify_rows{rows}_host_median_us"] = round(median_us(verify), 2)
+        record[f"commit_path{len(path)}_host_median_us"] = round(median_us(commit), 2)
         try:
-            record[f"verify_rows{rows}_graph_us"] = round(_graph_us(verify), 2)
-            record[f"commit_path{len(path)}_graph_us"] = round(_graph_us(commit), 2)
+            record[f"verify_rows{rows}_graph_us"] = round(graph_us(verify), 2)
+            record[f"commit_path{len(path)}_graph_us"] = round(graph_us(commit), 2)
         except Exception as exc:  # keep the host-timed numbers; say why the graph ones are missing
             record[f"graph_rows{rows}_error"] = str(exc)[:200]
     record["device"] = torch.cuda.get_device_name()

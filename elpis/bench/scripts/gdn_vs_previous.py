@@ -22,7 +22,8 @@ import torch
 from elpis import accept
 from elpis.exl3 import gdn_tree as gt
 from elpis.exl3 import gdn_tree_ref as ref
-from tests.kernels.test_gdn_tree import _graph_us, _path  # _graph_us: device time per call in one graph
+from tests.kernels.test_gdn_tree import _path
+from tests.kernels.timing import graph_us
 
 LAYERS = 48  # calls per captured graph: one per GDN layer of the model
 
@@ -79,12 +80,12 @@ def main(previous: Path) -> int:
             inp = ref.random_inputs(rows, seed=rows).to("cuda")
             m = accept.tree_masks(parents)
             verify = lambda inp=inp, m=m: gt.gdn_tree_verify(*inp.tensors(), m.depth, m.ancestors)  # noqa: E731
-            t[f"verify_rows{rows}_us"] = round(_graph_us(verify, LAYERS, 21), 2)
+            t[f"verify_rows{rows}_us"] = round(graph_us(verify, LAYERS, 21), 2)
         for n in (1, 4, 16):
             inp = ref.random_inputs(16, seed=n).to("cuda")
             path = list(range(n))
             commit = lambda inp=inp, path=path: gt.gdn_tree_commit(*inp.tensors(), path)  # noqa: E731
-            t[f"commit_path{n}_us"] = round(_graph_us(commit, LAYERS, 21), 2)
+            t[f"commit_path{n}_us"] = round(graph_us(commit, LAYERS, 21), 2)
         timings[label] = t
     unit = "us per call, 48 calls per graph"
     print(
