@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int c = 0; c < kColumns; c++) acc[r][c] = 0.0f;
     }
+#pragma unroll 4  // loads of four passes in flight together; each sum still runs over j in ascending order
     for (int j = t; j < k; j += kThreads) {
         float w[kColumns];
 #pragma unroll
