@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from elpis.backend import BackendError, BackendInfo
+from elpis.exl3.draft_graph import update_draft_kv
 from elpis.exl3.engine import Engine
 from elpis.exl3.prefix import PAGE, GiB, PrefixCache, Snapshot, prefill_boundaries, prefix_key
 from elpis.exl3.tree_verify import TREE_RUNS, TreeCall, TreeLayout, check_parents, check_path, layout_tree
@@ -407,15 +408,8 @@ class Exl3Backend:
             self.state.rewind(pending.run - count)  # replays the accepted rows from the committed state
         engine = self.engine
         if engine.draft is not None and pending.export is not None:
-            engine.draft.update_kv_from_target(
-                target_hidden=[t[:, :count] for t in pending.export],
-                cache=engine.draft_cache,
-                params={
-                    "block_table": self._last_table,
-                    "cache_seqlens": pinned([pending.kvp], torch.int32),
-                },
-                lengths=[count],
-            )
+            hidden = [t[:, :count] for t in pending.export]
+            update_draft_kv(engine, hidden, self._last_table, pinned([pending.kvp], torch.int32))
         # Pages filled here are not named for reuse: decode rounds compute K/V with other kernels than
         # prefill, and a restored prefix must hold exactly the K/V a cold prefill would have written.
         self.tokens.extend(pending.tokens[:count])
@@ -428,27 +422,19 @@ class Exl3Backend:
         call = pending.tree
         assert call is not None
         path = check_path(rows, call.layout.parents, pending.rows)
-        count = len(path)
         engine = self.engine
         if self.graphs is None or not self.graphs.commit(call, path, self.pages):
             commit_kv(engine.cache, self.pages, pending.kvp, path)
             commit_gdn(call, path)
-        draft_graphs = self.drafter.graphs if self.drafter is not None else None
-        replayed = call.source is not None and draft_graphs is not None and draft_graphs.conditioning
-        if engine.draft is not None and pending.export is not None and replayed:
-            # a replayed verify's exports stay in its graph's buffers: the conditioning replays too
-            draft_graphs.condition(pending.export, path, self._last_table, pending.kvp)
-        elif engine.draft is not None and pending.export is not None:
-            index = upload(path, torch.long, pending.export[0].device)
-            engine.draft.update_kv_from_target(
-                target_hidden=[t.index_select(1, index) for t in pending.export],
-                cache=engine.draft_cache,
-                params={
-                    "block_table": self._last_table,
-                    "cache_seqlens": pinned([pending.kvp], torch.int32),
-                },
-                lengths=[count],
-            )
+        if engine.draft is not None and pending.export is not None:
+            draft_graphs = self.drafter.graphs if self.drafter is not None else None
+            if call.source is not None and draft_graphs is not None and draft_graphs.conditioning:
+                # a replayed verify's exports stay in its graph's buffers: the conditioning replays too
+                draft_graphs.condition(pending.export, path, self._last_table, pending.kvp)
+            else:
+                index = upload(path, torch.long, pending.export[0].device)
+                hidden = [t.index_select(1, index) for t in pending.export]
+                update_draft_kv(engine, hidden, self._last_table, pinned([pending.kvp], torch.int32))
         self.tokens.extend(pending.tokens[r] for r in path)
         self.state.position = len(self.tokens)
         self.pending = None

@@ -50,6 +50,18 @@ MAX_GRAPHS = 3  # captured draft blocks kept (one per block-table width; context
 MAX_CONDITIONS = 64
 
 
+def update_draft_kv(engine: Any, hidden: Sequence[Tensor], block_table: Tensor, seqlens: Tensor) -> None:
+    """The draft's K/V of committed rows from the target's tap states of those rows (`hidden`: one tensor
+    [1, rows, hidden] per tap), written at positions seqlens.. through `block_table` (ExLlamaV3's
+    `update_kv_from_target`; host tensors are uploaded in stream order, device ones read where they are)."""
+    engine.draft.update_kv_from_target(
+        target_hidden=list(hidden),
+        cache=engine.draft_cache,
+        params={"block_table": block_table, "cache_seqlens": seqlens},
+        lengths=[hidden[0].shape[1]],
+    )
+
+
 @dataclass
 class DraftCaptured:
     """One width's buffers and (once captured) graph, with the tensors the graph writes."""
@@ -182,12 +194,7 @@ class DraftGraphs:
 
     def _condition(self, c: ConditionCaptured, export: Sequence[Tensor]) -> None:
         """ExLlamaV3's conditioning of the draft on the key's buffers (warm-up and capture run this)."""
-        self.model.update_kv_from_target(
-            target_hidden=[t.index_select(1, c.index) for t in export],
-            cache=self.engine.draft_cache,
-            params={"block_table": c.block_table, "cache_seqlens": c.seqlens},
-            lengths=[c.index.shape[0]],
-        )
+        update_draft_kv(self.engine, [t.index_select(1, c.index) for t in export], c.block_table, c.seqlens)
 
     # -- buffers ----------------------------------------------------------------------------------------
     def _buffers(self, width: int) -> DraftCaptured:

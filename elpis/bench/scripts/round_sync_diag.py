@@ -126,7 +126,7 @@ def run_mode(backend, decoder, name: str, ids: list[int], debug: bool) -> dict:
 
 
 def conditioning_ab(backend, decoder, ids: list[int], runs: int) -> None:
-    from elpis.bench.report import noise_ms
+    from elpis.bench.report import mad_ms, noise_ms
 
     graphs = backend.drafter.graphs
     pooled: dict[str, list[float]] = {"graphs": [], "eager": []}
@@ -146,8 +146,7 @@ def conditioning_ab(backend, decoder, ids: list[int], runs: int) -> None:
         graphs.conditioning = True
     a, b = pooled["graphs"], pooled["eager"]
     med_a, med_b = statistics.median(a), statistics.median(b)
-    mad_a = statistics.median(abs(x - med_a) for x in a)
-    mad_b = statistics.median(abs(x - med_b) for x in b)
+    mad_a, mad_b = (mad_ms([x / 1000 for x in arm]) for arm in (a, b))  # the bench's MAD, of seconds
     noise = noise_ms(mad_a, mad_b)
     verdict = "PASS" if med_b - med_a > noise else "within noise" if abs(med_b - med_a) <= noise else "WORSE"
     summary = {"pooled": True, "rounds": [len(a), len(b)], "graphs_ms": med_a, "eager_ms": med_b}
