@@ -22,7 +22,8 @@ wait_build
 ( timeout -k 3 90 python3 -m elpis.cli dequantize --model /tmp/small/target --out /tmp/small-deq ) > /tmp/deq.log 2>&1 &
 DEQ=$!
 gpu_pytest "gdn ba kernel tests" 90 tests/kernels/test_gdn_ba.py
-ELPIS_SMALL_DIR=/tmp/small gpu_pytest "gdn ba patch tests" 240 tests/exl3/test_gdn_ba_patch.py
+ELPIS_SMALL_DIR=/tmp/small gpu_pytest "gdn ba patch, draft and tree graph tests" 300 tests/exl3/test_gdn_ba_patch.py \
+  tests/exl3/test_draft_graph.py tests/exl3/test_tree_graph.py  # the latter two: a280af1's refactor, not yet run
 wait "$DEQ"; tail -2 /tmp/deq.log | tee -a "$OUT/log"
 rows=$(python3 -c "from elpis.exl3.gate import code_digest; print(code_digest(['rows-gemm']))")
 both=$(python3 -c "from elpis.exl3.gate import code_digest; print(code_digest(['gdn-ba', 'rows-gemm']))")
