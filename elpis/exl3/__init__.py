@@ -103,7 +103,7 @@ def load_backend(
     `rows_gemm`: the EXL3 linears of 1-16 rows (every verify and draft block) run elpis's GEMM
     (`elpis.exl3.rows_gemm_patch`) instead of ExLlamaV3's; None: `default_rows_gemm(tree)`. True with the
     patch switched off is refused.
-    `gdn_ba`: inside tree verifies, the Gated DeltaNet gate projections b and a run as one launch of elpis's
+    `gdn_ba`: inside tree verifies, the Gated DeltaNet gate projections b and a run as two launches of elpis's
     kernel (`elpis.exl3.gdn_ba_patch`); None: `default_gdn_ba(tree)`. Tree mode only; True with the patch
     switched off is refused.
     """

@@ -83,7 +83,7 @@ PATCHES: dict[str, str] = {
     "prefill-chunk-8192": "prefill in 8192-token chunks instead of ExLlamaV3's 2048 (opt-in, gated)",
     "tree-verify": "verifies as 16-row trees through elpis's tree kernels (served default with a draft)",
     "rows-gemm": "EXL3 linears of 1-16 rows through elpis's GEMM (registry patch exl3-rows-gemm)",
-    "gdn-ba": "tree verifies' Gated DeltaNet gate projections in one kernel (registry patch exl3-gdn-ba)",
+    "gdn-ba": "tree verifies' Gated DeltaNet gate projections by elpis's kernel (registry patch exl3-gdn-ba)",
 }
 # Patches judged only by model comparisons: no op of the op gate has a candidate for them.
 MODEL_ONLY_PATCHES = ("gdn-ba", "prefill-chunk-8192", "tree-verify")

@@ -1,5 +1,5 @@
-"""Patch `exl3-gdn-ba`: inside a tree verify, the Gated DeltaNet layers' gate projections b and a run as one
-launch of elpis's kernel (`elpis.exl3.gdn_ba`, patches/kernels/gdn_ba_rows.cu) instead of ExLlamaV3's two
+"""Patch `exl3-gdn-ba`: inside a tree verify, the Gated DeltaNet layers' gate projections b and a run as two
+launches of elpis's kernel (`elpis.exl3.gdn_ba`, patches/kernels/gdn_ba_rows.cu) instead of ExLlamaV3's two
 fp16 GEMMs with fp32 outputs (cuBLAS split-K and its reductions, 0.63 ms of a 16-row round on the H200).
 
 `mark(model)` (`load_backend(gdn_ba=True)`, tree mode only) stores on every split-projection GatedDeltaNet

@@ -14,13 +14,13 @@ import pytest
 from elpis.exl3 import gdn_ba
 from tests.kernels import cuda_emu
 
-K = 1000  # not a multiple of the 256 threads: the last pass over k is partial
+K = 2600  # three spans of k (1024 each), the last one partial
 NV = 6  # 2 * NV = 12 columns: three blocks of four
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    built = cuda_emu.build_emulated(gdn_ba.SOURCE, tmp_path_factory.mktemp("gdn_ba_emu"), launches=1)
+    built = cuda_emu.build_emulated(gdn_ba.SOURCE, tmp_path_factory.mktemp("gdn_ba_emu"), launches=2)
     return gdn_ba.bind(built)
 
 
@@ -35,11 +35,13 @@ def _run(lib: ctypes.CDLL, x: np.ndarray, wb: np.ndarray, wa: np.ndarray) -> tup
     rows = x.shape[0]
     x = np.ascontiguousarray(x, dtype=np.float16)
     wt = np.ascontiguousarray(np.concatenate((wb.T, wa.T), axis=0), dtype=np.float16)
+    partials = np.full((-(-K // gdn_ba.SPAN), rows, 2 * NV), np.nan, dtype=np.float32)
     b = np.full((rows, NV), np.nan, dtype=np.float32)
     a = np.full((rows, NV), np.nan, dtype=np.float32)
     err = lib.elpis_gdn_ba_rows(
-        x.ctypes.data, K, wt.ctypes.data, K, NV, rows, b.ctypes.data, a.ctypes.data, None
-    )
+        x.ctypes.data, K, wt.ctypes.data, K, NV, rows, partials.ctypes.data, b.ctypes.data, a.ctypes.data,
+        None,
+    )  # fmt: skip
     assert err == 0
     assert not np.isnan(b).any() and not np.isnan(a).any(), "an output was not written"
     return b, a
@@ -73,10 +75,22 @@ def test_a_row_does_not_depend_on_the_others(lib: ctypes.CDLL) -> None:
 
 def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
     out = np.zeros((16, NV), dtype=np.float32)
-    x = np.zeros((17, K), dtype=np.float16)
-    wt = np.zeros((2 * NV, K), dtype=np.float16)
-    call = lib.elpis_gdn_ba_rows
-    assert call(x.ctypes.data, K, wt.ctypes.data, K, NV, 0, out.ctypes.data, out.ctypes.data, None) == -1
-    assert call(x.ctypes.data, K, wt.ctypes.data, K, NV, 17, out.ctypes.data, out.ctypes.data, None) == -1
-    assert call(x.ctypes.data, K - 1, wt.ctypes.data, K, NV, 1, out.ctypes.data, out.ctypes.data, None) == -1
-    assert call(x.ctypes.data, K, wt.ctypes.data, K, 3, 1, out.ctypes.data, out.ctypes.data, None) == -1
+    part = np.zeros((3, 16, 2 * NV), dtype=np.float32)
+    x = np.zeros((17, K + 8), dtype=np.float16)
+    wt = np.zeros((2 * NV, K + 8), dtype=np.float16)
+    assert x.ctypes.data % 16 == 0 and wt.ctypes.data % 16 == 0
+
+    def call(x_ptr: int, x_stride: int, wt_ptr: int, k: int, nv: int, rows: int) -> int:
+        return lib.elpis_gdn_ba_rows(
+            x_ptr, x_stride, wt_ptr, k, nv, rows, part.ctypes.data, out.ctypes.data, out.ctypes.data, None
+        )
+
+    xp, wp = x.ctypes.data, wt.ctypes.data
+    assert call(xp, K, wp, K, NV, 0) == -1, "no rows"
+    assert call(xp, K, wp, K, NV, 17) == -1, "more rows than 16"
+    assert call(xp, K - 8, wp, K, NV, 1) == -1, "row stride below k"
+    assert call(xp, K, wp, K, 3, 1) == -1, "2 * nv not a multiple of 4"
+    assert call(xp, K + 4, wp, K + 4, NV, 1) == -1, "k not a multiple of 8"
+    assert call(xp, K + 4, wp, K, NV, 1) == -1, "row stride not a multiple of 8"
+    assert call(xp + 2, K, wp, K, NV, 1) == -1, "x not 16-byte aligned"
+    assert call(xp, K, wp + 8, K, NV, 1) == -1, "wt not 16-byte aligned"
