@@ -50,7 +50,8 @@ def default_rows_gemm(tree: bool) -> bool:
 
 def default_gdn_ba(tree: bool) -> bool:
     """Whether a model loads with elpis's gate-projection kernel when the caller does not say: in tree mode
-    (the only place it acts), as the registry patch exl3-gdn-ba is switched (off by default)."""
+    (the only place it acts), as the registry patch exl3-gdn-ba is switched (on by default:
+    bench/results/tree/README.md, session 14)."""
     from elpis.exl3 import patches
     from elpis.exl3.gdn_ba_patch import PATCH
 

@@ -115,15 +115,15 @@ def test_rows_gemm_defaults_to_the_registry_switch_in_tree_mode_only(monkeypatch
     assert default_rows_gemm(tree=True) is False
 
 
-def test_gdn_ba_is_off_by_default_and_follows_its_switch_in_tree_mode_only(monkeypatch):
+def test_gdn_ba_is_on_by_default_and_follows_its_switch_in_tree_mode_only(monkeypatch):
     from elpis.exl3 import default_gdn_ba
     from elpis.exl3.gdn_ba_patch import PATCH
 
     registry = {p.id: p for p in patches.load_registry()}
     switch = registry[PATCH].switch
     monkeypatch.delenv(switch, raising=False)
-    assert registry[PATCH].default is False  # no GPU tests, gate verdict or A/B yet
-    assert default_gdn_ba(tree=True) is False
-    monkeypatch.setenv(switch, "1")
+    assert registry[PATCH].default is True  # on by default (bench/results/tree/README.md, session 14)
     assert default_gdn_ba(tree=True) is True
     assert default_gdn_ba(tree=False) is False  # it acts inside tree verifies only
+    monkeypatch.setenv(switch, "0")
+    assert default_gdn_ba(tree=True) is False
