@@ -93,8 +93,11 @@ class SpeculativeGenerator:
             asked = tracker.round_id(stats.rounds, attempt, base - 1, tree.tokens, tree.parents)
             try:
                 result = link.verify_round(asked, tree.tokens, tree.parents)
-                logits = tracker.check_verify(asked, len(tree), result)
-                targets = sample_rows(logits, request.sampling, [base + d for d in tree.depths])
+                if request.sampling.greedy:  # the tokens come back with the row checks: one read-back
+                    logits, targets = tracker.check_verify_greedy(asked, len(tree), result)
+                else:
+                    logits = tracker.check_verify(asked, len(tree), result)
+                    targets = sample_rows(logits, request.sampling, [base + d for d in tree.depths])
                 decision = accept.tree(tree.parents, tree.tokens, targets, stops, remaining)
                 if not (1 <= decision.count == len(decision.rows) and decision.rows[0] == 0):
                     raise RuntimeError(f"acceptor returned an impossible decision {decision}")

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from elpis.backend import Backend, BackendError
+from elpis.spec.sampling import checked_greedy, greedy_ids
 
 
 class RoundFault(BackendError):
@@ -179,6 +180,26 @@ class RoundTracker:
 
     def check_verify(self, asked: RoundId, rows: int, result: VerifyResult | None) -> torch.Tensor:
         """The result's logits if it answers `asked` with `rows` intact rows; else a RoundFault."""
+        self._check_identity(asked, result)
+        assert result is not None
+        check_rows(result, rows, self.vocab_size)
+        self.delivered = result.round
+        return result.logits
+
+    def check_verify_greedy(
+        self, asked: RoundId, rows: int, result: VerifyResult | None
+    ) -> tuple[torch.Tensor, list[int]]:
+        """`check_verify`, and every row's greedy token (`sampling.greedy_tokens`) read back in the same
+        transfer as the row checks: one host synchronisation for both."""
+        self._check_identity(asked, result)
+        assert result is not None
+        ids = check_rows(result, rows, self.vocab_size, greedy=True)
+        self.delivered = result.round
+        assert ids is not None
+        return result.logits, checked_greedy(ids)
+
+    def _check_identity(self, asked: RoundId, result: VerifyResult | None) -> None:
+        """A RoundFault unless `result` answers `asked` (not lost, repeated, stale or another tree's)."""
         if result is None:
             raise DroppedRound(f"no verify result arrived for {asked}")
         got = result.round
@@ -192,9 +213,6 @@ class RoundTracker:
             raise StaleRound(f"the result of {got} answers another tree than the one asked")
         if got.position != asked.position:
             raise StaleRound(f"{asked} was verified at position {got.position} instead of {asked.position}")
-        check_rows(result, rows, self.vocab_size)
-        self.delivered = got
-        return result.logits
 
     def check_commit(self, asked: RoundId, rows: Sequence[int], ack: CommitAck | None) -> None:
         """Nothing if `ack` acknowledges committing `rows` of `asked`; else a RoundFault."""
@@ -218,8 +236,10 @@ class RoundTracker:
             )
 
 
-def check_rows(result: VerifyResult, rows: int, vocab_size: int) -> None:
-    """Shape, dtype, no NaN or +inf (-inf is a legal masked token), and the producer's digest."""
+def check_rows(result: VerifyResult, rows: int, vocab_size: int, *, greedy: bool = False) -> list[int] | None:
+    """Shape, dtype, no NaN or +inf (-inf is a legal masked token), and the producer's digest. With `greedy`,
+    also every row's `sampling.greedy_ids`, read back in the same transfer and returned once the rows
+    passed (they are only meaningful then)."""
     logits = result.logits
     if logits.dtype != torch.float32 or tuple(logits.shape) != (rows, vocab_size):
         raise CorruptRow(
@@ -230,11 +250,15 @@ def check_rows(result: VerifyResult, rows: int, vocab_size: int) -> None:
         raise CorruptRow(
             f"{result.round}: the digest covers {tuple(result.digest.shape)} rows, expected {rows}"
         )
-    # Both row checks are reduced on the logits' device and read back together: one host transfer.
-    # A row's maximum is NaN or +inf exactly when the row holds one.
-    flags = torch.stack((~(logits.amax(dim=1) < math.inf), logits_digest(logits) != result.digest)).tolist()
-    nonfinite, changed = ([r for r, flag in enumerate(row) if flag] for row in flags)
+    # Both row checks (and the greedy tokens) are reduced on the logits' device and read back together: one
+    # host transfer. A row's maximum is NaN or +inf exactly when the row holds one.
+    checks = [~(logits.amax(dim=1) < math.inf), logits_digest(logits) != result.digest]
+    if greedy:
+        checks.append(greedy_ids(logits))
+    read = torch.stack([c.to(torch.int64) for c in checks]).tolist()
+    nonfinite, changed = ([r for r, flag in enumerate(row) if flag] for row in read[:2])
     if nonfinite:
         raise CorruptRow(f"{result.round}: rows {nonfinite} hold NaN or +inf logits")
     if changed:
         raise CorruptRow(f"{result.round}: rows {changed} changed after verify (digest mismatch)")
+    return read[2] if greedy else None

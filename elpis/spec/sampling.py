@@ -77,15 +77,26 @@ def _check_finite_max(row: torch.Tensor, index: int) -> None:
         raise ValueError(f"logits row has a non-finite maximum ({value}): the backend produced garbage")
 
 
-def greedy_tokens(logits: torch.Tensor) -> list[int]:
-    """Argmax of every row (lowest id on ties). Exact, so rows may be reduced together."""
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """On the logits' device: the argmax of every row (lowest id on ties), -1 where the row's maximum is not
+    finite. Exact, so rows may be reduced together; read back with `checked_greedy`."""
     if logits.dim() != 2:
         raise ValueError(f"expected logits [rows, vocab], got shape {tuple(logits.shape)}")
     ids = torch.argmax(logits, dim=1)
     best = logits.gather(1, ids.unsqueeze(1)).squeeze(1)
-    if not bool(torch.isfinite(best).all()):
+    return torch.where(torch.isfinite(best), ids, -1)
+
+
+def checked_greedy(ids: Sequence[int]) -> list[int]:
+    """The greedy tokens read back from `greedy_ids`, refusing a row whose maximum was not finite."""
+    if any(i < 0 for i in ids):
         raise ValueError("logits contain a non-finite row maximum: the backend produced garbage")
-    return [int(i) for i in ids.tolist()]
+    return [int(i) for i in ids]
+
+
+def greedy_tokens(logits: torch.Tensor) -> list[int]:
+    """Argmax of every row (lowest id on ties), in one read-back."""
+    return checked_greedy(greedy_ids(logits).tolist())
 
 
 def _stable_top(probs: torch.Tensor, count: int) -> torch.Tensor:

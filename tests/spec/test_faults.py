@@ -38,6 +38,7 @@ from elpis.spec.integrity import (
     VerifyResult,
     logits_digest,
 )
+from elpis.spec.sampling import greedy_tokens
 
 PROMPTS = (
     "The quick brown fox jumps over",
@@ -220,6 +221,7 @@ def test_without_the_checks_the_same_faults_change_the_output(
 
     # Without them: the consumer takes whatever arrives and believes every acknowledgement.
     monkeypatch.setattr(RoundTracker, "check_verify", lambda self, asked, rows, result: result.logits)
+    monkeypatch.setattr(RoundTracker, "check_verify_greedy", _unchecked_greedy)
     monkeypatch.setattr(RoundTracker, "check_commit", lambda self, asked, rows, ack: None)
     faulty = FaultyBackend(model.backend(), schedule)
     try:
@@ -245,6 +247,7 @@ def test_a_late_result_of_an_earlier_sequence_is_stale(tiny_models, fault_free, 
 
     # Without the checks the late result is taken for this sequence's.
     monkeypatch.setattr(RoundTracker, "check_verify", lambda self, asked, rows, result: result.logits)
+    monkeypatch.setattr(RoundTracker, "check_verify_greedy", _unchecked_greedy)
     faulty = FaultyBackend(model.backend(), FaultSchedule({1: ("stale",)}))
     _run(faulty, model, first, "chain")
     try:
@@ -336,6 +339,11 @@ def test_schedules_refuse_what_cannot_be_injected() -> None:
 # --- the checks on their own ---------------------------------------------------------------------------
 
 
+def _unchecked_greedy(self, asked, rows, result) -> tuple[torch.Tensor, list[int]]:
+    """check_verify_greedy with its checks taken out (the consumer believes whatever arrives)."""
+    return result.logits, greedy_tokens(result.logits)
+
+
 def _result(
     tracker: RoundTracker, logits: torch.Tensor, number: int = 0, attempt: int = 0, position: int = 5
 ) -> VerifyResult:
@@ -378,6 +386,33 @@ def test_corrupt_rows_are_refused() -> None:
     changed[0, 0] = 1.0
     with pytest.raises(CorruptRow, match=r"rows \[0\] changed after verify"):
         RoundTracker(1, 8).check_verify(good.round, 2, VerifyResult(good.round, changed, good.digest))
+
+
+def test_the_greedy_check_reads_the_tokens_with_the_checks_and_refuses_the_same_rows() -> None:
+    tracker = RoundTracker(epoch=1, vocab_size=8)
+    logits = torch.zeros(3, 8)
+    logits[0, 5], logits[1, 2], logits[1, 6] = 1.0, 4.0, 4.0  # row 1: a tie, the lowest id wins
+    logits[2] = -math.inf
+    logits[2, 7] = -1.0  # masked tokens around a finite maximum
+    good = _result(tracker, logits)
+    got, tokens = tracker.check_verify_greedy(good.round, 3, good)
+    assert got is good.logits and tokens == [5, 2, 7] == greedy_tokens(logits)
+    assert tracker.delivered == good.round
+    with pytest.raises(RepeatedRound):  # the identity checks are check_verify's
+        tracker.check_verify_greedy(good.round, 3, good)
+    for bad, why in ((math.nan, r"NaN or \+inf"), (math.inf, r"NaN or \+inf")):
+        corrupt = logits.clone()
+        corrupt[1, 3] = bad
+        with pytest.raises(CorruptRow, match=rf"rows \[1\] hold {why}"):
+            RoundTracker(1, 8).check_verify_greedy(good.round, 3, _result(tracker, corrupt))
+    changed = logits.clone()
+    changed[0, 0] = 2.0
+    with pytest.raises(CorruptRow, match=r"rows \[0\] changed after verify"):
+        RoundTracker(1, 8).check_verify_greedy(good.round, 3, VerifyResult(good.round, changed, good.digest))
+    masked = logits.clone()
+    masked[0] = -math.inf  # every token masked: intact, but there is no greedy token
+    with pytest.raises(ValueError, match="non-finite row maximum"):
+        RoundTracker(1, 8).check_verify_greedy(good.round, 3, _result(tracker, masked))
 
 
 def test_lost_repeated_and_stale_results_are_refused() -> None:
