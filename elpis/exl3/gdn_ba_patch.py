@@ -3,7 +3,8 @@ launches of elpis's kernel (`elpis.exl3.gdn_ba`, patches/kernels/gdn_ba_rows.cu)
 fp16 GEMMs with fp32 outputs (cuBLAS split-K and its reductions, 0.63 ms of a 16-row round on the H200).
 
 `mark(model)` (`load_backend(gdn_ba=True)`, tree mode only) stores on every split-projection GatedDeltaNet
-layer its two gate weights transposed into the kernel's operand (about 1 MB per layer). Inside a tree verify,
+layer its two gate weights transposed into the kernel's operand (about 1 MB per layer; ExLlamaV3's own
+merged b/a buffer of the same layout where the layer has one, so no second copy). Inside a tree verify,
 `elpis.exl3.tree_verify` runs the layer's forward within `projections(layer)`: there the layer's b_proj
 computes both projections and keeps a, and its a_proj returns the kept a for that same input tensor
 (ExLlamaV3's torch path calls b_proj, then a_proj, with one input). Outside a tree verify, and for layers not
@@ -84,8 +85,25 @@ def mark(model: Any) -> int:
     if not layers:
         raise RuntimeError(f"patch {PATCH}: the model has no Gated DeltaNet layers")
     for module in layers:
-        setattr(module, MARK, gdn_ba.transposed_weights(*_gate_weights(module)))
+        setattr(module, MARK, _operand(module))
     return len(layers)
+
+
+def _operand(module: Any) -> Any:
+    """The layer's kernel operand. ExLlamaV3 allocates, for a quantized split-projection layer, a merged b/a
+    weight `ba_weight_t` of exactly this layout ([2 * heads, hidden] fp16, b's rows then a's), which its
+    fused decode fills on the first forward that takes it; it is filled here instead and shared, rather than
+    holding a second copy (~1 MB per layer, 47 MB for the model). Without that buffer, a tensor of our own."""
+    wt = gdn_ba.transposed_weights(*_gate_weights(module))
+    stock = getattr(module, "ba_weight_t", None)
+    if stock is None or getattr(module, "ba_bias", None) is not None:
+        return wt
+    same = (tuple(stock.shape), stock.dtype, stock.device) == (tuple(wt.shape), wt.dtype, wt.device)
+    if not same or not stock.is_contiguous():
+        return wt
+    stock.copy_(wt)
+    module.ba_weight_filled = True  # the values its own fill would write (it has no bias to fill)
+    return stock
 
 
 @contextlib.contextmanager

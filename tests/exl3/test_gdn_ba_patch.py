@@ -67,6 +67,33 @@ def test_a_model_without_gated_deltanet_layers_is_refused(monkeypatch) -> None:
         gdn_ba_patch.mark(dense)
 
 
+def test_the_operand_is_exllamav3s_merged_buffer_where_the_layer_has_one(monkeypatch) -> None:
+    import torch
+
+    from elpis.exl3 import gdn_ba
+
+    hidden, heads = 16, 4
+    b, a = torch.randn(hidden, heads).half(), torch.randn(hidden, heads).half()
+    b_linear, a_linear = _Linear("LinearFP16"), _Linear("LinearFP16")
+    type(b_linear.inner).get_weight_tensor = lambda s: b
+    type(a_linear.inner).get_weight_tensor = lambda s: a
+    # transposed_weights wants CUDA tensors; its layout on the CPU
+    monkeypatch.setattr(gdn_ba, "transposed_weights", lambda wb, wa: torch.cat((wb.t(), wa.t())).contiguous())
+    expected = torch.cat((b.t(), a.t()))
+
+    merged = torch.zeros(2 * heads, hidden, dtype=torch.half)
+    layer = _layer(b_proj=b_linear, a_proj=a_linear, ba_weight_t=merged, ba_weight_filled=False)
+    assert gdn_ba_patch._operand(layer) is merged
+    assert torch.equal(merged, expected) and layer.ba_weight_filled is True
+
+    for other in (None, torch.zeros(2 * heads, hidden + 1, dtype=torch.half), torch.zeros(2 * heads, hidden)):
+        layer = _layer(b_proj=b_linear, a_proj=a_linear, ba_weight_t=other, ba_weight_filled=False)
+        got = gdn_ba_patch._operand(layer)  # absent, another shape or dtype: a tensor of our own
+        assert got is not other and torch.equal(got, expected) and layer.ba_weight_filled is False
+    biased = _layer(b_proj=b_linear, a_proj=a_linear, ba_weight_t=merged.clone(), ba_bias=torch.zeros(8))
+    assert gdn_ba_patch._operand(biased) is not biased.ba_weight_t  # its fill would also write the bias
+
+
 def test_an_unmarked_layer_is_left_alone() -> None:
     layer = _layer()
     forwards = (layer.b_proj.__dict__.get("forward"), layer.a_proj.__dict__.get("forward"))
@@ -98,6 +125,9 @@ def test_every_gdn_layer_is_marked_and_served(backend) -> None:
 
     layers = [m for m in walk_modules(backend.engine.model) if type(m).__name__ == "GatedDeltaNet"]
     assert layers and all(getattr(m, gdn_ba_patch.MARK, None) is not None for m in layers)
+    shared = [getattr(m, "ba_weight_t", None) is getattr(m, gdn_ba_patch.MARK) for m in layers]
+    print(f"gdn ba operand shared with ExLlamaV3's merged buffer on {sum(shared)} of {len(layers)} layers")
+    assert all(shared[i] for i, m in enumerate(layers) if getattr(m, "ba_weight_t", None) is not None)
     before = gdn_ba_patch.calls["gdn_ba"]
     tree_generate(backend, prompt(300, 3, backend.info.vocab_size), 4, plain)
     assert gdn_ba_patch.calls["gdn_ba"] > before, "no tree verify called the kernel"

@@ -1,0 +1,25 @@
+#!/bin/bash
+# Call 59 (issue 9, written in session 14 for the next session): the gate projections kernel's operand shared
+# with ExLlamaV3's merged b/a buffer (`gdn_ba_patch._operand`, not yet run on a GPU).
+# 1. the patch tests on the small model (they print on how many layers the operand is shared and require it
+#    wherever the layer has the buffer), the kernel tests, the tree verify tests;
+# 2. the 24 GiB test at 262,000 tokens with the served defaults: its peak (call 56: 19.33 GiB with a copy of
+#    its own per layer; expected ~0.05 GiB less).
+# Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
+LIMIT=${LIMIT:-560}
+T0=$(date +%s)
+source elpis/bench/scripts/device_common.sh
+start_build_and_synths
+wait_build
+ELPIS_SMALL_DIR=/tmp/small gpu_pytest "gdn ba patch, kernel and tree verify tests" 240 -s \
+  tests/exl3/test_gdn_ba_patch.py tests/kernels/test_gdn_ba.py tests/exl3/test_tree_verify.py
+grep -h "operand shared" "$OUT/pytest.txt" | tee -a "$OUT/log"
+wait_synth
+echo "=== 24 GiB, tree-16 with graphs, served defaults, 262K ($(left) s left)" | tee -a "$OUT/log"
+ELPIS_FULL_TARGET=/tmp/full/target ELPIS_FULL_DRAFT=/tmp/full/draft \
+  timeout -k 3 $(( $(left) - 10 )) python3 -m pytest -m gpu \
+  "tests/exl3/test_gpu.py::test_24gib_budget_full_model[tree-16]" -q -s -p no:cacheprovider -rfEs --tb=short \
+  > "$OUT/gib24_pytest.txt" 2>&1
+echo "24 GiB tree-16 exit $?" | tee -a "$OUT/log"
+grep -E "\"24gib\"|passed|failed|^E " "$OUT/gib24_pytest.txt" | tail -8 | tee -a "$OUT/log"
+echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
