@@ -12,6 +12,8 @@ Derived figures (all from numbers measured in the same run):
   the issue's targets, each PASS or MISS from these numbers: tree-8 no slower than stock chain-8 within
   noise (noise = NOISE_MADS median absolute deviations of the noisier of the two systems' round times),
   tree-16 at most TREE16_OVER_TREE8 x tree-8, scratch under SCRATCH_LIMIT_MB.
+- disturbed: measurements whose round times spread more than DISTURBED_SPREAD of their median are listed in
+  the document and the report, so a comparison is not read from a run the machine disturbed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from elpis.bench.workload import TREE_BUDGETS, ModelArithmetic, label
 TREE16_OVER_TREE8 = 1.15
 SCRATCH_LIMIT_MB = 300.0
 NOISE_MADS = 2.0
+# A measurement whose round times spread more than this (MAD / median) is reported as disturbed: quiet runs
+# on the H200 spread 0.5-3.5 %, disturbed ones 8-30 % (bench/results/tree/README.md, session 14)
+DISTURBED_SPREAD = 0.05
 # the tree comparison's columns: system -> key prefix
 TREE_COLUMNS = {"stock": "stock", "elpis": "chain8", "elpis-tree8": "tree8", "elpis-tree16": "tree16"}
 
@@ -211,7 +216,26 @@ def build(doc: dict[str, Any], arith: ModelArithmetic) -> dict[str, Any]:
     doc["table"] = table
     doc["ratios"] = ratios
     doc["tree"] = tree_rows(doc)
+    doc["disturbed"] = disturbed(doc)
     return doc
+
+
+def disturbed(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every (system, context, kind) whose round times spread more than DISTURBED_SPREAD (MAD / median): a
+    comparison with it says more about the machine than about the systems."""
+    found = []
+    for system, data in doc.get("systems", {}).items():
+        for entry in data.get("checkpoints", []):
+            for kind in ("spec", "plain"):
+                seconds = (entry.get(kind) or {}).get("round_seconds")
+                spread = mad_ms(seconds)
+                if spread is None:
+                    continue
+                median = statistics.median(seconds) * 1000
+                if spread > DISTURBED_SPREAD * median:
+                    found.append({"system": system, "context": entry["context"], "kind": kind,
+                                  "median_ms": median, "mad_ms": spread})  # fmt: skip
+    return found
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
@@ -271,6 +295,7 @@ def markdown(doc: dict[str, Any]) -> str:
             )
     lines += tree_markdown(doc.get("tree") or [])
     lines += capture_notes(doc)
+    lines += disturbed_notes(doc)
     lines += ["", "Fresh TTFT (nothing cached):", ""]
     for system, data in doc.get("systems", {}).items():
         for f in data.get("fresh_ttft", []):
@@ -293,6 +318,23 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"  - note: {err.splitlines()[0]}")
     lines.append("")
     return "\n".join(lines)
+
+
+def disturbed_notes(doc: dict[str, Any]) -> list[str]:
+    found = doc.get("disturbed") or []
+    if not found:
+        return []
+    return [
+        "",
+        f"**Disturbed measurements** (round times spread over {100 * DISTURBED_SPREAD:.0f} % of the median; "
+        "do not compare them, run again):",
+        "",
+        *(
+            f"- {d['system']} at {label(d['context'])}, {d['kind']}: median {d['median_ms']:.2f} ms, "
+            f"MAD {d['mad_ms']:.2f} ms"
+            for d in found
+        ),
+    ]
 
 
 def capture_notes(doc: dict[str, Any]) -> list[str]:

@@ -155,6 +155,19 @@ def test_graph_captures_inside_timed_rounds_are_counted_and_reported(arith):
     assert "Graph captures inside timed rounds" in md and "- elpis-tree16 at 1K: 3" in md
 
 
+def test_disturbed_measurements_are_flagged_in_the_document_and_the_report(arith):
+    doc = report.build(tree_doc(), arith)  # spreads of 0.1-0.2 ms around 24-38 ms: quiet
+    assert doc["disturbed"] == [] and "Disturbed measurements" not in report.markdown(doc)
+    doc = tree_doc()
+    doc["systems"]["elpis-tree16"]["checkpoints"][1]["spec"] = spec(27.5, spread=1.2)  # 4.4 %: still quiet
+    doc["systems"]["stock"]["checkpoints"][0]["spec"] = spec(24.0, spread=1.3)  # 5.4 %: disturbed
+    doc = report.build(doc, arith)
+    assert [(d["system"], d["context"], d["kind"]) for d in doc["disturbed"]] == [("stock", 1024, "spec")]
+    assert doc["disturbed"][0]["mad_ms"] == pytest.approx(1.3)
+    md = report.markdown(doc)
+    assert "Disturbed measurements" in md and "- stock at 1K, spec: median 24.00 ms, MAD 1.30 ms" in md
+
+
 def test_pooled_ab_pools_alternating_runs_and_applies_the_noise_rule():
     def run(ms_1k: list[float], ms_8k: list[float] | None = None) -> dict:
         checkpoints = [{"context": 1024, "spec": {"round_seconds": [m / 1000 for m in ms_1k]}}]
