@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from elpis.exl3.capture import forward_after_input
-from elpis.exl3.tree_verify import PAGE, GraphInputs, TreeCall, TreeLayout, kv_moves, slot_pages, tree_forward
+from elpis.exl3.tree_verify import PAGE, GraphInputs, TreeCall, TreeLayout, commit_moves, tree_forward
 from elpis.exl3.upload import fill, padded_table, pinned, static_input
 
 if sys.byteorder != "little":  # plan_words lays the plan's bytes out as the GPU reads them
@@ -182,17 +182,11 @@ class TreeGraphs:
         if c is None:
             return False
         run, kvp = call.layout.run, call.kvp
-        pad = kvp + run - 1  # a slot copied onto itself: it is never a destination of a real move
-        moves = kv_moves(kvp, path)
-        moves += [(pad, pad)] * (run - 1 - len(moves))
-        src_pages, src_offsets = slot_pages([s for s, _ in moves], pages)
-        dst_pages, dst_offsets = slot_pages([d for _, d in moves], pages)
         plan = gdn_tree.packed_commit_plan(tuple(path))
         if c.moves is None or c.commit_plan is None:
             c.moves = torch.zeros((4, run - 1), dtype=torch.long, device=self.device)
             c.commit_plan = torch.zeros((gdn_tree.PLAN_CAPACITY,), dtype=torch.uint8, device=self.device)
-        c.moves.copy_(pinned([*src_pages, *src_offsets, *dst_pages, *dst_offsets], torch.long).view(4, -1),
-                      non_blocking=True)  # fmt: skip
+        c.moves.copy_(pinned(commit_moves(kvp, path, run, pages), torch.long).view(4, -1), non_blocking=True)
         padded = plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan))
         c.commit_plan.copy_(
             torch.frombuffer(bytearray(padded), dtype=torch.uint8).pin_memory(), non_blocking=True

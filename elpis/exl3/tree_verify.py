@@ -142,6 +142,18 @@ def kv_moves(kvp: int, path: Sequence[int]) -> list[tuple[int, int]]:
     return [(kvp + r, kvp + i) for i, r in enumerate(path) if r != i]
 
 
+def commit_moves(kvp: int, path: Sequence[int], run: int, pages: Sequence[int]) -> list[int]:
+    """The K/V moves of committing `path` after a verify of `run` rows at kvp, as one fixed-size operand:
+    source pages, source offsets, destination pages, destination offsets (run - 1 each), the moves of
+    `kv_moves` padded with copies of the last slot onto itself (never the destination of a real move)."""
+    pad = kvp + run - 1
+    moves = kv_moves(kvp, path)
+    moves += [(pad, pad)] * (run - 1 - len(moves))
+    src_pages, src_offsets = slot_pages([s for s, _ in moves], pages)
+    dst_pages, dst_offsets = slot_pages([d for _, d in moves], pages)
+    return [*src_pages, *src_offsets, *dst_pages, *dst_offsets]
+
+
 def slot_pages(slots: Sequence[int], pages: Sequence[int]) -> tuple[list[int], list[int]]:
     """(cache page, offset in page) of each sequence slot, through the sequence's page list."""
     out_pages, offsets = [], []
