@@ -10,11 +10,5 @@ if [ ! -f /tmp/full/draft/config.json ] || [ ! -f build/kernels/gemm_schedule.h 
   wait_build
   wait_synth
 fi
-echo "=== 24 GiB, tree-16 with graphs, rows GEMM on, 262K ($(left) s left)" | tee -a "$OUT/log"
-ELPIS_PATCH_ROWS_GEMM=1 ELPIS_FULL_TARGET=/tmp/full/target ELPIS_FULL_DRAFT=/tmp/full/draft \
-  timeout -k 3 $(( $(left) - 10 )) python3 -m pytest -m gpu \
-  "tests/exl3/test_gpu.py::test_24gib_budget_full_model[tree-16]" -q -s -p no:cacheprovider -rfEs --tb=short \
-  > "$OUT/gib24_pytest.txt" 2>&1
-echo "24 GiB tree-16 exit $?" | tee -a "$OUT/log"
-grep -E "\"24gib\"|passed|failed|^E " "$OUT/gib24_pytest.txt" | tail -8 | tee -a "$OUT/log"
+ELPIS_PATCH_ROWS_GEMM=1 gib24_test "tree-16 with graphs, rows GEMM on, 262K"
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"

@@ -18,11 +18,5 @@ ELPIS_SMALL_DIR=/tmp/small gpu_pytest "gdn ba patch, kernel, tree verify, tree g
   tests/exl3/test_tree_graph.py tests/kernels/test_round_tail.py
 grep -h "operand shared" "$OUT/pytest.txt" | tee -a "$OUT/log"
 wait_synth
-echo "=== 24 GiB, tree-16 with graphs, served defaults, 262K ($(left) s left)" | tee -a "$OUT/log"
-ELPIS_FULL_TARGET=/tmp/full/target ELPIS_FULL_DRAFT=/tmp/full/draft \
-  timeout -k 3 $(( $(left) - 10 )) python3 -m pytest -m gpu \
-  "tests/exl3/test_gpu.py::test_24gib_budget_full_model[tree-16]" -q -s -p no:cacheprovider -rfEs --tb=short \
-  > "$OUT/gib24_pytest.txt" 2>&1
-echo "24 GiB tree-16 exit $?" | tee -a "$OUT/log"
-grep -E "\"24gib\"|passed|failed|^E " "$OUT/gib24_pytest.txt" | tail -8 | tee -a "$OUT/log"
+gib24_test "tree-16 with graphs, served defaults, 262K"
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
