@@ -180,8 +180,7 @@ class RoundTracker:
 
     def check_verify(self, asked: RoundId, rows: int, result: VerifyResult | None) -> torch.Tensor:
         """The result's logits if it answers `asked` with `rows` intact rows; else a RoundFault."""
-        self._check_identity(asked, result)
-        assert result is not None
+        result = self._answering(asked, result)
         check_rows(result, rows, self.vocab_size)
         self.delivered = result.round
         return result.logits
@@ -191,15 +190,14 @@ class RoundTracker:
     ) -> tuple[torch.Tensor, list[int]]:
         """`check_verify`, and every row's greedy token (`sampling.greedy_tokens`) read back in the same
         transfer as the row checks: one host synchronisation for both."""
-        self._check_identity(asked, result)
-        assert result is not None
+        result = self._answering(asked, result)
         ids = check_rows(result, rows, self.vocab_size, greedy=True)
         self.delivered = result.round
         assert ids is not None
         return result.logits, checked_greedy(ids)
 
-    def _check_identity(self, asked: RoundId, result: VerifyResult | None) -> None:
-        """A RoundFault unless `result` answers `asked` (not lost, repeated, stale or another tree's)."""
+    def _answering(self, asked: RoundId, result: VerifyResult | None) -> VerifyResult:
+        """`result` if it answers `asked`; a RoundFault if it is lost, repeated, stale or another tree's."""
         if result is None:
             raise DroppedRound(f"no verify result arrived for {asked}")
         got = result.round
@@ -213,6 +211,7 @@ class RoundTracker:
             raise StaleRound(f"the result of {got} answers another tree than the one asked")
         if got.position != asked.position:
             raise StaleRound(f"{asked} was verified at position {got.position} instead of {asked.position}")
+        return result
 
     def check_commit(self, asked: RoundId, rows: Sequence[int], ack: CommitAck | None) -> None:
         """Nothing if `ack` acknowledges committing `rows` of `asked`; else a RoundFault."""
