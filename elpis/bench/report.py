@@ -105,20 +105,22 @@ def noise_ms(*mads: float | None) -> float:
 
 
 def pooled_ab(
-    a_docs: list[dict[str, Any]], b_docs: list[dict[str, Any]], system: str
+    a_docs: list[dict[str, Any]], b_docs: list[dict[str, Any]], system: str, b_system: str | None = None
 ) -> list[dict[str, Any]]:
     """An A/B over alternating runs (A, B, A, B, ... on one machine): per context, the median and MAD of each
     arm's speculative rounds pooled over its runs, and whether A is faster than B beyond the noise
-    (NOISE_MADS x the larger pooled MAD). Each doc is one run's result JSON (`elpis bench engine`)."""
+    (NOISE_MADS x the larger pooled MAD). Each doc is one run's result JSON (`elpis bench engine`). Arm A is
+    `system` in a_docs, arm B `b_system` (default: the same system) in b_docs; for two systems measured in
+    the same runs, pass the same docs to both arms."""
 
-    def rounds(docs: list[dict[str, Any]]) -> dict[int, list[float]]:
+    def rounds(docs: list[dict[str, Any]], name: str) -> dict[int, list[float]]:
         pooled: dict[int, list[float]] = {}
         for doc in docs:
-            for entry in doc["systems"][system]["checkpoints"]:
+            for entry in doc["systems"][name]["checkpoints"]:
                 pooled.setdefault(entry["context"], []).extend((entry.get("spec") or {})["round_seconds"])
         return pooled
 
-    a, b = rounds(a_docs), rounds(b_docs)
+    a, b = rounds(a_docs, system), rounds(b_docs, b_system or system)
     if set(a) != set(b):
         raise ValueError(f"the arms measured different contexts: {sorted(a)} vs {sorted(b)}")
     out = []

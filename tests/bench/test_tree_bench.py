@@ -187,6 +187,12 @@ def test_pooled_ab_pools_alternating_runs_and_applies_the_noise_rule():
     assert eight_k["verdict"] == "MISS"
     with pytest.raises(ValueError, match="different contexts"):
         report.pooled_ab(a, [run([25])], "elpis-tree16")
+    # Two systems of the same runs: arm B is stock in the very documents of arm A
+    same_runs = [
+        {"systems": {**a_doc["systems"], "stock": b_doc["systems"]["elpis-tree16"]}}
+        for a_doc, b_doc in zip(a, b, strict=True)
+    ]
+    assert report.pooled_ab(same_runs, same_runs, "elpis-tree16", "stock") == [one_k, eight_k]
 
 
 def test_no_tree_table_without_tree_systems(arith):

@@ -1,6 +1,7 @@
 """The pooled A/B of alternating `elpis bench engine` runs (report.pooled_ab), as a table and JSON.
 
 Usage: python3 ab_pooled.py SYSTEM OUT.json --a RUN.json [RUN.json ...] --b RUN.json [RUN.json ...]
+       [--b-system OTHER]  (arm B is OTHER in its runs: e.g. elpis-tree16 against stock in the same runs)
 """
 
 from __future__ import annotations
@@ -18,13 +19,20 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--a", nargs="+", type=Path, required=True, help="arm A's runs (result JSON)")
     parser.add_argument("--b", nargs="+", type=Path, required=True, help="arm B's runs (result JSON)")
+    parser.add_argument("--b-system", default=None, help="arm B's system (default: SYSTEM)")
     args = parser.parse_args()
+    b_system = args.b_system or args.system
     rows = pooled_ab(
-        [json.loads(p.read_text()) for p in args.a], [json.loads(p.read_text()) for p in args.b], args.system
+        [json.loads(p.read_text()) for p in args.a],
+        [json.loads(p.read_text()) for p in args.b],
+        args.system,
+        b_system,
     )
-    doc = {"system": args.system, "a": [p.name for p in args.a], "b": [p.name for p in args.b], "rows": rows}
+    doc = {"system": args.system, "b_system": b_system, "a": [p.name for p in args.a],
+           "b": [p.name for p in args.b], "rows": rows}  # fmt: skip
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"{args.system}: A {doc['a']} vs B {doc['b']} (noise {NOISE_MADS:g} x the larger pooled MAD)")
+    print(f"A {args.system} {doc['a']} vs B {b_system} {doc['b']}", end=" ")
+    print(f"(noise {NOISE_MADS:g} x the larger pooled MAD)")
     for r in rows:
         print(
             f"{r['label']}: A {r['a_ms']:.2f} ms ({r['a_rounds']} rounds), B {r['b_ms']:.2f} ms "
