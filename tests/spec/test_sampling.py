@@ -173,3 +173,43 @@ def test_sampling_on_cuda_is_batch_independent_and_filters_alike() -> None:
     for kwargs in ({"top_k": 2}, {"top_p": 0.8}, {"min_p": 0.3}):
         cpu = _kept(row, SamplingParams(temperature=1.0, **kwargs))
         assert _kept(row.cuda(), SamplingParams(temperature=1.0, **kwargs)) == cpu
+
+
+def test_a_verifys_rows_are_read_back_together(monkeypatch) -> None:
+    """The rows' samplers run in lockstep: the host transfers of a call do not grow with its rows."""
+    reads = {"n": 0}
+
+    def counted(name: str):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args):
+            reads["n"] += 1
+            return original(self, *args)
+
+        return read
+
+    for name in ("tolist", "item", "__float__", "__int__", "__index__", "__bool__"):  # every way to the host
+        monkeypatch.setattr(torch.Tensor, name, counted(name))
+    logits = torch.randn(16, 3000, generator=torch.Generator().manual_seed(4)) * 3
+    for params in (SamplingParams(temperature=0.6, top_p=0.95, top_k=20), SamplingParams(temperature=1.0),
+                   SamplingParams(temperature=0.8, top_p=0.9, min_p=0.02)):  # fmt: skip
+        alone = []
+        for r in range(16):
+            reads["n"] = 0
+            sample_rows(logits[r : r + 1], params, [r])
+            alone.append(reads["n"])
+        reads["n"] = 0
+        sample_rows(logits, params, list(range(16)))
+        # as many as the row needing the most steps (top_p may widen its head a few times), not their sum
+        assert reads["n"] == max(alone) <= 12, (params, alone, reads["n"])
+
+
+def test_the_gpus_sorted_form_of_nonzero_is_nonzero() -> None:
+    from elpis.spec.sampling import _true_ids
+
+    gen = torch.Generator().manual_seed(9)
+    for density in (0.0, 0.001, 0.3, 1.0):
+        mask = torch.rand(5000, generator=gen) < density
+        want = torch.nonzero(mask).flatten()
+        got = _true_ids(mask, int(mask.sum()), by_sort=True)
+        assert got.dtype == want.dtype and torch.equal(got, want), density
