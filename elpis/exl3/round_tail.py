@@ -35,7 +35,10 @@ SOURCE = PATCHES_DIR / "kernels" / "round_tail.cu"
 MAX_ROWS = abi.MAX_ROWS
 NOOP = MAX_ROWS  # index of the no-op candidate
 CANDIDATES = MAX_ROWS + 1
-RECORD_WORDS = 4 + 2 * MAX_ROWS  # status, count, ends, end row, path[16], tokens[16]
+# The record's layout, as the kernel writes it (kRec*): status, count, ends, end row, path[16], tokens[16]
+REC_STATUS, REC_COUNT, REC_ENDS, REC_END, REC_PATH = 0, 1, 2, 3, 4
+REC_TOKENS = REC_PATH + MAX_ROWS
+RECORD_WORDS = REC_TOKENS + MAX_ROWS
 STATUS_FLAGGED_ROW, STATUS_NON_FINITE = 1, 2
 
 _I32, _U32, _VP = ctypes.c_int32, ctypes.c_uint32, ctypes.c_void_p
@@ -129,10 +132,10 @@ def commit_candidates(
 def read_record(words: list[int]) -> RoundTail:
     if len(words) != RECORD_WORDS:
         raise ValueError(f"a round tail record has {RECORD_WORDS} words, got {len(words)}")
-    count = words[1]
-    path = tuple(words[4 : 4 + count])
-    tokens = tuple(words[4 + MAX_ROWS : 4 + MAX_ROWS + count])
-    return RoundTail(words[0], count, bool(words[2]), words[3], path, tokens)
+    count = words[REC_COUNT]
+    path = tuple(words[REC_PATH : REC_PATH + count])
+    tokens = tuple(words[REC_TOKENS : REC_TOKENS + count])
+    return RoundTail(words[REC_STATUS], count, bool(words[REC_ENDS]), words[REC_END], path, tokens)
 
 
 def decide(
