@@ -94,6 +94,8 @@ def _operand(module: Any) -> Any:
     weight `ba_weight_t` of exactly this layout ([2 * heads, hidden] fp16, b's rows then a's), which its
     fused decode fills on the first forward that takes it; it is filled here instead and shared, rather than
     holding a second copy (~1 MB per layer, 47 MB for the model). Without that buffer, a tensor of our own."""
+    import torch
+
     wt = gdn_ba.transposed_weights(*_gate_weights(module))
     stock = getattr(module, "ba_weight_t", None)
     if stock is None or getattr(module, "ba_bias", None) is not None:
@@ -101,7 +103,8 @@ def _operand(module: Any) -> Any:
     same = (tuple(stock.shape), stock.dtype, stock.device) == (tuple(wt.shape), wt.dtype, wt.device)
     if not same or not stock.is_contiguous():
         return wt
-    stock.copy_(wt)
+    with torch.inference_mode():  # ExLlamaV3 allocates its buffers as inference tensors
+        stock.copy_(wt)
     module.ba_weight_filled = True  # the values its own fill would write (it has no bias to fill)
     return stock
 

@@ -81,7 +81,8 @@ def test_the_operand_is_exllamav3s_merged_buffer_where_the_layer_has_one(monkeyp
     monkeypatch.setattr(gdn_ba, "transposed_weights", lambda wb, wa: torch.cat((wb.t(), wa.t())).contiguous())
     expected = torch.cat((b.t(), a.t()))
 
-    merged = torch.zeros(2 * heads, hidden, dtype=torch.half)
+    with torch.inference_mode():  # as ExLlamaV3 allocates it: an inference tensor
+        merged = torch.zeros(2 * heads, hidden, dtype=torch.half)
     layer = _layer(b_proj=b_linear, a_proj=a_linear, ba_weight_t=merged, ba_weight_filled=False)
     assert gdn_ba_patch._operand(layer) is merged
     assert torch.equal(merged, expected) and layer.ba_weight_filled is True
