@@ -58,6 +58,28 @@ def default_gdn_ba(tree: bool) -> bool:
     return tree and patches.enabled(PATCH)
 
 
+def check_prefill_group(group: int, chunk: int) -> int:
+    """`group` chunks per layer-major prefill group, checked: more than one only with ExLlamaV3's own
+    2048-token chunks (what the patch is shown bit-identical for)."""
+    if group < 1:
+        raise ValueError(f"prefill_group must be at least 1, got {group}")
+    if group > 1 and chunk != EXLLAMA_PREFILL_CHUNK:
+        raise ValueError(
+            f"prefill groups of {group} chunks need {EXLLAMA_PREFILL_CHUNK}-token chunks, not {chunk}"
+        )
+    return group
+
+
+def default_prefill_group(prefill_chunk: int) -> int:
+    """Chunks per layer-major prefill group when the caller does not say: with ExLlamaV3's 2048-token chunks,
+    as the registry patch exl3-prefill-groups is switched (`elpis.exl3.prefill_groups`: bit-identical, each
+    EXL3 weight rebuilt once per group); 1 (chunk by chunk) otherwise."""
+    from elpis.exl3 import patches
+    from elpis.exl3.prefill_groups import GROUP_CHUNKS, PATCH
+
+    return GROUP_CHUNKS if prefill_chunk == EXLLAMA_PREFILL_CHUNK and patches.enabled(PATCH) else 1
+
+
 def load_backend(
     model_dir: str | Path,
     draft_dir: str | Path | None,
@@ -77,6 +99,7 @@ def load_backend(
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     rows_gemm: bool | None = None,
     gdn_ba: bool | None = None,
+    prefill_group: int | None = None,
 ) -> Exl3Backend:
     """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
 
@@ -107,10 +130,16 @@ def load_backend(
     `gdn_ba`: inside tree verifies, the Gated DeltaNet gate projections b and a run as two launches of elpis's
     kernel (`elpis.exl3.gdn_ba_patch`); None: `default_gdn_ba(tree)`. Tree mode only; True with the patch
     switched off is refused.
+    `prefill_group`: 2048-token chunks prefilled layer-major per group of this many
+    (`elpis.exl3.prefill_groups`; the same arithmetic as chunk by chunk, each EXL3 weight rebuilt once per
+    group); None:
+    `default_prefill_group(prefill_chunk)`. More than 1 with the patch switched off is refused.
     """
     import torch
 
     check_prefill_chunk(prefill_chunk)
+    if prefill_group is not None:
+        check_prefill_group(prefill_group, prefill_chunk)
     if not torch.cuda.is_available():
         raise RuntimeError("the exl3 backend needs a CUDA GPU (use --backend reference on CPU)")
     from elpis.exl3.backend import Exl3Backend
@@ -129,6 +158,8 @@ def load_backend(
         rows_gemm = default_rows_gemm(tree)
     if gdn_ba is None:
         gdn_ba = default_gdn_ba(tree)
+    if prefill_group is None:
+        prefill_group = default_prefill_group(prefill_chunk)
     if gdn_ba and not tree:
         raise ValueError("gdn_ba acts inside tree verifies only: it needs tree=True")
     engine = load_engine(
@@ -155,6 +186,7 @@ def load_backend(
         tree=tree,
         tree_graphs=tree and tree_graphs,
         draft_graphs=draft_graphs,
+        prefill_group=prefill_group,
     )
 
 
@@ -176,6 +208,8 @@ __all__ = [
     "EXLLAMA_PREFILL_CHUNK",
     "PREFILL_CHUNKS",
     "check_prefill_chunk",
+    "check_prefill_group",
+    "default_prefill_group",
     "load_backend",
     "walk_modules",
 ]

@@ -155,6 +155,7 @@ class Exl3Backend:
         tree: bool = False,
         tree_graphs: bool = False,
         draft_graphs: bool = False,
+        prefill_group: int = 1,
     ) -> None:
         if max_context + MAX_ROWS > engine.cache_tokens:
             raise ValueError(
@@ -167,6 +168,14 @@ class Exl3Backend:
             check_tree_mode(gdn_state_dtypes(engine), fixed_rows)
         if tree_graphs and not tree:
             raise ValueError("tree_graphs replays tree-mode verifies: it needs tree=True")
+        from elpis.exl3 import check_prefill_group
+
+        if check_prefill_group(prefill_group, engine.prefill_chunk) > 1:
+            from elpis.exl3.prefill_groups import check_model, require_patch
+
+            require_patch()
+            check_model(engine.model)
+        self.prefill_group = prefill_group
         self.engine = engine
         self.fixed_rows = fixed_rows
         self.tree = tree
@@ -276,36 +285,58 @@ class Exl3Backend:
         return plan.reuse
 
     def _prefill(self, body: list[int], keys: list[bytes]) -> None:
+        """Prefill `body` from the current position in ExLlamaV3's chunks. With `prefill_group` > 1 the chunks
+        run layer-major in groups (`elpis.exl3.prefill_groups`: the same kernels on the same chunks, each
+        EXL3 weight rebuilt once per group); a group ends at every prefix-cache snapshot point."""
+        from elpis.exl3.prefill_groups import plan_groups, prefill_layer_major
+
         engine = self.engine
         end = len(body)
-        for stop in prefill_boundaries(len(self.tokens), end, engine.prefill_chunk):
+        stops = prefill_boundaries(len(self.tokens), end, engine.prefill_chunk)
+        snapshot_at = lambda stop: self.prefix.wants_snapshot(stop, end)  # noqa: E731
+        for group in plan_groups(stops, snapshot_at, self.prefill_group):
+            passes, draft_params = [], []
             start = len(self.tokens)
-            self.ensure_pages(stop)
-            table = self.block_table(stock_table_width(stop))
-            seqlens = torch.tensor([start], dtype=torch.int32)
-            params: dict[str, Any] = {
-                "attn_mode": "flash_attn",
-                "block_table": table,
-                "cache": engine.cache,
-                "cache_seqlens": seqlens,
-                "recurrent_states": [self.state],
-            }
-            if self.export_layers:
-                params["export_state_layers"] = self.export_layers
-            ids = torch.tensor([body[start:stop]], dtype=torch.long)
-            engine.model.prefill(ids, params)
-            if engine.draft is not None:
-                engine.draft.update_kv_from_target(
-                    target_hidden=params["export_states"],
-                    cache=engine.draft_cache,
-                    params={"block_table": table, "cache_seqlens": seqlens},
+            for stop in group:  # pages and tables in the order a chunk-by-chunk prefill makes them
+                self.ensure_pages(stop)
+                ids, params = self._prefill_pass(body, start, stop)
+                passes.append((ids, params))
+                # the draft gets the host table and lengths the target was given (before its own use of them)
+                draft_params.append(
+                    {"block_table": params["block_table"], "cache_seqlens": params["cache_seqlens"]}
                 )
-            self.tokens.extend(body[start:stop])
-            if self.prefix.wants_snapshot(stop, end):
-                tail = self.prefix.store.read_page(self.pages[stop // PAGE]) if stop % PAGE else None
-                snap = Snapshot(stop, prefix_key(body, stop, keys), self.prefix.store.save_state(), tail)
-                self.prefix.add_snapshot(snap)
-                self.snaps.append(snap)
+                start = stop
+            if len(passes) == 1:
+                engine.model.prefill(*passes[0])
+            else:
+                prefill_layer_major(engine.model, passes)
+            for (ids, params), conditioning in zip(passes, draft_params, strict=True):
+                stop = len(self.tokens) + ids.shape[1]
+                if engine.draft is not None:
+                    engine.draft.update_kv_from_target(
+                        target_hidden=params["export_states"], cache=engine.draft_cache, params=conditioning
+                    )
+                self.tokens.extend(body[len(self.tokens) : stop])
+                if snapshot_at(stop):
+                    if stop != group[-1]:  # the state is the group's end state: plan_groups ends groups here
+                        raise BackendError(f"prefill snapshot at {stop} inside a group ending at {group[-1]}")
+                    tail = self.prefix.store.read_page(self.pages[stop // PAGE]) if stop % PAGE else None
+                    snap = Snapshot(stop, prefix_key(body, stop, keys), self.prefix.store.save_state(), tail)
+                    self.prefix.add_snapshot(snap)
+                    self.snaps.append(snap)
+
+    def _prefill_pass(self, body: list[int], start: int, stop: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The input ids and params of one `Model.prefill` call for positions [start, stop)."""
+        params: dict[str, Any] = {
+            "attn_mode": "flash_attn",
+            "block_table": self.block_table(stock_table_width(stop)),
+            "cache": self.engine.cache,
+            "cache_seqlens": torch.tensor([start], dtype=torch.int32),
+            "recurrent_states": [self.state],
+        }
+        if self.export_layers:
+            params["export_state_layers"] = self.export_layers
+        return torch.tensor([body[start:stop]], dtype=torch.long), params
 
     @torch.inference_mode()
     def verify(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:

@@ -1,0 +1,167 @@
+"""Layer-major prefill groups (patch exl3-prefill-groups, `elpis.exl3.prefill_groups`).
+
+CPU: how a prefill's chunks are grouped (the prefix cache's own boundaries and snapshot rule). GPU (the small
+synthetic checkpoint): a grouped prefill leaves the target's and the draft's K/V pages, the recurrent state
+and the next verify's logits bitwise equal to a chunk-by-chunk prefill of the same prompt, while it rebuilds
+fewer weights; and the backend refuses groups it cannot run exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from elpis.exl3.prefill_groups import GROUP_CHUNKS, plan_groups
+from elpis.exl3.prefix import prefill_boundaries
+
+
+def test_groups_hold_at_most_size_chunks_in_order():
+    stops = prefill_boundaries(0, 10_939, 2048)
+    assert stops == [2048, 4096, 6144, 8192, 10240, 10752, 10939]
+    groups = plan_groups(stops, lambda stop: False, GROUP_CHUNKS)
+    assert groups == [[2048, 4096, 6144, 8192], [10240, 10752, 10939]]
+    assert plan_groups(stops, lambda stop: False, 1) == [[s] for s in stops]
+
+
+def test_groups_end_at_every_snapshot_point():
+    """The prefix cache snapshots at multiples of its interval, at the last whole chunk and at the end; a
+    snapshot must see the state at its own position, so a group ends there."""
+    end = 30_000
+    stops = prefill_boundaries(6144, end, 2048)  # a resumed prefill starts at a chunk boundary
+
+    def snapshot(stop: int) -> bool:  # PrefixCache.wants_snapshot with its defaults (interval 8192)
+        return stop == end or stop % 8192 == 0 or stop == end // 2048 * 2048
+
+    groups = plan_groups(stops, snapshot, GROUP_CHUNKS)
+    assert [s for g in groups for s in g] == stops
+    assert all(1 <= len(g) <= GROUP_CHUNKS for g in groups)
+    for group in groups:
+        assert not any(snapshot(s) for s in group[:-1]), group
+    assert groups[0] == [8192]  # 6144..8192 ends at the snapshot at 8192
+    assert [g[-1] for g in groups[1:]] == [16384, 24576, 28672, 30000]
+
+
+def test_bad_plans_are_refused():
+    with pytest.raises(ValueError, match="at least one chunk"):
+        plan_groups([2048], lambda s: False, 0)
+    with pytest.raises(ValueError, match="ascend"):
+        plan_groups([4096, 2048], lambda s: False, 4)
+
+
+# -- GPU --------------------------------------------------------------------------------------------------
+
+
+def _prefill_record(backend, ids: list[int]) -> dict:
+    """Everything a prefill leaves behind: K/V pages (target and draft), recurrent state, verify logits."""
+    import torch
+
+    backend.begin(ids)
+    store = backend.prefix.store
+    record = {
+        "pages": [store.read_page(p) for p in backend.pages],
+        "state": store.save_state(),
+    }
+    tokens = [ids[-1], 11, 12, 13]
+    record["logits"] = backend.verify(tokens, [-1, 0, 1, 2]).cpu()
+    backend.finish()
+    torch.cuda.synchronize()
+    return record
+
+
+@pytest.mark.gpu
+def test_grouped_prefill_is_bitwise_chunk_by_chunk(small):
+    import torch
+
+    from elpis.exl3 import load_backend, prefill_groups
+    from elpis.exl3.prefill_groups import counts
+
+    b = load_backend(
+        small / "target",
+        small / "draft",
+        max_context=65536,
+        model_id="small",
+        host_cache_gib=0.0,
+        prefix_cache=False,
+        tree=True,
+        tree_graphs=False,
+        prefill_group=GROUP_CHUNKS,
+    )
+    vocab = b.info.vocab_size
+    gen = torch.Generator().manual_seed(3)
+    # 10,940 tokens: a group of four 2048-token chunks, then 2048 + 512 + 187 (the last two on ExLlamaV3's
+    # own path, below the fused-rebuild row count)
+    ids = torch.randint(0, vocab, (10_940,), generator=gen).tolist()
+    b.prefill_group = 1
+    plain = _prefill_record(b, ids)
+    b.prefill_group = GROUP_CHUNKS
+    before = dict(counts)
+    grouped = _prefill_record(b, ids)
+    rebuilt, reused = counts["rebuilt"] - before["rebuilt"], counts["reused"] - before["reused"]
+    linears = sum(1 for m in _exl3_linears(b.engine.model))
+    print(f"prefill groups: {rebuilt} weights rebuilt, {reused} reused, {linears} EXL3 linears in the target")
+    # per linear reached: group 1 (four chunks of 2048) one rebuild and three reuses; group 2 one rebuild
+    # for its 2048-row chunk (the 512- and 187-row chunks take ExLlamaV3's own path)
+    reached = reused // 3
+    assert reached > 0 and reused == 3 * reached and rebuilt == 2 * reached, (rebuilt, reused)
+    assert len(plain["pages"]) == len(grouped["pages"])
+    for i, (p, g) in enumerate(zip(plain["pages"], grouped["pages"], strict=True)):
+        assert torch.equal(p, g), f"page {i} differs"
+    assert plain["state"].keys() == grouped["state"].keys()
+    for key in plain["state"]:
+        assert torch.equal(plain["state"][key], grouped["state"][key]), key
+    assert torch.equal(plain["logits"], grouped["logits"])
+    assert prefill_groups.installed()
+
+
+def test_groups_are_refused_where_they_would_not_be_exact():
+    from elpis.exl3 import check_prefill_group
+
+    assert check_prefill_group(1, 8192) == 1 and check_prefill_group(GROUP_CHUNKS, 2048) == GROUP_CHUNKS
+    with pytest.raises(ValueError, match="2048-token chunks"):
+        check_prefill_group(GROUP_CHUNKS, 8192)
+    with pytest.raises(ValueError, match="at least 1"):
+        check_prefill_group(0, 2048)
+
+    from elpis.exl3 import load_backend
+
+    # load_backend refuses them before it looks for a GPU or a model
+    with pytest.raises(ValueError, match="2048-token chunks"):
+        load_backend("/nonexistent", None, prefill_chunk=8192, prefill_group=GROUP_CHUNKS)
+    with pytest.raises(ValueError, match="at least 1"):
+        load_backend("/nonexistent", None, prefill_group=0)
+
+
+def _exl3_linears(model):
+    from elpis.exl3 import walk_modules
+
+    for module in walk_modules(model):
+        inner = getattr(module, "inner", None)
+        if type(inner).__name__ == "LinearEXL3":
+            yield inner
+
+
+def _named(name: str, **attrs):
+    return type(name, (), attrs)()
+
+
+def test_only_the_qwen35_family_is_grouped():
+    """A module kind the layer-major order is not shown exact for (one reading the recurrent position, say)
+    is refused with its name; so are tensor-parallel models."""
+    from elpis.exl3.prefill_groups import check_model
+
+    def model(*blocks, **attrs):
+        fwd = [(_named("Embedding"), 0, 0)] + [(b, 0, i + 1) for i, b in enumerate(blocks)]
+        return _named("Model", fwd_modules=fwd, **attrs)
+
+    gdn = _named("TransformerBlock", attn=_named("GatedDeltaNet"), mlp=_named("GatedMLP"))
+    full = _named("TransformerBlock", attn=_named("Attention", qsa_indexer=None), mlp=_named("GatedMLP"))
+    check_model(model(gdn, full, _named("RMSNorm")))
+    conv = _named("TransformerBlock", attn=_named("ShortConv"), mlp=_named("GatedMLP"))
+    with pytest.raises(RuntimeError, match="attn: ShortConv"):
+        check_model(model(gdn, conv))
+    sparse = _named("TransformerBlock", attn=_named("Attention", qsa_indexer=object()), mlp=None)
+    with pytest.raises(RuntimeError, match="attn: Attention"):
+        check_model(model(sparse))
+    with pytest.raises(RuntimeError, match="SharedKVAttention"):
+        check_model(model(gdn, _named("SharedKVAttention")))
+    with pytest.raises(RuntimeError, match="tensor-parallel"):
+        check_model(model(gdn, loaded_tp=True))
