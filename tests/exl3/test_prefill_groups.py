@@ -51,13 +51,17 @@ def test_bad_plans_are_refused():
 
 
 def _prefill_record(backend, ids: list[int]) -> dict:
-    """Everything a prefill leaves behind: K/V pages (target and draft), recurrent state, verify logits."""
+    """Everything a prefill leaves behind: the K/V (target and draft) of the positions it wrote, the recurrent
+    state, the next verify's logits. (Slots past the prompt's end are not compared: a page the sequence got
+    back from an earlier one still holds that one's rows there, never read.)"""
     import torch
 
     backend.begin(ids)
     store = backend.prefix.store
+    pages = torch.tensor(backend.pages, dtype=torch.long, device=store.parts[0].device)
+    written = len(ids) - 1  # the prompt but its last token, which the first verify feeds
     record = {
-        "pages": [store.read_page(p) for p in backend.pages],
+        "kv": [t.index_select(0, pages).flatten(0, 1)[:written].cpu() for t in store.parts],
         "state": store.save_state(),
     }
     tokens = [ids[-1], 11, 12, 13]
@@ -102,9 +106,9 @@ def test_grouped_prefill_is_bitwise_chunk_by_chunk(small):
     # for its 2048-row chunk (the 512- and 187-row chunks take ExLlamaV3's own path)
     reached = reused // 3
     assert reached > 0 and reused == 3 * reached and rebuilt == 2 * reached, (rebuilt, reused)
-    assert len(plain["pages"]) == len(grouped["pages"])
-    for i, (p, g) in enumerate(zip(plain["pages"], grouped["pages"], strict=True)):
-        assert torch.equal(p, g), f"page {i} differs"
+    assert len(plain["kv"]) == len(grouped["kv"]) > 0
+    for i, (p, g) in enumerate(zip(plain["kv"], grouped["kv"], strict=True)):
+        assert p.shape[0] == len(ids) - 1 and torch.equal(p, g), f"cache tensor {i} differs"
     assert plain["state"].keys() == grouped["state"].keys()
     for key in plain["state"]:
         assert torch.equal(plain["state"][key], grouped["state"][key]), key
