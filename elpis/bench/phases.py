@@ -128,6 +128,7 @@ class PhaseProfiler:
                 self._wrap_instance(draft_graphs, "block", "draft")
         self._wrap_window(model, "forward")
         self._wrap_window(model, "prefill")
+        self._wrap_group_window(model)
         if graphs is not None:
             self._wrap_graph_window(graphs)
 
@@ -173,6 +174,23 @@ class PhaseProfiler:
 
         setattr(model, name, call)
         self._restore.append(lambda: model.__dict__.pop(name, None))
+
+    def _wrap_group_window(self, model: Any) -> None:
+        """A prefill in layer-major groups (`elpis.exl3.prefill_groups.prefill_layer_major`) runs several
+        chunks without calling `model.prefill`: for this model it counts as one prefill call of all their
+        rows at the first chunk's position."""
+        from elpis.exl3 import prefill_groups
+
+        original = prefill_groups.prefill_layer_major
+
+        def grouped(target, passes, *args, **kwargs):
+            if target is model and passes:
+                rows = sum(int(ids.shape[-1]) for ids, _ in passes)
+                self._before("prefill", rows, _position(passes[0][1]))
+            return original(target, passes, *args, **kwargs)
+
+        prefill_groups.prefill_layer_major = grouped
+        self._restore.append(lambda: setattr(prefill_groups, "prefill_layer_major", original))
 
     def _wrap_graph_window(self, graphs: Any) -> None:
         """A tree verify replayed from a CUDA graph (`elpis.exl3.tree_graph.TreeGraphs.verify`) calls no

@@ -157,3 +157,51 @@ def test_replayed_draft_blocks_are_labelled_draft(monkeypatch):
     assert ranges == [phases.PREFIX + "draft"]
     profiler.close()
     assert "block" not in vars(draft_graphs)
+
+
+def test_grouped_prefills_open_prefill_windows(monkeypatch):
+    """A prefill in layer-major groups calls no `model.prefill`; for the profiled model it counts as one
+    prefill of all its chunks' rows, another model's groups are not counted, and closing the profiler puts
+    the original function back."""
+    import torch
+
+    from elpis.exl3 import prefill_groups
+
+    events: list = []
+    calls: list = []
+
+    def start(self):
+        events.append("start")
+        self._profiler = object()
+
+    def finish(self, per, unit):
+        events.append(("finish", per, unit))
+        self._plans.pop(0)
+        self._profiler = None
+
+    monkeypatch.setattr(phases.PhaseProfiler, "_start", start)
+    monkeypatch.setattr(phases.PhaseProfiler, "_finish", finish)
+    monkeypatch.setattr(prefill_groups, "prefill_layer_major", lambda m, passes: calls.append(len(passes)))
+    wrapped_from = prefill_groups.prefill_layer_major
+    model = _Model()
+    profiler = phases.PhaseProfiler(model, None)
+
+    def passes(start: int, sizes: list[int]) -> list:
+        out = []
+        for n in sizes:
+            out.append((torch.zeros(1, n), {"cache_seqlens": torch.tensor([start], dtype=torch.int32)}))
+            start += n
+        return out
+
+    profiler.prefill(16384, tail=8192)
+    prefill_groups.prefill_layer_major(model, passes(0, [2048] * 4))  # before the window
+    assert events == [] and calls == [4]
+    prefill_groups.prefill_layer_major(_Model(), passes(8192, [2048] * 4))  # another model
+    assert events == []
+    prefill_groups.prefill_layer_major(model, passes(8192, [2048] * 4))
+    prefill_groups.prefill_layer_major(model, passes(16384, [2048, 1000]))
+    assert events == ["start"]
+    model.forward(torch.zeros(1, 8), {"cache_seqlens": torch.tensor([19431], dtype=torch.int32)})
+    assert events == ["start", ("finish", 8192 + 3048, "token")]
+    profiler.close()
+    assert prefill_groups.prefill_layer_major is wrapped_from
