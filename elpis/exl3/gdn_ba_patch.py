@@ -50,10 +50,7 @@ def require_patch() -> None:
     """Refuse a model that asks for the kernel in a process where the registry patch is switched off."""
     from elpis.exl3 import patches
 
-    if not installed():
-        off = "switched off (ELPIS_PATCH_GDN_BA=0)"
-        why = off if not patches.enabled(PATCH) else "not applied (patches.apply_all)"
-        raise RuntimeError(f"gdn_ba=True needs the registry patch {PATCH}, which is {why}")
+    patches.require_installed(PATCH, installed(), "gdn_ba=True")
 
 
 def _gate_weights(module: Any) -> tuple[Any, Any]:

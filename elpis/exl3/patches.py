@@ -102,6 +102,18 @@ def applied() -> dict[str, bool]:
     return dict(_applied)
 
 
+def require_installed(patch_id: str, installed: bool, asked: str) -> None:
+    """Refuse `asked` (what the caller wants, e.g. "rows_gemm=True") in a process where registry patch
+    `patch_id` is not installed, saying whether it is switched off or was never applied."""
+    if installed:
+        return
+    patch = next((p for p in load_registry() if p.id == patch_id), None)
+    if patch is None:
+        raise KeyError(f"no patch {patch_id!r} in {REGISTRY}")
+    why = f"switched off ({patch.switch}=0)" if not patch.enabled() else "not applied (patches.apply_all)"
+    raise RuntimeError(f"{asked} needs the registry patch {patch_id}, which is {why}")
+
+
 def enabled(patch_id: str, path: Path = REGISTRY) -> bool:
     """Whether registry patch `patch_id` is switched on in this process (its switch, else its default)."""
     for patch in load_registry(path):

@@ -68,10 +68,7 @@ def require_patch() -> None:
     """Refuse grouped prefills in a process where the registry patch is not applied."""
     from elpis.exl3 import patches
 
-    if not installed():
-        off = "switched off (ELPIS_PATCH_PREFILL_GROUPS=0)"
-        why = off if not patches.enabled(PATCH) else "not applied (patches.apply_all)"
-        raise RuntimeError(f"grouped prefills need the registry patch {PATCH}, which is {why}")
+    patches.require_installed(PATCH, installed(), "grouped prefills")
 
 
 def _reusable(linear: Any, x: Any) -> bool:

@@ -196,10 +196,7 @@ def require_patch() -> None:
     """Refuse a model that asks for the kernel in a process where the registry patch is switched off."""
     from elpis.exl3 import patches
 
-    if not installed():
-        on = patches.enabled(PATCH)
-        why = "switched off (ELPIS_PATCH_ROWS_GEMM=0)" if not on else "not applied (patches.apply_all)"
-        raise RuntimeError(f"rows_gemm=True needs the registry patch {PATCH}, which is {why}")
+    patches.require_installed(PATCH, installed(), "rows_gemm=True")
 
 
 @contextlib.contextmanager

@@ -100,9 +100,8 @@ class _Graphs:
         return ("replay", kvp)
 
 
-def test_graph_replays_count_as_rounds(monkeypatch):
-    """A tree verify replayed from a CUDA graph calls no model forward; the replay opens and closes round
-    windows exactly as a forward would, and closing the profiler removes the wrapper."""
+def _record_windows(monkeypatch) -> list:
+    """Profile windows opening and closing, recorded instead of run (no profiler): the list they go to."""
     events: list = []
 
     def start(self):
@@ -116,6 +115,13 @@ def test_graph_replays_count_as_rounds(monkeypatch):
 
     monkeypatch.setattr(phases.PhaseProfiler, "_start", start)
     monkeypatch.setattr(phases.PhaseProfiler, "_finish", finish)
+    return events
+
+
+def test_graph_replays_count_as_rounds(monkeypatch):
+    """A tree verify replayed from a CUDA graph calls no model forward; the replay opens and closes round
+    windows exactly as a forward would, and closing the profiler removes the wrapper."""
+    events = _record_windows(monkeypatch)
     graphs = _Graphs()
     profiler = phases.PhaseProfiler(_Model(), None, graphs)
     profiler.rounds(1024, warm=1, count=2)
@@ -167,20 +173,8 @@ def test_grouped_prefills_open_prefill_windows(monkeypatch):
 
     from elpis.exl3 import prefill_groups
 
-    events: list = []
+    events = _record_windows(monkeypatch)
     calls: list = []
-
-    def start(self):
-        events.append("start")
-        self._profiler = object()
-
-    def finish(self, per, unit):
-        events.append(("finish", per, unit))
-        self._plans.pop(0)
-        self._profiler = None
-
-    monkeypatch.setattr(phases.PhaseProfiler, "_start", start)
-    monkeypatch.setattr(phases.PhaseProfiler, "_finish", finish)
     monkeypatch.setattr(prefill_groups, "prefill_layer_major", lambda m, passes: calls.append(len(passes)))
     wrapped_from = prefill_groups.prefill_layer_major
     model = _Model()

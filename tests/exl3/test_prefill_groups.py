@@ -169,3 +169,17 @@ def test_only_the_qwen35_family_is_grouped():
         check_model(model(gdn, _named("SharedKVAttention")))
     with pytest.raises(RuntimeError, match="tensor-parallel"):
         check_model(model(gdn, loaded_tp=True))
+
+
+def test_a_process_without_the_registry_patch_is_refused(monkeypatch):
+    from elpis.exl3 import prefill_groups
+
+    monkeypatch.setattr(prefill_groups, "_original", [])
+    monkeypatch.setenv("ELPIS_PATCH_PREFILL_GROUPS", "0")
+    with pytest.raises(RuntimeError, match="exl3-prefill-groups, which is switched off"):
+        prefill_groups.require_patch()
+    with pytest.raises(RuntimeError, match="switched off"), prefill_groups.weight_store():
+        pass
+    monkeypatch.setenv("ELPIS_PATCH_PREFILL_GROUPS", "1")
+    with pytest.raises(RuntimeError, match="not applied"):
+        prefill_groups.require_patch()
