@@ -1,14 +1,22 @@
 #!/bin/bash
-# Call 64 (issue 10, written in session 15 for the next session): `elpis bench engine` stock vs elpis-tree16
-# (the served configuration: tree mode, layer-major prefill groups) at 8K / 32K / 128K, for TTFT and prefill
-# tokens per second with stock in the same run (call 61 benched chain-mode elpis).
+# Call 64 (issue 10, written in session 15 for the next session), the served configuration (tree mode,
+# layer-major prefill groups) against stock in the same run:
+# 1. `elpis bench profile` of the last prefill chunks before 32K, with kernel names per phase (the 2026-11-30
+#    profile had families only; "other: copy" was 8.8 µs per token for elpis and 15.5 for stock, unexplained);
+# 2. `elpis bench engine` at 8K / 32K / 128K: TTFT and prefill tokens per second (call 61 benched chain mode).
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
-LIMIT=${LIMIT:-400}
+LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
 start_build_and_full_synth
 wait_build
 wait_synth
+echo "=== prefill profile at 32K ($(left) s left)" | tee -a "$OUT/log"
+timeout -k 5 220 python3 -m elpis.cli bench profile --systems stock,elpis-tree16 \
+  --model /tmp/full/target --draft /tmp/full/draft --out-dir "$OUT" --time-limit 200 \
+  --checkpoints 32768 --profile-prefill 32768 --stem prefill-profile 2>&1 | grep -v "it/s\]$" | tail -12 | tee -a "$OUT/log"
+grep -h "prefill 32K" "$OUT/prefill-profile.md" | cut -c1-1500 | tee -a "$OUT/log"
+rm -f "$OUT"/*.png
 echo "=== bench engine, served prefill ($(left) s left)" | tee -a "$OUT/log"
 b=$(( $(left) - 15 )); [ "$b" -gt 230 ] && b=230
 timeout -k 5 "$b" python3 -m elpis.cli bench engine --model /tmp/full/target --draft /tmp/full/draft \
