@@ -6,7 +6,9 @@ ExLlamaV3's; this module decides what runs and keeps the bookkeeping:
 - `begin`: reuse the longest exact prefix from the prefix cache (`elpis.exl3.prefix`), prefill the rest in
   chunks whose boundaries depend only on absolute positions (2048-token chunks, a cut at the last page
   boundary, like ExLlamaV3's own generator, so the stock comparison is bit-exact), feeding the DFlash2
-  draft's K/V from the target's tap layers after every chunk.
+  draft's K/V from the target's tap layers after every chunk. With `prefill_group` > 1 (the default with the
+  registry patch exl3-prefill-groups) up to that many chunks run layer-major, each EXL3 weight rebuilt once
+  for them (`elpis.exl3.prefill_groups`; same kernels on the same chunks, bitwise the same cache and state).
 - `verify`: one forward over the anchor and the draft rows with the recurrent state's history on, so the
   rejected rows can be undone. Rows must form a chain (`parents == [-1, 0, 1, ...]`); trees raise
   `ValueError` until tree verify lands (issue 8). With `fixed_rows` every call runs that many rows (padding
