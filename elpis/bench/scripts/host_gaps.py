@@ -1,0 +1,145 @@
+"""Diagnostic (GPU machine, after `elpis build` and the full-size synth in /tmp/full): what the host does
+while the GPU sits idle inside greedy tree-16 rounds (issue 9: host time per round <= 0.2 ms).
+
+Loads the served configuration (tree mode, verify and draft graphs, elpis's kernels), labels the host steps
+of a round with `torch.profiler.record_function` (the speculation core's round and tree, the drafter's block,
+read-back and candidates, the tree build, the verify and its graph fill, the read-back of the row checks, the
+acceptor, the commit and the draft's conditioning), then for each context: times rounds without the
+profiler, profiles `--rounds` more, and prints one line "HOSTGAPS {json}" with the round time and
+`elpis.bench.host_gaps.report`: GPU busy and idle microseconds per round, the idle time by the host's
+innermost step and by the torch op or CUDA call it was in. Usage (repo root):
+  python3 elpis/bench/scripts/host_gaps.py MODEL DRAFT [--contexts 1024,8192] [--rounds 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from elpis import accept
+from elpis.bench.host_gaps import PREFIX, report
+from elpis.bench.worker import BenchDecoder
+from elpis.exl3 import drafter as drafter_module
+from elpis.exl3 import load_backend
+from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+from elpis.spec import generate as generate_module
+from elpis.spec.integrity import RoundTracker
+
+WARMUP = 4
+
+
+@contextlib.contextmanager
+def labelled(targets: list[tuple[Any, str, str]]) -> Iterator[None]:
+    """Each (object, attribute, label): the attribute's calls run inside a profiler range PREFIX + label;
+    everything is put back at the end."""
+    undo = []
+    for obj, attr, label in targets:
+        original = getattr(obj, attr)
+        own = attr in vars(obj)
+
+        def wrapped(*args, _original=original, _name=PREFIX + label, **kwargs):
+            with torch.profiler.record_function(_name):
+                return _original(*args, **kwargs)
+
+        setattr(obj, attr, wrapped)
+        undo.append((obj, attr, original, own))
+    try:
+        yield
+    finally:
+        for obj, attr, original, own in reversed(undo):
+            if own:
+                setattr(obj, attr, original)
+            else:
+                delattr(obj, attr)
+
+
+def host_steps(backend: Any) -> list[tuple[Any, str, str]]:
+    d = backend.drafter
+    return [
+        (SpeculativeGenerator, "_round", "round"),
+        (SpeculativeGenerator, "_tree", "tree"),
+        (d, "propose", "propose"),
+        (d, "block", "draft.block"),
+        (drafter_module, "candidates", "draft.readback"),
+        (generate_module, "build_tree", "build_tree"),
+        (generate_module, "choose_row_count", "choose_rows"),
+        (backend, "verify", "verify"),
+        (backend.graphs, "verify", "graphs.verify"),
+        (backend.graphs, "_fill", "graphs.fill"),
+        (RoundTracker, "check_verify_greedy", "checks.readback"),
+        (accept, "tree", "accept"),
+        (backend, "commit", "commit"),
+        (backend.graphs, "commit", "graphs.commit"),
+        (d.graphs, "condition", "condition"),
+    ]
+
+
+def measure(backend: Any, decoder: Any, context: int, rounds: int) -> dict[str, Any]:
+    rng = random.Random(context)
+    ids = [rng.randrange(1000, backend.info.vocab_size - 1000) for _ in range(context)]
+    gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=16, draft_top_k=4)
+    request = GenerationRequest(
+        prompt_ids=tuple(ids), max_tokens=WARMUP + 2 * rounds + 2, sampling=SamplingParams(), ignore_eos=True
+    )
+    steps = gen.generate(request)
+    next(steps)  # prefill and the first round
+    for _ in range(WARMUP):
+        next(steps)
+    torch.cuda.synchronize()
+    plain: list[float] = []
+    t = time.perf_counter()
+    for _ in range(rounds):
+        next(steps)
+        now = time.perf_counter()
+        plain.append((now - t) * 1e3)
+        t = now
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with labelled(host_steps(backend)), torch.profiler.profile(activities=activities) as prof:
+        profiled: list[float] = []
+        t = time.perf_counter()
+        for _ in range(rounds):
+            next(steps)
+            now = time.perf_counter()
+            profiled.append((now - t) * 1e3)
+            t = now
+        torch.cuda.synchronize()
+    steps.close()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    out = {"context": context, "round_ms_median": statistics.median(plain)}
+    out["profiled_round_ms_median"] = statistics.median(profiled)
+    out.update(report(events, rounds))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model")
+    p.add_argument("draft")
+    p.add_argument("--contexts", default="1024,8192")
+    p.add_argument("--rounds", type=int, default=12)
+    args = p.parse_args()
+    backend = load_backend(
+        args.model, args.draft, max_context=65536, model_id="diag", host_cache_gib=0.0, tree=True
+    )
+    backend.prefix.enabled = False
+    decoder = BenchDecoder(Path(args.model))
+    for context in (int(c) for c in args.contexts.split(",")):
+        print("HOSTGAPS " + json.dumps(measure(backend, decoder, context, args.rounds)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
