@@ -13,7 +13,9 @@ Staged, not yet served (the plan: elpis/spec/README.md, "The round on the GPU").
 
 Before it is served, the GPU must show: the record equals `elpis.accept.tree` on the same inputs, the copied
 inputs equal `TreeGraphs.commit`'s, and a commit with the no-op candidate (zero plan) leaves the Gated
-DeltaNet state and conv window unchanged.
+DeltaNet state and conv window unchanged. The first two pass on the H200 (tests/kernels/test_round_tail.py,
+device call 59); the third has a GPU test (tests/kernels/test_gdn_tree.py::test_a_zero_plan_commits_nothing),
+not yet run.
 """
 
 from __future__ import annotations

@@ -207,6 +207,25 @@ def test_commit_equals_one_token_at_a_time(path: list[int]) -> None:
     assert (outs.double() - want_out).abs().max().item() < 2e-5 * max(1.0, want_out.abs().max().item())
 
 
+def test_a_zero_plan_commits_nothing() -> None:
+    """The round's decision kernel (patches/kernels/round_tail.cu) hands a round it refuses the no-op commit
+    inputs: a zero plan. Through the graph form of the commit, that leaves the state and the conv window
+    bitwise as they were, while a real plan in the same buffer does commit."""
+    inp = _inputs(16, seed=700)
+    state, conv = inp.state.clone(), inp.conv_state.clone()
+    plan = torch.zeros((gt.PLAN_CAPACITY,), dtype=torch.uint8, device="cuda")
+    gt.gdn_tree_commit_graph(inp.qkv, inp.beta, inp.g, inp.conv_weight, conv, state, plan)
+    torch.cuda.synchronize()
+    assert torch.equal(state, inp.state) and torch.equal(conv, inp.conv_state)
+    real = gt.packed_commit_plan((0, 1))
+    plan[: len(real)] = torch.frombuffer(bytearray(real), dtype=torch.uint8).cuda()
+    gt.gdn_tree_commit_graph(inp.qkv, inp.beta, inp.g, inp.conv_weight, conv, state, plan)
+    want_state, want_conv = inp.state.clone(), inp.conv_state.clone()
+    gt.gdn_tree_commit(inp.qkv, inp.beta, inp.g, inp.conv_weight, want_conv, want_state, [0, 1])
+    assert torch.equal(state, want_state) and torch.equal(conv, want_conv)
+    assert not torch.equal(state, inp.state)
+
+
 def test_bad_inputs_are_refused() -> None:
     inp = _inputs(4, seed=7)
     m = accept.tree_masks([-1, 0, 1, 1])
