@@ -17,8 +17,10 @@ same rebuild kernel on the same packed weight gives the same bits, and the GEMM 
 page-aligned tail of a prompt), and every call outside a store, go to ExLlamaV3's own function untouched.
 
 Cost: the rebuilt weights of one module stay alive while it runs its chunks (at most ~0.8 GB for a
-Qwen3.8 block: q/k/v/o or qkv/z/out plus the MLP's three). Groups end where the prefix cache takes its
-snapshots, so every snapshot still sees the whole model at its position.
+Qwen3.8 block: q/k/v/o or qkv/z/out plus the MLP's three), and a group's four chunks keep their activations
+and tap exports: the prefill's peak grew by ~1.05 GiB on the H200 (bench/results/prefill/README.md, session
+15). Groups end where the prefix cache takes its snapshots, so every snapshot still sees the whole model at
+its position.
 """
 
 from __future__ import annotations
