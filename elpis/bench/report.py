@@ -105,31 +105,56 @@ def noise_ms(*mads: float | None) -> float:
 
 
 def pooled_ab(
-    a_docs: list[dict[str, Any]], b_docs: list[dict[str, Any]], system: str, b_system: str | None = None
+    a_docs: list[dict[str, Any]],
+    b_docs: list[dict[str, Any]],
+    system: str,
+    b_system: str | None = None,
+    *,
+    skip_disturbed: bool = False,
 ) -> list[dict[str, Any]]:
     """An A/B over alternating runs (A, B, A, B, ... on one machine): per context, the median and MAD of each
     arm's speculative rounds pooled over its runs, and whether A is faster than B beyond the noise
     (NOISE_MADS x the larger pooled MAD). Each doc is one run's result JSON (`elpis bench engine`). Arm A is
     `system` in a_docs, arm B `b_system` (default: the same system) in b_docs; for two systems measured in
-    the same runs, pass the same docs to both arms."""
+    the same runs, pass the same docs to both arms. `skip_disturbed`: leave out a run's context where its
+    measurement is disturbed (`disturbed`); in the same runs, where either system's is, so both arms keep the
+    same runs. Each row says how many runs each arm pooled."""
+    same_runs = a_docs is b_docs
 
-    def rounds(docs: list[dict[str, Any]], name: str) -> dict[int, list[float]]:
+    def skipped(doc: dict[str, Any], name: str, context: int) -> bool:
+        if not skip_disturbed:
+            return False
+        names = {system, b_system or system} if same_runs else {name}
+        marked = {(d["system"], d["context"]) for d in disturbed(doc) if d["kind"] == "spec"}
+        return any((n, context) in marked for n in names)
+
+    def rounds(docs: list[dict[str, Any]], name: str) -> tuple[dict[int, list[float]], dict[int, int]]:
         pooled: dict[int, list[float]] = {}
+        runs: dict[int, int] = {}
         for doc in docs:
             for entry in doc["systems"][name]["checkpoints"]:
-                pooled.setdefault(entry["context"], []).extend((entry.get("spec") or {})["round_seconds"])
-        return pooled
+                context = entry["context"]
+                pooled.setdefault(context, [])
+                runs.setdefault(context, 0)
+                if skipped(doc, name, context):
+                    continue
+                pooled[context].extend((entry.get("spec") or {})["round_seconds"])
+                runs[context] += 1
+        return pooled, runs
 
-    a, b = rounds(a_docs, system), rounds(b_docs, b_system or system)
+    (a, a_runs), (b, b_runs) = rounds(a_docs, system), rounds(b_docs, b_system or system)
     if set(a) != set(b):
         raise ValueError(f"the arms measured different contexts: {sorted(a)} vs {sorted(b)}")
     out = []
     for context in sorted(a):
+        if not a[context] or not b[context]:
+            raise ValueError(f"{label(context)}: every run of an arm was disturbed; nothing to pool")
         a_ms, b_ms = statistics.median(a[context]) * 1000, statistics.median(b[context]) * 1000
         noise = noise_ms(mad_ms(a[context]), mad_ms(b[context]))
         out.append({
             "context": context, "label": label(context), "a_ms": a_ms, "b_ms": b_ms,
             "a_rounds": len(a[context]), "b_rounds": len(b[context]), "gain_ms": b_ms - a_ms,
+            "a_runs": a_runs[context], "b_runs": b_runs[context],
             "noise_ms": noise, "verdict": _verdict(b_ms - a_ms > noise),
         })  # fmt: skip
     return out

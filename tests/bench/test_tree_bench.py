@@ -195,6 +195,36 @@ def test_pooled_ab_pools_alternating_runs_and_applies_the_noise_rule():
     assert report.pooled_ab(same_runs, same_runs, "elpis-tree16", "stock") == [one_k, eight_k]
 
 
+def test_pooled_ab_can_leave_out_disturbed_runs():
+    """With skip_disturbed, a run's context whose rounds spread over DISTURBED_SPREAD is left out of the pool;
+    in the same runs for both systems, so both arms keep the same runs. Every run disturbed: refused."""
+
+    def doc(tree_1k: list[float], stock_1k: list[float], tree_8k: list[float], stock_8k: list[float]) -> dict:
+        def checkpoints(one_k, eight_k):
+            return [
+                {"context": 1024, "spec": {"round_seconds": [m / 1000 for m in one_k]}},
+                {"context": 8192, "spec": {"round_seconds": [m / 1000 for m in eight_k]}},
+            ]
+
+        return {"systems": {"elpis-tree16": {"checkpoints": checkpoints(tree_1k, tree_8k)},
+                            "stock": {"checkpoints": checkpoints(stock_1k, stock_8k)}}}  # fmt: skip
+
+    quiet = doc([20, 20, 20], [26, 26, 26], [21, 21, 21], [27, 27, 27])
+    noisy = doc([22, 22, 22], [30, 36, 40], [21, 21, 21], [27, 27, 27])  # stock at 1K: MAD 4 of 36
+    runs = [quiet, noisy]
+    all_1k, all_8k = report.pooled_ab(runs, runs, "elpis-tree16", "stock")
+    assert (all_1k["a_runs"], all_1k["b_runs"], all_1k["a_rounds"]) == (2, 2, 6)
+    kept_1k, kept_8k = report.pooled_ab(runs, runs, "elpis-tree16", "stock", skip_disturbed=True)
+    assert (kept_1k["a_runs"], kept_1k["b_runs"], kept_1k["a_rounds"]) == (1, 1, 3)  # the tree's run 2 too
+    assert kept_1k["a_ms"] == pytest.approx(20.0) and kept_1k["b_ms"] == pytest.approx(26.0)
+    assert kept_8k == all_8k  # nothing disturbed at 8K
+    # separate runs per arm: only the arm whose own measurement is disturbed loses it
+    own_1k, _ = report.pooled_ab(runs, runs[::-1], "elpis-tree16", "stock", skip_disturbed=True)
+    assert (own_1k["a_runs"], own_1k["b_runs"]) == (2, 1)
+    with pytest.raises(ValueError, match="every run of an arm was disturbed"):
+        report.pooled_ab([noisy], [noisy], "elpis-tree16", "stock", skip_disturbed=True)
+
+
 def test_no_tree_table_without_tree_systems(arith):
     doc = tree_doc()
     for name in ("elpis-tree8", "elpis-tree16"):
