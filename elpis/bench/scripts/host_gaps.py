@@ -84,6 +84,18 @@ def host_steps(backend: Any) -> list[tuple[Any, str, str]]:
     ]
 
 
+def timed_rounds(steps: Iterator[Any], rounds: int) -> list[float]:
+    """Milliseconds of each of the next `rounds` steps (one round each) of a generation."""
+    out: list[float] = []
+    t = time.perf_counter()
+    for _ in range(rounds):
+        next(steps)
+        now = time.perf_counter()
+        out.append((now - t) * 1e3)
+        t = now
+    return out
+
+
 def measure(backend: Any, decoder: Any, context: int, rounds: int) -> dict[str, Any]:
     rng = random.Random(context)
     ids = [rng.randrange(1000, backend.info.vocab_size - 1000) for _ in range(context)]
@@ -96,23 +108,11 @@ def measure(backend: Any, decoder: Any, context: int, rounds: int) -> dict[str, 
     for _ in range(WARMUP):
         next(steps)
     torch.cuda.synchronize()
-    plain: list[float] = []
-    t = time.perf_counter()
-    for _ in range(rounds):
-        next(steps)
-        now = time.perf_counter()
-        plain.append((now - t) * 1e3)
-        t = now
+    plain = timed_rounds(steps, rounds)
     torch.cuda.synchronize()
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with labelled(host_steps(backend)), torch.profiler.profile(activities=activities) as prof:
-        profiled: list[float] = []
-        t = time.perf_counter()
-        for _ in range(rounds):
-            next(steps)
-            now = time.perf_counter()
-            profiled.append((now - t) * 1e3)
-            t = now
+        profiled = timed_rounds(steps, rounds)
         torch.cuda.synchronize()
     steps.close()
     with tempfile.TemporaryDirectory() as tmp:
