@@ -121,22 +121,22 @@ def pooled_ab(
     same runs. Each row says how many runs each arm pooled."""
     same_runs = a_docs is b_docs
 
-    def skipped(doc: dict[str, Any], name: str, context: int) -> bool:
+    def skipped_contexts(doc: dict[str, Any], name: str) -> set[int]:
         if not skip_disturbed:
-            return False
+            return set()
         names = {system, b_system or system} if same_runs else {name}
-        marked = {(d["system"], d["context"]) for d in disturbed(doc) if d["kind"] == "spec"}
-        return any((n, context) in marked for n in names)
+        return {d["context"] for d in disturbed(doc) if d["kind"] == "spec" and d["system"] in names}
 
     def rounds(docs: list[dict[str, Any]], name: str) -> tuple[dict[int, list[float]], dict[int, int]]:
         pooled: dict[int, list[float]] = {}
         runs: dict[int, int] = {}
         for doc in docs:
+            skipped = skipped_contexts(doc, name)
             for entry in doc["systems"][name]["checkpoints"]:
                 context = entry["context"]
                 pooled.setdefault(context, [])
                 runs.setdefault(context, 0)
-                if skipped(doc, name, context):
+                if context in skipped:
                     continue
                 pooled[context].extend((entry.get("spec") or {})["round_seconds"])
                 runs[context] += 1

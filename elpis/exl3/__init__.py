@@ -135,8 +135,7 @@ def load_backend(
     switched off is refused.
     `prefill_group`: 2048-token chunks prefilled layer-major per group of this many
     (`elpis.exl3.prefill_groups`; the same arithmetic as chunk by chunk, each EXL3 weight rebuilt once per
-    group); None:
-    `default_prefill_group(prefill_chunk)`. More than 1 with the patch switched off is refused.
+    group); None: `default_prefill_group(prefill_chunk)`. More than 1 with the patch switched off is refused.
     """
     import torch
 

@@ -312,8 +312,7 @@ class Exl3Backend:
                 engine.model.prefill(*passes[0])
             else:
                 prefill_layer_major(engine.model, passes)
-            for (ids, params), conditioning in zip(passes, draft_params, strict=True):
-                stop = len(self.tokens) + ids.shape[1]
+            for stop, (_, params), conditioning in zip(group, passes, draft_params, strict=True):
                 if engine.draft is not None:
                     engine.draft.update_kv_from_target(
                         target_hidden=params["export_states"], cache=engine.draft_cache, params=conditioning
