@@ -209,6 +209,9 @@ class Exl3Backend:
         self.pending: _Pending | None = None
         self.active = False
         self.last_prefill_seconds = 0.0
+        # where begin()'s time went: restoring the reused prefix, and the snapshots' device-to-host copies
+        # (timed after a synchronize, so the prefill's queued kernels are not counted in them)
+        self.last_prefill_parts: dict[str, float] = {}
         self.graphs = None
         if tree_graphs:
             from elpis.exl3.tree_graph import TreeGraphs
@@ -268,9 +271,11 @@ class Exl3Backend:
         t0 = time.perf_counter()
         self.active = True
         self.state = self.engine.cache.get_new_state()
+        self.last_prefill_parts = {"restore": 0.0, "snapshots": 0.0}
         try:
             body = prompt[:-1]
             plan, self.pages = self.prefix.begin(body)
+            self.last_prefill_parts["restore"] = time.perf_counter() - t0
             self.tokens = body[: plan.reuse]
             self.keys = plan.keys[: plan.reuse // PAGE]
             self.state.position = plan.reuse
@@ -319,12 +324,15 @@ class Exl3Backend:
                     )
                 self.tokens.extend(body[len(self.tokens) : stop])
                 if snapshot_at(stop):
+                    torch.cuda.synchronize(engine.device)
+                    t0 = time.perf_counter()
                     if stop != group[-1]:  # the state is the group's end state: plan_groups ends groups here
                         raise BackendError(f"prefill snapshot at {stop} inside a group ending at {group[-1]}")
                     tail = self.prefix.store.read_page(self.pages[stop // PAGE]) if stop % PAGE else None
                     snap = Snapshot(stop, prefix_key(body, stop, keys), self.prefix.store.save_state(), tail)
                     self.prefix.add_snapshot(snap)
                     self.snaps.append(snap)
+                    self.last_prefill_parts["snapshots"] += time.perf_counter() - t0
 
     def _prefill_pass(self, body: list[int], start: int, stop: int) -> tuple[torch.Tensor, dict[str, Any]]:
         """The input ids and params of one `Model.prefill` call for positions [start, stop)."""

@@ -359,3 +359,14 @@ def test_run_workers_out_of_time(tmp_path):
     cli.run_workers(args, ["stock", "elpis"], doc, time.time() + 30, "w", lambda: None)
     assert doc["systems"]["stock"]["errors"][0].startswith("not run:")
     assert doc["systems"]["elpis"]["errors"][0].startswith("not run:")
+
+
+def test_the_engine_prefill_time_is_kept_apart_from_ttft():
+    from elpis.bench.worker import summarize
+
+    run = {"start": 0.0, "stamps": [1.2, 2.0, 3.0], "counts": [1] * 3, "cached": 0, "draft_seconds": [],
+           "prefill_seconds": 1.05}  # fmt: skip
+    out = summarize(run, 0)
+    assert out["ttft_seconds"] == 1.2 and out["prefill_seconds"] == 1.05  # TTFT adds the first round
+    stock = {k: v for k, v in run.items() if k != "prefill_seconds"}
+    assert "prefill_seconds" not in summarize(stock, 0)  # stock's generator has no separate figure
