@@ -1,24 +1,28 @@
 #!/bin/bash
 # Call 64 (issue 10, written in session 15 for the next session), the served configuration (tree mode,
 # layer-major prefill groups) against stock in the same run:
-# 1. `elpis bench profile` of the last prefill chunks before 32K, with kernel names per phase (the 2026-11-30
-#    profile had families only; "other: copy" was 8.8 µs per token for elpis and 15.5 for stock, unexplained);
+# 1. host_gaps.py with the prefill groups off (below);
 # 2. `elpis bench engine` at 8K / 32K / 128K: TTFT and prefill tokens per second (call 61 benched chain mode).
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-start_build_and_full_synth
-wait_build
-wait_synth
-echo "=== prefill profile at 32K ($(left) s left)" | tee -a "$OUT/log"
-timeout -k 5 220 python3 -m elpis.cli bench profile --systems stock,elpis-tree16 \
-  --model /tmp/full/target --draft /tmp/full/draft --out-dir "$OUT" --time-limit 200 \
-  --checkpoints 32768 --profile-prefill 32768 --stem prefill-profile 2>&1 | grep -v "it/s\]$" | tail -12 | tee -a "$OUT/log"
-grep -h "prefill 32K" "$OUT/prefill-profile.md" | cut -c1-1500 | tee -a "$OUT/log"
-rm -f "$OUT"/*.png
+if [ -n "${WARM:-}" ] && [ -d build/accept ] && [ -d /tmp/full/draft ]; then
+  echo "warm machine: build/accept and /tmp/full kept from the previous call" | tee -a "$OUT/log"
+else
+  start_build_and_full_synth
+  wait_build
+  wait_synth
+fi
+# Call 63's host_gaps found 8K rounds at 29.2 ms (bench, call 60: 20.9) with the GPU idle while the host sat in
+# CPU-side copies and embedding lookups; 1K matched the bench. The 8K prompt was the first grouped prefill of
+# the process (1K is one chunk). The same run with groups off says whether the prefill leaves the host slow.
+echo "=== host gaps, prefill groups off ($(left) s left)" | tee -a "$OUT/log"
+ELPIS_PATCH_PREFILL_GROUPS=0 timeout -k 5 130 python3 elpis/bench/scripts/host_gaps.py \
+  /tmp/full/target /tmp/full/draft --contexts 1024,8192 --rounds 12 2>&1 | grep -E "^HOSTGAPS|Error|error" \
+  | tee "$OUT/host_gaps_groups_off.txt" | cut -c1-420 | tee -a "$OUT/log"
 echo "=== bench engine, served prefill ($(left) s left)" | tee -a "$OUT/log"
-b=$(( $(left) - 15 )); [ "$b" -gt 230 ] && b=230
+b=$(( $(left) - 15 )); [ "$b" -gt 260 ] && b=260
 timeout -k 5 "$b" python3 -m elpis.cli bench engine --model /tmp/full/target --draft /tmp/full/draft \
   --systems stock,elpis-tree16 --checkpoints 8192,32768,131072 --rounds 3 --warmup 1 --final-tokens 0 --spec-only \
   --time-limit $(( b - 12 )) --out-dir "$OUT" --stem prefillbench \
