@@ -290,6 +290,36 @@ def test_prefix_reuse_is_exact(backend, decoder):
     assert warm == cold
 
 
+def test_snapshot_copies_what_stash_copies(backend):
+    """elpis's snapshot (one pinned staging buffer, one wait) holds ExLlamaV3's `stash` bit for bit, and
+    writing it back restores the state."""
+    import torch
+
+    ids = prompt(3000, 21, backend.info.vocab_size)
+    backend.begin(ids)
+    try:
+        store = backend.prefix.store
+        ours = store.save_state()
+        stashed = backend.state.stash()
+        theirs = {}
+        for key, (recurrent, conv) in ((k, v) for k, v in stashed.items() if isinstance(k, tuple)):
+            name = ".".join(str(k) for k in key)
+            theirs[f"{name}.recurrent"], theirs[f"{name}.conv"] = recurrent, conv
+        assert sorted(ours) == sorted(theirs) and len(ours) >= 2
+        for name, t in ours.items():
+            assert t.device.type == "cpu" and not t.is_pinned(), name  # owned pageable copies
+            assert t.dtype == theirs[name].dtype and torch.equal(t, theirs[name]), name
+        layers = backend.state.cache.get_all_recurrent_layers()
+        row = 2 * backend.state.slot + backend.state.parity
+        first = next(iter(layers.values()))
+        first.recurrent_state[row].add_(1.0)  # disturb, then restore from the snapshot
+        store.load_state(ours, backend.position())
+        again = store.save_state()
+        assert all(torch.equal(again[n], ours[n]) for n in ours)
+    finally:
+        backend.finish()
+
+
 RESTART = textwrap.dedent("""
     import json, sys
     from pathlib import Path

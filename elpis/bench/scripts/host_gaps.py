@@ -8,13 +8,15 @@ acceptor, the commit and the draft's conditioning), then for each context: times
 profiler, profiles `--rounds` more, and prints one line "HOSTGAPS {json}" with the round time and
 `elpis.bench.host_gaps.report`: GPU busy and idle microseconds per round, the idle time by the host's
 innermost step and by the torch op or CUDA call it was in. Usage (repo root):
-  python3 elpis/bench/scripts/host_gaps.py MODEL DRAFT [--contexts 1024,8192] [--rounds 12]
+  python3 elpis/bench/scripts/host_gaps.py MODEL DRAFT [--contexts 1024,8192] [--rounds 12] [--threads 0,1]
+      [--trace-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
 import random
 import statistics
@@ -96,7 +98,9 @@ def timed_rounds(steps: Iterator[Any], rounds: int) -> list[float]:
     return out
 
 
-def measure(backend: Any, decoder: Any, context: int, rounds: int) -> dict[str, Any]:
+def measure(
+    backend: Any, decoder: Any, context: int, rounds: int, trace: Path | None = None
+) -> dict[str, Any]:
     rng = random.Random(context)
     ids = [rng.randrange(1000, backend.info.vocab_size - 1000) for _ in range(context)]
     gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=16, draft_top_k=4)
@@ -111,7 +115,7 @@ def measure(backend: Any, decoder: Any, context: int, rounds: int) -> dict[str, 
     plain = timed_rounds(steps, rounds)
     torch.cuda.synchronize()
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with labelled(host_steps(backend)), torch.profiler.profile(activities=activities) as prof:
+    with labelled(host_steps(backend)), torch.profiler.profile(activities=activities, with_stack=bool(trace)) as prof:
         profiled = timed_rounds(steps, rounds)
         torch.cuda.synchronize()
     steps.close()
@@ -119,6 +123,9 @@ def measure(backend: Any, decoder: Any, context: int, rounds: int) -> dict[str, 
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
         events = json.loads(path.read_text()).get("traceEvents", [])
+        if trace is not None:
+            with gzip.open(trace, "wt") as f:
+                f.write(path.read_text())
     out = {"context": context, "round_ms_median": statistics.median(plain)}
     out["profiled_round_ms_median"] = statistics.median(profiled)
     out.update(report(events, rounds))
@@ -131,14 +138,26 @@ def main() -> None:
     p.add_argument("draft")
     p.add_argument("--contexts", default="1024,8192")
     p.add_argument("--rounds", type=int, default=12)
+    p.add_argument(
+        "--threads",
+        default="0",
+        help="torch CPU threads to measure each context under (0: the process default), e.g. 0,1",
+    )
+    p.add_argument("--trace-dir", type=Path, help="keep each profiled window as trace-CONTEXT-tTHREADS.json.gz")
     args = p.parse_args()
     backend = load_backend(
         args.model, args.draft, max_context=65536, model_id="diag", host_cache_gib=0.0, tree=True
     )
     backend.prefix.enabled = False
     decoder = BenchDecoder(Path(args.model))
+    default_threads = torch.get_num_threads()
     for context in (int(c) for c in args.contexts.split(",")):
-        print("HOSTGAPS " + json.dumps(measure(backend, decoder, context, args.rounds)), flush=True)
+        for threads in (int(t) for t in args.threads.split(",")):
+            torch.set_num_threads(threads or default_threads)
+            trace = args.trace_dir / f"trace-{context}-t{threads}.json.gz" if args.trace_dir else None
+            out = {"threads": torch.get_num_threads(), **measure(backend, decoder, context, args.rounds, trace)}
+            print("HOSTGAPS " + json.dumps(out), flush=True)
+    torch.set_num_threads(default_threads)
 
 
 if __name__ == "__main__":
