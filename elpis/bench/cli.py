@@ -89,6 +89,12 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         help="elpis systems: tokens per prefill chunk (2048, the default: ExLlamaV3's own and its "
         "arithmetic, in layer-major groups of four; 8192: other arithmetic, gated, opt-in)",
     )
+    p.add_argument(
+        "--host-threads",
+        type=int,
+        default=None,
+        help="elpis systems: torch CPU threads of the worker process (default: torch's own)",
+    )
     p.add_argument("--title", default=None)
     p.add_argument(
         "--model-note",
@@ -280,6 +286,8 @@ def worker_command(
         if getattr(args, "draft_eager", False):
             cmd.append("--draft-eager")
         cmd += ["--prefill-chunk", str(getattr(args, "prefill_chunk", DEFAULT_PREFILL_CHUNK))]
+        if getattr(args, "host_threads", None) is not None:
+            cmd += ["--host-threads", str(args.host_threads)]
     return cmd
 
 

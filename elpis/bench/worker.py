@@ -215,6 +215,7 @@ class ElpisSystem:
             tree_graphs=not getattr(args, "tree_eager", False),
             draft_graphs=not getattr(args, "draft_eager", False),
             prefill_chunk=getattr(args, "prefill_chunk", DEFAULT_PREFILL_CHUNK),
+            host_threads=getattr(args, "host_threads", None),
         )
         self.decoder = BenchDecoder(args.model)
         self.vocab = self.backend.info.vocab_size
@@ -734,6 +735,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_PREFILL_CHUNK,
         help="elpis systems: tokens per prefill chunk",
     )
+    parser.add_argument("--host-threads", type=int, default=None, help="elpis systems: torch CPU threads")
     parser.add_argument("--profile", action="store_true", help="per-phase profile instead of timings")
     parser.add_argument(
         "--profile-prefill",

@@ -131,8 +131,8 @@ class CachePageStore:
             view.copy_(src, non_blocking=True)
             staged.append((name, view))
         torch.cuda.current_stream(self.backend.engine.device).synchronize()
-        # each tensor owns its memory (the staging buffer is reused; the disk tier saves them one by one)
-        return {name: view.clone() for name, view in staged}
+        # each tensor owns pageable memory (the staging buffer is reused; the disk tier saves them one by one)
+        return {name: torch.empty(view.shape, dtype=view.dtype).copy_(view) for name, view in staged}
 
     def _state_sources(self) -> list[tuple[str, torch.Tensor]]:
         """(name, device view) of what a snapshot holds, per recurrent layer: its committed recurrent-state
@@ -142,7 +142,8 @@ class CachePageStore:
         out = []
         for key, layer in gdn.cache.get_all_recurrent_layers().items():
             if type(layer).__name__ != "GDNLayerState" or not isinstance(key, tuple):
-                raise BackendError(f"snapshots hold Gated DeltaNet layer states only, not {type(layer).__name__}")
+                kind = type(layer).__name__
+                raise BackendError(f"snapshots hold Gated DeltaNet layer states only, not {kind}")
             name = ".".join(str(k) for k in key)
             row = 2 * gdn.slot + gdn.parity
             cdim = layer.module.conv_kernel_size

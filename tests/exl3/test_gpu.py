@@ -298,24 +298,24 @@ def test_snapshot_copies_what_stash_copies(backend):
     ids = prompt(3000, 21, backend.info.vocab_size)
     backend.begin(ids)
     try:
-        store = backend.prefix.store
-        ours = store.save_state()
-        stashed = backend.state.stash()
-        theirs = {}
-        for key, (recurrent, conv) in ((k, v) for k, v in stashed.items() if isinstance(k, tuple)):
-            name = ".".join(str(k) for k in key)
-            theirs[f"{name}.recurrent"], theirs[f"{name}.conv"] = recurrent, conv
-        assert sorted(ours) == sorted(theirs) and len(ours) >= 2
-        for name, t in ours.items():
-            assert t.device.type == "cpu" and not t.is_pinned(), name  # owned pageable copies
-            assert t.dtype == theirs[name].dtype and torch.equal(t, theirs[name]), name
-        layers = backend.state.cache.get_all_recurrent_layers()
-        row = 2 * backend.state.slot + backend.state.parity
-        first = next(iter(layers.values()))
-        first.recurrent_state[row].add_(1.0)  # disturb, then restore from the snapshot
-        store.load_state(ours, backend.position())
-        again = store.save_state()
-        assert all(torch.equal(again[n], ours[n]) for n in ours)
+        with torch.inference_mode():  # the caches are inference tensors
+            store = backend.prefix.store
+            ours = store.save_state()
+            stashed = backend.state.stash()
+            theirs = {}
+            for key, (recurrent, conv) in ((k, v) for k, v in stashed.items() if isinstance(k, tuple)):
+                name = ".".join(str(k) for k in key)
+                theirs[f"{name}.recurrent"], theirs[f"{name}.conv"] = recurrent, conv
+            assert sorted(ours) == sorted(theirs) and len(ours) >= 2
+            for name, t in ours.items():
+                assert t.device.type == "cpu" and not t.is_pinned(), name  # owned pageable copies
+                assert t.dtype == theirs[name].dtype and torch.equal(t, theirs[name]), name
+            layers = backend.state.cache.get_all_recurrent_layers()
+            row = 2 * backend.state.slot + backend.state.parity
+            next(iter(layers.values())).recurrent_state[row].add_(1.0)  # disturb, then restore
+            store.load_state(ours, backend.position())
+            again = store.save_state()
+            assert all(torch.equal(again[n], ours[n]) for n in ours)
     finally:
         backend.finish()
 

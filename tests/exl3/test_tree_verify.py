@@ -204,29 +204,6 @@ def test_row_logits_are_row_invariant(backend, run):
         check_row_invariance(backend, [n for n in (5, 6, 8, 12, 16, 16, 9, 7) if n <= run])
 
 
-def test_a_row_is_the_same_at_either_run_size(backend):
-    """Every kernel of a tree verify is row-invariant, so a row's logits should not depend on how many rows
-    the verify runs either: plain decoding and a 6-row tree at 8 rows give the bits they give at 16. (What a
-    backend choosing the run per verify, 8 for small trees, would rely on.)"""
-    import torch
-
-    vocab = backend.info.vocab_size
-    ids = prompt(900, 33, vocab)
-    rng = random.Random(6)
-    path = [rng.randrange(vocab) for _ in range(3)]
-    tokens, parents = random_tree(6, path, rng, vocab)
-    tokens[0] = ids[-1]
-    got = {}
-    for run in TREE_RUNS:
-        with run_rows(backend, run):
-            got[run] = (path_logits(backend, ids, path), tree_logits(backend, ids, tokens, parents))
-    small, large = got[TREE_RUNS[0]], got[TREE_RUNS[-1]]
-    same = [torch.equal(small[0], large[0]), torch.equal(small[1], large[1])]
-    diff = max(float((a - b).abs().max()) for a, b in zip(small, large, strict=True))
-    log({"test": "run_size", "plain_same": same[0], "tree_same": same[1], "max_abs_diff": diff})
-    assert all(same), f"plain decoding / tree rows differ between {TREE_RUNS} rows: {same}"
-
-
 def check_row_invariance(backend, sizes: Sequence[int]) -> None:
     import torch
 

@@ -115,7 +115,8 @@ def measure(
     plain = timed_rounds(steps, rounds)
     torch.cuda.synchronize()
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with labelled(host_steps(backend)), torch.profiler.profile(activities=activities, with_stack=bool(trace)) as prof:
+    profiler = torch.profiler.profile(activities=activities, with_stack=trace is not None)
+    with labelled(host_steps(backend)), profiler as prof:
         profiled = timed_rounds(steps, rounds)
         torch.cuda.synchronize()
     steps.close()
@@ -143,7 +144,9 @@ def main() -> None:
         default="0",
         help="torch CPU threads to measure each context under (0: the process default), e.g. 0,1",
     )
-    p.add_argument("--trace-dir", type=Path, help="keep each profiled window as trace-CONTEXT-tTHREADS.json.gz")
+    p.add_argument(
+        "--trace-dir", type=Path, help="keep each profiled window as trace-CONTEXT-tTHREADS.json.gz"
+    )
     args = p.parse_args()
     backend = load_backend(
         args.model, args.draft, max_context=65536, model_id="diag", host_cache_gib=0.0, tree=True
@@ -155,7 +158,8 @@ def main() -> None:
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads or default_threads)
             trace = args.trace_dir / f"trace-{context}-t{threads}.json.gz" if args.trace_dir else None
-            out = {"threads": torch.get_num_threads(), **measure(backend, decoder, context, args.rounds, trace)}
+            measured = measure(backend, decoder, context, args.rounds, trace)
+            out = {"threads": torch.get_num_threads(), **measured}
             print("HOSTGAPS " + json.dumps(out), flush=True)
     torch.set_num_threads(default_threads)
 
