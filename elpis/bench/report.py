@@ -225,12 +225,21 @@ def tree_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
 def build(doc: dict[str, Any], arith: ModelArithmetic) -> dict[str, Any]:
     ceilings = doc.get("ceilings", {})
     table: dict[str, list[dict[str, Any]]] = {}
+    systems = doc.get("systems", {})
     for system in ("stock", "elpis"):
-        if system in doc.get("systems", {}):
-            table[system] = system_rows(doc["systems"][system], arith, ceilings)
+        if system in systems:
+            table[system] = system_rows(systems[system], arith, ceilings)
+    # A tree system that paid its own prefill (the first of its process) has a prefill figure to show; its
+    # rounds are in the tree table (this table's round columns are 8-row rounds)
+    for system in TREE_BUDGETS:
+        if system in systems and systems[system].get("prefill_paid_by", system) == system:
+            rows = system_rows(systems[system], arith, ceilings)
+            keep = ("context", "label", "ttft_s", "ttft_cumulative", "prefill_tok_s", "prefill_frac_limit")
+            table[system] = [{k: r[k] for k in keep if k in r} for r in rows]
     ratios = []
-    if "stock" in table and "elpis" in table:
-        by_c = {r["context"]: r for r in table["elpis"]}
+    served = next((s for s in ("elpis", *TREE_BUDGETS) if s in table), None)
+    if "stock" in table and served is not None:
+        by_c = {r["context"]: r for r in table[served]}
         for s in table["stock"]:
             e = by_c.get(s["context"])
             if e is None:
@@ -242,6 +251,7 @@ def build(doc: dict[str, Any], arith: ModelArithmetic) -> dict[str, Any]:
             ratios.append(ratio)
     doc["table"] = table
     doc["ratios"] = ratios
+    doc["ratios_system"] = served if ratios else None
     doc["tree"] = tree_rows(doc)
     doc["disturbed"] = disturbed(doc)
     return doc
@@ -310,7 +320,7 @@ def markdown(doc: dict[str, Any]) -> str:
     if doc.get("ratios"):
         lines += [
             "",
-            "Stock time / elpis time (above 1: elpis faster):",
+            f"Stock time / {doc.get('ratios_system') or 'elpis'} time (above 1: elpis faster):",
             "",
             "| context | TTFT | round | plain |",
             "|---|---|---|---|",

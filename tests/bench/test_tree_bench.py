@@ -374,3 +374,19 @@ def test_the_engine_prefill_time_is_kept_apart_from_ttft():
     assert out["ttft_seconds"] == 1.2 and out["prefill_seconds"] == 1.05  # TTFT adds the first round
     stock = {k: v for k, v in run.items() if k != "prefill_seconds"}
     assert "prefill_seconds" not in summarize(stock, 0)  # stock's generator has no separate figure
+
+
+def test_a_tree_system_that_paid_its_prefill_shows_it_in_the_main_table(arith):
+    doc = tree_doc()
+    del doc["systems"]["elpis"]  # the served configuration alone beside stock
+    for name in ("elpis-tree8", "elpis-tree16"):
+        doc["systems"][name]["prefill_paid_by"] = "elpis-tree16"
+    doc["systems"]["elpis-tree16"]["checkpoints"][0]["spec"]["ttft_seconds"] = 0.25
+    built = report.build(doc, arith)
+    assert "elpis-tree8" not in built["table"]  # served by the prefix cache: no prefill figure
+    first = built["table"]["elpis-tree16"][0]
+    assert first["ttft_s"] == 0.25 and first["prefill_tok_s"] == 1024 / 0.25
+    assert "round_ms" not in first  # 16-row rounds belong to the tree table
+    assert built["ratios_system"] == "elpis-tree16" and built["ratios"][0]["ttft_s"] == 0.5 / 0.25
+    md = report.markdown(built)
+    assert "| elpis-tree16 | 1K | 0.25 | 4096 |" in md and "Stock time / elpis-tree16 time" in md
