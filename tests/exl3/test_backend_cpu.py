@@ -141,3 +141,21 @@ def test_prefill_groups_are_on_by_default_with_exllamas_chunks_only(monkeypatch)
     assert default_prefill_group(8192) == 1  # shown exact for 2048-token chunks only
     monkeypatch.setenv(switch, "0")
     assert default_prefill_group(2048) == 1
+
+
+def test_host_threads_are_checked_before_loading():
+    from elpis.exl3 import check_host_threads, load_backend
+
+    check_host_threads(None)
+    check_host_threads(1)
+    for bad in (0, -2, 4096):
+        with pytest.raises(ValueError, match="host_threads"):
+            load_backend("/nonexistent", None, host_threads=bad)  # refused before any CUDA check or load
+
+
+def test_verify_segments_need_captured_tree_verifies():
+    from elpis.exl3 import load_backend
+
+    for kwargs in ({"verify_head_blocks": 4}, {"verify_head_blocks": -1, "tree": True}):
+        with pytest.raises(ValueError, match="verify_head_blocks"):
+            load_backend("/nonexistent", None, **kwargs)  # refused before any CUDA check or load

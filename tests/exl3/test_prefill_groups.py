@@ -184,12 +184,3 @@ def test_a_process_without_the_registry_patch_is_refused(monkeypatch):
     with pytest.raises(RuntimeError, match="not applied"):
         prefill_groups.require_patch()
 
-
-def test_host_threads_are_checked_before_loading():
-    from elpis.exl3 import check_host_threads, load_backend
-
-    check_host_threads(None)
-    check_host_threads(1)
-    for bad in (0, -2, 4096):
-        with pytest.raises(ValueError, match="host_threads"):
-            load_backend("/nonexistent", None, host_threads=bad)  # refused before any CUDA check or load
