@@ -2,7 +2,7 @@
 # Call 66 (written in session 16 for the next session), what session 16 staged after calls 63-65.
 # 1. GPU tests: the snapshot against ExLlamaV3's stash (call 65's run failed it on an in-place update
 #    outside inference mode, since fixed), the tree graph tests with the two-segment verify capture
-#    (test_two_segment_graphs_equal_one_graph), and the 24 GiB test (peak with pinned snapshot staging);
+#    (test_two_segment_graphs_equal_one_graph);
 # 2. host_gaps at 1K and 8K: one verify graph against two segments (first 4 blocks), each under torch's
 #    default CPU threads and under 1 (call 65: one 8K round in twelve stalled ~10 ms with 16 threads);
 # 3. if time remains, the served bench at 1K / 8K with --host-threads 1 (compare call 65's default).
