@@ -330,6 +330,7 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"| {r['label']} | {_fmt(r.get('ttft_s'), '.3f')} | {_fmt(r.get('round_ms'), '.3f')} | "
                 f"{_fmt(r.get('plain_ms'), '.3f')} |"
             )
+    lines += ttft_parts_notes(doc)
     lines += tree_markdown(doc.get("tree") or [])
     lines += capture_notes(doc)
     lines += disturbed_notes(doc)
@@ -391,6 +392,34 @@ def capture_notes(doc: dict[str, Any]) -> list[str]:
         "**Graph captures inside timed rounds** (their time is in those rounds: raise --warmup):",
         "",
         *(f"- {system} at {label(context)}: {n}" for system, context, n in found),
+    ]
+
+
+def ttft_parts_notes(doc: dict[str, Any]) -> list[str]:
+    """Where each elpis TTFT went: the engine's `begin()` (prefill, with the snapshots' copies and the prefix
+    restore inside it) and the first round after it (draft, verify, and any graph captures)."""
+    lines = []
+    for system, data in doc.get("systems", {}).items():
+        for entry in data.get("checkpoints", []):
+            spec = entry.get("spec") or {}
+            ttft, begin = spec.get("ttft_seconds"), spec.get("prefill_seconds")
+            if ttft is None or begin is None:
+                continue
+            parts = spec.get("prefill_parts") or {}
+            lines.append(
+                f"| {system} | {label(entry['context'])} | {ttft:.3f} | {begin:.3f} | "
+                f"{_fmt(parts.get('snapshots'), '.3f')} | {_fmt(parts.get('restore'), '.3f')} | "
+                f"{ttft - begin:.3f} |"
+            )
+    if not lines:
+        return []
+    return [
+        "",
+        "Where elpis's TTFT went (seconds; `begin()` holds the prefill, snapshot copies and restore):",
+        "",
+        "| system | context | TTFT | begin() | snapshots | restore | first round |",
+        "|---|---|---|---|---|---|---|",
+        *lines,
     ]
 
 

@@ -390,3 +390,13 @@ def test_a_tree_system_that_paid_its_prefill_shows_it_in_the_main_table(arith):
     assert built["ratios_system"] == "elpis-tree16" and built["ratios"][0]["ttft_s"] == 0.5 / 0.25
     md = report.markdown(built)
     assert "| elpis-tree16 | 1K | 0.25 | 4096 |" in md and "Stock time / elpis-tree16 time" in md
+
+
+def test_ttft_parts_are_reported_where_measured(arith):
+    doc = tree_doc()
+    assert "Where elpis's TTFT went" not in report.markdown(report.build(doc, arith))  # none measured
+    spec = doc["systems"]["elpis-tree16"]["checkpoints"][1]["spec"]
+    parts = {"snapshots": 0.074, "restore": 0.002}
+    spec.update(ttft_seconds=1.15, prefill_seconds=0.992, prefill_parts=parts)
+    md = report.markdown(report.build(doc, arith))
+    assert "| elpis-tree16 | 8K | 1.150 | 0.992 | 0.074 | 0.002 | 0.158 |" in md
