@@ -4,7 +4,8 @@
 #  - .whl/: the wheels the GPU image lacks (cp312, manylinux x86_64), installed there by device_common.sh;
 #  - .device/ext.so.xz.part-*: ExLlamaV3 1.6.5's extension (exllamav3_ext) built here against the image's
 #    exact torch (2.11.0+cu130, from PyPI) under Python 3.12 with this machine's nvcc 13.0 for sm_90 only.
-#    It takes ~30 min on 2 cores. The image's python is 3.12.3 (same ABI as 3.12.x here).
+#    It takes 30-50 min on 2 cores; `device_ext_build.sh` builds it on the GPU machine in ~6 min of device
+#    time instead (session 16). The image's python is 3.12.3 (same ABI as 3.12.x here).
 # Both folders are git-ignored; each new checkout starts without them. Usage: from the repo root,
 #   bash elpis/bench/scripts/prepare_device_carry.sh
 # Needs: network (PyPI), nvcc 13.0 (CUDA_HOME below), a Python 3.12 interpreter (PY312).
