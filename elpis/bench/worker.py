@@ -281,8 +281,7 @@ class ElpisSystem:
             "stamps": stamps,
             "counts": counts,
             "cached": cached,
-            "prefill_seconds": backend.last_prefill_seconds,
-            "prefill_parts": dict(backend.last_prefill_parts),
+            **prefill_timing(backend),
             "draft_seconds": draft_seconds,
             "captures": captures,
             "memory": memory.result(),
@@ -321,9 +320,7 @@ class ElpisSystem:
             "stamps": stamps,
             "counts": counts,
             "cached": stats.cached_tokens if stats else None,
-            # the engine's own begin() time (prefill, snapshots, page naming); TTFT adds the first round to it
-            "prefill_seconds": backend.last_prefill_seconds,
-            "prefill_parts": dict(backend.last_prefill_parts),
+            **prefill_timing(backend),
             "draft_seconds": drafter.seconds if drafter else [],
             "captures": captures,
             "memory": memory.result(),
@@ -416,6 +413,15 @@ class StockSystem:
             "draft_seconds": [],
             "memory": memory.result(),
         }
+
+
+def prefill_timing(backend: Any) -> dict[str, Any]:
+    """The engine's own `begin()` time of the last request (prefill, snapshots, page naming) and its parts;
+    TTFT adds the first round to it."""
+    return {
+        "prefill_seconds": backend.last_prefill_seconds,
+        "prefill_parts": dict(backend.last_prefill_parts),
+    }
 
 
 # -- schedule ---------------------------------------------------------------------------------------------

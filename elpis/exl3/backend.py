@@ -139,13 +139,13 @@ class CachePageStore:
         row and the first `conv_kernel_size` conv columns of the slot (ExLlamaV3 1.6.5's `GDNLayerState.stash`
         rows; `load_state` writes them back through its `unstash`)."""
         gdn = self.backend.state
+        row = 2 * gdn.slot + gdn.parity  # the committed row of the slot's pair
         out = []
         for key, layer in gdn.cache.get_all_recurrent_layers().items():
             if type(layer).__name__ != "GDNLayerState" or not isinstance(key, tuple):
                 kind = type(layer).__name__
                 raise BackendError(f"snapshots hold Gated DeltaNet layer states only, not {kind}")
             name = ".".join(str(k) for k in key)
-            row = 2 * gdn.slot + gdn.parity
             cdim = layer.module.conv_kernel_size
             out.append((f"{name}.recurrent", layer.recurrent_state[row : row + 1]))
             out.append((f"{name}.conv", layer.conv_state[gdn.slot, :, :cdim]))

@@ -123,10 +123,11 @@ def measure(
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text()).get("traceEvents", [])
-        if trace is not None:
-            with gzip.open(trace, "wt") as f:
-                f.write(path.read_text())
+        text = path.read_text()
+    events = json.loads(text).get("traceEvents", [])
+    if trace is not None:
+        with gzip.open(trace, "wt") as f:
+            f.write(text)
     out = {"context": context, "round_ms_median": statistics.median(plain)}
     out["profiled_round_ms_median"] = statistics.median(profiled)
     out.update(report(events, rounds))
