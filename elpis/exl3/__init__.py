@@ -104,7 +104,6 @@ def load_backend(
     gdn_ba: bool | None = None,
     prefill_group: int | None = None,
     host_threads: int | None = None,
-    verify_head_blocks: int = 0,
 ) -> Exl3Backend:
     """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
 
@@ -142,19 +141,11 @@ def load_backend(
     default. A round's host work is small tensors (embedding rows, uploads); device call 65 saw one 8K round
     in twelve take 29.7 ms instead of ~20 with the default 16 threads (its CPU ops stalled for ~10 ms) and
     none with 1 thread. Not yet an A/B with stock beside it, so the default is unchanged.
-    `verify_head_blocks` (tree graphs only): capture each tree verify as two graphs, the first holding this
-    many transformer blocks, so the GPU runs them while the host launches the rest (`elpis.exl3.capture.
-    Segments`); 0: one graph. Staged: bit-identical by construction, not yet measured or GPU-tested.
     """
     import torch
 
     check_prefill_chunk(prefill_chunk)
     check_host_threads(host_threads)
-    if verify_head_blocks < 0 or (verify_head_blocks and not (tree and tree_graphs)):
-        raise ValueError(
-            f"verify_head_blocks={verify_head_blocks}: splits captured tree verifies (tree=True, "
-            "tree_graphs=True) into a first segment of that many blocks, >= 0"
-        )
     if prefill_group is not None:
         check_prefill_group(prefill_group, prefill_chunk)
     if not torch.cuda.is_available():
@@ -206,7 +197,6 @@ def load_backend(
         tree_graphs=tree and tree_graphs,
         draft_graphs=draft_graphs,
         prefill_group=prefill_group,
-        verify_head_blocks=verify_head_blocks,
     )
 
 

@@ -190,7 +190,6 @@ class Exl3Backend:
         tree_graphs: bool = False,
         draft_graphs: bool = False,
         prefill_group: int = 1,
-        verify_head_blocks: int = 0,
     ) -> None:
         if max_context + MAX_ROWS > engine.cache_tokens:
             raise ValueError(
@@ -249,7 +248,7 @@ class Exl3Backend:
         if tree_graphs:
             from elpis.exl3.tree_graph import TreeGraphs
 
-            self.graphs = TreeGraphs(engine, self.export_layers, head_blocks=verify_head_blocks)
+            self.graphs = TreeGraphs(engine, self.export_layers)
         self.drafter = None
         if engine.draft is not None:
             from elpis.exl3.drafter import DFlash2Drafter

@@ -9,8 +9,8 @@ switched off for the duration and restored after; the eager paths they fall back
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -46,75 +46,3 @@ def forward_after_input(model: Any, x: torch.Tensor, params: dict[str, Any]) -> 
             return model.forward_ls(x, params)
     finally:
         model.fwd_modules = modules
-
-
-class Segments:
-    """One forward captured as consecutive CUDA graphs on one memory pool, replayed in capture order.
-
-    Why: launching a graph costs host time roughly in proportion to its kernels, and the GPU starts on a graph
-    only once its launch returns. A tree verify follows a host synchronisation (the draft's read-back), so
-    the whole launch of its ~1,000-kernel graph, ~1.0-1.3 ms on the H200 (device call 65's trace), is GPU idle
-    time. With a short first segment (a few blocks) the GPU starts at once and runs it while the host
-    launches the rest. The kernels, their order and their inputs are those of one graph: replays are
-    bit-identical to the single graph's (tests/exl3/test_tree_graph.py)."""
-
-    def __init__(self, count: int) -> None:
-        if count < 1:
-            raise ValueError(f"a capture has at least one segment, got {count}")
-        self.graphs = [torch.cuda.CUDAGraph() for _ in range(count)]
-        self.pool = torch.cuda.graph_pool_handle()  # shared: replayed in capture order, never concurrently
-        self.active = 0
-
-    def next(self) -> None:
-        """End the segment being captured and start the next one (between two kernels of the forward)."""
-        if self.active + 1 >= len(self.graphs):
-            raise RuntimeError(f"capture segments: all {len(self.graphs)} segments are already used")
-        self.graphs[self.active].capture_end()
-        self.active += 1
-        self.graphs[self.active].capture_begin(pool=self.pool)
-
-    def replay(self) -> None:
-        for graph in self.graphs:
-            graph.replay()
-
-
-@contextmanager
-def capture_segments(count: int) -> Iterator[Segments]:
-    """Capture on a side stream (as `torch.cuda.graph` does) into `count` segments; the body calls `next()`
-    between segments and must use every one."""
-    segments = Segments(count)
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        segments.graphs[0].capture_begin(pool=segments.pool)
-        try:
-            yield segments
-        except BaseException:
-            with suppress(RuntimeError):  # the capture may already be invalid; the body's error is the news
-                segments.graphs[segments.active].capture_end()
-            raise
-        segments.graphs[segments.active].capture_end()
-    torch.cuda.current_stream().wait_stream(stream)
-    if segments.active != count - 1:
-        raise RuntimeError(f"capture segments: {segments.active + 1} of {count} segments captured")
-
-
-@contextmanager
-def before_module(module: Any, action: Callable[[], None]) -> Iterator[None]:
-    """Run `action` each time `module.forward` is called, just before it (a segment boundary)."""
-    own = "forward" in vars(module)  # an instance attribute already (another wrapper): put it back after
-    original = module.forward
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        action()
-        return original(*args, **kwargs)
-
-    module.forward = forward
-    try:
-        yield
-    finally:
-        if own:
-            module.forward = original
-        else:
-            del module.forward  # the class's method again

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from elpis.exl3.capture import Segments, before_module, capture_segments, forward_after_input
+from elpis.exl3.capture import forward_after_input
 from elpis.exl3.tree_verify import PAGE, GraphInputs, TreeCall, TreeLayout, commit_moves, tree_forward
 from elpis.exl3.upload import fill, padded_table, pinned, static_input
 
@@ -86,19 +86,6 @@ def plan_words(plan: bytes, capacity: int) -> list[int]:
     return list(struct.unpack(f"<{capacity // 4}i", padded))
 
 
-def split_module(model: Any, head_blocks: int) -> Any:
-    """The module a two-segment verify capture starts its second graph at: the transformer block after the
-    first `head_blocks` (the model's modules start with the embedding, which the graph does not hold)."""
-    modules = [m for m, _, _ in model.fwd_modules]
-    blocks = [i for i, m in enumerate(modules) if type(m).__name__ == "TransformerBlock"]
-    if not 1 <= head_blocks < len(blocks) or blocks[0] != 1:
-        raise ValueError(
-            f"tree graphs: a first segment of {head_blocks} blocks does not fit a model of {len(blocks)} "
-            "blocks right after its embedding"
-        )
-    return modules[blocks[head_blocks]]
-
-
 def context_bucket(end: int, limit: int) -> int:
     """The smallest power of two >= `end` (at least MIN_BUCKET), capped at `limit` (the cache's tokens)."""
     if not 1 <= end <= limit:
@@ -119,7 +106,7 @@ class Captured:
     position_ids: torch.Tensor  # int32 [1, run]
     inputs: GraphInputs
     ints: torch.Tensor  # int32: the storage of every integer input above (`_fill` uploads it at once)
-    graph: torch.cuda.CUDAGraph | Segments | None = None  # Segments: two graphs replayed in order
+    graph: torch.cuda.CUDAGraph | None = None
     call: TreeCall | None = None  # the captured call: its GDN records point into the graph's memory
     out: torch.Tensor | None = None
     export: list[torch.Tensor] | None = None
@@ -133,10 +120,7 @@ class Captured:
 class TreeGraphs:
     """Captured tree-verify forwards of one engine (one sequence at a time, like the backend)."""
 
-    def __init__(self, engine: Any, export_layers: set[int] | None, head_blocks: int = 0) -> None:
-        """`head_blocks` > 0 captures each verify as two graphs, the first holding that many transformer
-        blocks (`elpis.exl3.capture.Segments`: the GPU starts on them while the host launches the rest); 0,
-        one graph."""
+    def __init__(self, engine: Any, export_layers: set[int] | None) -> None:
         from exllamav3.modules.embedding import Embedding
 
         self.engine = engine
@@ -154,7 +138,6 @@ class TreeGraphs:
         if not isinstance(first, Embedding):
             raise RuntimeError(f"tree graphs: the first module is {type(first).__name__}, not the embedding")
         self.embedding = first
-        self.split_module = split_module(model, head_blocks) if head_blocks else None
 
     # -- one verify -------------------------------------------------------------------------------------
     def verify(
@@ -305,14 +288,8 @@ class TreeGraphs:
     def _capture(self, c: Captured, state: Any, layout: TreeLayout, kvp: int, key: tuple) -> None:
         call = TreeCall(layout, kvp, key[2], key[3], graph=c.inputs)
         params = self._params(c, state, layout.run)
-        graph: torch.cuda.CUDAGraph | Segments
-        if self.split_module is None:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph), tree_forward(call):
-                out = self._layers(c.x, params)
-        else:
-            split = self.split_module
-            with capture_segments(2) as graph, tree_forward(call), before_module(split, graph.next):
-                out = self._layers(c.x, params)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph), tree_forward(call):
+            out = self._layers(c.x, params)
         c.graph, c.call, c.out, c.export = graph, call, out, params.get("export_states")
         self.captures += 1

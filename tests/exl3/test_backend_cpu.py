@@ -152,10 +152,3 @@ def test_host_threads_are_checked_before_loading():
         with pytest.raises(ValueError, match="host_threads"):
             load_backend("/nonexistent", None, host_threads=bad)  # refused before any CUDA check or load
 
-
-def test_verify_segments_need_captured_tree_verifies():
-    from elpis.exl3 import load_backend
-
-    for kwargs in ({"verify_head_blocks": 4}, {"verify_head_blocks": -1, "tree": True}):
-        with pytest.raises(ValueError, match="verify_head_blocks"):
-            load_backend("/nonexistent", None, **kwargs)  # refused before any CUDA check or load

@@ -135,50 +135,6 @@ def test_graph_commits_leave_the_eager_state(backend):
         assert torch.equal(a, b), f"round {i}: logits after graph commits differ from eager tree mode"
 
 
-def test_two_segment_graphs_equal_one_graph(backend):
-    """Verify graphs captured as two segments (`TreeGraphs(head_blocks=1)`: the first block, then the rest)
-    replay the one graph's bits, and the rounds through their commits give the same logits."""
-    import torch
-
-    from elpis.exl3.capture import Segments
-    from elpis.exl3.tree_graph import TreeGraphs
-
-    vocab = backend.info.vocab_size
-    ids = prompt(1500, 78, vocab)
-    rng = random.Random(8)
-    with run_rows(backend, 16):
-        tokens, parents = random_tree(9, [], rng, vocab)
-        tokens[0] = ids[-1]
-        tree_logits(backend, ids, tokens, parents)  # the one-graph key: warm-up
-        one = tree_logits(backend, ids, tokens, parents)  # replay
-        truth, _ = tree_generate(backend, ids, 40, lambda done, anchor, remaining: ([anchor], [-1]))
-        want = rounds_logits(backend, ids, truth, 6)
-        single = backend.graphs
-        backend.graphs = TreeGraphs(backend.engine, backend.export_layers, head_blocks=1)
-        try:
-            tree_logits(backend, ids, tokens, parents)
-            two = tree_logits(backend, ids, tokens, parents)
-            assert backend.graphs.replays > 0
-            assert all(isinstance(c.graph, Segments) for c in backend.graphs.graphs.values())
-            got = rounds_logits(backend, ids, truth, 6)
-        finally:
-            backend.graphs = single
-    assert torch.equal(two, one), "a two-segment replay differs from the one-graph replay"
-    assert len(got) == len(want) > 1
-    for i, (a, b) in enumerate(zip(got, want, strict=True)):
-        assert torch.equal(a, b), f"round {i}: logits through two-segment graphs differ"
-
-
-def test_a_first_segment_must_leave_blocks_for_the_second(backend):
-    from elpis.exl3.tree_graph import split_module
-
-    blocks = sum(type(m).__name__ == "TransformerBlock" for m, _, _ in backend.engine.model.fwd_modules)
-    assert type(split_module(backend.engine.model, 1)).__name__ == "TransformerBlock"
-    for bad in (0, blocks):
-        with pytest.raises(ValueError, match="does not fit"):
-            split_module(backend.engine.model, bad)
-
-
 def test_an_abandoned_verify_leaves_nothing_behind(backend):
     """verify, abandon, verify again, commit: the same logits and the same next round as without the
     abandoned verify (what the speculation core's fault recovery relies on)."""

@@ -1,5 +1,6 @@
 #!/bin/bash
 # Call 66 (written in session 16 for the next session), what session 16 staged after calls 63-65.
+# Ran at 30519c1 (session 17); the two-segment capture it measured was removed afterwards.
 # 1. GPU tests: the snapshot against ExLlamaV3's stash (call 65's run failed it on an in-place update
 #    outside inference mode, since fixed), the tree graph tests with the two-segment verify capture
 #    (test_two_segment_graphs_equal_one_graph);

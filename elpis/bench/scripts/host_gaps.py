@@ -146,23 +146,11 @@ def main() -> None:
         help="torch CPU threads to measure each context under (0: the process default), e.g. 0,1",
     )
     p.add_argument(
-        "--head-blocks",
-        type=int,
-        default=0,
-        help="verify graphs captured as two segments, the first of this many blocks (0: one graph)",
-    )
-    p.add_argument(
         "--trace-dir", type=Path, help="keep each profiled window as trace-CONTEXT-tTHREADS.json.gz"
     )
     args = p.parse_args()
     backend = load_backend(
-        args.model,
-        args.draft,
-        max_context=65536,
-        model_id="diag",
-        host_cache_gib=0.0,
-        tree=True,
-        verify_head_blocks=args.head_blocks,
+        args.model, args.draft, max_context=65536, model_id="diag", host_cache_gib=0.0, tree=True
     )
     backend.prefix.enabled = False
     decoder = BenchDecoder(Path(args.model))
