@@ -204,6 +204,8 @@ class ElpisSystem:
         from elpis.exl3 import load_backend
 
         self.tree_loaded = any(v.tree for v in variants)
+        given = getattr(args, "host_threads", None)
+        threads = {} if given is None else {"host_threads": given}  # else load_backend's default
         self.backend = load_backend(
             args.model,
             args.draft,
@@ -215,7 +217,7 @@ class ElpisSystem:
             tree_graphs=not getattr(args, "tree_eager", False),
             draft_graphs=not getattr(args, "draft_eager", False),
             prefill_chunk=getattr(args, "prefill_chunk", DEFAULT_PREFILL_CHUNK),
-            host_threads=getattr(args, "host_threads", None),
+            **threads,
         )
         self.decoder = BenchDecoder(args.model)
         self.vocab = self.backend.info.vocab_size

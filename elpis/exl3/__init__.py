@@ -103,7 +103,8 @@ def load_backend(
     rows_gemm: bool | None = None,
     gdn_ba: bool | None = None,
     prefill_group: int | None = None,
-    host_threads: int | None = None,
+    host_threads: int | None = 1,
+    capture_graphs: bool = True,
 ) -> Exl3Backend:
     """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
 
@@ -137,10 +138,15 @@ def load_backend(
     `prefill_group`: 2048-token chunks prefilled layer-major per group of this many
     (`elpis.exl3.prefill_groups`; the same arithmetic as chunk by chunk, each EXL3 weight rebuilt once per
     group); None: `default_prefill_group(prefill_chunk)`. More than 1 with the patch switched off is refused.
-    `host_threads`: torch's CPU threads for the whole process (`torch.set_num_threads`); None leaves torch's
-    default. A round's host work is small tensors (embedding rows, uploads); device call 65 saw one 8K round
-    in twelve take 29.7 ms instead of ~20 with the default 16 threads (its CPU ops stalled for ~10 ms) and
-    none with 1 thread. Not yet an A/B with stock beside it, so the default is unchanged.
+    `host_threads`: torch's CPU threads between prefills (`torch.set_num_threads`; `begin()` prefills with the
+    count torch had before, for its CPU embedding lookups); None leaves torch's setting alone. A round's host
+    work is small tensors (embedding rows, uploads). With torch's default 16 threads on the H200 machine, up
+    to two rounds in three stalled ~10 ms there (device call 65); with 1 thread every round of the
+    served bench stayed within 17.6-21.0 ms beside stock (call 66), hence the default.
+    `capture_graphs` (tree graphs only): capture every verify, commit, conditioning and draft-block graph of
+    the contexts up to `max_context` now (`elpis.exl3.graph_warmup`) rather than in the first round that
+    reaches each context bucket, which otherwise adds ~150 ms to that request's time to first token. The
+    report is `backend.warmup`.
     """
     import torch
 
@@ -183,9 +189,7 @@ def load_backend(
 
         mark(engine.model)
     disk = bound_cache_dir(Path(disk_cache_dir), engine) if disk_cache_dir else None
-    if host_threads is not None:
-        torch.set_num_threads(host_threads)
-    return Exl3Backend(
+    backend = Exl3Backend(
         engine,
         model_id=model_id,
         max_context=max_context,
@@ -197,7 +201,13 @@ def load_backend(
         tree_graphs=tree and tree_graphs,
         draft_graphs=draft_graphs,
         prefill_group=prefill_group,
+        host_threads=host_threads,
     )
+    if tree and tree_graphs and capture_graphs:
+        from elpis.exl3.graph_warmup import capture_graphs as capture_all
+
+        backend.warmup = capture_all(backend)
+    return backend
 
 
 def check_host_threads(host_threads: int | None) -> None:

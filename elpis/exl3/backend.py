@@ -36,10 +36,12 @@ Every entry point runs under `torch.inference_mode()`: ExLlamaV3 allocates its c
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -49,6 +51,9 @@ from elpis.exl3.engine import Engine
 from elpis.exl3.prefix import PAGE, GiB, PrefixCache, Snapshot, prefill_boundaries, prefix_key
 from elpis.exl3.tree_verify import TREE_RUNS, TreeCall, TreeLayout, check_parents, check_path, layout_tree
 from elpis.exl3.upload import pinned, upload
+
+if TYPE_CHECKING:
+    from elpis.exl3.graph_warmup import WarmupReport
 
 MAX_ROWS = 16
 
@@ -91,7 +96,14 @@ class CachePageStore:
         self.sizes = [t[0].numel() * t.element_size() for t in self.parts]
         self.page_bytes = sum(self.sizes)
         self.staging = torch.empty(self.page_bytes, dtype=torch.uint8, pin_memory=True)
-        self.state_staging: torch.Tensor | None = None  # pinned, sized at the first snapshot
+        # pinned, allocated now rather than in the first request's prefill (the layers' shapes are known even
+        # before their tensors are allocated); none for a model without recurrent layers
+        _, state_bytes = _spans(src for _, src in self._state_sources(0, 0))
+        self.state_staging: torch.Tensor | None = None
+        if state_bytes:
+            self.state_staging = torch.empty(state_bytes, dtype=torch.uint8, pin_memory=True)
+        self.copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elpis-snapshot")
+        self.pending_copy: Future[None] | None = None
 
     def read_page(self, page: int) -> torch.Tensor:
         offset = 0
@@ -110,18 +122,19 @@ class CachePageStore:
             offset += n
 
     def save_state(self) -> dict[str, torch.Tensor]:
-        """The slot's recurrent and conv state as CPU tensors: the same rows ExLlamaV3's `stash` copies, but
-        all of them through one pinned staging buffer in stream order, then one wait. `stash` copies each of
-        ~100 tensors into fresh pageable memory with a host wait per copy: ~120 ms per snapshot of Qwen3.8's
-        155 MB on the H200, in the middle of the prefill (device call 64)."""
+        """The slot's recurrent and conv state as CPU tensors, filled in the background: `settle()` before
+        reading them. The rows are those ExLlamaV3's `stash` copies. `stash` copies each of ~100 tensors into
+        fresh pageable memory with a host wait per copy: ~120 ms per snapshot of Qwen3.8's 155 MB on the H200,
+        in the middle of the prefill (device call 64). Here the device-to-host copies go in stream order into
+        one pinned staging buffer, sized at load (its allocation cost ~45 ms at the first snapshot, call 65),
+        and a worker thread waits for them and copies into pageable tensors (~27 ms per snapshot) while the
+        host goes on queueing the prefill or the first round."""
         gdn = self.backend.state
         if gdn.last_history:
             raise BackendError("snapshot of a recurrent state with an unsettled speculative pass")
-        sources = self._state_sources()
-        spans, total = [], 0
-        for _, src in sources:
-            spans.append(total)
-            total += -(-src.numel() * src.element_size() // 16) * 16  # 16-byte aligned views of any dtype
+        self.settle()  # the previous snapshot's copy out of the staging buffer
+        sources = self._state_sources(gdn.slot, 2 * gdn.slot + gdn.parity)  # the slot's committed row
+        spans, total = _spans(src for _, src in sources)
         if self.state_staging is None or self.state_staging.numel() < total:
             self.state_staging = torch.empty(total, dtype=torch.uint8, pin_memory=True)
         staged = []
@@ -130,28 +143,36 @@ class CachePageStore:
             view = self.state_staging[offset : offset + n].view(src.dtype).view(src.shape)
             view.copy_(src, non_blocking=True)
             staged.append((name, view))
-        torch.cuda.current_stream(self.backend.engine.device).synchronize()
+        copied = torch.cuda.Event()
+        copied.record(torch.cuda.current_stream(self.backend.engine.device))
         # each tensor owns pageable memory (the staging buffer is reused; the disk tier saves them one by one)
-        return {name: torch.empty(view.shape, dtype=view.dtype).copy_(view) for name, view in staged}
+        out = {name: torch.empty(view.shape, dtype=view.dtype) for name, view in staged}
+        self.pending_copy = self.copier.submit(_drain, copied, staged, out)
+        return out
 
-    def _state_sources(self) -> list[tuple[str, torch.Tensor]]:
-        """(name, device view) of what a snapshot holds, per recurrent layer: its committed recurrent-state
-        row and the first `conv_kernel_size` conv columns of the slot (ExLlamaV3 1.6.5's `GDNLayerState.stash`
-        rows; `load_state` writes them back through its `unstash`)."""
-        gdn = self.backend.state
-        row = 2 * gdn.slot + gdn.parity  # the committed row of the slot's pair
+    def settle(self) -> None:
+        """Wait until every state `save_state` returned holds its values (re-raising a failed copy)."""
+        pending, self.pending_copy = self.pending_copy, None
+        if pending is not None:
+            pending.result()
+
+    def _state_sources(self, slot: int, row: int) -> list[tuple[str, torch.Tensor]]:
+        """(name, device view) of what a snapshot holds, per recurrent layer: the recurrent-state `row` and
+        the first `conv_kernel_size` conv columns of `slot` (ExLlamaV3 1.6.5's `GDNLayerState.stash` rows;
+        `load_state` writes them back through its `unstash`)."""
         out = []
-        for key, layer in gdn.cache.get_all_recurrent_layers().items():
+        for key, layer in self.backend.engine.cache.get_all_recurrent_layers().items():
             if type(layer).__name__ != "GDNLayerState" or not isinstance(key, tuple):
                 kind = type(layer).__name__
                 raise BackendError(f"snapshots hold Gated DeltaNet layer states only, not {kind}")
             name = ".".join(str(k) for k in key)
             cdim = layer.module.conv_kernel_size
             out.append((f"{name}.recurrent", layer.recurrent_state[row : row + 1]))
-            out.append((f"{name}.conv", layer.conv_state[gdn.slot, :, :cdim]))
+            out.append((f"{name}.conv", layer.conv_state[slot, :, :cdim]))
         return out
 
     def load_state(self, state: dict[str, torch.Tensor], position: int) -> None:
+        self.settle()
         gdn = self.backend.state
         stashed: dict[Any, Any] = {"position": position, "checkpoint_size": gdn.checkpoint_size}
         for key in gdn.cache.get_all_recurrent_layers():
@@ -159,6 +180,28 @@ class CachePageStore:
             stashed[key] = (state[f"{name}.recurrent"], state[f"{name}.conv"])
         gdn.position = position
         gdn.unstash(stashed)
+
+
+def _spans(tensors: Iterable[torch.Tensor]) -> tuple[list[int], int]:
+    """Offsets of the tensors' bytes in one staging buffer (16-byte aligned, so views of any dtype fit) and
+    its size."""
+    spans, total = [], 0
+    for t in tensors:
+        spans.append(total)
+        total += -(-t.numel() * t.element_size() // 16) * 16
+    return spans, total
+
+
+def _drain(
+    copied: torch.cuda.Event, staged: list[tuple[str, torch.Tensor]], out: dict[str, torch.Tensor]
+) -> None:
+    """The snapshot worker: wait for the device-to-host copies, then copy out of the staging buffer. It polls
+    the event rather than blocking in it, so the wait never holds the interpreter's lock while the main
+    thread queues the prefill."""
+    while not copied.query():
+        time.sleep(0.0005)
+    for name, view in staged:
+        out[name].copy_(view)
 
 
 @dataclass
@@ -190,6 +233,7 @@ class Exl3Backend:
         tree_graphs: bool = False,
         draft_graphs: bool = False,
         prefill_group: int = 1,
+        host_threads: int | None = None,
     ) -> None:
         if max_context + MAX_ROWS > engine.cache_tokens:
             raise ValueError(
@@ -210,6 +254,11 @@ class Exl3Backend:
             require_patch()
             check_model(engine.model)
         self.prefill_group = prefill_group
+        # torch's CPU threads: `host_threads` between prefills, the count torch had before for the prefill
+        self.host_threads = host_threads
+        self.prefill_threads = torch.get_num_threads()
+        if host_threads is not None:
+            torch.set_num_threads(host_threads)
         self.engine = engine
         self.fixed_rows = fixed_rows
         self.tree = tree
@@ -244,6 +293,7 @@ class Exl3Backend:
         # where begin()'s time went: restoring the reused prefix, and the snapshots' device-to-host copies
         # (timed after a synchronize, so the prefill's queued kernels are not counted in them)
         self.last_prefill_parts: dict[str, float] = {}
+        self.warmup: WarmupReport | None = None  # what `elpis.exl3.graph_warmup` captured at load
         self.graphs = None
         if tree_graphs:
             from elpis.exl3.tree_graph import TreeGraphs
@@ -312,7 +362,8 @@ class Exl3Backend:
             self.keys = plan.keys[: plan.reuse // PAGE]
             self.state.position = plan.reuse
             self.snaps = []
-            self._prefill(body, plan.keys)
+            with self._prefill_threads():
+                self._prefill(body, plan.keys)
             self._register_full_pages()
         except Exception:
             self._release()
@@ -322,6 +373,19 @@ class Exl3Backend:
         torch.cuda.synchronize(self.engine.device)
         self.last_prefill_seconds = time.perf_counter() - t0
         return plan.reuse
+
+    @contextmanager
+    def _prefill_threads(self) -> Iterator[None]:
+        """torch's CPU threads as they were before `host_threads` for the prefill (its CPU embedding lookup
+        of the whole chunk), `host_threads` again after."""
+        if self.host_threads is None or self.host_threads == self.prefill_threads:
+            yield
+            return
+        torch.set_num_threads(self.prefill_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(self.host_threads)
 
     def _prefill(self, body: list[int], keys: list[bytes]) -> None:
         """Prefill `body` from the current position in ExLlamaV3's chunks. With `prefill_group` > 1 the chunks
@@ -356,7 +420,8 @@ class Exl3Backend:
                     )
                 self.tokens.extend(body[len(self.tokens) : stop])
                 if snapshot_at(stop):
-                    torch.cuda.synchronize(engine.device)
+                    if stop % PAGE:  # reading the partial page waits for the prefill: not the snapshot's time
+                        torch.cuda.synchronize(engine.device)
                     t0 = time.perf_counter()
                     if stop != group[-1]:  # the state is the group's end state: plan_groups ends groups here
                         raise BackendError(f"prefill snapshot at {stop} inside a group ending at {group[-1]}")
@@ -422,7 +487,9 @@ class Exl3Backend:
         if self.graphs is not None:
             self.ensure_pages(kvp + max(layout.run, self.block_size))
             out, export, call = self.graphs.verify(self.state, self.pages, ids, layout, kvp)
-            self._last_table = self.block_table(stock_table_width(kvp + 1 + 2 * (layout.run - 1)))
+            # the verify key's bucket width: the draft's conditioning graphs are keyed by it (and the
+            # verify key), so they change with the buckets rather than every 4,096 tokens
+            self._last_table = self.block_table(self.graphs.table_width(kvp, layout.run))
         else:
             call = TreeCall(layout, kvp, self.state.slot, self.state.base_row())
             extra = {"position_ids": pinned(layout.position_ids(kvp), torch.int32).view(1, -1)}

@@ -11,10 +11,11 @@ pinned memory: the input layer's output (the anchor's embedding and the mask row
 ExLlamaV3 does), the block table (the sequence's pages, zero-padded to the key's width), `cache_seqlens`
 (kvp; the attention's positions and its cache writes follow it) and the anchor id the selector walks from.
 
-The key is the block table's width, rounded up to 16 pages as ExLlamaV3's generator rounds it
-(`stock_table_width`): the attention kernels derive their split count from the width, so a graph per
-width keeps every replay's arithmetic that of the eager block at that width. The width grows by one key
-per 4,096 tokens of context, and the least recently used graph is dropped past MAX_GRAPHS.
+The key is the block table's width: the pages of the block's context bucket (`DraftGraphs.width`, the
+tree verify's power-of-two buckets), so a long generation changes key at 8K, 16K, 32K ... rather than every
+4,096 tokens. The attention kernels derive their split count from the width, so a replay's arithmetic is
+that of the eager block at the key's width, not necessarily at ExLlamaV3's own width (16-page steps); the
+draft only proposes, so that changes no output. The least recently used graph is dropped past MAX_GRAPHS.
 
 The draft's conditioning after a commit (ExLlamaV3's `update_kv_from_target`: the verify's tap states of
 the accepted rows through the draft's fc, norm, K/V projections, RoPE and cache writes, about 30 kernels)
@@ -45,9 +46,10 @@ from torch import Tensor
 from elpis.exl3.capture import forward_after_input
 from elpis.exl3.upload import fill, padded_table, pinned, static_input
 
-MAX_GRAPHS = 3  # captured draft blocks kept (one per block-table width; contexts only grow within a sequence)
-# captured conditionings kept: accepted-row counts (1-16) of the widths and verify keys in use
-MAX_CONDITIONS = 64
+MAX_GRAPHS = 9  # captured draft blocks kept: one per context bucket of the full cache (8), and one spare
+# captured conditionings kept: accepted-row counts (1-8) of each verify key (`elpis.exl3.graph_warmup`
+# captures them at load for both state rows of every bucket)
+MAX_CONDITIONS = 160
 
 
 def update_draft_kv(engine: Any, hidden: Sequence[Tensor], block_table: Tensor, seqlens: Tensor) -> None:
@@ -114,6 +116,15 @@ class DraftGraphs:
         self.condition_captures = 0
         self.condition_replays = 0
         self._condition_pool = torch.cuda.graph_pool_handle()  # shared: the graphs only leave transients
+        # shared by the blocks: a block's chain and logits are read back before the next block replays
+        self._block_pool = torch.cuda.graph_pool_handle()
+
+    def width(self, kvp: int) -> int:
+        """The block-table width (pages) of a draft block at kvp: its context bucket's."""
+        from elpis.exl3.tree_graph import context_bucket
+        from elpis.exl3.tree_verify import PAGE
+
+        return -(-context_bucket(kvp + 1 + self.block_size, self.engine.cache_tokens) // PAGE)
 
     def block(self, anchor: int, pages: Sequence[int], kvp: int, width: int) -> tuple[Tensor, Tensor]:
         """The selector's chain (block - 1 ids) and the head's logits of the block rows after the anchor, on
@@ -248,7 +259,7 @@ class DraftGraphs:
 
     def _capture(self, c: DraftCaptured) -> None:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=self._block_pool):
             chain, logits = self._run(c)
         c.graph, c.chain, c.logits = graph, chain, logits
         self.captures += 1

@@ -7,7 +7,7 @@ Candidates per depth: the selector's chain token first, then the row's most like
 its log-probability under the draft's logits (log-softmax over the whole vocabulary), so a tree builder can
 rank them. The drafter proposes for the backend's current sequence only: `context` must be the backend's
 committed tokens plus the anchor. With `graphs`, the block after the input layer is replayed from a CUDA
-graph per block-table width (`elpis.exl3.draft_graph`).
+graph per context bucket (`elpis.exl3.draft_graph`).
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ class DFlash2Drafter:
         kvp = backend.position()
         block = self.depth + 1
         backend.ensure_pages(kvp + block)
-        width = stock_table_width(kvp + 1 + block)
         if self.graphs is not None:
-            return self.graphs.block(anchor, backend.pages, kvp, width)
+            return self.graphs.block(anchor, backend.pages, kvp, self.graphs.width(kvp))
+        width = stock_table_width(kvp + 1 + block)
         params: dict[str, Any] = {
             "attn_mode": "flash_attn",
             "block_table": backend.block_table(width),

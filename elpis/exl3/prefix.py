@@ -96,10 +96,15 @@ class PageStore(Protocol):
     def write_page(self, page: int, data: torch.Tensor) -> None: ...
 
     def save_state(self) -> dict[str, torch.Tensor]:
-        """The recurrent state at the current position, as CPU tensors."""
+        """The recurrent state at the current position, as CPU tensors (possibly filled later: `settle`)."""
         ...
 
     def load_state(self, state: dict[str, torch.Tensor], position: int) -> None: ...
+
+    def settle(self) -> None:
+        """Wait until every state `save_state` returned holds its values (it may fill them in the
+        background)."""
+        ...
 
 
 @dataclass
@@ -326,6 +331,7 @@ class PrefixCache:
                 page = self.allocate()
                 self.store.write_page(page, snap.tail)
                 result.append(page)
+            self.store.settle()
             self.store.load_state(snap.state, snap.position)
             self.add_snapshot(snap)
         return result
@@ -340,6 +346,7 @@ class PrefixCache:
                 if not self.disk.has_page(key):
                     self.disk.write_page(key, self.store.read_page(page))
                     self.stats.disk_writes += 1
+            self.store.settle()
             for snap in snapshots:
                 if not self.disk.has_snapshot(snap.position, snap.key):
                     self.disk.write_snapshot(snap)

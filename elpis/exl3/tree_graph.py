@@ -49,7 +49,10 @@ if sys.byteorder != "little":  # plan_words lays the plan's bytes out as the GPU
     raise ImportError("tree graphs: a little-endian host is required")
 
 MIN_BUCKET = 4096  # smallest context bucket (the attention grid of a capture covers contexts up to it)
-MAX_GRAPHS = 4  # captured forwards kept; the least recently used is dropped past this
+# captured forwards kept; the least recently used is dropped past this. Room for both state rows of every
+# bucket of the full cache (4K .. 256K and the cap: 8 buckets), as `elpis.exl3.graph_warmup` captures them
+# at load, and a few of another run size (the bench switches between 8 and 16 rows).
+MAX_GRAPHS = 20
 
 
 PACKED_ALIGN_WORDS = 4  # each input starts on a 16-byte boundary (the tree kernels' alignment rule)
@@ -96,6 +99,15 @@ def context_bucket(end: int, limit: int) -> int:
     return min(bucket, limit)
 
 
+def context_buckets(end: int, limit: int) -> list[int]:
+    """Every bucket a verify ending at a position in 1..`end` falls in, smallest first."""
+    last = context_bucket(end, limit)
+    out = [context_bucket(1, limit)]
+    while out[-1] < last:
+        out.append(min(2 * out[-1], limit))
+    return out
+
+
 @dataclass
 class Captured:
     """One key's buffers, params and (once captured) graph, with the tensors the graph writes."""
@@ -127,6 +139,12 @@ class TreeGraphs:
         self.export_layers = export_layers
         self.device = engine.device
         self.graphs: OrderedDict[tuple[int, int, int, int], Captured] = OrderedDict()
+        # One memory pool for every key's forward: a capture's transients are reused by the next capture,
+        # so the keys cost their outputs (logits, exports, GDN records) and one set of transients. Safe as
+        # long as what a replay writes is consumed before another key replays: a round reads its verify's
+        # outputs, commits and conditions the draft before the next verify (`Exl3Backend`).
+        self.pool = torch.cuda.graph_pool_handle()
+        self.commit_pool = torch.cuda.graph_pool_handle()  # commits leave transients only
         self.captures = 0  # forwards captured so far (tests bound this)
         self.replays = 0
         model = engine.model
@@ -138,6 +156,10 @@ class TreeGraphs:
         if not isinstance(first, Embedding):
             raise RuntimeError(f"tree graphs: the first module is {type(first).__name__}, not the embedding")
         self.embedding = first
+
+    def table_width(self, kvp: int, run: int) -> int:
+        """The block-table width (pages) of a verify of `run` rows at kvp: its context bucket's."""
+        return -(-context_bucket(kvp + run, self.engine.cache_tokens) // PAGE)
 
     # -- one verify -------------------------------------------------------------------------------------
     def verify(
@@ -194,7 +216,7 @@ class TreeGraphs:
         if c.commit_graph is None:
             self._commit_ops(c)  # this commit, eagerly; the capture below records the same operations
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, pool=self.commit_pool):
                 self._commit_ops(c)
             c.commit_graph = graph
             self.captures += 1
@@ -289,7 +311,7 @@ class TreeGraphs:
         call = TreeCall(layout, kvp, key[2], key[3], graph=c.inputs)
         params = self._params(c, state, layout.run)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), tree_forward(call):
+        with torch.cuda.graph(graph, pool=self.pool), tree_forward(call):
             out = self._layers(c.x, params)
         c.graph, c.call, c.out, c.export = graph, call, out, params.get("export_states")
         self.captures += 1

@@ -152,3 +152,25 @@ def test_host_threads_are_checked_before_loading():
         with pytest.raises(ValueError, match="host_threads"):
             load_backend("/nonexistent", None, host_threads=bad)  # refused before any CUDA check or load
 
+
+def test_the_prefill_runs_with_torchs_threads_and_rounds_with_host_threads():
+    import torch
+
+    from elpis.exl3.backend import Exl3Backend
+
+    loaded = torch.get_num_threads()
+    backend = Exl3Backend.__new__(Exl3Backend)  # the thread switch alone; no engine needed
+    backend.host_threads, backend.prefill_threads = 1, 2
+    torch.set_num_threads(1)
+    try:
+        with backend._prefill_threads():
+            assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 1
+        with pytest.raises(KeyError), backend._prefill_threads():
+            raise KeyError("a failed prefill")
+        assert torch.get_num_threads() == 1
+        backend.host_threads = None  # torch's setting left alone
+        with backend._prefill_threads():
+            assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(loaded)

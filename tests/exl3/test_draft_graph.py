@@ -4,9 +4,9 @@ directory).
 
 What they establish:
 (a) a replay gives the bits of its key's eager warm-up (ExLlamaV3's plain module path on the same buffers)
-    for other anchors and contexts than the captured ones, on both sides of a block-table width;
+    for other anchors and contexts than the captured ones, on both sides of a context bucket;
 (b) replays follow their inputs: other anchors give other drafts;
-(c) captures stay bounded by the keys: one per block-table width;
+(c) captures stay bounded by the keys: one per context bucket;
 (d) the product path with the draft's top-k trees through replays gives the tokens of plain decoding;
 (e) the draft's conditioning after a commit, replayed, writes the draft's cache bit for bit as ExLlamaV3's
     eager `update_kv_from_target` does, for other accepted rows than the captured ones.
@@ -29,8 +29,9 @@ def backend(small):
     from elpis.exl3 import load_backend
 
     b = load_backend(
-        small / "target", small / "draft", max_context=65536, model_id="small", host_cache_gib=1.0, tree=True
-    )
+        small / "target", small / "draft", max_context=65536, model_id="small", host_cache_gib=1.0, tree=True,
+        capture_graphs=False,  # lazily: the first call of a key is its warm-up
+    )  # fmt: skip
     b.prefix.enabled = False
     assert b.drafter is not None and b.drafter.graphs is not None, "draft graphs are not on by default"
     yield b
@@ -44,11 +45,9 @@ def block(backend, anchor: int):
 def test_replay_equals_warm_up(backend):
     import torch
 
-    from elpis.exl3.backend import stock_table_width
-
     graphs = backend.drafter.graphs
     vocab = backend.info.vocab_size
-    # 700 and 4000 share a 16-page width; 4090 + the block needs 17 pages: the next width (32)
+    # 700 and 4000 share the 4,096-token bucket (16 pages); 4090 + the block reaches into the next (32 pages)
     for length in (700, 4000, 4090):
         ids = prompt(length, length, vocab)
         backend.begin(ids)
@@ -62,7 +61,7 @@ def test_replay_equals_warm_up(backend):
             other = (anchor + 7919) % vocab
             replayed = block(backend, other)
             kvp = backend.position()
-            width = stock_table_width(kvp + 1 + graphs.block_size)
+            width = graphs.width(kvp)
             chain, logits = graphs.warm_up(other, backend.pages, kvp, width)
             assert torch.equal(replayed[0], chain), f"ctx {length}: the replayed chain differs from warm-up"
             assert torch.equal(replayed[1], logits), f"ctx {length}: the replayed logits differ from warm-up"
@@ -77,7 +76,7 @@ def test_replay_equals_warm_up(backend):
             log({"test": "draft_graph_vs_eager", "ctx": length, "chain_equal": same, "logits_max_diff": diff})
         finally:
             backend.finish()
-    assert graphs.captures == 2, f"{graphs.captures} captures for two block-table widths"
+    assert graphs.captures == 2, f"{graphs.captures} captures for two context buckets"
 
 
 def test_draft_tree_speculation_through_replays_is_lossless(backend, decoder):  # noqa: F811

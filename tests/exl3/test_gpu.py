@@ -291,8 +291,8 @@ def test_prefix_reuse_is_exact(backend, decoder):
 
 
 def test_snapshot_copies_what_stash_copies(backend):
-    """elpis's snapshot (one pinned staging buffer, one wait) holds ExLlamaV3's `stash` bit for bit, and
-    writing it back restores the state."""
+    """elpis's snapshot (one pinned staging buffer, copied out by a worker thread) holds ExLlamaV3's `stash`
+    bit for bit once settled, and writing it back restores the state."""
     import torch
 
     ids = prompt(3000, 21, backend.info.vocab_size)
@@ -300,7 +300,8 @@ def test_snapshot_copies_what_stash_copies(backend):
     try:
         with torch.inference_mode():  # the caches are inference tensors
             store = backend.prefix.store
-            ours = store.save_state()
+            ours = store.save_state()  # filled by the store's worker thread
+            store.settle()
             stashed = backend.state.stash()
             theirs = {}
             for key, (recurrent, conv) in ((k, v) for k, v in stashed.items() if isinstance(k, tuple)):
@@ -315,6 +316,7 @@ def test_snapshot_copies_what_stash_copies(backend):
             next(iter(layers.values())).recurrent_state[row].add_(1.0)  # disturb, then restore
             store.load_state(ours, backend.position())
             again = store.save_state()
+            store.settle()
             assert all(torch.equal(again[n], ours[n]) for n in ours)
     finally:
         backend.finish()

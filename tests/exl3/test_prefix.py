@@ -27,6 +27,7 @@ class FakeStore:
         self.kv = torch.full((pages, PAGE), -1, dtype=torch.int64)
         self.state: bytes = b""
         self.position = 0
+        self.unsettled: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]] = []
 
     def read_page(self, page: int) -> torch.Tensor:
         return self.kv[page].clone().view(torch.uint8)
@@ -35,13 +36,24 @@ class FakeStore:
         self.kv[page] = data.view(torch.int64)
 
     def save_state(self) -> dict[str, torch.Tensor]:
-        return {
+        """Like the GPU store, the values arrive later (at `settle`): a cache that reads a snapshot without
+        settling it first reads zeros."""
+        values = {
             "h": torch.frombuffer(bytearray(self.state), dtype=torch.uint8).clone(),
             "pos": torch.tensor([self.position]),
         }
+        out = {name: torch.zeros_like(t) for name, t in values.items()}
+        self.unsettled.append((out, values))
+        return out
+
+    def settle(self) -> None:
+        for out, values in self.unsettled:
+            for name, t in values.items():
+                out[name].copy_(t)
+        self.unsettled.clear()
 
     def load_state(self, state: dict[str, torch.Tensor], position: int) -> None:
-        assert int(state["pos"]) == position
+        assert int(state["pos"]) == position, "an unsettled or wrong snapshot"
         self.state, self.position = bytes(state["h"].tolist()), position
 
 

@@ -10,7 +10,10 @@ What they establish:
 (c) commits through the captured commit graph leave the state the eager commit leaves: every later verify's
     logits over a run of accepted trees equal the eager tree mode's, bit for bit (16 rows);
 (d) captures stay bounded by the keys: one verify and one commit graph per (rows, context bucket, recurrent
-    slot, state row).
+    slot, state row);
+(e) after `elpis.exl3.graph_warmup.capture_graphs` (what `load_backend` runs by default), rounds across a
+    bucket boundary capture nothing (verify, commit, draft block or conditioning), their logits equal the
+    eager tree mode's bit for bit, and the product path with the draft's trees gives plain decoding's tokens.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import random
 
 import pytest
 
-from tests.exl3.test_gpu import prompt
+from tests.exl3.test_gpu import decoder, prompt  # noqa: F401  (decoder: a fixture)
 from tests.exl3.test_tree_verify import (
     check_lossless,
     random_tree,
@@ -38,7 +41,7 @@ def backend(small):
 
     b = load_backend(
         small / "target", small / "draft", max_context=65536, model_id="small", host_cache_gib=1.0,
-        tree=True, tree_graphs=True,
+        tree=True, tree_graphs=True, capture_graphs=False,  # lazily: the first call of a key is its warm-up
     )  # fmt: skip
     b.prefix.enabled = False
     yield b
@@ -168,3 +171,39 @@ def test_captures_are_bounded_by_keys(backend):
     assert len(graphs.graphs) <= 4
     # every key was captured once (a verify and a commit graph), whatever the number of calls
     assert graphs.captures < graphs.replays
+
+
+def test_graphs_captured_at_load_leave_nothing_to_capture(backend, decoder):  # noqa: F811
+    import torch
+
+    from elpis.exl3.graph_warmup import capture_graphs
+    from elpis.exl3.tree_graph import context_buckets
+    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+
+    vocab = backend.info.vocab_size
+    ids = prompt(4060, 31, vocab)  # 40 tokens from 4,059: the rounds cross from the 4,096 bucket into 8,192
+    blocks = backend.drafter.graphs
+    with run_rows(backend, 16):
+        graphs = eager(backend)
+        try:
+            truth, _ = tree_generate(backend, ids, 40, lambda done, anchor, remaining: ([anchor], [-1]))
+            want = rounds_logits(backend, ids, truth, 6)
+        finally:
+            backend.graphs = graphs
+        report = capture_graphs(backend)
+        assert report.buckets == context_buckets(65536 + 16, backend.engine.cache_tokens)
+        held = {(key[0], key[1]) for key in graphs.graphs}
+        assert all((16, bucket) in held for bucket in report.buckets), "a bucket was not captured at load"
+        before = (graphs.captures, blocks.captures, blocks.condition_captures)
+        got = rounds_logits(backend, ids, truth, 6)
+        gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=16, draft_top_k=4)
+        request = GenerationRequest(
+            prompt_ids=tuple(ids), max_tokens=40, sampling=SamplingParams(), ignore_eos=True
+        )
+        drafted = [t for step in gen.generate(request) for t in step.token_ids]
+    after = (graphs.captures, blocks.captures, blocks.condition_captures)
+    assert after == before, f"rounds captured (verify+commit, draft, conditioning) {before} -> {after}"
+    assert len(got) == len(want) > 1
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(a, b), f"round {i}: a load-time graph's logits differ from eager tree mode"
+    assert drafted == truth, "the product path through load-time graphs differs from plain decoding"

@@ -198,6 +198,21 @@ def test_context_buckets_are_powers_of_two_from_4096_capped_by_the_cache():
             context_bucket(bad, 270_336)
 
 
+def test_the_buckets_a_load_captures_are_every_bucket_a_verify_can_reach():
+    from elpis.exl3.tree_graph import context_bucket, context_buckets
+
+    full = [4096 << k for k in range(7)] + [270_336]
+    assert context_buckets(262_160, 270_336) == full
+    assert context_buckets(65_552, 270_336) == full[:6]  # 65,536 + 16 rows: the 131,072 bucket
+    assert context_buckets(100, 270_336) == [4096]
+    assert context_buckets(300, 2048) == [2048]  # a cache smaller than the smallest bucket
+    for limit in (2048, 270_336):
+        for end in (1, 1000, 2048, 5000, 70_000, 262_160):
+            if end <= limit:
+                reached = {context_bucket(e, limit) for e in [*range(1, end, 97), end]}
+                assert reached <= set(context_buckets(end, limit))
+
+
 def test_packed_plan_holds_the_kernel_plan():
     """The bytes the graph form of the GDN kernel reads: rows (int32), then order, load, store, in_row
     (int8 [16] each), src (int8 [16][4]), max_stack; the same plan `plan()` reports."""

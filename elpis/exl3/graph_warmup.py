@@ -1,0 +1,109 @@
+"""Capture at load every CUDA graph a round can need (issue 10: the first round after a prefill).
+
+Tree verifies and their commits are captured per (rows, context bucket, recurrent slot, state row), the
+draft's conditionings per (accepted rows, verify key) and draft blocks per context bucket
+(`elpis.exl3.tree_graph`, `elpis.exl3.draft_graph`). Captured lazily, the first round in a new bucket pays for
+its keys' warm-ups and captures: 150-190 ms on the H200 (device calls 64-65), inside the time to first token
+of every prompt that reaches a bucket not seen before. `capture_graphs` creates every key at load instead.
+
+It runs the lazy path itself, key by key, on a throwaway sequence: a fresh recurrent slot (the next sequence's
+`get_new_state` clears it again) and one scratch K/V page that every column of the block tables points at. The
+warm-ups write their K/V rows and commits into that page and attention reads it at every position; nothing
+computed is kept. Each key therefore gets the buffers, warm-up and capture the lazy path would have given it,
+and later replays compute what they would have computed (tests/exl3/test_tree_graph.py runs a generation
+after a load-time capture against plain decoding and checks that it captured nothing).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from elpis.backend import BackendError
+
+if TYPE_CHECKING:
+    from elpis.exl3.backend import Exl3Backend
+
+
+@dataclass(frozen=True)
+class WarmupReport:
+    buckets: list[int]  # the verify buckets captured, smallest first
+    tree: int  # tree-verify forwards and their commits captured
+    conditions: int  # draft conditionings
+    blocks: int  # draft blocks
+    seconds: float
+    bytes: int  # device memory the captures keep (allocated after minus before)
+
+
+@torch.inference_mode()
+def capture_graphs(backend: Exl3Backend) -> WarmupReport:
+    """Capture every graph key a round of `backend` can reach (its tree run size, contexts up to its
+    max_context), before any request. Keys captured before are replayed once, harmlessly."""
+    from elpis.exl3 import draft_graph, tree_graph
+    from elpis.exl3.backend import MAX_ROWS
+    from elpis.exl3.tree_verify import layout_tree
+    from elpis.exl3.upload import padded_table
+
+    graphs = backend.graphs
+    if graphs is None:
+        raise ValueError("capture_graphs needs tree graphs (load_backend(tree=True, tree_graphs=True))")
+    if backend.active:
+        raise BackendError("capture_graphs() while a sequence is active")
+    engine = backend.engine
+    run = backend.tree_run()
+    end = backend.info.max_context + MAX_ROWS  # the furthest a verify (and a draft block) can reach
+    buckets = tree_graph.context_buckets(end, engine.cache_tokens)
+    blocks = backend.drafter.graphs if backend.drafter is not None else None
+    conditioning = blocks is not None and blocks.conditioning and bool(backend.export_layers)
+    depth = backend.block_size  # longest accepted path: the anchor and the draft's block - 1 tokens
+    keys = 2 * len(buckets)
+    if keys > tree_graph.MAX_GRAPHS or (blocks is not None and len(buckets) > draft_graph.MAX_GRAPHS):
+        raise ValueError(f"{len(buckets)} context buckets do not fit the graph caches' bounds")
+    if conditioning and keys * depth > draft_graph.MAX_CONDITIONS:
+        raise ValueError(f"{keys * depth} conditionings do not fit MAX_CONDITIONS")
+    counts = (graphs.captures, blocks.captures if blocks else 0, blocks.condition_captures if blocks else 0)
+    torch.cuda.synchronize(engine.device)
+    allocated = torch.cuda.memory_allocated(engine.device)
+    t0 = time.perf_counter()
+    state = engine.cache.get_new_state()
+    page = backend.prefix.allocate()
+    try:
+        layout = layout_tree([-1], run)  # the root alone: the keys do not depend on the tree
+        ids = [0] * run
+        for bucket in buckets:
+            kvp = bucket - run
+            width = graphs.table_width(kvp, run)
+            pages = [page] * width
+            table = torch.tensor([padded_table(pages, width, "graph warm-up")], dtype=torch.int32)
+            table = table.pin_memory()
+            for parity in (0, 1):
+                state.parity, state.position = parity, kvp
+                graphs.verify(state, pages, ids, layout, kvp)  # a new key: warm-up, then capture
+                state.position = kvp
+                _, export, call = graphs.verify(state, pages, ids, layout, kvp)  # a replay: commits capture
+                if not graphs.commit(call, [0], pages):
+                    raise RuntimeError(f"graph warm-up: the verify of bucket {bucket} did not replay")
+                if conditioning and export is not None:
+                    assert blocks is not None
+                    for rows in range(1, depth + 1):
+                        blocks.condition(export, list(range(rows)), table, kvp)
+            kvp = bucket - 1 - depth
+            if blocks is not None and kvp >= 0:
+                if blocks.width(kvp) != width:
+                    raise RuntimeError(f"graph warm-up: the draft's bucket at {kvp} is not {bucket}")
+                blocks.block(0, pages, kvp, width)
+        torch.cuda.synchronize(engine.device)
+    finally:
+        backend.prefix.release([page])
+        state.free()
+    return WarmupReport(
+        buckets=buckets,
+        tree=graphs.captures - counts[0],
+        conditions=(blocks.condition_captures - counts[2]) if blocks else 0,
+        blocks=(blocks.captures - counts[1]) if blocks else 0,
+        seconds=time.perf_counter() - t0,
+        bytes=torch.cuda.memory_allocated(engine.device) - allocated,
+    )
