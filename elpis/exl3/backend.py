@@ -200,8 +200,9 @@ def _drain(
     thread queues the prefill."""
     while not copied.query():
         time.sleep(0.0005)
-    for name, view in staged:
-        out[name].copy_(view)
+    with torch.inference_mode():  # thread-local: `out` holds inference tensors when the caller was in it
+        for name, view in staged:
+            out[name].copy_(view)
 
 
 @dataclass

@@ -174,3 +174,26 @@ def test_the_prefill_runs_with_torchs_threads_and_rounds_with_host_threads():
             assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(loaded)
+
+
+class _Done:
+    """A CUDA event whose work has finished (the snapshot worker only polls it)."""
+
+    def query(self) -> bool:
+        return True
+
+
+def test_the_snapshot_worker_fills_tensors_made_in_inference_mode_or_not():
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from elpis.exl3.backend import _drain
+
+    staged = [("a.recurrent", torch.arange(6.0).view(2, 3)), ("a.conv", torch.ones(4, dtype=torch.bfloat16))]
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        for inference in (True, False):
+            with torch.inference_mode(inference):  # the backend's begin() runs under inference mode
+                out = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in staged}
+            worker.submit(_drain, _Done(), staged, out).result()  # another thread: not in inference mode
+            assert all(torch.equal(out[name], t) for name, t in staged)
