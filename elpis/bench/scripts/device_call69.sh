@@ -10,10 +10,9 @@ T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
 start_build_and_synths
 wait_build
-ELPIS_SMALL_DIR=/tmp/small gpu_pytest "graphs at load (again), draft buckets, background snapshots" 230 -x \
-  "tests/exl3/test_tree_graph.py::test_graphs_captured_at_load_leave_nothing_to_capture" \
-  tests/exl3/test_draft_graph.py \
-  "tests/exl3/test_gpu.py::test_snapshot_copies_what_stash_copies" "tests/exl3/test_gpu.py::test_prefix_reuse_is_exact"
+ELPIS_SMALL_DIR=/tmp/small gpu_pytest "background snapshots, prefix reuse, disk restart" 150 \
+  "tests/exl3/test_gpu.py::test_snapshot_copies_what_stash_copies" "tests/exl3/test_gpu.py::test_prefix_reuse_is_exact" \
+  "tests/exl3/test_gpu.py::test_restart_reuses_disk_prefix"
 wait_synth
 echo "=== bench engine, served prefill ($(left) s left)" | tee -a "$OUT/log"
 b=$(( $(left) - 12 ))
