@@ -182,6 +182,17 @@ class CachePageStore:
         gdn.unstash(stashed)
 
 
+_threads_before_elpis: list[int] = []
+
+
+def _torch_threads_at_first_load() -> int:
+    """torch's CPU thread count before any backend of this process set `host_threads` (a second backend in
+    the same process, as in the tests, would otherwise read the first one's setting)."""
+    if not _threads_before_elpis:
+        _threads_before_elpis.append(torch.get_num_threads())
+    return _threads_before_elpis[0]
+
+
 def _spans(tensors: Iterable[torch.Tensor]) -> tuple[list[int], int]:
     """Offsets of the tensors' bytes in one staging buffer (16-byte aligned, so views of any dtype fit) and
     its size."""
@@ -257,7 +268,7 @@ class Exl3Backend:
         self.prefill_group = prefill_group
         # torch's CPU threads: `host_threads` between prefills, the count torch had before for the prefill
         self.host_threads = host_threads
-        self.prefill_threads = torch.get_num_threads()
+        self.prefill_threads = _torch_threads_at_first_load()
         if host_threads is not None:
             torch.set_num_threads(host_threads)
         self.engine = engine
@@ -291,8 +302,8 @@ class Exl3Backend:
         self.pending: _Pending | None = None
         self.active = False
         self.last_prefill_seconds = 0.0
-        # where begin()'s time went: restoring the reused prefix, and the snapshots' device-to-host copies
-        # (timed after a synchronize, so the prefill's queued kernels are not counted in them)
+        # where begin()'s time went: restoring the reused prefix, and the host time of taking the snapshots
+        # (queueing their copies, and waiting for an earlier snapshot's copy to finish)
         self.last_prefill_parts: dict[str, float] = {}
         self.warmup: WarmupReport | None = None  # what `elpis.exl3.graph_warmup` captured at load
         self.graphs = None

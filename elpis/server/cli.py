@@ -303,6 +303,12 @@ def build_service(args: argparse.Namespace) -> ModelService:
         draft_dir = Path(draft_choice(args)) if draft_model(args) else None
         verify_model_files(model_path, draft_dir)
         backend = load_exl3_backend(model_path, draft_dir, **exl3_load_options(args))
+        warmup = getattr(backend, "warmup", None)
+        if warmup is not None:
+            log.info(
+                "[serve] graphs captured at load: %d context buckets up to %d tokens, %.1f s, %.2f GiB",
+                len(warmup.buckets), warmup.buckets[-1], warmup.seconds, warmup.bytes / 2**30,
+            )
     drafter = None
     if draft_choice(args) == "ngram":
         drafter = NgramDrafter()
