@@ -118,18 +118,24 @@ def rounds_logits(backend, ids, truth, size: int) -> list:
     return seen
 
 
+def eager_rounds(backend, ids) -> tuple[list[int], list]:
+    """Plain decoding's 40 tokens after `ids`, and every verify's logits over a run of mostly accepted 6-row
+    trees, both in the eager tree mode (the reference for replays)."""
+    graphs = eager(backend)
+    try:
+        truth, _ = tree_generate(backend, ids, 40, lambda done, anchor, remaining: ([anchor], [-1]))
+        return truth, rounds_logits(backend, ids, truth, 6)
+    finally:
+        backend.graphs = graphs
+
+
 def test_graph_commits_leave_the_eager_state(backend):
     import torch
 
-    vocab = backend.info.vocab_size
-    ids = prompt(1500, 77, vocab)
+    ids = prompt(1500, 77, backend.info.vocab_size)
     with run_rows(backend, 16):
-        graphs = eager(backend)
-        try:
-            truth, _ = tree_generate(backend, ids, 40, lambda done, anchor, remaining: ([anchor], [-1]))
-            want = rounds_logits(backend, ids, truth, 6)
-        finally:
-            backend.graphs = graphs
+        truth, want = eager_rounds(backend, ids)
+        graphs = backend.graphs
         commits = graphs.captures
         got = rounds_logits(backend, ids, truth, 6)
     assert graphs.captures > commits or graphs.replays > 0
@@ -184,12 +190,8 @@ def test_graphs_captured_at_load_leave_nothing_to_capture(backend, decoder):  # 
     ids = prompt(4060, 31, vocab)  # 40 tokens from 4,059: the rounds cross from the 4,096 bucket into 8,192
     blocks = backend.drafter.graphs
     with run_rows(backend, 16):
-        graphs = eager(backend)
-        try:
-            truth, _ = tree_generate(backend, ids, 40, lambda done, anchor, remaining: ([anchor], [-1]))
-            want = rounds_logits(backend, ids, truth, 6)
-        finally:
-            backend.graphs = graphs
+        truth, want = eager_rounds(backend, ids)
+        graphs = backend.graphs
         report = capture_graphs(backend)
         assert report.buckets == context_buckets(65536 + 16, backend.engine.cache_tokens)
         held = {(key[0], key[1]) for key in graphs.graphs}

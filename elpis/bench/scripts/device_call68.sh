@@ -14,24 +14,6 @@ ELPIS_SMALL_DIR=/tmp/small gpu_pytest "graphs at load (again), draft buckets, ba
   tests/exl3/test_draft_graph.py \
   "tests/exl3/test_gpu.py::test_snapshot_copies_what_stash_copies" "tests/exl3/test_gpu.py::test_prefix_reuse_is_exact"
 wait_synth
-echo "=== bench engine, served prefill ($(left) s left)" | tee -a "$OUT/log"
-b=$(( $(left) - 12 ))
-timeout -k 5 "$b" python3 -m elpis.cli bench engine --model /tmp/full/target --draft /tmp/full/draft \
-  --systems stock,elpis-tree16 --checkpoints 8192,32768 --rounds 4 --warmup 1 --final-tokens 0 --spec-only \
-  --time-limit $(( b - 10 )) --out-dir "$OUT" --stem prefillbench \
-  --title "issue 10: served prefill (graphs captured at load, background snapshots), stock vs elpis, H200" \
-  > "$OUT/prefillbench.txt" 2>&1
-echo "bench: exit $?" | tee -a "$OUT/log"
-python3 - "$OUT/prefillbench.json" <<'PY' 2>&1 | tee -a "$OUT/log"
-import json, sys
-d = json.load(open(sys.argv[1]))
-for name, s in d["systems"].items():
-    for cp in s.get("checkpoints", []):
-        sp = cp["spec"]
-        print(name, cp["context"], "ttft", sp.get("ttft_seconds"), "begin", sp.get("prefill_seconds"),
-              sp.get("prefill_parts"), "cached", sp.get("cached"), "rounds ms",
-              [round(x * 1e3, 1) for x in sp.get("round_seconds", [])])
-PY
-rm -f "$OUT"/*.png
+served_bench prefillbench "issue 10: served prefill (graphs captured at load, background snapshots), stock vs elpis, H200" --spec-only
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
 pack_outputs

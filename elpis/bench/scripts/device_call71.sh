@@ -12,14 +12,6 @@ if [ ! -f /tmp/full/draft/config.json ]; then  # a fresh machine: build and synt
   wait_build
   wait_synth
 fi
-echo "=== bench engine, served prefill with fresh TTFT ($(left) s left)" | tee -a "$OUT/log"
-b=$(( $(left) - 12 ))
-timeout -k 5 "$b" python3 -m elpis.cli bench engine --model /tmp/full/target --draft /tmp/full/draft \
-  --systems stock,elpis-tree16 --checkpoints 8192,32768 --rounds 4 --warmup 1 --final-tokens 0 \
-  --time-limit $(( b - 10 )) --out-dir "$OUT" --stem freshbench \
-  --title "issue 10: served prefill, cumulative and fresh TTFT, stock vs elpis, H200" > "$OUT/freshbench.txt" 2>&1
-echo "bench: exit $?" | tee -a "$OUT/log"
-sed -n '/^| system/,/^$/p;/Fresh TTFT/,/^$/p' "$OUT/freshbench.md" 2>/dev/null | tee -a "$OUT/log"
-rm -f "$OUT"/*.png
+served_bench freshbench "issue 10: served prefill, cumulative and fresh TTFT, stock vs elpis, H200"
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
 pack_outputs
