@@ -17,7 +17,8 @@ tree kernels do the arithmetic of the eager forms (only where the context and th
 tests/exl3/test_tree_graph.py compares replays with eager tree verifies bit for bit on the GPU. The first call
 of a key runs the same forward eagerly on the same buffers (the warm-up a capture needs: lazy kernel builds,
 autotuning, ExLlamaV3's own per-module graphs) and returns that result; the capture follows, and every later
-call of the key replays.
+call of the key replays. `load_backend` creates every key up to its max_context this way at load
+(`elpis.exl3.graph_warmup`), so no request pays for a capture.
 
 The commit of a replayed verify is captured too (once per key, after an eager first commit with the same
 buffers): the accepted rows' K/V moves (padded to run - 1 moves with a slot copied onto itself) and the GDN
