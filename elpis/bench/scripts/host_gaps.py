@@ -154,10 +154,12 @@ def main() -> None:
     )
     backend.prefix.enabled = False
     decoder = BenchDecoder(Path(args.model))
-    default_threads = torch.get_num_threads()
+    default_threads = backend.prefill_threads  # torch's own count, before load_backend's host_threads
     for context in (int(c) for c in args.contexts.split(",")):
         for threads in (int(t) for t in args.threads.split(",")):
-            torch.set_num_threads(threads or default_threads)
+            # the backend's rounds run under its host_threads (begin() switches back to them after a prefill)
+            backend.host_threads = threads or default_threads
+            torch.set_num_threads(backend.host_threads)
             trace = args.trace_dir / f"trace-{context}-t{threads}.json.gz" if args.trace_dir else None
             measured = measure(backend, decoder, context, args.rounds, trace)
             out = {"threads": torch.get_num_threads(), **measured}
