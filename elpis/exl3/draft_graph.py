@@ -121,10 +121,9 @@ class DraftGraphs:
 
     def width(self, kvp: int) -> int:
         """The block-table width (pages) of a draft block at kvp: its context bucket's."""
-        from elpis.exl3.tree_graph import context_bucket
-        from elpis.exl3.tree_verify import PAGE
+        from elpis.exl3.tree_graph import bucket_pages
 
-        return -(-context_bucket(kvp + 1 + self.block_size, self.engine.cache_tokens) // PAGE)
+        return bucket_pages(kvp + 1 + self.block_size, self.engine.cache_tokens)
 
     def block(self, anchor: int, pages: Sequence[int], kvp: int, width: int) -> tuple[Tensor, Tensor]:
         """The selector's chain (block - 1 ids) and the head's logits of the block rows after the anchor, on

@@ -100,6 +100,11 @@ def context_bucket(end: int, limit: int) -> int:
     return min(bucket, limit)
 
 
+def bucket_pages(end: int, limit: int) -> int:
+    """The block-table width (pages) of the context bucket holding positions < `end`."""
+    return -(-context_bucket(end, limit) // PAGE)
+
+
 def context_buckets(end: int, limit: int) -> list[int]:
     """Every bucket a verify ending at a position in 1..`end` falls in, smallest first."""
     last = context_bucket(end, limit)
@@ -160,7 +165,7 @@ class TreeGraphs:
 
     def table_width(self, kvp: int, run: int) -> int:
         """The block-table width (pages) of a verify of `run` rows at kvp: its context bucket's."""
-        return -(-context_bucket(kvp + run, self.engine.cache_tokens) // PAGE)
+        return bucket_pages(kvp + run, self.engine.cache_tokens)
 
     # -- one verify -------------------------------------------------------------------------------------
     def verify(
