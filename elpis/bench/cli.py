@@ -93,7 +93,7 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         "--host-threads",
         type=int,
         default=None,
-        help="elpis systems: torch CPU threads of the worker process (default: torch's own)",
+        help="elpis systems: torch CPU threads between prefills (default: load_backend's, 1)",
     )
     p.add_argument("--title", default=None)
     p.add_argument(

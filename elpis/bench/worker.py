@@ -743,7 +743,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_PREFILL_CHUNK,
         help="elpis systems: tokens per prefill chunk",
     )
-    parser.add_argument("--host-threads", type=int, default=None, help="elpis systems: torch CPU threads")
+    parser.add_argument(
+        "--host-threads", type=int, default=None, help="elpis systems: torch CPU threads between prefills"
+    )
     parser.add_argument("--profile", action="store_true", help="per-phase profile instead of timings")
     parser.add_argument(
         "--profile-prefill",

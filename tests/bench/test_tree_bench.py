@@ -314,7 +314,7 @@ def test_worker_commands(tmp_path):
     eager = engine_args("--systems", "stock,elpis", "--draft-eager")
     assert "--draft-eager" not in cli.worker_command(eager, ["stock"], tmp_path / "d.json", 123.0)
     elpis = worker.parse_args(cli.worker_command(eager, ["elpis"], tmp_path / "e2.json", 123.0)[3:])
-    assert elpis.draft_eager and elpis.host_threads is None  # torch's default unless asked
+    assert elpis.draft_eager and elpis.host_threads is None  # load_backend's default unless asked
     threads = engine_args("--systems", "stock,elpis", "--host-threads", "1")
     assert "--host-threads" not in cli.worker_command(threads, ["stock"], tmp_path / "t.json", 123.0)
     elpis = worker.parse_args(cli.worker_command(threads, ["elpis"], tmp_path / "t2.json", 123.0)[3:])

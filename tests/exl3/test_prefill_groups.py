@@ -183,4 +183,3 @@ def test_a_process_without_the_registry_patch_is_refused(monkeypatch):
     monkeypatch.setenv("ELPIS_PATCH_PREFILL_GROUPS", "1")
     with pytest.raises(RuntimeError, match="not applied"):
         prefill_groups.require_patch()
-
