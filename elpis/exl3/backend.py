@@ -36,7 +36,7 @@ Every entry point runs under `torch.inference_mode()`: ExLlamaV3 allocates its c
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -96,14 +96,18 @@ class CachePageStore:
         self.sizes = [t[0].numel() * t.element_size() for t in self.parts]
         self.page_bytes = sum(self.sizes)
         self.staging = torch.empty(self.page_bytes, dtype=torch.uint8, pin_memory=True)
-        # pinned, allocated now rather than in the first request's prefill (the layers' shapes are known even
-        # before their tensors are allocated); none for a model without recurrent layers
-        _, state_bytes = _spans(src for _, src in self._state_sources(0, 0))
-        self.state_staging: torch.Tensor | None = None
-        if state_bytes:
-            self.state_staging = torch.empty(state_bytes, dtype=torch.uint8, pin_memory=True)
+        # pinned staging buffers for the snapshots' device-to-host copies, one per snapshot in flight; the
+        # first is allocated now rather than in the first request's prefill (the layers' shapes are known
+        # even before their tensors are allocated), more when a prefill group holds several snapshots
+        _, self.state_bytes = _spans(src for _, _, src in self._state_sources(0, 0))
+        self.stagings: list[_Staging] = []
+        self.reserve_stagings(1)
         self.copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elpis-snapshot")
-        self.pending_copy: Future[None] | None = None
+
+    def reserve_stagings(self, count: int) -> None:
+        """At least `count` state staging buffers, allocated now (none without recurrent layers)."""
+        while self.state_bytes and len(self.stagings) < count:
+            self.stagings.append(_Staging(torch.empty(self.state_bytes, dtype=torch.uint8, pin_memory=True)))
 
     def read_page(self, page: int) -> torch.Tensor:
         offset = 0
@@ -126,40 +130,53 @@ class CachePageStore:
         reading them. The rows are those ExLlamaV3's `stash` copies. `stash` copies each of ~100 tensors into
         fresh pageable memory with a host wait per copy: ~120 ms per snapshot of Qwen3.8's 155 MB on the H200,
         in the middle of the prefill (device call 64). Here the device-to-host copies go in stream order into
-        one pinned staging buffer, sized at load (its allocation cost ~45 ms at the first snapshot, call 65),
-        and a worker thread waits for them and copies into pageable tensors (~27 ms per snapshot) while the
-        host goes on queueing the prefill or the first round."""
+        a pinned staging buffer, allocated at load (its allocation cost ~45 ms at the first snapshot, call
+        65), and a worker thread waits for them and copies into pageable tensors (~27 ms per snapshot) while
+        the host goes on queueing the prefill or the first round."""
+        capture = self.capture_state()
+        for module in capture.modules():
+            capture.copy_module(module)
+        return capture.finish()
+
+    def capture_state(self) -> StateCapture:
+        """A snapshot of the state taken layer by layer: `copy_module(m)` queues the copies of recurrent layer
+        `m`'s rows as they are now (in stream order), `finish()` once every layer is copied. A prefill in
+        layer-major groups takes a snapshot inside a group this way, copying each layer as it passes the
+        snapshot's position."""
         gdn = self.backend.state
         if gdn.last_history:
             raise BackendError("snapshot of a recurrent state with an unsettled speculative pass")
-        self.settle()  # the previous snapshot's copy out of the staging buffer
         sources = self._state_sources(gdn.slot, 2 * gdn.slot + gdn.parity)  # the slot's committed row
-        spans, total = _spans(src for _, src in sources)
-        if self.state_staging is None or self.state_staging.numel() < total:
-            self.state_staging = torch.empty(total, dtype=torch.uint8, pin_memory=True)
-        staged = []
-        for (name, src), offset in zip(sources, spans, strict=True):
-            n = src.numel() * src.element_size()
-            view = self.state_staging[offset : offset + n].view(src.dtype).view(src.shape)
-            view.copy_(src, non_blocking=True)
-            staged.append((name, view))
-        copied = torch.cuda.Event()
-        copied.record(torch.cuda.current_stream(self.backend.engine.device))
-        # each tensor owns pageable memory (the staging buffer is reused; the disk tier saves them one by one)
-        out = {name: torch.empty(view.shape, dtype=view.dtype) for name, view in staged}
-        self.pending_copy = self.copier.submit(_drain, copied, staged, out)
-        return out
+        spans, total = _spans(src for _, _, src in sources)
+        return StateCapture(self, self._free_staging(total), sources, spans)
+
+    def _free_staging(self, size: int) -> _Staging:
+        """A staging buffer no snapshot is using: one whose copies have drained, else a new one."""
+        for staging in self.stagings:
+            pending = staging.drained
+            if staging.busy or staging.buffer.numel() < size or (pending is not None and not pending.done()):
+                continue
+            staging.drained = None
+            if pending is not None:
+                pending.result()  # re-raises a failed copy here rather than losing it
+            staging.busy = True
+            return staging
+        staging = _Staging(torch.empty(size, dtype=torch.uint8, pin_memory=True), busy=True)
+        self.stagings.append(staging)
+        return staging
 
     def settle(self) -> None:
-        """Wait until every state `save_state` returned holds its values (re-raising a failed copy)."""
-        pending, self.pending_copy = self.pending_copy, None
-        if pending is not None:
-            pending.result()
+        """Wait until every state `save_state` or a capture returned holds its values (re-raising a failed
+        copy)."""
+        for staging in self.stagings:
+            pending, staging.drained = staging.drained, None
+            if pending is not None:
+                pending.result()
 
-    def _state_sources(self, slot: int, row: int) -> list[tuple[str, torch.Tensor]]:
-        """(name, device view) of what a snapshot holds, per recurrent layer: the recurrent-state `row` and
-        the first `conv_kernel_size` conv columns of `slot` (ExLlamaV3 1.6.5's `GDNLayerState.stash` rows;
-        `load_state` writes them back through its `unstash`)."""
+    def _state_sources(self, slot: int, row: int) -> list[tuple[str, Any, torch.Tensor]]:
+        """(name, recurrent module, device view) of what a snapshot holds, per recurrent layer: the
+        recurrent-state `row` and the first `conv_kernel_size` conv columns of `slot` (ExLlamaV3 1.6.5's
+        `GDNLayerState.stash` rows; `load_state` writes them back through its `unstash`)."""
         out = []
         for key, layer in self.backend.engine.cache.get_all_recurrent_layers().items():
             if type(layer).__name__ != "GDNLayerState" or not isinstance(key, tuple):
@@ -167,8 +184,8 @@ class CachePageStore:
                 raise BackendError(f"snapshots hold Gated DeltaNet layer states only, not {kind}")
             name = ".".join(str(k) for k in key)
             cdim = layer.module.conv_kernel_size
-            out.append((f"{name}.recurrent", layer.recurrent_state[row : row + 1]))
-            out.append((f"{name}.conv", layer.conv_state[slot, :, :cdim]))
+            out.append((f"{name}.recurrent", layer.module, layer.recurrent_state[row : row + 1]))
+            out.append((f"{name}.conv", layer.module, layer.conv_state[slot, :, :cdim]))
         return out
 
     def load_state(self, state: dict[str, torch.Tensor], position: int) -> None:
@@ -214,6 +231,87 @@ def _drain(
     with torch.inference_mode():  # thread-local: `out` holds inference tensors when the caller was in it
         for name, view in staged:
             out[name].copy_(view)
+
+
+def _copy_states(captures: dict[int, StateCapture]) -> Callable[[Any, int], None] | None:
+    """The layer-major prefill's `after_chunk` for snapshots inside a group: once a block has run chunk j,
+    its recurrent layer's state is the state at chunk j's end, so snapshot j copies it then."""
+    if not captures:
+        return None
+
+    def after_chunk(module: Any, j: int) -> None:
+        capture = captures.get(j)
+        if capture is not None:
+            capture.copy_module(getattr(module, "attn", None))
+
+    return after_chunk
+
+
+@dataclass
+class _Staging:
+    """A pinned buffer for one snapshot's device-to-host copies: `busy` from `capture_state` until its drain
+    is queued, `drained` the worker's future until `settle` or the next use collects it."""
+
+    buffer: torch.Tensor
+    busy: bool = False
+    drained: Future[None] | None = None
+
+
+class StateCapture:
+    """One snapshot's recurrent state, copied layer by layer into a staging buffer (`CachePageStore`)."""
+
+    def __init__(
+        self,
+        store: CachePageStore,
+        staging: _Staging,
+        sources: list[tuple[str, Any, torch.Tensor]],
+        spans: list[int],
+    ) -> None:
+        self.store, self.staging = store, staging
+        self.views: dict[int, list[tuple[str, torch.Tensor, torch.Tensor]]] = {}
+        for (name, module, src), offset in zip(sources, spans, strict=True):
+            n = src.numel() * src.element_size()
+            view = staging.buffer[offset : offset + n].view(src.dtype).view(src.shape)
+            self.views.setdefault(id(module), []).append((name, src, view))
+        self._modules = {id(module): module for _, module, _ in sources}
+        self.copied: set[int] = set()
+        self.copied_event: torch.cuda.Event | None = None
+
+    def modules(self) -> list[Any]:
+        """The recurrent modules whose state the snapshot holds."""
+        return list(self._modules.values())
+
+    def copy_module(self, module: Any) -> None:
+        """Queue the copies of `module`'s rows as they are now (a module without recurrent state: none)."""
+        views = self.views.get(id(module))
+        if views is None:
+            return
+        if id(module) in self.copied:
+            raise BackendError("a snapshot copied one recurrent layer twice")
+        for _, src, view in views:
+            view.copy_(src, non_blocking=True)
+        self.copied.add(id(module))
+        if len(self.copied) == len(self.views):  # the worker may drain from here on, not the group's end
+            self.copied_event = torch.cuda.Event()
+            self.copied_event.record(torch.cuda.current_stream(self.store.backend.engine.device))
+
+    def finish(self) -> dict[str, torch.Tensor]:
+        """The state as CPU tensors, filled by the worker once the copies queued so far are done."""
+        missing = len(self.views) - len(self.copied)
+        if missing or self.copied_event is None:
+            raise BackendError(f"a snapshot is missing {missing} of {len(self.views)} recurrent layers")
+        copied = self.copied_event
+        staged = [(name, view) for views in self.views.values() for name, _, view in views]
+        # each tensor owns pageable memory (the staging buffer is reused; the disk tier saves them one by one)
+        out = {name: torch.empty(view.shape, dtype=view.dtype) for name, view in staged}
+        self.staging.drained = self.store.copier.submit(_drain, copied, staged, out)
+        self.staging.busy = False
+        return out
+
+    def abandon(self) -> None:
+        """Give the staging buffer back unfinished (a prefill that failed; any copies it queued run before the
+        buffer's next use, in stream order)."""
+        self.staging.busy = False
 
 
 @dataclass
@@ -287,6 +385,9 @@ class Exl3Backend:
             disk_dir=disk_cache_dir,
             enabled=prefix_cache,
         )
+        if prefix_cache and prefill_group > 1:
+            # a first group of a long prompt holds a snapshot inside it and one at its end
+            self.prefix.store.reserve_stagings(2)
         self.export_layers = (
             set(engine.draft.draft_verifier_params["export_state_layers"])
             if engine.draft is not None
@@ -402,13 +503,16 @@ class Exl3Backend:
     def _prefill(self, body: list[int], keys: list[bytes]) -> None:
         """Prefill `body` from the current position in ExLlamaV3's chunks. With `prefill_group` > 1 the chunks
         run layer-major in groups (`elpis.exl3.prefill_groups`: the same kernels on the same chunks, each
-        EXL3 weight rebuilt once per group); a group ends at every prefix-cache snapshot point."""
+        EXL3 weight rebuilt once per group). A prefix-cache snapshot at a page boundary inside a group copies
+        each recurrent layer's state as that layer passes the snapshot's position; one at a partial page (the
+        prompt's end) ends its group, since its tail page is read once the whole model has written it."""
         from elpis.exl3.prefill_groups import plan_groups, prefill_layer_major
 
         engine = self.engine
         end = len(body)
         stops = prefill_boundaries(len(self.tokens), end, engine.prefill_chunk)
         snapshot_at = lambda stop: self.prefix.wants_snapshot(stop, end)  # noqa: E731
+        store = self.prefix.store
         for group in plan_groups(stops, snapshot_at, self.prefill_group):
             passes, draft_params = [], []
             start = len(self.tokens)
@@ -421,11 +525,25 @@ class Exl3Backend:
                     {"block_table": params["block_table"], "cache_seqlens": params["cache_seqlens"]}
                 )
                 start = stop
-            if len(passes) == 1:
-                engine.model.prefill(*passes[0])
-            else:
-                prefill_layer_major(engine.model, passes)
-            for stop, (_, params), conditioning in zip(group, passes, draft_params, strict=True):
+            # snapshots inside the group, by chunk index; the group's last stop is snapshotted after it
+            captures = {}
+            for j, stop in enumerate(group[:-1]):
+                if snapshot_at(stop):
+                    if stop % PAGE:  # plan_groups ends groups there: its tail page needs the whole model
+                        raise BackendError(f"prefill snapshot at {stop}, off a page, inside a group")
+                    captures[j] = store.capture_state()
+            try:
+                if len(passes) == 1:
+                    engine.model.prefill(*passes[0])
+                else:
+                    prefill_layer_major(engine.model, passes, after_chunk=_copy_states(captures))
+                states = {j: capture.finish() for j, capture in captures.items()}
+            except BaseException:
+                for capture in captures.values():
+                    capture.abandon()
+                raise
+            chunks = zip(group, passes, draft_params, strict=True)
+            for j, (stop, (_, params), conditioning) in enumerate(chunks):
                 if engine.draft is not None:
                     engine.draft.update_kv_from_target(
                         target_hidden=params["export_states"], cache=engine.draft_cache, params=conditioning
@@ -435,10 +553,12 @@ class Exl3Backend:
                     if stop % PAGE:  # reading the partial page waits for the prefill: not the snapshot's time
                         torch.cuda.synchronize(engine.device)
                     t0 = time.perf_counter()
-                    if stop != group[-1]:  # the state is the group's end state: plan_groups ends groups here
-                        raise BackendError(f"prefill snapshot at {stop} inside a group ending at {group[-1]}")
-                    tail = self.prefix.store.read_page(self.pages[stop // PAGE]) if stop % PAGE else None
-                    snap = Snapshot(stop, prefix_key(body, stop, keys), self.prefix.store.save_state(), tail)
+                    if j in states:
+                        state, tail = states[j], None
+                    else:
+                        tail = store.read_page(self.pages[stop // PAGE]) if stop % PAGE else None
+                        state = store.save_state()
+                    snap = Snapshot(stop, prefix_key(body, stop, keys), state, tail)
                     self.prefix.add_snapshot(snap)
                     self.snaps.append(snap)
                     self.last_prefill_parts["snapshots"] += time.perf_counter() - t0

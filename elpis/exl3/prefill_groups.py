@@ -1,4 +1,4 @@
-"""Patch `exl3-prefill-groups`: a long prompt is prefilled layer by layer over groups of up to four
+"""Patch `exl3-prefill-groups`: a long prompt is prefilled layer by layer over groups of up to eight
 2048-token chunks, so each EXL3 weight is rebuilt to fp16 once per group instead of once per chunk (issue 10).
 
 Why: a prefill chunk of more than 144 rows runs every EXL3 linear as "rebuild the whole fp16 weight, then one
@@ -8,7 +8,7 @@ often, but change the GEMMs' row counts and with them the arithmetic (bench/resu
 
 How, without changing a bit: the chunks stay ExLlamaV3's 2048-token chunks, and every module runs on each
 chunk exactly as `Model.prefill` runs it; only the order changes. `Model.prefill` runs chunk 1 through every
-layer, then chunk 2; here layer 1 runs chunks 1..4, then layer 2 runs them. A chunk at a layer needs that
+layer, then chunk 2; here layer 1 runs chunks 1..8, then layer 2 runs them. A chunk at a layer needs that
 layer's K/V and recurrent state after the chunks before it, which the layer-major order has computed just
 before, so every kernel sees the same inputs. While one module runs its chunks, `weight_store()` keeps the
 fp16 weight each of its EXL3 linears rebuilt for the first chunk, and the later chunks' GEMMs read it: the
@@ -17,10 +17,15 @@ same rebuild kernel on the same packed weight gives the same bits, and the GEMM 
 page-aligned tail of a prompt), and every call outside a store, go to ExLlamaV3's own function untouched.
 
 Cost: the rebuilt weights of one module stay alive while it runs its chunks (at most ~0.8 GB for a
-Qwen3.8 block: q/k/v/o or qkv/z/out plus the MLP's three), and a group's four chunks keep their activations
-and tap exports: the prefill's peak grew by ~1.05 GiB on the H200 (bench/results/prefill/README.md, session
-15). Groups end where the prefix cache takes its snapshots, so every snapshot still sees the whole model at
-its position.
+Qwen3.8 block: q/k/v/o or qkv/z/out plus the MLP's three), and a group's chunks keep their activations and
+tap exports (~0.25 GB per 2048-token chunk): with four chunks the prefill's peak grew by ~1.05 GiB on the
+H200 (bench/results/prefill/README.md, session 15).
+
+Snapshots: the prefix cache snapshots the recurrent state at multiples of 8192 tokens, at the last whole
+chunk and at the end. A snapshot on a page boundary inside a group is taken layer by layer: after a block has
+run the chunk ending there, its Gated DeltaNet layer holds the state at that position, and the backend copies
+it then (`after_chunk`; the K/V pages below the position are final once written). The prompt's end, off a
+page boundary, ends its group, since that snapshot also reads the partial page the whole model writes.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 PATCH = "exl3-prefill-groups"
-GROUP_CHUNKS = 4  # chunks per group: 4 x 2048 = the prefix cache's snapshot interval
+GROUP_CHUNKS = 8  # chunks per group (16,384 tokens): bench/results/prefill/README.md, session 18
 # ExLlamaV3 1.6.5's `reconstruct_hgemm` takes its fused path (weights rebuilt in the original basis, no
 # Hadamard launches on the activations) from this many rows on; the stored weights are that path's
 FUSED_MIN_ROWS = 1024
@@ -131,9 +136,14 @@ def weight_store() -> Iterator[dict[int, Any]]:
         store.clear()
 
 
-def plan_groups(stops: Sequence[int], ends_group: Callable[[int], bool], size: int) -> list[list[int]]:
-    """Split a prefill's chunk ends `stops` (ascending) into groups of at most `size` chunks, ending a group
-    after every stop for which `ends_group(stop)` holds (the prefix cache's snapshot points)."""
+def plan_groups(stops: Sequence[int], snapshot_at: Callable[[int], bool], size: int) -> list[list[int]]:
+    """Split a prefill's chunk ends `stops` (ascending) into groups of at most `size` chunks. A group also
+    ends after a snapshot point (`snapshot_at(stop)`) off a page boundary, the prompt's end: that snapshot
+    reads the partial page, which the whole model must have written first. Snapshots on page boundaries are
+    taken inside groups, each layer's state copied as the layer passes them (`prefill_layer_major`'s
+    `after_chunk`)."""
+    from elpis.exl3.prefix import PAGE
+
     if size < 1:
         raise ValueError(f"a prefill group holds at least one chunk, got {size}")
     if any(b <= a for a, b in itertools.pairwise(stops)):
@@ -142,7 +152,7 @@ def plan_groups(stops: Sequence[int], ends_group: Callable[[int], bool], size: i
     current: list[int] = []
     for stop in stops:
         current.append(stop)
-        if len(current) == size or ends_group(stop):
+        if len(current) == size or (stop % PAGE and snapshot_at(stop)):
             groups.append(current)
             current = []
     if current:
@@ -180,10 +190,16 @@ def check_model(model: Any) -> None:
         raise RuntimeError(f"patch {PATCH}: prefill in groups is not shown exact for {sorted(unknown)}")
 
 
-def prefill_layer_major(model: Any, passes: Sequence[tuple[Any, dict[str, Any]]]) -> None:
+def prefill_layer_major(
+    model: Any,
+    passes: Sequence[tuple[Any, dict[str, Any]]],
+    after_chunk: Callable[[Any, int], None] | None = None,
+) -> None:
     """Prefill `passes` (each the input ids [1, n] and params of one `Model.prefill` call, in position order)
     module by module: every module runs each pass's chunk in order, with its EXL3 weights rebuilt once. The
-    same effect on cache and recurrent state as `model.prefill(ids, params)` for each pass in order."""
+    same effect on cache and recurrent state as `model.prefill(ids, params)` for each pass in order.
+    `after_chunk(module, j)` runs (on the host, in stream order) after each module has run pass j: that
+    module's recurrent state is then the state at pass j's end."""
     from exllamav3.cache.recurrent_util import advance_recurrent_states
 
     check_model(model)
@@ -196,6 +212,8 @@ def prefill_layer_major(model: Any, passes: Sequence[tuple[Any, dict[str, Any]]]
                 params["layer_instance"] = instance
                 params["prefill"] = final
                 xs[j] = module.forward(module.prepare_for_device(xs[j], params), params)
+                if after_chunk is not None:
+                    after_chunk(module, j)
         if final:
             break
     for ids, params in passes:

@@ -17,14 +17,16 @@ from elpis.exl3.prefix import prefill_boundaries
 def test_groups_hold_at_most_size_chunks_in_order():
     stops = prefill_boundaries(0, 10_939, 2048)
     assert stops == [2048, 4096, 6144, 8192, 10240, 10752, 10939]
-    groups = plan_groups(stops, lambda stop: False, GROUP_CHUNKS)
+    groups = plan_groups(stops, lambda stop: False, 4)
     assert groups == [[2048, 4096, 6144, 8192], [10240, 10752, 10939]]
+    assert plan_groups(stops, lambda stop: False, GROUP_CHUNKS) == [stops]
     assert plan_groups(stops, lambda stop: False, 1) == [[s] for s in stops]
 
 
-def test_groups_end_at_every_snapshot_point():
-    """The prefix cache snapshots at multiples of its interval, at the last whole chunk and at the end; a
-    snapshot must see the state at its own position, so a group ends there."""
+def test_groups_end_only_at_snapshots_off_a_page_boundary():
+    """The prefix cache snapshots at multiples of its interval, at the last whole chunk and at the end. A
+    snapshot on a page boundary is taken inside a group, layer by layer; the end, off a page boundary, reads
+    the partial page the whole model writes, so its group ends there."""
     end = 30_000
     stops = prefill_boundaries(6144, end, 2048)  # a resumed prefill starts at a chunk boundary
 
@@ -34,10 +36,13 @@ def test_groups_end_at_every_snapshot_point():
     groups = plan_groups(stops, snapshot, GROUP_CHUNKS)
     assert [s for g in groups for s in g] == stops
     assert all(1 <= len(g) <= GROUP_CHUNKS for g in groups)
-    for group in groups:
-        assert not any(snapshot(s) for s in group[:-1]), group
-    assert groups[0] == [8192]  # 6144..8192 ends at the snapshot at 8192
-    assert [g[-1] for g in groups[1:]] == [16384, 24576, 28672, 30000]
+    assert groups == [stops[:GROUP_CHUNKS], stops[GROUP_CHUNKS:]]
+    assert groups[-1][-1] == end and stops[-2] == 29_952  # the last page boundary before the end
+    # an end off a page boundary before the group is full
+    short = prefill_boundaries(0, 5000, 2048)
+    assert plan_groups(short, lambda stop: stop == 5000, GROUP_CHUNKS) == [[2048, 4096, 4864, 5000]]
+    assert plan_groups([1000, 2048], lambda stop: stop == 1000, GROUP_CHUNKS) == [[1000], [2048]]
+    assert plan_groups([1024, 2048], lambda stop: stop == 1024, GROUP_CHUNKS) == [[1024, 2048]]
 
 
 def test_bad_plans_are_refused():
@@ -52,27 +57,45 @@ def test_bad_plans_are_refused():
 
 def _prefill_record(backend, ids: list[int]) -> dict:
     """Everything a prefill leaves behind: the K/V (target and draft) of the positions it wrote, the recurrent
-    state, the next verify's logits. (Slots past the prompt's end are not compared: a page the sequence got
-    back from an earlier one still holds that one's rows there, never read.)"""
+    state, the prefix cache's snapshots (position, state, tail page), the next verify's logits. (Slots past
+    the prompt's end are not compared: a page the sequence got back from an earlier one still holds that
+    one's rows there, never read.)"""
     import torch
 
+    prefix = backend.prefix
+    prefix.snapshots.clear()  # every prefill here is cold: nothing to resume from
+    prefix.snapshot_used = 0
     backend.begin(ids)
-    store = backend.prefix.store
+    store = prefix.store
     pages = torch.tensor(backend.pages, dtype=torch.long, device=store.parts[0].device)
     written = len(ids) - 1  # the prompt but its last token, which the first verify feeds
     record = {
         "kv": [t.index_select(0, pages).flatten(0, 1)[:written].cpu() for t in store.parts],
         "state": store.save_state(),
+        "snapshots": [(snap.position, snap.state, snap.tail) for snap in backend.snaps],
     }
     tokens = [ids[-1], 11, 12, 13]
     record["logits"] = backend.verify(tokens, [-1, 0, 1, 2]).cpu()
     backend.finish()
     torch.cuda.synchronize()
+    store.settle()
     return record
 
 
+def _same_states(a: dict, b: dict) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.gpu
-def test_grouped_prefill_is_bitwise_chunk_by_chunk(small):
+@pytest.mark.parametrize("group", [4, 8])
+def test_grouped_prefill_is_bitwise_chunk_by_chunk(small, group):
+    """10,940 tokens: chunks of 2048 to 10,240, then 512 + 187 on ExLlamaV3's own path (below the
+    fused-rebuild row count). Snapshots at 8192 and 10,240 (page boundaries) and at the end 10,939. Groups
+    of four: [2048..8192], [10240, 10752, 10939]; of eight: one group. A page-boundary snapshot that is not
+    its group's last stop (10,240 in groups of four; 8192 and 10,240 in a group of eight) is taken inside the
+    group, layer by layer."""
     import torch
 
     from elpis.exl3 import load_backend, prefill_groups
@@ -84,34 +107,42 @@ def test_grouped_prefill_is_bitwise_chunk_by_chunk(small):
         max_context=65536,
         model_id="small",
         host_cache_gib=0.0,
-        prefix_cache=False,
+        prefix_cache=True,
         tree=True,
         tree_graphs=False,
-        prefill_group=GROUP_CHUNKS,
+        prefill_group=group,
     )
     vocab = b.info.vocab_size
     gen = torch.Generator().manual_seed(3)
-    # 10,940 tokens: a group of four 2048-token chunks, then 2048 + 512 + 187 (the last two on ExLlamaV3's
-    # own path, below the fused-rebuild row count)
     ids = torch.randint(0, vocab, (10_940,), generator=gen).tolist()
     b.prefill_group = 1
     plain = _prefill_record(b, ids)
-    b.prefill_group = GROUP_CHUNKS
+    b.prefill_group = group
     before = dict(counts)
     grouped = _prefill_record(b, ids)
     rebuilt, reused = counts["rebuilt"] - before["rebuilt"], counts["reused"] - before["reused"]
     linears = sum(1 for m in _exl3_linears(b.engine.model))
-    print(f"prefill groups: {rebuilt} weights rebuilt, {reused} reused, {linears} EXL3 linears in the target")
-    # per linear reached: group 1 (four chunks of 2048) one rebuild and three reuses; group 2 one rebuild
-    # for its 2048-row chunk (the 512- and 187-row chunks take ExLlamaV3's own path)
-    reached = reused // 3
-    assert reached > 0 and reused == 3 * reached and rebuilt == 2 * reached, (rebuilt, reused)
+    print(f"prefill groups of {group}: {rebuilt} rebuilt, {reused} reused, {linears} EXL3 linears")
+    # per linear reached: five 2048-row chunks; groups of four rebuild twice and reuse three times, a group of
+    # eight rebuilds once and reuses four times
+    expected = {4: (2, 3), 8: (1, 4)}[group]
+    reached = rebuilt // expected[0]
+    assert reached > 0, (rebuilt, reused)
+    assert (rebuilt, reused) == (expected[0] * reached, expected[1] * reached), (rebuilt, reused)
     assert len(plain["kv"]) == len(grouped["kv"]) > 0
     for i, (p, g) in enumerate(zip(plain["kv"], grouped["kv"], strict=True)):
         assert p.shape[0] == len(ids) - 1 and torch.equal(p, g), f"cache tensor {i} differs"
-    assert plain["state"].keys() == grouped["state"].keys()
-    for key in plain["state"]:
-        assert torch.equal(plain["state"][key], grouped["state"][key]), key
+    assert _same_states(plain["state"], grouped["state"])
+    assert [s[0] for s in plain["snapshots"]] == [s[0] for s in grouped["snapshots"]] == [8192, 10240, 10939]
+    for (position, p_state, p_tail), (_, g_state, g_tail) in zip(
+        plain["snapshots"], grouped["snapshots"], strict=True
+    ):
+        assert _same_states(p_state, g_state), f"snapshot at {position} differs"
+        assert (p_tail is None) == (g_tail is None) == (position % 256 == 0)
+        assert p_tail is None or torch.equal(p_tail, g_tail)
+    # the snapshots are of different positions: a state copied at the wrong time would equal its neighbour's
+    states = [s[1] for s in grouped["snapshots"]]
+    assert not _same_states(states[0], states[1]) and not _same_states(states[1], states[2])
     assert torch.equal(plain["logits"], grouped["logits"])
     assert prefill_groups.installed()
 
