@@ -36,7 +36,7 @@ Every entry point runs under `torch.inference_mode()`: ExLlamaV3 allocates its c
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -233,18 +233,34 @@ def _drain(
             out[name].copy_(view)
 
 
-def _copy_states(captures: dict[int, StateCapture]) -> Callable[[Any, int], None] | None:
-    """The layer-major prefill's `after_chunk` for snapshots inside a group: once a block has run chunk j,
-    its recurrent layer's state is the state at chunk j's end, so snapshot j copies it then."""
-    if not captures:
-        return None
+class _InnerSnapshots:
+    """The snapshots inside one prefill group, by chunk index: the layer-major order calls `after_chunk` once
+    a block has run chunk j, when its recurrent layer holds the state at chunk j's end, and snapshot j copies
+    that layer then. Each snapshot takes its staging buffer at its first copy, when the host is already
+    queueing the group (a buffer allocated then overlaps the GPU's work)."""
 
-    def after_chunk(module: Any, j: int) -> None:
-        capture = captures.get(j)
-        if capture is not None:
-            capture.copy_module(getattr(module, "attn", None))
+    def __init__(self, store: CachePageStore, chunks: Iterable[int]) -> None:
+        self.store = store
+        self.chunks = set(chunks)
+        self.captures: dict[int, StateCapture] = {}
 
-    return after_chunk
+    def after_chunk(self, module: Any, j: int) -> None:
+        if j not in self.chunks:
+            return
+        capture = self.captures.get(j)
+        if capture is None:
+            capture = self.captures[j] = self.store.capture_state()
+        capture.copy_module(getattr(module, "attn", None))
+
+    def finish(self) -> dict[int, dict[str, torch.Tensor]]:
+        missing = self.chunks - self.captures.keys()
+        if missing:
+            raise BackendError(f"prefill snapshots of chunks {sorted(missing)} were never taken")
+        return {j: capture.finish() for j, capture in self.captures.items()}
+
+    def abandon(self) -> None:
+        for capture in self.captures.values():
+            capture.abandon()
 
 
 @dataclass
@@ -526,21 +542,19 @@ class Exl3Backend:
                 )
                 start = stop
             # snapshots inside the group, by chunk index; the group's last stop is snapshotted after it
-            captures = {}
-            for j, stop in enumerate(group[:-1]):
-                if snapshot_at(stop):
-                    if stop % PAGE:  # plan_groups ends groups there: its tail page needs the whole model
-                        raise BackendError(f"prefill snapshot at {stop}, off a page, inside a group")
-                    captures[j] = store.capture_state()
+            inner = [j for j, stop in enumerate(group[:-1]) if snapshot_at(stop)]
+            if any(group[j] % PAGE for j in inner):  # plan_groups ends groups there: the tail needs the model
+                raise BackendError(f"prefill snapshot off a page boundary inside the group {group}")
+            snapshots = _InnerSnapshots(store, inner)
             try:
                 if len(passes) == 1:
                     engine.model.prefill(*passes[0])
                 else:
-                    prefill_layer_major(engine.model, passes, after_chunk=_copy_states(captures))
-                states = {j: capture.finish() for j, capture in captures.items()}
+                    after = snapshots.after_chunk if inner else None
+                    prefill_layer_major(engine.model, passes, after_chunk=after)
+                states = snapshots.finish()
             except BaseException:
-                for capture in captures.values():
-                    capture.abandon()
+                snapshots.abandon()
                 raise
             chunks = zip(group, passes, draft_params, strict=True)
             for j, (stop, (_, params), conditioning) in enumerate(chunks):

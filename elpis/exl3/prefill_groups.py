@@ -1,4 +1,4 @@
-"""Patch `exl3-prefill-groups`: a long prompt is prefilled layer by layer over groups of up to eight
+"""Patch `exl3-prefill-groups`: a long prompt is prefilled layer by layer over groups of up to sixteen
 2048-token chunks, so each EXL3 weight is rebuilt to fp16 once per group instead of once per chunk (issue 10).
 
 Why: a prefill chunk of more than 144 rows runs every EXL3 linear as "rebuild the whole fp16 weight, then one
@@ -8,7 +8,7 @@ often, but change the GEMMs' row counts and with them the arithmetic (bench/resu
 
 How, without changing a bit: the chunks stay ExLlamaV3's 2048-token chunks, and every module runs on each
 chunk exactly as `Model.prefill` runs it; only the order changes. `Model.prefill` runs chunk 1 through every
-layer, then chunk 2; here layer 1 runs chunks 1..8, then layer 2 runs them. A chunk at a layer needs that
+layer, then chunk 2; here layer 1 runs chunks 1..16, then layer 2 runs them. A chunk at a layer needs that
 layer's K/V and recurrent state after the chunks before it, which the layer-major order has computed just
 before, so every kernel sees the same inputs. While one module runs its chunks, `weight_store()` keeps the
 fp16 weight each of its EXL3 linears rebuilt for the first chunk, and the later chunks' GEMMs read it: the
@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 PATCH = "exl3-prefill-groups"
-GROUP_CHUNKS = 8  # chunks per group (16,384 tokens): bench/results/prefill/README.md, session 18
+GROUP_CHUNKS = 16  # chunks per group (32,768 tokens): bench/results/prefill/README.md, session 18
 # ExLlamaV3 1.6.5's `reconstruct_hgemm` takes its fused path (weights rebuilt in the original basis, no
 # Hadamard launches on the activations) from this many rows on; the stored weights are that path's
 FUSED_MIN_ROWS = 1024

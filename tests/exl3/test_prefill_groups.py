@@ -33,10 +33,10 @@ def test_groups_end_only_at_snapshots_off_a_page_boundary():
     def snapshot(stop: int) -> bool:  # PrefixCache.wants_snapshot with its defaults (interval 8192)
         return stop == end or stop % 8192 == 0 or stop == end // 2048 * 2048
 
-    groups = plan_groups(stops, snapshot, GROUP_CHUNKS)
+    groups = plan_groups(stops, snapshot, 8)
     assert [s for g in groups for s in g] == stops
-    assert all(1 <= len(g) <= GROUP_CHUNKS for g in groups)
-    assert groups == [stops[:GROUP_CHUNKS], stops[GROUP_CHUNKS:]]
+    assert groups == [stops[:8], stops[8:]]
+    assert plan_groups(stops, snapshot, GROUP_CHUNKS) == [stops]
     assert groups[-1][-1] == end and stops[-2] == 29_952  # the last page boundary before the end
     # an end off a page boundary before the group is full
     short = prefill_boundaries(0, 5000, 2048)
