@@ -87,7 +87,7 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         choices=PREFILL_CHUNKS,
         default=DEFAULT_PREFILL_CHUNK,
         help="elpis systems: tokens per prefill chunk (2048, the default: ExLlamaV3's own and its "
-        "arithmetic, in layer-major groups of four; 8192: other arithmetic, gated, opt-in)",
+        "arithmetic, in layer-major groups of up to sixteen; 8192: other arithmetic, gated, opt-in)",
     )
     p.add_argument(
         "--host-threads",

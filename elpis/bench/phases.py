@@ -213,7 +213,10 @@ class PhaseProfiler:
 
     # -- windows ---------------------------------------------------------------------------------------
     def prefill(self, context: int, tail: int = 4096) -> None:
-        """Queue: profile the prefill calls from position context - tail up to the first decode round."""
+        """Queue: profile the prefill calls from the one that reaches position context - tail up to the first
+        decode round. A prefill in layer-major groups runs a group as one call, so its window starts at the
+        first position of the group holding context - tail (a fresh 32K prompt in groups of sixteen chunks:
+        the whole prompt); the report divides by the tokens the window held."""
         self._plans.append(
             {"kind": "prefill", "context": context, "from": max(0, context - tail), "tokens": 0}
         )
@@ -234,7 +237,7 @@ class PhaseProfiler:
                     self._profiler is None
                     and not decode
                     and position is not None
-                    and position >= plan["from"]
+                    and position + rows > plan["from"]
                 ):
                     self._start()
                 if self._profiler is None or not decode:

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 # prefill's chunks, elpis/exl3/prefix.py): with 8192-token chunks a follow-up turn reuses nothing of a
 # prompt shorter than 8192 tokens and recomputes up to 8191 tokens more than with 2048 (device call 23,
 # tests/exl3/test_gpu.py::test_prefix_reuse_is_exact). Since session 15, 2048-token chunks run layer-major in
-# groups of four (`prefill_group`, patch exl3-prefill-groups): each weight is rebuilt once per 8192 tokens
-# with the arithmetic of 2048-token chunks, which leaves 8192 little to offer (8,354 / 8,089 tok/s cold at 8K
-# / 32K against 8,986 / 7,974 for 8192-token chunks, separate runs). Here, not in engine.py, so that the CLIs'
-# option parsers read them without importing torch.
+# groups (`prefill_group`, patch exl3-prefill-groups; sixteen chunks since session 18): each weight is rebuilt
+# once per group with the arithmetic of 2048-token chunks, which leaves 8192 little to offer (groups of four:
+# 8,354 / 8,089 tok/s cold at 8K / 32K against 8,986 / 7,974 for 8192-token chunks, separate runs). Here,
+# not in engine.py, so that the CLIs' option parsers read them without importing torch.
 EXLLAMA_PREFILL_CHUNK = 2048
 DEFAULT_PREFILL_CHUNK = EXLLAMA_PREFILL_CHUNK
 PREFILL_CHUNKS = (2048, 4096, 8192)

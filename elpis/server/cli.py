@@ -105,8 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=PREFILL_CHUNKS,
         default=DEFAULT_PREFILL_CHUNK,
         help="exl3: tokens per prefill chunk. 2048 (default) is ExLlamaV3's own and keeps its "
-        "arithmetic, and runs in layer-major groups of four chunks (patch exl3-prefill-groups: bitwise the "
-        "same, 1.11-1.15x faster cold prefills on the H200, bench/results/prefill); 8192 changes the "
+        "arithmetic, and runs in layer-major groups of up to sixteen chunks (patch exl3-prefill-groups: "
+        "bitwise the same, ~2.5 GiB more at the prefill's peak, bench/results/prefill); 8192 changes the "
         "arithmetic (quality gate PASS), runs chunk by chunk, and the prefix cache then resumes only at "
         "multiples of 8192 tokens",
     )

@@ -197,5 +197,20 @@ def test_grouped_prefills_open_prefill_windows(monkeypatch):
     assert events == ["start"]
     model.forward(torch.zeros(1, 8), {"cache_seqlens": torch.tensor([19431], dtype=torch.int32)})
     assert events == ["start", ("finish", 8192 + 3048, "token")]
+    # a group that starts before the window but reaches into it opens it, and all its rows count
+    events.clear()
+    profiler.prefill(32768, tail=4096)
+    prefill_groups.prefill_layer_major(model, passes(0, [2048] * 14))  # ends at 28672: not in the window
+    assert events == []
+    prefill_groups.prefill_layer_major(model, passes(28672, [2048, 1792]))
+    model.prefill(torch.zeros(1, 255), {"cache_seqlens": torch.tensor([32512], dtype=torch.int32)})
+    model.forward(torch.zeros(1, 8), {"cache_seqlens": torch.tensor([32767], dtype=torch.int32)})
+    assert events == ["start", ("finish", 2048 + 1792 + 255, "token")]
+    events.clear()
+    profiler.prefill(32768, tail=4096)
+    prefill_groups.prefill_layer_major(model, passes(0, [2048] * 15 + [1792]))  # one group of sixteen
+    model.prefill(torch.zeros(1, 255), {"cache_seqlens": torch.tensor([32512], dtype=torch.int32)})
+    model.forward(torch.zeros(1, 8), {"cache_seqlens": torch.tensor([32767], dtype=torch.int32)})
+    assert events == ["start", ("finish", 32767, "token")]
     profiler.close()
     assert prefill_groups.prefill_layer_major is wrapped_from
