@@ -205,17 +205,61 @@ def prefill_layer_major(
     check_model(model)
     xs = [model.prepare_inputs(ids, params) for ids, params in passes]
     last = model.last_kv_module_idx_instance
-    for module, instance, idx in model.fwd_modules:
+    modules = list(model.fwd_modules)
+    # the embedding runs chunk by chunk just before the first block's chunk (see _embed_chunk)
+    embedding = modules.pop(0) if OVERLAP_EMBEDDING and _host_embedding(modules) else None
+    for module, instance, idx in modules:
         final = (idx, instance) == last
         with weight_store():
             for j, (_, params) in enumerate(passes):
+                if embedding is not None:
+                    xs[j] = _embed_chunk(embedding, xs[j], params)
+                    if after_chunk is not None:
+                        after_chunk(embedding[0], j)
                 params["layer_instance"] = instance
                 params["prefill"] = final
                 xs[j] = module.forward(module.prepare_for_device(xs[j], params), params)
                 if after_chunk is not None:
                     after_chunk(module, j)
+        embedding = None
         if final:
             break
     for ids, params in passes:
         del params["prefill"]
         advance_recurrent_states(ids, params, model)
+
+
+# Embeddings staged through pinned memory and run interleaved with the first block (a switch for A/B runs of
+# the probe, bench/results/prefill/README.md session 18; on in the product)
+OVERLAP_EMBEDDING = True
+
+
+def _host_embedding(modules: Sequence[tuple[Any, Any, Any]]) -> bool:
+    """Is the first module an embedding whose table ExLlamaV3 keeps in host memory (its rows are gathered on
+    the CPU and the next module copies them to the GPU), with a CUDA module after it?"""
+    if len(modules) < 2 or type(modules[0][0]).__name__ != "Embedding":
+        return False
+    table_device = getattr(modules[0][0], "device", None)
+    next_device = getattr(modules[1][0], "device", None)
+    return str(table_device).startswith("cpu") and str(next_device).startswith("cuda")
+
+
+def _embed_chunk(entry: tuple[Any, Any, Any], x: Any, params: dict[str, Any]) -> Any:
+    """One chunk's embedding, gathered on the CPU by ExLlamaV3's own module and staged in pinned memory.
+
+    Why: the first block copies a chunk's rows to the GPU. From pageable memory that copy waits for all the
+    GPU's earlier work, so in layer-major order the GPU idled through every chunk's gather and copy in turn
+    before the first block could run on the next chunk. From pinned memory the block's own
+    `prepare_for_device` copies without waiting, in stream order, and the CPU gathers chunk j+1 while the
+    GPU runs the first block on chunk j. Same rows, same bytes: nothing downstream changes."""
+    import torch
+
+    module, instance, _ = entry
+    params["layer_instance"] = instance
+    params["prefill"] = False
+    rows = module.forward(module.prepare_for_device(x, params), params)
+    if rows.device.type != "cpu":
+        return rows
+    staged = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+    staged.copy_(rows)
+    return staged

@@ -214,3 +214,69 @@ def test_a_process_without_the_registry_patch_is_refused(monkeypatch):
     monkeypatch.setenv("ELPIS_PATCH_PREFILL_GROUPS", "1")
     with pytest.raises(RuntimeError, match="not applied"):
         prefill_groups.require_patch()
+
+
+def _fake_recurrent_util(monkeypatch) -> list:
+    """exllamav3's `advance_recurrent_states` (not installed in CPU CI) replaced by a recorder."""
+    import sys
+    import types
+
+    advanced: list = []
+    fake = types.ModuleType("exllamav3.cache.recurrent_util")
+    fake.advance_recurrent_states = lambda ids, params, model: advanced.append(ids)
+    for name in ("exllamav3", "exllamav3.cache"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "exllamav3.cache.recurrent_util", fake)
+    return advanced
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_embedding_runs_chunk_by_chunk_ahead_of_the_first_block(monkeypatch, overlap):
+    """With ExLlamaV3's embedding table in host memory, chunk j's rows are gathered just before the first
+    block runs chunk j (so the CPU gathers chunk j+1 while the GPU runs chunk j); every other module runs
+    layer-major; each module still sees each chunk once, in position order."""
+    import torch
+
+    from elpis.exl3 import prefill_groups
+
+    advanced = _fake_recurrent_util(monkeypatch)
+    monkeypatch.setattr(prefill_groups, "OVERLAP_EMBEDDING", overlap)
+    monkeypatch.setattr(prefill_groups, "_original", [None])  # as if installed: no linear is rebuilt here
+    monkeypatch.delenv("ELPIS_PATCH_PREFILL_GROUPS", raising=False)
+    log: list = []
+
+    def module(kind: str, name: str, device: str, **attrs):
+        def forward(self, x, params):
+            log.append((name, params["chunk"]))
+            # (rows on the meta device: the CPU staging through pinned memory is the GPU tests' to check)
+            return torch.empty(1, device="meta") if kind == "Embedding" else x
+
+        cls = type(kind, (), {"forward": forward, "prepare_for_device": lambda self, x, params: x})
+        obj = cls()
+        obj.device = device
+        for key, value in attrs.items():
+            setattr(obj, key, value)
+        return obj
+
+    gdn = _named("GatedDeltaNet")
+    blocks = [
+        module("TransformerBlock", f"block{i}", "cuda:0", attn=gdn, mlp=_named("GatedMLP")) for i in range(2)
+    ]
+    fwd = [(module("Embedding", "embed", "cpu"), None, 0)] + [(b, None, i + 1) for i, b in enumerate(blocks)]
+    model = _named(
+        "Model",
+        fwd_modules=fwd,
+        last_kv_module_idx_instance=(2, None),
+        prepare_inputs=lambda self, ids, params: torch.tensor(int(ids)),
+    )
+    passes = [(j, {"chunk": j}) for j in range(3)]
+    seen: list = []
+    prefill_groups.prefill_layer_major(model, passes, after_chunk=lambda m, j: seen.append((m.device, j)))
+    chunks = range(3)
+    if overlap:
+        first = [step for j in chunks for step in (("embed", j), ("block0", j))]
+    else:
+        first = [("embed", j) for j in chunks] + [("block0", j) for j in chunks]
+    assert log == first + [("block1", j) for j in chunks]
+    assert len(seen) == 9 and advanced == [0, 1, 2]
+    assert all("prefill" not in params for _, params in passes)

@@ -4,9 +4,10 @@ Loads the served backend once (tree mode, prefix cache off so every prefill is c
 repetitions prefills each prompt with each group size in turn (alternating, so drift hits both alike) and
 runs one 8-row verify after it. Prints one JSON line per prefill (tokens per second, peak memory of the
 prefill, whether the verify's logits are bitwise those of the first group size listed), then one summary line
-per prompt (median tokens per second per group size). GPU only. Usage (repo root, with
-ELPIS_PATCH_PREFILL_GROUPS=1):
-  python3 elpis/bench/scripts/prefill_group_probe.py MODEL DRAFT [--groups 1,4] [--prompts 8229,32768]
+per prompt (median tokens per second per group size). A group size written `16s` runs with the embedding
+gathered for every chunk before the first block (`prefill_groups.OVERLAP_EMBEDDING` off, the order before
+session 18). GPU only. Usage (repo root, with ELPIS_PATCH_PREFILL_GROUPS=1):
+  python3 elpis/bench/scripts/prefill_group_probe.py MODEL DRAFT [--groups 1,4,16s] [--prompts 8229,32768]
 """
 
 from __future__ import annotations
@@ -27,19 +28,22 @@ def main() -> None:
     p.add_argument("--prompts", default="8229,32768")
     p.add_argument("--reps", type=int, default=3)
     args = p.parse_args()
-    groups = [int(g) for g in args.groups.split(",")]
+    labels = args.groups.split(",")
+    groups = {label: int(label.rstrip("s")) for label in labels}
     lengths = [int(n) for n in args.prompts.split(",")]
-    from elpis.exl3 import load_backend
+    from elpis.exl3 import load_backend, prefill_groups
     from elpis.exl3.prefill_groups import counts
 
-    be = load_backend(args.model, args.draft, prefix_cache=False, tree=True, prefill_group=max(groups))
+    largest = max(groups.values())
+    be = load_backend(args.model, args.draft, prefix_cache=False, tree=True, prefill_group=largest)
     vocab = be.info.vocab_size
     first: dict[int, torch.Tensor] = {}
-    speeds: dict[tuple[int, int], list[float]] = {}
+    speeds: dict[tuple[str, int], list[float]] = {}
     for rep in range(args.reps):
         for n in lengths:
-            for group in groups:
+            for label, group in groups.items():
                 be.prefill_group = group
+                prefill_groups.OVERLAP_EMBEDDING = not label.endswith("s")
                 rng = random.Random(n)
                 prompt = [rng.randrange(vocab) for _ in range(n)]
                 torch.cuda.reset_peak_memory_stats()
@@ -51,7 +55,7 @@ def main() -> None:
                 logits = be.verify(rows, list(range(-1, 7))).cpu()
                 be.finish()  # drops the uncommitted verify with the sequence
                 record = {
-                    "rep": rep, "group": group, "prompt": n, "prefill_s": round(seconds, 4),
+                    "rep": rep, "group": label, "prompt": n, "prefill_s": round(seconds, 4),
                     "tok_per_s": round((n - 1) / seconds), "peak_gib": round(peak, 2),
                     "weights_reused": counts["reused"] - reused,
                 }  # fmt: skip
@@ -59,11 +63,11 @@ def main() -> None:
                     record["bitwise_same_as_first"] = bool(torch.equal(logits, first[n]))
                 else:
                     first[n] = logits
-                speeds.setdefault((group, n), []).append(record["tok_per_s"])
+                speeds.setdefault((label, n), []).append(record["tok_per_s"])
                 print(json.dumps(record), flush=True)
     for n in lengths:
         medians = {g: statistics.median(speeds[(g, n)]) for g in groups}
-        base = medians[groups[0]]
+        base = medians[labels[0]]
         print(json.dumps({
             "prompt": n, "median_tok_per_s": medians,
             "speedup_vs_first": {g: round(m / base, 3) for g, m in medians.items()},
