@@ -115,6 +115,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="32768,262144",
         help="contexts whose last prefill chunks are profiled (comma-separated)",
     )
+    prof.add_argument(
+        "--prefill-window",
+        type=int,
+        default=4096,
+        help="tokens before each profiled context where its prefill window starts (0: the whole prompt; a "
+        "prefill in layer-major groups starts it at the group holding that position)",
+    )
     prof.set_defaults(rounds=8, warmup=3, checkpoints="1024,32768,262144")
     rep = sub.add_parser("report", help="re-render a result JSON into Markdown and PNG")
     rep.add_argument("result", type=Path)
@@ -246,6 +253,17 @@ def worker_groups(systems: list[str]) -> list[list[str]]:
     return groups
 
 
+def profile_worker_args(args: argparse.Namespace) -> list[str]:
+    """What `bench profile` adds to each worker's command line."""
+    return [
+        "--profile",
+        "--profile-prefill",
+        args.profile_prefill,
+        "--prefill-window",
+        str(args.prefill_window),
+    ]
+
+
 def worker_command(
     args: argparse.Namespace, group: list[str], raw: Path, deadline: float, extra: Sequence[str] = ()
 ) -> list[str]:
@@ -363,7 +381,7 @@ def run_profile(args: argparse.Namespace) -> int:
         "settings": {k: str(v) for k, v in vars(args).items()},
         "systems": {},
     }
-    extra = ["--profile", "--profile-prefill", args.profile_prefill]
+    extra = profile_worker_args(args)
     run_workers(args, systems, doc, end, stem, lambda: phase_report.write(doc, args.out_dir, stem), extra)
     for path in phase_report.write(doc, args.out_dir, stem):
         print(f"wrote {path}")

@@ -40,14 +40,16 @@ def markdown(doc: dict[str, Any]) -> str:
         f"Model: {doc.get('model_note')}.",
         "Kernel times from the CUDA profiler (CUPTI) inside labelled ranges; window = first kernel start to"
         " last kernel end; idle = window minus the union of kernel intervals (launch gaps, host work, syncs;"
-        " the profiler's own host overhead inflates it). Prefill rows are per token over the last chunks"
-        " before the first decode round; round rows per round (spec: 8-row verify + draft; plain: 1 row).",
+        " the profiler's own host overhead inflates it). Prefill rows are per token over the prefill calls"
+        " from the one reaching the window's first position to the first decode round (`over`: the tokens"
+        " they held; a prefill in layer-major groups counts from its group's start); round rows per round"
+        " (spec: 8-row verify + draft; plain: 1 row).",
         "",
     ]
     windows = _windows(doc)
     phases = [p for p in PHASE_ORDER if any(p in w["phases"] for _, w in windows)]
     phases += sorted({p for _, w in windows for p in w["phases"]} - set(phases))
-    head = ["window", "context", "system", "unit", "span", "busy", "idle", *phases]
+    head = ["window", "context", "system", "unit", "over", "span", "busy", "idle", *phases]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for system, w in windows:
         cells = [
@@ -55,6 +57,7 @@ def markdown(doc: dict[str, Any]) -> str:
             label(w["context"]),
             system,
             UNITS[w["unit"]],
+            f"{w.get('count', '-')}",
             _value(w, w["span_ms"]),
             _value(w, w["busy_ms"]),
             _value(w, w["idle_ms"]),

@@ -544,7 +544,7 @@ def run_profile(args: argparse.Namespace) -> int:
                 res.data["errors"].append(f"skipped context {c}: deadline")
                 break
             if c in args.profile_prefill:
-                profiler.prefill(c)
+                profiler.prefill(c, tail=args.prefill_window or c)
             profiler.rounds(c, args.warmup, args.rounds, "spec")
             system.generate(base[: c + 1], tokens, True)
             profiler.rounds(c, args.warmup, args.rounds, "plain")
@@ -752,6 +752,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=lambda s: [int(x) for x in s.split(",") if x],
         default=[],
         help="contexts whose last prefill chunks are profiled (with --profile)",
+    )
+    parser.add_argument(
+        "--prefill-window",
+        type=int,
+        default=4096,
+        help="tokens before a profiled context where its prefill window starts (0: the whole prompt)",
     )
     args = parser.parse_args(argv)
     if args.tree_top_k is None:

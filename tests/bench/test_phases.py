@@ -77,7 +77,7 @@ def test_report_table_has_every_phase_and_unit():
     window.update(kind="prefill", context=32768)
     doc = {"facts": {"gpu": "X"}, "systems": {"stock": {"profiles": [window], "errors": ["boom\ntrace"]}}}
     text = phase_report.markdown(doc)
-    assert "| prefill | 32K | stock | µs per token |" in text
+    assert "| prefill | 32K | stock | µs per token | 100 |" in text
     assert "gdn" in text and "gdn-scan" in text and "- stock: boom" in text
     assert "- prefill 32K stock: gdn: chunk_gated_delta_rule_fwd 0.5 x0.01" in text
 

@@ -117,6 +117,23 @@ def test_bench_cli_modes():
         parser.parse_args([])  # a mode is required
 
 
+def test_profile_passes_its_prefill_window_to_the_workers(tmp_path):
+    from elpis.bench import cli, worker
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["profile", "--model", "m", "--draft", "d", "--prefill-window", "0"])
+    assert args.prefill_window == 0 and args.profile_prefill == "32768,262144"
+    cmd = cli.worker_command(
+        args, ["elpis-tree16"], tmp_path / "raw.json", 0.0, cli.profile_worker_args(args)
+    )
+    parsed = worker.parse_args(cmd[3:])
+    assert parsed.profile and parsed.prefill_window == 0 and parsed.profile_prefill == [32768, 262144]
+    default = parser.parse_args(["profile", "--model", "m", "--draft", "d"])
+    cmd = cli.worker_command(default, ["stock"], tmp_path / "r", 0.0, cli.profile_worker_args(default))
+    assert worker.parse_args(cmd[3:]).prefill_window == 4096
+
+
 def test_report_mode_rerenders(arith, tmp_path):
     from elpis.bench import cli
 
