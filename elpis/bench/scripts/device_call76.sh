@@ -1,0 +1,19 @@
+#!/bin/bash
+# Call 76 (written in session 18 for the next session): the served bench after the embedding change (call 75).
+# 1. the probe, groups of sixteen with and without the embedding ahead of the first block ("16s"), cold 32K, 3
+#    repetitions: speed and bitwise logits (it also compiles Triton's kernels, so stock's first request in the
+#    bench below is not a first run on a fresh machine, as in call 74);
+# 2. the served bench, stock and elpis-tree16 at 8K and 32K, cumulative and fresh TTFTs (no --spec-only).
+# Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set; call 77 (profile) follows.
+LIMIT=${LIMIT:-590}
+T0=$(date +%s)
+source elpis/bench/scripts/device_common.sh
+start_build_and_full_synth
+wait_build
+wait_synth
+echo "=== embedding overlap probe ($(left) s left)" | tee -a "$OUT/log"
+timeout -k 3 100 python3 elpis/bench/scripts/prefill_group_probe.py /tmp/full/target /tmp/full/draft \
+  --groups 16s,16 --prompts 32768 --reps 3 2>&1 | grep -E '^\{|Error|error' | tee "$OUT/probe.jsonl" | tee -a "$OUT/log"
+served_bench freshbench "issue 10: served prefill, groups of sixteen, embedding ahead of the first block, stock vs elpis, H200"
+echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
+pack_outputs
