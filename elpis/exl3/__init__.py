@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Any
 # 8,354 / 8,089 tok/s cold at 8K / 32K against 8,986 / 7,974 for 8192-token chunks, separate runs). Here,
 # not in engine.py, so that the CLIs' option parsers read them without importing torch.
 EXLLAMA_PREFILL_CHUNK = 2048
+# 2048-token chunks per layer-major prefill group by default, and the most `elpis serve` offers: the 24 GiB
+# test at 262K passes with it at a 22.53 GiB peak (bench/results/prefill/README.md, session 18)
+DEFAULT_PREFILL_GROUP = 16
 DEFAULT_PREFILL_CHUNK = EXLLAMA_PREFILL_CHUNK
 PREFILL_CHUNKS = (2048, 4096, 8192)
 
@@ -230,6 +233,7 @@ def walk_modules(model: Any) -> Iterator[Any]:
 
 __all__ = [
     "DEFAULT_PREFILL_CHUNK",
+    "DEFAULT_PREFILL_GROUP",
     "EXLLAMA_PREFILL_CHUNK",
     "PREFILL_CHUNKS",
     "check_prefill_chunk",

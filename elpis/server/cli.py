@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from elpis.exl3 import DEFAULT_PREFILL_CHUNK, PREFILL_CHUNKS
+from elpis.exl3 import DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_GROUP, PREFILL_CHUNKS
 from elpis.paths import CACHE_DIR
 from elpis.server.auth import Authorizer, KeyFileError, is_loopback, load_api_key, write_new_key
 from elpis.server.limits import Limits
@@ -109,6 +109,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "bitwise the same, ~2.5 GiB more at the prefill's peak, bench/results/prefill); 8192 changes the "
         "arithmetic (quality gate PASS), runs chunk by chunk, and the prefix cache then resumes only at "
         "multiples of 8192 tokens",
+    )
+    model.add_argument(
+        "--prefill-group",
+        type=int,
+        choices=range(1, DEFAULT_PREFILL_GROUP + 1),
+        metavar=f"1..{DEFAULT_PREFILL_GROUP}",
+        default=None,
+        help=f"exl3: 2048-token chunks per layer-major prefill group (default {DEFAULT_PREFILL_GROUP} with "
+        "2048-token chunks, 1 with 8192). Fewer lowers the prefill's peak GPU memory (~0.12 GiB per chunk) "
+        "and rebuilds each quantized weight more often; the output is the same",
     )
     model.add_argument(
         "--prefix-cache-dir",
@@ -257,7 +267,24 @@ def exl3_load_options(args: argparse.Namespace) -> dict:
         options["tree_rows"] = tree_run(speculation_shape(args)[0])
     if args.max_context is not None:
         options["max_context"] = args.max_context
+    if args.prefill_group is not None:
+        options["prefill_group"] = args.prefill_group
     return options
+
+
+def load_refusal(args: argparse.Namespace) -> str | None:
+    """Why the backend options cannot load, checked before anything is loaded (None: they can)."""
+    if args.prefill_group is None:
+        return None
+    if args.backend != "exl3":
+        return f"--prefill-group {args.prefill_group}: prefill groups are an exl3 backend option"
+    from elpis.exl3 import check_prefill_group
+
+    try:
+        check_prefill_group(args.prefill_group, args.prefill_chunk)
+    except ValueError as exc:
+        return f"--prefill-group {args.prefill_group}: {exc}"
+    return None
 
 
 def verify_model_files(target_dir: Path, draft_dir: Path | None) -> None:
@@ -423,7 +450,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"elpis serve: refusing to start: the acceptor is not usable: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    refusal = speculation_refusal(args)
+    refusal = speculation_refusal(args) or load_refusal(args)
     if refusal is not None:
         print(f"elpis serve: refusing to start: {refusal}", file=sys.stderr)
         return EXIT_REFUSED

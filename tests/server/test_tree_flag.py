@@ -212,3 +212,25 @@ def test_tree_server_builds_trees_and_serves_plain_decoding(tiny_model: Path):
             assert max(len(p) for p in calls) <= 8
     assert shapes == {"plain": (1, 1), "chain": (8, 1), "tree": (16, DEFAULT_DRAFT_TOP_K)}
     assert outputs["chain"] == outputs["plain"] and outputs["tree"] == outputs["plain"]
+
+
+def test_prefill_group_option():
+    assert "prefill_group" not in cli.exl3_load_options(serve_args("--backend", "exl3"))
+    options = cli.exl3_load_options(serve_args("--backend", "exl3", "--prefill-group", "4"))
+    assert options["prefill_group"] == 4
+    assert cli.load_refusal(serve_args("--backend", "exl3", "--prefill-group", "4")) is None
+    assert cli.load_refusal(serve_args("--backend", "exl3")) is None
+
+
+def test_prefill_groups_the_loader_cannot_run_are_refused_at_start(capsys):
+    refusal = cli.load_refusal(
+        serve_args("--backend", "exl3", "--prefill-chunk", "8192", "--prefill-group", "4")
+    )
+    assert refusal is not None and "2048-token chunks" in refusal
+    assert "exl3 backend option" in cli.load_refusal(serve_args("--prefill-group", "2"))
+    assert cli.run(serve_args("--no-auth", "--prefill-group", "2")) == cli.EXIT_REFUSED
+    assert "refusing to start: --prefill-group 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        serve_args("--backend", "exl3", "--prefill-group", "17")
+    assert exit_info.value.code == 2
+    assert "--prefill-group: invalid choice: 17" in capsys.readouterr().err
