@@ -8,12 +8,8 @@
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-start_build_and_full_synth
-wait_build
-wait_synth
-echo "=== embedding overlap probe ($(left) s left)" | tee -a "$OUT/log"
-timeout -k 3 100 python3 elpis/bench/scripts/prefill_group_probe.py /tmp/full/target /tmp/full/draft \
-  --groups 16s,16 --prompts 32768 --reps 3 2>&1 | grep -E '^\{|Error|error' | tee "$OUT/probe.jsonl" | tee -a "$OUT/log"
+full_model_ready
+group_probe 100 --groups 16s,16 --prompts 32768 --reps 3
 served_bench freshbench "issue 10: served prefill, groups of sixteen, embedding ahead of the first block, stock vs elpis, H200"
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
 pack_outputs

@@ -158,3 +158,34 @@ for name, s in d["systems"].items():
 PY
   rm -f "$OUT"/*.png
 }
+# full_model_ready: the build and the full-size synthetic checkpoints, unless this warm machine has them.
+full_model_ready() {
+  if [ ! -f /tmp/full/draft/config.json ]; then
+    start_build_and_full_synth
+    wait_build
+    wait_synth
+  fi
+}
+# group_probe LIMIT ARGS...: `prefill_group_probe.py` on /tmp/full for at most LIMIT s (ARGS: --groups,
+# --prompts, --reps); its JSON lines in $OUT/probe.jsonl and the log.
+group_probe() {
+  local limit=$1
+  shift
+  echo "=== prefill group probe $* ($(left) s left)" | tee -a "$OUT/log"
+  timeout -k 3 "$limit" python3 elpis/bench/scripts/prefill_group_probe.py /tmp/full/target /tmp/full/draft "$@" \
+    2>&1 | grep -E '^\{|Error|error' | tee "$OUT/probe.jsonl" | tee -a "$OUT/log"
+}
+# bench_rest STEM TITLE ARGS...: `elpis bench engine` of stock and elpis-tree16 on /tmp/full until 12 s before
+# the call's limit (ARGS: --checkpoints and the like); $OUT/STEM.{json,md,txt}, its table rows in the log.
+bench_rest() {
+  local stem=$1 title=$2 b
+  shift 2
+  echo "=== bench engine, $stem ($(left) s left)" | tee -a "$OUT/log"
+  b=$(( $(left) - 12 ))
+  timeout -k 5 "$b" python3 -m elpis.cli bench engine --model /tmp/full/target --draft /tmp/full/draft \
+    --systems stock,elpis-tree16 "$@" --time-limit $(( b - 10 )) --out-dir "$OUT" --stem "$stem" --title "$title" \
+    > "$OUT/$stem.txt" 2>&1
+  echo "bench: exit $?" | tee -a "$OUT/log"
+  grep -E "^\| (stock|elpis)|^- (stock|elpis)" "$OUT/$stem.md" | tee -a "$OUT/log"
+  rm -f "$OUT"/*.png
+}
