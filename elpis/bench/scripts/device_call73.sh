@@ -6,11 +6,7 @@
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-if [ ! -f /tmp/full/draft/config.json ]; then  # a fresh machine: build and synthesise first
-  start_build_and_full_synth
-  wait_build
-  wait_synth
-fi
+full_model_ready
 gib24_test "tree-16, graphs captured at load, prefill groups of 16, 262K" 200
 served_bench freshbench "issue 10: served prefill, groups of sixteen, cumulative and fresh TTFT, stock vs elpis, H200"
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
