@@ -132,18 +132,12 @@ gib24_test() {
   echo "24 GiB tree-16 exit $?" | tee -a "$OUT/log"
   grep -E "\"24gib\"|passed|failed|^E " "$OUT/gib24_pytest.txt" | tail -8 | tee -a "$OUT/log"
 }
-# served_bench STEM TITLE [ARGS...]: `elpis bench engine` of stock and elpis-tree16 at 8K and 32K on /tmp/full
-# (4 rounds, cumulative checkpoints; ARGS such as --spec-only), until 12 s before the call's limit; writes
-# $OUT/STEM.{json,md,txt} and puts each checkpoint's TTFT, begin() parts and rounds in the log.
+# served_bench STEM TITLE [ARGS...]: `bench_rest` at 8K and 32K (4 rounds, cumulative checkpoints; ARGS such as
+# --spec-only); puts each checkpoint's TTFT, begin() parts and rounds in the log.
 served_bench() {
-  local stem=$1 title=$2 b
+  local stem=$1 title=$2
   shift 2
-  echo "=== bench engine, $stem ($(left) s left)" | tee -a "$OUT/log"
-  b=$(( $(left) - 12 ))
-  timeout -k 5 "$b" python3 -m elpis.cli bench engine --model /tmp/full/target --draft /tmp/full/draft \
-    --systems stock,elpis-tree16 --checkpoints 8192,32768 --rounds 4 --warmup 1 --final-tokens 0 "$@" \
-    --time-limit $(( b - 10 )) --out-dir "$OUT" --stem "$stem" --title "$title" > "$OUT/$stem.txt" 2>&1
-  echo "bench: exit $?" | tee -a "$OUT/log"
+  bench_rest "$stem" "$title" --checkpoints 8192,32768 --rounds 4 --warmup 1 --final-tokens 0 "$@"
   python3 - "$OUT/$stem.json" <<'PY' 2>&1 | tee -a "$OUT/log"
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -156,7 +150,6 @@ for name, s in d["systems"].items():
     for f in s.get("fresh_ttft", []):
         print(name, "fresh", f["context"], "ttft", f["seconds"])
 PY
-  rm -f "$OUT"/*.png
 }
 # full_model_ready: the build and the full-size synthetic checkpoints, unless this warm machine has them.
 full_model_ready() {
