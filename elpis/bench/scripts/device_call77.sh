@@ -1,8 +1,8 @@
 #!/bin/bash
 # Call 77 (written in session 18 for the next session; right after call 76 on the warm machine): the grouped
-# prefill GPU tests on the final capture code, issue 10's per-phase profile of a 32K prefill, stock and elpis-tree16 in one run, each window over the whole prompt
-# (--prefill-window 0: elpis prefills a 32K prompt as one layer-major group), then a cold 128K prompt in the
-# engine bench with the time left.
+# prefill GPU tests on the final capture code; issue 10's per-phase profile of a 32K prefill, stock and
+# elpis-tree16 in one run, each window over the whole prompt (--prefill-window 0: elpis prefills a 32K prompt
+# as one layer-major group); then a cold 128K prompt in the engine bench with the time left.
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
