@@ -134,8 +134,7 @@ class CachePageStore:
         65), and a worker thread waits for them and copies into pageable tensors (~27 ms per snapshot) while
         the host goes on queueing the prefill or the first round."""
         capture = self.capture_state()
-        for module in capture.modules():
-            capture.copy_module(module)
+        capture.copy_all()
         return capture.finish()
 
     def capture_state(self) -> StateCapture:
@@ -289,24 +288,25 @@ class StateCapture:
             n = src.numel() * src.element_size()
             view = staging.buffer[offset : offset + n].view(src.dtype).view(src.shape)
             self.views.setdefault(id(module), []).append((name, src, view))
-        self._modules = {id(module): module for _, module, _ in sources}
         self.copied: set[int] = set()
         self.copied_event: torch.cuda.Event | None = None
 
-    def modules(self) -> list[Any]:
-        """The recurrent modules whose state the snapshot holds."""
-        return list(self._modules.values())
+    def copy_all(self) -> None:
+        """Queue the copies of every recurrent layer's rows as they are now."""
+        for key in self.views:
+            self._copy(key)
 
     def copy_module(self, module: Any) -> None:
         """Queue the copies of `module`'s rows as they are now (a module without recurrent state: none)."""
-        views = self.views.get(id(module))
-        if views is None:
-            return
-        if id(module) in self.copied:
+        if id(module) in self.views:
+            self._copy(id(module))
+
+    def _copy(self, key: int) -> None:
+        if key in self.copied:
             raise BackendError("a snapshot copied one recurrent layer twice")
-        for _, src, view in views:
+        for _, src, view in self.views[key]:
             view.copy_(src, non_blocking=True)
-        self.copied.add(id(module))
+        self.copied.add(key)
         if len(self.copied) == len(self.views):  # the worker may drain from here on, not the group's end
             self.copied_event = torch.cuda.Event()
             self.copied_event.record(torch.cuda.current_stream(self.store.backend.engine.device))
