@@ -8,13 +8,14 @@ LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
 full_model_ready
-# the grouped-prefill tests again: since call 72, inner snapshots take their staging buffer at their first copy
+# the grouped-prefill and snapshot tests again: since call 72, inner snapshots take their staging buffer at
+# their first copy, and save_state copies through StateCapture.copy_all
 timeout -k 2 60 python3 -m elpis.cli synth --small /tmp/small 2>&1 | tail -1 | tee -a "$OUT/log"
-ELPIS_SMALL_DIR=/tmp/small gpu_pytest "prefill groups with inner snapshots (lazy staging)" 150 -s \
-  tests/exl3/test_prefill_groups.py
+ELPIS_SMALL_DIR=/tmp/small gpu_pytest "prefill groups with inner snapshots (lazy staging), snapshot" 170 -s \
+  tests/exl3/test_prefill_groups.py "tests/exl3/test_gpu.py::test_snapshot_copies_what_stash_copies"
 echo "=== profile, 32K prefill, whole prompt ($(left) s left)" | tee -a "$OUT/log"
-timeout -k 5 250 python3 -m elpis.cli bench profile --systems stock,elpis-tree16 --tree-eager \
-  --model /tmp/full/target --draft /tmp/full/draft --out-dir /tmp/profile --time-limit 240 \
+timeout -k 5 240 python3 -m elpis.cli bench profile --systems stock,elpis-tree16 --tree-eager \
+  --model /tmp/full/target --draft /tmp/full/draft --out-dir /tmp/profile --time-limit 230 \
   --checkpoints 32768 --profile-prefill 32768 --prefill-window 0 --rounds 3 --warmup 1 \
   --stem profile-prefill32k 2>&1 | grep -E "^\| (prefill|spec|plain)|Errors|^- " | head -12 | tee -a "$OUT/log"
 cp /tmp/profile/profile-prefill32k.json /tmp/profile/profile-prefill32k.md "$OUT/" 2>/dev/null
