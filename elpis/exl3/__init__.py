@@ -64,6 +64,16 @@ def default_gdn_ba(tree: bool) -> bool:
     return tree and patches.enabled(PATCH)
 
 
+def default_prelaunch(tree_graphs: bool) -> bool:
+    """Whether replayed tree verifies are queued behind the verify gate while the draft runs
+    (`elpis.exl3.verify_gate`) when the caller does not say: with tree graphs, as the registry switch
+    exl3-verify-prelaunch says."""
+    from elpis.exl3 import patches
+    from elpis.exl3.verify_gate import PATCH
+
+    return tree_graphs and patches.enabled(PATCH)
+
+
 def check_prefill_group(group: int, chunk: int) -> int:
     """`group` chunks per layer-major prefill group, checked: more than one only with ExLlamaV3's own
     2048-token chunks (what the patch is shown bit-identical for)."""
@@ -108,6 +118,7 @@ def load_backend(
     prefill_group: int | None = None,
     host_threads: int | None = 1,
     capture_graphs: bool = True,
+    prelaunch: bool | None = None,
 ) -> Exl3Backend:
     """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
 
@@ -150,6 +161,9 @@ def load_backend(
     the contexts up to `max_context` now (`elpis.exl3.graph_warmup`) rather than in the first round that
     reaches each context bucket, which otherwise adds ~150 ms to that request's time to first token. The
     report is `backend.warmup`.
+    `prelaunch` (tree graphs only): queue each round's verify graph behind the verify gate while the draft
+    runs, and open it with the tree (`elpis.exl3.verify_gate`): the same replay, its ~1 ms launch off the
+    GPU's idle time. None: `default_prelaunch`.
     """
     import torch
 
@@ -157,6 +171,8 @@ def load_backend(
     check_host_threads(host_threads)
     if prefill_group is not None:
         check_prefill_group(prefill_group, prefill_chunk)
+    if prelaunch and not (tree and tree_graphs):
+        raise ValueError("prelaunch queues replays of tree verifies: it needs tree=True and tree_graphs=True")
     if not torch.cuda.is_available():
         raise RuntimeError("the exl3 backend needs a CUDA GPU (use --backend reference on CPU)")
     from elpis.exl3.backend import Exl3Backend
@@ -177,6 +193,8 @@ def load_backend(
         gdn_ba = default_gdn_ba(tree)
     if prefill_group is None:
         prefill_group = default_prefill_group(prefill_chunk)
+    if prelaunch is None:
+        prelaunch = default_prelaunch(tree and tree_graphs)
     if gdn_ba and not tree:
         raise ValueError("gdn_ba acts inside tree verifies only: it needs tree=True")
     engine = load_engine(
@@ -205,6 +223,7 @@ def load_backend(
         draft_graphs=draft_graphs,
         prefill_group=prefill_group,
         host_threads=host_threads,
+        prelaunch=prelaunch,
     )
     if tree and tree_graphs and capture_graphs:
         from elpis.exl3.graph_warmup import capture_graphs as capture_all
@@ -239,6 +258,7 @@ __all__ = [
     "check_prefill_chunk",
     "check_prefill_group",
     "default_prefill_group",
+    "default_prelaunch",
     "load_backend",
     "walk_modules",
 ]

@@ -360,6 +360,7 @@ class Exl3Backend:
         draft_graphs: bool = False,
         prefill_group: int = 1,
         host_threads: int | None = None,
+        prelaunch: bool = False,
     ) -> None:
         if max_context + MAX_ROWS > engine.cache_tokens:
             raise ValueError(
@@ -372,6 +373,8 @@ class Exl3Backend:
             check_tree_mode(gdn_state_dtypes(engine), fixed_rows)
         if tree_graphs and not tree:
             raise ValueError("tree_graphs replays tree-mode verifies: it needs tree=True")
+        if prelaunch and not tree_graphs:
+            raise ValueError("prelaunch queues replays of captured tree verifies: it needs tree_graphs=True")
         from elpis.exl3 import check_prefill_group
 
         if check_prefill_group(prefill_group, engine.prefill_chunk) > 1:
@@ -427,7 +430,7 @@ class Exl3Backend:
         if tree_graphs:
             from elpis.exl3.tree_graph import TreeGraphs
 
-            self.graphs = TreeGraphs(engine, self.export_layers)
+            self.graphs = TreeGraphs(engine, self.export_layers, prelaunch=prelaunch)
         self.drafter = None
         if engine.draft is not None:
             from elpis.exl3.drafter import DFlash2Drafter
@@ -676,11 +679,40 @@ class Exl3Backend:
         return out, params.get("export_states")
 
     @torch.inference_mode()
+    def prelaunch(self) -> bool:
+        """Queue the next tree verify behind the verify gate (`elpis.exl3.verify_gate`), so that its graph's
+        launch overlaps the draft running on the GPU; the `verify()` that follows opens the gate with its
+        tree. The drafter calls this right after queuing the draft block and before reading it back.
+        Nothing is queued (False) without the gate, between a verify and its commit, or for a key with no
+        graph yet."""
+        if self.graphs is None or self.graphs.gate is None or not self.active or self.pending is not None:
+            return False
+        kvp, run = self.position(), self.tree_run()
+        if kvp + run > self.info.max_context + MAX_ROWS:
+            return False
+        self.ensure_pages(kvp + max(run, self.block_size))  # what verify() ensures, before the gate is queued
+        return self.graphs.arm(self.state, self.pages, kvp, run)
+
+    def _disarm(self) -> None:
+        """Open an armed gate on its harmless inputs: work queued after it must not wait on a verify that
+        will not come."""
+        if self.graphs is not None:
+            self.graphs.disarm()
+
+    @torch.inference_mode()
     def commit(self, rows: Sequence[int]) -> None:
         pending = self.pending
         if pending is None:
             raise BackendError("commit() without a verify()")
         rows = list(rows)
+        self._disarm()
+        if self.graphs is not None and not self.graphs.inputs_arrived():
+            from elpis.spec.integrity import LateInputs
+
+            raise LateInputs(
+                "the verify was queued before its tree and its gate timed out before the host opened it: it "
+                "ran a dummy tree, so this round is discarded and verified again (nothing was committed)"
+            )
         if pending.tree is not None:
             self._commit_tree(pending, rows)
             return
@@ -730,6 +762,7 @@ class Exl3Backend:
         stays). Tree mode only: its verify changed nothing committed (its K/V went to slots past the committed
         ones, the GDN kernels only read the state, the position was reset). A chain-mode verify advanced the
         recurrent state, which cannot be undone to zero rows here, so that is refused."""
+        self._disarm()
         if self.pending is None:
             raise BackendError("abandon() without a verify()")
         if self.pending.tree is None:
@@ -743,6 +776,7 @@ class Exl3Backend:
     def finish(self) -> None:
         if not self.active:
             return
+        self._disarm()  # before the prefix pages are persisted (their copies queue after the armed verify)
         self.pending = None  # an abandoned round: its rows were never committed, the state is dropped below
         try:
             self.prefix.persist(self.keys, self.pages, self.snaps)

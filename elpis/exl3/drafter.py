@@ -108,29 +108,44 @@ class DFlash2Drafter:
         chain = chain[:depth]
         chain_lp = logprobs.gather(1, chain[:, None])[:, 0]
         top = torch.topk(logprobs, min(top_k, logprobs.shape[-1]), dim=-1)
-        return DraftBlock(candidates(chain, chain_lp, top.indices, top.values))
+        packed = pack_candidates(chain, chain_lp, top.indices, top.values)
+        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        # the next verify queued behind its gate while the draft runs (a no-op unless the backend was loaded
+        # with prelaunch); the read-back below waits for the candidates only
+        self.backend.prelaunch()
+        ready.synchronize()
+        return DraftBlock(unpack_candidates(host.tolist(), top.indices.shape[1]))
 
 
 # Token ids travel as float32 in the one read-back: exact below 2^24 (the vocabulary is 248,320).
 EXACT_FLOAT32_IDS = 1 << 24
 
 
-def candidates(
+def pack_candidates(
     chain: torch.Tensor, chain_lp: torch.Tensor, top_ids: torch.Tensor, top_lp: torch.Tensor
-) -> list[list[tuple[int, float]]]:
-    """Candidates per depth from the draft's device tensors, read back in one transfer (one host sync per
-    block): the selector's chain token first with its log-probability, then the row's most likely other
-    tokens, k in all. Log-probabilities are clamped to <= 0 (a rounding above 0 is not a probability)."""
-    depth, k = top_ids.shape
-    if depth == 0:
-        return []
+) -> torch.Tensor:
+    """The draft's device tensors as one float32 [depth, 2 + 2k] tensor, read back in one transfer (one host
+    sync per block): per row the selector's chain token and its log-probability, then the top-k ids and
+    their log-probabilities."""
+    depth = top_ids.shape[0]
     if chain.shape != (depth,) or chain_lp.shape != (depth,) or top_lp.shape != top_ids.shape:
         raise ValueError("draft candidates: the chain, its log-probabilities and the top-k rows disagree")
-    packed = torch.cat(
+    return torch.cat(
         (chain[:, None].float(), chain_lp[:, None].float(), top_ids.float(), top_lp.float()), dim=1
-    ).tolist()
+    )
+
+
+def unpack_candidates(packed: list[list[float]], k: int) -> list[list[tuple[int, float]]]:
+    """Candidates per depth from `pack_candidates`' rows: the selector's chain token first with its
+    log-probability, then the row's most likely other tokens, k in all. Log-probabilities are clamped to
+    <= 0 (a rounding above 0 is not a probability)."""
     rows: list[list[tuple[int, float]]] = []
     for values in packed:
+        if len(values) != 2 + 2 * k:
+            raise ValueError(f"draft candidates: a packed row of {len(values)} values for k = {k}")
         ids, lps = values[2 : 2 + k], values[2 + k :]
         if max(values[0], *ids) >= EXACT_FLOAT32_IDS:
             raise ValueError(f"draft candidates: ids of {EXACT_FLOAT32_IDS} or more cannot be read back")
@@ -142,3 +157,4 @@ def candidates(
                 row.append((int(token), min(0.0, lp)))
         rows.append(row)
     return rows
+

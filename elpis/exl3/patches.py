@@ -2,8 +2,9 @@
 
 Every patch has an id, a purpose, an environment switch ('1' on, '0' off, unset: its default) and the
 evidence for its default. Kinds: `env` sets exllamav3's own environment switches before it is imported;
-`wrap` calls a function (`module:function`) that replaces an exllamav3 function at run time. Nothing of
-ExLlamaV3's code is copied. `apply_all()` is idempotent and records what it applied (`applied()`), which the
+`wrap` calls a function (`module:function`) that replaces an exllamav3 function at run time; `switch` installs
+nothing: the elpis code it names reads the switch where it acts (`enabled(id)`). Nothing of ExLlamaV3's code
+is copied. `apply_all()` is idempotent and records what it applied (`applied()`), which the
 benchmark writes into its results.
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from elpis.paths import PATCHES_DIR
 
 REGISTRY = PATCHES_DIR / "registry.json"
-KINDS = ("env", "wrap")
+KINDS = ("env", "wrap", "switch")
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def apply_all(path: Path = REGISTRY) -> dict[str, bool]:
                     f"patch {patch.id} sets environment switches but exllamav3 is already imported"
                 )
             os.environ.update(patch.env)
-        elif on:
+        elif on and patch.kind == "wrap":
             module_name, _, func = (patch.module or "").partition(":")
             getattr(importlib.import_module(module_name), func)()
         _applied[patch.id] = on

@@ -29,6 +29,11 @@ replayed verify, whose export states stay in this key's buffers).
 The integer inputs of a replay (block table, kvp, position ids, masks, GDN plan) are views of one device
 buffer per key, filled by one upload from one pinned host buffer (each upload costs host time while the GPU
 waits for the verify).
+
+With the verify gate (`prelaunch=True`, `elpis.exl3.verify_gate`), `arm` queues the next verify of a captured
+key before its tree is known: a harmless input set (a star-shaped dummy tree at the same position and pages),
+the gate, the replay. `verify` then writes the real inputs into the key's pinned staging and opens the gate,
+and the GPU copies them over the harmless set: the same buffers receive the same values as in a replay.
 """
 
 from __future__ import annotations
@@ -38,13 +43,24 @@ import sys
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from elpis.exl3.capture import forward_after_input
-from elpis.exl3.tree_verify import PAGE, GraphInputs, TreeCall, TreeLayout, commit_moves, tree_forward
+from elpis.exl3.tree_verify import (
+    PAGE,
+    GraphInputs,
+    TreeCall,
+    TreeLayout,
+    commit_moves,
+    layout_tree,
+    tree_forward,
+)
 from elpis.exl3.upload import fill, padded_table, pinned, static_input
+
+if TYPE_CHECKING:
+    from elpis.exl3.verify_gate import VerifyGate
 
 if sys.byteorder != "little":  # plan_words lays the plan's bytes out as the GPU reads them
     raise ImportError("tree graphs: a little-endian host is required")
@@ -133,12 +149,39 @@ class Captured:
     )
     commit_plan: torch.Tensor | None = None  # uint8 [PLAN_CAPACITY]: the GDN path replay's plan
     commit_graph: torch.cuda.CUDAGraph | None = None
+    staging: Staging | None = None  # pinned inputs of verifies queued behind the gate (`TreeGraphs.arm`)
+
+
+@dataclass
+class Staging:
+    """A key's pinned host inputs for verifies queued behind the gate, shaped like its device buffers."""
+
+    x: torch.Tensor  # the real embedding output, written once the tree is known
+    ints: torch.Tensor  # the real integer inputs
+    harmless_x: torch.Tensor  # zeros
+    harmless_ints: torch.Tensor  # a star-shaped dummy tree at the armed position and pages
+
+
+@dataclass(frozen=True)
+class Armed:
+    """A verify queued behind the gate: its key, the gate's launch, and the position and table it was armed
+    for (the verify that opens it must match them)."""
+
+    key: tuple[int, int, int, int]
+    seq: int
+    kvp: int
+    table: tuple[int, ...]
+
+
+def harmless_layout(run: int) -> TreeLayout:
+    """A star of `run` rows (every row a child of row 0): the dummy tree of an armed verify's harmless set."""
+    return layout_tree([-1] + [0] * (run - 1), run)
 
 
 class TreeGraphs:
     """Captured tree-verify forwards of one engine (one sequence at a time, like the backend)."""
 
-    def __init__(self, engine: Any, export_layers: set[int] | None) -> None:
+    def __init__(self, engine: Any, export_layers: set[int] | None, *, prelaunch: bool = False) -> None:
         from exllamav3.modules.embedding import Embedding
 
         self.engine = engine
@@ -162,6 +205,14 @@ class TreeGraphs:
         if not isinstance(first, Embedding):
             raise RuntimeError(f"tree graphs: the first module is {type(first).__name__}, not the embedding")
         self.embedding = first
+        self.gate: VerifyGate | None = None
+        if prelaunch:
+            from elpis.exl3.verify_gate import VerifyGate
+
+            self.gate = VerifyGate()  # builds and loads the kernel now: a load fails, not a round
+        self.armed: Armed | None = None
+        self.gated: int | None = None  # the gate launch the last verify went through, if it did
+        self.gated_verifies = 0  # verifies served through the gate (tests and the bench read it)
 
     def table_width(self, kvp: int, run: int) -> int:
         """The block-table width (pages) of a verify of `run` rows at kvp: its context bucket's."""
@@ -172,17 +223,26 @@ class TreeGraphs:
         self, state: Any, pages: Sequence[int], ids: Sequence[int], layout: TreeLayout, kvp: int
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None, TreeCall]:
         """Logits [1, run, vocab], the export states and the call (GDN records for the commit) of a tree
-        verify of `ids` (run rows) at kvp, through a replay when the key was captured before."""
-        from elpis.exl3 import gdn_tree
-
+        verify of `ids` (run rows) at kvp, through a replay when the key was captured before: the armed one,
+        opened with this verify's inputs, when `arm` queued it for this key, position and table."""
         run = layout.run
-        bucket = context_bucket(kvp + run, self.engine.cache_tokens)
-        key = (run, bucket, int(state.slot), int(state.base_row()))
+        key = self._key(state, kvp, run)
         captured = self.graphs.get(key)
+        armed, self.armed, self.gated = self.armed, None, None
+        if armed is not None:
+            assert self.gate is not None
+            if self._opens(armed, captured, key, kvp, pages):
+                assert captured is not None and captured.staging is not None
+                self._stage(captured, captured.staging, pages, ids, layout, kvp)
+                self.gate.release(armed.seq)
+                self.gated = armed.seq
+                self.gated_verifies += 1
+                return self._replayed(captured, layout, kvp, key)
+            self.gate.release(armed.seq)  # the harmless set runs; this verify is queued after it
         fresh = captured is None
         if captured is None:
-            captured = self._buffers(run, bucket)
-        self._fill(captured, pages, ids, layout, kvp, gdn_tree)
+            captured = self._buffers(run, key[1])
+        self._fill(captured, pages, ids, layout, kvp)
         if fresh:
             # First call of the key: the eager warm-up on the same buffers gives this verify's result.
             call = TreeCall(layout, kvp, key[2], key[3], graph=captured.inputs)
@@ -192,14 +252,82 @@ class TreeGraphs:
             while len(self.graphs) > MAX_GRAPHS:
                 self.graphs.popitem(last=False)
             return out, export, call
-        self.graphs.move_to_end(key)
-        assert captured.graph is not None and captured.call is not None and captured.out is not None
+        assert captured.graph is not None
         captured.graph.replay()
+        return self._replayed(captured, layout, kvp, key)
+
+    def _key(self, state: Any, kvp: int, run: int) -> tuple[int, int, int, int]:
+        """(rows, context bucket, recurrent slot, committed-state row) of a verify of `run` rows at kvp."""
+        bucket = context_bucket(kvp + run, self.engine.cache_tokens)
+        return (run, bucket, int(state.slot), int(state.base_row()))
+
+    def _replayed(
+        self, captured: Captured, layout: TreeLayout, kvp: int, key: tuple[int, int, int, int]
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None, TreeCall]:
+        """The result of a replay of `captured` (queued by the caller) for this layout and position."""
+        self.graphs.move_to_end(key)
+        assert captured.call is not None and captured.out is not None
         self.replays += 1
         call = TreeCall(layout, kvp, key[2], key[3], gdn=captured.call.gdn, graph=captured.inputs)
         call.attention_layers = captured.call.attention_layers
         call.source = captured
         return captured.out, captured.export, call
+
+    # -- the verify gate --------------------------------------------------------------------------------
+    def arm(self, state: Any, pages: Sequence[int], kvp: int, run: int) -> bool:
+        """Queue the next verify of `run` rows at kvp behind the gate, on the current stream: the harmless
+        input set's copies, the gate, the key's replay. The `verify` that follows opens it. False (nothing
+        queued) where the key has no graph yet: its first verify captures it."""
+        if self.gate is None:
+            raise RuntimeError("tree graphs: arm() needs the verify gate (loaded with prelaunch=False)")
+        self.disarm()
+        key = self._key(state, kvp, run)
+        c = self.graphs.get(key)
+        if c is None or c.graph is None or c.x is None:
+            return False
+        s = c.staging
+        if s is None:
+            s = c.staging = Staging(
+                torch.empty(c.x.shape, dtype=c.x.dtype, pin_memory=True),
+                torch.empty(c.ints.shape, dtype=c.ints.dtype, pin_memory=True),
+                torch.zeros(c.x.shape, dtype=c.x.dtype, pin_memory=True),
+                torch.empty(c.ints.shape, dtype=c.ints.dtype, pin_memory=True),
+            )
+        table = padded_table(pages, c.block_table.shape[1], "tree graphs")
+        s.harmless_ints.numpy()[:] = self._int_values(table, harmless_layout(run), kvp)
+        fill(((c.x, s.harmless_x), (c.ints, s.harmless_ints)))
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        seq = self.gate.launch(((c.x, s.x), (c.ints, s.ints)), stream)
+        c.graph.replay()
+        self.armed = Armed(key, seq, kvp, tuple(table))
+        return True
+
+    def disarm(self) -> None:
+        """Open an armed gate on the harmless set (nothing reads what that verify writes), so that work queued
+        after it runs."""
+        armed, self.armed = self.armed, None
+        if armed is not None:
+            assert self.gate is not None
+            self.gate.release(armed.seq)
+
+    def _opens(
+        self, armed: Armed, c: Captured | None, key: tuple[int, int, int, int], kvp: int, pages: Sequence[int]
+    ) -> bool:
+        """Whether this verify is the one `armed` was queued for and its gate still waits."""
+        assert self.gate is not None
+        if c is None or c.staging is None or armed.key != key or armed.kvp != kvp:
+            return False
+        if tuple(padded_table(pages, c.block_table.shape[1], "tree graphs")) != armed.table:
+            return False
+        return self.gate.state(armed.seq) == "waiting"
+
+    def inputs_arrived(self) -> bool:
+        """False when the last verify went through a gate that has not opened on the host's word (it timed
+        out, so the verify ran the harmless set, not its tree): that round must not be committed."""
+        if self.gated is None:
+            return True
+        assert self.gate is not None
+        return self.gate.state(self.gated) == "open"
 
     def commit(self, call: TreeCall, path: Sequence[int], pages: Sequence[int]) -> bool:
         """Commit a replayed verify's accepted `path` (checked by the caller) through its key's commit graph.
@@ -262,24 +390,37 @@ class TreeGraphs:
             ints=ints,
         )
 
+    def _int_values(self, table: list[int], layout: TreeLayout, kvp: int) -> list[int]:
+        """The host words of a key's integer inputs (the layout of `_buffers`) for this tree at kvp."""
+        from elpis.exl3 import gdn_tree
+
+        plan = plan_words(gdn_tree.packed_plan(layout.depth, layout.ancestors), gdn_tree.PLAN_CAPACITY)
+        segments = (table, [kvp], layout.position_ids(kvp), [kvp], [*layout.depth, *layout.ancestors], plan)
+        return packed_values(segments, packed_sizes(len(table), layout.run, gdn_tree.PLAN_CAPACITY))
+
+    def _embed(self, ids: Sequence[int]) -> torch.Tensor:
+        """The embedding output of `ids` on the host, as ExLlamaV3 computes it."""
+        return self.embedding.forward(torch.tensor([list(ids)], dtype=torch.long), {})
+
     def _fill(
-        self,
-        c: Captured,
-        pages: Sequence[int],
-        ids: Sequence[int],
-        layout: TreeLayout,
-        kvp: int,
-        gdn_tree: Any,
+        self, c: Captured, pages: Sequence[int], ids: Sequence[int], layout: TreeLayout, kvp: int
     ) -> None:
         """This verify's values into the key's buffers, in stream order (no synchronisation): the embedding
         output, and every integer input in one upload (the layout of `_buffers`)."""
         table = padded_table(pages, c.block_table.shape[1], "tree graphs")
-        x = self.embedding.forward(torch.tensor([list(ids)], dtype=torch.long), {})
+        x = self._embed(ids)
         c.x = static_input(c.x, x, self.device, "tree graphs")
-        plan = plan_words(gdn_tree.packed_plan(layout.depth, layout.ancestors), gdn_tree.PLAN_CAPACITY)
-        segments = (table, [kvp], layout.position_ids(kvp), [kvp], [*layout.depth, *layout.ancestors], plan)
-        sizes = packed_sizes(len(table), layout.run, gdn_tree.PLAN_CAPACITY)
-        fill(((c.x, x), (c.ints, pinned(packed_values(segments, sizes), torch.int32))))
+        fill(((c.x, x), (c.ints, pinned(self._int_values(table, layout, kvp), torch.int32))))
+
+    def _stage(
+        self, c: Captured, s: Staging, pages: Sequence[int], ids: Sequence[int], layout: TreeLayout, kvp: int
+    ) -> None:
+        """The same values into the key's pinned staging, for the gate to copy once it opens."""
+        x = self._embed(ids)
+        static_input(c.x, x, self.device, "tree graphs")  # the shape and dtype the buffers were made for
+        s.x.copy_(x)
+        table = padded_table(pages, c.block_table.shape[1], "tree graphs")
+        s.ints.numpy()[:] = self._int_values(table, layout, kvp)
 
     # -- forward, capture -------------------------------------------------------------------------------
     def _params(self, c: Captured, state: Any, run: int) -> dict[str, Any]:

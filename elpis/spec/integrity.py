@@ -78,7 +78,16 @@ class StaleCommit(RoundFault):
     kind = "stale-commit"
 
 
-FAULT_KINDS = tuple(c.kind for c in (CorruptRow, DroppedRound, RepeatedRound, StaleRound, StaleCommit))
+class LateInputs(RoundFault):
+    """A verify queued before its tree was known that ran without it: its gate timed out before the host
+    opened it (`elpis.exl3.verify_gate`), so it computed a harmless dummy tree instead."""
+
+    kind = "late-inputs"
+
+
+FAULT_KINDS = tuple(
+    c.kind for c in (CorruptRow, DroppedRound, RepeatedRound, StaleRound, StaleCommit, LateInputs)
+)
 
 
 @dataclass(frozen=True)

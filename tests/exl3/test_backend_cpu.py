@@ -143,6 +143,38 @@ def test_prefill_groups_are_on_by_default_with_exllamas_chunks_only(monkeypatch)
     assert default_prefill_group(2048) == 1
 
 
+def test_the_verify_gate_is_off_by_default_and_needs_tree_graphs(monkeypatch):
+    from elpis.exl3 import default_prelaunch, load_backend
+    from elpis.exl3.verify_gate import PATCH
+
+    registry = {p.id: p for p in patches.load_registry()}
+    assert registry[PATCH].kind == "switch"  # read by load_backend; nothing of ExLlamaV3 is wrapped
+    switch = registry[PATCH].switch
+    monkeypatch.delenv(switch, raising=False)
+    assert default_prelaunch(True) is registry[PATCH].default
+    monkeypatch.setenv(switch, "1")
+    assert default_prelaunch(True) is True
+    assert default_prelaunch(False) is False  # it queues replays of captured tree verifies only
+    monkeypatch.setenv(switch, "0")
+    assert default_prelaunch(True) is False
+    for tree, graphs in ((False, True), (True, False)):
+        with pytest.raises(ValueError, match="prelaunch queues replays of tree verifies"):
+            load_backend("no/such/model", None, tree=tree, tree_graphs=graphs, prelaunch=True)
+
+
+def test_a_switch_patch_installs_nothing(tmp_path, monkeypatch):
+    data = json.loads(patches.REGISTRY.read_text())
+    entry = {**data["patches"][0], "id": "x-switch", "kind": "switch", "switch": "ELPIS_PATCH_X_SWITCH"}
+    entry.pop("env", None)
+    path = tmp_path / "registry.json"
+    path.write_text(json.dumps({"patches": [entry]}))
+    (loaded,) = patches.load_registry(path)
+    assert loaded.kind == "switch" and loaded.module is None
+    monkeypatch.setattr(patches, "_applied", {})
+    monkeypatch.setenv("ELPIS_PATCH_X_SWITCH", "1")
+    assert patches.apply_all(path) == {"x-switch": True}  # recorded as on; no module to call
+
+
 def test_host_threads_are_checked_before_loading():
     from elpis.exl3 import check_host_threads, load_backend
 

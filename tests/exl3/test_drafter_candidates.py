@@ -1,15 +1,20 @@
-"""`elpis.exl3.drafter.candidates`: the DFlash2 drafter's candidates per depth, read back from the draft's
-tensors in one transfer, equal what reading each tensor back separately gives (the drafter's previous
-read-back), on CPU tensors shaped like the GPU's."""
+"""`elpis.exl3.drafter.pack_candidates` and `unpack_candidates`: the DFlash2 drafter's candidates per depth,
+read back from the draft's tensors in one transfer, equal what reading each tensor back separately gives
+(the drafter's previous read-back), on CPU tensors shaped like the GPU's."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from elpis.exl3.drafter import EXACT_FLOAT32_IDS, candidates
+from elpis.exl3.drafter import EXACT_FLOAT32_IDS, pack_candidates, unpack_candidates
 
 VOCAB = 248_320
+
+
+def candidates(chain, chain_lp, top_ids, top_lp) -> list[list[tuple[int, float]]]:
+    """The drafter's read-back: packed on the device, one transfer, unpacked on the host."""
+    return unpack_candidates(pack_candidates(chain, chain_lp, top_ids, top_lp).tolist(), top_ids.shape[1])
 
 
 def separate_read_back(chain, chain_lp, top_ids, top_lp) -> list[list[tuple[int, float]]]:
@@ -61,3 +66,5 @@ def test_mismatched_shapes_and_unreadable_ids_are_refused() -> None:
         candidates(chain[:3], chain_lp, ids, lps)
     with pytest.raises(ValueError, match="cannot be read back"):
         candidates(torch.full_like(chain, EXACT_FLOAT32_IDS), chain_lp, ids, lps)
+    with pytest.raises(ValueError, match="a packed row of"):
+        unpack_candidates(pack_candidates(chain, chain_lp, ids, lps).tolist(), 4)

@@ -1,15 +1,23 @@
 #!/bin/bash
-# Call 76 (written in session 18 for the next session): the served bench after the embedding change (call 75).
-# 1. the probe, groups of sixteen with and without the embedding ahead of the first block ("16s"), cold 32K, 3
-#    repetitions: speed and bitwise logits (it also compiles Triton's kernels, so stock's first request in the
-#    bench below is not a first run on a fresh machine, as in call 74);
-# 2. the served bench, stock and elpis-tree16 at 8K and 32K, cumulative and fresh TTFTs (no --spec-only).
-# Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set; call 77 (profile) follows.
+# Call 76 (session 19): the verify gate (`elpis.exl3.verify_gate`, registry switch exl3-verify-prelaunch).
+# 1. GPU tests: the gate (gated verifies bitwise equal to replays, the drafter's product path, a timed-out gate
+#    discarded and recomputed, an armed gate nobody opens), and session 18's untested capture code (grouped
+#    prefill with inner snapshots and lazy staging; the snapshot against the stash through copy_all);
+# 2. host_gaps.py at 1K and 8K on the full-size synthetic model, greedy tree-16 rounds, one torch thread, the
+#    gate off, on, off, on in one process (12 timed rounds each): median round and GPU idle per round.
+# Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-full_model_ready
-group_probe 100 --groups 16s,16 --prompts 32768 --reps 3
-served_bench freshbench "issue 10: served prefill, groups of sixteen, embedding ahead of the first block, stock vs elpis, H200"
+start_build_and_synths
+wait_build
+ELPIS_SMALL_DIR=/tmp/small gpu_pytest "verify gate; prefill groups with inner snapshots; snapshot vs stash" 220 \
+  tests/exl3/test_verify_gate.py tests/exl3/test_prefill_groups.py \
+  "tests/exl3/test_gpu.py::test_snapshot_copies_what_stash_copies"
+wait_synth
+echo "=== host gaps, gate off/on/off/on, 1K and 8K ($(left) s left)" | tee -a "$OUT/log"
+timeout -k 5 $(( $(left) - 15 )) python3 elpis/bench/scripts/host_gaps.py /tmp/full/target /tmp/full/draft \
+  --contexts 1024,8192 --threads 1 --prelaunch 0,1,0,1 --rounds 12 2>&1 | grep -E "^HOSTGAPS|Error|error" \
+  | tee "$OUT/host_gaps.txt" | cut -c1-400 | tee -a "$OUT/log"
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
 pack_outputs

@@ -7,9 +7,11 @@ read-back and candidates, the tree build, the verify and its graph fill, the rea
 acceptor, the commit and the draft's conditioning), then for each context: times rounds without the
 profiler, profiles `--rounds` more, and prints one line "HOSTGAPS {json}" with the round time and
 `elpis.bench.host_gaps.report`: GPU busy and idle microseconds per round, the idle time by the host's
-innermost step and by the torch op or CUDA call it was in. Usage (repo root):
+innermost step and by the torch op or CUDA call it was in. `--prelaunch 0,1` loads the backend with the verify
+gate (`elpis.exl3.verify_gate`) and measures each context without it (the gate detached from the tree
+graphs, so `prelaunch()` queues nothing) and with it, in that order, in one process. Usage (repo root):
   python3 elpis/bench/scripts/host_gaps.py MODEL DRAFT [--contexts 1024,8192] [--rounds 12] [--threads 0,1]
-      [--trace-dir DIR]
+      [--prelaunch 0,1] [--trace-dir DIR]
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ def host_steps(backend: Any) -> list[tuple[Any, str, str]]:
         (SpeculativeGenerator, "_tree", "tree"),
         (d, "propose", "propose"),
         (d, "block", "draft.block"),
-        (drafter_module, "candidates", "draft.readback"),
+        (drafter_module, "unpack_candidates", "draft.unpack"),
+        (backend, "prelaunch", "prelaunch"),
         (generate_module, "build_tree", "build_tree"),
         (generate_module, "choose_row_count", "choose_rows"),
         (backend, "verify", "verify"),
@@ -145,25 +148,35 @@ def main() -> None:
         default="0",
         help="torch CPU threads to measure each context under (0: the process default), e.g. 0,1",
     )
+    p.add_argument("--prelaunch", default="", help="e.g. 0,1: each context without, then with, the gate")
     p.add_argument(
-        "--trace-dir", type=Path, help="keep each profiled window as trace-CONTEXT-tTHREADS.json.gz"
+        "--trace-dir", type=Path, help="keep each profiled window as trace-CONTEXT-tTHREADS[-gG].json.gz"
     )
     args = p.parse_args()
+    gates = [int(g) for g in args.prelaunch.split(",")] if args.prelaunch else [-1]
     backend = load_backend(
-        args.model, args.draft, max_context=65536, model_id="diag", host_cache_gib=0.0, tree=True
-    )
+        args.model, args.draft, max_context=65536, model_id="diag", host_cache_gib=0.0, tree=True,
+        prelaunch=True if args.prelaunch else None,
+    )  # fmt: skip
+    gate = backend.graphs.gate
     backend.prefix.enabled = False
     decoder = BenchDecoder(Path(args.model))
     default_threads = backend.prefill_threads  # torch's own count, before load_backend's host_threads
     for context in (int(c) for c in args.contexts.split(",")):
         for threads in (int(t) for t in args.threads.split(",")):
-            # the backend's rounds run under its host_threads (begin() switches back to them after a prefill)
-            backend.host_threads = threads or default_threads
-            torch.set_num_threads(backend.host_threads)
-            trace = args.trace_dir / f"trace-{context}-t{threads}.json.gz" if args.trace_dir else None
-            measured = measure(backend, decoder, context, args.rounds, trace)
-            out = {"threads": torch.get_num_threads(), **measured}
-            print("HOSTGAPS " + json.dumps(out), flush=True)
+            for g in gates:
+                # the backend's rounds run under its host_threads (begin() switches back after a prefill)
+                backend.host_threads = threads or default_threads
+                torch.set_num_threads(backend.host_threads)
+                if g >= 0:
+                    backend.graphs.gate = gate if g else None
+                name = f"trace-{context}-t{threads}" + (f"-g{g}" if g >= 0 else "") + ".json.gz"
+                trace = args.trace_dir / name if args.trace_dir else None
+                gated = backend.graphs.gated_verifies
+                measured = measure(backend, decoder, context, args.rounds, trace)
+                out = {"threads": torch.get_num_threads(), "prelaunch": g, **measured}
+                out["gated_verifies"] = backend.graphs.gated_verifies - gated
+                print("HOSTGAPS " + json.dumps(out), flush=True)
     torch.set_num_threads(default_threads)
 
 
