@@ -5,12 +5,13 @@
 #    prefill with inner snapshots and lazy staging; the snapshot against the stash through copy_all);
 # 2. host_gaps.py at 1K and 8K on the full-size synthetic model, greedy tree-16 rounds, one torch thread, the
 #    gate off, on, off, on in one process (12 timed rounds each): median round and GPU idle per round.
-# Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
+# Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set, right after device_ext_build.sh (a checkout
+# without .device/ext.so.xz.part-*): the extension it built stays in /tmp/torch_ext on the warm machine.
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-start_build_and_synths
-wait_build
+full_model_ready  # on the machine device_ext_build.sh left warm: the build and checkpoints are there
+[ -f /tmp/small/target/config.json ] || timeout -k 2 60 python3 -m elpis.cli synth --small /tmp/small 2>&1 | tail -1
 ELPIS_SMALL_DIR=/tmp/small gpu_pytest "verify gate; prefill groups with inner snapshots; snapshot vs stash" 220 \
   tests/exl3/test_verify_gate.py tests/exl3/test_prefill_groups.py \
   "tests/exl3/test_gpu.py::test_snapshot_copies_what_stash_copies"
