@@ -11,7 +11,7 @@ innermost step and by the torch op or CUDA call it was in. `--prelaunch 0,1` loa
 gate (`elpis.exl3.verify_gate`) and measures each context without it (the gate detached from the tree
 graphs, so `prelaunch()` queues nothing) and with it, in that order, in one process. Usage (repo root):
   python3 elpis/bench/scripts/host_gaps.py MODEL DRAFT [--contexts 1024,8192] [--rounds 12] [--threads 0,1]
-      [--prelaunch 0,1] [--trace-dir DIR]
+      [--prelaunch 0,1] [--profile 0] [--trace-dir DIR]
 """
 
 from __future__ import annotations
@@ -67,6 +67,52 @@ def labelled(targets: list[tuple[Any, str, str]]) -> Iterator[None]:
                 delattr(obj, attr)
 
 
+@contextlib.contextmanager
+def stamped(targets: list[tuple[Any, str, str]]) -> Iterator[dict[str, list[tuple[float, float]]]]:
+    """Each (object, attribute, label): the (start, end) perf_counter seconds of every call, per label."""
+    stamps: dict[str, list[tuple[float, float]]] = {label: [] for _, _, label in targets}
+    undo = []
+    for obj, attr, label in targets:
+        original = getattr(obj, attr)
+        own = attr in vars(obj)
+
+        def wrapped(*args, _original=original, _out=stamps[label], **kwargs):
+            t = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                _out.append((t, time.perf_counter()))
+
+        setattr(obj, attr, wrapped)
+        undo.append((obj, attr, original, own))
+    try:
+        yield stamps
+    finally:
+        for obj, attr, original, own in reversed(undo):
+            if own:
+                setattr(obj, attr, original)
+            else:
+                delattr(obj, attr)
+
+
+def host_path(stamps: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+    """Median milliseconds per round: from the draft's read-back to the verify's start on the host (the gate
+    opened, or the verify graph launched), and of the prelaunch call itself."""
+    out: dict[str, float] = {}
+    ready = [start for start, _ in stamps["readback"]]
+    if stamps.get("gate_open"):
+        ends = [start for start, _ in stamps["gate_open"] if start > ready[0]]
+    else:
+        ends = [end for _, end in stamps["graphs.verify"]]
+    pairs = [min((e for e in ends if e > r), default=None) for r in ready]
+    spans = [(e - r) * 1e3 for r, e in zip(ready, pairs, strict=True) if e is not None]
+    if spans:
+        out["readback_to_verify_ms"] = statistics.median(spans)
+    if stamps.get("prelaunch"):
+        out["prelaunch_ms"] = statistics.median((b - a) * 1e3 for a, b in stamps["prelaunch"])
+    return out
+
+
 def host_steps(backend: Any) -> list[tuple[Any, str, str]]:
     d = backend.drafter
     return [
@@ -102,7 +148,7 @@ def timed_rounds(steps: Iterator[Any], rounds: int) -> list[float]:
 
 
 def measure(
-    backend: Any, decoder: Any, context: int, rounds: int, trace: Path | None = None
+    backend: Any, decoder: Any, context: int, rounds: int, trace: Path | None = None, profile: bool = True
 ) -> dict[str, Any]:
     rng = random.Random(context)
     ids = [rng.randrange(1000, backend.info.vocab_size - 1000) for _ in range(context)]
@@ -115,8 +161,17 @@ def measure(
     for _ in range(WARMUP):
         next(steps)
     torch.cuda.synchronize()
-    plain = timed_rounds(steps, rounds)
+    marks = [(drafter_module, "unpack_candidates", "readback"), (backend.graphs, "verify", "graphs.verify")]
+    if backend.graphs.gate is not None:
+        marks += [(backend.graphs.gate, "release", "gate_open"), (backend, "prelaunch", "prelaunch")]
+    with stamped(marks) as stamps:
+        plain = timed_rounds(steps, rounds)
     torch.cuda.synchronize()
+    out = {"context": context, "round_ms_median": statistics.median(plain), "round_ms": plain}
+    out.update(host_path(stamps))
+    if not profile:
+        steps.close()
+        return out
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     profiler = torch.profiler.profile(activities=activities, with_stack=trace is not None)
     with labelled(host_steps(backend)), profiler as prof:
@@ -131,7 +186,6 @@ def measure(
     if trace is not None:
         with gzip.open(trace, "wt") as f:
             f.write(text)
-    out = {"context": context, "round_ms_median": statistics.median(plain)}
     out["profiled_round_ms_median"] = statistics.median(profiled)
     out.update(report(events, rounds))
     return out
@@ -149,6 +203,7 @@ def main() -> None:
         help="torch CPU threads to measure each context under (0: the process default), e.g. 0,1",
     )
     p.add_argument("--prelaunch", default="", help="e.g. 0,1: each context without, then with, the gate")
+    p.add_argument("--profile", type=int, default=1, help="0: time rounds only, no profiled window")
     p.add_argument(
         "--trace-dir", type=Path, help="keep each profiled window as trace-CONTEXT-tTHREADS[-gG].json.gz"
     )
@@ -173,7 +228,7 @@ def main() -> None:
                 name = f"trace-{context}-t{threads}" + (f"-g{g}" if g >= 0 else "") + ".json.gz"
                 trace = args.trace_dir / name if args.trace_dir else None
                 gated = backend.graphs.gated_verifies
-                measured = measure(backend, decoder, context, args.rounds, trace)
+                measured = measure(backend, decoder, context, args.rounds, trace, profile=bool(args.profile))
                 out = {"threads": torch.get_num_threads(), "prelaunch": g, **measured}
                 out["gated_verifies"] = backend.graphs.gated_verifies - gated
                 print("HOSTGAPS " + json.dumps(out), flush=True)
