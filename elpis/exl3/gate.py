@@ -98,6 +98,8 @@ NEUTRAL_PATCHES: dict[str, str] = {
     "exl3-gdn-ba": "acts only on models loaded with gdn_ba=True (the configuration patch gdn-ba)",
     "exl3-prefill-groups": "runs ExLlamaV3's 2048-token prefill chunks layer-major in groups: the same "
     "kernels on the same chunks, bitwise the same cache, state and logits (test_prefill_groups.py)",
+    "exl3-verify-prelaunch": "queues a captured tree verify's replay behind a gate and copies its inputs "
+    "into the same buffers; the replay and its values are unchanged (test_verify_gate.py)",
 }
 # Configuration patches whose arithmetic is elpis's own kernel: a configuration naming one carries `code`, the
 # digest of these sources (repository paths), so a rebuilt kernel is a new configuration in the ledger and a
