@@ -28,7 +28,14 @@ from elpis.bend.symexec import SData, SNat, SOpaque, Sorts, SymExec, is_false
 
 MAX_BOUND = 32
 MAX_SHAPES = 500_000
-QUERY_TIMEOUT_MS = 120_000
+# A query's budget is z3's resource count, not seconds, so a verdict does not depend on how busy the machine
+# is: z3 counts units of work (a limit set on a solver is relative to the count it starts from). The count
+# varies with the search z3 takes, up to ~2x between runs in one process, never with the load. The heaviest
+# query of the committed laws (gdn_plan_walk_is_sound, its longest shape) used ~3.0e7 units, ~22 s on an idle
+# core of the 2-core CI machine and 84 s on a loaded one, where the former 120 s limit left a margin of 1.4.
+# Each certificate records its queries' units.
+QUERY_RLIMIT = 600_000_000
+QUERY_TIMEOUT_MS = 3_600_000  # a backstop against a hung solver only; the resource limit decides
 
 
 @dataclass
@@ -180,7 +187,9 @@ class LawSmt:
         goal = ex.equal(ex.eval(self.law.goal.lhs, env), ex.eval(self.law.goal.rhs, env), self.law.goal.ty)
         t0 = time.perf_counter()
         solver = z3.Solver()
+        solver.set("rlimit", QUERY_RLIMIT)
         solver.set("timeout", QUERY_TIMEOUT_MS)
+        units_before = resource_count(solver)
         solver.add(*ex.side)
         solver.add(*[h if not isinstance(h, bool) else z3.BoolVal(h) for h in hyps])
         hyp_result = solver.check()
@@ -189,6 +198,8 @@ class LawSmt:
         smt2 = solver.to_smt2()
         result = solver.check()
         verdict = str(result)
+        if result == z3.unknown:
+            verdict = f"unknown ({solver.reason_unknown()}; budget {QUERY_RLIMIT:,} resource units)"
         if result == z3.sat:
             model_values = self._decode(solver.model(), env)
             if ex.abstracted:  # the model may exist only for the uninterpreted stand-ins
@@ -200,6 +211,7 @@ class LawSmt:
             "result": str(result),
             "smt2_sha256": hashlib.sha256(smt2.encode()).hexdigest(),
             "seconds": round(time.perf_counter() - t0, 4),
+            "resource_units": resource_count(solver) - units_before,
         }
         return cert, verdict, model_values
 
@@ -332,3 +344,9 @@ def _show(model: z3.ModelRef, v: object, ty) -> object:
     if isinstance(v, SOpaque):
         return str(model.eval(v.term, model_completion=True))
     return str(v)
+
+
+def resource_count(solver: z3.Solver) -> int:
+    """z3's resource counter (the units `QUERY_RLIMIT` bounds), as the solver's statistics report it."""
+    stats = solver.statistics()  # not a mapping: `in` would walk its (key, value) rows
+    return int(stats.get_key_value("rlimit count")) if "rlimit count" in stats.keys() else 0  # noqa: SIM118

@@ -16,9 +16,13 @@ import z3
 from elpis.bend.check import Program
 from elpis.bend.core import CApply, CVar, FunT, LawInfo, ListT, free_vars
 from elpis.bend.errors import BendError
+from elpis.bend.smt import QUERY_TIMEOUT_MS
 from elpis.bend.symexec import Sorts, SymExec, is_false
 
 SMALL = 2  # list lengths tried: 0..SMALL
+# z3 resource units per check (see elpis.bend.smt.QUERY_RLIMIT): about twice what the former 30 s limit
+# allowed on an idle core, and the same on any machine
+VACUITY_RLIMIT = 60_000_000
 
 
 def vacuity_witness(prog: Program, law: LawInfo) -> dict:
@@ -69,7 +73,8 @@ def vacuity_witness(prog: Program, law: LawInfo) -> dict:
         if any(is_false(h) for h in hyps):
             continue
         solver = z3.Solver()
-        solver.set("timeout", 30_000)
+        solver.set("rlimit", VACUITY_RLIMIT)  # resource units, not seconds: the same verdict on any machine
+        solver.set("timeout", QUERY_TIMEOUT_MS)
         solver.add(*ex.side)
         solver.add(*[z3.BoolVal(h) if isinstance(h, bool) else h for h in hyps])
         if solver.check() == z3.sat:

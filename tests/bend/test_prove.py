@@ -136,6 +136,21 @@ def test_smt_certificate_fields(repo_copy):
     assert all(s["result"] == "unsat" and len(s["smt2_sha256"]) == 64 for s in cert["shapes"])
 
 
+def test_smt_budgets_are_resource_units_and_recorded(repo_copy, monkeypatch):
+    """A query's budget is z3's resource count, which does not depend on how loaded the machine is: the
+    certificate records each shape's units, and a budget below them refuses the law (jobs=1: in-process)."""
+    from elpis.bend import smt
+
+    report = prove_all(repo_copy, jobs=1, only={"chain_within_budget"})
+    (cert,) = report.certificates
+    units = [s["resource_units"] for s in cert["shapes"]]
+    assert report.ok and all(u > 0 for u in units) and max(units) < smt.QUERY_RLIMIT
+    monkeypatch.setattr(smt, "QUERY_RLIMIT", max(units) // 4)
+    report = prove_all(repo_copy, jobs=1, only={"chain_within_budget"})
+    assert not report.ok
+    assert "chain_within_budget" in report.failures[0] and "resource units" in report.failures[0]
+
+
 def test_unimported_module_is_refused(repo_copy):
     (repo_copy / "bend/stray.bend").write_text("import Base\n\ndef f(n: Nat) -> Nat:\n  n\n")
     report = prove_all(repo_copy, jobs=1, only={"chain_within_budget"})

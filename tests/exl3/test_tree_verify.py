@@ -74,8 +74,18 @@ def backend(small):
 Proposer = Callable[[int, int, int], tuple[list[int], list[int]]]
 
 
-def tree_generate(backend, ids: Sequence[int], tokens: int, propose: Proposer) -> tuple[list[int], list[int]]:
-    """Greedy rounds in tree mode, each decided by the proven tree acceptor. Returns (tokens, per round)."""
+def tree_generate(
+    backend,
+    ids: Sequence[int],
+    tokens: int,
+    propose: Proposer,
+    *,
+    arm: bool = False,
+    seen: list | None = None,
+) -> tuple[list[int], list[int]]:
+    """Greedy rounds in tree mode, each decided by the proven tree acceptor. Returns (tokens, per round).
+    `arm`: queue each verify behind the verify gate first, as the drafter does (`Exl3Backend.prelaunch`);
+    `seen`: collects a copy of every verify's logits."""
     from elpis import accept
 
     backend.begin(list(ids))
@@ -84,7 +94,11 @@ def tree_generate(backend, ids: Sequence[int], tokens: int, propose: Proposer) -
         while len(out) < tokens:
             remaining = tokens - len(out)
             rows, parents = propose(len(out), anchor, remaining)
+            if arm:
+                backend.prelaunch()
             logits = backend.verify(rows, parents)
+            if seen is not None:
+                seen.append(logits.clone())
             assert logits.shape == (len(rows), backend.info.vocab_size)
             targets = [int(t) for t in logits.argmax(dim=-1).tolist()]
             decision = accept.tree(parents, rows, targets, [], remaining)

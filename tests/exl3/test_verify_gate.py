@@ -21,7 +21,7 @@ import time
 import pytest
 
 from tests.exl3.test_gpu import decoder, prompt  # noqa: F401  (decoder: a fixture)
-from tests.exl3.test_tree_verify import plain, random_tree, replay
+from tests.exl3.test_tree_verify import plain, random_tree, replay, tree_generate
 
 pytestmark = pytest.mark.gpu
 
@@ -43,26 +43,8 @@ def backend(small):
 def rounds(backend, ids, propose, *, gated: bool) -> tuple[list[int], list]:
     """Greedy rounds decided by the proven acceptor; with `gated`, each verify is armed first, as the drafter
     arms it. Returns the tokens and every verify's logits."""
-    from elpis import accept
-
-    backend.begin(list(ids))
-    out, anchor, seen = [], ids[-1], []
-    try:
-        while len(out) < TOKENS:
-            remaining = TOKENS - len(out)
-            rows, parents = propose(len(out), anchor, remaining)
-            if gated:
-                backend.prelaunch()
-            logits = backend.verify(rows, parents)
-            seen.append(logits.clone())
-            targets = [int(t) for t in logits.argmax(dim=-1).tolist()]
-            decision = accept.tree(parents, rows, targets, [], remaining)
-            backend.commit(list(decision.rows))
-            committed = [targets[r] for r in decision.rows]
-            out += committed
-            anchor = committed[-1]
-    finally:
-        backend.finish()
+    seen: list = []
+    out, _ = tree_generate(backend, ids, TOKENS, propose, arm=gated, seen=seen)
     return out, seen
 
 

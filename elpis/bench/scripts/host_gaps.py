@@ -43,20 +43,14 @@ WARMUP = 4
 
 
 @contextlib.contextmanager
-def labelled(targets: list[tuple[Any, str, str]]) -> Iterator[None]:
-    """Each (object, attribute, label): the attribute's calls run inside a profiler range PREFIX + label;
-    everything is put back at the end."""
+def wrapping(targets: list[tuple[Any, str, str]], wrap: Any) -> Iterator[None]:
+    """Each (object, attribute, label): the attribute replaced by `wrap(original, label)` for the block, and
+    put back at the end."""
     undo = []
     for obj, attr, label in targets:
         original = getattr(obj, attr)
-        own = attr in vars(obj)
-
-        def wrapped(*args, _original=original, _name=PREFIX + label, **kwargs):
-            with torch.profiler.record_function(_name):
-                return _original(*args, **kwargs)
-
-        setattr(obj, attr, wrapped)
-        undo.append((obj, attr, original, own))
+        undo.append((obj, attr, original, attr in vars(obj)))
+        setattr(obj, attr, wrap(original, label))
     try:
         yield
     finally:
@@ -67,32 +61,36 @@ def labelled(targets: list[tuple[Any, str, str]]) -> Iterator[None]:
                 delattr(obj, attr)
 
 
+def labelled(targets: list[tuple[Any, str, str]]) -> contextlib.AbstractContextManager[None]:
+    """Each target's calls run inside a profiler range PREFIX + label."""
+
+    def wrap(original: Any, label: str) -> Any:
+        def wrapped(*args, **kwargs):
+            with torch.profiler.record_function(PREFIX + label):
+                return original(*args, **kwargs)
+
+        return wrapped
+
+    return wrapping(targets, wrap)
+
+
 @contextlib.contextmanager
 def stamped(targets: list[tuple[Any, str, str]]) -> Iterator[dict[str, list[tuple[float, float]]]]:
-    """Each (object, attribute, label): the (start, end) perf_counter seconds of every call, per label."""
+    """Each target's calls timed: the (start, end) perf_counter seconds of every call, per label."""
     stamps: dict[str, list[tuple[float, float]]] = {label: [] for _, _, label in targets}
-    undo = []
-    for obj, attr, label in targets:
-        original = getattr(obj, attr)
-        own = attr in vars(obj)
 
-        def wrapped(*args, _original=original, _out=stamps[label], **kwargs):
+    def wrap(original: Any, label: str) -> Any:
+        def wrapped(*args, **kwargs):
             t = time.perf_counter()
             try:
-                return _original(*args, **kwargs)
+                return original(*args, **kwargs)
             finally:
-                _out.append((t, time.perf_counter()))
+                stamps[label].append((t, time.perf_counter()))
 
-        setattr(obj, attr, wrapped)
-        undo.append((obj, attr, original, own))
-    try:
+        return wrapped
+
+    with wrapping(targets, wrap):
         yield stamps
-    finally:
-        for obj, attr, original, own in reversed(undo):
-            if own:
-                setattr(obj, attr, original)
-            else:
-                delattr(obj, attr)
 
 
 def host_path(stamps: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
