@@ -162,8 +162,9 @@ def load_backend(
     reaches each context bucket, which otherwise adds ~150 ms to that request's time to first token. The
     report is `backend.warmup`.
     `prelaunch` (tree graphs only): queue each round's verify graph behind the verify gate while the draft
-    runs, and open it with the tree (`elpis.exl3.verify_gate`): the same replay, its ~1 ms launch off the
-    GPU's idle time. None: `default_prelaunch`.
+    runs, and open it with the tree (`elpis.exl3.verify_gate`): the same replay, its launch off the GPU's
+    idle time (rounds 0.18-0.19 ms shorter on the H200, within noise, so off by default). None:
+    `default_prelaunch`.
     """
     import torch
 

@@ -157,4 +157,3 @@ def unpack_candidates(packed: list[list[float]], k: int) -> list[list[tuple[int,
                 row.append((int(token), min(0.0, lp)))
         rows.append(row)
     return rows
-

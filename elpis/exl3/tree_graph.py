@@ -233,7 +233,7 @@ class TreeGraphs:
             assert self.gate is not None
             if self._opens(armed, captured, key, kvp, pages):
                 assert captured is not None and captured.staging is not None
-                self._stage(captured, captured.staging, pages, ids, layout, kvp)
+                self._stage(captured, captured.staging, list(armed.table), ids, layout, kvp)
                 self.gate.release(armed.seq)
                 self.gated = armed.seq
                 self.gated_verifies += 1
@@ -413,13 +413,13 @@ class TreeGraphs:
         fill(((c.x, x), (c.ints, pinned(self._int_values(table, layout, kvp), torch.int32))))
 
     def _stage(
-        self, c: Captured, s: Staging, pages: Sequence[int], ids: Sequence[int], layout: TreeLayout, kvp: int
+        self, c: Captured, s: Staging, table: list[int], ids: Sequence[int], layout: TreeLayout, kvp: int
     ) -> None:
-        """The same values into the key's pinned staging, for the gate to copy once it opens."""
+        """The same values into the key's pinned staging, for the gate to copy once it opens (`table`: the
+        padded block table `_opens` found equal to the armed one)."""
         x = self._embed(ids)
         static_input(c.x, x, self.device, "tree graphs")  # the shape and dtype the buffers were made for
         s.x.copy_(x)
-        table = padded_table(pages, c.block_table.shape[1], "tree graphs")
         s.ints.numpy()[:] = self._int_values(table, layout, kvp)
 
     # -- forward, capture -------------------------------------------------------------------------------

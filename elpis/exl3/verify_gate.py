@@ -1,8 +1,9 @@
 """The gate in front of a pre-launched tree verify (`patches/kernels/verify_gate.cu`; issue 9, item 2).
 
-A replayed tree verify's launch is ~1 ms of host time (about a thousand kernels), and the GPU used to sit
-through it after every draft read-back (bench/results/tree/README.md, session 16). With the registry switch
-`exl3-verify-prelaunch` on, the round goes:
+A replayed tree verify's launch (about a thousand kernels) is host time the GPU sat through after every draft
+read-back: ~1 ms in session 16's profiled rounds, 0.25-0.4 ms for the whole prelaunch without the profiler
+(bench/results/tree/README.md, session 19). With the registry switch `exl3-verify-prelaunch` on, the round
+goes:
 
 1. the drafter queues the draft block and the copy of its candidates to pinned memory;
 2. `Exl3Backend.prelaunch` queues, behind them: copies of a harmless input set (a dummy tree at the current
