@@ -91,9 +91,9 @@ def default_prefill_group(prefill_chunk: int) -> int:
     as the registry patch exl3-prefill-groups is switched (`elpis.exl3.prefill_groups`: bit-identical, each
     EXL3 weight rebuilt once per group); 1 (chunk by chunk) otherwise."""
     from elpis.exl3 import patches
-    from elpis.exl3.prefill_groups import GROUP_CHUNKS, PATCH
+    from elpis.exl3.prefill_groups import PATCH
 
-    return GROUP_CHUNKS if prefill_chunk == EXLLAMA_PREFILL_CHUNK and patches.enabled(PATCH) else 1
+    return DEFAULT_PREFILL_GROUP if prefill_chunk == EXLLAMA_PREFILL_CHUNK and patches.enabled(PATCH) else 1
 
 
 def load_backend(

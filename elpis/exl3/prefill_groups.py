@@ -35,10 +35,7 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from elpis.exl3 import DEFAULT_PREFILL_GROUP
-
 PATCH = "exl3-prefill-groups"
-GROUP_CHUNKS = DEFAULT_PREFILL_GROUP  # chunks per group (32,768 tokens)
 # ExLlamaV3 1.6.5's `reconstruct_hgemm` takes its fused path (weights rebuilt in the original basis, no
 # Hadamard launches on the activations) from this many rows on; the stored weights are that path's
 FUSED_MIN_ROWS = 1024

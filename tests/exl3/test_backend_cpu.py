@@ -130,14 +130,14 @@ def test_gdn_ba_is_on_by_default_and_follows_its_switch_in_tree_mode_only(monkey
 
 
 def test_prefill_groups_are_on_by_default_with_exllamas_chunks_only(monkeypatch):
-    from elpis.exl3 import default_prefill_group
-    from elpis.exl3.prefill_groups import GROUP_CHUNKS, PATCH
+    from elpis.exl3 import DEFAULT_PREFILL_GROUP, default_prefill_group
+    from elpis.exl3.prefill_groups import PATCH
 
     registry = {p.id: p for p in patches.load_registry()}
     switch = registry[PATCH].switch
     monkeypatch.delenv(switch, raising=False)
     assert registry[PATCH].default is True  # on by default (bench/results/prefill/README.md, session 15)
-    assert default_prefill_group(2048) == GROUP_CHUNKS
+    assert default_prefill_group(2048) == DEFAULT_PREFILL_GROUP
     assert default_prefill_group(8192) == 1  # shown exact for 2048-token chunks only
     monkeypatch.setenv(switch, "0")
     assert default_prefill_group(2048) == 1

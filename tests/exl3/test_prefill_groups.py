@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from elpis.exl3.prefill_groups import GROUP_CHUNKS, plan_groups
+from elpis.exl3 import DEFAULT_PREFILL_GROUP
+from elpis.exl3.prefill_groups import plan_groups
 from elpis.exl3.prefix import prefill_boundaries
 
 
@@ -19,7 +20,7 @@ def test_groups_hold_at_most_size_chunks_in_order():
     assert stops == [2048, 4096, 6144, 8192, 10240, 10752, 10939]
     groups = plan_groups(stops, lambda stop: False, 4)
     assert groups == [[2048, 4096, 6144, 8192], [10240, 10752, 10939]]
-    assert plan_groups(stops, lambda stop: False, GROUP_CHUNKS) == [stops]
+    assert plan_groups(stops, lambda stop: False, DEFAULT_PREFILL_GROUP) == [stops]
     assert plan_groups(stops, lambda stop: False, 1) == [[s] for s in stops]
 
 
@@ -36,13 +37,13 @@ def test_groups_end_only_at_snapshots_off_a_page_boundary():
     groups = plan_groups(stops, snapshot, 8)
     assert [s for g in groups for s in g] == stops
     assert groups == [stops[:8], stops[8:]]
-    assert plan_groups(stops, snapshot, GROUP_CHUNKS) == [stops]
+    assert plan_groups(stops, snapshot, DEFAULT_PREFILL_GROUP) == [stops]
     assert groups[-1][-1] == end and stops[-2] == 29_952  # the last page boundary before the end
     # an end off a page boundary before the group is full
     short = prefill_boundaries(0, 5000, 2048)
-    assert plan_groups(short, lambda stop: stop == 5000, GROUP_CHUNKS) == [[2048, 4096, 4864, 5000]]
-    assert plan_groups([1000, 2048], lambda stop: stop == 1000, GROUP_CHUNKS) == [[1000], [2048]]
-    assert plan_groups([1024, 2048], lambda stop: stop == 1024, GROUP_CHUNKS) == [[1024, 2048]]
+    assert plan_groups(short, lambda stop: stop == 5000, DEFAULT_PREFILL_GROUP) == [[2048, 4096, 4864, 5000]]
+    assert plan_groups([1000, 2048], lambda stop: stop == 1000, DEFAULT_PREFILL_GROUP) == [[1000], [2048]]
+    assert plan_groups([1024, 2048], lambda stop: stop == 1024, DEFAULT_PREFILL_GROUP) == [[1024, 2048]]
 
 
 def test_bad_plans_are_refused():
@@ -150,9 +151,10 @@ def test_grouped_prefill_is_bitwise_chunk_by_chunk(small, group):
 def test_groups_are_refused_where_they_would_not_be_exact():
     from elpis.exl3 import check_prefill_group
 
-    assert check_prefill_group(1, 8192) == 1 and check_prefill_group(GROUP_CHUNKS, 2048) == GROUP_CHUNKS
+    assert check_prefill_group(1, 8192) == 1
+    assert check_prefill_group(DEFAULT_PREFILL_GROUP, 2048) == DEFAULT_PREFILL_GROUP
     with pytest.raises(ValueError, match="2048-token chunks"):
-        check_prefill_group(GROUP_CHUNKS, 8192)
+        check_prefill_group(DEFAULT_PREFILL_GROUP, 8192)
     with pytest.raises(ValueError, match="at least 1"):
         check_prefill_group(0, 2048)
 
@@ -160,7 +162,7 @@ def test_groups_are_refused_where_they_would_not_be_exact():
 
     # load_backend refuses them before it looks for a GPU or a model
     with pytest.raises(ValueError, match="2048-token chunks"):
-        load_backend("/nonexistent", None, prefill_chunk=8192, prefill_group=GROUP_CHUNKS)
+        load_backend("/nonexistent", None, prefill_chunk=8192, prefill_group=DEFAULT_PREFILL_GROUP)
     with pytest.raises(ValueError, match="at least 1"):
         load_backend("/nonexistent", None, prefill_group=0)
 
