@@ -58,13 +58,14 @@ MMA_DEV_ARGS = (
 MMA_ENTRY_ARGS = {"elpis_tree_attention_mma": QCACHE_ARGS, "elpis_tree_attention_mma_dev": MMA_DEV_ARGS}
 
 
-def _load(defines: dict[str, int], source: Path = SOURCE) -> ctypes.CDLL:
+def _load(defines: dict[str, int], source: Path = SOURCE, include_dirs: Sequence[Path] = ()) -> ctypes.CDLL:
+    """`include_dirs` come before the build's own (a diagnostic's other schedule header)."""
     from elpis import nvcc
 
     header = BUILD_DIR / "kernels" / "verify_schedule.h"
     if not header.is_file():
         raise RuntimeError(f"tree attention schedule not built ({header} missing): run make build")
-    lib = nvcc.load(source, defines=defines)
+    lib = nvcc.load(source, defines=defines, include_dirs=tuple(include_dirs))
     u32, u64 = ctypes.c_uint32, ctypes.c_uint64
     lib.elpis_tree_attention_workspace_floats.argtypes = [u32, u32, u32]
     lib.elpis_tree_attention_workspace_floats.restype = u64
@@ -107,10 +108,12 @@ def _mma_library(k_bits: int, v_bits: int, pipelined: bool = True) -> ctypes.CDL
     return _check_bits(load_mma(defines), k_bits, v_bits)
 
 
-def load_mma(defines: dict[str, int], source: Path = SOURCE_MMA) -> ctypes.CDLL:
+def load_mma(
+    defines: dict[str, int], source: Path = SOURCE_MMA, include_dirs: Sequence[Path] = ()
+) -> ctypes.CDLL:
     """A build of the tensor-core source (`source`: the served one, or another version of it) with its entry
     points bound; the served builds go through `_mma_library`, diagnostics call this directly."""
-    lib = _load(defines, source)
+    lib = _load(defines, source, include_dirs)
     for name, argtypes in MMA_ENTRY_ARGS.items():
         getattr(lib, name).argtypes = list(argtypes)
         getattr(lib, name).restype = ctypes.c_int
