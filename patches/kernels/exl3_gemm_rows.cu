@@ -35,21 +35,7 @@ namespace {
 constexpr uint32_t kWarps = ELPIS_GEMM_WARPS;      // warps per block = k-tiles per group
 constexpr uint32_t kGroupK = ELPIS_GEMM_GROUP_K;   // k per group (one Hadamard block)
 constexpr uint32_t kBlockN = 128;                  // output columns per block (one Hadamard block)
-constexpr uint32_t kTilesN = kBlockN / 16;         // weight tiles of an n-block per k-tile
-#ifndef ELPIS_GEMM_SPLIT
-#define ELPIS_GEMM_SPLIT 1
-#endif
-#ifndef ELPIS_GEMM_MIN_BLOCKS
-#define ELPIS_GEMM_MIN_BLOCKS 2
-#endif
-// Warps per k-tile: each takes kTilesN / kSplit of the n-block's tiles. The columns' sums are the same ones in
-// the same order whatever the split (a column's k-tiles stay in one warp each, summed in k-tile order), so
-// the split only trades registers per warp (accumulators, words in flight) for warps.
-constexpr uint32_t kSplit = ELPIS_GEMM_SPLIT;
-constexpr uint32_t kTilesW = kTilesN / kSplit;          // weight tiles per warp per k-tile
-constexpr uint32_t kThreads = 32u * kWarps * kSplit;     // threads per block
-constexpr uint32_t kOuts = 8u * kBlockN / kThreads;     // a thread's outputs of one half (8 rows) of an n-block
-static_assert(kSplit == 1 || kSplit == 2 || kSplit == 4, "a warp takes 8, 4 or 2 tiles of an n-block");
+constexpr uint32_t kTilesN = kBlockN / 16;         // weight tiles per warp per k-tile
 // 32-bit words of one 16x16 tile of a K-bit trellis (256 K bits), and of them the ones a lane loads.
 __host__ __device__ constexpr uint32_t words_per_tile(int bits) { return 8u * uint32_t(bits); }
 __host__ __device__ constexpr int lane_words(int bits) { return bits == 4 ? 1 : 2; }
@@ -295,17 +281,17 @@ __global__ void __launch_bounds__(32) rows_gemm_decode(const uint32_t* __restric
 
 template <int kRH, int kBits>
 struct Stage {
-    uint32_t words[kTilesW][lane_words(kBits)];
+    uint32_t words[kTilesN][lane_words(kBits)];
     uint2 frag[kRH];
 };
 
-// `words`: the warp's first tile of the n-block plus the lane's word offset.
+// `words`: the n-block's first tile plus the lane's word offset.
 template <int kRH, int kBits>
 __device__ __forceinline__ void load_stage(Stage<kRH, kBits>& st, const uint32_t* __restrict__ words,
                                            const uint2* __restrict__ frags, uint32_t t, uint32_t tiles_n) {
     const uint32_t* p = words + size_t(t) * tiles_n * words_per_tile(kBits);
 #pragma unroll
-    for (uint32_t j = 0; j < kTilesW; j++)
+    for (uint32_t j = 0; j < kTilesN; j++)
 #pragma unroll
         for (int e = 0; e < lane_words(kBits); e++) st.words[j][e] = load_words(p + j * words_per_tile(kBits) + e);
 #pragma unroll
@@ -313,9 +299,9 @@ __device__ __forceinline__ void load_stage(Stage<kRH, kBits>& st, const uint32_t
 }
 
 template <int kRH, int kBits>
-__device__ __forceinline__ void mma_stage(const Stage<kRH, kBits>& st, float (&acc)[kTilesW][kRH][4], uint32_t lane) {
+__device__ __forceinline__ void mma_stage(const Stage<kRH, kBits>& st, float (&acc)[kTilesN][kRH][4], uint32_t lane) {
 #pragma unroll
-    for (uint32_t j = 0; j < kTilesW; j++) {
+    for (uint32_t j = 0; j < kTilesN; j++) {
         uint32_t a[4];
         decode_tile<kBits>(st.words[j], lane, a);
 #pragma unroll
@@ -323,27 +309,23 @@ __device__ __forceinline__ void mma_stage(const Stage<kRH, kBits>& st, float (&a
     }
 }
 
-// Groups [gb, ge) of n-block nb through the warps (warp w: k-tile 8g + w % 8 of each group g, ascending, for
-// the tiles kTilesW * (w / 8) onwards), then each column's k-tile sums in ascending order: `total` holds this
-// thread's outputs, element i at (row 8h + idx / 128, column idx % 128) for idx = t + kThreads i.
+// Groups [gb, ge) of n-block nb through the warps (warp w: k-tile 8g+w of each group g, ascending), then the
+// warps' sums in ascending order: `total` holds this thread's outputs, rows 8h + (t >> 7) + 2i, column t & 127.
 template <int kRH, int kBits>
 __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, const uint32_t* __restrict__ trellis,
                                            uint32_t nb, uint32_t gb, uint32_t ge, uint32_t tiles_n,
-                                           float (&red)[kWarps][8][kRedStride], float (&total)[kRH][kOuts]) {
-    // warp: the k-tile of each group it takes; part: which kTilesW tiles of the n-block
-    const uint32_t warp = (threadIdx.x >> 5) % kWarps, part = (threadIdx.x >> 5) / kWarps;
-    const uint32_t lane = threadIdx.x & 31u, g = lane >> 2, q = lane & 3u;
-    float acc[kTilesW][kRH][4];
+                                           float (&red)[kWarps][8][kRedStride], float (&total)[kRH][4]) {
+    const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u, g = lane >> 2, q = lane & 3u;
+    float acc[kTilesN][kRH][4];
 #pragma unroll
-    for (uint32_t j = 0; j < kTilesW; j++)
+    for (uint32_t j = 0; j < kTilesN; j++)
 #pragma unroll
         for (int h = 0; h < kRH; h++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[j][h][e] = 0.0f;
 
     constexpr int kStages = stages(kBits);
-    const uint32_t* words =
-        pin(trellis + (size_t(nb) * kTilesN + part * kTilesW) * words_per_tile(kBits) + lane_word<kBits>(lane));
+    const uint32_t* words = pin(trellis + size_t(nb) * kTilesN * words_per_tile(kBits) + lane_word<kBits>(lane));
     const uint2* frags = a_frag + lane;
     Stage<kRH, kBits> st[kStages];
 #pragma unroll
@@ -362,8 +344,8 @@ __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, con
 #pragma unroll
     for (int h = 0; h < kRH; h++) {
 #pragma unroll
-        for (uint32_t j = 0; j < kTilesW; j++) {
-            const uint32_t c = (part * kTilesW + j) * 16u + g;
+        for (uint32_t j = 0; j < kTilesN; j++) {
+            const uint32_t c = j * 16u + g;
             red[warp][2 * q][c] = acc[j][h][0];
             red[warp][2 * q + 1][c] = acc[j][h][1];
             red[warp][2 * q][c + 8] = acc[j][h][2];
@@ -371,8 +353,8 @@ __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, con
         }
         __syncthreads();
 #pragma unroll
-        for (uint32_t i = 0; i < kOuts; i++) {
-            const uint32_t idx = threadIdx.x + kThreads * i, r = idx >> 7, c = idx & 127u;
+        for (int i = 0; i < 4; i++) {
+            const uint32_t idx = threadIdx.x + 256u * i, r = idx >> 7, c = idx & 127u;
             float v = red[0][r][c];
 #pragma unroll
             for (uint32_t w = 1; w < kWarps; w++) v += red[w][r][c];
@@ -384,7 +366,7 @@ __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, con
 
 // y [rows < m, n-block nb] = (total H) / sqrt(128) * svh, one row per warp (red is scratch; ends on a barrier).
 template <int kRH>
-__device__ __forceinline__ void finish(const float (&total)[kRH][kOuts], float (&red)[kWarps][8][kRedStride],
+__device__ __forceinline__ void finish(const float (&total)[kRH][4], float (&red)[kWarps][8][kRedStride],
                                        const __half* __restrict__ svh, void* __restrict__ out, bool out_f32,
                                        uint32_t m, uint32_t n, uint32_t nb) {
     const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
@@ -392,12 +374,12 @@ __device__ __forceinline__ void finish(const float (&total)[kRH][kOuts], float (
 #pragma unroll
     for (int h = 0; h < kRH; h++)
 #pragma unroll
-        for (uint32_t i = 0; i < kOuts; i++) {
-            const uint32_t idx = threadIdx.x + kThreads * i;
+        for (int i = 0; i < 4; i++) {
+            const uint32_t idx = threadIdx.x + 256u * i;
             part[(8u * h + (idx >> 7)) * kRedStride + (idx & 127u)] = total[h][i];
         }
     __syncthreads();
-    for (uint32_t r = warp; r < m; r += kWarps * kSplit) {
+    for (uint32_t r = warp; r < m; r += kWarps) {
         float v[4];
 #pragma unroll
         for (int j = 0; j < 4; j++) v[j] = part[r * kRedStride + lane * 4u + j];
@@ -432,10 +414,9 @@ struct Members {
 // whole n-block finishes it; the blocks sharing one write their partials to slot b + nb of `workspace`
 // ([slots][m][128] floats: the pairs (block, n-block) lie on a monotone staircase, so b + nb is unique) and the
 // last to arrive (counted in `counters`, one zero word per n-block, left zero again) sums them in ascending block
-// order and finishes it. ELPIS_GEMM_MIN_BLOCKS blocks per multiprocessor (the grid is one wave of them): two
-// blocks of 256 threads, up to 128 registers each.
+// order and finishes it. Two blocks per multiprocessor (the grid is one wave of them): up to 128 registers.
 template <int kRH, int kBits>
-__global__ void __launch_bounds__(kThreads, ELPIS_GEMM_MIN_BLOCKS)
+__global__ void __launch_bounds__(256, 2)
     rows_gemm_kernel(const uint2* __restrict__ a_frag, const Members members, uint32_t m, uint32_t k,
                      float* __restrict__ workspace, uint32_t* __restrict__ counters) {
     __shared__ float red[kWarps][8][kRedStride];
@@ -451,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, ELPIS_GEMM_MIN_BLOCKS)
         const uint32_t n = (pick(members.nb_end, mi) - nb0) * kBlockN;
         const uint32_t base = nb * groups;
         const uint32_t gb = (u0 > base ? u0 : base) - base, ge = (u1 < base + groups ? u1 : base + groups) - base;
-        float total[kRH][kOuts];
+        float total[kRH][4];
         accumulate<kRH, kBits>(a_frag + mi * (members.frag_halves / 4u), pick(members.trellis, mi), nb - nb0, gb, ge, n / 16u,
                         red, total);
         const uint32_t first = elpis_gemm_owner(units, blocks, base);
@@ -460,8 +441,8 @@ __global__ void __launch_bounds__(kThreads, ELPIS_GEMM_MIN_BLOCKS)
 #pragma unroll
             for (int h = 0; h < kRH; h++)
 #pragma unroll
-                for (uint32_t i = 0; i < kOuts; i++) {
-                    const uint32_t idx = threadIdx.x + kThreads * i, r = 8u * h + (idx >> 7), c = idx & 127u;
+                for (int i = 0; i < 4; i++) {
+                    const uint32_t idx = threadIdx.x + 256u * i, r = 8u * h + (idx >> 7), c = idx & 127u;
                     if (r < m) workspace[(size_t(b + nb) * m + r) * kBlockN + c] = total[h][i];
                 }
             ELPIS_FENCE();
@@ -473,8 +454,8 @@ __global__ void __launch_bounds__(kThreads, ELPIS_GEMM_MIN_BLOCKS)
 #pragma unroll
             for (int h = 0; h < kRH; h++)
 #pragma unroll
-                for (uint32_t i = 0; i < kOuts; i++) {
-                    const uint32_t idx = threadIdx.x + kThreads * i, r = 8u * h + (idx >> 7), c = idx & 127u;
+                for (int i = 0; i < 4; i++) {
+                    const uint32_t idx = threadIdx.x + 256u * i, r = 8u * h + (idx >> 7), c = idx & 127u;
                     if (r >= m) continue;
                     // ascending block order; eight loads in flight before their adds
                     const float* p = workspace + (size_t(first + nb) * m + r) * kBlockN + c;
@@ -514,9 +495,9 @@ uint32_t resident_blocks(uint32_t bits) {
         int fit = 0;
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
         if (bits == 6u)
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, rows_gemm_kernel<2, 6>, kThreads, 0);
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, rows_gemm_kernel<2, 6>, 256, 0);
         else
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, rows_gemm_kernel<2, 4>, kThreads, 0);
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, rows_gemm_kernel<2, 4>, 256, 0);
         slot = uint32_t(sms > 0 ? sms : 1) * uint32_t(fit > 0 ? fit : 1);
     }
     return slot;
@@ -611,7 +592,7 @@ int elpis_rows_gemm(const void* x, uint32_t m, uint32_t k, uint32_t count, const
     const uint2* frags = static_cast<const uint2*>(a_frag);
     const auto kernel = bits == 4u ? (rh == 1u ? rows_gemm_kernel<1, 4> : rows_gemm_kernel<2, 4>)
                                    : (rh == 1u ? rows_gemm_kernel<1, 6> : rows_gemm_kernel<2, 6>);
-    kernel<<<grid, kThreads, 0, s>>>(frags, members, m, k, workspace, counters);
+    kernel<<<grid, 256, 0, s>>>(frags, members, m, k, workspace, counters);
     return static_cast<int>(cudaGetLastError());
 }
 

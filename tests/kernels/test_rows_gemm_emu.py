@@ -170,29 +170,6 @@ def test_a_group_of_linears_sharing_the_input_is_each_linear(lib: ctypes.CDLL, r
         assert np.array_equal(y[1:2], y1)
 
 
-@pytest.mark.parametrize("split", [2, 4])
-def test_split_warps_sum_the_same_terms_in_the_same_order(
-    lib: ctypes.CDLL, tmp_path_factory: pytest.TempPathFactory, split: int
-) -> None:
-    # ELPIS_GEMM_SPLIT deals an n-block's tiles to more warps; each column's k-tiles stay one warp each,
-    # summed in k-tile order, so with the same block count every output keeps its bits (blocks spanning
-    # members and n-blocks, shared n-blocks, 16 and 5 rows, both widths)
-    built = cuda_emu.build_emulated(
-        rg.SOURCE, tmp_path_factory.mktemp(f"rows_gemm_split{split}"), launches=3, needs=("gemm_schedule.h",),
-        defines={"ELPIS_GEMM_SPLIT": split},
-    )  # fmt: skip
-    built.emu_set_sms(8)
-    split_lib = rg.bind(built)
-    for bits, rows in ((4, 16), (6, 5)):
-        layers = [Linear(384, 256, seed=30, bits=bits), Linear(384, 384, seed=31, bits=bits)]
-        blocks = int(lib.elpis_rows_gemm_blocks(384, 640, bits))
-        assert int(split_lib.elpis_rows_gemm_blocks(384, 640, bits)) == blocks
-        x = np.random.default_rng(rows).standard_normal((rows, 384)).astype(np.float16)
-        split_outs = run_group(split_lib, x, layers, [False, True])
-        for got, want in zip(split_outs, run_group(lib, x, layers, [False, True]), strict=True):
-            assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
-
-
 def test_sizes_and_refusals(lib: ctypes.CDLL) -> None:
     assert lib.elpis_rows_gemm_supported(16, 5120, 17408) == 1
     assert lib.elpis_rows_gemm_supported(17, 5120, 17408) == 0

@@ -5,7 +5,8 @@
 #    (.device/prev_gemm.cu, HEAD's before the knob) on every call of a verify at 8 and 16 rows: bitwise
 #    equality, fp64 error, time per call and per verify.
 # 2. GPU tests: the verify gate (its round helper changed after call 76) and the rows GEMM's kernel tests.
-# Run with run(carry=[".whl", ".device"]).
+# Run with run(carry=[".whl", ".device"]). A record: it ran at f049d5e, whose kernel had the split knob and whose
+# rows_gemm_variants.py took NAME=SPLIT,MIN_BLOCKS,STAGES (both changed since; the knob is gone).
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh

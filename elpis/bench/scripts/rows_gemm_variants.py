@@ -1,17 +1,18 @@
 """Builds of elpis's 1-16-row EXL3 GEMM against a previous build, on one verify's calls (diagnostic, GPU).
 
-Each variant is the current source with compile-time knobs (`ELPIS_GEMM_SPLIT`: warps per k-tile,
-`ELPIS_GEMM_MIN_BLOCKS`: blocks per multiprocessor, `ELPIS_GEMM_STAGES`: k-tiles in flight per warp). For
-every call of a Qwen3.8 tree verify (attention q/k/v and o, Gated DeltaNet qkv/z and out, MLP gate/up and
-down, the 6-bit head) at 8 and 16 rows, with random trellises, each variant's outputs are compared bit for
-bit with the previous build's (a variant with the same stream-K block count must match it exactly), their
-error against the float64 linear is recorded (D from elpis's decode, which tests hold bit for bit to the
-format), and each call is timed like `rows_gemm_check.py` (CUDA graphs of 40 launches over 4 copies of the
-weights, so every launch reads DRAM; median of 7). The verify's total weighs each call by how often a
-verify makes it (16 attention, 48 Gated DeltaNet, 64 MLP layers, one head).
+Each variant is the current source with compile-time defines (for example `ELPIS_GEMM_STAGES`, k-tiles in
+flight per warp). For every call of a Qwen3.8 tree verify (attention q/k/v and o, Gated DeltaNet qkv/z and
+out, MLP gate/up and down, the 6-bit head) at 8 and 16 rows, with random trellises, each variant's outputs
+are compared bit for bit with the previous build's (a variant with the same stream-K block count and the
+same per-warp order must match it exactly), their error against the float64 linear is recorded (D from
+elpis's decode, which tests hold bit for bit to the format), and each call is timed like
+`rows_gemm_check.py` (CUDA graphs of 40 launches over 4 copies of the weights, so every launch reads DRAM;
+median of 7). The verify's total weighs each call by how often a verify makes it (16 attention, 48 Gated
+DeltaNet, 64 MLP layers, one head).
 Writes one JSON object to OUT and prints a table.
 Usage (repo root, after `make build`): python3 elpis/bench/scripts/rows_gemm_variants.py PREVIOUS.cu OUT.json
-NAME=SPLIT,MIN_BLOCKS,STAGES ...
+NAME=DEFINE:VALUE[,DEFINE:VALUE...] ...   (NAME= alone: the current source as it is)
+Session 20 ran it (device call 82) on a source with a warps-per-k-tile knob, since removed (commit f049d5e).
 """
 
 from __future__ import annotations
@@ -99,9 +100,11 @@ def measure(libs: dict, h: torch.Tensor) -> list[dict]:
 def main(previous: str, out_path: str, specs: list[str]) -> int:
     builds: dict[str, tuple[Path, dict[str, int]]] = {"previous": (Path(previous), {})}
     for spec in specs:
-        label, values = spec.split("=")
-        split, min_blocks, stages = (int(v) for v in values.split(","))
-        knobs = {"ELPIS_GEMM_SPLIT": split, "ELPIS_GEMM_MIN_BLOCKS": min_blocks, "ELPIS_GEMM_STAGES": stages}
+        label, _, values = spec.partition("=")
+        knobs = {}
+        for item in filter(None, values.split(",")):
+            name, _, value = item.partition(":")
+            knobs[name] = int(value)
         builds[label] = (rg.SOURCE, knobs)
     arch = nvcc.device_arch()
     with ThreadPoolExecutor(len(builds)) as pool:  # nvcc runs as a process: the builds go in parallel
