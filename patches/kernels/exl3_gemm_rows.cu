@@ -144,6 +144,7 @@ __device__ __forceinline__ T* pin(T* p) {
     asm volatile("" : "+l"(p));
     return p;
 }
+#if ELPIS_GEMM_ASYNC
 // 16 bytes global -> shared, past L1 (the trellis is read once, the fragments sit in L2).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
@@ -155,6 +156,7 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 __device__ __forceinline__ void warp_sync() { __syncwarp(); }
+#endif
 #endif
 
 // The 16-bit trellis state of each of a lane's eight positions 8L..8L+7, from its word L (`lo`) and word
@@ -352,8 +354,10 @@ __host__ __device__ constexpr size_t async_smem_bytes() {
     const size_t red = size_t(kWarps) * 8u * kRedStride * 4u;
     return ring > red ? ring : red;
 }
+#if ELPIS_GEMM_ASYNC && defined(ELPIS_CUDA_EMU)
 constexpr size_t kAsyncSmemMax = async_smem_bytes<2, 6>() > async_smem_bytes<2, 4>() ? async_smem_bytes<2, 6>()
                                                                                       : async_smem_bytes<2, 4>();
+#endif
 static_assert(async_smem_bytes<2, 4>() <= 48u * 1024u && async_smem_bytes<2, 6>() <= 48u * 1024u,
               "two blocks per RTX 3090 multiprocessor (100 KB)");
 
@@ -506,8 +510,8 @@ __device__ __forceinline__ void finish(const float (&total)[kRH][4], float (&red
 // Diagnostic build (ELPIS_GEMM_CLOCKS, never served): thread 0 of every block writes its timeline into
 // gemm_clock[block]: %globaltimer at the start, after each n-block's main loop (up to three) and at the end,
 // the n-blocks it finished, and its multiprocessor (elpis/bench/scripts/rows_gemm_timeline.py reads them).
-constexpr uint32_t kClockBlocks = 4096, kClockWords = 8;  // start, loop ends[3], end, n-blocks, finished, SM
 #ifdef ELPIS_GEMM_CLOCKS
+constexpr uint32_t kClockBlocks = 4096, kClockWords = 8;  // start, loop ends[3], end, n-blocks, finished, SM
 __device__ unsigned long long gemm_clock[kClockBlocks][kClockWords];
 __device__ __forceinline__ unsigned long long global_ns() {
     unsigned long long t;
