@@ -361,6 +361,7 @@ constexpr size_t kAsyncSmemMax = async_smem_bytes<2, 6>() > async_smem_bytes<2, 
 static_assert(async_smem_bytes<2, 4>() <= 48u * 1024u && async_smem_bytes<2, 6>() <= 48u * 1024u,
               "two blocks per RTX 3090 multiprocessor (100 KB)");
 
+#if ELPIS_GEMM_ASYNC
 // Start copying k-tile t of the n-block at `tiles` (no lane offset) and its fragments into `slot`.
 template <int kRH, int kBits>
 __device__ __forceinline__ void copy_stage(uint32_t* slot, const uint32_t* __restrict__ tiles,
@@ -386,6 +387,7 @@ __device__ __forceinline__ void read_slot(Stage<kRH, kBits>& st, const uint32_t*
 #pragma unroll
     for (int h = 0; h < kRH; h++) st.frag[h] = f[h * 32 + lane];
 }
+#endif
 
 // Groups [gb, ge) of n-block nb through the warps (warp w: k-tile 8g+w of each group g, ascending), then the
 // warps' sums in ascending order: `total` holds this thread's outputs, rows 8h + (t >> 7) + 2i, column t & 127.
