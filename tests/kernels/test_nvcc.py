@@ -80,6 +80,26 @@ def test_hopper_only_path_is_refused(tmp_path: Path) -> None:
         nvcc.check_ampere_only(src)
 
 
+# A template that calls a function only the device pass declares: the device pass (cubin, ptx) accepts it, nvcc's
+# host pass does not (device call 85 met this in exl3_gemm_rows.cu).
+HOST_PASS_ONLY_ERROR = """
+#ifdef __CUDA_ARCH__
+__device__ void helper(float* p) { *p = 1.0f; }
+#endif
+template <int N> __device__ void use(float* p) { helper(p); }
+__global__ void k(float* p) { use<1>(p); }
+"""
+
+
+@needs_nvcc
+def test_a_source_only_the_device_pass_accepts_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "host_pass.cu"
+    src.write_text(HOST_PASS_ONLY_ERROR)
+    nvcc.compile_to(src, "cubin", arch="sm_90", out_dir=tmp_path)  # the device pass alone accepts it
+    with pytest.raises(nvcc.NvccError, match="helper"):
+        nvcc.check_ampere_only(src)
+
+
 @needs_nvcc
 def test_compiler_errors_carry_nvccs_message(tmp_path: Path) -> None:
     src = tmp_path / "broken.cu"
