@@ -163,8 +163,8 @@ def check_ampere_only(
 ) -> None:
     """Raise NvccError unless `source` builds for sm_86 and sm_90 with Ampere instructions only."""
     dirs = tuple(include_dirs)
-    # The first architecture builds the whole library: a cubin alone skips nvcc's host pass, which refuses code
-    # the device pass accepts (a call no host declaration covers; device call 85 met one).
+    # The first architecture builds the whole library: a cubin alone skips nvcc's host pass, which refuses
+    # code the device pass accepts (a call no host declaration covers; device call 85 met one).
     for mode, arch in zip(("shared", "cubin"), ARCHS, strict=True):
         compile_to(source, mode, arch=arch, include_dirs=dirs, defines=defines)
     ptx = compile_to(source, "ptx", arch="sm_90", include_dirs=dirs, defines=defines).read_text()

@@ -80,8 +80,8 @@ def test_hopper_only_path_is_refused(tmp_path: Path) -> None:
         nvcc.check_ampere_only(src)
 
 
-# A template that calls a function only the device pass declares: the device pass (cubin, ptx) accepts it, nvcc's
-# host pass does not (device call 85 met this in exl3_gemm_rows.cu).
+# A template that calls a function only the device pass declares: the device pass (cubin, ptx) accepts it,
+# nvcc's host pass does not (device call 85 met this in exl3_gemm_rows.cu).
 HOST_PASS_ONLY_ERROR = """
 #ifdef __CUDA_ARCH__
 __device__ void helper(float* p) { *p = 1.0f; }
