@@ -51,22 +51,6 @@ constexpr uint32_t kMaxNBlocks = 4096;             // n-blocks per call, all mem
 #endif
 // k-tiles of words in flight per warp (the 6-bit trellis holds twice the words per tile in registers)
 __host__ __device__ constexpr int stages(int bits) { return bits == 4 ? ELPIS_GEMM_STAGES : ELPIS_GEMM_STAGES6; }
-// ELPIS_GEMM_ASYNC: each warp streams its words and input fragments through a ring of shared-memory slots with
-// cp.async (Ampere) instead of holding the k-tiles in flight in registers; the same operands reach the same
-// instructions in the same order, so the results keep their bits. The reduction buffer reuses the ring.
-#ifndef ELPIS_GEMM_ASYNC
-#define ELPIS_GEMM_ASYNC 0
-#endif
-#ifndef ELPIS_GEMM_ASYNC_STAGES
-#define ELPIS_GEMM_ASYNC_STAGES 4
-#endif
-#ifndef ELPIS_GEMM_ASYNC_STAGES6
-#define ELPIS_GEMM_ASYNC_STAGES6 3
-#endif
-// Slots per warp: 48 KB a block for either width, so two blocks fit an RTX 3090's 100 KB per multiprocessor.
-__host__ __device__ constexpr uint32_t async_stages(int bits) {
-    return bits == 4 ? ELPIS_GEMM_ASYNC_STAGES : ELPIS_GEMM_ASYNC_STAGES6;
-}
 
 static_assert(kWarps == 8 && kGroupK == 128, "the kernel's warp layout is for 8 k-tiles per group");
 
@@ -108,10 +92,6 @@ inline uint32_t load_words(const uint32_t* p) { return *p; }
 inline uint2 load_frag(const uint2* p) { return *p; }
 #define ELPIS_FENCE() do {} while (0)
 template <typename T> inline T* pin(T* p) { return p; }
-inline void cp_async16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
-inline void cp_async_commit() {}
-template <int kPending> inline void cp_async_wait() {}
-inline void warp_sync() { emu_warp_barrier[threadIdx.x >> 5]->arrive_and_wait(); }
 #else
 __device__ __forceinline__ uint32_t shfl_u32(uint32_t v, uint32_t src) { return __shfl_sync(0xffffffffu, v, src); }
 __device__ __forceinline__ float shfl_xor_f32(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
@@ -144,19 +124,6 @@ __device__ __forceinline__ T* pin(T* p) {
     asm volatile("" : "+l"(p));
     return p;
 }
-#if ELPIS_GEMM_ASYNC
-// 16 bytes global -> shared, past L1 (the trellis is read once, the fragments sit in L2).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-__device__ __forceinline__ void warp_sync() { __syncwarp(); }
-#endif
 #endif
 
 // The 16-bit trellis state of each of a lane's eight positions 8L..8L+7, from its word L (`lo`) and word
@@ -342,60 +309,12 @@ __device__ __forceinline__ void mma_stage(const Stage<kRH, kBits>& st, float (&a
     }
 }
 
-// A warp's shared-memory slot (ELPIS_GEMM_ASYNC): the n-block's kTilesN tiles of one k-tile as they lie in the
-// trellis (contiguous), then the k-tile's input fragments, kRH x 32 lanes x 8 bytes.
-template <int kRH, int kBits>
-__host__ __device__ constexpr uint32_t slot_words() { return kTilesN * words_per_tile(kBits) + kRH * 64u; }
-
-// Dynamic shared memory of the ELPIS_GEMM_ASYNC build: the warps' rings, or the reduction buffer if larger.
-template <int kRH, int kBits>
-__host__ __device__ constexpr size_t async_smem_bytes() {
-    const size_t ring = size_t(async_stages(kBits)) * kWarps * slot_words<kRH, kBits>() * 4u;
-    const size_t red = size_t(kWarps) * 8u * kRedStride * 4u;
-    return ring > red ? ring : red;
-}
-#if ELPIS_GEMM_ASYNC && defined(ELPIS_CUDA_EMU)
-constexpr size_t kAsyncSmemMax = async_smem_bytes<2, 6>() > async_smem_bytes<2, 4>() ? async_smem_bytes<2, 6>()
-                                                                                      : async_smem_bytes<2, 4>();
-#endif
-static_assert(async_smem_bytes<2, 4>() <= 48u * 1024u && async_smem_bytes<2, 6>() <= 48u * 1024u,
-              "two blocks per RTX 3090 multiprocessor (100 KB)");
-
-#if ELPIS_GEMM_ASYNC
-// Start copying k-tile t of the n-block at `tiles` (no lane offset) and its fragments into `slot`.
-template <int kRH, int kBits>
-__device__ __forceinline__ void copy_stage(uint32_t* slot, const uint32_t* __restrict__ tiles,
-                                           const uint2* __restrict__ a_frag, uint32_t t, uint32_t tiles_n,
-                                           uint32_t lane) {
-    constexpr uint32_t kWords = kTilesN * words_per_tile(kBits);  // 256 or 384: 2 or 3 chunks of 16 bytes a lane
-    const uint32_t* src = tiles + size_t(t) * tiles_n * words_per_tile(kBits);
-#pragma unroll
-    for (uint32_t i = 0; i < kWords / 128u; i++) cp_async16(slot + 4u * (lane + 32u * i), src + 4u * (lane + 32u * i));
-    const uint32_t* frags = reinterpret_cast<const uint32_t*>(a_frag + size_t(t) * kRH * 32u);
-    if (lane < kRH * 16u) cp_async16(slot + kWords + 4u * lane, frags + 4u * lane);
-}
-
-// A lane's words and fragments of a landed slot, as load_stage would have read them from global memory.
-template <int kRH, int kBits>
-__device__ __forceinline__ void read_slot(Stage<kRH, kBits>& st, const uint32_t* slot, uint32_t lane) {
-    const uint32_t* w = slot + lane_word<kBits>(lane);
-#pragma unroll
-    for (uint32_t j = 0; j < kTilesN; j++)
-#pragma unroll
-        for (int e = 0; e < lane_words(kBits); e++) st.words[j][e] = w[j * words_per_tile(kBits) + e];
-    const uint2* f = reinterpret_cast<const uint2*>(slot + kTilesN * words_per_tile(kBits));
-#pragma unroll
-    for (int h = 0; h < kRH; h++) st.frag[h] = f[h * 32 + lane];
-}
-#endif
-
 // Groups [gb, ge) of n-block nb through the warps (warp w: k-tile 8g+w of each group g, ascending), then the
 // warps' sums in ascending order: `total` holds this thread's outputs, rows 8h + (t >> 7) + 2i, column t & 127.
 template <int kRH, int kBits>
 __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, const uint32_t* __restrict__ trellis,
                                            uint32_t nb, uint32_t gb, uint32_t ge, uint32_t tiles_n,
-                                           float (&red)[kWarps][8][kRedStride], float (&total)[kRH][4],
-                                           uint32_t* ring) {
+                                           float (&red)[kWarps][8][kRedStride], float (&total)[kRH][4]) {
     const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u, g = lane >> 2, q = lane & 3u;
     float acc[kTilesN][kRH][4];
 #pragma unroll
@@ -405,36 +324,6 @@ __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, con
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[j][h][e] = 0.0f;
 
-#if ELPIS_GEMM_ASYNC
-    // The warp's ring: group g lands in slot (g - gb) % kSlots, kSlots - 1 groups ahead of its use. A slot is
-    // refilled only after the warp barrier that follows every lane's reads of it.
-    constexpr uint32_t kSlots = async_stages(kBits), kSlotWords = slot_words<kRH, kBits>();
-    uint32_t* const mine = ring + warp * kSlots * kSlotWords;
-    const uint32_t* tiles = pin(trellis + size_t(nb) * kTilesN * words_per_tile(kBits));
-#pragma unroll
-    for (uint32_t i = 0; i + 1u < kSlots; i++) {
-        if (gb + i < ge) copy_stage<kRH, kBits>(mine + i * kSlotWords, tiles, a_frag, elpis_gemm_ktile(gb + i, warp),
-                                                tiles_n, lane);
-        cp_async_commit();  // one group per slot, empty or not, so the counts below hold
-    }
-    uint32_t slot = 0, refill = kSlots - 1u;
-    for (uint32_t g = gb; g < ge; g++) {
-        cp_async_wait<int(kSlots) - 2>();  // group g has landed (this lane's copies) ...
-        warp_sync();                       // ... every lane's, and every lane has read the slot refilled next
-        if (g + kSlots - 1u < ge)
-            copy_stage<kRH, kBits>(mine + refill * kSlotWords, tiles, a_frag, elpis_gemm_ktile(g + kSlots - 1u, warp),
-                                   tiles_n, lane);
-        cp_async_commit();
-        Stage<kRH, kBits> st;
-        read_slot(st, mine + slot * kSlotWords, lane);
-        mma_stage(st, acc, lane);
-        slot = slot + 1u == kSlots ? 0u : slot + 1u;
-        refill = refill + 1u == kSlots ? 0u : refill + 1u;
-    }
-    cp_async_wait<0>();
-    __syncthreads();  // every warp is done with its ring: the reduction buffer below is the same memory
-#else
-    (void)ring;
     constexpr int kStages = stages(kBits);
     const uint32_t* words = pin(trellis + size_t(nb) * kTilesN * words_per_tile(kBits) + lane_word<kBits>(lane));
     const uint2* frags = a_frag + lane;
@@ -452,7 +341,6 @@ __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, con
             }
         }
     }
-#endif
 #pragma unroll
     for (int h = 0; h < kRH; h++) {
 #pragma unroll
@@ -553,18 +441,7 @@ template <int kRH, int kBits>
 __global__ void __launch_bounds__(256, 2)
     rows_gemm_kernel(const uint2* __restrict__ a_frag, const Members members, uint32_t m, uint32_t k,
                      float* __restrict__ workspace, uint32_t* __restrict__ counters) {
-#if ELPIS_GEMM_ASYNC
-#ifdef ELPIS_CUDA_EMU
-    alignas(16) static uint8_t gemm_smem[kAsyncSmemMax];
-#else
-    extern __shared__ __align__(16) uint8_t gemm_smem[];
-#endif
-    float(&red)[kWarps][8][kRedStride] = *reinterpret_cast<float(*)[kWarps][8][kRedStride]>(gemm_smem);
-    uint32_t* const ring = reinterpret_cast<uint32_t*>(gemm_smem);
-#else
     __shared__ float red[kWarps][8][kRedStride];
-    uint32_t* const ring = nullptr;
-#endif
     __shared__ uint32_t last_flag;
     const uint32_t b = blockIdx.x, blocks = gridDim.x;
     const uint32_t groups = k / kGroupK, units = groups * pick(members.nb_end, members.count - 1u);
@@ -584,7 +461,7 @@ __global__ void __launch_bounds__(256, 2)
         const uint32_t gb = (u0 > base ? u0 : base) - base, ge = (u1 < base + groups ? u1 : base + groups) - base;
         float total[kRH][4];
         accumulate<kRH, kBits>(a_frag + mi * (members.frag_halves / 4u), pick(members.trellis, mi), nb - nb0, gb, ge, n / 16u,
-                        red, total, ring);
+                        red, total);
 #ifdef ELPIS_GEMM_CLOCKS
         if (clock_nbs < 3u) ELPIS_CLOCK(1u + clock_nbs, global_ns());
         clock_nbs++;
@@ -641,17 +518,6 @@ __global__ void __launch_bounds__(256, 2)
 
 uint32_t row_halves_for(uint32_t m) { return m > 8u ? 2u : 1u; }
 
-// Dynamic shared memory of an instantiation (0 without ELPIS_GEMM_ASYNC), granted once per process (past 48 KB
-// a kernel must ask for it).
-template <int kRH, int kBits>
-size_t kernel_smem() {
-    if (!ELPIS_GEMM_ASYNC) return 0;
-    static const bool granted = cudaFuncSetAttribute(rows_gemm_kernel<kRH, kBits>,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     int(async_smem_bytes<kRH, kBits>())) == cudaSuccess;
-    (void)granted;
-    return async_smem_bytes<kRH, kBits>();
-}
 
 bool bits_ok(uint32_t bits) { return bits == 4u || bits == 6u; }
 
@@ -669,9 +535,9 @@ uint32_t resident_blocks(uint32_t bits) {
         int fit = 0;
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
         if (bits == 6u)
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, rows_gemm_kernel<2, 6>, 256, kernel_smem<2, 6>());
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, rows_gemm_kernel<2, 6>, 256, 0);
         else
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, rows_gemm_kernel<2, 4>, 256, kernel_smem<2, 4>());
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, rows_gemm_kernel<2, 4>, 256, 0);
         slot = uint32_t(sms > 0 ? sms : 1) * uint32_t(fit > 0 ? fit : 1);
     }
     return slot;
@@ -773,9 +639,7 @@ int elpis_rows_gemm(const void* x, uint32_t m, uint32_t k, uint32_t count, const
     const uint2* frags = static_cast<const uint2*>(a_frag);
     const auto kernel = bits == 4u ? (rh == 1u ? rows_gemm_kernel<1, 4> : rows_gemm_kernel<2, 4>)
                                    : (rh == 1u ? rows_gemm_kernel<1, 6> : rows_gemm_kernel<2, 6>);
-    const size_t smem = bits == 4u ? (rh == 1u ? kernel_smem<1, 4>() : kernel_smem<2, 4>())
-                                   : (rh == 1u ? kernel_smem<1, 6>() : kernel_smem<2, 6>());
-    kernel<<<grid, 256, smem, s>>>(frags, members, m, k, workspace, counters);
+    kernel<<<grid, 256, 0, s>>>(frags, members, m, k, workspace, counters);
     return static_cast<int>(cudaGetLastError());
 }
 

@@ -170,28 +170,6 @@ def test_a_group_of_linears_sharing_the_input_is_each_linear(lib: ctypes.CDLL, r
         assert np.array_equal(y[1:2], y1)
 
 
-def test_the_shared_memory_pipeline_keeps_every_bit(
-    lib: ctypes.CDLL, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    # ELPIS_GEMM_ASYNC streams each warp's words and fragments through shared memory instead of registers: the
-    # same operands in the same order, so every output keeps its bits (blocks spanning members and n-blocks,
-    # shared n-blocks, runs of groups longer and shorter than the ring, 16 and 5 rows, both widths)
-    built = cuda_emu.build_emulated(
-        rg.SOURCE, tmp_path_factory.mktemp("rows_gemm_async"), launches=3, needs=("gemm_schedule.h",),
-        defines={"ELPIS_GEMM_ASYNC": 1},
-    )  # fmt: skip
-    built.emu_set_sms(8)
-    async_lib = rg.bind(built)
-    for bits, rows, k in ((4, 16, 768), (6, 5, 384), (4, 3, 128)):
-        layers = [Linear(k, 256, seed=40 + bits, bits=bits), Linear(k, 384, seed=41, bits=bits)]
-        blocks = int(lib.elpis_rows_gemm_blocks(k, 640, bits))
-        assert int(async_lib.elpis_rows_gemm_blocks(k, 640, bits)) == blocks
-        x = np.random.default_rng(rows).standard_normal((rows, k)).astype(np.float16)
-        async_outs = run_group(async_lib, x, layers, [False, True])
-        for got, want in zip(async_outs, run_group(lib, x, layers, [False, True]), strict=True):
-            assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
-
-
 def test_sizes_and_refusals(lib: ctypes.CDLL) -> None:
     assert lib.elpis_rows_gemm_supported(16, 5120, 17408) == 1
     assert lib.elpis_rows_gemm_supported(17, 5120, 17408) == 0
