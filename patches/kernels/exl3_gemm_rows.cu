@@ -482,37 +482,26 @@ __global__ void __launch_bounds__(256, 2)
             __syncthreads();
             if (!last_flag) continue;
             ELPIS_FENCE();
-            // Each output is the partials' sum in ascending block order. The loads of all this thread's outputs go
-            // out together, four partials of each at a time, before their adds: one wait on L2 per four partials
-            // instead of one per output and eight partials (the fold is the launch's tail, device call 85).
-            const uint32_t more = last - first;  // partials after the first block's
-            const size_t stride = size_t(m) * kBlockN;
-            const float* src[kRH][4];
 #pragma unroll
             for (int h = 0; h < kRH; h++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const uint32_t idx = threadIdx.x + 256u * i, r = 8u * h + (idx >> 7), c = idx & 127u;
-                    src[h][i] = r < m ? workspace + (size_t(first + nb) * m + r) * kBlockN + c : nullptr;
-                    if (src[h][i] != nullptr) total[h][i] = load_cg(src[h][i]);
+                    if (r >= m) continue;
+                    // ascending block order; eight loads in flight before their adds
+                    const float* p = workspace + (size_t(first + nb) * m + r) * kBlockN + c;
+                    const size_t stride = size_t(m) * kBlockN;
+                    float v = load_cg(p);
+                    for (uint32_t s = 1u; s <= last - first; s += 8u) {
+                        float part[8];
+#pragma unroll
+                        for (uint32_t e = 0; e < 8u; e++) part[e] = s + e <= last - first ? load_cg(p + (s + e) * stride) : 0.0f;
+#pragma unroll
+                        for (uint32_t e = 0; e < 8u; e++)
+                            if (s + e <= last - first) v += part[e];
+                    }
+                    total[h][i] = v;
                 }
-            for (uint32_t s = 1u; s <= more; s += 4u) {
-                float part[kRH][4][4];
-#pragma unroll
-                for (int h = 0; h < kRH; h++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-#pragma unroll
-                        for (uint32_t e = 0; e < 4u; e++)
-                            part[h][i][e] = src[h][i] != nullptr && s + e <= more ? load_cg(src[h][i] + (s + e) * stride) : 0.0f;
-#pragma unroll
-                for (int h = 0; h < kRH; h++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-#pragma unroll
-                        for (uint32_t e = 0; e < 4u; e++)
-                            if (src[h][i] != nullptr && s + e <= more) total[h][i] += part[h][i][e];
-            }
             if (threadIdx.x == 0) counters[nb] = 0u;
         }
         finish<kRH>(total, red, pick(members.svh, mi), pick(members.out, mi), (members.out_f32 >> mi) & 1u, m, n, nb - nb0);
