@@ -5,7 +5,7 @@
 #    time on every call of a verify at 8 and 16 rows;
 # 2. rows_gemm_timeline.py (ELPIS_GEMM_CLOCKS) on the MLP shapes, 16 rows, to compare with call 85;
 # 3. GPU tests of the kernel.
-# Staged, not run (no machine could be started): first `git cherry-pick f1f92ae` (reverted on main until this call
+# Staged, not run (no machine could be started): first `git checkout f1f92ae -- patches/kernels/exl3_gemm_rows.cu` (reverted on main until this call
 # measures it). No `make build` on the device: run with run(carry=[".whl", ".device", "build/kernels"]).
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
