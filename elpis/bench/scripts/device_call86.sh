@@ -6,7 +6,8 @@
 # 2. rows_gemm_timeline.py (ELPIS_GEMM_CLOCKS) on the MLP shapes, 16 rows, to compare with call 85;
 # 3. GPU tests of the kernel.
 # Staged, not run (no machine could be started). The change is reverted on main until this call measures it:
-# first `git checkout f1f92ae -- patches/kernels/exl3_gemm_rows.cu`. No `make build` on the device: run with run(carry=[".whl", ".device", "build/kernels"]).
+# first `git checkout f1f92ae -- patches/kernels/exl3_gemm_rows.cu`. No `make build` on the device: run with
+# run(carry=[".whl", ".device", "build/kernels"]).
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
