@@ -415,8 +415,6 @@ __device__ __forceinline__ uint32_t sm_id() {
 }
 #define ELPIS_CLOCK(word, value) \
     do { if (threadIdx.x == 0u && blockIdx.x < kClockBlocks) gemm_clock[blockIdx.x][word] = (value); } while (0)
-#else
-#define ELPIS_CLOCK(word, value) do {} while (0)
 #endif
 
 // The members of one call: member i owns the n-blocks [nb_end[i-1], nb_end[i]) of the call's n-block order (the
@@ -517,7 +515,6 @@ __global__ void __launch_bounds__(256, 2)
 }
 
 uint32_t row_halves_for(uint32_t m) { return m > 8u ? 2u : 1u; }
-
 
 bool bits_ok(uint32_t bits) { return bits == 4u || bits == 6u; }
 

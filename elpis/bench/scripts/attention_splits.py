@@ -5,8 +5,8 @@ head) is one block that runs its split's tiles one after another, and the combin
 each shift given, the schedule header is rendered from a copy of `bend/` with that shift (not proved: a
 timing probe) and the tensor-core kernel built against it. At each context, with the served graph form
 (context and masks read on the device, the grid sized for the context's bucket, `context_bucket`), 8 and
-16 rows of a random tree: time per call (a CUDA graph of 20 calls, median of 7 replays) and the largest
-difference of the output from the served build's (shift 9, the build's own header).
+16 rows of a random tree: time per call (`rows_gemm_check.timed`: a CUDA graph of 20 calls, median of 7
+replays) and the largest difference of the output from the served build's (shift 9, the build's own header).
 Writes one JSON object to OUT and prints a table.
 Usage (repo root, after `make build`): python3 elpis/bench/scripts/attention_splits.py OUT.json SHIFT...
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import statistics
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 
 from elpis import nvcc
+from elpis.bench.scripts.rows_gemm_check import timed
 from elpis.bend import schedule
 from elpis.exl3 import tree_attention as ta
 from elpis.exl3.tree_graph import context_bucket
@@ -61,26 +61,6 @@ def tree_masks(parents: list[int]) -> list[int]:
     return depth + ancestors
 
 
-def graph_ms(fn, inner: int = 20, reps: int = 7) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(inner):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / inner)
-    return statistics.median(times)
-
-
 def call(lib, q, pool, ctx_dev, max_ctx, masks, out, workspace) -> None:
     rows = q.shape[0]
     err = lib.elpis_tree_attention_mma_dev(
@@ -109,7 +89,8 @@ def measure(libs: dict, pool, ctx: int, max_ctx: int, rows: int) -> dict:
         def run(lib=lib, workspace=workspace, out=out) -> None:
             call(lib, q, pool, ctx_dev, max_ctx, masks, out, workspace)
 
-        record[f"ms_{1 << shift}"] = round(graph_ms(run), 4)
+        ms, mode = timed(lambda _, run=run: run(), reps=7, inner=20)
+        record[f"ms_{1 << shift}"], record[f"timing_{1 << shift}"] = round(ms, 4), mode
         outs[shift] = out.float()
         record[f"workspace_mb_{1 << shift}"] = round(floats * 4 / 2**20, 1)
         record[f"maxdiff_{1 << shift}"] = (outs[shift] - outs[9]).abs().max().item()

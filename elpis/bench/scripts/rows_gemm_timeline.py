@@ -52,11 +52,7 @@ def summarise(c: np.ndarray) -> dict:
     t0 = int(start.min())
     span = int(end.max()) - t0
     loop_end = np.array([c[i, min(int(nbs[i]), 3)] for i in range(len(c))])  # last recorded loop end
-    busy = {}
-    for s in np.unique(sm):
-        on = sm == s
-        busy[int(s)] = int(end[on].max()) - t0
-    per_sm_last = np.array(list(busy.values()))
+    per_sm_last = np.array([end[sm == s].max() for s in np.unique(sm)]) - t0  # each SM's last block end
     return {
         "span_us": span / 1e3,
         "start_spread_us": (int(start.max()) - t0) / 1e3,
