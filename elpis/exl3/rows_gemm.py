@@ -140,6 +140,8 @@ def rows_gemm_group(
         check_tensor(f"rows_gemm: trellis {i}", trellis, torch.int16, (k // 16, n // 16, 16 * bits))
         check_tensor(f"rows_gemm: suh {i}", member.suh, torch.half, (k,))
         check_tensor(f"rows_gemm: svh {i}", member.svh, torch.half, (n,))
+        if member.svh.data_ptr() % 8:
+            raise ValueError(f"rows_gemm: svh {i} must start on an 8-byte boundary (read 4 scales at a time)")
         widths.append(n)
     n_total = sum(widths)
     if n_total // 128 > MAX_COUNTERS:

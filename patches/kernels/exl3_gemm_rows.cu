@@ -49,6 +49,18 @@ constexpr uint32_t kMaxNBlocks = 4096;             // n-blocks per call, all mem
 #ifndef ELPIS_GEMM_STAGES6
 #define ELPIS_GEMM_STAGES6 2
 #endif
+#ifndef ELPIS_GEMM_SVH_EARLY
+#define ELPIS_GEMM_SVH_EARLY 0
+#endif
+#ifndef ELPIS_GEMM_RELEASE
+#define ELPIS_GEMM_RELEASE 0
+#endif
+#ifndef ELPIS_GEMM_PACKED_STORE
+#define ELPIS_GEMM_PACKED_STORE 0
+#endif
+#ifndef ELPIS_GEMM_FINISH_PAIRS
+#define ELPIS_GEMM_FINISH_PAIRS 0
+#endif
 // k-tiles of words in flight per warp (the 6-bit trellis holds twice the words per tile in registers)
 __host__ __device__ constexpr int stages(int bits) { return bits == 4 ? ELPIS_GEMM_STAGES : ELPIS_GEMM_STAGES6; }
 
@@ -92,6 +104,15 @@ inline uint32_t load_words(const uint32_t* p) { return *p; }
 inline uint2 load_frag(const uint2* p) { return *p; }
 #define ELPIS_FENCE() do {} while (0)
 template <typename T> inline T* pin(T* p) { return p; }
+inline void load_scale4(const __half* p, float (&s)[4]) {
+    for (int j = 0; j < 4; j++) s[j] = __half2float(p[j]);
+}
+inline void store_f32x4(float* p, const float (&y)[4]) {
+    for (int j = 0; j < 4; j++) p[j] = y[j];
+}
+inline void store_f16x4(__half* p, const float (&y)[4]) {
+    for (int j = 0; j < 4; j++) p[j] = __float2half_rn(y[j]);
+}
 #else
 __device__ __forceinline__ uint32_t shfl_u32(uint32_t v, uint32_t src) { return __shfl_sync(0xffffffffu, v, src); }
 __device__ __forceinline__ float shfl_xor_f32(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
@@ -123,6 +144,22 @@ template <typename T>
 __device__ __forceinline__ T* pin(T* p) {
     asm volatile("" : "+l"(p));
     return p;
+}
+// Four consecutive fp16 scales (8-byte aligned) as floats, in one load.
+__device__ __forceinline__ void load_scale4(const __half* p, float (&s)[4]) {
+    const uint2 w = __ldg(reinterpret_cast<const uint2*>(p));
+    s[0] = __half2float(__ushort_as_half(uint16_t(w.x))), s[1] = __half2float(__ushort_as_half(uint16_t(w.x >> 16)));
+    s[2] = __half2float(__ushort_as_half(uint16_t(w.y))), s[3] = __half2float(__ushort_as_half(uint16_t(w.y >> 16)));
+}
+__device__ __forceinline__ void store_f32x4(float* p, const float (&y)[4]) {
+    *reinterpret_cast<float4*>(p) = make_float4(y[0], y[1], y[2], y[3]);
+}
+// Each value rounded to fp16 on its own (round to nearest even), as the element-wise stores do.
+__device__ __forceinline__ void store_f16x4(__half* p, const float (&y)[4]) {
+    uint16_t h[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) h[j] = __half_as_ushort(__float2half_rn(y[j]));
+    *reinterpret_cast<uint2*>(p) = make_uint2(h[0] | (uint32_t(h[1]) << 16), h[2] | (uint32_t(h[3]) << 16));
 }
 #endif
 
@@ -367,7 +404,7 @@ __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, con
 // y [rows < m, n-block nb] = (total H) / sqrt(128) * svh, one row per warp (red is scratch; ends on a barrier).
 template <int kRH>
 __device__ __forceinline__ void finish(const float (&total)[kRH][4], float (&red)[kWarps][8][kRedStride],
-                                       const __half* __restrict__ svh, void* __restrict__ out, bool out_f32,
+                                       const float (&scale)[4], void* __restrict__ out, bool out_f32,
                                        uint32_t m, uint32_t n, uint32_t nb) {
     const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
     float* const part = &red[0][0][0];  // [16 rows][kRedStride]
@@ -379,19 +416,41 @@ __device__ __forceinline__ void finish(const float (&total)[kRH][4], float (&red
             part[(8u * h + (idx >> 7)) * kRedStride + (idx & 127u)] = total[h][i];
         }
     __syncthreads();
-    for (uint32_t r = warp; r < m; r += kWarps) {
-        float v[4];
+    // kPass rows per warp at a time (rows warp, warp + 8): their transforms' shuffles interleave
+    constexpr uint32_t kPass = ELPIS_GEMM_FINISH_PAIRS ? 2u : 1u;
+    const uint32_t c0 = nb * kBlockN + lane * 4u;
+    for (uint32_t r0 = warp; r0 < m; r0 += kPass * kWarps) {
+        float v[kPass][4];
 #pragma unroll
-        for (int j = 0; j < 4; j++) v[j] = part[r * kRedStride + lane * 4u + j];
-        fwht128(v, lane);
-        const uint32_t c0 = nb * kBlockN + lane * 4u;
+        for (uint32_t p = 0; p < kPass; p++) {
+            const uint32_t r = r0 + p * kWarps;
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const float y = (v[j] * kInvSqrt128) * __half2float(svh[c0 + j]);
+            for (int j = 0; j < 4; j++) v[p][j] = r < m ? part[r * kRedStride + lane * 4u + j] : 0.0f;
+        }
+#pragma unroll
+        for (uint32_t p = 0; p < kPass; p++) fwht128(v[p], lane);
+#pragma unroll
+        for (uint32_t p = 0; p < kPass; p++) {
+            const uint32_t r = r0 + p * kWarps;
+            if (r >= m) continue;
+            float y[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) y[j] = (v[p][j] * kInvSqrt128) * scale[j];
+#if ELPIS_GEMM_PACKED_STORE
+            // one 16- or 8-byte store per lane and row (the host checks the alignment)
             if (out_f32)
-                static_cast<float*>(out)[size_t(r) * n + c0 + j] = y;
+                store_f32x4(static_cast<float*>(out) + size_t(r) * n + c0, y);
             else
-                static_cast<__half*>(out)[size_t(r) * n + c0 + j] = __float2half_rn(y);
+                store_f16x4(static_cast<__half*>(out) + size_t(r) * n + c0, y);
+#else
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                if (out_f32)
+                    static_cast<float*>(out)[size_t(r) * n + c0 + j] = y[j];
+                else
+                    static_cast<__half*>(out)[size_t(r) * n + c0 + j] = __float2half_rn(y[j]);
+            }
+#endif
         }
     }
     __syncthreads();
@@ -399,9 +458,11 @@ __device__ __forceinline__ void finish(const float (&total)[kRH][4], float (&red
 
 // Diagnostic build (ELPIS_GEMM_CLOCKS, never served): thread 0 of every block writes its timeline into
 // gemm_clock[block]: %globaltimer at the start, after each n-block's main loop (up to three) and at the end,
-// the n-blocks it finished, and its multiprocessor (elpis/bench/scripts/rows_gemm_timeline.py reads them).
+// the n-blocks it finished, its multiprocessor, and for the last n-block whose partials it summed, when it saw
+// the final count and when the sum was done (elpis/bench/scripts/rows_gemm_timeline.py reads them).
 #ifdef ELPIS_GEMM_CLOCKS
-constexpr uint32_t kClockBlocks = 4096, kClockWords = 8;  // start, loop ends[3], end, n-blocks, finished, SM
+// start, loop ends[3], end, n-blocks, finished, SM; of the last n-block it folded: count seen, fold done
+constexpr uint32_t kClockBlocks = 4096, kClockWords = 10;
 __device__ unsigned long long gemm_clock[kClockBlocks][kClockWords];
 __device__ __forceinline__ unsigned long long global_ns() {
     unsigned long long t;
@@ -460,6 +521,11 @@ __global__ void __launch_bounds__(256, 2)
         float total[kRH][4];
         accumulate<kRH, kBits>(a_frag + mi * (members.frag_halves / 4u), pick(members.trellis, mi), nb - nb0, gb, ge, n / 16u,
                         red, total);
+        const __half* const svh = pick(members.svh, mi) + (nb - nb0) * kBlockN + (threadIdx.x & 31u) * 4u;
+        float scale[4];
+#if ELPIS_GEMM_SVH_EARLY
+        load_scale4(svh, scale);  // in flight while the partials go out and the arrival is counted
+#endif
 #ifdef ELPIS_GEMM_CLOCKS
         if (clock_nbs < 3u) ELPIS_CLOCK(1u + clock_nbs, global_ns());
         clock_nbs++;
@@ -474,12 +540,28 @@ __global__ void __launch_bounds__(256, 2)
                     const uint32_t idx = threadIdx.x + 256u * i, r = 8u * h + (idx >> 7), c = idx & 127u;
                     if (r < m) workspace[(size_t(b + nb) * m + r) * kBlockN + c] = total[h][i];
                 }
+#if ELPIS_GEMM_RELEASE
+            // The block's partials, ordered before thread 0's fence by the barrier, are released with its count;
+            // the last block's fence after the count acquires the others' (the PTX model's causality order).
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                ELPIS_FENCE();
+                last_flag = atomic_inc(&counters[nb]) == last - first;
+                if (last_flag) ELPIS_FENCE();
+            }
+            __syncthreads();
+            if (!last_flag) continue;
+#else
             ELPIS_FENCE();
             __syncthreads();
             if (threadIdx.x == 0) last_flag = atomic_inc(&counters[nb]) == last - first;
             __syncthreads();
             if (!last_flag) continue;
             ELPIS_FENCE();
+#endif
+#ifdef ELPIS_GEMM_CLOCKS
+            ELPIS_CLOCK(8, global_ns());
+#endif
 #pragma unroll
             for (int h = 0; h < kRH; h++)
 #pragma unroll
@@ -500,9 +582,15 @@ __global__ void __launch_bounds__(256, 2)
                     }
                     total[h][i] = v;
                 }
+#ifdef ELPIS_GEMM_CLOCKS
+            ELPIS_CLOCK(9, global_ns());
+#endif
             if (threadIdx.x == 0) counters[nb] = 0u;
         }
-        finish<kRH>(total, red, pick(members.svh, mi), pick(members.out, mi), (members.out_f32 >> mi) & 1u, m, n, nb - nb0);
+#if !ELPIS_GEMM_SVH_EARLY
+        load_scale4(svh, scale);
+#endif
+        finish<kRH>(total, red, scale, pick(members.out, mi), (members.out_f32 >> mi) & 1u, m, n, nb - nb0);
 #ifdef ELPIS_GEMM_CLOCKS
         clock_finished++;
 #endif
@@ -612,6 +700,9 @@ int elpis_rows_gemm(const void* x, uint32_t m, uint32_t k, uint32_t count, const
     uint32_t n_total = 0;
     for (uint32_t i = 0; i < count; i++) {
         if (!elpis_rows_gemm_supported(m, k, n[i])) return static_cast<int>(cudaErrorInvalidValue);
+        // svh is read four scales at a time, the output written four values at a time
+        if (reinterpret_cast<uintptr_t>(svh[i]) % 8u != 0u || reinterpret_cast<uintptr_t>(out[i]) % 16u != 0u)
+            return static_cast<int>(cudaErrorInvalidValue);
         n_total += n[i];
         members.trellis[i] = static_cast<const uint32_t*>(trellis[i]);
         members.svh[i] = static_cast<const __half*>(svh[i]);

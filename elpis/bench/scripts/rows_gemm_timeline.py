@@ -2,11 +2,13 @@
 
 The ELPIS_GEMM_CLOCKS build of `patches/kernels/exl3_gemm_rows.cu` records, per block, %globaltimer at its
 start, after each n-block's main loop and at its end, the n-blocks it finished (folded partials and applied
-the output transform) and its multiprocessor. For a few verify shapes at 16 rows, weights from DRAM (a fresh
+the output transform), its multiprocessor, and when the last block of an n-block saw the final count and had
+summed the partials. For a few verify shapes at 16 rows, weights from DRAM (a fresh
 copy of the trellis per launch), this prints and writes: the spread of block starts, the main loops' share of
 a block's time, what the blocks that finish n-blocks add, and per multiprocessor the time between the launch's
 first start and its own last end against the launch's span (the idle that Nsight Compute counts).
-Usage (repo root, after `make build`): python3 elpis/bench/scripts/rows_gemm_timeline.py OUT.json
+Usage (repo root, after `make build`):
+  python3 elpis/bench/scripts/rows_gemm_timeline.py OUT.json [DEFINE:VALUE,...]
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from elpis.bench.scripts.rows_gemm_check import random_linear
 from elpis.exl3 import rows_gemm as rg
 
 SHAPES = (("mlp.gate", 5120, (17408,)), ("mlp gate/up", 5120, (17408, 17408)), ("mlp.down", 17408, (5120,)))
-CLOCK_BLOCKS, CLOCK_WORDS = 4096, 8
+CLOCK_BLOCKS, CLOCK_WORDS = 4096, 10
 
 
 def timeline(lib, name: str, k: int, widths: tuple[int, ...], rows: int = 16) -> dict:
@@ -69,7 +71,27 @@ def summarise(c: np.ndarray) -> dict:
             "max": int(per_sm_last.max()) / 1e3,
         },
         "sm_idle_share": 1.0 - float(per_sm_last.mean()) / span,
+        **fold_phases(c, loop_end),
         "late_blocks": [late_block(c, int(i), t0) for i in np.argsort(-end)[:6]],
+    }
+
+
+def fold_phases(c: np.ndarray, loop_end: np.ndarray) -> dict:
+    """Of the blocks whose last n-block was one they summed the partials of (its count seen after its main
+    loop): main loop end -> final count seen -> partials summed -> block end (output transform, stores)."""
+    seen, summed, end = c[:, 8], c[:, 9], c[:, 4]
+    last = (seen > 0) & (seen >= loop_end)
+    if not last.any():
+        return {"folding_blocks": 0}
+
+    def stats(d: np.ndarray) -> dict:
+        return {"median": statistics.median(d.tolist()) / 1e3, "max": int(d.max()) / 1e3}
+
+    return {
+        "folding_blocks": int(last.sum()),
+        "loop_to_count_us": stats(seen[last] - loop_end[last]),
+        "count_to_summed_us": stats(summed[last] - seen[last]),
+        "summed_to_end_us": stats(end[last] - summed[last]),
     }
 
 
@@ -79,11 +101,15 @@ def late_block(c: np.ndarray, i: int, t0: int) -> dict:
             "finished": int(c[i, 6])}  # fmt: skip
 
 
-def main(out_path: str) -> int:
-    lib = rg.bind(nvcc.load(rg.SOURCE, defines={"ELPIS_GEMM_CLOCKS": 1}))
+def main(out_path: str, knobs: str = "") -> int:
+    defines = {"ELPIS_GEMM_CLOCKS": 1}
+    for item in filter(None, knobs.split(",")):
+        name, _, value = item.partition(":")
+        defines[name] = int(value)
+    lib = rg.bind(nvcc.load(rg.SOURCE, defines=defines))
     lib.elpis_rows_gemm_clocks.argtypes = [ctypes.c_void_p]
     lib.elpis_rows_gemm_clocks.restype = ctypes.c_int
-    report = {"gpu": torch.cuda.get_device_properties(0).name, "shapes": []}
+    report = {"gpu": torch.cuda.get_device_properties(0).name, "defines": defines, "shapes": []}
     for name, k, widths in SHAPES:
         entry = timeline(lib, name, k, widths)
         report["shapes"].append(entry)
@@ -97,4 +123,4 @@ def main(out_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:3]))
