@@ -49,17 +49,14 @@ constexpr uint32_t kMaxNBlocks = 4096;             // n-blocks per call, all mem
 #ifndef ELPIS_GEMM_STAGES6
 #define ELPIS_GEMM_STAGES6 2
 #endif
-#ifndef ELPIS_GEMM_SVH_EARLY
-#define ELPIS_GEMM_SVH_EARLY 0
-#endif
 #ifndef ELPIS_GEMM_RELEASE
 #define ELPIS_GEMM_RELEASE 0
 #endif
-#ifndef ELPIS_GEMM_PACKED_STORE
-#define ELPIS_GEMM_PACKED_STORE 0
+#ifndef ELPIS_GEMM_FENCE_ACQREL
+#define ELPIS_GEMM_FENCE_ACQREL 0
 #endif
-#ifndef ELPIS_GEMM_FINISH_PAIRS
-#define ELPIS_GEMM_FINISH_PAIRS 0
+#ifndef ELPIS_GEMM_FOLD
+#define ELPIS_GEMM_FOLD 0
 #endif
 // k-tiles of words in flight per warp (the 6-bit trellis holds twice the words per tile in registers)
 __host__ __device__ constexpr int stages(int bits) { return bits == 4 ? ELPIS_GEMM_STAGES : ELPIS_GEMM_STAGES6; }
@@ -99,7 +96,6 @@ inline uint32_t hfma2_bits(uint32_t x, uint32_t a, uint32_t b) {
 }
 inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { emu_mma_m16n8k16(d, a, b0, b1); }
 inline uint32_t atomic_inc(uint32_t* p) { return (*p)++; }
-inline float load_cg(const float* p) { return *p; }
 inline uint32_t load_words(const uint32_t* p) { return *p; }
 inline uint2 load_frag(const uint2* p) { return *p; }
 #define ELPIS_FENCE() do {} while (0)
@@ -107,12 +103,8 @@ template <typename T> inline T* pin(T* p) { return p; }
 inline void load_scale4(const __half* p, float (&s)[4]) {
     for (int j = 0; j < 4; j++) s[j] = __half2float(p[j]);
 }
-inline void store_f32x4(float* p, const float (&y)[4]) {
-    for (int j = 0; j < 4; j++) p[j] = y[j];
-}
-inline void store_f16x4(__half* p, const float (&y)[4]) {
-    for (int j = 0; j < 4; j++) p[j] = __float2half_rn(y[j]);
-}
+inline float load_partial(const float* p) { return *p; }
+inline float load_partial_now(const float* p) { return *p; }
 #else
 __device__ __forceinline__ uint32_t shfl_u32(uint32_t v, uint32_t src) { return __shfl_sync(0xffffffffu, v, src); }
 __device__ __forceinline__ float shfl_xor_f32(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
@@ -133,11 +125,14 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ uint32_t atomic_inc(uint32_t* p) { return atomicAdd(p, 1u); }
-__device__ __forceinline__ float load_cg(const float* p) { return __ldcg(p); }
 // The trellis is read once per GEMM: stream it past L1.
 __device__ __forceinline__ uint32_t load_words(const uint32_t* p) { return __ldcs(p); }
 __device__ __forceinline__ uint2 load_frag(const uint2* p) { return __ldg(p); }
+#if ELPIS_GEMM_FENCE_ACQREL
+#define ELPIS_FENCE() asm volatile("fence.acq_rel.gpu;" ::: "memory")
+#else
 #define ELPIS_FENCE() __threadfence()
+#endif
 // The pointer held in registers: the compiler cannot rebuild it from the kernel parameters (it did, with the
 // member selects, before every stage's loads).
 template <typename T>
@@ -151,15 +146,19 @@ __device__ __forceinline__ void load_scale4(const __half* p, float (&s)[4]) {
     s[0] = __half2float(__ushort_as_half(uint16_t(w.x))), s[1] = __half2float(__ushort_as_half(uint16_t(w.x >> 16)));
     s[2] = __half2float(__ushort_as_half(uint16_t(w.y))), s[3] = __half2float(__ushort_as_half(uint16_t(w.y >> 16)));
 }
-__device__ __forceinline__ void store_f32x4(float* p, const float (&y)[4]) {
-    *reinterpret_cast<float4*>(p) = make_float4(y[0], y[1], y[2], y[3]);
-}
-// Each value rounded to fp16 on its own (round to nearest even), as the element-wise stores do.
-__device__ __forceinline__ void store_f16x4(__half* p, const float (&y)[4]) {
-    uint16_t h[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) h[j] = __half_as_ushort(__float2half_rn(y[j]));
-    *reinterpret_cast<uint2*>(p) = make_uint2(h[0] | (uint32_t(h[1]) << 16), h[2] | (uint32_t(h[3]) << 16));
+__device__ __forceinline__ float load_partial(const float* p) { return __ldcg(p); }
+// The fold's loads: issued where they stand (volatile), so all of them go out before the adds that use them
+// (the compiler put each `ld.cg`'s add right after it: one L2 round trip per partial, device call 87). Read after
+// the acquiring fence, which invalidates this multiprocessor's L1: a plain load sees the other blocks' partials;
+// ELPIS_GEMM_FOLD 1 keeps the L1-bypassing `ld.cg`.
+__device__ __forceinline__ float load_partial_now(const float* p) {
+    float v;
+#if ELPIS_GEMM_FOLD == 2
+    asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+#else
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+#endif
+    return v;
 }
 #endif
 
@@ -416,41 +415,19 @@ __device__ __forceinline__ void finish(const float (&total)[kRH][4], float (&red
             part[(8u * h + (idx >> 7)) * kRedStride + (idx & 127u)] = total[h][i];
         }
     __syncthreads();
-    // kPass rows per warp at a time (rows warp, warp + 8): their transforms' shuffles interleave
-    constexpr uint32_t kPass = ELPIS_GEMM_FINISH_PAIRS ? 2u : 1u;
     const uint32_t c0 = nb * kBlockN + lane * 4u;
-    for (uint32_t r0 = warp; r0 < m; r0 += kPass * kWarps) {
-        float v[kPass][4];
+    for (uint32_t r = warp; r < m; r += kWarps) {
+        float v[4];
 #pragma unroll
-        for (uint32_t p = 0; p < kPass; p++) {
-            const uint32_t r = r0 + p * kWarps;
+        for (int j = 0; j < 4; j++) v[j] = part[r * kRedStride + lane * 4u + j];
+        fwht128(v, lane);
 #pragma unroll
-            for (int j = 0; j < 4; j++) v[p][j] = r < m ? part[r * kRedStride + lane * 4u + j] : 0.0f;
-        }
-#pragma unroll
-        for (uint32_t p = 0; p < kPass; p++) fwht128(v[p], lane);
-#pragma unroll
-        for (uint32_t p = 0; p < kPass; p++) {
-            const uint32_t r = r0 + p * kWarps;
-            if (r >= m) continue;
-            float y[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) y[j] = (v[p][j] * kInvSqrt128) * scale[j];
-#if ELPIS_GEMM_PACKED_STORE
-            // one 16- or 8-byte store per lane and row (the host checks the alignment)
+        for (int j = 0; j < 4; j++) {
+            const float y = (v[j] * kInvSqrt128) * scale[j];
             if (out_f32)
-                store_f32x4(static_cast<float*>(out) + size_t(r) * n + c0, y);
+                static_cast<float*>(out)[size_t(r) * n + c0 + j] = y;
             else
-                store_f16x4(static_cast<__half*>(out) + size_t(r) * n + c0, y);
-#else
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                if (out_f32)
-                    static_cast<float*>(out)[size_t(r) * n + c0 + j] = y[j];
-                else
-                    static_cast<__half*>(out)[size_t(r) * n + c0 + j] = __float2half_rn(y[j]);
-            }
-#endif
+                static_cast<__half*>(out)[size_t(r) * n + c0 + j] = __float2half_rn(y);
         }
     }
     __syncthreads();
@@ -521,11 +498,7 @@ __global__ void __launch_bounds__(256, 2)
         float total[kRH][4];
         accumulate<kRH, kBits>(a_frag + mi * (members.frag_halves / 4u), pick(members.trellis, mi), nb - nb0, gb, ge, n / 16u,
                         red, total);
-        const __half* const svh = pick(members.svh, mi) + (nb - nb0) * kBlockN + (threadIdx.x & 31u) * 4u;
-        float scale[4];
-#if ELPIS_GEMM_SVH_EARLY
-        load_scale4(svh, scale);  // in flight while the partials go out and the arrival is counted
-#endif
+
 #ifdef ELPIS_GEMM_CLOCKS
         if (clock_nbs < 3u) ELPIS_CLOCK(1u + clock_nbs, global_ns());
         clock_nbs++;
@@ -562,6 +535,42 @@ __global__ void __launch_bounds__(256, 2)
 #ifdef ELPIS_GEMM_CLOCKS
             ELPIS_CLOCK(8, global_ns());
 #endif
+#if ELPIS_GEMM_FOLD
+            {
+                // Each output is the partials' sum in ascending block order. The loads of all this thread's outputs
+                // go out together, four partials of each at a time (past the last partial the address is the last
+                // one's, and the add is skipped), before their adds.
+                const uint32_t more = last - first;  // partials after the first block's
+                const size_t stride = size_t(m) * kBlockN;
+                const float* src[kRH][4];
+#pragma unroll
+                for (int h = 0; h < kRH; h++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const uint32_t idx = threadIdx.x + 256u * i, r = 8u * h + (idx >> 7), c = idx & 127u;
+                        // a row past m reads row 0's partials and its sum is never stored
+                        src[h][i] = workspace + (size_t(first + nb) * m + (r < m ? r : 0u)) * kBlockN + c;
+                        total[h][i] = load_partial_now(src[h][i]);
+                    }
+                for (uint32_t s = 1u; s <= more; s += 4u) {
+                    float part[kRH][4][4];
+#pragma unroll
+                    for (int h = 0; h < kRH; h++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+#pragma unroll
+                            for (uint32_t e = 0; e < 4u; e++)
+                                part[h][i][e] = load_partial_now(src[h][i] + (s + e <= more ? s + e : more) * stride);
+#pragma unroll
+                    for (int h = 0; h < kRH; h++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+#pragma unroll
+                            for (uint32_t e = 0; e < 4u; e++)
+                                if (s + e <= more) total[h][i] += part[h][i][e];
+                }
+            }
+#else
 #pragma unroll
             for (int h = 0; h < kRH; h++)
 #pragma unroll
@@ -571,25 +580,25 @@ __global__ void __launch_bounds__(256, 2)
                     // ascending block order; eight loads in flight before their adds
                     const float* p = workspace + (size_t(first + nb) * m + r) * kBlockN + c;
                     const size_t stride = size_t(m) * kBlockN;
-                    float v = load_cg(p);
+                    float v = load_partial(p);
                     for (uint32_t s = 1u; s <= last - first; s += 8u) {
                         float part[8];
 #pragma unroll
-                        for (uint32_t e = 0; e < 8u; e++) part[e] = s + e <= last - first ? load_cg(p + (s + e) * stride) : 0.0f;
+                        for (uint32_t e = 0; e < 8u; e++) part[e] = s + e <= last - first ? load_partial(p + (s + e) * stride) : 0.0f;
 #pragma unroll
                         for (uint32_t e = 0; e < 8u; e++)
                             if (s + e <= last - first) v += part[e];
                     }
                     total[h][i] = v;
                 }
+#endif
 #ifdef ELPIS_GEMM_CLOCKS
             ELPIS_CLOCK(9, global_ns());
 #endif
             if (threadIdx.x == 0) counters[nb] = 0u;
         }
-#if !ELPIS_GEMM_SVH_EARLY
-        load_scale4(svh, scale);
-#endif
+        float scale[4];  // this lane's four output scales, one load
+        load_scale4(pick(members.svh, mi) + (nb - nb0) * kBlockN + (threadIdx.x & 31u) * 4u, scale);
         finish<kRH>(total, red, scale, pick(members.out, mi), (members.out_f32 >> mi) & 1u, m, n, nb - nb0);
 #ifdef ELPIS_GEMM_CLOCKS
         clock_finished++;
@@ -700,8 +709,7 @@ int elpis_rows_gemm(const void* x, uint32_t m, uint32_t k, uint32_t count, const
     uint32_t n_total = 0;
     for (uint32_t i = 0; i < count; i++) {
         if (!elpis_rows_gemm_supported(m, k, n[i])) return static_cast<int>(cudaErrorInvalidValue);
-        // svh is read four scales at a time, the output written four values at a time
-        if (reinterpret_cast<uintptr_t>(svh[i]) % 8u != 0u || reinterpret_cast<uintptr_t>(out[i]) % 16u != 0u)
+        if (reinterpret_cast<uintptr_t>(svh[i]) % 8u != 0u)  // read four scales at a time
             return static_cast<int>(cudaErrorInvalidValue);
         n_total += n[i];
         members.trellis[i] = static_cast<const uint32_t*>(trellis[i]);
