@@ -105,6 +105,7 @@ inline void load_scale4(const __half* p, float (&s)[4]) {
 }
 inline float load_partial(const float* p) { return *p; }
 inline float load_partial_now(const float* p) { return *p; }
+#define ELPIS_FOLD_FUNCTION inline
 #else
 __device__ __forceinline__ uint32_t shfl_u32(uint32_t v, uint32_t src) { return __shfl_sync(0xffffffffu, v, src); }
 __device__ __forceinline__ float shfl_xor_f32(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
@@ -151,6 +152,11 @@ __device__ __forceinline__ float load_partial(const float* p) { return __ldcg(p)
 // (the compiler put each `ld.cg`'s add right after it: one L2 round trip per partial, device call 87). Read after
 // the acquiring fence, which invalidates this multiprocessor's L1: a plain load sees the other blocks' partials;
 // ELPIS_GEMM_FOLD 1 keeps the L1-bypassing `ld.cg`.
+#if ELPIS_GEMM_FOLD == 3
+#define ELPIS_FOLD_FUNCTION __device__ __noinline__
+#else
+#define ELPIS_FOLD_FUNCTION __device__ __forceinline__
+#endif
 __device__ __forceinline__ float load_partial_now(const float* p) {
     float v;
 #if ELPIS_GEMM_FOLD == 2
@@ -455,6 +461,41 @@ __device__ __forceinline__ uint32_t sm_id() {
     do { if (threadIdx.x == 0u && blockIdx.x < kClockBlocks) gemm_clock[blockIdx.x][word] = (value); } while (0)
 #endif
 
+// total[h][i] = the sum, in ascending block order, of the partials of this thread's outputs (rows 8h + (t >> 7) + 2i,
+// column t & 127) in `first` (the first block's slot) and the `more` slots after it. The loads of all the outputs go
+// out together, four partials of each at a time (past the last partial the address is the last one's, and the add
+// is skipped), before their adds. A row past m reads row 0's partials; its sum is never stored.
+template <int kRH>
+ELPIS_FOLD_FUNCTION void fold_partials(const float* __restrict__ first, uint32_t m, uint32_t more, float (&total)[kRH][4]) {
+    const size_t stride = size_t(m) * kBlockN;
+    const float* src[kRH][4];
+#pragma unroll
+    for (int h = 0; h < kRH; h++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t idx = threadIdx.x + 256u * i, r = 8u * h + (idx >> 7), c = idx & 127u;
+            src[h][i] = first + size_t(r < m ? r : 0u) * kBlockN + c;
+            total[h][i] = load_partial_now(src[h][i]);
+        }
+    for (uint32_t s = 1u; s <= more; s += 4u) {
+        float part[kRH][4][4];
+#pragma unroll
+        for (int h = 0; h < kRH; h++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (uint32_t e = 0; e < 4u; e++)
+                    part[h][i][e] = load_partial_now(src[h][i] + (s + e <= more ? s + e : more) * stride);
+#pragma unroll
+        for (int h = 0; h < kRH; h++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (uint32_t e = 0; e < 4u; e++)
+                    if (s + e <= more) total[h][i] += part[h][i][e];
+    }
+}
+
 // The members of one call: member i owns the n-blocks [nb_end[i-1], nb_end[i]) of the call's n-block order (the
 // slots past count hold the total, so they own none).
 struct Members {
@@ -535,41 +576,28 @@ __global__ void __launch_bounds__(256, 2)
 #ifdef ELPIS_GEMM_CLOCKS
             ELPIS_CLOCK(8, global_ns());
 #endif
-#if ELPIS_GEMM_FOLD
-            {
-                // Each output is the partials' sum in ascending block order. The loads of all this thread's outputs
-                // go out together, four partials of each at a time (past the last partial the address is the last
-                // one's, and the add is skipped), before their adds.
-                const uint32_t more = last - first;  // partials after the first block's
-                const size_t stride = size_t(m) * kBlockN;
-                const float* src[kRH][4];
+#if ELPIS_GEMM_FOLD == 4
 #pragma unroll
-                for (int h = 0; h < kRH; h++)
+            for (int h = 0; h < kRH; h++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const uint32_t idx = threadIdx.x + 256u * i, r = 8u * h + (idx >> 7), c = idx & 127u;
-                        // a row past m reads row 0's partials and its sum is never stored
-                        src[h][i] = workspace + (size_t(first + nb) * m + (r < m ? r : 0u)) * kBlockN + c;
-                        total[h][i] = load_partial_now(src[h][i]);
+                for (int i = 0; i < 4; i++) {
+                    const uint32_t idx = threadIdx.x + 256u * i, r = 8u * h + (idx >> 7), c = idx & 127u;
+                    if (r >= m) continue;
+                    const float* p = workspace + (size_t(first + nb) * m + r) * kBlockN + c;
+                    const size_t stride = size_t(m) * kBlockN;
+                    float v = load_partial_now(p);
+                    for (uint32_t s = 1u; s <= last - first; s += 8u) {
+                        float part[8];
+#pragma unroll
+                        for (uint32_t e = 0; e < 8u; e++) part[e] = load_partial_now(p + (s + e <= last - first ? s + e : last - first) * stride);
+#pragma unroll
+                        for (uint32_t e = 0; e < 8u; e++)
+                            if (s + e <= last - first) v += part[e];
                     }
-                for (uint32_t s = 1u; s <= more; s += 4u) {
-                    float part[kRH][4][4];
-#pragma unroll
-                    for (int h = 0; h < kRH; h++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++)
-#pragma unroll
-                            for (uint32_t e = 0; e < 4u; e++)
-                                part[h][i][e] = load_partial_now(src[h][i] + (s + e <= more ? s + e : more) * stride);
-#pragma unroll
-                    for (int h = 0; h < kRH; h++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++)
-#pragma unroll
-                            for (uint32_t e = 0; e < 4u; e++)
-                                if (s + e <= more) total[h][i] += part[h][i][e];
+                    total[h][i] = v;
                 }
-            }
+#elif ELPIS_GEMM_FOLD
+            fold_partials<kRH>(workspace + size_t(first + nb) * m * kBlockN, m, last - first, total);
 #else
 #pragma unroll
             for (int h = 0; h < kRH; h++)
