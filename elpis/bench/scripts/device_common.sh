@@ -6,6 +6,7 @@ export PYTHONUNBUFFERED=1
 T0=${T0:-$(date +%s)}
 left() { echo $(( ${LIMIT:-590} - ($(date +%s) - T0) )); }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+for t in .whl/*.site.tar.xz; do [ -f "$t" ] && { tar -C /tmp/site -xJf "$t" || exit 1; }; done
 export PYTHONPATH=/tmp/site:$PWD
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/torch_ext
 export TRITON_CACHE_DIR=/tmp/triton EXLLAMAV3_TUNE_CACHE=/tmp/tune/coop_autotune_v1.bin

