@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -135,7 +136,8 @@ def compile_to(
     if out.exists():
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + f".tmp{os.getpid()}")
+    # per process and thread: two threads of one process may build the same output at once
+    tmp = out.with_suffix(out.suffix + f".tmp{os.getpid()}-{threading.get_ident()}")
     kind = {"shared": ["-shared"], "cubin": ["-cubin"], "ptx": ["-ptx"]}[mode]
     _run([str(_require_nvcc()), *flags, *kind, str(source), "-o", str(tmp)], source)
     tmp.replace(out)  # atomic: a concurrent build never sees a half-written library

@@ -173,3 +173,17 @@ def test_no_kernel_spills_registers(source: Path, arch: str) -> None:
             default=0,
         )
         assert u["spill_stores"] <= allowed, f"{source.name} {arch} {entry}: {u}"
+
+
+@needs_nvcc
+def test_two_threads_building_the_same_output_both_get_it(tmp_path: Path) -> None:
+    """A tool building variants in parallel may ask for one build twice; both calls return the library."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    src = tmp_path / "probe.cu"
+    src.write_text(AMPERE_PROBE)
+    out_dir = tmp_path / "out"
+    with ThreadPoolExecutor(2) as pool:
+        built = list(pool.map(lambda _: nvcc.compile_to(src, "ptx", arch="sm_86", out_dir=out_dir), range(2)))
+    assert built[0] == built[1] and built[0].is_file()
+    assert [p.name for p in out_dir.iterdir()] == [built[0].name]  # no temporary file left behind
