@@ -49,15 +49,6 @@ constexpr uint32_t kMaxNBlocks = 4096;             // n-blocks per call, all mem
 #ifndef ELPIS_GEMM_STAGES6
 #define ELPIS_GEMM_STAGES6 2
 #endif
-#ifndef ELPIS_GEMM_RELEASE
-#define ELPIS_GEMM_RELEASE 0
-#endif
-#ifndef ELPIS_GEMM_FENCE_ACQREL
-#define ELPIS_GEMM_FENCE_ACQREL 0
-#endif
-#ifndef ELPIS_GEMM_FOLD
-#define ELPIS_GEMM_FOLD 0
-#endif
 // k-tiles of words in flight per warp (the 6-bit trellis holds twice the words per tile in registers)
 __host__ __device__ constexpr int stages(int bits) { return bits == 4 ? ELPIS_GEMM_STAGES : ELPIS_GEMM_STAGES6; }
 
@@ -104,8 +95,6 @@ inline void load_scale4(const __half* p, float (&s)[4]) {
     for (int j = 0; j < 4; j++) s[j] = __half2float(p[j]);
 }
 inline float load_partial(const float* p) { return *p; }
-inline float load_partial_now(const float* p) { return *p; }
-#define ELPIS_FOLD_FUNCTION inline
 #else
 __device__ __forceinline__ uint32_t shfl_u32(uint32_t v, uint32_t src) { return __shfl_sync(0xffffffffu, v, src); }
 __device__ __forceinline__ float shfl_xor_f32(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
@@ -129,11 +118,7 @@ __device__ __forceinline__ uint32_t atomic_inc(uint32_t* p) { return atomicAdd(p
 // The trellis is read once per GEMM: stream it past L1.
 __device__ __forceinline__ uint32_t load_words(const uint32_t* p) { return __ldcs(p); }
 __device__ __forceinline__ uint2 load_frag(const uint2* p) { return __ldg(p); }
-#if ELPIS_GEMM_FENCE_ACQREL
-#define ELPIS_FENCE() asm volatile("fence.acq_rel.gpu;" ::: "memory")
-#else
 #define ELPIS_FENCE() __threadfence()
-#endif
 // The pointer held in registers: the compiler cannot rebuild it from the kernel parameters (it did, with the
 // member selects, before every stage's loads).
 template <typename T>
@@ -147,23 +132,13 @@ __device__ __forceinline__ void load_scale4(const __half* p, float (&s)[4]) {
     s[0] = __half2float(__ushort_as_half(uint16_t(w.x))), s[1] = __half2float(__ushort_as_half(uint16_t(w.x >> 16)));
     s[2] = __half2float(__ushort_as_half(uint16_t(w.y))), s[3] = __half2float(__ushort_as_half(uint16_t(w.y >> 16)));
 }
-__device__ __forceinline__ float load_partial(const float* p) { return __ldcg(p); }
-// The fold's loads: issued where they stand (volatile), so all of them go out before the adds that use them
-// (the compiler put each `ld.cg`'s add right after it: one L2 round trip per partial, device call 87). Read after
-// the acquiring fence, which invalidates this multiprocessor's L1: a plain load sees the other blocks' partials;
-// ELPIS_GEMM_FOLD 1 keeps the L1-bypassing `ld.cg`.
-#if ELPIS_GEMM_FOLD == 3
-#define ELPIS_FOLD_FUNCTION __device__ __noinline__
-#else
-#define ELPIS_FOLD_FUNCTION __device__ __forceinline__
-#endif
-__device__ __forceinline__ float load_partial_now(const float* p) {
+// A partial another block wrote, read after the acquiring fence (which invalidates this multiprocessor's L1, so a
+// plain load sees it). Volatile, so every load of the fold goes out where it stands, before the adds that use
+// them: with `ld.cg` (a strong load) the compiler put each add right after its load, one L2 round trip per
+// partial (device call 87).
+__device__ __forceinline__ float load_partial(const float* p) {
     float v;
-#if ELPIS_GEMM_FOLD == 2
     asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-#else
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-#endif
     return v;
 }
 #endif
@@ -466,7 +441,7 @@ __device__ __forceinline__ uint32_t sm_id() {
 // out together, four partials of each at a time (past the last partial the address is the last one's, and the add
 // is skipped), before their adds. A row past m reads row 0's partials; its sum is never stored.
 template <int kRH>
-ELPIS_FOLD_FUNCTION void fold_partials(const float* __restrict__ first, uint32_t m, uint32_t more, float (&total)[kRH][4]) {
+__device__ __forceinline__ void fold_partials(const float* __restrict__ first, uint32_t m, uint32_t more, float (&total)[kRH][4]) {
     const size_t stride = size_t(m) * kBlockN;
     const float* src[kRH][4];
 #pragma unroll
@@ -475,7 +450,7 @@ ELPIS_FOLD_FUNCTION void fold_partials(const float* __restrict__ first, uint32_t
         for (int i = 0; i < 4; i++) {
             const uint32_t idx = threadIdx.x + 256u * i, r = 8u * h + (idx >> 7), c = idx & 127u;
             src[h][i] = first + size_t(r < m ? r : 0u) * kBlockN + c;
-            total[h][i] = load_partial_now(src[h][i]);
+            total[h][i] = load_partial(src[h][i]);
         }
     for (uint32_t s = 1u; s <= more; s += 4u) {
         float part[kRH][4][4];
@@ -485,7 +460,7 @@ ELPIS_FOLD_FUNCTION void fold_partials(const float* __restrict__ first, uint32_t
             for (int i = 0; i < 4; i++)
 #pragma unroll
                 for (uint32_t e = 0; e < 4u; e++)
-                    part[h][i][e] = load_partial_now(src[h][i] + (s + e <= more ? s + e : more) * stride);
+                    part[h][i][e] = load_partial(src[h][i] + (s + e <= more ? s + e : more) * stride);
 #pragma unroll
         for (int h = 0; h < kRH; h++)
 #pragma unroll
@@ -539,7 +514,6 @@ __global__ void __launch_bounds__(256, 2)
         float total[kRH][4];
         accumulate<kRH, kBits>(a_frag + mi * (members.frag_halves / 4u), pick(members.trellis, mi), nb - nb0, gb, ge, n / 16u,
                         red, total);
-
 #ifdef ELPIS_GEMM_CLOCKS
         if (clock_nbs < 3u) ELPIS_CLOCK(1u + clock_nbs, global_ns());
         clock_nbs++;
@@ -554,72 +528,16 @@ __global__ void __launch_bounds__(256, 2)
                     const uint32_t idx = threadIdx.x + 256u * i, r = 8u * h + (idx >> 7), c = idx & 127u;
                     if (r < m) workspace[(size_t(b + nb) * m + r) * kBlockN + c] = total[h][i];
                 }
-#if ELPIS_GEMM_RELEASE
-            // The block's partials, ordered before thread 0's fence by the barrier, are released with its count;
-            // the last block's fence after the count acquires the others' (the PTX model's causality order).
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                ELPIS_FENCE();
-                last_flag = atomic_inc(&counters[nb]) == last - first;
-                if (last_flag) ELPIS_FENCE();
-            }
-            __syncthreads();
-            if (!last_flag) continue;
-#else
             ELPIS_FENCE();
             __syncthreads();
             if (threadIdx.x == 0) last_flag = atomic_inc(&counters[nb]) == last - first;
             __syncthreads();
             if (!last_flag) continue;
             ELPIS_FENCE();
-#endif
 #ifdef ELPIS_GEMM_CLOCKS
             ELPIS_CLOCK(8, global_ns());
 #endif
-#if ELPIS_GEMM_FOLD == 4
-#pragma unroll
-            for (int h = 0; h < kRH; h++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const uint32_t idx = threadIdx.x + 256u * i, r = 8u * h + (idx >> 7), c = idx & 127u;
-                    if (r >= m) continue;
-                    const float* p = workspace + (size_t(first + nb) * m + r) * kBlockN + c;
-                    const size_t stride = size_t(m) * kBlockN;
-                    float v = load_partial_now(p);
-                    for (uint32_t s = 1u; s <= last - first; s += 8u) {
-                        float part[8];
-#pragma unroll
-                        for (uint32_t e = 0; e < 8u; e++) part[e] = load_partial_now(p + (s + e <= last - first ? s + e : last - first) * stride);
-#pragma unroll
-                        for (uint32_t e = 0; e < 8u; e++)
-                            if (s + e <= last - first) v += part[e];
-                    }
-                    total[h][i] = v;
-                }
-#elif ELPIS_GEMM_FOLD
             fold_partials<kRH>(workspace + size_t(first + nb) * m * kBlockN, m, last - first, total);
-#else
-#pragma unroll
-            for (int h = 0; h < kRH; h++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const uint32_t idx = threadIdx.x + 256u * i, r = 8u * h + (idx >> 7), c = idx & 127u;
-                    if (r >= m) continue;
-                    // ascending block order; eight loads in flight before their adds
-                    const float* p = workspace + (size_t(first + nb) * m + r) * kBlockN + c;
-                    const size_t stride = size_t(m) * kBlockN;
-                    float v = load_partial(p);
-                    for (uint32_t s = 1u; s <= last - first; s += 8u) {
-                        float part[8];
-#pragma unroll
-                        for (uint32_t e = 0; e < 8u; e++) part[e] = s + e <= last - first ? load_partial(p + (s + e) * stride) : 0.0f;
-#pragma unroll
-                        for (uint32_t e = 0; e < 8u; e++)
-                            if (s + e <= last - first) v += part[e];
-                    }
-                    total[h][i] = v;
-                }
-#endif
 #ifdef ELPIS_GEMM_CLOCKS
             ELPIS_CLOCK(9, global_ns());
 #endif
