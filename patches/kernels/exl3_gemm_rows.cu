@@ -440,6 +440,10 @@ __device__ __forceinline__ uint32_t sm_id() {
 // column t & 127) in `first` (the first block's slot) and the `more` slots after it. The loads of all the outputs go
 // out together, four partials of each at a time (past the last partial the address is the last one's, and the add
 // is skipped), before their adds. A row past m reads row 0's partials; its sum is never stored.
+#ifndef ELPIS_GEMM_FOLD_BATCH
+#define ELPIS_GEMM_FOLD_BATCH 4
+#endif
+constexpr uint32_t kFoldBatch = ELPIS_GEMM_FOLD_BATCH;  // partials of each output per round of loads
 template <int kRH>
 __device__ __forceinline__ void fold_partials(const float* __restrict__ first, uint32_t m, uint32_t more, float (&total)[kRH][4]) {
     const size_t stride = size_t(m) * kBlockN;
@@ -452,21 +456,21 @@ __device__ __forceinline__ void fold_partials(const float* __restrict__ first, u
             src[h][i] = first + size_t(r < m ? r : 0u) * kBlockN + c;
             total[h][i] = load_partial(src[h][i]);
         }
-    for (uint32_t s = 1u; s <= more; s += 4u) {
-        float part[kRH][4][4];
+    for (uint32_t s = 1u; s <= more; s += kFoldBatch) {
+        float part[kRH][4][kFoldBatch];
 #pragma unroll
         for (int h = 0; h < kRH; h++)
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
-                for (uint32_t e = 0; e < 4u; e++)
+                for (uint32_t e = 0; e < kFoldBatch; e++)
                     part[h][i][e] = load_partial(src[h][i] + (s + e <= more ? s + e : more) * stride);
 #pragma unroll
         for (int h = 0; h < kRH; h++)
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
-                for (uint32_t e = 0; e < 4u; e++)
+                for (uint32_t e = 0; e < kFoldBatch; e++)
                     if (s + e <= more) total[h][i] += part[h][i][e];
     }
 }
