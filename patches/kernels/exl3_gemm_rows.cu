@@ -436,14 +436,17 @@ __device__ __forceinline__ uint32_t sm_id() {
     do { if (threadIdx.x == 0u && blockIdx.x < kClockBlocks) gemm_clock[blockIdx.x][word] = (value); } while (0)
 #endif
 
+// Partials of each output per round of the fold's loads: two were faster than four or eight (device call 91:
+// 10.64 ms for a 16-row verify's GEMMs against 11.22 and 10.72; the main loop compiles differently with each).
+#ifndef ELPIS_GEMM_FOLD_BATCH
+#define ELPIS_GEMM_FOLD_BATCH 2
+#endif
+constexpr uint32_t kFoldBatch = ELPIS_GEMM_FOLD_BATCH;
+
 // total[h][i] = the sum, in ascending block order, of the partials of this thread's outputs (rows 8h + (t >> 7) + 2i,
 // column t & 127) in `first` (the first block's slot) and the `more` slots after it. The loads of all the outputs go
-// out together, four partials of each at a time (past the last partial the address is the last one's, and the add
+// out together, kFoldBatch partials of each at a time (past the last partial the address is the last one's, and the add
 // is skipped), before their adds. A row past m reads row 0's partials; its sum is never stored.
-#ifndef ELPIS_GEMM_FOLD_BATCH
-#define ELPIS_GEMM_FOLD_BATCH 4
-#endif
-constexpr uint32_t kFoldBatch = ELPIS_GEMM_FOLD_BATCH;  // partials of each output per round of loads
 template <int kRH>
 __device__ __forceinline__ void fold_partials(const float* __restrict__ first, uint32_t m, uint32_t more, float (&total)[kRH][4]) {
     const size_t stride = size_t(m) * kBlockN;
