@@ -1,14 +1,20 @@
 #!/bin/bash
-# Call 92 (session 21): the served defaults against stock with the fold's two partials per round of loads (call
-# 91), on what device time was left: one same-run `elpis bench engine` of stock chain-8 and elpis tree-16 at 1K
-# and 8K (12 rounds after 3 warm-up), then the kernel's GPU tests if time remains.
+# Call 92 (session 21), on what device time was left:
+# 1. the fold's arrival with thread 0's own release and acquire fences (the PTX model's patterns, the per-thread
+#    fences kept) against the source before it (.device/fold_before.cu, two partials per round): bitwise and time;
+# 2. one same-run `elpis bench engine` of stock chain-8 and elpis tree-16 at 1K and 8K (12 rounds after 3 warm-up)
+#    with the checkout's kernel.
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
-LIMIT=${LIMIT:-330}
+LIMIT=${LIMIT:-320}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-full_model_ready
-export BENCH_MARGIN=40
+start_build_and_full_synth
+echo "=== rows GEMM: fences ($(left) s left)" | tee -a "$OUT/log"
+timeout -k 5 60 python3 elpis/bench/scripts/rows_gemm_variants.py .device/fold_before.cu "$OUT/variants.json" \
+  served= 2>&1 | tail -18 | tee -a "$OUT/log"
+wait_build
+wait_synth
+export BENCH_MARGIN=15
 engine_bench same1 1 stock,elpis-tree16 12 3 "Stock chain-8 vs elpis tree-16 (call 92), H200"
 rm -f "$OUT"/*.png
-gpu_pytest "rows GEMM kernel" $(( $(left) - 5 )) tests/kernels/test_rows_gemm.py
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
