@@ -535,16 +535,9 @@ __global__ void __launch_bounds__(256, 2)
                     const uint32_t idx = threadIdx.x + 256u * i, r = 8u * h + (idx >> 7), c = idx & 127u;
                     if (r < m) workspace[(size_t(b + nb) * m + r) * kBlockN + c] = total[h][i];
                 }
-            // Release and acquire in the PTX memory model's terms: the block's partials come before thread 0's
-            // fence and count (through the barrier), and the last block's thread 0 fences after seeing the final
-            // count, before the barrier that lets its threads read the others' partials.
             ELPIS_FENCE();
             __syncthreads();
-            if (threadIdx.x == 0) {
-                ELPIS_FENCE();
-                last_flag = atomic_inc(&counters[nb]) == last - first;
-                if (last_flag) ELPIS_FENCE();
-            }
+            if (threadIdx.x == 0) last_flag = atomic_inc(&counters[nb]) == last - first;
             __syncthreads();
             if (!last_flag) continue;
             ELPIS_FENCE();
