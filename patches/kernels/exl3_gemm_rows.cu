@@ -326,13 +326,45 @@ __device__ __forceinline__ void mma_stage(const Stage<kRH, kBits>& st, float (&a
     }
 }
 
-// Groups [gb, ge) of n-block nb through the warps (warp w: k-tile 8g+w of each group g, ascending), then the
-// warps' sums in ascending order: `total` holds this thread's outputs, rows 8h + (t >> 7) + 2i, column t & 127.
+// One n-block's share of a block's units: the lane's first trellis word and input fragment of that n-block, and
+// its groups [gb, ge).
+template <int kBits>
+struct Segment {
+    const uint32_t* words;
+    const uint2* frags;
+    uint32_t gb, ge, tiles_n;
+};
+
+template <int kBits>
+__device__ __forceinline__ Segment<kBits> segment(const uint2* __restrict__ a_frag, const uint32_t* __restrict__ trellis,
+                                                  uint32_t nb, uint32_t gb, uint32_t ge, uint32_t tiles_n) {
+    const uint32_t lane = threadIdx.x & 31u;
+    return {pin(trellis + size_t(nb) * kTilesN * words_per_tile(kBits) + lane_word<kBits>(lane)), a_frag + lane, gb, ge,
+            tiles_n};
+}
+
+// The first stages(kBits) groups' loads of a segment (warp w: k-tile 8g+w of group g).
 template <int kRH, int kBits>
-__device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, const uint32_t* __restrict__ trellis,
-                                           uint32_t nb, uint32_t gb, uint32_t ge, uint32_t tiles_n,
-                                           float (&red)[kWarps][8][kRedStride], float (&total)[kRH][4]) {
+__device__ __forceinline__ void prologue(Stage<kRH, kBits> (&st)[stages(kBits)], const Segment<kBits>& sg) {
+    const uint32_t warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int i = 0; i < stages(kBits); i++)
+        if (sg.gb + i < sg.ge) load_stage(st[i], sg.words, sg.frags, elpis_gemm_ktile(sg.gb + i, warp), sg.tiles_n);
+}
+
+// Groups [gb, ge) of a segment through the warps (warp w: k-tile 8g+w of each group g, ascending; the first
+// stages already loaded into st), then the warps' sums in ascending order: `total` holds this thread's outputs,
+// rows 8h + (t >> 7) + 2i, column t & 127. With `next`, the next segment's first stages are loaded into st
+// before the sums, so they are in flight while this segment's partials are summed and written.
+template <int kRH, int kBits>
+__device__ __forceinline__ void accumulate_loaded(Stage<kRH, kBits> (&st)[stages(kBits)], const Segment<kBits>& sg,
+                                                  const Segment<kBits>* next, float (&red)[kWarps][8][kRedStride],
+                                                  float (&total)[kRH][4]) {
     const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u, g = lane >> 2, q = lane & 3u;
+    constexpr int kStages = stages(kBits);
+    const uint32_t gb = sg.gb, ge = sg.ge, tiles_n = sg.tiles_n;
+    const uint32_t* words = sg.words;
+    const uint2* frags = sg.frags;
     float acc[kTilesN][kRH][4];
 #pragma unroll
     for (uint32_t j = 0; j < kTilesN; j++)
@@ -340,14 +372,6 @@ __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, con
         for (int h = 0; h < kRH; h++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[j][h][e] = 0.0f;
-
-    constexpr int kStages = stages(kBits);
-    const uint32_t* words = pin(trellis + size_t(nb) * kTilesN * words_per_tile(kBits) + lane_word<kBits>(lane));
-    const uint2* frags = a_frag + lane;
-    Stage<kRH, kBits> st[kStages];
-#pragma unroll
-    for (int i = 0; i < kStages; i++)
-        if (gb + i < ge) load_stage(st[i], words, frags, elpis_gemm_ktile(gb + i, warp), tiles_n);
     for (uint32_t g0 = gb; g0 < ge; g0 += kStages) {
 #pragma unroll
         for (int i = 0; i < kStages; i++) {
@@ -358,6 +382,7 @@ __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, con
             }
         }
     }
+    if (next != nullptr) prologue<kRH, kBits>(st, *next);
 #pragma unroll
     for (int h = 0; h < kRH; h++) {
 #pragma unroll
@@ -379,6 +404,18 @@ __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, con
         }
         __syncthreads();
     }
+}
+
+
+// Groups [gb, ge) of n-block nb, loads and all (accumulate_loaded).
+template <int kRH, int kBits>
+__device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, const uint32_t* __restrict__ trellis,
+                                           uint32_t nb, uint32_t gb, uint32_t ge, uint32_t tiles_n,
+                                           float (&red)[kWarps][8][kRedStride], float (&total)[kRH][4]) {
+    const Segment<kBits> sg = segment<kBits>(a_frag, trellis, nb, gb, ge, tiles_n);
+    Stage<kRH, kBits> st[stages(kBits)];
+    prologue<kRH, kBits>(st, sg);
+    accumulate_loaded<kRH, kBits>(st, sg, nullptr, red, total);
 }
 
 // y [rows < m, n-block nb] = (total H) / sqrt(128) * svh, one row per warp (red is scratch; ends on a barrier).
@@ -490,6 +527,23 @@ struct Members {
     uint64_t frag_halves;  // one member's input fragments
 };
 
+#ifndef ELPIS_GEMM_PREFETCH_NEXT
+#define ELPIS_GEMM_PREFETCH_NEXT 0
+#endif
+
+// The segment of n-block nb (of the call's n-block order) that the units [u0, u1) hold.
+template <int kBits>
+__device__ __forceinline__ Segment<kBits> segment_of(const uint2* __restrict__ a_frag, const Members& members,
+                                                     uint32_t nb, uint32_t groups, uint32_t u0, uint32_t u1) {
+    uint32_t mi = 0, nb0 = 0;
+#pragma unroll
+    for (uint32_t j = 0; j + 1u < kMaxMembers; j++)
+        if (nb >= members.nb_end[j]) mi = j + 1u, nb0 = members.nb_end[j];
+    const uint32_t n = (pick(members.nb_end, mi) - nb0) * kBlockN, base = nb * groups;
+    const uint32_t gb = (u0 > base ? u0 : base) - base, ge = (u1 < base + groups ? u1 : base + groups) - base;
+    return segment<kBits>(a_frag + mi * (members.frag_halves / 4u), pick(members.trellis, mi), nb - nb0, gb, ge, n / 16u);
+}
+
 // Stream-K over units (n-block, group), n-block major over all members' n-blocks: block b takes units
 // [begin(b), end(b)) of the proved partition, so every block gets the same work to one unit. A block that holds a
 // whole n-block finishes it; the blocks sharing one write their partials to slot b + nb of `workspace`
@@ -510,6 +564,12 @@ __global__ void __launch_bounds__(256, 2)
     ELPIS_CLOCK(0, global_ns());
     ELPIS_CLOCK(7, sm_id());
 #endif
+#if ELPIS_GEMM_PREFETCH_NEXT
+    // The pipeline runs across n-blocks: a segment's last loop loads the next one's first stages before its sums.
+    Stage<kRH, kBits> st[stages(kBits)];
+    Segment<kBits> sg = segment_of<kBits>(a_frag, members, u0 / groups, groups, u0, u1);
+    prologue<kRH, kBits>(st, sg);
+#endif
     for (uint32_t nb = u0 / groups; nb * groups < u1; nb++) {
         uint32_t mi = 0, nb0 = 0;  // the member that owns n-block nb, and its first n-block
 #pragma unroll
@@ -519,8 +579,17 @@ __global__ void __launch_bounds__(256, 2)
         const uint32_t base = nb * groups;
         const uint32_t gb = (u0 > base ? u0 : base) - base, ge = (u1 < base + groups ? u1 : base + groups) - base;
         float total[kRH][4];
+#if ELPIS_GEMM_PREFETCH_NEXT
+        {
+            const bool has_next = (nb + 1u) * groups < u1;
+            const Segment<kBits> next = has_next ? segment_of<kBits>(a_frag, members, nb + 1u, groups, u0, u1) : sg;
+            accumulate_loaded<kRH, kBits>(st, sg, has_next ? &next : nullptr, red, total);
+            sg = next;
+        }
+#else
         accumulate<kRH, kBits>(a_frag + mi * (members.frag_halves / 4u), pick(members.trellis, mi), nb - nb0, gb, ge, n / 16u,
                         red, total);
+#endif
 #ifdef ELPIS_GEMM_CLOCKS
         if (clock_nbs < 3u) ELPIS_CLOCK(1u + clock_nbs, global_ns());
         clock_nbs++;

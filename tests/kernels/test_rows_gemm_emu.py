@@ -122,7 +122,7 @@ def test_gemm_agrees_with_the_float64_linear(
         (512, 128, 4),  # one n-block shared by four blocks: partials summed by the last to arrive
         (384, 512, 8),  # 12 units on 8 blocks: blocks that span two n-blocks
         (128, 1280, 8),  # 10 units on 8 blocks: blocks that hold whole n-blocks and finish them alone
-        (2048, 128, 8),  # 16 units on 8 blocks: eight partials of one n-block summed in one batch of loads
+        (2048, 128, 8),  # 16 units on 8 blocks: eight partials of one n-block, summed over rounds of loads
     ],
 )
 def test_stream_k_covers_every_unit_once(lib: ctypes.CDLL, k: int, n: int, blocks: int) -> None:
@@ -200,3 +200,29 @@ def test_sizes_and_refusals(lib: ctypes.CDLL) -> None:
     assert call(0, 1 << 20) != 0
     assert call(rg.MAX_MEMBERS + 1, 1 << 20) != 0
     assert call(1, 1 << 20, bits=5) != 0
+
+
+@pytest.fixture(scope="module")
+def lib_prefetch(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The staged build whose pipeline runs across n-blocks (ELPIS_GEMM_PREFETCH_NEXT, not served yet)."""
+    built = cuda_emu.build_emulated(
+        rg.SOURCE, tmp_path_factory.mktemp("rows_gemm_emu_pf"), launches=3, needs=("gemm_schedule.h",),
+        defines={"ELPIS_GEMM_PREFETCH_NEXT": 1},
+    )  # fmt: skip
+    built.emu_set_sms(8)
+    return rg.bind(built)
+
+
+@pytest.mark.parametrize(("rows", "bits"), [(5, 4), (16, 4), (9, 6)])
+def test_the_pipeline_across_n_blocks_is_the_served_kernel_bit_for_bit(
+    lib: ctypes.CDLL, lib_prefetch: ctypes.CDLL, rows: int, bits: int
+) -> None:
+    # the group of test_a_group_of_linears...: blocks that span two or three n-blocks and two members
+    layers = [Linear(384, 256, seed=30, bits=bits), Linear(384, 128, seed=31, bits=bits),
+              Linear(384, 384, seed=32, bits=bits)]  # fmt: skip
+    x = np.random.default_rng(rows + 40).standard_normal((rows, 384)).astype(np.float16)
+    served = run_group(lib, x, layers, [False, True, False])
+    staged = run_group(lib_prefetch, x, layers, [False, True, False])
+    for y, z in zip(served, staged, strict=True):
+        assert np.array_equal(y.view(np.uint8), z.view(np.uint8))
+
