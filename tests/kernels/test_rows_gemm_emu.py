@@ -202,6 +202,31 @@ def test_sizes_and_refusals(lib: ctypes.CDLL) -> None:
     assert call(1, 1 << 20, bits=5) != 0
 
 
+def test_output_scales_off_their_8_byte_boundary_are_refused(lib: ctypes.CDLL) -> None:
+    # the kernel reads a lane's four scales in one 8-byte load: a misaligned svh is refused, not read torn
+    layer = Linear(256, 128, seed=9)
+    x = np.random.default_rng(9).standard_normal((2, 256)).astype(np.float16)
+    want = layer.run(lib, x)
+    shifted = np.zeros(layer.n + 4, dtype=np.float16)
+    shifted[1 : layer.n + 1] = layer.svh  # starts 2 bytes past an aligned address
+    assert shifted.ctypes.data % 8 == 0
+    layer.svh = shifted[1 : layer.n + 1]
+    assert layer.svh.ctypes.data % 8 == 2
+    out = np.zeros((2, layer.n), dtype=np.float16)
+    frag = np.zeros(int(lib.elpis_rows_gemm_frag_halves(2, 256)), dtype=np.float16)
+    floats = int(lib.elpis_rows_gemm_workspace_floats(2, 256, 128, 4))
+    work, counters = np.zeros(floats, dtype=np.float32), np.zeros(rg.MAX_COUNTERS, dtype=np.uint32)
+    err = lib.elpis_rows_gemm(
+        _ptr(x), 2, 256, 1, rg.void_ptrs(_ptr(layer.suh)), rg.void_ptrs(_ptr(layer.trellis)),
+        rg.void_ptrs(_ptr(layer.svh)), rg.void_ptrs(_ptr(out)), (ctypes.c_uint32 * 1)(128), 0, 4, _ptr(frag),
+        frag.size, _ptr(work), floats, _ptr(counters), counters.size, None,
+    )  # fmt: skip
+    assert err != 0 and not out.any()
+    layer.svh = layer.svh.copy()  # the same scales in a fresh (aligned) array: the same result as before
+    assert layer.svh.ctypes.data % 8 == 0
+    assert np.array_equal(layer.run(lib, x).view(np.uint16), want.view(np.uint16))
+
+
 @pytest.fixture(scope="module")
 def lib_prefetch(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     """The staged build whose pipeline runs across n-blocks (ELPIS_GEMM_PREFETCH_NEXT, not served yet)."""
