@@ -406,7 +406,6 @@ __device__ __forceinline__ void accumulate_loaded(Stage<kRH, kBits> (&st)[stages
     }
 }
 
-
 // Groups [gb, ge) of n-block nb, loads and all (accumulate_loaded).
 template <int kRH, int kBits>
 __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, const uint32_t* __restrict__ trellis,
@@ -531,17 +530,30 @@ struct Members {
 #define ELPIS_GEMM_PREFETCH_NEXT 0
 #endif
 
-// The segment of n-block nb (of the call's n-block order) that the units [u0, u1) hold.
-template <int kBits>
-__device__ __forceinline__ Segment<kBits> segment_of(const uint2* __restrict__ a_frag, const Members& members,
-                                                     uint32_t nb, uint32_t groups, uint32_t u0, uint32_t u1) {
+// Where n-block nb (of the call's n-block order) lies: its member mi, that member's first n-block nb0 and width n,
+// and the groups [gb, ge) of it that the units [u0, u1) hold.
+struct Place {
+    uint32_t mi, nb0, n, gb, ge;
+};
+
+__device__ __forceinline__ Place place_of(const Members& members, uint32_t nb, uint32_t groups, uint32_t u0,
+                                          uint32_t u1) {
     uint32_t mi = 0, nb0 = 0;
 #pragma unroll
     for (uint32_t j = 0; j + 1u < kMaxMembers; j++)
         if (nb >= members.nb_end[j]) mi = j + 1u, nb0 = members.nb_end[j];
-    const uint32_t n = (pick(members.nb_end, mi) - nb0) * kBlockN, base = nb * groups;
-    const uint32_t gb = (u0 > base ? u0 : base) - base, ge = (u1 < base + groups ? u1 : base + groups) - base;
-    return segment<kBits>(a_frag + mi * (members.frag_halves / 4u), pick(members.trellis, mi), nb - nb0, gb, ge, n / 16u);
+    const uint32_t base = nb * groups;
+    return {mi, nb0, (pick(members.nb_end, mi) - nb0) * kBlockN, (u0 > base ? u0 : base) - base,
+            (u1 < base + groups ? u1 : base + groups) - base};
+}
+
+// The segment of n-block nb that the units [u0, u1) hold.
+template <int kBits>
+__device__ __forceinline__ Segment<kBits> segment_of(const uint2* __restrict__ a_frag, const Members& members,
+                                                     uint32_t nb, uint32_t groups, uint32_t u0, uint32_t u1) {
+    const Place pl = place_of(members, nb, groups, u0, u1);
+    return segment<kBits>(a_frag + pl.mi * (members.frag_halves / 4u), pick(members.trellis, pl.mi), nb - pl.nb0,
+                          pl.gb, pl.ge, pl.n / 16u);
 }
 
 // Stream-K over units (n-block, group), n-block major over all members' n-blocks: block b takes units
@@ -571,13 +583,8 @@ __global__ void __launch_bounds__(256, 2)
     prologue<kRH, kBits>(st, sg);
 #endif
     for (uint32_t nb = u0 / groups; nb * groups < u1; nb++) {
-        uint32_t mi = 0, nb0 = 0;  // the member that owns n-block nb, and its first n-block
-#pragma unroll
-        for (uint32_t j = 0; j + 1u < kMaxMembers; j++)
-            if (nb >= members.nb_end[j]) mi = j + 1u, nb0 = members.nb_end[j];
-        const uint32_t n = (pick(members.nb_end, mi) - nb0) * kBlockN;
-        const uint32_t base = nb * groups;
-        const uint32_t gb = (u0 > base ? u0 : base) - base, ge = (u1 < base + groups ? u1 : base + groups) - base;
+        const Place pl = place_of(members, nb, groups, u0, u1);
+        const uint32_t mi = pl.mi, nb0 = pl.nb0, n = pl.n, base = nb * groups;
         float total[kRH][4];
 #if ELPIS_GEMM_PREFETCH_NEXT
         {
@@ -587,8 +594,8 @@ __global__ void __launch_bounds__(256, 2)
             sg = next;
         }
 #else
-        accumulate<kRH, kBits>(a_frag + mi * (members.frag_halves / 4u), pick(members.trellis, mi), nb - nb0, gb, ge, n / 16u,
-                        red, total);
+        accumulate<kRH, kBits>(a_frag + mi * (members.frag_halves / 4u), pick(members.trellis, mi), nb - nb0, pl.gb,
+                               pl.ge, n / 16u, red, total);
 #endif
 #ifdef ELPIS_GEMM_CLOCKS
         if (clock_nbs < 3u) ELPIS_CLOCK(1u + clock_nbs, global_ns());

@@ -36,3 +36,15 @@ def test_the_fold_phases_come_from_the_blocks_that_summed_partials_last() -> Non
     assert got["count_to_summed_us"] == {"median": 1.0, "max": 1.0}
     assert got["summed_to_end_us"] == {"median": 1.0, "max": 1.0}
     assert tl.fold_phases(CLOCKS[1:], CLOCKS[1:, 1]) == {"folding_blocks": 0}
+
+
+def test_knobs_on_the_command_line_become_compile_time_defines() -> None:
+    from elpis.bench.scripts.rows_gemm_check import parse_defines
+
+    assert parse_defines("") == {}
+    assert parse_defines("ELPIS_GEMM_FOLD_BATCH:2,ELPIS_GEMM_STAGES:4") == {
+        "ELPIS_GEMM_FOLD_BATCH": 2,
+        "ELPIS_GEMM_STAGES": 4,
+    }
+    with pytest.raises(ValueError):
+        parse_defines("ELPIS_GEMM_STAGES")  # a knob without its value

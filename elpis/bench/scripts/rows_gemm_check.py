@@ -177,6 +177,15 @@ def check_shape(name: str, k: int, n: int, bits: int, h: torch.Tensor) -> dict:
     return result
 
 
+def parse_defines(text: str) -> dict[str, int]:
+    """`DEFINE:VALUE,DEFINE:VALUE` (compile-time knobs of a kernel build) as a dict; empty text: none."""
+    defines = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition(":")
+        defines[name] = int(value)
+    return defines
+
+
 def random_linear(
     k: int, n: int, g: torch.Generator, copies: int = COPIES, bits: int = 4
 ) -> tuple[list, torch.Tensor, torch.Tensor]:

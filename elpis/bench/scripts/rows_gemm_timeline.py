@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from elpis import nvcc
-from elpis.bench.scripts.rows_gemm_check import random_linear
+from elpis.bench.scripts.rows_gemm_check import parse_defines, random_linear
 from elpis.exl3 import rows_gemm as rg
 
 SHAPES = (("mlp.gate", 5120, (17408,)), ("mlp gate/up", 5120, (17408, 17408)), ("mlp.down", 17408, (5120,)))
@@ -102,10 +102,7 @@ def late_block(c: np.ndarray, i: int, t0: int) -> dict:
 
 
 def main(out_path: str, knobs: str = "") -> int:
-    defines = {"ELPIS_GEMM_CLOCKS": 1}
-    for item in filter(None, knobs.split(",")):
-        name, _, value = item.partition(":")
-        defines[name] = int(value)
+    defines = {"ELPIS_GEMM_CLOCKS": 1, **parse_defines(knobs)}
     lib = rg.bind(nvcc.load(rg.SOURCE, defines=defines))
     lib.elpis_rows_gemm_clocks.argtypes = [ctypes.c_void_p]
     lib.elpis_rows_gemm_clocks.restype = ctypes.c_int

@@ -25,7 +25,14 @@ from pathlib import Path
 import torch
 
 from elpis import nvcc
-from elpis.bench.scripts.rows_gemm_check import COPIES, blockwise, hadamard, random_linear, timed
+from elpis.bench.scripts.rows_gemm_check import (
+    COPIES,
+    blockwise,
+    hadamard,
+    parse_defines,
+    random_linear,
+    timed,
+)
 from elpis.exl3 import rows_gemm as rg
 
 # (name, k, member widths, bits, calls per verify)
@@ -101,11 +108,7 @@ def main(previous: str, out_path: str, specs: list[str]) -> int:
     builds: dict[str, tuple[Path, dict[str, int]]] = {"previous": (Path(previous), {})}
     for spec in specs:
         label, _, values = spec.partition("=")
-        knobs = {}
-        for item in filter(None, values.split(",")):
-            name, _, value = item.partition(":")
-            knobs[name] = int(value)
-        builds[label] = (rg.SOURCE, knobs)
+        builds[label] = (rg.SOURCE, parse_defines(values))
     arch = nvcc.device_arch()
     with ThreadPoolExecutor(len(builds)) as pool:  # nvcc runs as a process: the builds go in parallel
         list(pool.map(lambda b: nvcc.compile_shared(b[0], arch=arch, defines=b[1]), builds.values()))
