@@ -50,8 +50,11 @@ class Linear:
         return ref.linear(x.astype(np.float64), self.trellis, self.suh, self.svh, self.bits)
 
 
-def run_group(lib: ctypes.CDLL, x: np.ndarray, layers: list[Linear], out_f32: list[bool]) -> list[np.ndarray]:
-    """One call of the kernel for linears sharing x (their k); every output checked to be written."""
+def launch_group(
+    lib: ctypes.CDLL, x: np.ndarray, layers: list[Linear], out_f32: list[bool]
+) -> tuple[int, list[np.ndarray], np.ndarray]:
+    """One call of the kernel for linears sharing x (their k): its return code, the outputs (NaN where
+    nothing was written) and the counters."""
     m, k = x.shape
     x = np.ascontiguousarray(x, dtype=np.float16)
     outs = [
@@ -71,6 +74,12 @@ def run_group(lib: ctypes.CDLL, x: np.ndarray, layers: list[Linear], out_f32: li
         rg.void_ptrs(*(_ptr(y) for y in outs)), widths, sum(1 << i for i, f in enumerate(out_f32) if f), bits,
         _ptr(frag), frag.size, _ptr(work), floats, _ptr(counters), counters.size, None,
     )  # fmt: skip
+    return err, outs, counters
+
+
+def run_group(lib: ctypes.CDLL, x: np.ndarray, layers: list[Linear], out_f32: list[bool]) -> list[np.ndarray]:
+    """One call of the kernel for linears sharing x (their k); every output checked to be written."""
+    err, outs, counters = launch_group(lib, x, layers, out_f32)
     assert err == 0
     assert not counters.any(), "the last block of each n-block must leave its counter zero"
     assert all(not np.isnan(y).any() for y in outs), "every output column is written"
@@ -212,16 +221,8 @@ def test_output_scales_off_their_8_byte_boundary_are_refused(lib: ctypes.CDLL) -
     assert shifted.ctypes.data % 8 == 0
     layer.svh = shifted[1 : layer.n + 1]
     assert layer.svh.ctypes.data % 8 == 2
-    out = np.zeros((2, layer.n), dtype=np.float16)
-    frag = np.zeros(int(lib.elpis_rows_gemm_frag_halves(2, 256)), dtype=np.float16)
-    floats = int(lib.elpis_rows_gemm_workspace_floats(2, 256, 128, 4))
-    work, counters = np.zeros(floats, dtype=np.float32), np.zeros(rg.MAX_COUNTERS, dtype=np.uint32)
-    err = lib.elpis_rows_gemm(
-        _ptr(x), 2, 256, 1, rg.void_ptrs(_ptr(layer.suh)), rg.void_ptrs(_ptr(layer.trellis)),
-        rg.void_ptrs(_ptr(layer.svh)), rg.void_ptrs(_ptr(out)), (ctypes.c_uint32 * 1)(128), 0, 4, _ptr(frag),
-        frag.size, _ptr(work), floats, _ptr(counters), counters.size, None,
-    )  # fmt: skip
-    assert err != 0 and not out.any()
+    err, outs, _ = launch_group(lib, x, [layer], [False])
+    assert err != 0 and np.isnan(outs[0]).all()  # refused before any launch: nothing written
     layer.svh = layer.svh.copy()  # the same scales in a fresh (aligned) array: the same result as before
     assert layer.svh.ctypes.data % 8 == 0
     assert np.array_equal(layer.run(lib, x).view(np.uint16), want.view(np.uint16))
