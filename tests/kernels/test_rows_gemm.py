@@ -141,3 +141,26 @@ def test_the_6_bit_head_format(layer) -> None:
         [rg.rows_gemm(x[i : i + 1].contiguous(), trellis, suh, svh, torch.float) for i in (0, 15)]
     )
     assert torch.equal(alone, ours[[0, 15]])
+
+
+@pytest.mark.gpu
+def test_repeated_and_crowded_calls_give_the_same_bits_and_leave_the_sync_words_zero(layer) -> None:
+    # the input tasks' claims, waits and reset on the hardware: a call alone, then calls beside a matmul on
+    # another stream (some blocks start late, so others run their tasks), back to back with no sync between
+    import torch
+
+    trellis, suh, svh, g = layer
+    x = torch.randn((16, trellis.shape[0] * 16), generator=g, device="cuda").half()
+    want = rg.rows_gemm(x, trellis, suh, svh)
+    other = torch.cuda.Stream()
+    a = torch.randn((4096, 4096), generator=g, device="cuda").half()
+    other.wait_stream(torch.cuda.current_stream())
+    got = []
+    for i in range(40):
+        if i % 2:
+            with torch.cuda.stream(other):
+                a = (a @ a).clamp_(-1.0, 1.0)
+        got.append(rg.rows_gemm(x, trellis, suh, svh))
+    torch.cuda.synchronize()
+    assert all(torch.equal(y.view(torch.int16), want.view(torch.int16)) for y in got)
+    assert not rg.sync_words(str(x.device)).any()

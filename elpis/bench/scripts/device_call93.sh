@@ -1,5 +1,6 @@
 #!/bin/bash
-# Call 93 (staged in session 21, not run: no device time left). The rows GEMM's pipeline across n-blocks
+# Call 93 (staged in session 21, ran in session 22 at 032be7b; the knob was removed after it: 8 rows 1.5 % faster,
+# 16 rows 3.3 % slower, bench/results/rows_gemm/README.md session 22). The rows GEMM's pipeline across n-blocks
 # (ELPIS_GEMM_PREFETCH_NEXT): a block's last main-loop pass over one n-block loads the next n-block's first stages
 # before the warps' sums, so they are in flight while this n-block's partials are summed, written and folded.
 # Same adds in the same order (bit for bit the served build under the CPU emulation). The served build's SASS does
