@@ -135,8 +135,19 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 __device__ __forceinline__ uint32_t atomic_inc(uint32_t* p) { return atomicAdd(p, 1u); }
 // The trellis is read once per GEMM: stream it past L1.
 __device__ __forceinline__ uint32_t load_words(const uint32_t* p) { return __ldcs(p); }
-// Input fragments are written inside the launch (the input tasks), so not through the read-only path: from L2.
-__device__ __forceinline__ uint2 load_frag(const uint2* p) { return __ldcg(p); }
+// Input fragments are written inside the launch (the input tasks), so not through the read-only path.
+#ifndef ELPIS_GEMM_FRAG_LOAD
+#define ELPIS_GEMM_FRAG_LOAD 1
+#endif
+__device__ __forceinline__ uint2 load_frag(const uint2* p) {
+#if ELPIS_GEMM_FRAG_LOAD == 0
+    return __ldg(p);
+#elif ELPIS_GEMM_FRAG_LOAD == 1
+    return __ldcg(p);
+#else
+    return __ldca(p);
+#endif
+}
 #define ELPIS_FENCE() __threadfence()
 // An input task's state word (0 free, 1 claimed, 2 done): claimed by compare-and-swap (returns the state before),
 // published after the writer's fence, read by a volatile load that the compiler cannot hoist out of a wait.
