@@ -619,19 +619,27 @@ __device__ __forceinline__ uint32_t try_task(const Inputs& in, const Members& me
     return before;
 }
 
-// Returns once the tasks [t0, t1) are done, running any still free; the fence after a done state is read (and the
-// warp barrier after it) make the other warps' fragments visible to this warp's loads.
+// Returns once the tasks [t0, t1) are done. The warp reads 32 states at a time (plain loads, which many warps may
+// make of one word at once) and waits while the pending ones are claimed. A task still free on a second look (its
+// owner's block is not running yet) it runs itself: the compare-and-swap goes to one of them picked by the warp's
+// place in the grid, so the waiting warps do not all contend for one word (call 94: every waiting warp tried each
+// pending task's word in turn, and the GEMM took twice as long). The fence after the last done state is read, and
+// the warp barrier after it, make the other warps' fragments visible to this warp's loads.
 template <int kRH>
 __device__ __forceinline__ void wait_tasks(const Inputs& in, const Members& members, uint32_t m, uint32_t k,
                                            uint32_t t0, uint32_t t1) {
-    const uint32_t lane = threadIdx.x & 31u;
+    const uint32_t lane = threadIdx.x & 31u, spread = (blockIdx.x * kWarps + (threadIdx.x >> 5)) & 31u;
     for (uint32_t base = t0; base < t1; base += 32u) {
-        uint32_t pending = warp_ballot(base + lane < t1 && task_state(in.state + base + lane) != 2u);
-        while (pending != 0u) {
-            const uint32_t t = base + lowest_bit(pending);
-            pending &= pending - 1u;
-            if (try_task<kRH>(in, members, m, k, t) == 1u && lane == 0u)
-                while (task_state(in.state + t) != 2u) pause();
+        for (uint32_t look = 0;; look++) {
+            const uint32_t state = base + lane < t1 ? task_state(in.state + base + lane) : 2u;
+            if (warp_ballot(state != 2u) == 0u) break;
+            const uint32_t free = warp_ballot(state == 0u);
+            if (look > 0u && free != 0u) {
+                const uint32_t turned = (free >> spread) | (free << ((32u - spread) & 31u));
+                try_task<kRH>(in, members, m, k, base + ((lowest_bit(turned) + spread) & 31u));
+            } else if (lane == 0u) {
+                pause();
+            }
             warp_sync();
         }
     }

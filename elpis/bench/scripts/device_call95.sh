@@ -1,7 +1,9 @@
 #!/bin/bash
-# Call 95 (session 22): why call 94's GEMM with the input tasks ran its main loops 2.4x slower. The fragment loads
-# (ELPIS_GEMM_FRAG_LOAD: 0 the read-only path as served before, 1 L2 only as in call 94, 2 ld.ca) against the
-# served two-launch source. No `make build`: carry [".whl", ".device", "build/kernels"].
+# Call 95 (session 22): call 94's GEMM with the input tasks ran twice as long, most likely because every waiting warp
+# made a compare-and-swap on each pending task's word in turn. The wait now reads the states with plain loads and
+# steals only a task still free on a second look. Its build with each fragment load (ELPIS_GEMM_FRAG_LOAD: 0 the
+# read-only path as served before, 1 L2 only as in call 94, 2 ld.ca) against the served two-launch source.
+# No `make build`: carry [".whl", ".device", "build/kernels"].
 LIMIT=${LIMIT:-300}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
