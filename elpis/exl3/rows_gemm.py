@@ -3,7 +3,7 @@
 `rows_gemm(x, trellis, suh, svh)` is the EXL3 linear `((x * suh) H) D H * svh` of a 4- or 6-bit mul1
 trellis (the body and the output head of the served model) for 1..16 rows, every weight decoded once and fed
 to tensor cores; `rows_gemm_group(x, members)` runs up to four such linears that share the input x in one
-call (one launch: the input transform runs inside it, the members' n-blocks in one stream-K grid);
+call (one input-transform launch and one GEMM launch, the members' n-blocks in one stream-K grid);
 `decode(trellis)` is the decoded D alone, for tests against `elpis.exl3.trellis_ref` and ExLlamaV3's own
 decode. The work schedule is the proved one of
 `build/kernels/gemm_schedule.h`: nothing in it depends on the row count. A member's result does depend on
@@ -31,9 +31,6 @@ MAX_ROWS = 16
 MAX_MEMBERS = 4  # linears of one call
 MAX_COUNTERS = 4096  # n-blocks of 128 columns, all members together: up to n = 524,288
 MAX_GROUPS = 4096  # 128-groups of k: up to k = 524,288
-# the zero words a call synchronises on: a counter per n-block, one for the blocks done, and a state per input
-# task (member, group, half of the rows)
-SYNC_WORDS = MAX_COUNTERS + 1 + MAX_MEMBERS * MAX_GROUPS * 2
 
 _VP, _U32, _U64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
 # x, m, k, count, suh[], trellis[], svh[], out[], n[] (host arrays of `count`), out_f32 (bit per member),
@@ -51,7 +48,7 @@ SIZE_ENTRIES = {
     "elpis_rows_gemm_resident_blocks": ((_U32,), _U32),
     "elpis_rows_gemm_frag_halves": ((_U32, _U32), _U64),
     "elpis_rows_gemm_workspace_floats": ((_U32, _U32, _U32, _U32), _U64),
-    "elpis_rows_gemm_counters": ((_U32, _U32, _U32, _U32), _U32),
+    "elpis_rows_gemm_counters": ((_U32,), _U32),
 }
 
 
@@ -79,10 +76,10 @@ def library(source: Path = SOURCE, stages: int | None = None) -> ctypes.CDLL:
 
 @lru_cache(maxsize=8)
 def sync_words(device: str) -> torch.Tensor:
-    """The zero words the kernel synchronises on (SYNC_WORDS; each launch leaves them zero)."""
+    """The zero words the kernel's last block per n-block counts on (each launch leaves them zero)."""
     import torch
 
-    return torch.zeros(SYNC_WORDS, dtype=torch.int32, device=device)
+    return torch.zeros(MAX_COUNTERS, dtype=torch.int32, device=device)
 
 
 def supported(rows: int, k: int, n: int, bits: int = 4) -> bool:
@@ -177,7 +174,7 @@ def rows_gemm_group(
         void_ptrs(*(mb.trellis.data_ptr() for mb in members)),
         void_ptrs(*(mb.svh.data_ptr() for mb in members)), void_ptrs(*(y.data_ptr() for y in outs)),
         (ctypes.c_uint32 * len(widths))(*widths), out_f32, bits, a_frag.data_ptr(), frag_halves,
-        workspace.data_ptr(), floats, counters.data_ptr(), SYNC_WORDS, stream,
+        workspace.data_ptr(), floats, counters.data_ptr(), MAX_COUNTERS, stream,
     )  # fmt: skip
     if err != 0:
         raise RuntimeError(f"rows_gemm kernel failed: CUDA error {err}")

@@ -6,12 +6,10 @@
 // shared/notes/exllamav3_internals.md 1.3).
 //
 // One call serves a group of up to four linears that share their input x (Q/K/V, GDN qkv/z, MLP gate/up), in
-// one launch:
-//  1. input tasks: a_i = fp16((x * suh_i) H) in fp32 arithmetic for every member i, written in the order the
-//     mma B fragments are read (rows past m are zero; 8 or 16 rows), one warp per (member, group, 8 rows),
-//     run by the blocks as they start; a block waits for the tasks of the groups it reads (running any not
-//     yet started itself) before it loads their fragments. (Until session 22 this was a launch of its own.)
-//  2. the GEMM: the weights are the mma's A operand (16 output columns x 16 k), the rows its B
+// two launches:
+//  1. rows_gemm_input: a_i = fp16((x * suh_i) H) in fp32 arithmetic for every member i, written in the order
+//     the mma B fragments are read (rows past m are zero; 8 or 16 rows).
+//  2. rows_gemm_kernel: the weights are the mma's A operand (16 output columns x 16 k), the rows its B
 //     operand (16 k x 8 rows), so one mma serves a whole 16x16 weight tile for 8 rows. A lane decodes the
 //     eight trellis positions 8*lane .. 8*lane+7 of a tile, which are exactly its A fragment. The schedule
 //     (proved, build/kernels/gemm_schedule.h) is stream-K over units (n-block of 128 columns, 128-group of
@@ -97,22 +95,6 @@ inline void load_scale4(const __half* p, float (&s)[4]) {
     for (int j = 0; j < 4; j++) s[j] = __half2float(p[j]);
 }
 inline float load_partial(const float* p) { return *p; }
-// Input task states: the blocks run one after another, a block's warps as threads, so only warps of one block race.
-inline uint32_t task_claim(uint32_t* p) {
-    uint32_t before = 0u;
-    __atomic_compare_exchange_n(p, &before, 1u, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-    return before;
-}
-inline void task_publish(uint32_t* p) { __atomic_store_n(p, 2u, __ATOMIC_SEQ_CST); }
-inline uint32_t task_state(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
-inline void warp_sync() { emu_warp_barrier[threadIdx.x >> 5]->arrive_and_wait(); }
-inline uint32_t warp_ballot(bool v) {
-    uint32_t r = 0u;
-    for (uint32_t src = 0; src < 32u; src++) r |= (emu_shfl_u32(v ? 1u : 0u, src) & 1u) << src;
-    return r;
-}
-inline uint32_t lowest_bit(uint32_t v) { return uint32_t(__builtin_ctz(v)); }
-inline void pause() { std::this_thread::yield(); }
 #else
 __device__ __forceinline__ uint32_t shfl_u32(uint32_t v, uint32_t src) { return __shfl_sync(0xffffffffu, v, src); }
 __device__ __forceinline__ float shfl_xor_f32(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
@@ -135,33 +117,8 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 __device__ __forceinline__ uint32_t atomic_inc(uint32_t* p) { return atomicAdd(p, 1u); }
 // The trellis is read once per GEMM: stream it past L1.
 __device__ __forceinline__ uint32_t load_words(const uint32_t* p) { return __ldcs(p); }
-// Input fragments are written inside the launch (the input tasks), so not through the read-only path.
-#ifndef ELPIS_GEMM_FRAG_LOAD
-#define ELPIS_GEMM_FRAG_LOAD 1
-#endif
-__device__ __forceinline__ uint2 load_frag(const uint2* p) {
-#if ELPIS_GEMM_FRAG_LOAD == 0
-    return __ldg(p);
-#elif ELPIS_GEMM_FRAG_LOAD == 1
-    return __ldcg(p);
-#else
-    return __ldca(p);
-#endif
-}
+__device__ __forceinline__ uint2 load_frag(const uint2* p) { return __ldg(p); }
 #define ELPIS_FENCE() __threadfence()
-// An input task's state word (0 free, 1 claimed, 2 done): claimed by compare-and-swap (returns the state before),
-// published after the writer's fence, read by a volatile load that the compiler cannot hoist out of a wait.
-__device__ __forceinline__ uint32_t task_claim(uint32_t* p) { return atomicCAS(p, 0u, 1u); }
-__device__ __forceinline__ void task_publish(uint32_t* p) { atomicExch(p, 2u); }
-__device__ __forceinline__ uint32_t task_state(const uint32_t* p) {
-    uint32_t v;
-    asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void warp_sync() { __syncwarp(); }
-__device__ __forceinline__ uint32_t warp_ballot(bool v) { return __ballot_sync(0xffffffffu, v); }
-__device__ __forceinline__ uint32_t lowest_bit(uint32_t v) { return uint32_t(__ffs(int(v)) - 1); }
-__device__ __forceinline__ void pause() { __nanosleep(64); }
 // The pointer held in registers: the compiler cannot rebuild it from the kernel parameters (it did, with the
 // member selects, before every stage's loads).
 template <typename T>
@@ -271,7 +228,7 @@ __device__ __forceinline__ void fwht128(float (&v)[4], uint32_t lane) {
     }
 }
 
-// ---- the input fragments ---------------------------------------------------------------------------------
+// ---- launch 1: the input transform -------------------------------------------------------------------------
 
 // Index (in halves) of element (row, kk) of k-tile t in the fragment order: per (t, row half), lane
 // g*4+q holds (row g, k 2q, 2q+1) then (row g, k 2q+8, 2q+9).
@@ -289,6 +246,31 @@ __device__ __forceinline__ T pick(const T (&values)[kMaxMembers], uint32_t mi) {
     for (uint32_t j = 1; j < kMaxMembers; j++)
         if (mi == j) v = values[j];
     return v;
+}
+
+struct MemberScales {
+    const __half* suh[kMaxMembers];
+};
+
+// grid (k / 128, rows_padded / 4, members), 128 threads: warp w transforms row 4*blockIdx.y + w of group
+// blockIdx.x for member blockIdx.z, into that member's fragments (frag_halves apart).
+__global__ void __launch_bounds__(128) rows_gemm_input(const __half* __restrict__ x, const MemberScales scales,
+                                                       __half* __restrict__ a_frag, uint32_t m, uint32_t k,
+                                                       uint32_t row_halves, uint64_t frag_halves) {
+    const uint32_t lane = threadIdx.x & 31u, row = blockIdx.y * 4u + (threadIdx.x >> 5);
+    const uint32_t k0 = blockIdx.x * kGroupK + lane * 4u;
+    const __half* const suh = pick(scales.suh, blockIdx.z);
+    __half* const frag = a_frag + blockIdx.z * frag_halves;
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        v[j] = row < m ? __half2float(x[size_t(row) * k + k0 + j]) * __half2float(suh[k0 + j]) : 0.0f;
+    fwht128(v, lane);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uint32_t kg = k0 + j;
+        frag[frag_index(kg >> 4, row, kg & 15u, row_halves)] = __float2half_rn(v[j] * kInvSqrt128);
+    }
 }
 
 // ---- the decode alone (tests): D [k, n] fp16 from the trellis, one warp per 16x16 tile -------------------
@@ -320,26 +302,17 @@ struct Stage {
     uint2 frag[kRH];
 };
 
-// k-tile t's trellis words (`words`: the n-block's first tile plus the lane's word offset) and input fragments.
+// `words`: the n-block's first tile plus the lane's word offset.
 template <int kRH, int kBits>
-__device__ __forceinline__ void load_stage_words(Stage<kRH, kBits>& st, const uint32_t* __restrict__ words, uint32_t t,
-                                                 uint32_t tiles_n) {
+__device__ __forceinline__ void load_stage(Stage<kRH, kBits>& st, const uint32_t* __restrict__ words,
+                                           const uint2* __restrict__ frags, uint32_t t, uint32_t tiles_n) {
     const uint32_t* p = words + size_t(t) * tiles_n * words_per_tile(kBits);
 #pragma unroll
     for (uint32_t j = 0; j < kTilesN; j++)
 #pragma unroll
         for (int e = 0; e < lane_words(kBits); e++) st.words[j][e] = load_words(p + j * words_per_tile(kBits) + e);
-}
-template <int kRH, int kBits>
-__device__ __forceinline__ void load_stage_frags(Stage<kRH, kBits>& st, const uint2* __restrict__ frags, uint32_t t) {
 #pragma unroll
     for (int h = 0; h < kRH; h++) st.frag[h] = load_frag(frags + (size_t(t) * kRH + h) * 32u);
-}
-template <int kRH, int kBits>
-__device__ __forceinline__ void load_stage(Stage<kRH, kBits>& st, const uint32_t* __restrict__ words,
-                                           const uint2* __restrict__ frags, uint32_t t, uint32_t tiles_n) {
-    load_stage_words(st, words, t, tiles_n);
-    load_stage_frags(st, frags, t);
 }
 
 template <int kRH, int kBits>
@@ -370,23 +343,13 @@ __device__ __forceinline__ Segment<kBits> segment(const uint2* __restrict__ a_fr
             tiles_n};
 }
 
-// The first stages(kBits) groups' trellis words of a segment (warp w: k-tile 8g+w of group g): issued before the
-// segment's inputs are known to be ready, so they are in flight meanwhile.
+// The first stages(kBits) groups' loads of a segment (warp w: k-tile 8g+w of group g).
 template <int kRH, int kBits>
-__device__ __forceinline__ void prologue_words(Stage<kRH, kBits> (&st)[stages(kBits)], const Segment<kBits>& sg) {
+__device__ __forceinline__ void prologue(Stage<kRH, kBits> (&st)[stages(kBits)], const Segment<kBits>& sg) {
     const uint32_t warp = threadIdx.x >> 5;
 #pragma unroll
     for (int i = 0; i < stages(kBits); i++)
-        if (sg.gb + i < sg.ge) load_stage_words(st[i], sg.words, elpis_gemm_ktile(sg.gb + i, warp), sg.tiles_n);
-}
-
-// Their input fragments, once the segment's input tasks are done.
-template <int kRH, int kBits>
-__device__ __forceinline__ void prologue_frags(Stage<kRH, kBits> (&st)[stages(kBits)], const Segment<kBits>& sg) {
-    const uint32_t warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int i = 0; i < stages(kBits); i++)
-        if (sg.gb + i < sg.ge) load_stage_frags(st[i], sg.frags, elpis_gemm_ktile(sg.gb + i, warp));
+        if (sg.gb + i < sg.ge) load_stage(st[i], sg.words, sg.frags, elpis_gemm_ktile(sg.gb + i, warp), sg.tiles_n);
 }
 
 // Groups [gb, ge) of a segment through the warps (warp w: k-tile 8g+w of each group g, ascending; the first
@@ -438,6 +401,17 @@ __device__ __forceinline__ void accumulate_loaded(Stage<kRH, kBits> (&st)[stages
         }
         __syncthreads();
     }
+}
+
+// Groups [gb, ge) of n-block nb, loads and all (accumulate_loaded).
+template <int kRH, int kBits>
+__device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, const uint32_t* __restrict__ trellis,
+                                           uint32_t nb, uint32_t gb, uint32_t ge, uint32_t tiles_n,
+                                           float (&red)[kWarps][8][kRedStride], float (&total)[kRH][4]) {
+    const Segment<kBits> sg = segment<kBits>(a_frag, trellis, nb, gb, ge, tiles_n);
+    Stage<kRH, kBits> st[stages(kBits)];
+    prologue<kRH, kBits>(st, sg);
+    accumulate_loaded<kRH, kBits>(st, sg, red, total);
 }
 
 // y [rows < m, n-block nb] = (total H) / sqrt(128) * svh, one row per warp (red is scratch; ends on a barrier).
@@ -540,7 +514,6 @@ __device__ __forceinline__ void fold_partials(const float* __restrict__ first, u
 // The members of one call: member i owns the n-blocks [nb_end[i-1], nb_end[i]) of the call's n-block order (the
 // slots past count hold the total, so they own none).
 struct Members {
-    const __half* suh[kMaxMembers];
     const uint32_t* trellis[kMaxMembers];
     const __half* svh[kMaxMembers];
     void* out[kMaxMembers];
@@ -550,102 +523,6 @@ struct Members {
     uint64_t frag_halves;  // one member's input fragments
 };
 
-// ---- the input transform, inside the launch ------------------------------------------------------------
-//
-// Input task t = (mi * groups + g) * kRH + h writes rows 8h .. 8h+7 of member mi's a = fp16((x * suh) H) / sqrt(128)
-// on group g into its fragments (rows past m are zero), by one warp. Its state word is 0 (free), 1 (claimed: a warp
-// is running it and waits for nothing meanwhile) or 2 (done). Warp w of block b owns the tasks b + blocks (w + 8j)
-// and runs those still free when the block starts; a warp that needs a task not done yet runs it itself if it is
-// still free, so no warp ever waits for a block that is not resident, or else waits for the warp running it. Who
-// runs a task does not change its bits.
-struct Inputs {
-    const __half* x;   // [m, k]
-    __half* frags;     // count members' fragments, Members::frag_halves apart
-    uint32_t* state;   // one word per task, zero at rest
-};
-
-#ifndef ELPIS_GEMM_TASK_ROWS
-#define ELPIS_GEMM_TASK_ROWS 4
-#endif
-constexpr uint32_t kTaskRows = ELPIS_GEMM_TASK_ROWS;
-
-template <int kRH>
-__device__ __forceinline__ void input_task(const Inputs& in, const Members& members, uint32_t m, uint32_t k, uint32_t t) {
-    const uint32_t lane = threadIdx.x & 31u, groups = k / kGroupK;
-    const uint32_t h = t % kRH, g = (t / kRH) % groups, mi = t / (kRH * groups), k0 = g * kGroupK + lane * 4u;
-    const __half* const suh = pick(members.suh, mi);
-    __half* const frag = in.frags + mi * members.frag_halves;
-    float scale[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) scale[j] = __half2float(suh[k0 + j]);
-    // four rows' loads at a time: eight would not fit beside the trellis words in flight
-#pragma unroll
-    for (uint32_t r0 = 8u * h; r0 < 8u * h + 8u; r0 += kTaskRows) {
-        float v[kTaskRows][4];
-#pragma unroll
-        for (uint32_t r = 0; r < kTaskRows; r++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                v[r][j] = r0 + r < m ? __half2float(in.x[size_t(r0 + r) * k + k0 + j]) * scale[j] : 0.0f;
-#pragma unroll
-        for (uint32_t r = 0; r < kTaskRows; r++) {
-            fwht128(v[r], lane);
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const uint32_t kg = k0 + j;
-                frag[frag_index(kg >> 4, r0 + r, kg & 15u, kRH)] = __float2half_rn(v[r][j] * kInvSqrt128);
-            }
-        }
-    }
-}
-
-// Task t by this warp if it is still free (every lane calls it). Returns its state as this warp found it: 0 (and
-// the warp ran it), 1 (another warp is running it) or 2.
-template <int kRH>
-__device__ __forceinline__ uint32_t try_task(const Inputs& in, const Members& members, uint32_t m, uint32_t k, uint32_t t) {
-    const uint32_t lane = threadIdx.x & 31u;
-    uint32_t before = 0u;
-    if (lane == 0u) before = task_claim(in.state + t);
-    before = shfl_u32(before, 0u);
-    if (before == 0u) {
-        input_task<kRH>(in, members, m, k, t);
-        ELPIS_FENCE();  // release: every lane's fragments, then lane 0's state word
-        warp_sync();
-        if (lane == 0u) {
-            ELPIS_FENCE();
-            task_publish(in.state + t);
-        }
-    }
-    return before;
-}
-
-// Returns once the tasks [t0, t1) are done. The warp reads 32 states at a time (plain loads, which many warps may
-// make of one word at once) and waits while the pending ones are claimed. A task still free on a second look (its
-// owner's block is not running yet) it runs itself: the compare-and-swap goes to one of them picked by the warp's
-// place in the grid, so the waiting warps do not all contend for one word (call 94: every waiting warp tried each
-// pending task's word in turn, and the GEMM took twice as long). The fence after the last done state is read, and
-// the warp barrier after it, make the other warps' fragments visible to this warp's loads.
-template <int kRH>
-__device__ __forceinline__ void wait_tasks(const Inputs& in, const Members& members, uint32_t m, uint32_t k,
-                                           uint32_t t0, uint32_t t1) {
-    const uint32_t lane = threadIdx.x & 31u, spread = (blockIdx.x * kWarps + (threadIdx.x >> 5)) & 31u;
-    for (uint32_t base = t0; base < t1; base += 32u) {
-        for (uint32_t look = 0;; look++) {
-            const uint32_t state = base + lane < t1 ? task_state(in.state + base + lane) : 2u;
-            if (warp_ballot(state != 2u) == 0u) break;
-            const uint32_t free = warp_ballot(state == 0u);
-            if (look > 0u && free != 0u) {
-                const uint32_t turned = (free >> spread) | (free << ((32u - spread) & 31u));
-                try_task<kRH>(in, members, m, k, base + ((lowest_bit(turned) + spread) & 31u));
-            } else if (lane == 0u) {
-                pause();
-            }
-            warp_sync();
-        }
-    }
-    ELPIS_FENCE();
-    warp_sync();
-}
 
 // Where n-block nb (of the call's n-block order) lies: its member mi, that member's first n-block nb0 and width n,
 // and the groups [gb, ge) of it that the units [u0, u1) hold.
@@ -669,18 +546,15 @@ __device__ __forceinline__ Place place_of(const Members& members, uint32_t nb, u
 // whole n-block finishes it; the blocks sharing one write their partials to slot b + nb of `workspace`
 // ([slots][m][128] floats: the pairs (block, n-block) lie on a monotone staircase, so b + nb is unique) and the
 // last to arrive (counted in `counters`, one zero word per n-block, left zero again) sums them in ascending block
-// order and finishes it. Before its first segment's fragments, a block runs its input tasks (above), with that
-// segment's first trellis words in flight. The counters hold, after the n-blocks' words, one that counts the blocks
-// done (the last resets the task states) and the task states. Two blocks per multiprocessor (the grid is one wave of
-// them): up to 128 registers.
+// order and finishes it. Two blocks per multiprocessor (the grid is one wave of them): up to 128 registers.
 template <int kRH, int kBits>
 __global__ void __launch_bounds__(256, 2)
-    rows_gemm_kernel(const __half* __restrict__ x, __half* frags, const Members members, uint32_t m, uint32_t k,
+    rows_gemm_kernel(const uint2* __restrict__ a_frag, const Members members, uint32_t m, uint32_t k,
                      float* __restrict__ workspace, uint32_t* __restrict__ counters) {
     __shared__ float red[kWarps][8][kRedStride];
     __shared__ uint32_t last_flag;
-    const uint32_t b = blockIdx.x, blocks = gridDim.x, warp = threadIdx.x >> 5;
-    const uint32_t groups = k / kGroupK, nbs = pick(members.nb_end, members.count - 1u), units = groups * nbs;
+    const uint32_t b = blockIdx.x, blocks = gridDim.x;
+    const uint32_t groups = k / kGroupK, units = groups * pick(members.nb_end, members.count - 1u);
     const uint32_t u0 = elpis_gemm_split_begin(units, blocks, b), u1 = elpis_gemm_split_end(units, blocks, b);
 #ifdef ELPIS_GEMM_CLOCKS
     uint32_t clock_nbs = 0, clock_finished = 0;
@@ -690,22 +564,9 @@ __global__ void __launch_bounds__(256, 2)
     for (uint32_t nb = u0 / groups; nb * groups < u1; nb++) {
         const Place pl = place_of(members, nb, groups, u0, u1);
         const uint32_t mi = pl.mi, nb0 = pl.nb0, n = pl.n, base = nb * groups;
-        const Segment<kBits> sg = segment<kBits>(reinterpret_cast<const uint2*>(frags + mi * members.frag_halves),
-                                                 pick(members.trellis, mi), nb - nb0, pl.gb, pl.ge, n / 16u);
-        Stage<kRH, kBits> st[stages(kBits)];
-        prologue_words<kRH, kBits>(st, sg);
-        {
-            // (the task bookkeeping from the parameters here and at the end: kept live across the main loop, it
-            // spilled there)
-            const Inputs in{x, frags, counters + nbs + 1u};
-            if (nb == u0 / groups)
-                for (uint32_t t = b + blocks * warp; t < members.count * groups * kRH; t += blocks * kWarps)
-                    try_task<kRH>(in, members, m, k, t);
-            wait_tasks<kRH>(in, members, m, k, (mi * groups + pl.gb) * kRH, (mi * groups + pl.ge) * kRH);
-        }
-        prologue_frags<kRH, kBits>(st, sg);
         float total[kRH][4];
-        accumulate_loaded<kRH, kBits>(st, sg, red, total);
+        accumulate<kRH, kBits>(a_frag + mi * (members.frag_halves / 4u), pick(members.trellis, mi), nb - nb0, pl.gb,
+                               pl.ge, n / 16u, red, total);
 #ifdef ELPIS_GEMM_CLOCKS
         if (clock_nbs < 3u) ELPIS_CLOCK(1u + clock_nbs, global_ns());
         clock_nbs++;
@@ -741,19 +602,6 @@ __global__ void __launch_bounds__(256, 2)
 #ifdef ELPIS_GEMM_CLOCKS
         clock_finished++;
 #endif
-    }
-    // Every block but the last to get here is past its last look at the task states: the last resets them.
-    uint32_t* const done = counters + pick(members.nb_end, members.count - 1u);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        ELPIS_FENCE();
-        last_flag = atomic_inc(done) == blocks - 1u;
-    }
-    __syncthreads();
-    if (last_flag) {
-        ELPIS_FENCE();
-        for (uint32_t t = threadIdx.x; t < members.count * groups * kRH; t += 256u) done[1u + t] = 0u;
-        if (threadIdx.x == 0) *done = 0u;
     }
 #ifdef ELPIS_GEMM_CLOCKS
     ELPIS_CLOCK(4, global_ns());
@@ -832,11 +680,8 @@ uint64_t elpis_rows_gemm_frag_halves(uint32_t m, uint32_t k) { return uint64_t(k
 uint64_t elpis_rows_gemm_workspace_floats(uint32_t m, uint32_t k, uint32_t n, uint32_t bits) {
     return bits_ok(bits) ? (uint64_t(blocks_for(k, n, bits)) + n / kBlockN) * m * kBlockN : 0u;
 }
-// Zeroed words the counters must hold (the kernel leaves them zero): one per n-block (n: all members together), one
-// for the blocks done and one per input task (count members, k / 128 groups, one or two row halves).
-uint32_t elpis_rows_gemm_counters(uint32_t m, uint32_t k, uint32_t n, uint32_t count) {
-    return n / kBlockN + 1u + count * (k / kGroupK) * row_halves_for(m);
-}
+// Zeroed words the counters must hold: one per n-block (n: all members together).
+uint32_t elpis_rows_gemm_counters(uint32_t n) { return n / kBlockN; }
 
 // D [k, n] fp16 (row-major) = the decoded trellis (`bits` per weight), for tests against the format's reference.
 int elpis_rows_gemm_decode(const void* trellis, void* d, uint32_t k, uint32_t n, uint32_t bits, void* stream) {
@@ -850,15 +695,16 @@ int elpis_rows_gemm_decode(const void* trellis, void* d, uint32_t k, uint32_t n,
 
 // For each of `count` (1..4) EXL3 linears i sharing the input x [m, k] fp16: out[i] [m, n[i]] (fp32 where bit i
 // of out_f32 is set, else fp16) = the linear (`bits`-bit mul1 trellis[i] [k/16, n[i]/16, 16 * bits] uint16,
-// suh[i] [k], svh[i] [n[i]] fp16) of x, in one launch. a_frag holds count * frag_halves(m, k) halves, workspace
-// workspace_floats(m, k, n, bits) floats and counters counters(m, k, n, count) zero words (n: the members' n together).
-// Returns 0 or a CUDA error code (cudaErrorInvalidValue: a shape or scratch size outside what the entries above say).
+// suh[i] [k], svh[i] [n[i]] fp16) of x. a_frag holds count * frag_halves(m, k) halves; workspace and counters are sized for
+// the members' n together. Returns 0 or a CUDA error code (cudaErrorInvalidValue: a shape or scratch size
+// outside what the entries above say).
 int elpis_rows_gemm(const void* x, uint32_t m, uint32_t k, uint32_t count, const void* const* suh,
                     const void* const* trellis, const void* const* svh, void* const* out, const uint32_t* n,
                     uint32_t out_f32, uint32_t bits, void* a_frag, uint64_t frag_halves, float* workspace,
                     uint64_t workspace_floats, uint32_t* counters, uint32_t counters_len, void* stream) {
     if (count < 1u || count > kMaxMembers || !bits_ok(bits)) return static_cast<int>(cudaErrorInvalidValue);
     Members members{};
+    MemberScales scales{};
     uint32_t n_total = 0;
     for (uint32_t i = 0; i < count; i++) {
         if (!elpis_rows_gemm_supported(m, k, n[i])) return static_cast<int>(cudaErrorInvalidValue);
@@ -869,24 +715,26 @@ int elpis_rows_gemm(const void* x, uint32_t m, uint32_t k, uint32_t count, const
         members.svh[i] = static_cast<const __half*>(svh[i]);
         members.out[i] = out[i];
         members.nb_end[i] = n_total / kBlockN;
-        members.suh[i] = static_cast<const __half*>(suh[i]);
+        scales.suh[i] = static_cast<const __half*>(suh[i]);
     }
     const uint64_t one = elpis_rows_gemm_frag_halves(m, k);
     if (n_total / kBlockN > kMaxNBlocks || frag_halves < one * count ||
         workspace_floats < elpis_rows_gemm_workspace_floats(m, k, n_total, bits) ||
-        counters_len < elpis_rows_gemm_counters(m, k, n_total, count))
+        counters_len < elpis_rows_gemm_counters(n_total))
         return static_cast<int>(cudaErrorInvalidValue);
     for (uint32_t i = count; i < kMaxMembers; i++) members.nb_end[i] = n_total / kBlockN;  // owns no n-block
     members.count = count;
     members.out_f32 = out_f32;
     members.frag_halves = one;
     const uint32_t rh = row_halves_for(m);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    rows_gemm_input<<<dim3(k / kGroupK, rh * 2u, count), 128, 0, s>>>(static_cast<const __half*>(x), scales,
+                                                                      static_cast<__half*>(a_frag), m, k, rh, one);
     const dim3 grid(blocks_for(k, n_total, bits));
+    const uint2* frags = static_cast<const uint2*>(a_frag);
     const auto kernel = bits == 4u ? (rh == 1u ? rows_gemm_kernel<1, 4> : rows_gemm_kernel<2, 4>)
                                    : (rh == 1u ? rows_gemm_kernel<1, 6> : rows_gemm_kernel<2, 6>);
-    kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<const __half*>(x),
-                                                                 static_cast<__half*>(a_frag), members, m, k,
-                                                                 workspace, counters);
+    kernel<<<grid, 256, 0, s>>>(frags, members, m, k, workspace, counters);
     return static_cast<int>(cudaGetLastError());
 }
 

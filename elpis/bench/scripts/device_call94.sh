@@ -1,5 +1,6 @@
 #!/bin/bash
-# Call 94 (session 22): the rows GEMM's input transform inside its launch (input tasks run by the blocks as they
+# Call 94 (session 22, ran at 2babeb5; results in bench/results/rows_gemm/README.md session 22: bit for bit but
+# 1.6-1.8x slower, the design was withdrawn after call 95): the rows GEMM's input transform inside its launch (input tasks run by the blocks as they
 # start, claimed and waited on through state words) against the served two-launch source
 # (.device/served_gemm.cu = `git show 032be7b:patches/kernels/exl3_gemm_rows.cu`):
 # 1. rows_gemm_variants.py: bitwise and time on every verify call at 8 and 16 rows;

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Call 95 (session 22, on the ~590 s of device time left, so calls 95 and 96 in one): call 94's GEMM with the input
+# Call 95 (ran at 1788f41: still 1.2-1.5x slower than two launches, so the input tasks were withdrawn; results in
+# bench/results/rows_gemm/README.md session 22). Call 95 (session 22, on the ~590 s of device time left, so calls 95 and 96 in one): call 94's GEMM with the input
 # tasks ran twice as long, most likely because every waiting warp made a compare-and-swap on each pending task's
 # word in turn. The wait now reads the states with plain loads and steals only a task still free on a second look.
 # 1. its build with each fragment load (ELPIS_GEMM_FRAG_LOAD: 1 L2 only as in call 94, 2 ld.ca) against the served
