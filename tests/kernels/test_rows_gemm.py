@@ -145,8 +145,8 @@ def test_the_6_bit_head_format(layer) -> None:
 
 @pytest.mark.gpu
 def test_repeated_and_crowded_calls_give_the_same_bits_and_leave_the_sync_words_zero(layer) -> None:
-    # the last-block counting and the counters' reset on the hardware: a call alone, then calls beside a matmul
-    # on another stream (some blocks start late), back to back with no sync between
+    # the last-block counting and the counters' reset on the hardware: a call alone, then calls beside a
+    # matmul on another stream (some blocks start late), back to back with no sync between
     import torch
 
     trellis, suh, svh, g = layer
