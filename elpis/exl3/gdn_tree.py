@@ -69,15 +69,19 @@ ENTRY_ARGS: dict[str, tuple[type, ...]] = {
 PLAN_CAPACITY = 256  # bytes reserved for a packed plan (the C struct is about 110)
 
 
-def _load_library(arch: str | None = None) -> ctypes.CDLL:
-    from elpis import nvcc
-
-    lib = nvcc.load(SOURCE, arch=arch) if arch else nvcc.load(SOURCE)
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Set the argument and result types of every entry of a build (GPU or emulated)."""
     for name, argtypes in ENTRY_ARGS.items():
         entry = getattr(lib, name)
         entry.argtypes = list(argtypes)
         entry.restype = ctypes.c_int
     return lib
+
+
+def _load_library(arch: str | None = None) -> ctypes.CDLL:
+    from elpis import nvcc
+
+    return bind(nvcc.load(SOURCE, arch=arch) if arch else nvcc.load(SOURCE))
 
 
 @lru_cache(maxsize=1)
