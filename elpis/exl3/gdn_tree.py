@@ -59,12 +59,12 @@ _I32, _U32, _VP = ctypes.c_int32, ctypes.c_uint32, ctypes.c_void_p
 ENTRY_ARGS: dict[str, tuple[type, ...]] = {
     "elpis_gdn_tree_plan": (_U32, _VP, _VP, _VP, _VP, _VP, _VP, _VP),
     "elpis_gdn_tree_stack_slots": (),
-    "elpis_gdn_tree_verify": (_VP, _VP, _VP, _VP, _VP, _I32, _VP, _U32, _VP, _VP, _VP, _VP, _VP),
-    "elpis_gdn_tree_commit": (_VP, _VP, _VP, _VP, _VP, _I32, _VP, _U32, _VP, _VP, _VP, _VP),
+    "elpis_gdn_tree_verify": (_VP, _I32, _I32, _VP, _VP, _VP, _VP, _I32, _VP, _U32, _VP, _VP, _VP, _VP, _VP),
+    "elpis_gdn_tree_commit": (_VP, _I32, _I32, _VP, _VP, _VP, _VP, _I32, _VP, _U32, _VP, _VP, _VP, _VP),
     "elpis_gdn_tree_plan_pack": (_U32, _VP, _VP, _VP, _U32),
-    "elpis_gdn_tree_verify_dev": (_VP, _VP, _VP, _VP, _VP, _I32, _VP, _U32, _VP, _VP, _VP, _VP),
+    "elpis_gdn_tree_verify_dev": (_VP, _I32, _I32, _VP, _VP, _VP, _VP, _I32, _VP, _U32, _VP, _VP, _VP, _VP),
     "elpis_gdn_tree_commit_plan_pack": (_U32, _VP, _VP, _U32),
-    "elpis_gdn_tree_commit_dev": (_VP, _VP, _VP, _VP, _VP, _I32, _VP, _VP, _VP),
+    "elpis_gdn_tree_commit_dev": (_VP, _I32, _I32, _VP, _VP, _VP, _VP, _I32, _VP, _VP, _VP),
 }
 PLAN_CAPACITY = 256  # bytes reserved for a packed plan (the C struct is about 110)
 
@@ -162,11 +162,26 @@ def stack_slots() -> int:
     return int(_host_library().elpis_gdn_tree_stack_slots())
 
 
-def _check_inputs(qkv, beta, g, conv_weight, conv_state, state) -> int:
-    """Validate the shared inputs; returns the number of input rows."""
+def qkv_layout(qkv: torch.Tensor) -> tuple[int, int]:
+    """(row stride, channel stride) in elements of a qkv [n, 10240] bf16 CUDA tensor the kernel reads:
+    token-major (contiguous) or channel-major (the transpose of a contiguous [10240, >= n] buffer, as
+    ExLlamaV3's layer casts the projection for its conv). ValueError for any other layout."""
     import torch
 
+    if not isinstance(qkv, torch.Tensor):
+        raise TypeError(f"qkv must be a torch.Tensor, got {type(qkv).__name__}")
+    channel_major = qkv.dim() == 2 and qkv.shape[1] == CONV_DIM and qkv.stride() == (1, qkv.stride(1))
+    if channel_major and qkv.stride(1) >= qkv.shape[0] and qkv.is_cuda and qkv.dtype == torch.bfloat16:
+        return 1, qkv.stride(1)
     check_tensor("qkv", qkv, torch.bfloat16, (None, CONV_DIM))
+    return CONV_DIM, 1
+
+
+def _check_inputs(qkv, beta, g, conv_weight, conv_state, state) -> int:
+    """Validate the shared inputs (qkv in either layout of `qkv_layout`); returns the number of input rows."""
+    import torch
+
+    qkv_layout(qkv)
     n_in = qkv.shape[0]
     if not 1 <= n_in <= MAX_ROWS:
         raise ValueError(f"qkv must have 1..{MAX_ROWS} rows, got {n_in}")
@@ -215,8 +230,9 @@ def gdn_tree_verify(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Core outputs fp32 [R, 48, 128] of R tree rows (and bf16 ones with `bf16_out`).
 
-    qkv bf16 [R, 10240] (pre-conv), beta bf16 [R, 48], g fp32 [R, 48], conv_weight bf16 [10240, 4],
-    conv_state bf16 [10240, >=4] (columns 0..3: the last inputs, oldest first), state fp32 [48, 128, 128].
+    qkv bf16 [R, 10240] (pre-conv; token-major or channel-major, `qkv_layout`), beta bf16 [R, 48],
+    g fp32 [R, 48], conv_weight bf16 [10240, 4], conv_state bf16 [10240, >=4] (columns 0..3: the last
+    inputs, oldest first), state fp32 [48, 128, 128].
     Neither state is modified.
     """
     import torch
@@ -229,9 +245,9 @@ def gdn_tree_verify(
     out, out_bf16 = _outputs(rows, qkv.device, True, bf16_out)
     stream = torch.cuda.current_stream(qkv.device).cuda_stream
     err = _library().elpis_gdn_tree_verify(
-        qkv.data_ptr(), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(), conv_state.data_ptr(),
-        conv_state.shape[1], state.data_ptr(), rows, depth_arr, ancestors_arr, out.data_ptr(),
-        out_bf16.data_ptr() if out_bf16 is not None else None, stream,
+        qkv.data_ptr(), *qkv_layout(qkv), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(),
+        conv_state.data_ptr(), conv_state.shape[1], state.data_ptr(), rows, depth_arr, ancestors_arr,
+        out.data_ptr(), out_bf16.data_ptr() if out_bf16 is not None else None, stream,
     )  # fmt: skip
     _raise_on(err, "verify")
     return (out, out_bf16) if out_bf16 is not None else out
@@ -265,9 +281,9 @@ def gdn_tree_verify_graph(
     _check_plan_dev(plan_dev, qkv)
     out, out_bf16 = _outputs(rows, qkv.device, True, True)
     err = _library().elpis_gdn_tree_verify_dev(
-        qkv.data_ptr(), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(), conv_state.data_ptr(),
-        conv_state.shape[1], state.data_ptr(), rows, plan_dev.data_ptr(), out.data_ptr(), out_bf16.data_ptr(),
-        torch.cuda.current_stream(qkv.device).cuda_stream,
+        qkv.data_ptr(), *qkv_layout(qkv), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(),
+        conv_state.data_ptr(), conv_state.shape[1], state.data_ptr(), rows, plan_dev.data_ptr(),
+        out.data_ptr(), out_bf16.data_ptr(), torch.cuda.current_stream(qkv.device).cuda_stream,
     )  # fmt: skip
     _raise_on(err, "verify (graph form)")
     return out, out_bf16
@@ -300,8 +316,8 @@ def gdn_tree_commit(
     out, _ = _outputs(len(rows), qkv.device, outputs, False)
     stream = torch.cuda.current_stream(qkv.device).cuda_stream
     err = _library().elpis_gdn_tree_commit(
-        qkv.data_ptr(), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(), conv_state.data_ptr(),
-        conv_state.shape[1], state.data_ptr(), len(rows), _i32(rows),
+        qkv.data_ptr(), *qkv_layout(qkv), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(),
+        conv_state.data_ptr(), conv_state.shape[1], state.data_ptr(), len(rows), _i32(rows),
         out.data_ptr() if out is not None else None, None, stream,
     )  # fmt: skip
     _raise_on(err, "commit")
@@ -325,8 +341,8 @@ def gdn_tree_commit_graph(
     _check_inputs(qkv, beta, g, conv_weight, conv_state, state)
     _check_plan_dev(plan_dev, qkv)
     err = _library().elpis_gdn_tree_commit_dev(
-        qkv.data_ptr(), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(), conv_state.data_ptr(),
-        conv_state.shape[1], state.data_ptr(), plan_dev.data_ptr(),
+        qkv.data_ptr(), *qkv_layout(qkv), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(),
+        conv_state.data_ptr(), conv_state.shape[1], state.data_ptr(), plan_dev.data_ptr(),
         torch.cuda.current_stream(qkv.device).cuda_stream,
     )  # fmt: skip
     _raise_on(err, "commit (graph form)")

@@ -6,7 +6,9 @@
 //
 // Inputs: the layout the engine holds after the in-projections (ExLlamaV3's GDN layer: the qkv projection
 // cast to bf16, beta and g from gated_delta_net_fused_op_2; z stays with the gated norm that follows):
-//   qkv         bf16 [n_in, 10240]   pre-conv projection, one row per tree row (token-major)
+//   qkv         bf16 [n_in, 10240]   pre-conv projection, one row per tree row, element (row, channel) at
+//                                    row * row_stride + channel * channel_stride: token-major (10240, 1) or the
+//                                    channel-major [10240, n] buffer ExLlamaV3's layer casts it to (1, n)
 //   beta        bf16 [n_in, 48]      sigmoid(b)
 //   g           fp32 [n_in, 48]      log decay, -exp(A_log) * softplus(a + dt_bias)
 //   conv_weight bf16 [10240, 4]      depthwise taps, oldest input first
@@ -160,8 +162,17 @@ static int gdn_tree_plan(uint32_t rows, const int32_t* depth, const uint32_t* an
 
 namespace {
 
+// Where element (row, channel) of qkv lies, in elements (token-major: kConvDim, 1; channel-major: 1, rows).
+struct QkvLayout {
+    int32_t row_stride, channel_stride;
+    __device__ __forceinline__ size_t at(int row, int ch) const {
+        return static_cast<size_t>(row) * row_stride + static_cast<size_t>(ch) * channel_stride;
+    }
+};
+
 struct GdnTreeArgs {
     const __nv_bfloat16* qkv;
+    QkvLayout qkv_layout;
     const __nv_bfloat16* beta;
     const float* g;
     const __nv_bfloat16* conv_weight;
@@ -199,7 +210,7 @@ __device__ __forceinline__ void stage_channel(const GdnTreeArgs& a, const GdnTre
     __nv_bfloat16 raw[kMaxRows];
 #pragma unroll
     for (int r = 0; r < kMaxRows; r++) {
-        raw[r] = r < plan.rows ? a.qkv[static_cast<size_t>(plan.in_row[r]) * kConvDim + ch] : __nv_bfloat16{};
+        raw[r] = r < plan.rows ? a.qkv[a.qkv_layout.at(plan.in_row[r], ch)] : __nv_bfloat16{};
     }
 #pragma unroll
     for (int c = 1; c < kTaps; c++) hist[c - 1] = bf(a.conv_state[static_cast<size_t>(ch) * a.conv_stride + c]);
@@ -375,8 +386,8 @@ __global__ void __launch_bounds__(kThreads) gdn_tree_kernel_dev(const GdnTreeArg
 
 // Commit of the conv window: columns 0..3 become the last 4 inputs along the chain of `plan` (in place;
 // each thread reads its channel's old columns before writing). Runs after gdn_tree_kernel on the stream.
-__device__ __forceinline__ void conv_commit_body(const __nv_bfloat16* qkv, __nv_bfloat16* conv_state,
-                                                 int32_t stride, const GdnTreePlan& plan) {
+__device__ __forceinline__ void conv_commit_body(const __nv_bfloat16* qkv, QkvLayout layout,
+                                                 __nv_bfloat16* conv_state, int32_t stride, const GdnTreePlan& plan) {
     const int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= kConvDim) return;
     __nv_bfloat16* w = conv_state + static_cast<size_t>(ch) * stride;
@@ -387,28 +398,29 @@ __device__ __forceinline__ void conv_commit_body(const __nv_bfloat16* qkv, __nv_
 #pragma unroll
     for (int j = 0; j < kTaps; j++) {
         const int e = n - kTaps + j;  // chain position of new column j
-        w[j] = e >= 0 ? qkv[static_cast<size_t>(plan.in_row[e]) * kConvDim + ch] : old[kTaps + e];
+        w[j] = e >= 0 ? qkv[layout.at(plan.in_row[e], ch)] : old[kTaps + e];
     }
 }
 
-__global__ void gdn_conv_commit_kernel(const __nv_bfloat16* qkv, __nv_bfloat16* conv_state, int32_t stride,
-                                       const GdnTreePlan plan) {
-    conv_commit_body(qkv, conv_state, stride, plan);
+__global__ void gdn_conv_commit_kernel(const __nv_bfloat16* qkv, QkvLayout layout, __nv_bfloat16* conv_state,
+                                       int32_t stride, const GdnTreePlan plan) {
+    conv_commit_body(qkv, layout, conv_state, stride, plan);
 }
 
 // The CUDA-graph form: the plan read from device memory.
-__global__ void gdn_conv_commit_kernel_dev(const __nv_bfloat16* qkv, __nv_bfloat16* conv_state, int32_t stride,
-                                           const GdnTreePlan* __restrict__ plan) {
-    conv_commit_body(qkv, conv_state, stride, *plan);
+__global__ void gdn_conv_commit_kernel_dev(const __nv_bfloat16* qkv, QkvLayout layout, __nv_bfloat16* conv_state,
+                                           int32_t stride, const GdnTreePlan* __restrict__ plan) {
+    conv_commit_body(qkv, layout, conv_state, stride, *plan);
 }
 
-int launch(const GdnTreeArgs& args, const GdnTreePlan& plan, bool commit, const __nv_bfloat16* qkv,
-           __nv_bfloat16* conv_state, int32_t stride, cudaStream_t s) {
+int launch(const GdnTreeArgs& args, const GdnTreePlan& plan, bool commit, __nv_bfloat16* conv_state,
+           int32_t stride, cudaStream_t s) {
     gdn_tree_kernel<<<dim3(kSlices, kValueHeads), kThreads, 0, s>>>(args, plan);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return static_cast<int>(err);
     if (commit) {
-        gdn_conv_commit_kernel<<<(kConvDim + 255) / 256, 256, 0, s>>>(qkv, conv_state, stride, plan);
+        gdn_conv_commit_kernel<<<(kConvDim + 255) / 256, 256, 0, s>>>(args.qkv, args.qkv_layout, conv_state, stride,
+                                                                      plan);
         err = cudaGetLastError();
     }
     return static_cast<int>(err);
@@ -468,31 +480,34 @@ int elpis_gdn_tree_commit_plan_pack(uint32_t n, const int32_t* path, void* out, 
 
 // Commit, CUDA-graph form: as elpis_gdn_tree_commit (no outputs), the path's plan packed by
 // elpis_gdn_tree_commit_plan_pack and read from device memory when the kernels run.
-int elpis_gdn_tree_commit_dev(const void* qkv, const void* beta, const float* g, const void* conv_weight,
-                              void* conv_state, int32_t conv_stride, float* state, const void* plan_dev,
-                              void* stream) {
+int elpis_gdn_tree_commit_dev(const void* qkv, int32_t qkv_row_stride, int32_t qkv_channel_stride, const void* beta,
+                              const float* g, const void* conv_weight, void* conv_state, int32_t conv_stride,
+                              float* state, const void* plan_dev, void* stream) {
     if (plan_dev == nullptr) return -1;
     const auto* x = static_cast<const __nv_bfloat16*>(qkv);
+    const QkvLayout layout{qkv_row_stride, qkv_channel_stride};
     auto* conv = static_cast<__nv_bfloat16*>(conv_state);
     const auto* plan = static_cast<const GdnTreePlan*>(plan_dev);
-    const GdnTreeArgs args{x, static_cast<const __nv_bfloat16*>(beta), g,
+    const GdnTreeArgs args{x, layout, static_cast<const __nv_bfloat16*>(beta), g,
                            static_cast<const __nv_bfloat16*>(conv_weight), conv, conv_stride, state, state, nullptr,
                            nullptr};
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     gdn_tree_kernel_dev<<<dim3(kSlices, kValueHeads), kThreads, 0, s>>>(args, plan);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return static_cast<int>(err);
-    gdn_conv_commit_kernel_dev<<<(kConvDim + 255) / 256, 256, 0, s>>>(x, conv, conv_stride, plan);
+    gdn_conv_commit_kernel_dev<<<(kConvDim + 255) / 256, 256, 0, s>>>(x, layout, conv, conv_stride, plan);
     return static_cast<int>(cudaGetLastError());
 }
 
 // Verify, CUDA-graph form: as elpis_gdn_tree_verify for `rows` rows, the plan packed by
 // elpis_gdn_tree_plan_pack and read from device memory (plan_dev) when the kernel runs.
-int elpis_gdn_tree_verify_dev(const void* qkv, const void* beta, const float* g, const void* conv_weight,
-                              const void* conv_state, int32_t conv_stride, const float* state, uint32_t rows,
-                              const void* plan_dev, float* out, void* out_bf16, void* stream) {
+int elpis_gdn_tree_verify_dev(const void* qkv, int32_t qkv_row_stride, int32_t qkv_channel_stride, const void* beta,
+                              const float* g, const void* conv_weight, const void* conv_state, int32_t conv_stride,
+                              const float* state, uint32_t rows, const void* plan_dev, float* out, void* out_bf16,
+                              void* stream) {
     if (rows == 0 || rows > static_cast<uint32_t>(kMaxRows) || plan_dev == nullptr) return -1;
-    const GdnTreeArgs args{static_cast<const __nv_bfloat16*>(qkv), static_cast<const __nv_bfloat16*>(beta), g,
+    const GdnTreeArgs args{static_cast<const __nv_bfloat16*>(qkv), QkvLayout{qkv_row_stride, qkv_channel_stride},
+                           static_cast<const __nv_bfloat16*>(beta), g,
                            static_cast<const __nv_bfloat16*>(conv_weight),
                            static_cast<const __nv_bfloat16*>(conv_state), conv_stride, state, nullptr, out,
                            static_cast<__nv_bfloat16*>(out_bf16)};
@@ -504,25 +519,26 @@ int elpis_gdn_tree_verify_dev(const void* qkv, const void* beta, const float* g,
 // Verify: one output row per tree row. depth/ancestors are host arrays (tree_masks), device pointers for
 // the tensors (shapes validated by elpis/exl3/gdn_tree.py). Returns 0, a negative plan error or a
 // cudaError_t.
-int elpis_gdn_tree_verify(const void* qkv, const void* beta, const float* g, const void* conv_weight,
-                          const void* conv_state, int32_t conv_stride, const float* state, uint32_t rows,
-                          const int32_t* depth, const uint32_t* ancestors, float* out, void* out_bf16,
-                          void* stream) {
+int elpis_gdn_tree_verify(const void* qkv, int32_t qkv_row_stride, int32_t qkv_channel_stride, const void* beta,
+                          const float* g, const void* conv_weight, const void* conv_state, int32_t conv_stride,
+                          const float* state, uint32_t rows, const int32_t* depth, const uint32_t* ancestors,
+                          float* out, void* out_bf16, void* stream) {
     GdnTreePlan plan{};
     const int err = gdn_tree_plan(rows, depth, ancestors, nullptr, &plan);
     if (err != 0) return err;
-    const GdnTreeArgs args{static_cast<const __nv_bfloat16*>(qkv), static_cast<const __nv_bfloat16*>(beta), g,
+    const GdnTreeArgs args{static_cast<const __nv_bfloat16*>(qkv), QkvLayout{qkv_row_stride, qkv_channel_stride},
+                           static_cast<const __nv_bfloat16*>(beta), g,
                            static_cast<const __nv_bfloat16*>(conv_weight),
                            static_cast<const __nv_bfloat16*>(conv_state), conv_stride, state, nullptr, out,
                            static_cast<__nv_bfloat16*>(out_bf16)};
-    return launch(args, plan, false, nullptr, nullptr, conv_stride, static_cast<cudaStream_t>(stream));
+    return launch(args, plan, false, nullptr, conv_stride, static_cast<cudaStream_t>(stream));
 }
 
 // Commit: replay the accepted path (input rows path[0..n-1], root first) from the committed state, write
 // the new state and conv window in place (and the path rows' outputs when out/out_bf16 are given).
-int elpis_gdn_tree_commit(const void* qkv, const void* beta, const float* g, const void* conv_weight,
-                          void* conv_state, int32_t conv_stride, float* state, uint32_t n, const int32_t* path,
-                          float* out, void* out_bf16, void* stream) {
+int elpis_gdn_tree_commit(const void* qkv, int32_t qkv_row_stride, int32_t qkv_channel_stride, const void* beta,
+                          const float* g, const void* conv_weight, void* conv_state, int32_t conv_stride, float* state,
+                          uint32_t n, const int32_t* path, float* out, void* out_bf16, void* stream) {
     if (n == 0 || n > static_cast<uint32_t>(kMaxRows)) return -1;
     int32_t depth[kMaxRows];
     uint32_t ancestors[kMaxRows];
@@ -533,12 +549,12 @@ int elpis_gdn_tree_commit(const void* qkv, const void* beta, const float* g, con
     GdnTreePlan plan{};
     const int err = gdn_tree_plan(n, depth, ancestors, path, &plan);
     if (err != 0) return err;
-    const auto* x = static_cast<const __nv_bfloat16*>(qkv);
     auto* conv = static_cast<__nv_bfloat16*>(conv_state);
-    const GdnTreeArgs args{x, static_cast<const __nv_bfloat16*>(beta), g,
+    const GdnTreeArgs args{static_cast<const __nv_bfloat16*>(qkv), QkvLayout{qkv_row_stride, qkv_channel_stride},
+                           static_cast<const __nv_bfloat16*>(beta), g,
                            static_cast<const __nv_bfloat16*>(conv_weight), conv, conv_stride, state, state, out,
                            static_cast<__nv_bfloat16*>(out_bf16)};
-    return launch(args, plan, true, x, conv, conv_stride, static_cast<cudaStream_t>(stream));
+    return launch(args, plan, true, conv, conv_stride, static_cast<cudaStream_t>(stream));
 }
 
 }  // extern "C"

@@ -226,6 +226,36 @@ def test_a_zero_plan_commits_nothing() -> None:
     assert not torch.equal(state, inp.state)
 
 
+def test_channel_major_qkv_gives_the_same_bits() -> None:
+    """The projection as ExLlamaV3's layer casts it for its conv ([10240, rows] bf16, here with junk columns
+    past the rows) read in place: every entry, eager and graph forms, gives the token-major input's bits."""
+    parents = STACK3
+    inp = _inputs(len(parents), seed=701)
+    buffer = torch.randn(gt.CONV_DIM, 16, device="cuda").bfloat16()
+    buffer[:, : len(parents)] = inp.qkv.t()
+    channel = buffer.t()[: len(parents)]
+    assert gt.qkv_layout(channel) == (1, 16) and gt.qkv_layout(inp.qkv) == (gt.CONV_DIM, 1)
+    m = accept.tree_masks(parents)
+    token_out = gt.gdn_tree_verify(*inp.tensors(), m.depth, m.ancestors, bf16_out=True)
+    channel_out = gt.gdn_tree_verify(channel, *inp.tensors()[1:], m.depth, m.ancestors, bf16_out=True)
+    assert all(torch.equal(a, b) for a, b in zip(token_out, channel_out, strict=True))
+    plan = torch.frombuffer(bytearray(gt.packed_plan(tuple(m.depth), tuple(m.ancestors))), dtype=torch.uint8)
+    plan_dev = torch.zeros((gt.PLAN_CAPACITY,), dtype=torch.uint8, device="cuda")
+    plan_dev[: len(plan)] = plan.cuda()
+    graph_out = gt.gdn_tree_verify_graph(channel, *inp.tensors()[1:], plan_dev)
+    assert all(torch.equal(a, b) for a, b in zip(token_out, graph_out, strict=True))
+    path = _path(parents, len(parents) - 1)
+    by_token, by_channel, by_graph = inp.clone(), inp.clone(), inp.clone()
+    gt.gdn_tree_commit(*by_token.tensors(), path)
+    gt.gdn_tree_commit(channel, *by_channel.tensors()[1:], path)
+    commit_plan = gt.packed_commit_plan(tuple(path))
+    plan_dev.zero_()
+    plan_dev[: len(commit_plan)] = torch.frombuffer(bytearray(commit_plan), dtype=torch.uint8).cuda()
+    gt.gdn_tree_commit_graph(channel, *by_graph.tensors()[1:], plan_dev)
+    for other in (by_channel, by_graph):
+        assert torch.equal(other.state, by_token.state) and torch.equal(other.conv_state, by_token.conv_state)
+
+
 def test_bad_inputs_are_refused() -> None:
     inp = _inputs(4, seed=7)
     m = accept.tree_masks([-1, 0, 1, 1])

@@ -39,14 +39,28 @@ def _ran(t: torch.Tensor) -> torch.Tensor:
     return torch.stack([t[:, head, 16 * s : 16 * s + 16] for s, head in BLOCKS], dim=1)
 
 
-def _verify(lib: ctypes.CDLL, inp: ref.Inputs, parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def _qkv(inp: ref.Inputs, channel_major: bool) -> tuple[torch.Tensor, int, int]:
+    """qkv as the kernel reads it, with its row and channel strides: token-major as it is, or copied into a
+    channel-major [10240, 16] buffer (the input rows in its first columns, the rest junk)."""
+    if not channel_major:
+        return inp.qkv, gt.CONV_DIM, 1
+    buffer = torch.randn(gt.CONV_DIM, 16).bfloat16()
+    buffer[:, : inp.qkv.shape[0]] = inp.qkv.t()
+    return buffer, 1, 16
+
+
+def _verify(
+    lib: ctypes.CDLL, inp: ref.Inputs, parents: list[int], channel_major: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     m = accept.tree_masks(parents)
     rows = len(parents)
     out = torch.full((rows, 48, 128), float("nan"))
     out_bf16 = torch.zeros((rows, 48, 128), dtype=torch.bfloat16)
-    qkv, beta, g, weight, conv, state = inp.tensors()
+    _, beta, g, weight, conv, state = inp.tensors()
+    qkv, row_stride, channel_stride = _qkv(inp, channel_major)
     err = lib.elpis_gdn_tree_verify(
-        qkv.data_ptr(), beta.data_ptr(), g.data_ptr(), weight.data_ptr(), conv.data_ptr(), conv.shape[1],
+        qkv.data_ptr(), row_stride, channel_stride, beta.data_ptr(), g.data_ptr(), weight.data_ptr(),
+        conv.data_ptr(), conv.shape[1],
         state.data_ptr(), rows, (ctypes.c_int32 * rows)(*m.depth), (ctypes.c_uint32 * rows)(*m.ancestors),
         out.data_ptr(), out_bf16.data_ptr(), None,
     )  # fmt: skip
@@ -55,10 +69,12 @@ def _verify(lib: ctypes.CDLL, inp: ref.Inputs, parents: list[int]) -> tuple[torc
     return _ran(out), _ran(out_bf16)
 
 
-def _commit(lib: ctypes.CDLL, inp: ref.Inputs, path: list[int]) -> None:
-    qkv, beta, g, weight, conv, state = inp.tensors()
+def _commit(lib: ctypes.CDLL, inp: ref.Inputs, path: list[int], channel_major: bool = False) -> None:
+    _, beta, g, weight, conv, state = inp.tensors()
+    qkv, row_stride, channel_stride = _qkv(inp, channel_major)
     err = lib.elpis_gdn_tree_commit(
-        qkv.data_ptr(), beta.data_ptr(), g.data_ptr(), weight.data_ptr(), conv.data_ptr(), conv.shape[1],
+        qkv.data_ptr(), row_stride, channel_stride, beta.data_ptr(), g.data_ptr(), weight.data_ptr(),
+        conv.data_ptr(), conv.shape[1],
         state.data_ptr(), len(path), (ctypes.c_int32 * len(path))(*path), None, None, None,
     )  # fmt: skip
     assert err == 0
@@ -115,3 +131,17 @@ def test_a_commit_leaves_the_state_its_rows_lead_to(lib: ctypes.CDLL) -> None:
     assert not torch.equal(committed.conv_state, inp.conv_state)
     rest, _ = _verify(lib, _rows(committed, [3, 4, 5]), [-1, 0, 1])
     assert torch.equal(rest, whole[3:])
+
+
+def test_channel_major_input_gives_the_same_bits(lib: ctypes.CDLL) -> None:
+    # the projection as ExLlamaV3's layer leaves it for its conv ([10240, rows] bf16), read in place
+    inp = ref.random_inputs(len(STACK3), seed=13)
+    token = _verify(lib, inp, STACK3)
+    channel = _verify(lib, inp, STACK3, channel_major=True)
+    assert all(torch.equal(a, b) for a, b in zip(token, channel, strict=True))
+    by_token, by_channel = inp.clone(), inp.clone()
+    _commit(lib, by_token, [0, 1, 4, 6])
+    _commit(lib, by_channel, [0, 1, 4, 6], channel_major=True)
+    assert torch.equal(by_token.conv_state, by_channel.conv_state)
+    assert torch.equal(by_token.state, by_channel.state)
+    assert not torch.equal(by_token.state, inp.state)

@@ -41,6 +41,33 @@ def _with(lib) -> None:
     gt._library = lambda: lib  # type: ignore[assignment]
 
 
+class WithoutLayout:
+    """A build from before the qkv layout arguments (session 22), bound: its entries take token-major qkv
+    only, so the two stride arguments the current binding passes are checked and dropped."""
+
+    LAYOUT_ENTRIES = ("elpis_gdn_tree_verify", "elpis_gdn_tree_commit", "elpis_gdn_tree_verify_dev",
+                      "elpis_gdn_tree_commit_dev")  # fmt: skip
+
+    def __init__(self, lib) -> None:
+        for name, argtypes in gt.ENTRY_ARGS.items():
+            entry = getattr(lib, name)
+            entry.argtypes = [argtypes[0], *argtypes[3:]] if name in self.LAYOUT_ENTRIES else list(argtypes)
+            entry.restype = gt.ctypes.c_int
+        self._lib = lib
+
+    def __getattr__(self, name: str):
+        entry = getattr(self._lib, name)
+        if name not in self.LAYOUT_ENTRIES:
+            return entry
+
+        def call(qkv, row_stride, channel_stride, *rest):
+            if (row_stride, channel_stride) != (gt.CONV_DIM, 1):
+                raise ValueError("the previous build reads token-major qkv only")
+            return entry(qkv, *rest)
+
+        return call
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
 
@@ -48,11 +75,9 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def main(previous: Path) -> int:
     from elpis import nvcc
 
-    new_lib, old_lib = gt._library(), nvcc.load(previous)
-    for name, argtypes in gt.ENTRY_ARGS.items():
-        entry = getattr(old_lib, name)
-        entry.argtypes = list(argtypes)
-        entry.restype = gt.ctypes.c_int
+    new_lib = gt._library()
+    old_lib = nvcc.load(previous)
+    old_lib = gt.bind(old_lib) if "qkv_row_stride" in previous.read_text() else WithoutLayout(old_lib)
     failures = 0
     for i, parents in enumerate(_trees()):
         rows = len(parents)
