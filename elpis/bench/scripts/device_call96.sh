@@ -4,7 +4,8 @@
 # did not):
 # 1. gdn_vs_previous.py against the kernel before it (.device/gdn_prev.cu = `git show
 #    094370a:patches/kernels/gdn_tree.cu`): bits and time of the token-major path served today;
-# 2. GPU tests of the kernel (channel-major = token-major among them) and of tree verifies and their graphs;
+# 2. GPU tests of the kernel (channel-major = token-major among them), of the rows GEMM (its repeated and crowded
+#    calls, run so far only against session 22's withdrawn build) and of tree verifies and their graphs;
 # 3. one `elpis bench engine` of stock and elpis tree-16 as served (A); then device_call96_gdn_in_place.patch
 #    applied (the tree conv reads the channel-major bf16 buffer stock casts for its conv in place: one copy a
 #    Gated DeltaNet layer fewer, 48 a verify), the tree verify GPU tests again, and elpis tree-16 again (B).
@@ -17,8 +18,8 @@ wait_build
 echo "=== gdn tree: layout against the previous kernel ($(left) s left)" | tee -a "$OUT/log"
 timeout -k 5 120 python3 elpis/bench/scripts/gdn_vs_previous.py .device/gdn_prev.cu 2>&1 | grep GDNAB \
   | tee "$OUT/gdn_vs_previous.txt" | grep -E "timing|summary" | tee -a "$OUT/log"
-gpu_pytest "gdn tree kernel, tree verify and graphs (A)" 150 tests/kernels/test_gdn_tree.py \
-  tests/exl3/test_tree_verify.py tests/exl3/test_tree_graph.py
+gpu_pytest "gdn tree kernel, rows GEMM kernel, tree verify and graphs (A)" 170 tests/kernels/test_gdn_tree.py \
+  tests/kernels/test_rows_gemm.py tests/exl3/test_tree_verify.py tests/exl3/test_tree_graph.py
 wait_synth
 export BENCH_MARGIN=200
 engine_bench sameA 1 stock,elpis-tree16 12 3 "Stock vs elpis tree-16 as served (call 96 A), H200"
