@@ -297,31 +297,52 @@ EMU_BLOCKS = [(0, 0), (7, 47), (3, 25)]  # (value-column slice, value head): fir
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     build = tmp_path_factory.mktemp("gdn_emu")
-    lib = cuda_emu.build_emulated(gdn_tree.SOURCE, build, launches=5, needs=(gdn_plan.HEADER,))
-    for name, argtypes in gdn_tree.ENTRY_ARGS.items():
-        getattr(lib, name).argtypes = list(argtypes)
+    lib = gdn_tree.bind(cuda_emu.build_emulated(gdn_tree.SOURCE, build, launches=5, needs=(gdn_plan.HEADER,)))
     lib.emu_set_blocks(len(EMU_BLOCKS), gdn_tree._i32([v for b in EMU_BLOCKS for v in b]))
     return lib
 
 
-def _emu_verify(lib, inp: ref.Inputs, parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+TOKEN_MAJOR = (ref.CONV_DIM, 1)  # qkv's (row, channel) strides as random_inputs makes it
+
+
+def _channel_major(qkv: torch.Tensor) -> torch.Tensor:
+    """qkv copied into a channel-major [10240, 16] buffer (its rows in the first columns, junk after), as
+    ExLlamaV3's layer casts the projection for its conv; the kernel reads it with strides (1, 16)."""
+    buffer = torch.randn(ref.CONV_DIM, 16).bfloat16()
+    buffer[:, : qkv.shape[0]] = qkv.t()
+    return buffer
+
+
+def _emu_verify(
+    lib, inp: ref.Inputs, parents: list[int], qkv: torch.Tensor | None = None, layout=TOKEN_MAJOR
+) -> tuple[torch.Tensor, torch.Tensor]:
     masks = accept.tree_masks(parents)
     rows = len(parents)
     out = torch.full((rows, ref.VALUE_HEADS, ref.HEAD_DIM), float("nan"))
     out_bf16 = torch.zeros((rows, ref.VALUE_HEADS, ref.HEAD_DIM), dtype=torch.bfloat16)
     err = lib.elpis_gdn_tree_verify(
-        inp.qkv.data_ptr(), inp.beta.data_ptr(), inp.g.data_ptr(), inp.conv_weight.data_ptr(),
-        inp.conv_state.data_ptr(), inp.conv_state.shape[1], inp.state.data_ptr(), rows,
-        gdn_tree._i32(masks.depth), gdn_tree._u32(masks.ancestors), out.data_ptr(), out_bf16.data_ptr(), None,
+        (inp.qkv if qkv is None else qkv).data_ptr(), *layout, inp.beta.data_ptr(), inp.g.data_ptr(),
+        inp.conv_weight.data_ptr(), inp.conv_state.data_ptr(), inp.conv_state.shape[1], inp.state.data_ptr(),
+        rows, gdn_tree._i32(masks.depth), gdn_tree._u32(masks.ancestors), out.data_ptr(), out_bf16.data_ptr(),
+        None,
     )  # fmt: skip
     assert err == 0
     return out, out_bf16
 
 
-def _emu_commit(lib, inp: ref.Inputs, conv: torch.Tensor, state: torch.Tensor, path: list[int]) -> None:
+def _emu_commit(
+    lib,
+    inp: ref.Inputs,
+    conv: torch.Tensor,
+    state: torch.Tensor,
+    path: list[int],
+    qkv: torch.Tensor | None = None,
+    layout=TOKEN_MAJOR,
+) -> None:
     err = lib.elpis_gdn_tree_commit(
-        inp.qkv.data_ptr(), inp.beta.data_ptr(), inp.g.data_ptr(), inp.conv_weight.data_ptr(),
-        conv.data_ptr(), conv.shape[1], state.data_ptr(), len(path), gdn_tree._i32(path), None, None, None,
+        (inp.qkv if qkv is None else qkv).data_ptr(), *layout, inp.beta.data_ptr(), inp.g.data_ptr(),
+        inp.conv_weight.data_ptr(), conv.data_ptr(), conv.shape[1], state.data_ptr(), len(path),
+        gdn_tree._i32(path), None, None, None,
     )  # fmt: skip
     assert err == 0
 
@@ -390,7 +411,7 @@ def test_graph_form_reads_the_plan_from_memory(emulated) -> None:
     out = torch.full_like(want, float("nan"))
     out_bf16 = torch.zeros_like(want_bf16)
     err = emulated.elpis_gdn_tree_verify_dev(
-        inp.qkv.data_ptr(), inp.beta.data_ptr(), inp.g.data_ptr(), inp.conv_weight.data_ptr(),
+        inp.qkv.data_ptr(), *TOKEN_MAJOR, inp.beta.data_ptr(), inp.g.data_ptr(), inp.conv_weight.data_ptr(),
         inp.conv_state.data_ptr(), inp.conv_state.shape[1], inp.state.data_ptr(), len(parents),
         plan.data_ptr(), out.data_ptr(), out_bf16.data_ptr(), None,
     )  # fmt: skip
@@ -411,10 +432,28 @@ def test_graph_form_of_the_commit_reads_the_plan_from_memory(emulated) -> None:
         plan[: len(packed)] = torch.frombuffer(bytearray(packed), dtype=torch.uint8)
         graph_state, graph_conv = inp.state.clone(), inp.conv_state.clone()
         err = emulated.elpis_gdn_tree_commit_dev(
-            inp.qkv.data_ptr(), inp.beta.data_ptr(), inp.g.data_ptr(), inp.conv_weight.data_ptr(),
-            graph_conv.data_ptr(), graph_conv.shape[1], graph_state.data_ptr(), plan.data_ptr(), None,
+            inp.qkv.data_ptr(), *TOKEN_MAJOR, inp.beta.data_ptr(), inp.g.data_ptr(),
+            inp.conv_weight.data_ptr(), graph_conv.data_ptr(), graph_conv.shape[1], graph_state.data_ptr(),
+            plan.data_ptr(), None,
         )  # fmt: skip
         assert err == 0
         assert _same(graph_state, state) and torch.equal(graph_conv, conv), f"path {path}"
     with pytest.raises(ValueError, match="distinct"):
         gdn_tree.packed_commit_plan((0, 1, 1))
+
+
+def test_kernel_source_on_the_cpu_reads_channel_major_qkv_in_place(emulated) -> None:
+    """The projection as ExLlamaV3's layer casts it for its conv ([10240, rows] bf16), read in place through
+    the layout: the verify's and the commit's bits are the token-major input's."""
+    parents = [-1, 0, 1, 2, 2, 1, 5, 5, 0, 8, 9, 10, 11, 12, 13, 14]  # parks 3 states at once
+    inp = ref.random_inputs(len(parents), seed=301)
+    buffer = _channel_major(inp.qkv)
+    token = _emu_verify(emulated, inp, parents)
+    channel = _emu_verify(emulated, inp, parents, qkv=buffer, layout=(1, 16))
+    assert _same(token[0], channel[0]) and _same(token[1], channel[1])
+    path = [0, 1, 4, 6]
+    state, conv = inp.state.clone(), inp.conv_state.clone()
+    _emu_commit(emulated, inp, conv, state, path)
+    state_c, conv_c = inp.state.clone(), inp.conv_state.clone()
+    _emu_commit(emulated, inp, conv_c, state_c, path, qkv=buffer, layout=(1, 16))
+    assert _same(state, state_c) and torch.equal(conv, conv_c) and not _same(state, inp.state)
