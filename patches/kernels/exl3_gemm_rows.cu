@@ -326,43 +326,13 @@ __device__ __forceinline__ void mma_stage(const Stage<kRH, kBits>& st, float (&a
     }
 }
 
-// One n-block's share of a block's units: the lane's first trellis word and input fragment of that n-block, and
-// its groups [gb, ge).
-template <int kBits>
-struct Segment {
-    const uint32_t* words;
-    const uint2* frags;
-    uint32_t gb, ge, tiles_n;
-};
-
-template <int kBits>
-__device__ __forceinline__ Segment<kBits> segment(const uint2* __restrict__ a_frag, const uint32_t* __restrict__ trellis,
-                                                  uint32_t nb, uint32_t gb, uint32_t ge, uint32_t tiles_n) {
-    const uint32_t lane = threadIdx.x & 31u;
-    return {pin(trellis + size_t(nb) * kTilesN * words_per_tile(kBits) + lane_word<kBits>(lane)), a_frag + lane, gb, ge,
-            tiles_n};
-}
-
-// The first stages(kBits) groups' loads of a segment (warp w: k-tile 8g+w of group g).
+// Groups [gb, ge) of n-block nb through the warps (warp w: k-tile 8g+w of each group g, ascending), then the
+// warps' sums in ascending order: `total` holds this thread's outputs, rows 8h + (t >> 7) + 2i, column t & 127.
 template <int kRH, int kBits>
-__device__ __forceinline__ void prologue(Stage<kRH, kBits> (&st)[stages(kBits)], const Segment<kBits>& sg) {
-    const uint32_t warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int i = 0; i < stages(kBits); i++)
-        if (sg.gb + i < sg.ge) load_stage(st[i], sg.words, sg.frags, elpis_gemm_ktile(sg.gb + i, warp), sg.tiles_n);
-}
-
-// Groups [gb, ge) of a segment through the warps (warp w: k-tile 8g+w of each group g, ascending; the first
-// stages already loaded into st), then the warps' sums in ascending order: `total` holds this thread's outputs,
-// rows 8h + (t >> 7) + 2i, column t & 127.
-template <int kRH, int kBits>
-__device__ __forceinline__ void accumulate_loaded(Stage<kRH, kBits> (&st)[stages(kBits)], const Segment<kBits>& sg,
-                                                  float (&red)[kWarps][8][kRedStride], float (&total)[kRH][4]) {
+__device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, const uint32_t* __restrict__ trellis,
+                                           uint32_t nb, uint32_t gb, uint32_t ge, uint32_t tiles_n,
+                                           float (&red)[kWarps][8][kRedStride], float (&total)[kRH][4]) {
     const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u, g = lane >> 2, q = lane & 3u;
-    constexpr int kStages = stages(kBits);
-    const uint32_t gb = sg.gb, ge = sg.ge, tiles_n = sg.tiles_n;
-    const uint32_t* words = sg.words;
-    const uint2* frags = sg.frags;
     float acc[kTilesN][kRH][4];
 #pragma unroll
     for (uint32_t j = 0; j < kTilesN; j++)
@@ -370,6 +340,14 @@ __device__ __forceinline__ void accumulate_loaded(Stage<kRH, kBits> (&st)[stages
         for (int h = 0; h < kRH; h++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[j][h][e] = 0.0f;
+
+    constexpr int kStages = stages(kBits);
+    const uint32_t* words = pin(trellis + size_t(nb) * kTilesN * words_per_tile(kBits) + lane_word<kBits>(lane));
+    const uint2* frags = a_frag + lane;
+    Stage<kRH, kBits> st[kStages];
+#pragma unroll
+    for (int i = 0; i < kStages; i++)
+        if (gb + i < ge) load_stage(st[i], words, frags, elpis_gemm_ktile(gb + i, warp), tiles_n);
     for (uint32_t g0 = gb; g0 < ge; g0 += kStages) {
 #pragma unroll
         for (int i = 0; i < kStages; i++) {
@@ -401,17 +379,6 @@ __device__ __forceinline__ void accumulate_loaded(Stage<kRH, kBits> (&st)[stages
         }
         __syncthreads();
     }
-}
-
-// Groups [gb, ge) of n-block nb, loads and all (accumulate_loaded).
-template <int kRH, int kBits>
-__device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, const uint32_t* __restrict__ trellis,
-                                           uint32_t nb, uint32_t gb, uint32_t ge, uint32_t tiles_n,
-                                           float (&red)[kWarps][8][kRedStride], float (&total)[kRH][4]) {
-    const Segment<kBits> sg = segment<kBits>(a_frag, trellis, nb, gb, ge, tiles_n);
-    Stage<kRH, kBits> st[stages(kBits)];
-    prologue<kRH, kBits>(st, sg);
-    accumulate_loaded<kRH, kBits>(st, sg, red, total);
 }
 
 // y [rows < m, n-block nb] = (total H) / sqrt(128) * svh, one row per warp (red is scratch; ends on a barrier).
@@ -522,7 +489,6 @@ struct Members {
     uint32_t out_f32;      // bit i: member i writes fp32 (else fp16)
     uint64_t frag_halves;  // one member's input fragments
 };
-
 
 // Where n-block nb (of the call's n-block order) lies: its member mi, that member's first n-block nb0 and width n,
 // and the groups [gb, ge) of it that the units [u0, u1) hold.
