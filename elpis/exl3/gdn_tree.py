@@ -177,11 +177,11 @@ def qkv_layout(qkv: torch.Tensor) -> tuple[int, int]:
     return CONV_DIM, 1
 
 
-def _check_inputs(qkv, beta, g, conv_weight, conv_state, state) -> int:
-    """Validate the shared inputs (qkv in either layout of `qkv_layout`); returns the number of input rows."""
+def _check_inputs(qkv, beta, g, conv_weight, conv_state, state) -> tuple[int, tuple[int, int]]:
+    """Validate the shared inputs; returns the number of input rows and qkv's layout (`qkv_layout`)."""
     import torch
 
-    qkv_layout(qkv)
+    layout = qkv_layout(qkv)
     n_in = qkv.shape[0]
     if not 1 <= n_in <= MAX_ROWS:
         raise ValueError(f"qkv must have 1..{MAX_ROWS} rows, got {n_in}")
@@ -195,7 +195,7 @@ def _check_inputs(qkv, beta, g, conv_weight, conv_state, state) -> int:
     tensors = (qkv, beta, g, conv_weight, conv_state, state)
     if len({t.device for t in tensors}) != 1:
         raise ValueError("qkv, beta, g, conv_weight, conv_state and state must be on the same device")
-    return n_in
+    return n_in, layout
 
 
 def _outputs(rows: int, device, want_f32: bool, want_bf16: bool):
@@ -239,13 +239,13 @@ def gdn_tree_verify(
 
     rows = len(depth)
     depth_arr, ancestors_arr = _tree_arrays(tuple(depth), tuple(ancestors))
-    n_in = _check_inputs(qkv, beta, g, conv_weight, conv_state, state)
+    n_in, layout = _check_inputs(qkv, beta, g, conv_weight, conv_state, state)
     if n_in != rows:
         raise ValueError(f"the tree has {rows} rows but qkv has {n_in}")
     out, out_bf16 = _outputs(rows, qkv.device, True, bf16_out)
     stream = torch.cuda.current_stream(qkv.device).cuda_stream
     err = _library().elpis_gdn_tree_verify(
-        qkv.data_ptr(), *qkv_layout(qkv), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(),
+        qkv.data_ptr(), *layout, beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(),
         conv_state.data_ptr(), conv_state.shape[1], state.data_ptr(), rows, depth_arr, ancestors_arr,
         out.data_ptr(), out_bf16.data_ptr() if out_bf16 is not None else None, stream,
     )  # fmt: skip
@@ -277,11 +277,11 @@ def gdn_tree_verify_graph(
     rows. Same arithmetic as `gdn_tree_verify`."""
     import torch
 
-    rows = _check_inputs(qkv, beta, g, conv_weight, conv_state, state)
+    rows, layout = _check_inputs(qkv, beta, g, conv_weight, conv_state, state)
     _check_plan_dev(plan_dev, qkv)
     out, out_bf16 = _outputs(rows, qkv.device, True, True)
     err = _library().elpis_gdn_tree_verify_dev(
-        qkv.data_ptr(), *qkv_layout(qkv), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(),
+        qkv.data_ptr(), *layout, beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(),
         conv_state.data_ptr(), conv_state.shape[1], state.data_ptr(), rows, plan_dev.data_ptr(),
         out.data_ptr(), out_bf16.data_ptr(), torch.cuda.current_stream(qkv.device).cuda_stream,
     )  # fmt: skip
@@ -304,7 +304,7 @@ def gdn_tree_commit(
     `accept.tree(...).rows`). With `outputs`, also returns the path rows' core outputs fp32 [n, 48, 128]."""
     import torch
 
-    n_in = _check_inputs(qkv, beta, g, conv_weight, conv_state, state)
+    n_in, layout = _check_inputs(qkv, beta, g, conv_weight, conv_state, state)
     rows = list(path)
     if not 1 <= len(rows) <= MAX_ROWS:
         raise ValueError(f"path must have 1..{MAX_ROWS} rows, got {len(rows)}")
@@ -316,7 +316,7 @@ def gdn_tree_commit(
     out, _ = _outputs(len(rows), qkv.device, outputs, False)
     stream = torch.cuda.current_stream(qkv.device).cuda_stream
     err = _library().elpis_gdn_tree_commit(
-        qkv.data_ptr(), *qkv_layout(qkv), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(),
+        qkv.data_ptr(), *layout, beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(),
         conv_state.data_ptr(), conv_state.shape[1], state.data_ptr(), len(rows), _i32(rows),
         out.data_ptr() if out is not None else None, None, stream,
     )  # fmt: skip
@@ -338,10 +338,10 @@ def gdn_tree_commit_graph(
     Same arithmetic as `gdn_tree_commit`; `state` and `conv_state` are advanced in place."""
     import torch
 
-    _check_inputs(qkv, beta, g, conv_weight, conv_state, state)
+    _, layout = _check_inputs(qkv, beta, g, conv_weight, conv_state, state)
     _check_plan_dev(plan_dev, qkv)
     err = _library().elpis_gdn_tree_commit_dev(
-        qkv.data_ptr(), *qkv_layout(qkv), beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(),
+        qkv.data_ptr(), *layout, beta.data_ptr(), g.data_ptr(), conv_weight.data_ptr(),
         conv_state.data_ptr(), conv_state.shape[1], state.data_ptr(), plan_dev.data_ptr(),
         torch.cuda.current_stream(qkv.device).cuda_stream,
     )  # fmt: skip

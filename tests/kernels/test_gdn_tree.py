@@ -207,6 +207,12 @@ def test_commit_equals_one_token_at_a_time(path: list[int]) -> None:
     assert (outs.double() - want_out).abs().max().item() < 2e-5 * max(1.0, want_out.abs().max().item())
 
 
+def _fill_plan(plan_dev: torch.Tensor, packed: bytes) -> None:
+    """A graph form's plan buffer holding `packed`, zero after it."""
+    plan_dev.zero_()
+    plan_dev[: len(packed)] = torch.frombuffer(bytearray(packed), dtype=torch.uint8).cuda()
+
+
 def test_a_zero_plan_commits_nothing() -> None:
     """The round's decision kernel (patches/kernels/round_tail.cu) hands a round it refuses the no-op commit
     inputs: a zero plan. Through the graph form of the commit, that leaves the state and the conv window
@@ -217,8 +223,7 @@ def test_a_zero_plan_commits_nothing() -> None:
     gt.gdn_tree_commit_graph(inp.qkv, inp.beta, inp.g, inp.conv_weight, conv, state, plan)
     torch.cuda.synchronize()
     assert torch.equal(state, inp.state) and torch.equal(conv, inp.conv_state)
-    real = gt.packed_commit_plan((0, 1))
-    plan[: len(real)] = torch.frombuffer(bytearray(real), dtype=torch.uint8).cuda()
+    _fill_plan(plan, gt.packed_commit_plan((0, 1)))
     gt.gdn_tree_commit_graph(inp.qkv, inp.beta, inp.g, inp.conv_weight, conv, state, plan)
     want_state, want_conv = inp.state.clone(), inp.conv_state.clone()
     gt.gdn_tree_commit(inp.qkv, inp.beta, inp.g, inp.conv_weight, want_conv, want_state, [0, 1])
@@ -239,18 +244,15 @@ def test_channel_major_qkv_gives_the_same_bits() -> None:
     token_out = gt.gdn_tree_verify(*inp.tensors(), m.depth, m.ancestors, bf16_out=True)
     channel_out = gt.gdn_tree_verify(channel, *inp.tensors()[1:], m.depth, m.ancestors, bf16_out=True)
     assert all(torch.equal(a, b) for a, b in zip(token_out, channel_out, strict=True))
-    plan = torch.frombuffer(bytearray(gt.packed_plan(tuple(m.depth), tuple(m.ancestors))), dtype=torch.uint8)
     plan_dev = torch.zeros((gt.PLAN_CAPACITY,), dtype=torch.uint8, device="cuda")
-    plan_dev[: len(plan)] = plan.cuda()
+    _fill_plan(plan_dev, gt.packed_plan(tuple(m.depth), tuple(m.ancestors)))
     graph_out = gt.gdn_tree_verify_graph(channel, *inp.tensors()[1:], plan_dev)
     assert all(torch.equal(a, b) for a, b in zip(token_out, graph_out, strict=True))
     path = _path(parents, len(parents) - 1)
     by_token, by_channel, by_graph = inp.clone(), inp.clone(), inp.clone()
     gt.gdn_tree_commit(*by_token.tensors(), path)
     gt.gdn_tree_commit(channel, *by_channel.tensors()[1:], path)
-    commit_plan = gt.packed_commit_plan(tuple(path))
-    plan_dev.zero_()
-    plan_dev[: len(commit_plan)] = torch.frombuffer(bytearray(commit_plan), dtype=torch.uint8).cuda()
+    _fill_plan(plan_dev, gt.packed_commit_plan(tuple(path)))
     gt.gdn_tree_commit_graph(channel, *by_graph.tensors()[1:], plan_dev)
     for other in (by_channel, by_graph):
         assert torch.equal(other.state, by_token.state) and torch.equal(other.conv_state, by_token.conv_state)

@@ -49,10 +49,10 @@ class WithoutLayout:
                       "elpis_gdn_tree_commit_dev")  # fmt: skip
 
     def __init__(self, lib) -> None:
-        for name, argtypes in gt.ENTRY_ARGS.items():
-            entry = getattr(lib, name)
-            entry.argtypes = [argtypes[0], *argtypes[3:]] if name in self.LAYOUT_ENTRIES else list(argtypes)
-            entry.restype = gt.ctypes.c_int
+        gt.bind(lib)
+        for name in self.LAYOUT_ENTRIES:  # the current signatures without the two strides after qkv
+            argtypes = gt.ENTRY_ARGS[name]
+            getattr(lib, name).argtypes = [argtypes[0], *argtypes[3:]]
         self._lib = lib
 
     def __getattr__(self, name: str):
