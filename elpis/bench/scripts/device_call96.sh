@@ -10,6 +10,7 @@
 #    applied (the tree conv reads the channel-major bf16 buffer stock casts for its conv in place: one copy a
 #    Gated DeltaNet layer fewer, 48 a verify), the tree verify GPU tests again, and elpis tree-16 again (B).
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
+# (Ran as call 96 in session 23; the patch was then committed into tree_verify.py and removed.)
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
