@@ -12,9 +12,10 @@ difference is a ScheduleMismatch (fail closed).
 
 from __future__ import annotations
 
+import functools
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ MAX_ROWS = 16
 # exported C name -> (Bend def, parameter types, result type)
 ENTRIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "split_size": ("split_size", (), "U32"),
+    "split_min": ("split_min", (), "U32"),
     "span": ("span", ("U32", "U32"), "U32"),
     "splits": ("splits", ("U32",), "U32"),
     "split_begin": ("split_begin", ("U32",), "U32"),
@@ -78,6 +80,7 @@ def render(root: Path = REPO_ROOT) -> str:
         raise BendError(f"{MODULE}: the schedule must use scalars only (found records)")
     interp = Interpreter(prog)
     split_size = interp.function(_key("split_size"))()
+    split_min = interp.function(_key("split_min"))()
     entries = []
     for cname, (bend_name, _, _) in ENTRIES.items():
         fun = prog.funs[_key(bend_name)]
@@ -95,6 +98,7 @@ def render(root: Path = REPO_ROOT) -> str:
         source=MODULE,
         digest=source_digest(root, (MODULE, f"codegen/{TEMPLATE}")),
         split_size=split_size,
+        split_min=split_min,
         max_rows=MAX_ROWS,
         prototypes=[_qualify(protos[k]) + ";" for k in sorted(protos)],
         functions=[_qualify(bodies[k]) for k in sorted(bodies)],
@@ -118,18 +122,25 @@ def _qualify(code: str) -> str:
 # ====================================================================== reference table
 
 
+# Split boundaries the table crosses: the first of each region of the layout (128-position splits
+# below 4096, 256 below 16384, 512 beyond), both sides of each region change, and long contexts.
+TABLE_BOUNDARIES = (
+    *(128, 256, 384, 512, 3968, 4096, 4352, 4608),
+    *(16128, 16384, 16896, 17408, 32768, 131072, 262144),
+)
+
+
 def table_cases(seed: int = 8) -> tuple[list[tuple[int, int]], list[Mask]]:
     """(ctx, depth) pairs and row masks the header is checked on.
 
-    Contexts: 0..40, every split boundary of the first four splits and around 32K, 128K and 256K
-    (boundary - 17 .. boundary + 2, so spans end on both sides of a boundary for every depth), and
-    the top of the domain; depths 0..15. Masks: every row of chains, stars and random trees of
-    1..16 rows, through the same tree_masks Bend program the acceptor library uses.
+    Contexts: 0..40, around the split boundaries of `TABLE_BOUNDARIES` (boundary - 17 .. boundary + 2,
+    so spans end on both sides of a boundary for every depth), and the top of the domain; depths 0..15.
+    Masks: every row of chains, stars and random trees of 1..16 rows, through the same tree_masks Bend
+    program the acceptor library uses.
     """
-    split = 512
     ctxs = set(range(41))
-    for k in (1, 2, 3, 4, 63, 64, 65, 255, 256, 511, 512):
-        ctxs.update(range(k * split - 17, k * split + 3))
+    for b in TABLE_BOUNDARIES:
+        ctxs.update(range(b - 17, b + 3))
     ctxs.update((0x7FFFFFF0 - 15, 0x7FFFFFF0 - 1, 0x7FFFFFF0 - 16))
     pairs = [(c, d) for c in sorted(ctxs) for d in range(16)]
     rng = random.Random(seed)
@@ -156,11 +167,24 @@ def masks_of_trees(trees: Iterable[list[int]], root: Path = REPO_ROOT) -> list[M
     return sorted(out, key=lambda m: (m.depth, m.ancestors))
 
 
+@functools.lru_cache(maxsize=4)
+def interpreted(root: Path = REPO_ROOT) -> dict[str, Callable[..., int]]:
+    """The entries of `ENTRIES`, run by the Bend interpreter on the program under `root`."""
+    interp = Interpreter(load_schedule(Path(root).resolve()))
+    return {name: interp.function(_key(b)) for name, (b, _, _) in ENTRIES.items()}
+
+
+def split_bounds(total: int, root: Path = REPO_ROOT) -> list[tuple[int, int]]:
+    """The splits of a span of `total` positions, (begin, end) in ascending order, by the Bend interpreter
+    (the CPU references cut spans with it, so they follow the proved program, not a copy of it)."""
+    f = interpreted(Path(root).resolve())
+    return [(f["split_begin"](k), f["split_end"](total, k)) for k in range(f["splits"](total))]
+
+
 def reference_table(root: Path, pairs: list[tuple[int, int]], masks: list[Mask]) -> list[str]:
     """The table lines, computed by the Bend interpreter (the same lines the harness prints)."""
-    interp = Interpreter(load_schedule(Path(root).resolve()))
-    f = {name: interp.function(_key(b)) for name, (b, _, _) in ENTRIES.items()}
-    lines = [f"S {f['split_size']()}"]
+    f = interpreted(Path(root).resolve())
+    lines = [f"S {f['split_size']()} {f['split_min']()}"]
     for ctx, depth in pairs:
         total = f["span"](ctx, depth)
         n = f["splits"](total)
@@ -186,8 +210,9 @@ static const uint32_t MASKS[][2] = {%MASKS%};
 static const uint32_t CTXS[3] = {0u, 511u, 0x7FFFFFE0u};
 
 int main(void) {
-  printf("S %u\n", elpis_sched_split_size());
+  printf("S %u %u\n", elpis_sched_split_size(), elpis_sched_split_min());
   if (elpis_sched_split_size() != ELPIS_SCHED_SPLIT_SIZE) return 3;
+  if (elpis_sched_split_min() != ELPIS_SCHED_SPLIT_MIN) return 3;
   for (size_t i = 0; i < sizeof PAIRS / sizeof PAIRS[0]; i++) {
     uint32_t ctx = PAIRS[i][0], depth = PAIRS[i][1];
     uint32_t total = elpis_sched_span(ctx, depth), n = elpis_sched_splits(total);

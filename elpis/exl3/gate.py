@@ -50,10 +50,10 @@ grid, is left out with the reason on stderr; a candidate that fails in any cell 
 Configurations (`configuration`, spec `exl3:patches=...,rows=N`): the served backend
 (`elpis.exl3.load_backend`, no draft, no prefix reuse) under the named patches; teacher forcing runs verify
 calls of `rows` chained rows (default 8). A configuration naming a patch whose arithmetic is elpis's own
-kernel (`KERNEL_SOURCES`: rows-gemm) also carries `code`, the digest of that kernel's sources, written out
-like any default (a `code` that differs from the checkout's is refused). exl3-int8-gemv-off is a process-wide
-switch of ExLlamaV3: a configuration naming it (or not) must match the process (`ELPIS_PATCH_INT8_GEMV_OFF`),
-else it is refused.
+kernel (`KERNEL_SOURCES`: rows-gemm, gdn-ba, tree-verify) also carries `code`, the digest of those kernels'
+sources, written out like any default (a `code` that differs from the checkout's is refused).
+exl3-int8-gemv-off is a process-wide switch of ExLlamaV3: a configuration naming it (or not) must match the
+process (`ELPIS_PATCH_INT8_GEMV_OFF`), else it is refused.
 """
 
 from __future__ import annotations
@@ -103,9 +103,20 @@ NEUTRAL_PATCHES: dict[str, str] = {
 }
 # Configuration patches whose arithmetic is elpis's own kernel: a configuration naming one carries `code`, the
 # digest of these sources (repository paths), so a rebuilt kernel is a new configuration in the ledger and a
-# rule written before its first measurement can judge it (elpis.gate.ledger). tree-verify predates this and
-# keeps its spec (its rules name it as a floor); it joins when its kernels next change under a new rule.
+# rule written before its first measurement can judge it (elpis.gate.ledger). tree-verify joined when its
+# attention's split layout changed (session 23, rule exl3-small-tree-r2); configurations measured before then
+# name it without a code.
 KERNEL_SOURCES: dict[str, tuple[str, ...]] = {
+    "tree-verify": (
+        "patches/kernels/tree_attention_mma.cu",
+        "patches/kernels/tree_attention_common.cuh",
+        "patches/kernels/gdn_tree.cu",
+        "bend/verify_schedule.bend",
+        "bend/gdn_plan.bend",
+        "elpis/exl3/tree_attention.py",
+        "elpis/exl3/gdn_tree.py",
+        "elpis/exl3/tree_verify.py",
+    ),
     "rows-gemm": (
         "patches/kernels/exl3_gemm_rows.cu",
         "bend/gemm_schedule.bend",

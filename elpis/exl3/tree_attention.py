@@ -32,7 +32,9 @@ Q_HEADS = 24
 KV_HEADS = 4
 PAGE = 256
 MAX_ROWS = 16
-MAX_SPAN = 65535 * 512  # the kernel's grid (65535 splits of 512); the schedule laws hold up to 2^31
+# The kernel's grid holds 65535 splits: positions below split_begin(65535) of bend/verify_schedule.bend (a
+# test checks the figure); the schedule's laws hold up to 2^31.
+MAX_SPAN = 16384 + (65535 - 80) * 512
 DEFAULT_SCALE = 1.0 / math.sqrt(HEAD_DIM)
 
 
@@ -71,8 +73,6 @@ def _load(defines: dict[str, int], source: Path = SOURCE, include_dirs: Sequence
     lib.elpis_tree_attention_workspace_floats.restype = u64
     lib.elpis_tree_attention_max_splits.argtypes = [u32, u32]
     lib.elpis_tree_attention_max_splits.restype = u32
-    lib.elpis_tree_attention_split_size.argtypes = []
-    lib.elpis_tree_attention_split_size.restype = u32
     return lib
 
 
@@ -127,11 +127,6 @@ def _check_bits(lib: ctypes.CDLL, k_bits: int, v_bits: int) -> ctypes.CDLL:
     if built != k_bits * 16 + v_bits:
         raise RuntimeError(f"quantized tree attention build has bits {built:#x}, wanted {k_bits}/{v_bits}")
     return lib
-
-
-def split_size() -> int:
-    """Positions per split of the compiled schedule."""
-    return int(_library().elpis_tree_attention_split_size())
 
 
 def check_masks(depth: Sequence[int], ancestors: Sequence[int]) -> None:

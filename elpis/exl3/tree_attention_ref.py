@@ -4,11 +4,12 @@
   attends to the committed slots 0 .. ctx-1 followed by its ancestors' slots ctx + j, j the rows of its
   ancestor mask in ascending order (ancestors come before descendants), softmax over all of them.
 * `emulate_fp32`: the kernel's algorithm in float32 on the CPU, split for split: absolute positions cut
-  at multiples of the split size, each split's scores (per-lane fused multiply-adds over 8 dims, then the
-  kernel's xor butterfly), max, exp, serial sum and serial P.V in ascending position order, then the
-  splits folded in ascending order with the kernel's formula. Fused multiply-add is emulated through
-  float64 (exact product, one rounding of the sum to float64 then float32: a double rounding the GPU
-  does not do) and exp is the CPU's, so it matches the kernel to a few float32 ulps, not bit for bit.
+  at the proved schedule's boundaries (`elpis.bend.schedule.split_bounds`), each split's scores (per-lane
+  fused multiply-adds over 8 dims, then the kernel's xor butterfly), max, exp, serial sum and serial P.V
+  in ascending position order, then the splits folded in ascending order with the kernel's formula.
+  Fused multiply-add is emulated through float64 (exact product, one rounding of the sum to float64 then
+  float32: a double rounding the GPU does not do) and exp is the CPU's, so it matches the kernel to a few
+  float32 ulps, not bit for bit.
 * `row_kv` / `sequential_cache`: the K/V a row reads in position order, and the cache plain decoding
   would hold after committing that row's path (the row-invariance tests compare against it).
 
@@ -115,9 +116,10 @@ def emulate_fp32(
     ctx: int,
     ancestors: Sequence[int],
     scale: float,
-    split_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's algorithm in float32: (out fp16 [R, 24, 256], lse fp32 [R, 24])."""
+    from elpis.bend.schedule import split_bounds
+
     rows = len(ancestors)
     out = torch.empty((rows, Q_HEADS, HEAD_DIM), dtype=torch.half)
     lse = torch.empty((rows, Q_HEADS), dtype=torch.float32)
@@ -128,8 +130,7 @@ def emulate_fp32(
         for h in range(KV_HEADS):
             qg = q[r, h * GROUP : (h + 1) * GROUP].float().cpu()
             parts = []
-            for begin in range(0, total, split_size):  # splits at fixed multiples, ascending
-                end = min(begin + split_size, total)
+            for begin, end in split_bounds(total):  # the schedule's splits, ascending
                 s = _scores(qg, k_all[begin:end, h], scale)  # [6, n]
                 m = s.max(dim=-1).values
                 p = torch.exp(s - m[:, None])

@@ -429,8 +429,8 @@ def _tree_conv(
         raise RuntimeError("gdn tree: the kernel has no conv bias")
     if conv_state is None:
         raise RuntimeError("gdn tree: no recurrent state for the sequence (pass recurrent_states)")
-    # The projection as stock rounds it to bf16 for its conv, [rows, channels]: its channel-major buffer read in
-    # place by the tree kernel (gdn_tree.qkv_layout), or a token-major bf16 copy of anything else.
+    # The projection as stock rounds it to bf16 for its conv, [rows, channels]: its channel-major buffer read
+    # in place by the tree kernel (gdn_tree.qkv_layout), or a token-major bf16 copy of anything else.
     if conv1d_weight.dtype != torch.bfloat16:
         raise RuntimeError(f"gdn tree: conv weight must be bf16, got {conv1d_weight.dtype}")
     rows_major = mixed_qkv[0] if token_major else mixed_qkv[0].t()

@@ -7,8 +7,8 @@
 // its ancestor at depth e), where the engine wrote each tree row's K/V by row index.
 //
 // Which positions each block reduces, and how tree rows map to slots, is the proved schedule compiled
-// from bend/verify_schedule.bend (build/kernels/verify_schedule.h): splits at fixed multiples of
-// ELPIS_SCHED_SPLIT_SIZE over absolute positions. Every number a row's output depends on is computed
+// from bend/verify_schedule.bend (build/kernels/verify_schedule.h): splits at boundaries fixed by
+// absolute position alone (128 positions below 4096, 256 below 16384, 512 beyond). Every number a row's output depends on is computed
 // in an order fixed by absolute positions only:
 //   * score(p)  = warp-wide dot product: lane l sums dims 8l..8l+7 serially with fmaf, then a fixed
 //                 xor butterfly (16, 8, 4, 2, 1), times the scale;

@@ -24,10 +24,10 @@ constexpr uint32_t kQHeads = 24;
 constexpr uint32_t kKvHeads = 4;
 constexpr uint32_t kGroup = kQHeads / kKvHeads;  // query heads per K/V head
 constexpr uint32_t kPage = 256;                  // cache positions per page
-constexpr uint32_t kSplit = ELPIS_SCHED_SPLIT_SIZE;
+constexpr uint32_t kSplit = ELPIS_SCHED_SPLIT_SIZE;  // the longest split
 constexpr uint32_t kMaxRows = ELPIS_SCHED_MAX_ROWS;
 constexpr uint32_t kFull = 0xffffffffu;
-constexpr uint32_t kMaxGridY = 65535;  // splits per call: contexts up to 65535 * kSplit positions
+constexpr uint32_t kMaxGridY = 65535;  // splits per call (elpis/exl3/tree_attention.py: MAX_SPAN)
 
 // --- the quantized cache: packed words [pages, 256, 32 * bits] (uint32), fp16 scales [pages, 256, 32] ---
 constexpr uint32_t kQGroup = 32;                                      // values per quantization group

@@ -53,7 +53,7 @@ constexpr uint32_t kQStride = kHeadDim + 8;   // halves per staged query head (c
 constexpr uint32_t kStats = kMaxRows * kQPad;  // (row, query column) pairs
 constexpr uint32_t kRowChunk = 4;             // rows per step of the output loop below ctx (see run_tile)
 
-static_assert(kSplit % kTile == 0, "tiles never straddle a split");
+static_assert(ELPIS_SCHED_SPLIT_MIN % kTile == 0, "tiles never straddle a split (every boundary is a multiple of the shortest split)");
 static_assert(kTile == 32 && kMaxRows == 16 && kGroup <= kQPad && kWarps == 16, "the warp layout below");
 
 // Dynamic shared memory (bytes). K and V, both [kStaged][kKStride] position-major, share one buffer; a zero

@@ -35,7 +35,7 @@ def test_header_is_written_only_when_it_matches(tmp_path: Path) -> None:
     ("old", "new"),
     [
         ("(v_pos < v_ctx)", "(v_pos + 1u < v_ctx)"),  # the last committed position read from the tree
-        ("return UINT64_C(9);", "return UINT64_C(8);"),  # splits no longer what the define says
+        ("return UINT32_C(80);", "return UINT32_C(81);"),  # the 512-position splits numbered wrongly
         ("(v_e == UINT64_C(0))", "(v_e == UINT64_C(1))"),  # the wrong ancestor
     ],
 )
@@ -63,11 +63,13 @@ def test_a_template_that_breaks_the_header_fails_closed(repo_copy: Path, tmp_pat
     ("old", "new", "law"),
     [
         (  # the last split reaches one past the span
-            "  min_u32(((k + 1 : U32) << split_shift() : U32), total)",
-            "  min_u32(((k + 1 : U32) << split_shift() : U32), (total + 1 : U32))",
+            "  min_u32(split_begin((k + 1 : U32)), total)",
+            "  min_u32(split_begin((k + 1 : U32)), (total + 1 : U32))",
             "splits_inside_span",
         ),
-        ("  (pos >> split_shift() : U32)", "  (pos >> 8n : U32)", "split_holds_exactly_owner"),  # wrong owner
+        ("(pos >> 7n : U32)", "(pos >> 8n : U32)", "split_holds_exactly_owner"),  # wrong owner below 4096
+        ("def middle_end() -> U32:\n  16384", "def middle_end() -> U32:\n  16000", "split_boundaries_fixed"),
+        ("def split_size() -> U32:\n  512", "def split_size() -> U32:\n  256", "splits_fit_the_kernels"),
     ],
 )
 def test_a_wrong_schedule_fails_its_laws(repo_copy: Path, old: str, new: str, law: str) -> None:
@@ -83,21 +85,24 @@ def test_a_wrong_schedule_fails_its_laws(repo_copy: Path, old: str, new: str, la
 def test_table_crosses_every_listed_boundary() -> None:
     pairs, masks = schedule.table_cases()
     spans = {c + d + 1 for c, d in pairs}
-    for k in (1, 2, 3, 4, 63, 64, 65, 255, 256, 511, 512):
-        assert {k * 512 - 1, k * 512, k * 512 + 1} <= spans
+    for b in schedule.TABLE_BOUNDARIES:
+        assert {b - 1, b, b + 1} <= spans
     assert {m.depth for m in masks} == set(range(16))
 
 
 def test_schedule_of_a_row_is_plain_decodings(sched: dict) -> None:
-    for ctx in (0, 1, 500, 511, 512, 1023, 32760):
+    for ctx in (0, 1, 120, 127, 128, 1023, 4090, 16380, 32760):
         for depth in range(16):
             total, plain = sched["span"](ctx, depth), sched["span"](ctx + depth, 0)
             assert total == plain
             n = sched["splits"](total)
             bounds = [(sched["split_begin"](k), sched["split_end"](total, k)) for k in range(n)]
+            assert bounds == schedule.split_bounds(total)
             assert bounds[0][0] == 0 and bounds[-1][1] == total
             assert all(b[1] == nxt[0] for b, nxt in itertools.pairwise(bounds))
-            assert all(b % 512 == 0 for b, _ in bounds)
+            # the layout, stated directly: 128 positions a split below 4096, 256 below 16384, 512 beyond
+            assert all(b % (128 if b < 4096 else 256 if b < 16384 else 512) == 0 for b, _ in bounds)
+            assert all(e - b == (128 if b < 4096 else 256 if b < 16384 else 512) for b, e in bounds[:-1])
 
 
 def _climb(parents: list[int], r: int, hops: int) -> int:

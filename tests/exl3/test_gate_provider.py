@@ -103,26 +103,30 @@ def test_a_kernel_patch_names_its_code(tmp_path, monkeypatch):
     assert len(code) == gate.CODE_DIGEST_HEX and int(code, 16) >= 0
     assert Spec("exl3", full).text == f"exl3:code={code},patches=gdn-state-fp32+rows-gemm+tree-verify,rows=8"
     # naming the checkout's code is the same configuration; naming other code is refused
-    assert gate.configuration_options({"patches": "rows-gemm", "code": code}) == {
-        "code": code, "patches": "rows-gemm", "rows": "8",
+    rows_code = gate.code_digest(["rows-gemm"])
+    assert rows_code not in (None, code)
+    assert gate.configuration_options({"patches": "rows-gemm", "code": rows_code}) == {
+        "code": rows_code, "patches": "rows-gemm", "rows": "8",
     }  # fmt: skip
-    with pytest.raises(ValueError, match=f"kernel sources of patches=rows-gemm are code={code}"):
-        gate.configuration_options({"patches": "rows-gemm", "code": "0" * gate.CODE_DIGEST_HEX})
+    with pytest.raises(ValueError, match=f"kernel sources of patches=rows-gemm are code={rows_code}"):
+        gate.configuration_options({"patches": "rows-gemm", "code": code})
     # the gate-projection kernel carries its code too; naming both kernels digests both's sources
     ba = gate.configuration_options({"patches": "gdn-ba+gdn-state-fp32+tree-verify"})["code"]
     both = gate.configuration_options({"patches": "gdn-ba+gdn-state-fp32+rows-gemm+tree-verify"})["code"]
     assert len({code, ba, both}) == 3
+    tree = gate.configuration_options({"patches": "gdn-state-fp32+tree-verify"})["code"]
+    assert len({code, ba, both, tree}) == 4
     with pytest.raises(ValueError, match="leave code out"):
-        gate.configuration_options({"patches": "gdn-state-fp32+tree-verify", "code": code})
+        gate.configuration_options({"patches": "fixed-rows-8+gdn-state-fp32", "code": code})
     # a changed kernel source is another configuration; a missing one has no identity
     for rel in gate.KERNEL_SOURCES["rows-gemm"]:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(elpis.paths.REPO_ROOT / rel, tmp_path / rel)
     monkeypatch.setattr(elpis.paths, "REPO_ROOT", tmp_path)
-    assert gate.code_digest(["rows-gemm"]) == code
+    assert gate.code_digest(["rows-gemm"]) == rows_code
     kernel = tmp_path / gate.KERNEL_SOURCES["rows-gemm"][0]
     kernel.write_bytes(kernel.read_bytes() + b"\n")
-    assert gate.code_digest(["rows-gemm"]) != code
+    assert gate.code_digest(["rows-gemm"]) != rows_code
     kernel.unlink()
     with pytest.raises(ValueError, match="is missing"):
         gate.code_digest(["rows-gemm", "tree-verify"])

@@ -21,7 +21,7 @@ from elpis.exl3 import tree_attention as ta
 from elpis.exl3 import tree_attention_ref as ref
 from tests.kernels import tree_cases as tc
 
-SPLIT = 512
+FIRST = 128  # bend/verify_schedule.bend: the first split boundary (test_tree_attention_ref checks it)
 
 
 def _log(record: dict) -> None:
@@ -52,7 +52,7 @@ def test_kernel_builds_for_ampere_and_hopper() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("ctx", "rows"), [(SPLIT - 3, 16), (1000, 5), (32768 - 8, 16)])
+@pytest.mark.parametrize(("ctx", "rows"), [(FIRST - 3, 16), (1000, 5), (32768 - 8, 16)])
 def test_staged_build_equals_the_direct_build(ctx: int, rows: int) -> None:
     """Same arithmetic in the same order, K/V through shared memory or not: the same bits."""
     rng = random.Random(ctx)
@@ -63,8 +63,9 @@ def test_staged_build_equals_the_direct_build(ctx: int, rows: int) -> None:
     _log({"check": "staged==direct", "ctx": ctx, "rows": rows, "ok": True})
 
 
-# Spans that end just before, on and just after split boundaries, for the depths of the trees below.
-INVARIANCE_CTX = [SPLIT - 9, SPLIT - 1, 2 * SPLIT - 4, 1024, 32768 - 8]
+# Spans that end just before, on and just after split boundaries, for the depths of the trees below: the first
+# ones (128 positions a split), where the splits turn to 256 (4096) and to 512 (16384), and at 32K.
+INVARIANCE_CTX = [FIRST - 9, FIRST - 1, 2 * FIRST - 4, 1024, 4096 - 6, 16384 - 9, 32768 - 8]
 
 
 @pytest.mark.gpu
@@ -86,7 +87,7 @@ def test_rows_are_invariant_bit_for_bit(ctx: int, rows: int) -> None:
 @pytest.mark.gpu
 def test_direct_build_rows_are_invariant_bit_for_bit() -> None:
     """The same invariance checks on the build that reads K/V straight from global memory."""
-    ctx, rng = SPLIT - 1, random.Random(5)
+    ctx, rng = FIRST - 1, random.Random(5)
     case = tc.make_case(ctx, [-1, 0, 1, 2, 3, 4, 5, 6, 7, 0, 9, 1, 11, 12, 2, 14], seed=5, device="cuda")
     tc.check_relabel_rows(direct_kernel, case, rng)
     tc.check_siblings_do_not_matter(direct_kernel, case, seed=ctx)
@@ -114,14 +115,14 @@ def test_matches_float64(ctx: int, rows: int) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ctx", [0, SPLIT - 5])
+@pytest.mark.parametrize("ctx", [0, FIRST - 5, 2 * FIRST + 3])
 def test_matches_the_float32_emulation(ctx: int) -> None:
     case = tc.make_case(ctx, [-1, 0, 1, 0, 3, 1, 5, 6], seed=ctx + 1, device="cuda")
     out, lse = case.run(kernel)
     cpu = tc.Case(case.q.cpu(), case.k.cpu(), case.v.cpu(), case.table.cpu(), ctx, case.parents, case.depth,
                   case.ancestors)  # fmt: skip
     want, want_lse = ref.emulate_fp32(
-        cpu.q, cpu.k, cpu.v, cpu.table, ctx, cpu.ancestors, ta.DEFAULT_SCALE, SPLIT
+        cpu.q, cpu.k, cpu.v, cpu.table, ctx, cpu.ancestors, ta.DEFAULT_SCALE
     )
     err = (out.cpu().float() - want.float()).abs().max().item()
     _log({"check": "fp32-emulation", "ctx": ctx, "max_abs_err": err})

@@ -135,8 +135,8 @@ def test_rows_are_plain_decoding_across_a_tile_boundary(lib: ctypes.CDLL) -> Non
 
 @pytest.mark.slow
 def test_rows_are_plain_decoding_across_a_split(lib: ctypes.CDLL) -> None:
-    """ctx 505: the deep rows' tails cross the split boundary at 512 (two partials, then the combine)."""
-    check_rows_against_plain_decoding(lib, 505, PARENTS, 12)
+    """ctx 121: the deep rows' tails cross the first split boundary, 128 (two partials, then the combine)."""
+    check_rows_against_plain_decoding(lib, 121, PARENTS, 12)
 
 
 def test_graph_form_reads_the_context_from_memory(lib: ctypes.CDLL) -> None:

@@ -15,21 +15,33 @@ from elpis.exl3 import tree_attention as ta
 from elpis.exl3 import tree_attention_ref as ref
 from tests.kernels import tree_cases as tc
 
-SPLIT = 512  # bend/verify_schedule.bend: split_size()
+FIRST = 128  # bend/verify_schedule.bend: the first split boundary (split_min())
 
 
 def emulated(q, k, v, table, ctx, depth, ancestors):
-    return ref.emulate_fp32(q, k, v, table, ctx, ancestors, ta.DEFAULT_SCALE, SPLIT)
+    return ref.emulate_fp32(q, k, v, table, ctx, ancestors, ta.DEFAULT_SCALE)
 
 
-def test_split_size_matches_the_bend_program() -> None:
+def test_split_sizes_match_the_bend_program() -> None:
     from elpis.bend import schedule
 
-    assert schedule.render().count(f"#define ELPIS_SCHED_SPLIT_SIZE {SPLIT}u") == 1
+    text = schedule.render()
+    assert text.count("#define ELPIS_SCHED_SPLIT_SIZE 512u") == 1
+    assert text.count(f"#define ELPIS_SCHED_SPLIT_MIN {FIRST}u") == 1
+    assert schedule.split_bounds(FIRST + 1) == [(0, FIRST), (FIRST, FIRST + 1)]
+
+
+def test_max_span_is_where_the_grid_ends() -> None:
+    from elpis.bend import schedule
+
+    f = schedule.interpreted()
+    assert f["splits"](ta.MAX_SPAN) == 65535
+    assert f["splits"](ta.MAX_SPAN + 1) == 65536
 
 
 @pytest.mark.parametrize(
-    ("ctx", "parents"), [(0, [-1]), (5, [-1, 0, 0, 1]), (SPLIT - 3, [-1, 0, 1, 1, 2, 0])]
+    ("ctx", "parents"),
+    [(0, [-1]), (5, [-1, 0, 0, 1]), (FIRST - 3, [-1, 0, 1, 1, 2, 0]), (2 * FIRST + 1, [-1, 0, 1])],
 )
 def test_emulation_matches_float64(ctx: int, parents: list[int]) -> None:
     case = tc.make_case(ctx, parents, seed=ctx + len(parents))
@@ -48,7 +60,7 @@ def test_reference_reads_ancestors_in_depth_order() -> None:
 
 
 # Spans that end just before, on and after the first split boundary, for every depth in the tree.
-BOUNDARY_CTX = [SPLIT - 6, SPLIT - 1]
+BOUNDARY_CTX = [FIRST - 6, FIRST - 1]
 
 
 @pytest.mark.parametrize("ctx", BOUNDARY_CTX)

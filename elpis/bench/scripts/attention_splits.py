@@ -1,21 +1,21 @@
-"""The served tree attention with other split sizes of its schedule (diagnostic, GPU).
+"""The served tree attention against builds with other split layouts of its schedule (diagnostic, GPU).
 
-`bend/verify_schedule.bend` cuts a row's span into splits of 2^split_shift() positions; each (split, K/V
-head) is one block that runs its split's tiles one after another, and the combine folds the splits. For
-each shift given, the schedule header is rendered from a copy of `bend/` with that shift (not proved: a
-timing probe) and the tensor-core kernel built against it. At each context, with the served graph form
-(context and masks read on the device, the grid sized for the context's bucket, `context_bucket`), 8 and
-16 rows of a random tree: time per call (`rows_gemm_check.timed`: a CUDA graph of 20 calls, median of 7
-replays) and the largest difference of the output from the served build's (shift 9, the build's own header).
-Writes one JSON object to OUT and prints a table.
-Usage (repo root, after `make build`): python3 elpis/bench/scripts/attention_splits.py OUT.json SHIFT...
+`bend/verify_schedule.bend` cuts a row's span into splits; each (split, K/V head) is one block that runs its
+split's tiles one after another, and the combine folds the splits. Each NAME=DIR given is a folder holding a
+`verify_schedule.h` rendered from another layout (session 20 rendered uniform split sizes from copies of
+`bend/`; session 23 rendered the previous commit's 512-position layout, `.device/schedule-512`), and the
+tensor-core kernel is built against it beside the served build (the build's own header, `served`). At each
+context, with the served graph form (context and masks read on the device, the grid sized for the context's
+bucket, `context_bucket`), 8 and 16 rows of a random tree: time per call (`rows_gemm_check.timed`: a CUDA
+graph of 20 calls, median of 7 replays), the workspace, and the largest difference of the output from the
+served build's. Writes one JSON object to OUT and prints a line per case.
+Usage (repo root, after `make build`): python3 elpis/bench/scripts/attention_splits.py OUT.json NAME=DIR...
 """
 
 from __future__ import annotations
 
 import json
 import random
-import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,31 +24,12 @@ import torch
 
 from elpis import nvcc
 from elpis.bench.scripts.rows_gemm_check import timed
-from elpis.bend import schedule
 from elpis.exl3 import tree_attention as ta
 from elpis.exl3.tree_graph import context_bucket
-from elpis.paths import REPO_ROOT
 from tests.kernels import tree_cases as tc
 
 CONTEXTS = (1000, 4000, 8000, 32000, 128000, 262000)
 DEFINES = {"ELPIS_QCACHE_K_BITS": 3, "ELPIS_QCACHE_V_BITS": 3, "ELPIS_MMA_PREFETCH": 1}
-
-
-def schedule_dir(shift: int) -> Path:
-    """A folder holding verify_schedule.h rendered with split_shift() = shift."""
-    root = Path(f"/tmp/elpis-schedule-{shift}")
-    shutil.rmtree(root, ignore_errors=True)
-    for part in ("bend", "codegen"):
-        shutil.copytree(REPO_ROOT / part, root / part)
-    source = root / "bend" / "verify_schedule.bend"
-    text = source.read_text()
-    served = "def split_shift() -> Nat:\n  9n\n"
-    if text.count(served) != 1:
-        raise RuntimeError("bend/verify_schedule.bend: split_shift() is not the expected 9n")
-    source.write_text(text.replace(served, f"def split_shift() -> Nat:\n  {shift}n\n"))
-    (root / "kernels").mkdir()
-    (root / "kernels" / "verify_schedule.h").write_text(schedule.render(root))
-    return root / "kernels"
 
 
 def tree_masks(parents: list[int]) -> list[int]:
@@ -81,7 +62,7 @@ def measure(libs: dict, pool, ctx: int, max_ctx: int, rows: int) -> dict:
     q = torch.randn((rows, ta.Q_HEADS, ta.HEAD_DIM), device="cuda").half()
     record: dict = {"ctx": ctx, "max_ctx": max_ctx, "rows": rows}
     outs = {}
-    for shift, lib in libs.items():
+    for name, lib in libs.items():
         floats = int(lib.elpis_tree_attention_workspace_floats(rows, max_ctx, rows - 1))
         workspace = torch.empty(floats, dtype=torch.float32, device="cuda")
         out = torch.empty((rows, ta.Q_HEADS, ta.HEAD_DIM), dtype=torch.half, device="cuda")
@@ -90,15 +71,18 @@ def measure(libs: dict, pool, ctx: int, max_ctx: int, rows: int) -> dict:
             call(lib, q, pool, ctx_dev, max_ctx, masks, out, workspace)
 
         ms, mode = timed(lambda _, run=run: run(), reps=7, inner=20)
-        record[f"ms_{1 << shift}"], record[f"timing_{1 << shift}"] = round(ms, 4), mode
-        outs[shift] = out.float()
-        record[f"workspace_mb_{1 << shift}"] = round(floats * 4 / 2**20, 1)
-        record[f"maxdiff_{1 << shift}"] = (outs[shift] - outs[9]).abs().max().item()
+        record[f"ms_{name}"], record[f"timing_{name}"] = round(ms, 4), mode
+        outs[name] = out.float()
+        record[f"workspace_mb_{name}"] = round(floats * 4 / 2**20, 1)
+        record[f"maxdiff_{name}"] = (outs[name] - outs["served"]).abs().max().item()
     return record
 
 
-def main(out_path: str, shifts: list[int]) -> int:
-    dirs = {shift: [schedule_dir(shift)] if shift != 9 else [] for shift in {9, *shifts}}
+def main(out_path: str, layouts: dict[str, Path]) -> int:
+    dirs = {"served": [], **{name: [d] for name, d in layouts.items()}}
+    for name, d in layouts.items():
+        if name == "served" or not (d / "verify_schedule.h").is_file():
+            raise SystemExit(f"{name}={d}: want a NAME other than served and a folder with verify_schedule.h")
     arch = nvcc.device_arch()
 
     def compile_one(include: list[Path]) -> Path:
@@ -106,9 +90,7 @@ def main(out_path: str, shifts: list[int]) -> int:
 
     with ThreadPoolExecutor(len(dirs)) as workers:  # nvcc runs as a process: the builds go in parallel
         list(workers.map(compile_one, dirs.values()))
-    libs = {shift: ta.load_mma(DEFINES, include_dirs=d) for shift, d in sorted(dirs.items(), reverse=True)}
-    for shift, lib in libs.items():
-        assert int(lib.elpis_tree_attention_split_size()) == 1 << shift
+    libs = {name: ta.load_mma(DEFINES, include_dirs=d) for name, d in dirs.items()}
     records = []
     for ctx in CONTEXTS:
         max_ctx = context_bucket(ctx + 16, 1 << 20)  # the served graph's grid covers the bucket
@@ -119,10 +101,11 @@ def main(out_path: str, shifts: list[int]) -> int:
         del pool
         torch.cuda.empty_cache()
     props = torch.cuda.get_device_properties(0)
-    report = {"gpu": props.name, "torch": torch.__version__, "shifts": sorted(libs), "records": records}
+    layout_dirs = {k: str(v) for k, v in layouts.items()}
+    report = {"gpu": props.name, "torch": torch.__version__, "layouts": layout_dirs, "records": records}
     Path(out_path).write_text(json.dumps(report, indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], [int(s) for s in sys.argv[2:]]))
+    sys.exit(main(sys.argv[1], {a.split("=", 1)[0]: Path(a.split("=", 1)[1]) for a in sys.argv[2:]}))
