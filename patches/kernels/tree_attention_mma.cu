@@ -53,7 +53,8 @@ constexpr uint32_t kQStride = kHeadDim + 8;   // halves per staged query head (c
 constexpr uint32_t kStats = kMaxRows * kQPad;  // (row, query column) pairs
 constexpr uint32_t kRowChunk = 4;             // rows per step of the output loop below ctx (see run_tile)
 
-static_assert(ELPIS_SCHED_SPLIT_MIN % kTile == 0, "tiles never straddle a split (every boundary is a multiple of the shortest split)");
+// Every boundary is a multiple of the shortest split (law splits_fit_the_kernels).
+static_assert(ELPIS_SCHED_SPLIT_MIN % kTile == 0, "tiles never straddle a split");
 static_assert(kTile == 32 && kMaxRows == 16 && kGroup <= kQPad && kWarps == 16, "the warp layout below");
 
 // Dynamic shared memory (bytes). K and V, both [kStaged][kKStride] position-major, share one buffer; a zero
@@ -150,7 +151,7 @@ constexpr uint32_t kNoSlot = 0xffffffffu;
 constexpr uint32_t kClockSlots = 10;  // phases 0..5, tiles, block cycles, block ns, blocks measured
 __device__ unsigned long long g_phase_cycles[kClockSlots];
 __device__ __forceinline__ bool clocked_block() {
-    return threadIdx.x == 0 && blockIdx.x == gridDim.x / 2 && blockIdx.y == 0 && blockIdx.z == 0;
+    return threadIdx.x == 0 && blockIdx.y == gridDim.y / 2 && blockIdx.x == 0 && blockIdx.z == 0;
 }
 #define ELPIS_PHASE(k)                                    \
     do {                                                  \
@@ -590,8 +591,9 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     ELPIS_PHASE(5);
 }
 
-// One block: split `blockIdx.x`, K/V head `blockIdx.y`, rows blockIdx.z + lr * gridDim.z whose span reaches
-// the split. Writes the split's partial (max, sum, acc[256]) per (row, query head), as tree_attention.cu does.
+// One block: split `gridDim.y - 1 - blockIdx.y`, K/V head `blockIdx.x`, rows blockIdx.z + lr * gridDim.z whose
+// span reaches the split. Writes the split's partial (max, sum, acc[256]) per (row, query head), as
+// tree_attention.cu does.
 __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
     const __half* __restrict__ q, const uint32_t* __restrict__ qk, const __half* __restrict__ sk,
     const uint32_t* __restrict__ qv, const __half* __restrict__ sv, const int32_t* __restrict__ block_table,
@@ -613,7 +615,11 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
                   reinterpret_cast<uint32_t*>(smem + kOffRows),
                   reinterpret_cast<uint32_t*>(smem + kOffRows) + kMaxRows,
                   reinterpret_cast<uint8_t*>(smem + kOffSrow)};
-    const uint32_t split = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    // Blocks start in the order of their linear index (x fastest), so the grid runs the heads fastest and the
+    // splits last to first: the long splits past 4096 and 16384 positions start before the short ones below
+    // them, longest first, and the short ones fill in behind (started in split order, a 32K call's 16-tile
+    // blocks came last and ran alone). Which block computes a split does not change its arithmetic.
+    const uint32_t split = gridDim.y - 1u - blockIdx.y, h = blockIdx.x, tid = threadIdx.x;
     const uint32_t lane = tid & 31u, warp = tid >> 5, g = lane >> 2, t = lane & 3u;
     const uint32_t begin = elpis_sched_split_begin(split);
     // Rows are dealt round-robin to gridDim.z blocks per (split, head): local row lr is global row
@@ -740,7 +746,7 @@ int launch_mma(const void* q, const void* qk, const void* sk, const void* qv, co
     }
     float* part_acc = workspace;
     float* part_ml = workspace + static_cast<uint64_t>(rows) * kQHeads * max_splits * kHeadDim;
-    tree_attention_mma_split<<<dim3(max_splits, kKvHeads, row_groups(rows, max_splits)), kThreads, kSmemBytes, s>>>(
+    tree_attention_mma_split<<<dim3(kKvHeads, max_splits, row_groups(rows, max_splits)), kThreads, kSmemBytes, s>>>(
         static_cast<const __half*>(q), static_cast<const uint32_t*>(qk), static_cast<const __half*>(sk),
         static_cast<const uint32_t*>(qv), static_cast<const __half*>(sv), block_table, depth, ancestors, rows, ctx,
         scale, max_splits, part_acc, part_ml);
