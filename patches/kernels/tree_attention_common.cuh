@@ -165,8 +165,6 @@ uint32_t elpis_tree_attention_max_splits(uint32_t ctx, uint32_t max_depth) {
     return elpis_sched_splits(elpis_sched_span(ctx, max_depth));
 }
 
-uint32_t elpis_tree_attention_split_size(void) { return kSplit; }
-
 // Floats of workspace a call needs: partial acc [rows, 24, splits, 256] and (max, sum) [rows, 24, splits, 2].
 uint64_t elpis_tree_attention_workspace_floats(uint32_t rows, uint32_t ctx, uint32_t max_depth) {
     const uint64_t parts = static_cast<uint64_t>(rows) * kQHeads * elpis_tree_attention_max_splits(ctx, max_depth);
