@@ -3,9 +3,9 @@
 # Probe headers (timing probes, not proved): the served layout up to 65536, then a split every 1024 positions
 # (`render_probe_layout.py .device/schedule-long1024 65536 1024`) or every 2048 (.device/schedule-long2048, the
 # same with 2048). The previous 512 layout: .device/schedule-512, rendered from eba0e79's bend/ (plus
-# `#define ELPIS_SCHED_SPLIT_MIN 512u`, which that header predates). Fewer splits past 64K mean fewer blocks and fewer partials. The partials are 212 MB
-# written and read per layer at 262K with 16 rows, about as much as the 3-bit K/V (bench/results/tree/README.md,
-# session 23). Blocks start longest split first, so longer splits no longer finish last.
+# `#define ELPIS_SCHED_SPLIT_MIN 512u`, which that header predates). Fewer splits past 64K mean fewer blocks and
+# fewer partials; the partials are 212 MB written and read per layer at 262K with 16 rows, about as much as the
+# 3-bit K/V (bench/results/tree/README.md, session 23). Blocks start longest split first, so longer splits no longer finish last.
 # attention_splits.py: served against the previous 512 layout and both probes, graph form, 1K-262K, 8 and 16 rows.
 # A winner changes the numerics, so it would ship only with its proof and a gate PASS under a rule written first.
 # No `make build` on the device: carry [".whl", ".device", "build/kernels"].
