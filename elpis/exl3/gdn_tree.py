@@ -162,16 +162,26 @@ def stack_slots() -> int:
     return int(_host_library().elpis_gdn_tree_stack_slots())
 
 
+def channel_major(qkv: torch.Tensor) -> bool:
+    """Whether the kernel reads `qkv` in place as channel-major: a bf16 CUDA [n, 10240] view that is the
+    transpose of a contiguous [10240, >= n] buffer (how ExLlamaV3's layer casts the projection for its
+    conv)."""
+    import torch
+
+    return (
+        qkv.dim() == 2 and qkv.shape[1] == CONV_DIM and qkv.stride() == (1, qkv.stride(1))
+        and qkv.stride(1) >= qkv.shape[0] and qkv.is_cuda and qkv.dtype == torch.bfloat16
+    )  # fmt: skip
+
+
 def qkv_layout(qkv: torch.Tensor) -> tuple[int, int]:
     """(row stride, channel stride) in elements of a qkv [n, 10240] bf16 CUDA tensor the kernel reads:
-    token-major (contiguous) or channel-major (the transpose of a contiguous [10240, >= n] buffer, as
-    ExLlamaV3's layer casts the projection for its conv). ValueError for any other layout."""
+    token-major (contiguous) or `channel_major`. ValueError for any other layout."""
     import torch
 
     if not isinstance(qkv, torch.Tensor):
         raise TypeError(f"qkv must be a torch.Tensor, got {type(qkv).__name__}")
-    channel_major = qkv.dim() == 2 and qkv.shape[1] == CONV_DIM and qkv.stride() == (1, qkv.stride(1))
-    if channel_major and qkv.stride(1) >= qkv.shape[0] and qkv.is_cuda and qkv.dtype == torch.bfloat16:
+    if channel_major(qkv):
         return 1, qkv.stride(1)
     check_tensor("qkv", qkv, torch.bfloat16, (None, CONV_DIM))
     return CONV_DIM, 1

@@ -430,11 +430,13 @@ def _tree_conv(
     if conv_state is None:
         raise RuntimeError("gdn tree: no recurrent state for the sequence (pass recurrent_states)")
     # The projection as stock rounds it to bf16 for its conv, [rows, channels]: its channel-major buffer read
-    # in place by the tree kernel (gdn_tree.qkv_layout), or a token-major bf16 copy of anything else.
+    # in place by the tree kernel (gdn_tree.channel_major), or a token-major bf16 copy of anything else.
     if conv1d_weight.dtype != torch.bfloat16:
         raise RuntimeError(f"gdn tree: conv weight must be bf16, got {conv1d_weight.dtype}")
+    from elpis.exl3 import gdn_tree
+
     rows_major = mixed_qkv[0] if token_major else mixed_qkv[0].t()
-    in_place = not token_major and rows_major.dtype == torch.bfloat16 and rows_major.stride(0) == 1
+    in_place = gdn_tree.channel_major(rows_major)
     pre_conv = rows_major if in_place else rows_major.to(torch.bfloat16).contiguous()
     call._conv = (pre_conv, conv1d_weight.contiguous(), conv_state)
     return pre_conv.unsqueeze(0)  # [1, rows, channels]: the rule below takes pre-conv inputs
