@@ -8,8 +8,8 @@
 //
 // Which positions each block reduces, and how tree rows map to slots, is the proved schedule compiled
 // from bend/verify_schedule.bend (build/kernels/verify_schedule.h): splits at boundaries fixed by
-// absolute position alone (128 positions below 4096, 256 below 16384, 512 beyond). Every number a row's output depends on is computed
-// in an order fixed by absolute positions only:
+// absolute position alone (128 positions below 4096, 256 below 16384, 512 beyond). Every number a row's
+// output depends on is computed in an order fixed by absolute positions only:
 //   * score(p)  = warp-wide dot product: lane l sums dims 8l..8l+7 serially with fmaf, then a fixed
 //                 xor butterfly (16, 8, 4, 2, 1), times the scale;
 //   * per split: max (exact), p = expf(score - max), sum and P.V serially in ascending position order;

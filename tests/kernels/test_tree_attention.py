@@ -21,7 +21,7 @@ from elpis.exl3 import tree_attention as ta
 from elpis.exl3 import tree_attention_ref as ref
 from tests.kernels import tree_cases as tc
 
-FIRST = 128  # bend/verify_schedule.bend: the first split boundary (test_tree_attention_ref checks it)
+FIRST = tc.FIRST_SPLIT
 
 
 def _log(record: dict) -> None:

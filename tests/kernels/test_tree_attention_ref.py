@@ -15,7 +15,7 @@ from elpis.exl3 import tree_attention as ta
 from elpis.exl3 import tree_attention_ref as ref
 from tests.kernels import tree_cases as tc
 
-FIRST = 128  # bend/verify_schedule.bend: the first split boundary (split_min())
+FIRST = tc.FIRST_SPLIT
 
 
 def emulated(q, k, v, table, ctx, depth, ancestors):

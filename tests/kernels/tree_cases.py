@@ -24,6 +24,8 @@ from elpis.exl3 import tree_attention_ref as ref
 
 Attend = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 PAGE = ref.PAGE
+# bend/verify_schedule.bend's first split boundary, split_min() (test_tree_attention_ref checks it)
+FIRST_SPLIT = 128
 
 
 @dataclass
