@@ -8,8 +8,6 @@
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-start_build_and_full_synth
-wait_build
-wait_synth
+full_model_ready
 tree_profile 10
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
