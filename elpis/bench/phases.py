@@ -55,7 +55,8 @@ FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("gdn-scan", r"delta|gdn|recurrent|scan_replay|chunk_(fwd|bwd|scaled|local|gated)|solve_tril"),
         ("conv", r"conv"),
         ("attention", r"attn|attention|flash|softmax_combine|split_kv|paged"),
-        ("exl3-gemm", r"exl3|gemv|mgemm|reconstruct|had_r|hadamard"),
+        # rows_gemm: elpis's EXL3 GEMM (and its input transform)
+        ("exl3-gemm", r"exl3|gemv|mgemm|rows_gemm|reconstruct|had_r|hadamard"),
         ("dense-gemm", r"gemm|cublas|cutlass|xmma|sm80_|sm90_|ampere_|Kernel2"),
         ("norm", r"norm"),
         ("rope", r"rope|rotary"),

@@ -123,10 +123,11 @@ def _qualify(code: str) -> str:
 
 
 # Split boundaries the table crosses: the first of each region of the layout (128-position splits
-# below 4096, 256 below 16384, 512 beyond), both sides of each region change, and long contexts.
+# below 4096, 256 below 16384, 512 below 65536, 2048 beyond), both sides of each region change, and long
+# contexts.
 TABLE_BOUNDARIES = (
     *(128, 256, 384, 512, 3968, 4096, 4352, 4608),
-    *(16128, 16384, 16896, 17408, 32768, 131072, 262144),
+    *(16128, 16384, 16896, 17408, 32768, 65024, 65536, 67584, 69632, 131072, 262144),
 )
 
 

@@ -34,7 +34,7 @@ PAGE = 256
 MAX_ROWS = 16
 # The kernel's grid holds 65535 splits: positions below split_begin(65535) of bend/verify_schedule.bend (a
 # test checks the figure); the schedule's laws hold up to 2^31.
-MAX_SPAN = 16384 + (65535 - 80) * 512
+MAX_SPAN = 65536 + (65535 - 176) * 2048
 DEFAULT_SCALE = 1.0 / math.sqrt(HEAD_DIM)
 
 

@@ -8,8 +8,8 @@
 //
 // Which positions each block reduces, and how tree rows map to slots, is the proved schedule compiled
 // from bend/verify_schedule.bend (build/kernels/verify_schedule.h): splits at boundaries fixed by
-// absolute position alone (128 positions below 4096, 256 below 16384, 512 beyond). Every number a row's
-// output depends on is computed in an order fixed by absolute positions only:
+// absolute position alone (128 positions below 4096, 256 below 16384, 512 below 65536, 2048 beyond).
+// Every number a row's output depends on is computed in an order fixed by absolute positions only:
 //   * score(p)  = warp-wide dot product: lane l sums dims 8l..8l+7 serially with fmaf, then a fixed
 //                 xor butterfly (16, 8, 4, 2, 1), times the scale;
 //   * per split: max (exact), p = expf(score - max), sum and P.V serially in ascending position order;
@@ -54,6 +54,17 @@ constexpr uint32_t kChunks = kHeadDim / 8;  // 16-byte chunks per position and h
 static_assert(kThreads == kHeadDim, "P.V and the combine give each thread one head dim");
 static_assert(kHeadDim == 32 * 8, "QK gives each lane 8 dims");
 static_assert(kSplit % 32 == 0 && kSplit <= 2048, "split size must fit the shared score buffer");
+
+// A split's scores and slots live in dynamic shared memory (56 KB at 2048-position splits, past the 48 KB a
+// block may declare statically; with the 16 KB staging tile, 72 KB, within the 99 KB an RTX 3090 block gets).
+constexpr size_t kProbBytes = size_t(kGroup) * kSplit * sizeof(float);
+constexpr size_t kSplitSmemBytes = kProbBytes + size_t(kSplit) * sizeof(uint32_t);
+static_assert(kSplitSmemBytes + 16u * 1024u + 64u <= 99u * 1024u, "an RTX 3090 block gets at most 99 KB");
+#ifdef ELPIS_CUDA_EMU
+#define ELPIS_SPLIT_SMEM(name) alignas(16) static uint8_t name[kSplitSmemBytes]
+#else
+#define ELPIS_SPLIT_SMEM(name) extern __shared__ __align__(16) uint8_t name[]
+#endif
 
 #if ELPIS_TREE_ATTN_QCACHE
 using CacheWord = uint32_t;  // packed codes; scales beside them
@@ -158,7 +169,9 @@ __device__ __forceinline__ void score(const float (&qf)[kGroup][8], const float 
 // One block: row `blockIdx.x`, split `blockIdx.y`, K/V head `blockIdx.z` (its kGroup query heads). Rows
 // vary fastest, so the blocks in flight together read the same split's pages (L2 reuse across rows).
 // Writes the split's partial (max, sum, acc[256]) per query head.
-__global__ void __launch_bounds__(kThreads) tree_attention_split(
+// (`, 1`: without a resident-block bound, ptxas held the sm_86 build with dynamic shared memory to 64 registers
+// and spilled.)
+__global__ void __launch_bounds__(kThreads, 1) tree_attention_split(
     const __half* __restrict__ q, const CacheWord* __restrict__ k_cache, const __half* __restrict__ k_scales,
     const CacheWord* __restrict__ v_cache, const __half* __restrict__ v_scales, const int32_t* __restrict__ block_table, const uint32_t* __restrict__ depth,
     const uint32_t* __restrict__ ancestors, uint32_t ctx, float scale, uint32_t max_splits,
@@ -170,8 +183,9 @@ __global__ void __launch_bounds__(kThreads) tree_attention_split(
     const uint32_t n = elpis_sched_split_end(total, split) - begin;
     const uint32_t mask = ancestors[row];
 
-    __shared__ float prob[kGroup][kSplit];
-    __shared__ uint32_t slots[kSplit];
+    ELPIS_SPLIT_SMEM(split_smem);
+    float (*prob)[kSplit] = reinterpret_cast<float (*)[kSplit]>(split_smem);
+    uint32_t* slots = reinterpret_cast<uint32_t*>(split_smem + kProbBytes);
     __shared__ float head_max[kGroup];
 
     const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
@@ -282,7 +296,14 @@ static int launch(const void* q, const void* k_cache, const void* k_scales, cons
     float* part_acc = workspace;
     float* part_ml = workspace + static_cast<uint64_t>(rows) * kQHeads * max_splits * kHeadDim;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    tree_attention_split<<<dim3(rows, max_splits, kKvHeads), kThreads, 0, s>>>(
+    static bool smem_set = false;  // the opt-in above 48 KB, once per process
+    if (!smem_set) {
+        const cudaError_t err = cudaFuncSetAttribute(tree_attention_split, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     kSplitSmemBytes);
+        if (err != cudaSuccess) return static_cast<int>(err);
+        smem_set = true;
+    }
+    tree_attention_split<<<dim3(rows, max_splits, kKvHeads), kThreads, kSplitSmemBytes, s>>>(
         static_cast<const __half*>(q), static_cast<const CacheWord*>(k_cache), static_cast<const __half*>(k_scales),
         static_cast<const CacheWord*>(v_cache), static_cast<const __half*>(v_scales), block_table, depth, ancestors,
         ctx, scale, max_splits, part_acc, part_ml);

@@ -616,8 +616,8 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
                   reinterpret_cast<uint32_t*>(smem + kOffRows) + kMaxRows,
                   reinterpret_cast<uint8_t*>(smem + kOffSrow)};
     // Blocks start in the order of their linear index (x fastest), so the grid runs the heads fastest and the
-    // splits last to first: the long splits past 4096 and 16384 positions start before the short ones below
-    // them, longest first, and the short ones fill in behind (started in split order, a 32K call's 16-tile
+    // splits last to first: the long splits past 4096, 16384 and 65536 positions start before the short ones
+    // below them, longest first, and the short ones fill in behind (started in split order, a 32K call's 16-tile
     // blocks came last and ran alone). Which block computes a split does not change its arithmetic.
     const uint32_t split = gridDim.y - 1u - blockIdx.y, h = blockIdx.x, tid = threadIdx.x;
     const uint32_t lane = tid & 31u, warp = tid >> 5, g = lane >> 2, t = lane & 3u;

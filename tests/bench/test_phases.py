@@ -17,6 +17,9 @@ def _range(phase: str, ts: float, dur: float) -> dict:
 
 def test_kernel_families_by_name():
     assert phases.family("exl3_gemm_kernel<4, 256>") == "exl3-gemm"
+    # elpis's EXL3 GEMM and its input transform decode EXL3 weights too: not a dense (cuBLAS) GEMM
+    assert phases.family("void (anonymous namespace)::rows_gemm_kernel<4u, 16u>(Args)") == "exl3-gemm"
+    assert phases.family("rows_gemm_input") == "exl3-gemm"
     assert phases.family("_paged_attn_decode_split_kernel") == "attention"
     assert phases.family("fused_recurrent_gated_delta_rule_fwd_kernel") == "gdn-scan"
     assert phases.family("causal_conv1d_update_kernel") == "conv"

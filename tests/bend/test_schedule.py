@@ -25,7 +25,7 @@ def sched() -> dict:
 def test_header_is_written_only_when_it_matches(tmp_path: Path) -> None:
     path = schedule.build(tmp_path)
     assert path == tmp_path / schedule.HEADER
-    assert schedule.split_size_of(path) == 512
+    assert schedule.split_size_of(path) == 2048
     assert schedule.check_header(path) > 1000
     assert [p.name for p in tmp_path.iterdir()] == [schedule.HEADER]
     assert schedule.render() == path.read_text(), "generation is deterministic"
@@ -69,7 +69,8 @@ def test_a_template_that_breaks_the_header_fails_closed(repo_copy: Path, tmp_pat
         ),
         ("(pos >> 7n : U32)", "(pos >> 8n : U32)", "split_holds_exactly_owner"),  # wrong owner below 4096
         ("def middle_end() -> U32:\n  16384", "def middle_end() -> U32:\n  16000", "split_boundaries_fixed"),
-        ("def split_size() -> U32:\n  512", "def split_size() -> U32:\n  256", "splits_fit_the_kernels"),
+        ("def long_end() -> U32:\n  65536", "def long_end() -> U32:\n  65000", "split_boundaries_fixed"),
+        ("def split_size() -> U32:\n  2048", "def split_size() -> U32:\n  1024", "splits_fit_the_kernels"),
     ],
 )
 def test_a_wrong_schedule_fails_its_laws(repo_copy: Path, old: str, new: str, law: str) -> None:
@@ -91,7 +92,7 @@ def test_table_crosses_every_listed_boundary() -> None:
 
 
 def test_schedule_of_a_row_is_plain_decodings(sched: dict) -> None:
-    for ctx in (0, 1, 120, 127, 128, 1023, 4090, 16380, 32760):
+    for ctx in (0, 1, 120, 127, 128, 1023, 4090, 16380, 32760, 65530, 69630, 262140):
         for depth in range(16):
             total, plain = sched["span"](ctx, depth), sched["span"](ctx + depth, 0)
             assert total == plain
@@ -100,9 +101,14 @@ def test_schedule_of_a_row_is_plain_decodings(sched: dict) -> None:
             assert bounds == schedule.split_bounds(total)
             assert bounds[0][0] == 0 and bounds[-1][1] == total
             assert all(b[1] == nxt[0] for b, nxt in itertools.pairwise(bounds))
-            # the layout, stated directly: 128 positions a split below 4096, 256 below 16384, 512 beyond
-            assert all(b % (128 if b < 4096 else 256 if b < 16384 else 512) == 0 for b, _ in bounds)
-            assert all(e - b == (128 if b < 4096 else 256 if b < 16384 else 512) for b, e in bounds[:-1])
+            # the layout, stated directly: 128 positions a split below 4096, 256 below 16384, 512 below 65536,
+            # 2048 beyond
+            assert all(b % _layout_split(b) == 0 for b, _ in bounds)
+            assert all(e - b == _layout_split(b) for b, e in bounds[:-1])
+
+
+def _layout_split(begin: int) -> int:
+    return 128 if begin < 4096 else 256 if begin < 16384 else 512 if begin < 65536 else 2048
 
 
 def _climb(parents: list[int], r: int, hops: int) -> int:

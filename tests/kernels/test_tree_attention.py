@@ -64,8 +64,10 @@ def test_staged_build_equals_the_direct_build(ctx: int, rows: int) -> None:
 
 
 # Spans that end just before, on and just after split boundaries, for the depths of the trees below: the first
-# ones (128 positions a split), where the splits turn to 256 (4096) and to 512 (16384), and at 32K.
-INVARIANCE_CTX = [FIRST - 9, FIRST - 1, 2 * FIRST - 4, 1024, 4096 - 6, 16384 - 9, 32768 - 8]
+# ones (128 positions a split), where the splits turn to 256 (4096), to 512 (16384) and to 2048 (65536), at
+# 32K, and between two 2048-position splits (69632).
+INVARIANCE_CTX = [FIRST - 9, FIRST - 1, 2 * FIRST - 4, 1024, 4096 - 6, 16384 - 9, 32768 - 8, 65536 - 7,
+                  69632 - 9]
 
 
 @pytest.mark.gpu

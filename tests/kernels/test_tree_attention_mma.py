@@ -39,9 +39,9 @@ def _layer_args(pool: QuantPool) -> tuple:
 
 
 # Contexts whose rows' spans cross a split boundary: between 128-position splits, where the splits turn to 256
-# (4096) and to 512 (16384), and between 512-position ones.
+# (4096), to 512 (16384) and to 2048 (65536), between 512-position ones and between 2048-position ones.
 @pytest.mark.gpu
-@pytest.mark.parametrize("ctx", [1019, 4091, 16379, 32760])
+@pytest.mark.parametrize("ctx", [1019, 4091, 16379, 32760, 65531, 69627])
 def test_rows_are_plain_decoding(ctx: int) -> None:
     masks = accept.tree_masks(PARENTS)
     rows = len(PARENTS)

@@ -26,7 +26,7 @@ def test_split_sizes_match_the_bend_program() -> None:
     from elpis.bend import schedule
 
     text = schedule.render()
-    assert text.count("#define ELPIS_SCHED_SPLIT_SIZE 512u") == 1
+    assert text.count("#define ELPIS_SCHED_SPLIT_SIZE 2048u") == 1
     assert text.count(f"#define ELPIS_SCHED_SPLIT_MIN {FIRST}u") == 1
     assert schedule.split_bounds(FIRST + 1) == [(0, FIRST), (FIRST, FIRST + 1)]
 
