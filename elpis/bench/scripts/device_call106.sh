@@ -7,7 +7,7 @@ LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
 full_model_ready
-gib24_test 2048-position splits 230
+gib24_test "2048-position splits" 230  # call 106 ran it unquoted (exit 125); call 107 ran it alone
 echo "=== bench 128K ($(left) s left)" | tee -a "$OUT/log"
 timeout -k 5 $(( $(left) - 15 )) python3 -m elpis.cli bench engine --model /tmp/full/target --draft /tmp/full/draft \
   --systems stock,elpis-tree16 --checkpoints 131072 --rounds 12 --warmup 3 --final-tokens 0 --spec-only \
