@@ -2,8 +2,9 @@
 
 `bend/verify_schedule.bend` cuts a row's span into splits; each (split, K/V head) is one block that runs its
 split's tiles one after another, and the combine folds the splits. Each NAME=DIR given is a folder holding a
-`verify_schedule.h` rendered from another layout (session 20 rendered uniform split sizes from copies of
-`bend/`; session 23 rendered the previous commit's 512-position layout, `.device/schedule-512`), and the
+`verify_schedule.h` rendered from another layout (`render_layout.py OUT_DIR REV` renders a commit's;
+session 20 rendered uniform split sizes from copies of `bend/`, session 24 session 23's layout,
+`.device/schedule-r2`), and the
 tensor-core kernel is built against it beside the served build (the build's own header, `served`). At each
 context, with the served graph form (context and masks read on the device, the grid sized for the context's
 bucket, `context_bucket`), 8 and 16 rows of a random tree: time per call (`rows_gemm_check.timed`: a CUDA
