@@ -210,6 +210,12 @@ def load_backend(
         from elpis.exl3.gdn_ba_patch import mark
 
         mark(engine.model)
+    if tree and rows_gemm:
+        from elpis.exl3 import patches
+        from elpis.exl3.rows_gemm_patch import QKV_PATCH, mark_gdn_qkv
+
+        if patches.enabled(QKV_PATCH):  # a switch: off by default (patches/registry.json)
+            mark_gdn_qkv(engine.model)
     disk = bound_cache_dir(Path(disk_cache_dir), engine) if disk_cache_dir else None
     backend = Exl3Backend(
         engine,

@@ -31,9 +31,11 @@ MAX_ROWS = 16
 MAX_MEMBERS = 4  # linears of one call
 MAX_COUNTERS = 4096  # n-blocks of 128 columns, all members together: up to n = 524,288
 MAX_GROUPS = 4096  # 128-groups of k: up to k = 524,288
+BF16_SHIFT = 8  # out_modes: bit BF16_SHIFT + i asks member i for bf16 channel-major output (kBf16Shift)
 
 _VP, _U32, _U64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
-# x, m, k, count, suh[], trellis[], svh[], out[], n[] (host arrays of `count`), out_f32 (bit per member),
+# x, m, k, count, suh[], trellis[], svh[], out[], n[] (host arrays of `count`),
+# out_modes (bit i: member i fp32, bit BF16_SHIFT + i: bf16 channel-major),
 # bits, a_frag, frag_halves, workspace, workspace_floats, counters, counters_len, stream
 GEMM_ARGS = (_VP, _U32, _U32, _U32, _VP, _VP, _VP, _VP, _VP, _U32, _U32, _VP, _U64, _VP, _U64, _VP, _U32, _VP)
 DECODE_ARGS = (_VP, _VP, _U32, _U32, _U32, _VP)  # trellis, d, k, n, bits, stream
@@ -97,7 +99,8 @@ def supported(rows: int, k: int, n: int, bits: int = 4) -> bool:
 
 class Member(NamedTuple):
     """One EXL3 linear of a call: trellis [k/16, n/16, 16 * bits] int16, suh [k], svh [n] fp16, and the
-    output's dtype (fp16 or fp32)."""
+    output's dtype: fp16 or fp32 [m, n], or bf16, which the kernel writes channel-major ([n, m] in memory, the
+    fp16 output's bits cast to bf16) and the call returns as its [m, n] transposed view."""
 
     trellis: torch.Tensor
     suh: torch.Tensor
@@ -144,8 +147,11 @@ def rows_gemm_group(
             raise ValueError(
                 f"rows_gemm: {m} rows, k={k}, n={n} is outside the kernel (1..16 rows, k, n % 128 == 0)"
             )
-        if member.out_dtype not in (torch.half, torch.float):
-            raise ValueError(f"rows_gemm: out_dtype must be float16 or float32, got {member.out_dtype}")
+        if member.out_dtype not in (torch.half, torch.float, torch.bfloat16):
+            raise ValueError(
+                "rows_gemm: out_dtype must be float16, float32 or bfloat16 (channel-major), "
+                f"got {member.out_dtype}"
+            )
         check_tensor(f"rows_gemm: trellis {i}", trellis, torch.int16, (k // 16, n // 16, 16 * bits))
         check_tensor(f"rows_gemm: suh {i}", member.suh, torch.half, (k,))
         check_tensor(f"rows_gemm: svh {i}", member.svh, torch.half, (n,))
@@ -164,16 +170,20 @@ def rows_gemm_group(
     workspace = torch.empty(max(floats, 1), dtype=torch.float32, device=device)
     counters = sync_words(str(device))
     outs = [
-        torch.empty((m, n), dtype=mb.out_dtype, device=device) for mb, n in zip(members, widths, strict=True)
+        torch.empty((n, m), dtype=mb.out_dtype, device=device).t()
+        if mb.out_dtype == torch.bfloat16
+        else torch.empty((m, n), dtype=mb.out_dtype, device=device)
+        for mb, n in zip(members, widths, strict=True)
     ]
-    out_f32 = sum(1 << i for i, mb in enumerate(members) if mb.out_dtype == torch.float)
+    out_modes = sum(1 << i for i, mb in enumerate(members) if mb.out_dtype == torch.float)
+    out_modes |= sum(1 << (BF16_SHIFT + i) for i, mb in enumerate(members) if mb.out_dtype == torch.bfloat16)
     stream = torch.cuda.current_stream(device).cuda_stream
     err = lib.elpis_rows_gemm(
         x.data_ptr(), m, k, len(members),
         void_ptrs(*(mb.suh.data_ptr() for mb in members)),
         void_ptrs(*(mb.trellis.data_ptr() for mb in members)),
         void_ptrs(*(mb.svh.data_ptr() for mb in members)), void_ptrs(*(y.data_ptr() for y in outs)),
-        (ctypes.c_uint32 * len(widths))(*widths), out_f32, bits, a_frag.data_ptr(), frag_halves,
+        (ctypes.c_uint32 * len(widths))(*widths), out_modes, bits, a_frag.data_ptr(), frag_halves,
         workspace.data_ptr(), floats, counters.data_ptr(), MAX_COUNTERS, stream,
     )  # fmt: skip
     if err != 0:
@@ -190,7 +200,7 @@ def rows_gemm(
     lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:
     """y [m, n] of x [m, k] fp16 through one EXL3 linear (trellis [k/16, n/16, 16 * bits] int16, suh [k],
-    svh [n] fp16); `out_dtype` fp16 (default) or fp32."""
+    svh [n] fp16); `out_dtype` fp16 (default), fp32, or bf16 (channel-major, see Member)."""
     import torch
 
     return rows_gemm_group(x, [Member(trellis, suh, svh, out_dtype or torch.half)], lib)[0]

@@ -41,6 +41,10 @@ from elpis.exl3 import rows_gemm
 PATCH = "exl3-rows-gemm"
 MARK = "_elpis_rows_gemm"
 GROUP = "_elpis_rows_gemm_group"
+# Patch exl3-gdn-qkv-channel-major (a switch, off by default): a Gated DeltaNet layer marked with its qkv
+# linear (`mark_gdn_qkv`) has that linear write bf16 channel-major inside tree verifies (`channel_major`).
+QKV_PATCH = "exl3-gdn-qkv-channel-major"
+QKV_MARK = "_elpis_qkv_channel_major"
 # Projections ExLlamaV3 1.6.5 computes from one input tensor, by exact module type: `Attention.project_qkv`
 # (Q with its interleaved gate or a separate g_proj, K, V), the split-projection `GatedDeltaNet.forward`
 # (qkv, z; b and a are too narrow for the kernel), `GatedMLP.forward` of its one slice (gate, up).
@@ -56,7 +60,7 @@ _originals: dict[str, Any] = {}
 _state = threading.local()
 # linears served by the kernel, and kernel calls made for groups, in this process (tests check the patch took
 # effect)
-calls = {"rows_gemm": 0, "groups": 0}
+calls = {"rows_gemm": 0, "groups": 0, "channel_major": 0}
 
 
 def format_ok(linear: Any) -> bool:
@@ -148,10 +152,57 @@ def _forward(self: Any, x: Any, params: dict, out_dtype: Any = None) -> Any:
     if not getattr(self, MARK, False) or not eligible(self, x, params, out_dtype):
         return _originals["forward"](self, x, params, out_dtype)
     calls["rows_gemm"] += 1
+    if getattr(_state, "channel_major", None) is self:
+        out_dtype = _channel_major_dtype(self, out_dtype)
     group = getattr(self, GROUP, None)
     if group is not None:
         return group.output(self, x, out_dtype)
     return run(self, x, out_dtype)
+
+
+def _channel_major_dtype(linear: Any, out_dtype: Any) -> Any:
+    """bf16 (channel-major, the fp16 output's bits cast) in place of the fp16 output ExLlamaV3's Gated
+    DeltaNet asks for; any other request is refused, since the caller would get what it did not ask for."""
+    import torch
+
+    if (out_dtype or linear.default_out_dtype) != torch.half:
+        raise RuntimeError(
+            f"patch {QKV_PATCH}: qkv asked for {out_dtype}; the channel-major output replaces fp16"
+        )
+    calls["channel_major"] += 1
+    return torch.bfloat16
+
+
+@contextlib.contextmanager
+def channel_major(linear: Any) -> Iterator[None]:
+    """Within the block, a kernel call of `linear` asking for fp16 returns the bf16 channel-major output
+    instead: an [..., rows, n] view of a [n, rows] buffer, holding the fp16 output's bits cast to bf16.
+    That is what ExLlamaV3's Gated DeltaNet forward makes of its qkv for the conv (`qkv.transpose(1, 2)
+    .to(torch.bfloat16).contiguous()`, two kernels); given this view, both calls return it unchanged, so
+    the layer computes the same bits with two kernels fewer."""
+    before = getattr(_state, "channel_major", None)
+    _state.channel_major = linear
+    try:
+        yield
+    finally:
+        _state.channel_major = before
+
+
+def mark_gdn_qkv(model: Any) -> int:
+    """Mark every Gated DeltaNet layer of `model` whose qkv linear the kernel serves (after `mark`) for
+    `channel_major` inside tree verifies (`load_backend` does, in tree mode, where the switch is on);
+    returns how many were marked."""
+    from elpis.exl3 import walk_modules
+
+    count = 0
+    for module in walk_modules(model):
+        if type(module).__name__ != "GatedDeltaNet":
+            continue
+        inner = getattr(getattr(module, "qkv_proj", None), "inner", None)
+        if inner is not None and getattr(inner, MARK, False):
+            setattr(module, QKV_MARK, inner)
+            count += 1
+    return count
 
 
 def run(linear: Any, x: Any, out_dtype: Any = None) -> Any:

@@ -381,7 +381,7 @@ def _check_gdn_module(module: Any) -> None:
 
 
 def _gdn_forward(self: Any, x: Any, params: dict, out_dtype: Any = None) -> Any:
-    from elpis.exl3 import gdn_ba_patch
+    from elpis.exl3 import gdn_ba_patch, rows_gemm_patch
 
     call = _active
     if call is None:
@@ -392,8 +392,12 @@ def _gdn_forward(self: Any, x: Any, params: dict, out_dtype: Any = None) -> Any:
     call._module, call._conv = self, None
     fused = self.bc_split
     self.bc_split = False  # the fused decode graph runs its own conv and scan: take the torch path
+    qkv = getattr(self, rows_gemm_patch.QKV_MARK, None)  # switch exl3-gdn-qkv-channel-major, marked at load
     try:
-        with gdn_ba_patch.projections(self):  # the patch exl3-gdn-ba, on layers marked at load
+        with (
+            gdn_ba_patch.projections(self),  # the patch exl3-gdn-ba, on layers marked at load
+            rows_gemm_patch.channel_major(qkv) if qkv is not None else contextlib.nullcontext(),
+        ):
             out = _originals["gdn_forward"](self, x, params, out_dtype)
     finally:
         self.bc_split = fused

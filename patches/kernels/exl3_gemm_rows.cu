@@ -23,7 +23,11 @@
 //     how many there are.
 // Arithmetic: fp32 accumulation; a decoded weight is the codebook's fp16 value (one fp16 fma rounding,
 // as the format defines it); the transforms in fp32 with one fp16 rounding of the activations and of y.
+// A member's y is written fp16 [m, n] (the default), fp32 [m, n], or bf16 channel-major [n, m]: the fp16 y
+// rounded once more to bf16, the buffer ExLlamaV3's Gated DeltaNet forward makes of its qkv for the conv with a
+// cast and a transposed copy (two kernels a layer), so that here it makes neither.
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -43,6 +47,8 @@ constexpr uint32_t kRedStride = kBlockN + 4;       // padded row of the reductio
 constexpr float kInvSqrt128 = 0.08838834764831845f;
 constexpr uint32_t kMaxMembers = 4;                // linears per call (one shared input)
 constexpr uint32_t kMaxNBlocks = 4096;             // n-blocks per call, all members together
+constexpr uint32_t kBf16Shift = 8;                 // out_modes: bit kBf16Shift + i, member i's bf16 [n, m]
+enum OutMode : uint32_t { kOutF16 = 0, kOutF32 = 1, kOutBf16ChannelMajor = 2 };
 #ifndef ELPIS_GEMM_STAGES
 #define ELPIS_GEMM_STAGES 3
 #endif
@@ -384,7 +390,7 @@ __device__ __forceinline__ void accumulate(const uint2* __restrict__ a_frag, con
 // y [rows < m, n-block nb] = (total H) / sqrt(128) * svh, one row per warp (red is scratch; ends on a barrier).
 template <int kRH>
 __device__ __forceinline__ void finish(const float (&total)[kRH][4], float (&red)[kWarps][8][kRedStride],
-                                       const float (&scale)[4], void* __restrict__ out, bool out_f32,
+                                       const float (&scale)[4], void* __restrict__ out, uint32_t mode,
                                        uint32_t m, uint32_t n, uint32_t nb) {
     const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
     float* const part = &red[0][0][0];  // [16 rows][kRedStride]
@@ -405,8 +411,11 @@ __device__ __forceinline__ void finish(const float (&total)[kRH][4], float (&red
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const float y = (v[j] * kInvSqrt128) * scale[j];
-            if (out_f32)
+            if (mode == kOutF32)
                 static_cast<float*>(out)[size_t(r) * n + c0 + j] = y;
+            else if (mode == kOutBf16ChannelMajor)  // fp16 first: the bits of the fp16 y cast to bf16
+                static_cast<__nv_bfloat16*>(out)[size_t(c0 + j) * m + r] =
+                    __float2bfloat16_rn(__half2float(__float2half_rn(y)));
             else
                 static_cast<__half*>(out)[size_t(r) * n + c0 + j] = __float2half_rn(y);
         }
@@ -486,7 +495,7 @@ struct Members {
     void* out[kMaxMembers];
     uint32_t nb_end[kMaxMembers];
     uint32_t count;
-    uint32_t out_f32;      // bit i: member i writes fp32 (else fp16)
+    uint32_t out_modes;    // bit i: member i writes fp32; bit kBf16Shift + i: bf16 channel-major (else fp16)
     uint64_t frag_halves;  // one member's input fragments
 };
 
@@ -564,7 +573,9 @@ __global__ void __launch_bounds__(256, 2)
         }
         float scale[4];  // this lane's four output scales, one load
         load_scale4(pick(members.svh, mi) + (nb - nb0) * kBlockN + (threadIdx.x & 31u) * 4u, scale);
-        finish<kRH>(total, red, scale, pick(members.out, mi), (members.out_f32 >> mi) & 1u, m, n, nb - nb0);
+        const uint32_t mode = (members.out_modes >> mi) & 1u ? kOutF32
+                              : (members.out_modes >> (kBf16Shift + mi)) & 1u ? kOutBf16ChannelMajor : kOutF16;
+        finish<kRH>(total, red, scale, pick(members.out, mi), mode, m, n, nb - nb0);
 #ifdef ELPIS_GEMM_CLOCKS
         clock_finished++;
 #endif
@@ -660,15 +671,18 @@ int elpis_rows_gemm_decode(const void* trellis, void* d, uint32_t k, uint32_t n,
 }
 
 // For each of `count` (1..4) EXL3 linears i sharing the input x [m, k] fp16: out[i] [m, n[i]] (fp32 where bit i
-// of out_f32 is set, else fp16) = the linear (`bits`-bit mul1 trellis[i] [k/16, n[i]/16, 16 * bits] uint16,
+// of out_modes is set; bf16 [n[i], m], channel-major, where bit 8 + i is; else fp16) = the linear (`bits`-bit mul1 trellis[i] [k/16, n[i]/16, 16 * bits] uint16,
 // suh[i] [k], svh[i] [n[i]] fp16) of x. a_frag holds count * frag_halves(m, k) halves; workspace and counters are sized for
 // the members' n together. Returns 0 or a CUDA error code (cudaErrorInvalidValue: a shape or scratch size
 // outside what the entries above say).
 int elpis_rows_gemm(const void* x, uint32_t m, uint32_t k, uint32_t count, const void* const* suh,
                     const void* const* trellis, const void* const* svh, void* const* out, const uint32_t* n,
-                    uint32_t out_f32, uint32_t bits, void* a_frag, uint64_t frag_halves, float* workspace,
+                    uint32_t out_modes, uint32_t bits, void* a_frag, uint64_t frag_halves, float* workspace,
                     uint64_t workspace_floats, uint32_t* counters, uint32_t counters_len, void* stream) {
     if (count < 1u || count > kMaxMembers || !bits_ok(bits)) return static_cast<int>(cudaErrorInvalidValue);
+    const uint32_t member_bits = (1u << count) - 1u;  // a mode for members past count, or two for one, is refused
+    if (out_modes & ~(member_bits | (member_bits << kBf16Shift)) || out_modes & (out_modes >> kBf16Shift))
+        return static_cast<int>(cudaErrorInvalidValue);
     Members members{};
     MemberScales scales{};
     uint32_t n_total = 0;
@@ -690,7 +704,7 @@ int elpis_rows_gemm(const void* x, uint32_t m, uint32_t k, uint32_t count, const
         return static_cast<int>(cudaErrorInvalidValue);
     for (uint32_t i = count; i < kMaxMembers; i++) members.nb_end[i] = n_total / kBlockN;  // owns no n-block
     members.count = count;
-    members.out_f32 = out_f32;
+    members.out_modes = out_modes;
     members.frag_halves = one;
     const uint32_t rh = row_halves_for(m);
     cudaStream_t s = static_cast<cudaStream_t>(stream);

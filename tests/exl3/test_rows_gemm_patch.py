@@ -117,6 +117,29 @@ def test_refused_when_the_registry_patch_is_off(monkeypatch) -> None:
         pass
 
 
+def test_a_channel_major_output_passes_through_the_gdn_forwards_cast_and_copy() -> None:
+    """What the switch exl3-gdn-qkv-channel-major relies on: ExLlamaV3's Gated DeltaNet forward turns its
+    qkv into `qkv.transpose(1, 2).to(torch.bfloat16).contiguous()` for the conv; handed the bf16 [1, rows, n]
+    view of an [n, rows] buffer, that expression returns the buffer itself (no cast, no copy), which the tree
+    conv then reads in place (gdn_tree.channel_major: the transposed view of a contiguous bf16 buffer)."""
+    buffer = torch.randn(384, 16).to(torch.bfloat16)
+    qkv = buffer.t().unsqueeze(0)  # [1, 16, 384], as rows_gemm_group returns a bf16 member, shaped as asked
+    mixed = qkv.transpose(1, 2).to(torch.bfloat16).contiguous()
+    assert mixed.data_ptr() == buffer.data_ptr() and torch.equal(mixed[0], buffer)
+    assert mixed[0].t().stride() == (1, 16)
+
+
+def test_channel_major_asks_bf16_for_its_linear_only_where_fp16_was_asked() -> None:
+    lin, other = layer(128, 128, 6), layer(128, 128, 7, torch.float)
+    with rows_gemm_patch.channel_major(lin):
+        assert rows_gemm_patch._state.channel_major is lin
+        assert rows_gemm_patch._channel_major_dtype(lin, None) == torch.bfloat16
+        assert rows_gemm_patch._channel_major_dtype(lin, torch.half) == torch.bfloat16
+        with pytest.raises(RuntimeError, match="replaces fp16"):
+            rows_gemm_patch._channel_major_dtype(other, None)  # fp32 asked: not the GDN forward's qkv call
+    assert getattr(rows_gemm_patch._state, "channel_major", None) is None
+
+
 @pytest.fixture(scope="module")
 def patched(small):
     from elpis.exl3 import load_backend
@@ -202,3 +225,33 @@ def test_lossless_with_the_kernel(patched) -> None:
     assert max(rounds) > 1, "the replay drafter should have been accepted"
     assert drafted == plain, "the DFlash2 draft changed the output"
     assert replayed == plain, "accepted drafts changed the output"
+
+
+@pytest.mark.gpu
+def test_the_channel_major_qkv_changes_no_bit(patched) -> None:
+    """Switch exl3-gdn-qkv-channel-major: an eager tree verify with every Gated DeltaNet layer's qkv written
+    bf16 channel-major by the kernel gives the same logits, bit for bit, as without it, and the layers really
+    took that output."""
+    from elpis.exl3 import walk_modules
+    from tests.exl3.test_gpu import prompt
+
+    model = patched.engine.model
+    ids = prompt(700, 13, patched.info.vocab_size)
+    tokens, parents = [ids[-1], 5, 6, 7, 8, 9], [-1, 0, 0, 1, 1, 3]
+    patched.begin(ids)
+    try:
+        plain = patched.verify(tokens, parents).clone()
+        patched.abandon()
+        marked = rows_gemm_patch.mark_gdn_qkv(model)
+        assert marked == sum(type(m).__name__ == "GatedDeltaNet" for m in walk_modules(model)) > 0
+        before = rows_gemm_patch.calls["channel_major"]
+        try:
+            fused = patched.verify(tokens, parents).clone()
+        finally:
+            for m in walk_modules(model):
+                if hasattr(m, rows_gemm_patch.QKV_MARK):
+                    delattr(m, rows_gemm_patch.QKV_MARK)
+        assert rows_gemm_patch.calls["channel_major"] - before == marked
+        assert torch.equal(plain, fused)
+    finally:
+        patched.finish()

@@ -226,3 +226,50 @@ def test_output_scales_off_their_8_byte_boundary_are_refused(lib: ctypes.CDLL) -
     layer.svh = layer.svh.copy()  # the same scales in a fresh (aligned) array: the same result as before
     assert layer.svh.ctypes.data % 8 == 0
     assert np.array_equal(layer.run(lib, x).view(np.uint16), want.view(np.uint16))
+
+
+def _bf16_bits(y: np.ndarray) -> np.ndarray:
+    """The bf16 bit patterns of float32 values, rounded to nearest even (finite values)."""
+    u = np.ascontiguousarray(y, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _launch_modes(
+    lib: ctypes.CDLL, x: np.ndarray, layers: list[Linear], modes: int, outs: list[np.ndarray]
+) -> int:
+    m, k = x.shape
+    n_total, bits = sum(lay.n for lay in layers), layers[0].bits
+    frag = np.zeros(int(lib.elpis_rows_gemm_frag_halves(m, k)) * len(layers), dtype=np.float16)
+    floats = int(lib.elpis_rows_gemm_workspace_floats(m, k, n_total, bits))
+    work = np.zeros(max(floats, 1), dtype=np.float32)
+    counters = np.zeros(rg.MAX_COUNTERS, dtype=np.uint32)
+    return lib.elpis_rows_gemm(
+        _ptr(x), m, k, len(layers), rg.void_ptrs(*(_ptr(lay.suh) for lay in layers)),
+        rg.void_ptrs(*(_ptr(lay.trellis) for lay in layers)),
+        rg.void_ptrs(*(_ptr(lay.svh) for lay in layers)),
+        rg.void_ptrs(*(_ptr(y) for y in outs)), (ctypes.c_uint32 * len(layers))(*(lay.n for lay in layers)),
+        modes, bits, _ptr(frag), frag.size, _ptr(work), floats, _ptr(counters), counters.size, None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("rows", [3, 16])
+def test_channel_major_output_is_the_fp16_output_cast_to_bf16(lib: ctypes.CDLL, rows: int) -> None:
+    """Member 0 (the GDN qkv's place) asked for bf16 channel-major, member 1 for fp32 (z's), in one call:
+    member 0's [n, rows] buffer holds exactly the bits of its fp16 output cast to bf16 (what ExLlamaV3's
+    `.to(torch.bfloat16)` makes of it), transposed; member 1 is unchanged by its neighbour's mode."""
+    qkv, z = Linear(256, 384, seed=7), Linear(256, 256, seed=8)
+    x = np.random.default_rng(rows).standard_normal((rows, 256)).astype(np.float16)
+    plain = run_group(lib, x, [qkv, z], [False, True])
+    cm = np.full((qkv.n, rows), 0xFFFF, dtype=np.uint16)
+    z_out = np.full((rows, z.n), np.nan, dtype=np.float32)
+    assert _launch_modes(lib, x, [qkv, z], (1 << rg.BF16_SHIFT) | 0b10, [cm, z_out]) == 0
+    assert np.array_equal(cm, _bf16_bits(plain[0].astype(np.float32)).T)
+    assert np.array_equal(z_out, plain[1])
+
+
+def test_an_impossible_output_mode_is_refused(lib: ctypes.CDLL) -> None:
+    layer = Linear(128, 128, seed=9)
+    x = np.zeros((2, 128), dtype=np.float16)
+    out = [np.zeros((2, 128), dtype=np.float32)]
+    assert _launch_modes(lib, x, [layer], 1 | (1 << rg.BF16_SHIFT), out) != 0  # fp32 and bf16 at once
+    assert _launch_modes(lib, x, [layer], 1 << (rg.BF16_SHIFT + 1), out) != 0  # a mode for a member not there
