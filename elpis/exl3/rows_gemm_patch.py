@@ -180,12 +180,8 @@ def channel_major(linear: Any) -> Iterator[None]:
     That is what ExLlamaV3's Gated DeltaNet forward makes of its qkv for the conv (`qkv.transpose(1, 2)
     .to(torch.bfloat16).contiguous()`, two kernels); given this view, both calls return it unchanged, so
     the layer computes the same bits with two kernels fewer."""
-    before = getattr(_state, "channel_major", None)
-    _state.channel_major = linear
-    try:
+    with _thread_setting("channel_major", linear, None):
         yield
-    finally:
-        _state.channel_major = before
 
 
 def mark_gdn_qkv(model: Any) -> int:
@@ -255,12 +251,19 @@ def loading(enabled: bool) -> Iterator[None]:
     """Load models inside this: with `enabled`, ExLlamaV3 builds no multi-projection bundles for them."""
     if enabled:
         require_patch()
-    before = getattr(_state, "loading", False)
-    _state.loading = enabled
+    with _thread_setting("loading", enabled, False):
+        yield
+
+
+@contextlib.contextmanager
+def _thread_setting(name: str, value: Any, unset: Any) -> Iterator[None]:
+    """This thread's `name` is `value` within the block, then what it was (`unset` if nothing)."""
+    before = getattr(_state, name, unset)
+    setattr(_state, name, value)
     try:
         yield
     finally:
-        _state.loading = before
+        setattr(_state, name, before)
 
 
 def _shared_input_linears(module: Any, table: dict[str, tuple[str, ...]]) -> list[Any]:
