@@ -100,6 +100,8 @@ NEUTRAL_PATCHES: dict[str, str] = {
     "kernels on the same chunks, bitwise the same cache, state and logits (test_prefill_groups.py)",
     "exl3-verify-prelaunch": "queues a captured tree verify's replay behind a gate and copies its inputs "
     "into the same buffers; the replay and its values are unchanged (test_verify_gate.py)",
+    "exl3-gdn-qkv-channel-major": "the GDN qkv GEMM writes the bits ExLlamaV3's bf16 cast and copy of its "
+    "fp16 output write (CPU emulation; the GPU check is test_rows_gemm_patch.py's channel-major test)",
 }
 # Configuration patches whose arithmetic is elpis's own kernel: a configuration naming one carries `code`, the
 # digest of these sources (repository paths), so a rebuilt kernel is a new configuration in the ledger and a
