@@ -164,3 +164,25 @@ def test_repeated_and_crowded_calls_give_the_same_bits_and_leave_the_sync_words_
     torch.cuda.synchronize()
     assert all(torch.equal(y.view(torch.int16), want.view(torch.int16)) for y in got)
     assert not rg.sync_words(str(x.device)).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [3, 16])
+def test_channel_major_output_is_the_fp16_output_cast_to_bf16(layer, rows: int) -> None:
+    """The output mode the switch exl3-gdn-qkv-channel-major uses: a member asked for bf16 gets the bits of
+    its fp16 output cast to bf16, [n, rows] in memory (returned as the [rows, n] view); its fp32 neighbour in
+    the same call is unchanged."""
+    import torch
+
+    trellis, suh, svh, g = layer
+    k, n = trellis.shape[0] * 16, trellis.shape[1] * 16
+    x = torch.randn((rows, k), generator=g, device="cuda").half()
+
+    def call(first: torch.dtype) -> list[torch.Tensor]:
+        members = [rg.Member(trellis, suh, svh, first), rg.Member(trellis, suh, svh, torch.float)]
+        return rg.rows_gemm_group(x, members)
+
+    plain, cm = call(torch.half), call(torch.bfloat16)
+    assert cm[0].dtype == torch.bfloat16 and cm[0].shape == (rows, n) and cm[0].stride() == (1, rows)
+    assert torch.equal(cm[0].view(torch.int16), plain[0].to(torch.bfloat16).view(torch.int16))
+    assert torch.equal(cm[1], plain[1])
