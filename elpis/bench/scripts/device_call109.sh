@@ -1,8 +1,8 @@
 #!/bin/bash
 # Call 109 (staged in session 24 for the next session; its device time was spent on calls 103-108): the switch
 # exl3-gdn-qkv-channel-major (off), whose rows GEMM epilogue writes the Gated DeltaNet qkv as bf16 channel-major
-# so that ExLlamaV3's cast and transposed copy of it do not run. Bit for bit by construction; so far checked
-# only under the CPU emulation.
+# so that ExLlamaV3's cast and transposed copy of it do not run. Bit for bit by construction; the kernel's mode
+# passed its GPU test in call 111, the model-level test has not run.
 # 1. GPU tests: the rows GEMM kernel (its output modes changed) and the patch, whose new test compares an eager
 #    tree verify's logits with and without the switch, bit for bit, on the small model;
 # 2. the round, switch off then on then off again (alternating `elpis bench engine` runs of elpis-tree16 at 1K
