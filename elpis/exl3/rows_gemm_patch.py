@@ -174,12 +174,12 @@ def _channel_major_dtype(linear: Any, out_dtype: Any) -> Any:
 
 
 @contextlib.contextmanager
-def channel_major(linear: Any) -> Iterator[None]:
-    """Within the block, a kernel call of `linear` asking for fp16 returns the bf16 channel-major output
-    instead: an [..., rows, n] view of a [n, rows] buffer, holding the fp16 output's bits cast to bf16.
-    That is what ExLlamaV3's Gated DeltaNet forward makes of its qkv for the conv (`qkv.transpose(1, 2)
-    .to(torch.bfloat16).contiguous()`, two kernels); given this view, both calls return it unchanged, so
-    the layer computes the same bits with two kernels fewer."""
+def channel_major(linear: Any | None) -> Iterator[None]:
+    """Within the block, a kernel call of `linear` (None: of no linear) asking for fp16 returns the bf16
+    channel-major output instead: an [..., rows, n] view of a [n, rows] buffer, holding the fp16 output's
+    bits cast to bf16. That is what ExLlamaV3's Gated DeltaNet forward makes of its qkv for the conv
+    (`qkv.transpose(1, 2).to(torch.bfloat16).contiguous()`, two kernels); given this view, both calls return
+    it unchanged, so the layer computes the same bits with two kernels fewer."""
     with _thread_setting("channel_major", linear, None):
         yield
 

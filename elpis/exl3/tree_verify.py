@@ -392,12 +392,10 @@ def _gdn_forward(self: Any, x: Any, params: dict, out_dtype: Any = None) -> Any:
     call._module, call._conv = self, None
     fused = self.bc_split
     self.bc_split = False  # the fused decode graph runs its own conv and scan: take the torch path
-    qkv = getattr(self, rows_gemm_patch.QKV_MARK, None)  # switch exl3-gdn-qkv-channel-major, marked at load
+    qkv = getattr(self, rows_gemm_patch.QKV_MARK, None)
     try:
-        with (
-            gdn_ba_patch.projections(self),  # the patch exl3-gdn-ba, on layers marked at load
-            rows_gemm_patch.channel_major(qkv) if qkv is not None else contextlib.nullcontext(),
-        ):
+        # the patches exl3-gdn-ba and exl3-gdn-qkv-channel-major, each on layers marked at load
+        with gdn_ba_patch.projections(self), rows_gemm_patch.channel_major(qkv):
             out = _originals["gdn_forward"](self, x, params, out_dtype)
     finally:
         self.bc_split = fused

@@ -671,8 +671,8 @@ int elpis_rows_gemm_decode(const void* trellis, void* d, uint32_t k, uint32_t n,
 }
 
 // For each of `count` (1..4) EXL3 linears i sharing the input x [m, k] fp16: out[i] [m, n[i]] (fp32 where bit i
-// of out_modes is set; bf16 [n[i], m], channel-major, where bit 8 + i is; else fp16) = the linear (`bits`-bit mul1 trellis[i] [k/16, n[i]/16, 16 * bits] uint16,
-// suh[i] [k], svh[i] [n[i]] fp16) of x. a_frag holds count * frag_halves(m, k) halves; workspace and counters are sized for
+// of out_modes is set; bf16 [n[i], m], channel-major, where bit 8 + i is; else fp16) = the linear (`bits`-bit
+// mul1 trellis[i] [k/16, n[i]/16, 16 * bits] uint16, suh[i] [k], svh[i] [n[i]] fp16) of x. a_frag holds count * frag_halves(m, k) halves; workspace and counters are sized for
 // the members' n together. Returns 0 or a CUDA error code (cudaErrorInvalidValue: a shape or scratch size
 // outside what the entries above say).
 int elpis_rows_gemm(const void* x, uint32_t m, uint32_t k, uint32_t count, const void* const* suh,

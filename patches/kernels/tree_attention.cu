@@ -60,11 +60,6 @@ static_assert(kSplit % 32 == 0 && kSplit <= 2048, "split size must fit the share
 constexpr size_t kProbBytes = size_t(kGroup) * kSplit * sizeof(float);
 constexpr size_t kSplitSmemBytes = kProbBytes + size_t(kSplit) * sizeof(uint32_t);
 static_assert(kSplitSmemBytes + 16u * 1024u + 64u <= 99u * 1024u, "an RTX 3090 block gets at most 99 KB");
-#ifdef ELPIS_CUDA_EMU
-#define ELPIS_SPLIT_SMEM(name) alignas(16) static uint8_t name[kSplitSmemBytes]
-#else
-#define ELPIS_SPLIT_SMEM(name) extern __shared__ __align__(16) uint8_t name[]
-#endif
 
 #if ELPIS_TREE_ATTN_QCACHE
 using CacheWord = uint32_t;  // packed codes; scales beside them
@@ -183,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1) tree_attention_split(
     const uint32_t n = elpis_sched_split_end(total, split) - begin;
     const uint32_t mask = ancestors[row];
 
-    ELPIS_SPLIT_SMEM(split_smem);
+    ELPIS_DYNAMIC_SMEM(split_smem, kSplitSmemBytes);
     float (*prob)[kSplit] = reinterpret_cast<float (*)[kSplit]>(split_smem);
     uint32_t* slots = reinterpret_cast<uint32_t*>(split_smem + kProbBytes);
     __shared__ float head_max[kGroup];
@@ -296,13 +291,8 @@ static int launch(const void* q, const void* k_cache, const void* k_scales, cons
     float* part_acc = workspace;
     float* part_ml = workspace + static_cast<uint64_t>(rows) * kQHeads * max_splits * kHeadDim;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    static bool smem_set = false;  // the opt-in above 48 KB, once per process
-    if (!smem_set) {
-        const cudaError_t err = cudaFuncSetAttribute(tree_attention_split, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     kSplitSmemBytes);
-        if (err != cudaSuccess) return static_cast<int>(err);
-        smem_set = true;
-    }
+    static bool smem_set = false;
+    if (const int err = allow_dynamic_smem(tree_attention_split, kSplitSmemBytes, smem_set)) return err;
     tree_attention_split<<<dim3(rows, max_splits, kKvHeads), kThreads, kSplitSmemBytes, s>>>(
         static_cast<const __half*>(q), static_cast<const CacheWord*>(k_cache), static_cast<const __half*>(k_scales),
         static_cast<const CacheWord*>(v_cache), static_cast<const __half*>(v_scales), block_table, depth, ancestors,

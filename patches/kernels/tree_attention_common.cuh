@@ -9,6 +9,13 @@
 
 #include "verify_schedule.h"
 
+// A kernel's dynamic shared memory of `bytes` (under the CUDA emulation, a static buffer of that size).
+#ifdef ELPIS_CUDA_EMU
+#define ELPIS_DYNAMIC_SMEM(name, bytes) alignas(16) static uint8_t name[bytes]
+#else
+#define ELPIS_DYNAMIC_SMEM(name, bytes) extern __shared__ __align__(16) uint8_t name[]
+#endif
+
 // Bits per K and V value of the quantized-cache builds (2..8); the served cache is 3/3.
 #ifndef ELPIS_QCACHE_K_BITS
 #define ELPIS_QCACHE_K_BITS 3
@@ -28,6 +35,17 @@ constexpr uint32_t kSplit = ELPIS_SCHED_SPLIT_SIZE;  // the longest split
 constexpr uint32_t kMaxRows = ELPIS_SCHED_MAX_ROWS;
 constexpr uint32_t kFull = 0xffffffffu;
 constexpr uint32_t kMaxGridY = 65535;  // splits per call (elpis/exl3/tree_attention.py: MAX_SPAN)
+
+// The opt-in a kernel needs to launch with more than 48 KB of dynamic shared memory, once per process (`done`:
+// the caller's flag for that kernel); 0 or a cudaError_t.
+template <typename Kernel>
+int allow_dynamic_smem(Kernel kernel, size_t bytes, bool& done) {
+    if (done) return 0;
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    done = true;
+    return 0;
+}
 
 // --- the quantized cache: packed words [pages, 256, 32 * bits] (uint32), fp16 scales [pages, 256, 32] ---
 constexpr uint32_t kQGroup = 32;                                      // values per quantization group

@@ -30,12 +30,6 @@
 // (mma.sync, ldmatrix; no wgmma/TMA); dynamic shared memory kSmemBytes, 91,748 bytes (sm_86 allows 99 KB).
 #include "tree_attention_common.cuh"
 
-#ifdef ELPIS_CUDA_EMU
-#define ELPIS_DYNAMIC_SMEM(name) alignas(16) static uint8_t name[kSmemBytes]
-#else
-#define ELPIS_DYNAMIC_SMEM(name) extern __shared__ __align__(16) uint8_t name[]
-#endif
-
 namespace {
 
 constexpr uint32_t kKBits = ELPIS_QCACHE_K_BITS;
@@ -599,7 +593,7 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
     const uint32_t* __restrict__ qv, const __half* __restrict__ sv, const int32_t* __restrict__ block_table,
     const uint32_t* __restrict__ depth, const uint32_t* __restrict__ ancestors, uint32_t rows, const CtxArg ctx_arg,
     float scale, uint32_t max_splits, float* __restrict__ part_acc, float* __restrict__ part_ml) {
-    ELPIS_DYNAMIC_SMEM(smem);
+    ELPIS_DYNAMIC_SMEM(smem, kSmemBytes);
     const uint32_t ctx = ctx_of(ctx_arg);  // a split past the context's last one finds no row and writes nothing
     float* stats = reinterpret_cast<float*>(smem + kOffStats);
     const Block b{reinterpret_cast<__half*>(smem),
@@ -737,13 +731,8 @@ int launch_mma(const void* q, const void* qk, const void* sk, const void* qv, co
                const CtxArg ctx, uint32_t max_splits, float scale, void* out, float* lse, float* workspace,
                cudaStream_t s) {
     if (max_splits > kMaxGridY) return static_cast<int>(cudaErrorInvalidValue);
-    static bool smem_set = false;  // the opt-in above 48 KB, once per process
-    if (!smem_set) {
-        const cudaError_t err = cudaFuncSetAttribute(tree_attention_mma_split,
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-        if (err != cudaSuccess) return static_cast<int>(err);
-        smem_set = true;
-    }
+    static bool smem_set = false;
+    if (const int err = allow_dynamic_smem(tree_attention_mma_split, kSmemBytes, smem_set)) return err;
     float* part_acc = workspace;
     float* part_ml = workspace + static_cast<uint64_t>(rows) * kQHeads * max_splits * kHeadDim;
     tree_attention_mma_split<<<dim3(kKvHeads, max_splits, row_groups(rows, max_splits)), kThreads, kSmemBytes, s>>>(

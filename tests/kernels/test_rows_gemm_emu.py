@@ -50,30 +50,39 @@ class Linear:
         return ref.linear(x.astype(np.float64), self.trellis, self.suh, self.svh, self.bits)
 
 
-def launch_group(
-    lib: ctypes.CDLL, x: np.ndarray, layers: list[Linear], out_f32: list[bool]
-) -> tuple[int, list[np.ndarray], np.ndarray]:
-    """One call of the kernel for linears sharing x (their k): its return code, the outputs (NaN where
-    nothing was written) and the counters."""
+def _launch_modes(
+    lib: ctypes.CDLL, x: np.ndarray, layers: list[Linear], modes: int, outs: list[np.ndarray]
+) -> tuple[int, np.ndarray]:
+    """One call of the kernel with raw output modes (see rg.BF16_SHIFT) into `outs`: its return code and
+    the counters."""
     m, k = x.shape
     x = np.ascontiguousarray(x, dtype=np.float16)
-    outs = [
-        np.full((m, lay.n), np.nan, dtype=np.float32 if f32 else np.float16)
-        for lay, f32 in zip(layers, out_f32, strict=True)
-    ]
     n_total, bits = sum(lay.n for lay in layers), layers[0].bits
     frag = np.zeros(int(lib.elpis_rows_gemm_frag_halves(m, k)) * len(layers), dtype=np.float16)
     floats = int(lib.elpis_rows_gemm_workspace_floats(m, k, n_total, bits))
     work = np.zeros(max(floats, 1), dtype=np.float32)
     counters = np.zeros(rg.MAX_COUNTERS, dtype=np.uint32)
-    widths = (ctypes.c_uint32 * len(layers))(*(lay.n for lay in layers))
     err = lib.elpis_rows_gemm(
         _ptr(x), m, k, len(layers), rg.void_ptrs(*(_ptr(lay.suh) for lay in layers)),
         rg.void_ptrs(*(_ptr(lay.trellis) for lay in layers)),
         rg.void_ptrs(*(_ptr(lay.svh) for lay in layers)),
-        rg.void_ptrs(*(_ptr(y) for y in outs)), widths, sum(1 << i for i, f in enumerate(out_f32) if f), bits,
-        _ptr(frag), frag.size, _ptr(work), floats, _ptr(counters), counters.size, None,
+        rg.void_ptrs(*(_ptr(y) for y in outs)), (ctypes.c_uint32 * len(layers))(*(lay.n for lay in layers)),
+        modes, bits, _ptr(frag), frag.size, _ptr(work), floats, _ptr(counters), counters.size, None,
     )  # fmt: skip
+    return err, counters
+
+
+def launch_group(
+    lib: ctypes.CDLL, x: np.ndarray, layers: list[Linear], out_f32: list[bool]
+) -> tuple[int, list[np.ndarray], np.ndarray]:
+    """One call of the kernel for linears sharing x (their k): its return code, the outputs (NaN where
+    nothing was written) and the counters."""
+    outs = [
+        np.full((x.shape[0], lay.n), np.nan, dtype=np.float32 if f32 else np.float16)
+        for lay, f32 in zip(layers, out_f32, strict=True)
+    ]
+    modes = sum(1 << i for i, f in enumerate(out_f32) if f)
+    err, counters = _launch_modes(lib, x, layers, modes, outs)
     return err, outs, counters
 
 
@@ -234,24 +243,6 @@ def _bf16_bits(y: np.ndarray) -> np.ndarray:
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def _launch_modes(
-    lib: ctypes.CDLL, x: np.ndarray, layers: list[Linear], modes: int, outs: list[np.ndarray]
-) -> int:
-    m, k = x.shape
-    n_total, bits = sum(lay.n for lay in layers), layers[0].bits
-    frag = np.zeros(int(lib.elpis_rows_gemm_frag_halves(m, k)) * len(layers), dtype=np.float16)
-    floats = int(lib.elpis_rows_gemm_workspace_floats(m, k, n_total, bits))
-    work = np.zeros(max(floats, 1), dtype=np.float32)
-    counters = np.zeros(rg.MAX_COUNTERS, dtype=np.uint32)
-    return lib.elpis_rows_gemm(
-        _ptr(x), m, k, len(layers), rg.void_ptrs(*(_ptr(lay.suh) for lay in layers)),
-        rg.void_ptrs(*(_ptr(lay.trellis) for lay in layers)),
-        rg.void_ptrs(*(_ptr(lay.svh) for lay in layers)),
-        rg.void_ptrs(*(_ptr(y) for y in outs)), (ctypes.c_uint32 * len(layers))(*(lay.n for lay in layers)),
-        modes, bits, _ptr(frag), frag.size, _ptr(work), floats, _ptr(counters), counters.size, None,
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize("rows", [3, 16])
 def test_channel_major_output_is_the_fp16_output_cast_to_bf16(lib: ctypes.CDLL, rows: int) -> None:
     """Member 0 (the GDN qkv's place) asked for bf16 channel-major, member 1 for fp32 (z's), in one call:
@@ -262,7 +253,7 @@ def test_channel_major_output_is_the_fp16_output_cast_to_bf16(lib: ctypes.CDLL, 
     plain = run_group(lib, x, [qkv, z], [False, True])
     cm = np.full((qkv.n, rows), 0xFFFF, dtype=np.uint16)
     z_out = np.full((rows, z.n), np.nan, dtype=np.float32)
-    assert _launch_modes(lib, x, [qkv, z], (1 << rg.BF16_SHIFT) | 0b10, [cm, z_out]) == 0
+    assert _launch_modes(lib, x, [qkv, z], (1 << rg.BF16_SHIFT) | 0b10, [cm, z_out])[0] == 0
     assert np.array_equal(cm, _bf16_bits(plain[0].astype(np.float32)).T)
     assert np.array_equal(z_out, plain[1])
 
@@ -271,5 +262,5 @@ def test_an_impossible_output_mode_is_refused(lib: ctypes.CDLL) -> None:
     layer = Linear(128, 128, seed=9)
     x = np.zeros((2, 128), dtype=np.float16)
     out = [np.zeros((2, 128), dtype=np.float32)]
-    assert _launch_modes(lib, x, [layer], 1 | (1 << rg.BF16_SHIFT), out) != 0  # fp32 and bf16 at once
-    assert _launch_modes(lib, x, [layer], 1 << (rg.BF16_SHIFT + 1), out) != 0  # a mode for a member not there
+    assert _launch_modes(lib, x, [layer], 1 | (1 << rg.BF16_SHIFT), out)[0] != 0  # fp32 and bf16 at once
+    assert _launch_modes(lib, x, [layer], 1 << (rg.BF16_SHIFT + 1), out)[0] != 0  # a member not there
