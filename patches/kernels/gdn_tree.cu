@@ -79,6 +79,8 @@ constexpr unsigned kFull = 0xffffffffu;
 
 static_assert(kThreads == 2 * kDim, "phase A gives each thread one q or k channel");
 static_assert(kThreads / 32 * 2 == kSlice, "each warp owns two columns of the slice");
+static_assert(kThreads / kSlice >= kMaxRows, "one thread per (v channel, row) of a block");
+static_assert(2 * kMaxRows % (kThreads / 32) == 0, "the warps share the (row, q|k) norms evenly");
 static_assert(kStackSlots * kPerLane * kThreads >= kDim * kStagePitch, "staging fits in the stack area");
 static_assert(kDim * kSlice % kThreads == 0, "each thread stages the same number of state elements");
 static_assert(kStackSlots * kPerLane * kThreads * 4 >= kDim * kStagePitch * 4 + kMaxRows * kInPitch * 2,
@@ -186,6 +188,36 @@ struct GdnTreeArgs {
 
 __device__ __forceinline__ float bf(const __nv_bfloat16 x) { return __bfloat162float(x); }
 
+// Diagnostic build (ELPIS_GDN_CLOCKS, never served): thread 0 of every block writes %globaltimer at the marks
+// of the body (kMark*) and its multiprocessor into gdn_clock[block] (elpis/bench/scripts/gdn_tree_timeline.py
+// reads them). Thread 0 is in warp 0, which also convolves the block's v channels.
+#ifdef ELPIS_GDN_CLOCKS
+constexpr int kClockWords = 9;  // start, staged, convolved, barrier 1, normed, barrier 2, walked, end, SM
+__device__ unsigned long long gdn_clock[kSlices * kValueHeads][kClockWords];
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define ELPIS_GDN_MARK(word)                                                                          \
+    do {                                                                                              \
+        if (threadIdx.x == 0) gdn_clock[blockIdx.y * kSlices + blockIdx.x][word] = global_ns();      \
+    } while (0)
+#define ELPIS_GDN_MARK_SM()                                                                           \
+    do {                                                                                              \
+        unsigned sm;                                                                                  \
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));                                              \
+        if (threadIdx.x == 0) gdn_clock[blockIdx.y * kSlices + blockIdx.x][kClockWords - 1] = sm;    \
+    } while (0)
+#else
+#define ELPIS_GDN_MARK(word) \
+    do {                     \
+    } while (0)
+#define ELPIS_GDN_MARK_SM() \
+    do {                    \
+    } while (0)
+#endif
+
 // silu(sum_j w_j x_j) of one channel of logical row r, taps in order. x: the channel's staged input rows
 // (s_in column, pitch kInPitch), hist[c - 1]: its committed window column c (1..3), w: its taps.
 __device__ __forceinline__ float conv_channel(const GdnTreePlan& plan, int r, const __nv_bfloat16* x,
@@ -202,20 +234,27 @@ __device__ __forceinline__ float conv_channel(const GdnTreePlan& plan, int r, co
     return __fdiv_rn(acc, __fadd_rn(1.0f, expf(-acc)));
 }
 
-// Stage one channel of every logical row's input row into x (pitch kInPitch), and load its committed window
-// columns 1..3 and its taps. All global loads are issued before the first shared store, so their latencies
-// overlap (a store between two loads through generic pointers would order them one after the other).
-__device__ __forceinline__ void stage_channel(const GdnTreeArgs& a, const GdnTreePlan& plan, int ch,
-                                              __nv_bfloat16* x, float (&hist)[kTaps - 1], float (&w)[kTaps]) {
-    __nv_bfloat16 raw[kMaxRows];
-#pragma unroll
-    for (int r = 0; r < kMaxRows; r++) {
-        raw[r] = r < plan.rows ? a.qkv[a.qkv_layout.at(plan.in_row[r], ch)] : __nv_bfloat16{};
-    }
+// Load one channel's committed window columns 1..3 and its taps.
+__device__ __forceinline__ void load_taps(const GdnTreeArgs& a, int ch, float (&hist)[kTaps - 1], float (&w)[kTaps]) {
 #pragma unroll
     for (int c = 1; c < kTaps; c++) hist[c - 1] = bf(a.conv_state[static_cast<size_t>(ch) * a.conv_stride + c]);
 #pragma unroll
     for (int j = 0; j < kTaps; j++) w[j] = bf(a.conv_weight[ch * kTaps + j]);
+}
+
+// One channel of every logical row's input row: loaded by load_channel, stored into x (pitch kInPitch) by
+// store_channel. The body issues all of its global loads before its first shared store, so their latencies
+// overlap (a store between two loads through generic pointers would order them one after the other).
+__device__ __forceinline__ void load_channel(const GdnTreeArgs& a, const GdnTreePlan& plan, int ch, bool wanted,
+                                             __nv_bfloat16 (&raw)[kMaxRows]) {
+#pragma unroll
+    for (int r = 0; r < kMaxRows; r++) {
+        raw[r] = wanted && r < plan.rows ? a.qkv[a.qkv_layout.at(plan.in_row[r], ch)] : __nv_bfloat16{};
+    }
+}
+
+__device__ __forceinline__ void store_channel(const GdnTreePlan& plan, const __nv_bfloat16 (&raw)[kMaxRows],
+                                              __nv_bfloat16* x) {
 #pragma unroll
     for (int r = 0; r < kMaxRows; r++) {
         if (r < plan.rows) x[plan.in_row[r] * kInPitch] = raw[r];
@@ -229,6 +268,14 @@ __device__ __forceinline__ float half_warp_sum(float v) {
     v = __fadd_rn(v, __shfl_xor_sync(kFull, v, 2));
     v = __fadd_rn(v, __shfl_xor_sync(kFull, v, 1));
     return v;
+}
+
+// Row r's output of value column `column` of `head`, written by the half warp's first lane.
+__device__ __forceinline__ void write_output(const GdnTreeArgs& a, int r, int head, int column, int sub, float o) {
+    if (sub != 0) return;
+    const size_t i = (static_cast<size_t>(r) * kValueHeads + head) * kDim + column;
+    if (a.out != nullptr) a.out[i] = o;
+    if (a.out_bf16 != nullptr) a.out_bf16[i] = __float2bfloat16_rn(o);
 }
 
 // The kernel body: one block per (16-column slice, value head); the plan from a launch argument or, in the
@@ -247,6 +294,8 @@ __device__ __forceinline__ void gdn_tree_body(const GdnTreeArgs& a, const GdnTre
     const int head = blockIdx.y;
     const int key_head = head / kGroup;
     const int rows = plan.rows;
+    ELPIS_GDN_MARK(0);
+    ELPIS_GDN_MARK_SM();
     float* stage = s_stack;  // [kDim][kStagePitch]
     // Phase A only: each input row's channels of this block, behind the staging in the stack area.
     __nv_bfloat16* s_x = reinterpret_cast<__nv_bfloat16*>(s_stack + kDim * kStagePitch);
@@ -266,46 +315,82 @@ __device__ __forceinline__ void gdn_tree_body(const GdnTreeArgs& a, const GdnTre
     const int qk_channel = t < kDim ? key_head * kDim + t : kKOffset + key_head * kDim + (t - kDim);
     float hist[kTaps - 1];
     float w[kTaps];
-    stage_channel(a, plan, qk_channel, &s_x[t], hist, w);
-    const int v_channel = kVOffset + head * kDim + slice * kSlice + t;
+    load_taps(a, qk_channel, hist, w);
+    __nv_bfloat16 raw[kMaxRows];
+    load_channel(a, plan, qk_channel, true, raw);
+    // The v channels: thread t stages channel t < kSlice; after the first barrier it convolves channel vc of
+    // row vr, so no warp convolves more than its own rows of q/k.
+    const int vc = t % kSlice;
+    const int vr = t / kSlice;
+    const int v_base = kVOffset + head * kDim + slice * kSlice;
     float v_hist[kTaps - 1];
     float v_w[kTaps];
-    if (t < kSlice) stage_channel(a, plan, v_channel, &s_x[kThreads + t], v_hist, v_w);
-    float decay = 0.0f;
+    load_taps(a, v_base + vc, v_hist, v_w);
+    __nv_bfloat16 v_raw[kMaxRows];
+    load_channel(a, plan, v_base + t, t < kSlice, v_raw);
+    float g = 0.0f;
     float beta = 0.0f;
     if (t < rows) {
         const size_t i = static_cast<size_t>(plan.in_row[t]) * kValueHeads + head;
-        decay = expf(a.g[i]);
+        g = a.g[i];
         beta = bf(a.beta[i]);
     }
+    store_channel(plan, raw, &s_x[t]);
+    if (t < kSlice) store_channel(plan, v_raw, &s_x[kThreads + t]);
+    const float decay = t < rows ? expf(g) : 0.0f;
 #pragma unroll
     for (int i = 0; i < kStateLoads; i++) {
         const int e = t + i * kThreads;
         stage[(e / kSlice) * kStagePitch + e % kSlice] = loaded[i];
     }
+    ELPIS_GDN_MARK(1);
     // Each thread reads back only its own channel's staged rows: no barrier needed before the conv.
+#pragma unroll 4
     for (int r = 0; r < rows; r++) s_qk[r][t] = conv_channel(plan, r, &s_x[t], hist, w);
-    if (t < kSlice) {
-        for (int r = 0; r < rows; r++) s_v[r][t] = conv_channel(plan, r, &s_x[kThreads + t], v_hist, v_w);
-    }
     if (t < rows) {
         s_decay[t] = decay;
         s_beta[t] = beta;
     }
+    ELPIS_GDN_MARK(2);
     __syncthreads();
-    // L2 norms: warp w normalises (row, q|k) pairs w, w + 8, ...; lane sums channels 4l..4l+3 in order.
-    for (int pair = warp; pair < 2 * rows; pair += kThreads / 32) {
-        float* x = &s_qk[pair >> 1][(pair & 1) * kDim + 4 * lane];
-        float ss = __fmul_rn(x[0], x[0]);
-        ss = __fmaf_rn(x[1], x[1], ss);
-        ss = __fmaf_rn(x[2], x[2], ss);
-        ss = __fmaf_rn(x[3], x[3], ss);
-        ss = __fadd_rn(ss, __shfl_xor_sync(kFull, ss, 16));
-        ss = half_warp_sum(ss);
-        float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ss, 1e-6f)));
-        if ((pair & 1) == 0) inv = __fmul_rn(inv, 0.088388347648318441f);  // q also takes 1/sqrt(128)
+    ELPIS_GDN_MARK(3);
+    // The v channels' rows were staged by other threads: convolved after the barrier (read after the next).
+    if (vr < rows) s_v[vr][vc] = conv_channel(plan, vr, &s_x[kThreads + vc], v_hist, v_w);
+    // L2 norms: warp w normalises (row, q|k) pairs w, w + 8, ...; lane sums channels 4l..4l+3 in order. The
+    // warp's pairs go through each step together, so their latencies overlap (the same operations per pair).
+    constexpr int kNormPairs = 2 * kMaxRows / (kThreads / 32);
+    const int my_pairs = (2 * rows - warp + (kThreads / 32) - 1) / (kThreads / 32);  // warp-uniform
+    float nx[kNormPairs][4];
+    float ss[kNormPairs];
 #pragma unroll
-        for (int i = 0; i < 4; i++) x[i] = __fmul_rn(x[i], inv);
+    for (int it = 0; it < kNormPairs; it++) {
+        if (it >= my_pairs) break;
+        const int pair = warp + it * (kThreads / 32);
+        const float* x = &s_qk[pair >> 1][(pair & 1) * kDim + 4 * lane];
+#pragma unroll
+        for (int i = 0; i < 4; i++) nx[it][i] = x[i];
+        ss[it] = __fmul_rn(nx[it][0], nx[it][0]);
+        ss[it] = __fmaf_rn(nx[it][1], nx[it][1], ss[it]);
+        ss[it] = __fmaf_rn(nx[it][2], nx[it][2], ss[it]);
+        ss[it] = __fmaf_rn(nx[it][3], nx[it][3], ss[it]);
+    }
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) {  // 16, then half_warp_sum's 8, 4, 2, 1
+#pragma unroll
+        for (int it = 0; it < kNormPairs; it++) {
+            if (it >= my_pairs) break;
+            ss[it] = __fadd_rn(ss[it], __shfl_xor_sync(kFull, ss[it], m));
+        }
+    }
+#pragma unroll
+    for (int it = 0; it < kNormPairs; it++) {
+        if (it >= my_pairs) break;
+        const int pair = warp + it * (kThreads / 32);
+        float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ss[it], 1e-6f)));
+        if ((pair & 1) == 0) inv = __fmul_rn(inv, 0.088388347648318441f);  // q also takes 1/sqrt(128)
+        float* x = &s_qk[pair >> 1][(pair & 1) * kDim + 4 * lane];
+#pragma unroll
+        for (int i = 0; i < 4; i++) x[i] = __fmul_rn(nx[it][i], inv);
     }
     // This lane's part of its column: rows k = 16i + sub of column `col`.
     const int col = 2 * warp + (lane >> 4);
@@ -313,9 +398,15 @@ __device__ __forceinline__ void gdn_tree_body(const GdnTreeArgs& a, const GdnTre
     float st[kPerLane];
 #pragma unroll
     for (int i = 0; i < kPerLane; i++) st[i] = stage[(16 * i + sub) * kStagePitch + col];
+    ELPIS_GDN_MARK(4);
     __syncthreads();  // the staging area becomes the stack; the normalised q/k are complete
+    ELPIS_GDN_MARK(5);
 
-    // Phase B: the walk. No block barrier: a warp's columns depend on nothing outside the warp.
+    // Phase B: the walk. No block barrier: a warp's columns depend on nothing outside the warp. A visit's
+    // output sum is finished in the next visit's butterfly, beside that visit's dot product: the next state
+    // needs only the dot, so the output's shuffles leave the chain from one visit to the next.
+    float o_part = 0.0f;  // the last visit's output, before its half-warp sum
+    int o_row = -1;       // its logical row (-1: none yet)
     for (int visit = 0; visit < rows; visit++) {
         const int r = plan.order[visit];
         const int load = plan.load[visit];
@@ -333,7 +424,14 @@ __device__ __forceinline__ void gdn_tree_body(const GdnTreeArgs& a, const GdnTre
             st[i] = __fmul_rn(st[i], decay);
             dot = i == 0 ? __fmul_rn(kk[i], st[i]) : __fmaf_rn(kk[i], st[i], dot);
         }
-        dot = half_warp_sum(dot);
+#pragma unroll
+        for (int m = 8; m >= 1; m >>= 1) {  // half_warp_sum of both
+            const float dot_other = __shfl_xor_sync(kFull, dot, m);
+            const float o_other = __shfl_xor_sync(kFull, o_part, m);
+            dot = __fadd_rn(dot, dot_other);
+            o_part = __fadd_rn(o_part, o_other);
+        }
+        if (o_row >= 0) write_output(a, o_row, head, slice * kSlice + col, sub, o_part);
         const float delta = __fmul_rn(__fsub_rn(s_v[r][col], dot), beta);
         float o = 0.0f;
 #pragma unroll
@@ -342,12 +440,8 @@ __device__ __forceinline__ void gdn_tree_body(const GdnTreeArgs& a, const GdnTre
             const float q = s_qk[r][16 * i + sub];
             o = i == 0 ? __fmul_rn(q, st[i]) : __fmaf_rn(q, st[i], o);
         }
-        o = half_warp_sum(o);
-        if (sub == 0) {
-            const size_t i = (static_cast<size_t>(r) * kValueHeads + head) * kDim + slice * kSlice + col;
-            if (a.out != nullptr) a.out[i] = o;
-            if (a.out_bf16 != nullptr) a.out_bf16[i] = __float2bfloat16_rn(o);
-        }
+        o_part = o;
+        o_row = r;
         const int store = plan.store[visit];
         if (store >= 0) {
 #pragma unroll
@@ -355,6 +449,9 @@ __device__ __forceinline__ void gdn_tree_body(const GdnTreeArgs& a, const GdnTre
         }
     }
 
+    o_part = half_warp_sum(o_part);
+    write_output(a, o_row, head, slice * kSlice + col, sub, o_part);
+    ELPIS_GDN_MARK(6);
     if (a.state_out != nullptr) {  // commit: write back the final state, coalesced through the staging
         __syncthreads();
 #pragma unroll
@@ -367,6 +464,7 @@ __device__ __forceinline__ void gdn_tree_body(const GdnTreeArgs& a, const GdnTre
             s_out[static_cast<size_t>(e / kSlice) * kDim + e % kSlice] = stage[(e / kSlice) * kStagePitch + e % kSlice];
         }
     }
+    ELPIS_GDN_MARK(7);
 }
 
 __global__ void __launch_bounds__(kThreads) gdn_tree_kernel(const GdnTreeArgs a, const GdnTreePlan plan) {
@@ -447,6 +545,13 @@ int elpis_gdn_tree_plan(uint32_t rows, const int32_t* depth, const uint32_t* anc
 }
 
 int elpis_gdn_tree_stack_slots(void) { return kStackSlots; }
+
+#ifdef ELPIS_GDN_CLOCKS
+// The diagnostic timeline of the last launch (384 blocks x kClockWords words) into host memory `dst`.
+int elpis_gdn_tree_clocks(void* dst) {
+    return static_cast<int>(cudaMemcpyFromSymbol(dst, gdn_clock, sizeof(gdn_clock)));
+}
+#endif
 
 // The plan of a tree as the bytes the graph form of the verify reads (sizeof(GdnTreePlan) of them, written to
 // `out` of `capacity` bytes). Returns the size, or a negative plan error (-5: capacity too small).
