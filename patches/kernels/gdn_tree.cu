@@ -242,19 +242,17 @@ __device__ __forceinline__ void load_taps(const GdnTreeArgs& a, int ch, float (&
     for (int j = 0; j < kTaps; j++) w[j] = bf(a.conv_weight[ch * kTaps + j]);
 }
 
-// One channel of every logical row's input row: loaded by load_channel, stored into x (pitch kInPitch) by
-// store_channel. The body issues all of its global loads before its first shared store, so their latencies
-// overlap (a store between two loads through generic pointers would order them one after the other).
-__device__ __forceinline__ void load_channel(const GdnTreeArgs& a, const GdnTreePlan& plan, int ch, bool wanted,
-                                             __nv_bfloat16 (&raw)[kMaxRows]) {
+// Stage one channel of every logical row's input row into x (pitch kInPitch). All of its global loads are
+// issued before its first shared store, so their latencies overlap (a store between two loads through generic
+// pointers would order them one after the other). Issuing every channel's loads before any store (session 25,
+// device call 113) held more registers and made a 16-row call 0.8 us slower.
+__device__ __forceinline__ void stage_channel(const GdnTreeArgs& a, const GdnTreePlan& plan, int ch,
+                                              __nv_bfloat16* x) {
+    __nv_bfloat16 raw[kMaxRows];
 #pragma unroll
     for (int r = 0; r < kMaxRows; r++) {
-        raw[r] = wanted && r < plan.rows ? a.qkv[a.qkv_layout.at(plan.in_row[r], ch)] : __nv_bfloat16{};
+        raw[r] = r < plan.rows ? a.qkv[a.qkv_layout.at(plan.in_row[r], ch)] : __nv_bfloat16{};
     }
-}
-
-__device__ __forceinline__ void store_channel(const GdnTreePlan& plan, const __nv_bfloat16 (&raw)[kMaxRows],
-                                              __nv_bfloat16* x) {
 #pragma unroll
     for (int r = 0; r < kMaxRows; r++) {
         if (r < plan.rows) x[plan.in_row[r] * kInPitch] = raw[r];
@@ -268,6 +266,42 @@ __device__ __forceinline__ float half_warp_sum(float v) {
     v = __fadd_rn(v, __shfl_xor_sync(kFull, v, 2));
     v = __fadd_rn(v, __shfl_xor_sync(kFull, v, 1));
     return v;
+}
+
+// L2 norms of the (row, q|k) pairs warp, warp + 8, ... (kPairs of them): the lane sums channels 4l..4l+3 in
+// order, then the warp's xor butterfly (16, then half_warp_sum's 8, 4, 2, 1); q also takes 1/sqrt(128). The
+// kPairs pairs go through each step together, so their latencies overlap; each pair's operations are the same.
+template <int kPairs>
+__device__ __forceinline__ void normalise_pairs(float (*s_qk)[2 * kDim], int rows, int warp, int lane) {
+    float nx[kPairs][4];
+    float ss[kPairs];
+#pragma unroll
+    for (int it = 0; it < kPairs; it++) {
+        const int pair = warp + it * (kThreads / 32);
+        const float* x = &s_qk[pair < 2 * rows ? pair >> 1 : 0][(pair & 1) * kDim + 4 * lane];
+#pragma unroll
+        for (int i = 0; i < 4; i++) nx[it][i] = x[i];
+        ss[it] = __fmul_rn(nx[it][0], nx[it][0]);
+        ss[it] = __fmaf_rn(nx[it][1], nx[it][1], ss[it]);
+        ss[it] = __fmaf_rn(nx[it][2], nx[it][2], ss[it]);
+        ss[it] = __fmaf_rn(nx[it][3], nx[it][3], ss[it]);
+    }
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) {
+#pragma unroll
+        for (int it = 0; it < kPairs; it++) ss[it] = __fadd_rn(ss[it], __shfl_xor_sync(kFull, ss[it], m));
+    }
+#pragma unroll
+    for (int it = 0; it < kPairs; it++) {
+        const int pair = warp + it * (kThreads / 32);
+        float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ss[it], 1e-6f)));
+        if ((pair & 1) == 0) inv = __fmul_rn(inv, 0.088388347648318441f);
+        if (pair < 2 * rows) {
+            float* x = &s_qk[pair >> 1][(pair & 1) * kDim + 4 * lane];
+#pragma unroll
+            for (int i = 0; i < 4; i++) x[i] = __fmul_rn(nx[it][i], inv);
+        }
+    }
 }
 
 // Row r's output of value column `column` of `head`, written by the half warp's first lane.
@@ -316,8 +350,7 @@ __device__ __forceinline__ void gdn_tree_body(const GdnTreeArgs& a, const GdnTre
     float hist[kTaps - 1];
     float w[kTaps];
     load_taps(a, qk_channel, hist, w);
-    __nv_bfloat16 raw[kMaxRows];
-    load_channel(a, plan, qk_channel, true, raw);
+    stage_channel(a, plan, qk_channel, &s_x[t]);
     // The v channels: thread t stages channel t < kSlice; after the first barrier it convolves channel vc of
     // row vr, so no warp convolves more than its own rows of q/k.
     const int vc = t % kSlice;
@@ -326,18 +359,14 @@ __device__ __forceinline__ void gdn_tree_body(const GdnTreeArgs& a, const GdnTre
     float v_hist[kTaps - 1];
     float v_w[kTaps];
     load_taps(a, v_base + vc, v_hist, v_w);
-    __nv_bfloat16 v_raw[kMaxRows];
-    load_channel(a, plan, v_base + t, t < kSlice, v_raw);
-    float g = 0.0f;
+    if (t < kSlice) stage_channel(a, plan, v_base + t, &s_x[kThreads + t]);
+    float decay = 0.0f;
     float beta = 0.0f;
     if (t < rows) {
         const size_t i = static_cast<size_t>(plan.in_row[t]) * kValueHeads + head;
-        g = a.g[i];
+        decay = expf(a.g[i]);
         beta = bf(a.beta[i]);
     }
-    store_channel(plan, raw, &s_x[t]);
-    if (t < kSlice) store_channel(plan, v_raw, &s_x[kThreads + t]);
-    const float decay = t < rows ? expf(g) : 0.0f;
 #pragma unroll
     for (int i = 0; i < kStateLoads; i++) {
         const int e = t + i * kThreads;
@@ -356,41 +385,11 @@ __device__ __forceinline__ void gdn_tree_body(const GdnTreeArgs& a, const GdnTre
     ELPIS_GDN_MARK(3);
     // The v channels' rows were staged by other threads: convolved after the barrier (read after the next).
     if (vr < rows) s_v[vr][vc] = conv_channel(plan, vr, &s_x[kThreads + vc], v_hist, v_w);
-    // L2 norms: warp w normalises (row, q|k) pairs w, w + 8, ...; lane sums channels 4l..4l+3 in order. The
-    // warp's pairs go through each step together, so their latencies overlap (the same operations per pair).
-    constexpr int kNormPairs = 2 * kMaxRows / (kThreads / 32);
-    const int my_pairs = (2 * rows - warp + (kThreads / 32) - 1) / (kThreads / 32);  // warp-uniform
-    float nx[kNormPairs][4];
-    float ss[kNormPairs];
-#pragma unroll
-    for (int it = 0; it < kNormPairs; it++) {
-        if (it >= my_pairs) break;
-        const int pair = warp + it * (kThreads / 32);
-        const float* x = &s_qk[pair >> 1][(pair & 1) * kDim + 4 * lane];
-#pragma unroll
-        for (int i = 0; i < 4; i++) nx[it][i] = x[i];
-        ss[it] = __fmul_rn(nx[it][0], nx[it][0]);
-        ss[it] = __fmaf_rn(nx[it][1], nx[it][1], ss[it]);
-        ss[it] = __fmaf_rn(nx[it][2], nx[it][2], ss[it]);
-        ss[it] = __fmaf_rn(nx[it][3], nx[it][3], ss[it]);
-    }
-#pragma unroll
-    for (int m = 16; m >= 1; m >>= 1) {  // 16, then half_warp_sum's 8, 4, 2, 1
-#pragma unroll
-        for (int it = 0; it < kNormPairs; it++) {
-            if (it >= my_pairs) break;
-            ss[it] = __fadd_rn(ss[it], __shfl_xor_sync(kFull, ss[it], m));
-        }
-    }
-#pragma unroll
-    for (int it = 0; it < kNormPairs; it++) {
-        if (it >= my_pairs) break;
-        const int pair = warp + it * (kThreads / 32);
-        float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ss[it], 1e-6f)));
-        if ((pair & 1) == 0) inv = __fmul_rn(inv, 0.088388347648318441f);  // q also takes 1/sqrt(128)
-        float* x = &s_qk[pair >> 1][(pair & 1) * kDim + 4 * lane];
-#pragma unroll
-        for (int i = 0; i < 4; i++) x[i] = __fmul_rn(nx[it][i], inv);
+    // L2 norms: warp w normalises (row, q|k) pairs w, w + 8, ...; one pair a warp takes them all up to 4 rows.
+    if (2 * rows <= kThreads / 32) {
+        normalise_pairs<1>(s_qk, rows, warp, lane);
+    } else {
+        normalise_pairs<2 * kMaxRows / (kThreads / 32)>(s_qk, rows, warp, lane);
     }
     // This lane's part of its column: rows k = 16i + sub of column `col`.
     const int col = 2 * warp + (lane >> 4);
