@@ -349,24 +349,27 @@ __device__ __forceinline__ void gdn_tree_body(const GdnTreeArgs& a, const GdnTre
     const int qk_channel = t < kDim ? key_head * kDim + t : kKOffset + key_head * kDim + (t - kDim);
     float hist[kTaps - 1];
     float w[kTaps];
-    load_taps(a, qk_channel, hist, w);
-    stage_channel(a, plan, qk_channel, &s_x[t]);
-    // The v channels: thread t stages channel t < kSlice; after the first barrier it convolves channel vc of
-    // row vr, so no warp convolves more than its own rows of q/k.
+    // The v channels: thread t loads the input of channel vc of row vr, and after the first barrier convolves
+    // it, so no warp stages or convolves more than its own q/k rows. The loads that need no shared store before
+    // them (taps, gates, that input) go first, so they wait together with the q/k channel's.
     const int vc = t % kSlice;
     const int vr = t / kSlice;
     const int v_base = kVOffset + head * kDim + slice * kSlice;
+    load_taps(a, qk_channel, hist, w);
     float v_hist[kTaps - 1];
     float v_w[kTaps];
     load_taps(a, v_base + vc, v_hist, v_w);
-    if (t < kSlice) stage_channel(a, plan, v_base + t, &s_x[kThreads + t]);
-    float decay = 0.0f;
+    float g = 0.0f;
     float beta = 0.0f;
     if (t < rows) {
         const size_t i = static_cast<size_t>(plan.in_row[t]) * kValueHeads + head;
-        decay = expf(a.g[i]);
+        g = a.g[i];
         beta = bf(a.beta[i]);
     }
+    const __nv_bfloat16 v_in = vr < rows ? a.qkv[a.qkv_layout.at(plan.in_row[vr], v_base + vc)] : __nv_bfloat16{};
+    stage_channel(a, plan, qk_channel, &s_x[t]);
+    if (vr < rows) s_x[kThreads + vc + plan.in_row[vr] * kInPitch] = v_in;
+    const float decay = t < rows ? expf(g) : 0.0f;
 #pragma unroll
     for (int i = 0; i < kStateLoads; i++) {
         const int e = t + i * kThreads;
@@ -383,7 +386,7 @@ __device__ __forceinline__ void gdn_tree_body(const GdnTreeArgs& a, const GdnTre
     ELPIS_GDN_MARK(2);
     __syncthreads();
     ELPIS_GDN_MARK(3);
-    // The v channels' rows were staged by other threads: convolved after the barrier (read after the next).
+    // The v channel's rows were staged by other threads: convolved after the barrier (read after the next).
     if (vr < rows) s_v[vr][vc] = conv_channel(plan, vr, &s_x[kThreads + vc], v_hist, v_w);
     // L2 norms: warp w normalises (row, q|k) pairs w, w + 8, ...; one pair a warp takes them all up to 4 rows.
     if (2 * rows <= kThreads / 32) {

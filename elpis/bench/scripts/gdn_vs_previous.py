@@ -12,6 +12,7 @@ Usage (repo root, after `make build`): python3 elpis/bench/scripts/gdn_vs_previo
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from elpis import accept
+from elpis.bench.scripts.gdn_tree_timeline import masks
 from elpis.exl3 import gdn_tree as gt
 from elpis.exl3 import gdn_tree_ref as ref
 from tests.kernels.test_gdn_tree import _path
@@ -82,11 +83,11 @@ def main(previous: Path) -> int:
     for i, parents in enumerate(_trees()):
         rows = len(parents)
         inp = ref.random_inputs(rows, seed=100 + i).to("cuda")
-        m = accept.tree_masks(parents)
+        depth, ancestors = masks(parents)  # no acceptor library needed: the script runs before `elpis build`
         results = {}
         for label, lib in (("new", new_lib), ("old", old_lib)):
             _with(lib)
-            out, out_bf16 = gt.gdn_tree_verify(*inp.tensors(), m.depth, m.ancestors, bf16_out=True)
+            out, out_bf16 = gt.gdn_tree_verify(*inp.tensors(), depth, ancestors, bf16_out=True)
             path = _path(parents, rows - 1)
             committed = inp.clone()
             gt.gdn_tree_commit(*committed.tensors(), path)
@@ -103,13 +104,13 @@ def main(previous: Path) -> int:
         for rows in (1, 8, 16):
             parents = [-1] + [random.Random(rows).randrange(r) for r in range(1, rows)]
             inp = ref.random_inputs(rows, seed=rows).to("cuda")
-            m = accept.tree_masks(parents)
-            verify = lambda inp=inp, m=m: gt.gdn_tree_verify(*inp.tensors(), m.depth, m.ancestors)  # noqa: E731
+            depth, ancestors = masks(parents)
+            verify = functools.partial(gt.gdn_tree_verify, *inp.tensors(), depth, ancestors)
             t[f"verify_rows{rows}_us"] = round(graph_us(verify, LAYERS, 21), 2)
         for n in (1, 4, 16):
             inp = ref.random_inputs(16, seed=n).to("cuda")
             path = list(range(n))
-            commit = lambda inp=inp, path=path: gt.gdn_tree_commit(*inp.tensors(), path)  # noqa: E731
+            commit = functools.partial(gt.gdn_tree_commit, *inp.tensors(), path)
             t[f"commit_path{n}_us"] = round(graph_us(commit, LAYERS, 21), 2)
         timings[label] = t
     unit = "us per call, 48 calls per graph"
