@@ -28,7 +28,10 @@
 // Work split: one block per (value head, slice of 16 value columns): 48 x 8 blocks of 256 threads. Each
 // warp owns 2 columns; lane l holds k rows 16i + (l % 16), i = 0..7, of its column in registers, so both
 // 128-long dot products of a step are an 8-term serial fmaf chain plus a fixed xor butterfly (8, 4, 2, 1)
-// inside 16 lanes: a step needs no block barrier.
+// inside 16 lanes: a step needs no block barrier. Before the walk (phase A) thread t convolves q/k channel t
+// of every row, then v channel t % 16 of row t / 16; warp w normalises the (row, q|k) pairs w, w + 8, ...
+// Where a launch spends its time is measured by the ELPIS_GDN_CLOCKS build (elpis/bench/scripts/
+// gdn_tree_timeline.py; bench/results/tree/README.md, session 25).
 //
 // Why this walk, by bytes moved: the committed state (3 MB per layer) is read once per call, the inputs
 // (a few KB per row, L2-resident) once per block, and nothing else touches global memory (a commit writes
