@@ -212,10 +212,12 @@ def load_backend(
         mark(engine.model)
     if tree and rows_gemm:
         from elpis.exl3 import patches
-        from elpis.exl3.rows_gemm_patch import QKV_PATCH, mark_gdn_qkv
+        from elpis.exl3.rows_gemm_patch import ACT_PATCH, QKV_PATCH, mark_gdn_qkv, mark_mlp_act
 
-        if patches.enabled(QKV_PATCH):  # a switch: off by default (patches/registry.json)
+        if patches.enabled(QKV_PATCH):  # switches: off by default (patches/registry.json)
             mark_gdn_qkv(engine.model)
+        if patches.enabled(ACT_PATCH):
+            mark_mlp_act(engine.model)
     disk = bound_cache_dir(Path(disk_cache_dir), engine) if disk_cache_dir else None
     backend = Exl3Backend(
         engine,

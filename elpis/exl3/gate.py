@@ -102,6 +102,9 @@ NEUTRAL_PATCHES: dict[str, str] = {
     "into the same buffers; the replay and its values are unchanged (test_verify_gate.py)",
     "exl3-gdn-qkv-channel-major": "the GDN qkv GEMM writes the bits ExLlamaV3's bf16 cast and copy of its "
     "fp16 output write (CPU emulation; the GPU check is test_rows_gemm_patch.py's channel-major test)",
+    "exl3-mlp-act-input": "the down projection's input launch computes ExLlamaV3's fp16 SiLU-and-multiply "
+    "with the same operations and writes its activation; the GEMM is the same (CPU emulation; the GPU checks "
+    "are test_rows_gemm.py's and test_rows_gemm_patch.py's silu-mul tests)",
 }
 # Configuration patches whose arithmetic is elpis's own kernel: a configuration naming one carries `code`, the
 # digest of these sources (repository paths), so a rebuilt kernel is a new configuration in the ledger and a

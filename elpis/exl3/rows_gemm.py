@@ -39,8 +39,13 @@ _VP, _U32, _U64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
 # bits, a_frag, frag_halves, workspace, workspace_floats, counters, counters_len, stream
 GEMM_ARGS = (_VP, _U32, _U32, _U32, _VP, _VP, _VP, _VP, _VP, _U32, _U32, _VP, _U64, _VP, _U64, _VP, _U32, _VP)
 DECODE_ARGS = (_VP, _VP, _U32, _U32, _U32, _VP)  # trellis, d, k, n, bits, stream
-# ctypes signatures of the entries (a CPU test checks them against the kernel source)
-ENTRY_ARGS = {"elpis_rows_gemm": GEMM_ARGS, "elpis_rows_gemm_decode": DECODE_ARGS}
+# ctypes signatures of the entries (a CPU test checks them against the kernel source); the SiLU-and-multiply
+# entry takes g, u and act in place of x
+ENTRY_ARGS = {
+    "elpis_rows_gemm": GEMM_ARGS,
+    "elpis_rows_gemm_silu_mul": (_VP, _VP, *GEMM_ARGS),
+    "elpis_rows_gemm_decode": DECODE_ARGS,
+}
 SIZE_ENTRIES = {
     "elpis_rows_gemm_supported": ((_U32, _U32, _U32), _U32),
     "elpis_rows_gemm_bits_supported": ((_U32,), _U32),
@@ -127,13 +132,51 @@ def rows_gemm_group(
     trellis width)."""
     import torch
 
-    lib = lib or library()
-    if not 1 <= len(members) <= MAX_MEMBERS:
-        raise ValueError(f"rows_gemm: a call takes 1..{MAX_MEMBERS} linears, got {len(members)}")
     if x.dim() != 2:
         raise ValueError(f"rows_gemm: x must be [rows, k], got shape {tuple(x.shape)}")
-    m, k = x.shape
-    check_tensor("rows_gemm: x", x, torch.half, (m, k))
+    check_tensor("rows_gemm: x", x, torch.half, tuple(x.shape))
+    lib = lib or library()
+    return _call(lib, lib.elpis_rows_gemm, (x.data_ptr(),), x.shape[0], x.shape[1], x.device, members)
+
+
+def rows_gemm_silu_mul(
+    g: torch.Tensor,
+    u: torch.Tensor,
+    members: Sequence[Member],
+    lib: ctypes.CDLL | None = None,
+    act: torch.Tensor | None = None,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """`rows_gemm_group(act, members)` of act = silu(g) * u (g, u [m, k] fp16), computed in fp16 arithmetic as
+    ExLlamaV3 1.6.5's SiLU-and-multiply does (`silu_mul`, act_limit 0) inside the input transform's launch;
+    returns the outputs and act, which the kernel also writes (into `act` when given: [m, k] fp16, possibly u
+    itself, as in ExLlamaV3's in-place call)."""
+    import torch
+
+    if g.dim() != 2 or g.shape != u.shape:
+        raise ValueError(f"rows_gemm: g and u must share one [rows, k] shape, got {g.shape} and {u.shape}")
+    check_tensor("rows_gemm: g", g, torch.half, tuple(g.shape), align=4)  # read as fp16 pairs
+    check_tensor("rows_gemm: u", u, torch.half, tuple(u.shape), align=4)
+    if u.device != g.device:
+        raise ValueError("rows_gemm: g and u must be on one device")
+    lib = lib or library()
+    if act is None:
+        act = torch.empty_like(g)
+    else:
+        check_tensor("rows_gemm: act", act, torch.half, tuple(g.shape), align=4)
+        if act.device != g.device:
+            raise ValueError("rows_gemm: act must be on g's device")
+    lead = (g.data_ptr(), u.data_ptr(), act.data_ptr())
+    return _call(lib, lib.elpis_rows_gemm_silu_mul, lead, g.shape[0], g.shape[1], g.device, members), act
+
+
+def _call(
+    lib: ctypes.CDLL, entry, lead: tuple[int, ...], m: int, k: int, device, members: Sequence[Member]
+) -> list[torch.Tensor]:
+    """Check the members, make the outputs and scratch, launch `entry` after the input arguments `lead`."""
+    import torch
+
+    if not 1 <= len(members) <= MAX_MEMBERS:
+        raise ValueError(f"rows_gemm: a call takes 1..{MAX_MEMBERS} linears, got {len(members)}")
     widths = []
     bits = trellis_bits(members[0].trellis)
     for i, member in enumerate(members):
@@ -163,7 +206,6 @@ def rows_gemm_group(
         raise ValueError(
             f"rows_gemm: {n_total} output columns in one call, the kernel takes {MAX_COUNTERS * 128}"
         )
-    device = x.device
     frag_halves = int(lib.elpis_rows_gemm_frag_halves(m, k)) * len(members)
     floats = int(lib.elpis_rows_gemm_workspace_floats(m, k, n_total, bits))
     a_frag = torch.empty(frag_halves, dtype=torch.half, device=device)
@@ -178,8 +220,8 @@ def rows_gemm_group(
     out_modes = sum(1 << i for i, mb in enumerate(members) if mb.out_dtype == torch.float)
     out_modes |= sum(1 << (BF16_SHIFT + i) for i, mb in enumerate(members) if mb.out_dtype == torch.bfloat16)
     stream = torch.cuda.current_stream(device).cuda_stream
-    err = lib.elpis_rows_gemm(
-        x.data_ptr(), m, k, len(members),
+    err = entry(
+        *lead, m, k, len(members),
         void_ptrs(*(mb.suh.data_ptr() for mb in members)),
         void_ptrs(*(mb.trellis.data_ptr() for mb in members)),
         void_ptrs(*(mb.svh.data_ptr() for mb in members)), void_ptrs(*(y.data_ptr() for y in outs)),

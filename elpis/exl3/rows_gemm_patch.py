@@ -45,6 +45,11 @@ GROUP = "_elpis_rows_gemm_group"
 # linear (`mark_gdn_qkv`) has that linear write bf16 channel-major inside tree verifies (`channel_major`).
 QKV_PATCH = "exl3-gdn-qkv-channel-major"
 QKV_MARK = "_elpis_qkv_channel_major"
+# Patch exl3-mlp-act-input (a switch, off by default): a GatedMLP marked by `mark_mlp_act` computes its SiLU-
+# and-multiply inside its down projection's input-transform launch (`SiluMulThenDown`); the down linear keeps
+# that output (ACT_KEPT) for its own call.
+ACT_PATCH = "exl3-mlp-act-input"
+ACT_KEPT = "_elpis_act_kept"
 # Projections ExLlamaV3 1.6.5 computes from one input tensor, by exact module type: `Attention.project_qkv`
 # (Q with its interleaved gate or a separate g_proj, K, V), the split-projection `GatedDeltaNet.forward`
 # (qkv, z; b and a are too narrow for the kernel), `GatedMLP.forward` of its one slice (gate, up).
@@ -60,7 +65,7 @@ _originals: dict[str, Any] = {}
 _state = threading.local()
 # linears served by the kernel, and kernel calls made for groups, in this process (tests check the patch took
 # effect)
-calls = {"rows_gemm": 0, "groups": 0, "channel_major": 0}
+calls = {"rows_gemm": 0, "groups": 0, "channel_major": 0, "silu_mul": 0}
 
 
 def format_ok(linear: Any) -> bool:
@@ -149,6 +154,13 @@ class Group:
 
 
 def _forward(self: Any, x: Any, params: dict, out_dtype: Any = None) -> Any:
+    # an output SiluMulThenDown computed from the MLP's gate and up outputs answers this input only, once
+    kept = getattr(self, ACT_KEPT, None)
+    if kept is not None:
+        setattr(self, ACT_KEPT, None)
+        dtype = out_dtype or self.default_out_dtype
+        if kept.x is x and kept.version == _version(x) and kept.y.dtype == dtype:
+            return kept.y
     if not getattr(self, MARK, False) or not eligible(self, x, params, out_dtype):
         return _originals["forward"](self, x, params, out_dtype)
     calls["rows_gemm"] += 1
@@ -197,6 +209,91 @@ def mark_gdn_qkv(model: Any) -> int:
         inner = getattr(getattr(module, "qkv_proj", None), "inner", None)
         if inner is not None and getattr(inner, MARK, False):
             setattr(module, QKV_MARK, inner)
+            count += 1
+    return count
+
+
+class SiluMulThenDown:
+    """`GatedMLP.activation_fn_call` of an MLP marked by `mark_mlp_act`. ExLlamaV3 1.6.5 calls it as
+    (g, u, a, act_limit) right before `downs[0].forward(a)`. Where the down projection's kernel call is
+    eligible, this runs that projection now, from g and u (`rows_gemm.rows_gemm_silu_mul`: the activation,
+    written into `a` as ExLlamaV3's `silu_mul` writes it, and the input transform in one launch), and keeps
+    the output on the down linear for its call with `a` itself; anything else goes to ExLlamaV3's function.
+    `run` computes a call (the kernel; the CPU tests pass a reference)."""
+
+    def __init__(self, original: Callable[..., Any], down: Any, run: Callable[..., Any] | None = None):
+        self.original, self.down = original, down
+        self.run = run or rows_gemm.rows_gemm_silu_mul
+
+    def takes(self, g: Any, u: Any, a: Any, act_limit: float) -> bool:
+        """Whether the fused call computes exactly what `original(g, u, a, act_limit)` and the down
+        projection's kernel call would."""
+        import torch
+
+        down = self.down
+        if act_limit != 0.0 or not getattr(down, MARK, False):
+            return False
+        if any(t.dtype != torch.half or not t.is_cuda or not t.is_contiguous() for t in (g, u, a)):
+            return False
+        if not (g.shape == u.shape == a.shape) or g.dim() < 1 or g.shape[-1] != down.in_features:
+            return False
+        rows = g.numel() // down.in_features
+        return (
+            down.default_out_dtype in (torch.half, torch.float)
+            and rows_gemm.supported(rows, down.in_features, down.out_features, down.K)
+            and format_ok(down)
+        )
+
+    def __call__(self, g: Any, u: Any, a: Any, act_limit: float) -> None:
+        if not self.takes(g, u, a, act_limit):
+            self.original(g, u, a, act_limit)
+            return
+        down, k = self.down, self.down.in_features
+        member = rows_gemm.Member(down.trellis, down.suh, down.svh, down.default_out_dtype)
+        (y,), _ = self.run(g.view(-1, k), u.view(-1, k), [member], act=a.view(-1, k))
+        setattr(down, ACT_KEPT, _Kept(a, _version(a), y.view(*a.shape[:-1], down.out_features)))
+        calls["silu_mul"] += 1
+
+
+def mark_mlp_act(model: Any) -> int:
+    """Give every GatedMLP of `model` whose one slice computes SiLU-and-multiply in fp16 without scaling, and
+    whose down linear the kernel serves (after `mark`), a `SiluMulThenDown` (`load_backend` does in tree mode
+    where the switch exl3-mlp-act-input is on); returns how many. `unmark_mlp_act` undoes it."""
+    import torch
+
+    from elpis.exl3 import walk_modules
+
+    try:
+        from exllamav3.ext import exllamav3_ext as ext
+    except ImportError:  # no engine in this process: nothing of it to mark
+        return 0
+    count = 0
+    for module in walk_modules(model):
+        if type(module).__name__ != "GatedMLP" or len(getattr(module, "downs", ())) != 1:
+            continue
+        down = getattr(module.downs[0], "inner", None)
+        if (
+            getattr(module, "activation_fn_call", None) is ext.silu_mul
+            and getattr(module, "interm_div", 1.0) == 1.0
+            and getattr(module, "interm_dtype", None) in (None, torch.half)
+            and down is not None
+            and getattr(down, MARK, False)
+        ):
+            module.activation_fn_call = SiluMulThenDown(module.activation_fn_call, down)
+            count += 1
+    return count
+
+
+def unmark_mlp_act(model: Any) -> int:
+    """Give the MLPs `mark_mlp_act` marked their own activation function back; returns how many."""
+    from elpis.exl3 import walk_modules
+
+    count = 0
+    for module in walk_modules(model):
+        call = getattr(module, "activation_fn_call", None)
+        if isinstance(call, SiluMulThenDown):
+            module.activation_fn_call = call.original
+            setattr(call.down, ACT_KEPT, None)
             count += 1
     return count
 

@@ -258,6 +258,18 @@ struct MemberScales {
     const __half* suh[kMaxMembers];
 };
 
+// The transform's end for the four values 4*lane + j (x * suh, or 0 past the rows) of one row: H, the
+// normalisation, one fp16 rounding, written in the fragment order.
+__device__ __forceinline__ void transform_store(float (&v)[4], __half* __restrict__ frag, uint32_t lane, uint32_t row,
+                                                uint32_t k0, uint32_t row_halves) {
+    fwht128(v, lane);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uint32_t kg = k0 + j;
+        frag[frag_index(kg >> 4, row, kg & 15u, row_halves)] = __float2half_rn(v[j] * kInvSqrt128);
+    }
+}
+
 // grid (k / 128, rows_padded / 4, members), 128 threads: warp w transforms row 4*blockIdx.y + w of group
 // blockIdx.x for member blockIdx.z, into that member's fragments (frag_halves apart).
 __global__ void __launch_bounds__(128) rows_gemm_input(const __half* __restrict__ x, const MemberScales scales,
@@ -271,12 +283,43 @@ __global__ void __launch_bounds__(128) rows_gemm_input(const __half* __restrict_
 #pragma unroll
     for (int j = 0; j < 4; j++)
         v[j] = row < m ? __half2float(x[size_t(row) * k + k0 + j]) * __half2float(suh[k0 + j]) : 0.0f;
-    fwht128(v, lane);
+    transform_store(v, frag, lane, row, k0, row_halves);
+}
+
+// silu(g) * u of a pair, in fp16 arithmetic: the operations, in their order, of ExLlamaV3 1.6.5's fp16 SiLU-and-
+// multiply (act_mul_kernel_h, act_limit 0): e = exp(-g), r = 1 / (1 + e), (g * r) * u, each an fp16 intrinsic.
+__device__ __forceinline__ __half2 silu_mul_h2(__half2 g, __half2 u) {
+    const __half2 e = h2exp(__hneg2(g));
+    const __half2 r = h2rcp(__hadd2(__float2half2_rn(1.0f), e));
+    return __hmul2(__hmul2(g, r), u);
+}
+
+// As rows_gemm_input, with x = silu(g) * u computed here (silu_mul_h2) from g, u [m, k] fp16, and written to
+// act [m, k] by the first member's blocks: an MLP's activation and its down projection's input transform in
+// one launch, the same bits as the two.
+__global__ void __launch_bounds__(128) rows_gemm_input_silu_mul(const __half* __restrict__ g,
+                                                                const __half* __restrict__ u,
+                                                                __half* __restrict__ act, const MemberScales scales,
+                                                                __half* __restrict__ a_frag, uint32_t m, uint32_t k,
+                                                                uint32_t row_halves, uint64_t frag_halves) {
+    const uint32_t lane = threadIdx.x & 31u, row = blockIdx.y * 4u + (threadIdx.x >> 5);
+    const uint32_t k0 = blockIdx.x * kGroupK + lane * 4u;
+    const __half* const suh = pick(scales.suh, blockIdx.z);
+    __half* const frag = a_frag + blockIdx.z * frag_halves;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (row < m) {
+        const size_t at = size_t(row) * k + k0;
+        __half2 x2[2];
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const uint32_t kg = k0 + j;
-        frag[frag_index(kg >> 4, row, kg & 15u, row_halves)] = __float2half_rn(v[j] * kInvSqrt128);
+        for (int p = 0; p < 2; p++) {
+            x2[p] = silu_mul_h2(reinterpret_cast<const __half2*>(g + at)[p], reinterpret_cast<const __half2*>(u + at)[p]);
+            if (blockIdx.z == 0u) reinterpret_cast<__half2*>(act + at)[p] = x2[p];
+        }
+        const __half x[4] = {__low2half(x2[0]), __high2half(x2[0]), __low2half(x2[1]), __high2half(x2[1])};
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = __half2float(x[j]) * __half2float(suh[k0 + j]);
     }
+    transform_store(v, frag, lane, row, k0, row_halves);
 }
 
 // ---- the decode alone (tests): D [k, n] fp16 from the trellis, one warp per 16x16 tile -------------------
@@ -670,15 +713,17 @@ int elpis_rows_gemm_decode(const void* trellis, void* d, uint32_t k, uint32_t n,
     return static_cast<int>(cudaGetLastError());
 }
 
-// For each of `count` (1..4) EXL3 linears i sharing the input x [m, k] fp16: out[i] [m, n[i]] (fp32 where bit i
-// of out_modes is set; bf16 [n[i], m], channel-major, where bit 8 + i is; else fp16) = the linear (`bits`-bit
-// mul1 trellis[i] [k/16, n[i]/16, 16 * bits] uint16, suh[i] [k], svh[i] [n[i]] fp16) of x. a_frag holds count * frag_halves(m, k) halves; workspace and counters are sized for
-// the members' n together. Returns 0 or a CUDA error code (cudaErrorInvalidValue: a shape or scratch size
-// outside what the entries above say).
-int elpis_rows_gemm(const void* x, uint32_t m, uint32_t k, uint32_t count, const void* const* suh,
-                    const void* const* trellis, const void* const* svh, void* const* out, const uint32_t* n,
-                    uint32_t out_modes, uint32_t bits, void* a_frag, uint64_t frag_halves, float* workspace,
-                    uint64_t workspace_floats, uint32_t* counters, uint32_t counters_len, void* stream) {
+}  // extern "C"
+
+namespace {
+
+// The checks and launches shared by the entries below; `input(grid, scales, frags, row_halves, frag_halves, s)`
+// launches the input transform.
+template <typename Input>
+int rows_gemm_call(const Input& input, uint32_t m, uint32_t k, uint32_t count, const void* const* suh,
+                   const void* const* trellis, const void* const* svh, void* const* out, const uint32_t* n,
+                   uint32_t out_modes, uint32_t bits, void* a_frag, uint64_t frag_halves, float* workspace,
+                   uint64_t workspace_floats, uint32_t* counters, uint32_t counters_len, void* stream) {
     if (count < 1u || count > kMaxMembers || !bits_ok(bits)) return static_cast<int>(cudaErrorInvalidValue);
     const uint32_t member_bits = (1u << count) - 1u;  // a mode for members past count, or two for one, is refused
     if (out_modes & ~(member_bits | (member_bits << kBf16Shift)) || out_modes & (out_modes >> kBf16Shift))
@@ -708,14 +753,54 @@ int elpis_rows_gemm(const void* x, uint32_t m, uint32_t k, uint32_t count, const
     members.frag_halves = one;
     const uint32_t rh = row_halves_for(m);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    rows_gemm_input<<<dim3(k / kGroupK, rh * 2u, count), 128, 0, s>>>(static_cast<const __half*>(x), scales,
-                                                                      static_cast<__half*>(a_frag), m, k, rh, one);
+    input(dim3(k / kGroupK, rh * 2u, count), scales, static_cast<__half*>(a_frag), rh, one, s);
     const dim3 grid(blocks_for(k, n_total, bits));
     const uint2* frags = static_cast<const uint2*>(a_frag);
     const auto kernel = bits == 4u ? (rh == 1u ? rows_gemm_kernel<1, 4> : rows_gemm_kernel<2, 4>)
                                    : (rh == 1u ? rows_gemm_kernel<1, 6> : rows_gemm_kernel<2, 6>);
     kernel<<<grid, 256, 0, s>>>(frags, members, m, k, workspace, counters);
     return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+extern "C" {
+
+// For each of `count` (1..4) EXL3 linears i sharing the input x [m, k] fp16: out[i] [m, n[i]] (fp32 where bit i
+// of out_modes is set; bf16 [n[i], m], channel-major, where bit 8 + i is; else fp16) = the linear (`bits`-bit
+// mul1 trellis[i] [k/16, n[i]/16, 16 * bits] uint16, suh[i] [k], svh[i] [n[i]] fp16) of x. a_frag holds count * frag_halves(m, k) halves; workspace and counters are sized for
+// the members' n together. Returns 0 or a CUDA error code (cudaErrorInvalidValue: a shape or scratch size
+// outside what the entries above say).
+int elpis_rows_gemm(const void* x, uint32_t m, uint32_t k, uint32_t count, const void* const* suh,
+                    const void* const* trellis, const void* const* svh, void* const* out, const uint32_t* n,
+                    uint32_t out_modes, uint32_t bits, void* a_frag, uint64_t frag_halves, float* workspace,
+                    uint64_t workspace_floats, uint32_t* counters, uint32_t counters_len, void* stream) {
+    const auto input = [&](dim3 grid, const MemberScales& scales, __half* frag, uint32_t rh, uint64_t one,
+                           cudaStream_t s) {
+        rows_gemm_input<<<grid, 128, 0, s>>>(static_cast<const __half*>(x), scales, frag, m, k, rh, one);
+    };
+    return rows_gemm_call(input, m, k, count, suh, trellis, svh, out, n, out_modes, bits, a_frag, frag_halves,
+                          workspace, workspace_floats, counters, counters_len, stream);
+}
+
+// As elpis_rows_gemm with the input x = silu(g) * u (g, u [m, k] fp16, the fp16 arithmetic of ExLlamaV3's
+// SiLU-and-multiply), which is also written to act [m, k] fp16: an MLP's activation and its down projection in
+// two launches instead of three.
+int elpis_rows_gemm_silu_mul(const void* g, const void* u, void* act, uint32_t m, uint32_t k, uint32_t count,
+                             const void* const* suh, const void* const* trellis, const void* const* svh,
+                             void* const* out, const uint32_t* n, uint32_t out_modes, uint32_t bits, void* a_frag,
+                             uint64_t frag_halves, float* workspace, uint64_t workspace_floats, uint32_t* counters,
+                             uint32_t counters_len, void* stream) {
+    if (reinterpret_cast<uintptr_t>(g) % 4u != 0u || reinterpret_cast<uintptr_t>(u) % 4u != 0u ||
+        reinterpret_cast<uintptr_t>(act) % 4u != 0u)  // read and written as fp16 pairs
+        return static_cast<int>(cudaErrorInvalidValue);
+    const auto input = [&](dim3 grid, const MemberScales& scales, __half* frag, uint32_t rh, uint64_t one,
+                           cudaStream_t s) {
+        rows_gemm_input_silu_mul<<<grid, 128, 0, s>>>(static_cast<const __half*>(g), static_cast<const __half*>(u),
+                                                      static_cast<__half*>(act), scales, frag, m, k, rh, one);
+    };
+    return rows_gemm_call(input, m, k, count, suh, trellis, svh, out, n, out_modes, bits, a_frag, frag_halves,
+                          workspace, workspace_floats, counters, counters_len, stream);
 }
 
 }  // extern "C"

@@ -140,6 +140,66 @@ def test_channel_major_asks_bf16_for_its_linear_only_where_fp16_was_asked() -> N
     assert getattr(rows_gemm_patch._state, "channel_major", None) is None
 
 
+def reference_silu_mul(g, u, members, act=None):
+    """The SiLU-and-multiply entry by reference on the CPU: act in fp16 from float64 arithmetic (not the
+    kernel's fp16 operations: these tests check the wrapper's plumbing), written into `act` when given, then
+    the GEMM."""
+    a = (g.double() * torch.sigmoid(g.double()) * u.double()).half()
+    if act is not None:
+        act.copy_(a)
+        a = act
+    return reference_run(a, members), a
+
+
+class FakeDown(SimpleNamespace):
+    """What SiluMulThenDown reads of the down linear, with the kernel's format and mark."""
+
+
+def fake_down(k: int, n: int, seed: int) -> FakeDown:
+    lay = layer(k, n, seed)
+    down = FakeDown(**vars(lay), out_features=n, K=4, bias=None, mul1=True, mcg=False)
+    setattr(down, rows_gemm_patch.MARK, True)
+    return down
+
+
+def test_silu_mul_then_down_keeps_the_down_output_for_its_activation_buffer(monkeypatch) -> None:
+    """Switch exl3-mlp-act-input, on the CPU with a reference in place of the kernel: the activation is
+    written into ExLlamaV3's buffer, the down linear's call with that buffer gets the kept output (once, and
+    only that tensor), and a call the kernel does not take goes to ExLlamaV3's own function."""
+    down = fake_down(256, 128, 21)
+    seen: list[tuple] = []
+    original = lambda g, u, a, limit: seen.append((g, u, a, limit))  # noqa: E731
+    wrapper = rows_gemm_patch.SiluMulThenDown(original, down, run=reference_silu_mul)
+    monkeypatch.setattr(rows_gemm_patch, "format_ok", lambda lin: True)
+    g, u = torch.randn(1, 3, 256).half(), torch.randn(1, 3, 256).half()
+    a = torch.empty_like(u)
+    assert not wrapper.takes(g, u, a, 0.0)  # CPU tensors: the kernel takes CUDA ones only
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    assert wrapper.takes(g, u, a, 0.0)
+    assert not wrapper.takes(g, u, a, 7.0)  # a clamped activation is not the kernel's
+    assert not wrapper.takes(g.float(), u, a, 0.0)
+    assert not wrapper.takes(torch.randn(1, 17, 256).half(), torch.randn(1, 17, 256).half(),
+                             torch.empty(1, 17, 256).half(), 0.0)  # more rows than the kernel's  # fmt: skip
+    before = rows_gemm_patch.calls["silu_mul"]
+    wrapper(g, u, a, 0.0)
+    assert rows_gemm_patch.calls["silu_mul"] - before == 1 and not seen
+    want_act = (g.double() * torch.sigmoid(g.double()) * u.double()).half()
+    assert torch.equal(a, want_act), "the activation is written into ExLlamaV3's buffer"
+    kept = getattr(down, rows_gemm_patch.ACT_KEPT)
+    assert kept.x is a and kept.y.shape == (1, 3, 128)
+    assert torch.equal(kept.y, alone(down, want_act, torch.half))
+    monkeypatch.setattr(rows_gemm_patch, "_originals", {"forward": lambda *args: "stock"})
+    monkeypatch.setattr(rows_gemm_patch, "eligible", lambda *args: False)  # a fresh compute: ExLlamaV3's here
+    # the down linear's call with another tensor (equal values) drops the kept output and computes afresh
+    assert rows_gemm_patch._forward(down, a.clone(), {}) == "stock"
+    assert getattr(down, rows_gemm_patch.ACT_KEPT) is None
+    wrapper(g, u, a, 0.0)
+    assert torch.equal(rows_gemm_patch._forward(down, a, {}), kept.y)  # its own buffer: the kept output, once
+    assert rows_gemm_patch._forward(down, a, {}) == "stock"
+    wrapper(g, u, a, 7.0)  # not taken: ExLlamaV3's function, nothing kept
+    assert seen == [(g, u, a, 7.0)] and getattr(down, rows_gemm_patch.ACT_KEPT) is None
+
+
 @pytest.fixture(scope="module")
 def patched(small):
     from elpis.exl3 import load_backend
@@ -252,6 +312,33 @@ def test_the_channel_major_qkv_changes_no_bit(patched) -> None:
                 if hasattr(m, rows_gemm_patch.QKV_MARK):
                     delattr(m, rows_gemm_patch.QKV_MARK)
         assert rows_gemm_patch.calls["channel_major"] - before == marked
+        assert torch.equal(plain, fused)
+    finally:
+        patched.finish()
+
+
+@pytest.mark.gpu
+def test_the_silu_mul_input_changes_no_bit(patched) -> None:
+    """Switch exl3-mlp-act-input: an eager tree verify with every MLP's activation computed in its down
+    projection's input launch gives the same logits, bit for bit, as without it, and the MLPs took it."""
+    from elpis.exl3 import walk_modules
+    from tests.exl3.test_gpu import prompt
+
+    model = patched.engine.model
+    ids = prompt(700, 17, patched.info.vocab_size)
+    tokens, parents = [ids[-1], 5, 6, 7, 8, 9], [-1, 0, 0, 1, 1, 3]
+    patched.begin(ids)
+    try:
+        plain = patched.verify(tokens, parents).clone()
+        patched.abandon()
+        marked = rows_gemm_patch.mark_mlp_act(model)
+        assert marked == sum(type(m).__name__ == "GatedMLP" for m in walk_modules(model)) > 0
+        before = rows_gemm_patch.calls["silu_mul"]
+        try:
+            fused = patched.verify(tokens, parents).clone()
+        finally:
+            assert rows_gemm_patch.unmark_mlp_act(model) == marked
+        assert rows_gemm_patch.calls["silu_mul"] - before == marked
         assert torch.equal(plain, fused)
     finally:
         patched.finish()

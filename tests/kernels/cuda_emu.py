@@ -145,6 +145,24 @@ inline float __half2float(__half h) { return float(h.v); }
 inline __half __float2half_rn(float f) { return __half{_Float16(f)}; }
 inline float2 __half22float2(__half2 h) { return float2{float(h.x.v), float(h.y.v)}; }
 inline unsigned short __half_as_ushort(__half h) { unsigned short u; std::memcpy(&u, &h, 2); return u; }
+// fp16 pair arithmetic: each value computed in float and rounded once to fp16 (exp and the reciprocal are the
+// CPU's, not the GPU's approximations: tests compare the kernel's own paths with each other)
+inline __half2 emu_h2(__half2 a, float (*f)(float)) {
+    return __half2{__half{_Float16(f(float(a.x.v)))}, __half{_Float16(f(float(a.y.v)))}};
+}
+inline __half2 __hneg2(__half2 a) { return emu_h2(a, [](float v) { return -v; }); }
+inline __half2 h2exp(__half2 a) { return emu_h2(a, [](float v) { return std::exp(v); }); }
+inline __half2 h2rcp(__half2 a) { return emu_h2(a, [](float v) { return 1.0f / v; }); }
+inline __half emu_h(float v) { return __half{_Float16(v)}; }
+inline __half2 __hadd2(__half2 a, __half2 b) {
+    return __half2{emu_h(float(a.x.v) + float(b.x.v)), emu_h(float(a.y.v) + float(b.y.v))};
+}
+inline __half2 __hmul2(__half2 a, __half2 b) {
+    return __half2{emu_h(float(a.x.v) * float(b.x.v)), emu_h(float(a.y.v) * float(b.y.v))};
+}
+inline __half2 __float2half2_rn(float f) { return __half2{__float2half_rn(f), __float2half_rn(f)}; }
+inline __half __low2half(__half2 a) { return a.x; }
+inline __half __high2half(__half2 a) { return a.y; }
 // mma.sync m16n8k16 (fp16 A row-major, B column-major, fp32 C/D) for one warp: every lane posts its
 // fragments (PTX layout, g = lane / 4, t = lane % 4), then computes its four outputs as C + sum over k in
 // order, in fp32 (not the tensor cores' bits: the tests check indexing and invariance, not GPU numbers).

@@ -186,3 +186,28 @@ def test_channel_major_output_is_the_fp16_output_cast_to_bf16(layer, rows: int) 
     assert cm[0].dtype == torch.bfloat16 and cm[0].shape == (rows, n) and cm[0].stride() == (1, rows)
     assert torch.equal(cm[0].view(torch.int16), plain[0].to(torch.bfloat16).view(torch.int16))
     assert torch.equal(cm[1], plain[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [3, 16])
+def test_silu_mul_input_is_exllamav3s_activation_then_the_gemm(layer, rows: int) -> None:
+    """The entry the switch exl3-mlp-act-input uses: the activation it writes is ExLlamaV3's `silu_mul` bit
+    for bit, also in place over u as ExLlamaV3's MLP may call it, and its output is the plain GEMM's of that
+    activation, bit for bit."""
+    import torch
+    from exllamav3.ext import exllamav3_ext as ext
+
+    trellis, suh, svh, g = layer
+    k = trellis.shape[0] * 16
+    gate = (3 * torch.randn((rows, k), generator=g, device="cuda")).half()
+    up = torch.randn((rows, k), generator=g, device="cuda").half()
+    stock = torch.empty_like(gate)
+    ext.silu_mul(gate, up, stock, 0.0)
+    member = rg.Member(trellis, suh, svh, torch.half)
+    (y,), act = rg.rows_gemm_silu_mul(gate, up, [member])
+    assert torch.equal(act.view(torch.int16), stock.view(torch.int16))
+    assert torch.equal(y.view(torch.int16), rg.rows_gemm(stock, trellis, suh, svh).view(torch.int16))
+    in_place = up.clone()
+    (y2,), _ = rg.rows_gemm_silu_mul(gate, in_place, [member], act=in_place)
+    assert torch.equal(in_place.view(torch.int16), stock.view(torch.int16))
+    assert torch.equal(y2.view(torch.int16), y.view(torch.int16))

@@ -21,7 +21,7 @@ from tests.kernels import cuda_emu
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     built = cuda_emu.build_emulated(
-        rg.SOURCE, tmp_path_factory.mktemp("rows_gemm_emu"), launches=3, needs=("gemm_schedule.h",)
+        rg.SOURCE, tmp_path_factory.mktemp("rows_gemm_emu"), launches=4, needs=("gemm_schedule.h",)
     )
     built.emu_set_sms(8)  # before the first call: the kernel caches its resident-block count
     return rg.bind(built)
@@ -55,15 +55,29 @@ def _launch_modes(
 ) -> tuple[int, np.ndarray]:
     """One call of the kernel with raw output modes (see rg.BF16_SHIFT) into `outs`: its return code and
     the counters."""
-    m, k = x.shape
     x = np.ascontiguousarray(x, dtype=np.float16)
+    return _launch(lib, lib.elpis_rows_gemm, (_ptr(x),), x.shape, layers, modes, outs)
+
+
+def _launch(
+    lib: ctypes.CDLL,
+    entry,
+    lead: tuple,
+    shape: tuple[int, int],
+    layers: list[Linear],
+    modes: int,
+    outs: list[np.ndarray],
+) -> tuple[int, np.ndarray]:
+    """One call of `entry` (after its input arguments `lead`) for an input of `shape`: its return code and the
+    counters."""
+    m, k = shape
     n_total, bits = sum(lay.n for lay in layers), layers[0].bits
     frag = np.zeros(int(lib.elpis_rows_gemm_frag_halves(m, k)) * len(layers), dtype=np.float16)
     floats = int(lib.elpis_rows_gemm_workspace_floats(m, k, n_total, bits))
     work = np.zeros(max(floats, 1), dtype=np.float32)
     counters = np.zeros(rg.MAX_COUNTERS, dtype=np.uint32)
-    err = lib.elpis_rows_gemm(
-        _ptr(x), m, k, len(layers), rg.void_ptrs(*(_ptr(lay.suh) for lay in layers)),
+    err = entry(
+        *lead, m, k, len(layers), rg.void_ptrs(*(_ptr(lay.suh) for lay in layers)),
         rg.void_ptrs(*(_ptr(lay.trellis) for lay in layers)),
         rg.void_ptrs(*(_ptr(lay.svh) for lay in layers)),
         rg.void_ptrs(*(_ptr(y) for y in outs)), (ctypes.c_uint32 * len(layers))(*(lay.n for lay in layers)),
@@ -264,3 +278,45 @@ def test_an_impossible_output_mode_is_refused(lib: ctypes.CDLL) -> None:
     out = [np.zeros((2, 128), dtype=np.float32)]
     assert _launch_modes(lib, x, [layer], 1 | (1 << rg.BF16_SHIFT), out)[0] != 0  # fp32 and bf16 at once
     assert _launch_modes(lib, x, [layer], 1 << (rg.BF16_SHIFT + 1), out)[0] != 0  # a member not there
+
+
+def _silu_mul(
+    lib: ctypes.CDLL, g: np.ndarray, u: np.ndarray, layer: Linear
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """One call of the SiLU-and-multiply entry: its return code, the activation it wrote and the output."""
+    act = np.full(g.shape, np.nan, dtype=np.float16)
+    y = np.full((g.shape[0], layer.n), np.nan, dtype=np.float16)
+    lead = (_ptr(g), _ptr(u), _ptr(act))
+    err, counters = _launch(lib, lib.elpis_rows_gemm_silu_mul, lead, g.shape, [layer], 0, [y])
+    assert not counters.any()
+    return err, act, y
+
+
+@pytest.mark.parametrize("rows", [3, 16])
+def test_silu_mul_input_is_the_gemm_of_its_own_activation(lib: ctypes.CDLL, rows: int) -> None:
+    """The entry that takes an MLP's gate and up outputs writes act = silu(g) * u (here within a few fp16
+    roundings of float64: exp and the reciprocal are the CPU's under the emulation; the GPU test compares it
+    with ExLlamaV3's own kernel bit for bit), and its output is bit for bit the plain entry's on that act."""
+    down = Linear(256, 128, seed=11)
+    rng = np.random.default_rng(rows)
+    g = (2 * rng.standard_normal((rows, 256))).astype(np.float16)
+    u = rng.standard_normal((rows, 256)).astype(np.float16)
+    err, act, y = _silu_mul(lib, g, u, down)
+    assert err == 0
+    g64, u64 = g.astype(np.float64), u.astype(np.float64)
+    want = g64 / (1.0 + np.exp(-g64)) * u64
+    assert np.allclose(act.astype(np.float64), want, rtol=4e-3, atol=1e-4)
+    assert np.array_equal(y.view(np.uint16), run_group(lib, act, [down], [False])[0].view(np.uint16))
+
+
+def test_silu_mul_inputs_off_their_pairs_are_refused(lib: ctypes.CDLL) -> None:
+    down = Linear(128, 128, seed=12)
+    buffer = np.zeros((2 * 128 + 1,), dtype=np.float16)
+    g = buffer[1:].reshape(2, 128)  # 2 bytes past a 4-byte boundary: the kernel reads fp16 pairs
+    u = np.zeros((2, 128), dtype=np.float16)
+    assert _ptr(g) % 4 == 2
+    act, y = np.zeros((2, 128), dtype=np.float16), np.zeros((2, 128), dtype=np.float16)
+    err, _ = _launch(
+        lib, lib.elpis_rows_gemm_silu_mul, (_ptr(g), _ptr(u), _ptr(act)), (2, 128), [down], 0, [y]
+    )
+    assert err != 0
