@@ -154,15 +154,16 @@ class Group:
 
 
 def _forward(self: Any, x: Any, params: dict, out_dtype: Any = None) -> Any:
-    # an output SiluMulThenDown computed from the MLP's gate and up outputs answers this input only, once
+    # an output SiluMulThenDown computed from the MLP's gate and up outputs answers this input only, once, and
+    # only a call the kernel takes (ExLlamaV3's own forward reads the activation it wrote)
     kept = getattr(self, ACT_KEPT, None)
     if kept is not None:
         setattr(self, ACT_KEPT, None)
-        dtype = out_dtype or self.default_out_dtype
-        if kept.x is x and kept.version == _version(x) and kept.y.dtype == dtype:
-            return kept.y
     if not getattr(self, MARK, False) or not eligible(self, x, params, out_dtype):
         return _originals["forward"](self, x, params, out_dtype)
+    dtype = out_dtype or self.default_out_dtype
+    if kept is not None and kept.x is x and kept.version == _version(x) and kept.y.dtype == dtype:
+        return kept.y
     calls["rows_gemm"] += 1
     if getattr(_state, "channel_major", None) is self:
         out_dtype = _channel_major_dtype(self, out_dtype)

@@ -189,13 +189,18 @@ def test_silu_mul_then_down_keeps_the_down_output_for_its_activation_buffer(monk
     assert kept.x is a and kept.y.shape == (1, 3, 128)
     assert torch.equal(kept.y, alone(down, want_act, torch.half))
     monkeypatch.setattr(rows_gemm_patch, "_originals", {"forward": lambda *args: "stock"})
-    monkeypatch.setattr(rows_gemm_patch, "eligible", lambda *args: False)  # a fresh compute: ExLlamaV3's here
+    monkeypatch.setattr(rows_gemm_patch, "run", lambda *args: "computed")  # the kernel's own call
+    monkeypatch.setattr(rows_gemm_patch, "eligible", lambda *args: True)
     # the down linear's call with another tensor (equal values) drops the kept output and computes afresh
-    assert rows_gemm_patch._forward(down, a.clone(), {}) == "stock"
+    assert rows_gemm_patch._forward(down, a.clone(), {}) == "computed"
     assert getattr(down, rows_gemm_patch.ACT_KEPT) is None
     wrapper(g, u, a, 0.0)
     assert torch.equal(rows_gemm_patch._forward(down, a, {}), kept.y)  # its own buffer: the kept output, once
+    assert rows_gemm_patch._forward(down, a, {}) == "computed"
+    wrapper(g, u, a, 0.0)  # a call the kernel does not take: ExLlamaV3's forward, over the written activation
+    monkeypatch.setattr(rows_gemm_patch, "eligible", lambda *args: False)
     assert rows_gemm_patch._forward(down, a, {}) == "stock"
+    assert getattr(down, rows_gemm_patch.ACT_KEPT) is None
     wrapper(g, u, a, 7.0)  # not taken: ExLlamaV3's function, nothing kept
     assert seen == [(g, u, a, 7.0)] and getattr(down, rows_gemm_patch.ACT_KEPT) is None
 
