@@ -294,7 +294,8 @@ __device__ __forceinline__ __half2 silu_mul_h2(__half2 g, __half2 u) {
     return __hmul2(__hmul2(g, r), u);
 }
 
-// As rows_gemm_input, with x = silu(g) * u computed here (silu_mul_h2) from g, u [m, k] fp16, and written to
+// As rows_gemm_input (whose first lines it repeats rather than share: a shared helper reordered the served
+// kernel's address arithmetic in its PTX), with x = silu(g) * u computed here (silu_mul_h2) from g, u [m, k] fp16, and written to
 // act [m, k] by the first member's blocks: an MLP's activation and its down projection's input transform in
 // one launch, the same bits as the two.
 __global__ void __launch_bounds__(128) rows_gemm_input_silu_mul(const __half* __restrict__ g,

@@ -292,58 +292,55 @@ def test_lossless_with_the_kernel(patched) -> None:
     assert replayed == plain, "accepted drafts changed the output"
 
 
-@pytest.mark.gpu
-def test_the_channel_major_qkv_changes_no_bit(patched) -> None:
-    """Switch exl3-gdn-qkv-channel-major: an eager tree verify with every Gated DeltaNet layer's qkv written
-    bf16 channel-major by the kernel gives the same logits, bit for bit, as without it, and the layers really
-    took that output."""
+def _verify_with_and_without(patched, seed: int, module_type: str, mark, unmark, counter: str) -> None:
+    """An eager tree verify's logits with and without a switch's wrappers (given by `mark` to every
+    `module_type` module of the target, taken back by `unmark`): bit for bit equal, and every marked module
+    took its path once (`calls[counter]`)."""
     from elpis.exl3 import walk_modules
     from tests.exl3.test_gpu import prompt
 
     model = patched.engine.model
-    ids = prompt(700, 13, patched.info.vocab_size)
+    ids = prompt(700, seed, patched.info.vocab_size)
     tokens, parents = [ids[-1], 5, 6, 7, 8, 9], [-1, 0, 0, 1, 1, 3]
     patched.begin(ids)
     try:
         plain = patched.verify(tokens, parents).clone()
         patched.abandon()
-        marked = rows_gemm_patch.mark_gdn_qkv(model)
-        assert marked == sum(type(m).__name__ == "GatedDeltaNet" for m in walk_modules(model)) > 0
-        before = rows_gemm_patch.calls["channel_major"]
+        marked = mark(model)
+        assert marked == sum(type(m).__name__ == module_type for m in walk_modules(model)) > 0
+        before = rows_gemm_patch.calls[counter]
         try:
             fused = patched.verify(tokens, parents).clone()
         finally:
-            for m in walk_modules(model):
-                if hasattr(m, rows_gemm_patch.QKV_MARK):
-                    delattr(m, rows_gemm_patch.QKV_MARK)
-        assert rows_gemm_patch.calls["channel_major"] - before == marked
+            unmark(model)
+        assert rows_gemm_patch.calls[counter] - before == marked
         assert torch.equal(plain, fused)
     finally:
         patched.finish()
+
+
+def _unmark_gdn_qkv(model) -> None:
+    from elpis.exl3 import walk_modules
+
+    for m in walk_modules(model):
+        if hasattr(m, rows_gemm_patch.QKV_MARK):
+            delattr(m, rows_gemm_patch.QKV_MARK)
+
+
+@pytest.mark.gpu
+def test_the_channel_major_qkv_changes_no_bit(patched) -> None:
+    """Switch exl3-gdn-qkv-channel-major: an eager tree verify with every Gated DeltaNet layer's qkv written
+    bf16 channel-major by the kernel gives the same logits, bit for bit, as without it, and the layers really
+    took that output."""
+    _verify_with_and_without(
+        patched, 13, "GatedDeltaNet", rows_gemm_patch.mark_gdn_qkv, _unmark_gdn_qkv, "channel_major"
+    )
 
 
 @pytest.mark.gpu
 def test_the_silu_mul_input_changes_no_bit(patched) -> None:
     """Switch exl3-mlp-act-input: an eager tree verify with every MLP's activation computed in its down
     projection's input launch gives the same logits, bit for bit, as without it, and the MLPs took it."""
-    from elpis.exl3 import walk_modules
-    from tests.exl3.test_gpu import prompt
-
-    model = patched.engine.model
-    ids = prompt(700, 17, patched.info.vocab_size)
-    tokens, parents = [ids[-1], 5, 6, 7, 8, 9], [-1, 0, 0, 1, 1, 3]
-    patched.begin(ids)
-    try:
-        plain = patched.verify(tokens, parents).clone()
-        patched.abandon()
-        marked = rows_gemm_patch.mark_mlp_act(model)
-        assert marked == sum(type(m).__name__ == "GatedMLP" for m in walk_modules(model)) > 0
-        before = rows_gemm_patch.calls["silu_mul"]
-        try:
-            fused = patched.verify(tokens, parents).clone()
-        finally:
-            assert rows_gemm_patch.unmark_mlp_act(model) == marked
-        assert rows_gemm_patch.calls["silu_mul"] - before == marked
-        assert torch.equal(plain, fused)
-    finally:
-        patched.finish()
+    _verify_with_and_without(
+        patched, 17, "GatedMLP", rows_gemm_patch.mark_mlp_act, rows_gemm_patch.unmark_mlp_act, "silu_mul"
+    )
