@@ -191,9 +191,9 @@ struct GdnTreeArgs {
 
 __device__ __forceinline__ float bf(const __nv_bfloat16 x) { return __bfloat162float(x); }
 
-// Diagnostic build (ELPIS_GDN_CLOCKS, never served): thread 0 of every block writes %globaltimer at the marks
-// of the body (kMark*) and its multiprocessor into gdn_clock[block] (elpis/bench/scripts/gdn_tree_timeline.py
-// reads them). Thread 0 is in warp 0, which also convolves the block's v channels.
+// Diagnostic build (ELPIS_GDN_CLOCKS, never served): thread 0 of every block writes %globaltimer at the body's
+// marks (words 0-7) and its multiprocessor (word 8) into gdn_clock[block]; elpis/bench/scripts/
+// gdn_tree_timeline.py reads them. Between two barriers a mark times warp 0 only.
 #ifdef ELPIS_GDN_CLOCKS
 constexpr int kClockWords = 9;  // start, staged, convolved, barrier 1, normed, barrier 2, walked, end, SM
 __device__ unsigned long long gdn_clock[kSlices * kValueHeads][kClockWords];
