@@ -1,11 +1,12 @@
 """Where a Gated DeltaNet tree kernel launch spends its time, phase by phase (diagnostic, GPU).
 
 The ELPIS_GDN_CLOCKS build of `patches/kernels/gdn_tree.cu` (or of another source given as the second
-argument) records, for thread 0 of every block, %globaltimer at the marks of the kernel body: start, state and
-inputs staged, convolved (warp 0 also convolves the v channels), after the first barrier, L2 norms done, after
-the second barrier, the walk done, end. For verifies of 16, 8 and 1 rows and commits of 1 and 4 rows (random
-inputs of the real geometry, each call launched three times, the last one read), this prints and writes the
-median and maximum of each phase over the blocks, the spread of block starts and the launch span.
+argument) records, for thread 0 of every block, %globaltimer at the marks of the kernel body: start, state
+and inputs staged, q/k convolved, after the first barrier, v convolved and L2 norms done, after the second
+barrier, the walk done, end (between two barriers the times are warp 0's). For verifies of 16, 8 and 1 rows
+and commits of 1 and 4 rows (random inputs of the real geometry, each call launched three times, the last one
+read), this prints and writes the median and maximum of each phase over the blocks, the spread of block
+starts and the launch span.
 Usage (repo root, after `make build`):
   python3 elpis/bench/scripts/gdn_tree_timeline.py OUT.json [SOURCE.cu]
 """
