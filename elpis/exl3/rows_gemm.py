@@ -33,7 +33,7 @@ MAX_COUNTERS = 4096  # n-blocks of 128 columns, all members together: up to n = 
 MAX_GROUPS = 4096  # 128-groups of k: up to k = 524,288
 BF16_SHIFT = 8  # out_modes: bit BF16_SHIFT + i asks member i for bf16 channel-major output (kBf16Shift)
 
-_VP, _U32, _U64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
+_VP, _U32, _U64, _F32 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_float
 # x, m, k, count, suh[], trellis[], svh[], out[], n[] (host arrays of `count`),
 # out_modes (bit i: member i fp32, bit BF16_SHIFT + i: bf16 channel-major),
 # bits, a_frag, frag_halves, workspace, workspace_floats, counters, counters_len, stream
@@ -41,9 +41,14 @@ GEMM_ARGS = (_VP, _U32, _U32, _U32, _VP, _VP, _VP, _VP, _VP, _U32, _U32, _VP, _U
 DECODE_ARGS = (_VP, _VP, _U32, _U32, _U32, _VP)  # trellis, d, k, n, bits, stream
 # ctypes signatures of the entries (a CPU test checks them against the kernel source); the SiLU-and-multiply
 # entry takes g, u and act in place of x
+# x, x_fp32, residual, weight, weight_bf16, y, eps, bias, scale, m, k, count, suh[], a_frag, frag_halves,
+# stream
+NORM_ARGS = (_VP, _U32, _VP, _VP, _U32, _VP, _F32, _F32, _F32, _U32, _U32, _U32, _VP, _VP, _U64, _VP)
 ENTRY_ARGS = {
     "elpis_rows_gemm": GEMM_ARGS,
     "elpis_rows_gemm_silu_mul": (_VP, _VP, *GEMM_ARGS),
+    "elpis_rows_gemm_frags": GEMM_ARGS[1:],
+    "elpis_rows_gemm_norm_input": NORM_ARGS,
     "elpis_rows_gemm_decode": DECODE_ARGS,
 }
 SIZE_ENTRIES = {
@@ -170,7 +175,14 @@ def rows_gemm_silu_mul(
 
 
 def _call(
-    lib: ctypes.CDLL, entry, lead: tuple[int, ...], m: int, k: int, device, members: Sequence[Member]
+    lib: ctypes.CDLL,
+    entry,
+    lead: tuple[int, ...],
+    m: int,
+    k: int,
+    device,
+    members: Sequence[Member],
+    a_frag: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """Check the members, make the outputs and scratch, launch `entry` after the input arguments `lead`."""
     import torch
@@ -208,7 +220,10 @@ def _call(
         )
     frag_halves = int(lib.elpis_rows_gemm_frag_halves(m, k)) * len(members)
     floats = int(lib.elpis_rows_gemm_workspace_floats(m, k, n_total, bits))
-    a_frag = torch.empty(frag_halves, dtype=torch.half, device=device)
+    if a_frag is None:
+        a_frag = torch.empty(frag_halves, dtype=torch.half, device=device)
+    else:  # written by an earlier launch (norm_input) for exactly these members
+        check_tensor("rows_gemm: a_frag", a_frag, torch.half, (frag_halves,))
     workspace = torch.empty(max(floats, 1), dtype=torch.float32, device=device)
     counters = sync_words(str(device))
     outs = [
@@ -231,6 +246,65 @@ def _call(
     if err != 0:
         raise RuntimeError(f"rows_gemm kernel failed: CUDA error {err}")
     return outs
+
+
+def norm_input(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    bias: float,
+    scale: float,
+    suhs: Sequence[torch.Tensor],
+    residual: torch.Tensor | None = None,
+    lib: ctypes.CDLL | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ExLlamaV3 1.6.5's RMSNorm (`rms_norm`, or `rms_norm_res_in` with `residual`) of x [m, k] into y
+    [m, k] fp16, with the same operations in the same order, and in the same launch the input fragments of
+    the linears whose input scales are `suhs` (one call's members, in order) for `rows_gemm_frags`. x is fp16,
+    or fp32 without a residual; residual [m, k] fp32 becomes residual + x, and the norm is of that; weight [k]
+    fp16 or bf16 (bias added to it when not 0). Takes 1..16 rows and 4096 < k <= 8192. Returns y and the
+    fragments."""
+    import torch
+
+    lib = lib or library()
+    if x.dim() != 2:
+        raise ValueError(f"norm_input: x must be [rows, k], got shape {tuple(x.shape)}")
+    m, k = x.shape
+    if not (1 <= m <= MAX_ROWS and k % 128 == 0 and 4096 < k <= 8192):
+        raise ValueError(f"norm_input: {m} rows of {k} is outside the kernel (1..16 rows, 4096 < k <= 8192)")
+    if x.dtype not in (torch.half, torch.float) or (x.dtype == torch.float and residual is not None):
+        raise ValueError(f"norm_input: x must be fp16, or fp32 without a residual, got {x.dtype}")
+    check_tensor("norm_input: x", x, x.dtype, (m, k))
+    if residual is not None:
+        check_tensor("norm_input: residual", residual, torch.float, (m, k))
+    if weight.dtype not in (torch.half, torch.bfloat16):
+        raise ValueError(f"norm_input: weight must be fp16 or bf16, got {weight.dtype}")
+    check_tensor("norm_input: weight", weight, weight.dtype, (k,))
+    if not 1 <= len(suhs) <= MAX_MEMBERS:
+        raise ValueError(f"norm_input: 1..{MAX_MEMBERS} linears, got {len(suhs)}")
+    for i, suh in enumerate(suhs):
+        check_tensor(f"norm_input: suh {i}", suh, torch.half, (k,))
+    y = torch.empty((m, k), dtype=torch.half, device=x.device)
+    frag_halves = int(lib.elpis_rows_gemm_frag_halves(m, k)) * len(suhs)
+    a_frag = torch.empty(frag_halves, dtype=torch.half, device=x.device)
+    err = lib.elpis_rows_gemm_norm_input(
+        x.data_ptr(), int(x.dtype == torch.float), residual.data_ptr() if residual is not None else None,
+        weight.data_ptr(), int(weight.dtype == torch.bfloat16), y.data_ptr(), eps, bias, scale, m, k,
+        len(suhs), void_ptrs(*(suh.data_ptr() for suh in suhs)), a_frag.data_ptr(), frag_halves,
+        torch.cuda.current_stream(x.device).cuda_stream,
+    )  # fmt: skip
+    if err != 0:
+        raise RuntimeError(f"norm_input kernel failed: CUDA error {err}")
+    return y, a_frag
+
+
+def rows_gemm_frags(
+    a_frag: torch.Tensor, m: int, k: int, members: Sequence[Member], lib: ctypes.CDLL | None = None
+) -> list[torch.Tensor]:
+    """`rows_gemm_group` of an input whose fragments `norm_input` wrote for these members (their suh, in this
+    order): the GEMM launch alone."""
+    lib = lib or library()
+    return _call(lib, lib.elpis_rows_gemm_frags, (), m, k, a_frag.device, members, a_frag)
 
 
 def rows_gemm(

@@ -323,6 +323,143 @@ __global__ void __launch_bounds__(128) rows_gemm_input_silu_mul(const __half* __
     transform_store(v, frag, lane, row, k0, row_halves);
 }
 
+// ---- an RMSNorm and the input transform in one launch --------------------------------------------------------
+
+// The operations of ExLlamaV3 1.6.5's rms_norm_kernel as its extension is built (--use_fast_math: adds,
+// multiplies and fmas flushing subnormals to zero, an approximate division and reciprocal square root),
+// spelled out because elpis's kernels build without fast math. Under the CPU emulation they are the plain
+// operations (the emulation checks indexing and structure; the GPU test checks the bits).
+#ifdef ELPIS_CUDA_EMU
+inline float add_ftz(float a, float b) { return a + b; }
+inline float mul_ftz(float a, float b) { return a * b; }
+inline float fma_ftz(float a, float b, float c) { return std::fma(a, b, c); }
+inline float div_approx_ftz(float a, float b) { return a / b; }
+inline float rsqrt_approx_ftz(float a) { return 1.0f / std::sqrt(a); }
+#else
+__device__ __forceinline__ float add_ftz(float a, float b) {
+    float r;
+    asm("add.ftz.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float mul_ftz(float a, float b) {
+    float r;
+    asm("mul.ftz.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float fma_ftz(float a, float b, float c) {
+    float r;
+    asm("fma.rn.ftz.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+    return r;
+}
+__device__ __forceinline__ float div_approx_ftz(float a, float b) {
+    float r;
+    asm("div.approx.ftz.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float rsqrt_approx_ftz(float a) {
+    float r;
+    asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
+    return r;
+}
+#endif
+
+constexpr uint32_t kNormThreads = 1024;  // ExLlamaV3's block for a row of more than 4096 values
+
+struct NormArgs {
+    const void* x;          // [m, k] fp16 (clamped to +-65504 as read), or fp32 without a residual
+    float* residual;        // [m, k] fp32, or null: with it, residual += x and the norm is of the sum
+    const void* weight;     // [k] fp16 or bf16
+    __half* y;              // [m, k] fp16: the normalised rows
+    float eps, bias, scale; // the norm's epsilon, constant bias (added to the weight when not 0) and scale
+    uint32_t x_fp32, weight_bf16;
+};
+
+// Four inputs of column c (values 4c .. 4c + 3) of a row, as the norm reads them.
+__device__ __forceinline__ void norm_read(const NormArgs& a, size_t at, float (&v)[4]) {
+    if (a.x_fp32) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = static_cast<const float*>(a.x)[at + j];
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float h = __half2float(static_cast<const __half*>(a.x)[at + j]);
+            v[j] = fmaxf(-65504.0f, fminf(h, 65504.0f));
+        }
+    }
+}
+
+// grid (rows_padded), kNormThreads threads: block `row` normalises its row as ExLlamaV3's two-pass kernel does
+// (thread t sums float4 columns t, t + 1024, ... with an fma chain, a warp xor butterfly 16 .. 1, then one over
+// the 32 warp sums; y = (x * w') * rmf, w' = w + bias, rmf = rsqrt(sum / k + eps) * scale; with a residual the
+// first pass writes the sums back to it), writes y, then transforms its y for every member as rows_gemm_input
+// does: thread t's column c is lane t % 32's part of 128-group c / 32, warp-uniform. Rows past m get zero
+// fragments, as rows_gemm_input gives them.
+__global__ void __launch_bounds__(kNormThreads) rows_gemm_norm_input(const NormArgs a, const MemberScales scales,
+                                                                     uint32_t count, __half* __restrict__ a_frag,
+                                                                     uint32_t m, uint32_t k, uint32_t row_halves,
+                                                                     uint64_t frag_halves) {
+    __shared__ float sums[kNormThreads / 32];
+    const uint32_t t = threadIdx.x, lane = t & 31u, warp = t >> 5, row = blockIdx.x, columns = k / 4u;
+    const size_t row_off = size_t(row) * k;
+    constexpr uint32_t kMaxColumns = 2;  // per thread: k up to 8192
+    float y[kMaxColumns][4] = {};
+    if (row < m) {
+        float sum = 0.0f;
+#pragma unroll
+        for (uint32_t i = 0; i < kMaxColumns; i++) {
+            const uint32_t c = t + i * kNormThreads;
+            if (c >= columns) break;
+            float v[4];
+            norm_read(a, row_off + 4u * c, v);
+            if (a.residual != nullptr) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    v[j] = add_ftz(v[j], a.residual[row_off + 4u * c + j]);
+                    a.residual[row_off + 4u * c + j] = v[j];
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) sum = fma_ftz(v[j], v[j], sum);
+            // the second pass reads the same values again (from the residual it wrote, or the input)
+#pragma unroll
+            for (int j = 0; j < 4; j++) y[i][j] = v[j];
+        }
+        for (int off = 16; off > 0; off /= 2) sum = add_ftz(sum, __shfl_xor_sync(0xffffffffu, sum, off));
+        if (lane == 0u) sums[warp] = sum;
+        __syncthreads();
+        sum = sums[lane];
+        for (int off = 16; off > 0; off /= 2) sum = add_ftz(sum, __shfl_xor_sync(0xffffffffu, sum, off));
+        const float rmf = mul_ftz(rsqrt_approx_ftz(add_ftz(div_approx_ftz(sum, float(k)), a.eps)), a.scale);
+#pragma unroll
+        for (uint32_t i = 0; i < kMaxColumns; i++) {
+            const uint32_t c = t + i * kNormThreads;
+            if (c >= columns) break;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float w = a.weight_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(a.weight)[4u * c + j])
+                                        : __half2float(static_cast<const __half*>(a.weight)[4u * c + j]);
+                if (a.bias != 0.0f) w = add_ftz(w, a.bias);
+                const __half h = __float2half_rn(mul_ftz(mul_ftz(y[i][j], w), rmf));
+                a.y[row_off + 4u * c + j] = h;
+                y[i][j] = __half2float(h);
+            }
+        }
+    }
+    for (uint32_t mi = 0; mi < count; mi++) {
+        const __half* const suh = pick(scales.suh, mi);
+        __half* const frag = a_frag + mi * frag_halves;
+#pragma unroll
+        for (uint32_t i = 0; i < kMaxColumns; i++) {
+            const uint32_t c = t + i * kNormThreads;
+            if (c >= columns) break;  // warp-uniform: columns is a multiple of 32
+            float v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) v[j] = row < m ? y[i][j] * __half2float(suh[4u * c + j]) : 0.0f;
+            transform_store(v, frag, lane, row, 4u * c, row_halves);
+        }
+    }
+}
+
 // ---- the decode alone (tests): D [k, n] fp16 from the trellis, one warp per 16x16 tile -------------------
 
 template <int kBits>
@@ -802,6 +939,37 @@ int elpis_rows_gemm_silu_mul(const void* g, const void* u, void* act, uint32_t m
     };
     return rows_gemm_call(input, m, k, count, suh, trellis, svh, out, n, out_modes, bits, a_frag, frag_halves,
                           workspace, workspace_floats, counters, counters_len, stream);
+}
+
+// The GEMM launch alone, over fragments an earlier launch wrote (elpis_rows_gemm_norm_input): the arguments of
+// elpis_rows_gemm without x.
+int elpis_rows_gemm_frags(uint32_t m, uint32_t k, uint32_t count, const void* const* suh, const void* const* trellis,
+                          const void* const* svh, void* const* out, const uint32_t* n, uint32_t out_modes,
+                          uint32_t bits, void* a_frag, uint64_t frag_halves, float* workspace,
+                          uint64_t workspace_floats, uint32_t* counters, uint32_t counters_len, void* stream) {
+    const auto none = [](dim3, const MemberScales&, __half*, uint32_t, uint64_t, cudaStream_t) {};
+    return rows_gemm_call(none, m, k, count, suh, trellis, svh, out, n, out_modes, bits, a_frag, frag_halves,
+                          workspace, workspace_floats, counters, counters_len, stream);
+}
+
+// ExLlamaV3's RMSNorm of x [m, k] (fp16, or fp32 without a residual; with `residual` [m, k] fp32, the norm of
+// residual += x, which it writes back), weight [k] fp16 or bf16, into y [m, k] fp16, and in the same launch the
+// input fragments of `count` members (suh[i] [k] fp16) for elpis_rows_gemm_frags. Takes the rows ExLlamaV3 norms
+// in two passes of 1,024 threads with at most two float4 columns a thread (4096 < k <= 8192), 1..16 rows.
+int elpis_rows_gemm_norm_input(const void* x, uint32_t x_fp32, float* residual, const void* weight,
+                               uint32_t weight_bf16, void* y, float eps, float bias, float scale, uint32_t m,
+                               uint32_t k, uint32_t count, const void* const* suh, void* a_frag,
+                               uint64_t frag_halves, void* stream) {
+    if (count < 1u || count > kMaxMembers || m < 1u || m > 16u || k % kGroupK != 0u || k / 4u <= kNormThreads ||
+        k / 4u > 2u * kNormThreads || (x_fp32 && residual != nullptr) || frag_halves < elpis_rows_gemm_frag_halves(m, k) * count)
+        return static_cast<int>(cudaErrorInvalidValue);
+    MemberScales scales{};
+    for (uint32_t i = 0; i < count; i++) scales.suh[i] = static_cast<const __half*>(suh[i]);
+    const NormArgs args{x, residual, weight, static_cast<__half*>(y), eps, bias, scale, x_fp32, weight_bf16};
+    const uint32_t rh = row_halves_for(m);
+    rows_gemm_norm_input<<<rh * 8u, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        args, scales, count, static_cast<__half*>(a_frag), m, k, rh, elpis_rows_gemm_frag_halves(m, k));
+    return static_cast<int>(cudaGetLastError());
 }
 
 }  // extern "C"

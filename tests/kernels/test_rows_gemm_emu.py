@@ -21,7 +21,7 @@ from tests.kernels import cuda_emu
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     built = cuda_emu.build_emulated(
-        rg.SOURCE, tmp_path_factory.mktemp("rows_gemm_emu"), launches=4, needs=("gemm_schedule.h",)
+        rg.SOURCE, tmp_path_factory.mktemp("rows_gemm_emu"), launches=5, needs=("gemm_schedule.h",)
     )
     built.emu_set_sms(8)  # before the first call: the kernel caches its resident-block count
     return rg.bind(built)
@@ -67,12 +67,14 @@ def _launch(
     layers: list[Linear],
     modes: int,
     outs: list[np.ndarray],
+    frag: np.ndarray | None = None,
 ) -> tuple[int, np.ndarray]:
-    """One call of `entry` (after its input arguments `lead`) for an input of `shape`: its return code and the
-    counters."""
+    """One call of `entry` (after its input arguments `lead`) for an input of `shape`, over the fragments
+    `frag` (default: new ones): its return code and the counters."""
     m, k = shape
     n_total, bits = sum(lay.n for lay in layers), layers[0].bits
-    frag = np.zeros(int(lib.elpis_rows_gemm_frag_halves(m, k)) * len(layers), dtype=np.float16)
+    if frag is None:
+        frag = np.zeros(int(lib.elpis_rows_gemm_frag_halves(m, k)) * len(layers), dtype=np.float16)
     floats = int(lib.elpis_rows_gemm_workspace_floats(m, k, n_total, bits))
     work = np.zeros(max(floats, 1), dtype=np.float32)
     counters = np.zeros(rg.MAX_COUNTERS, dtype=np.uint32)
@@ -320,3 +322,55 @@ def test_silu_mul_inputs_off_their_pairs_are_refused(lib: ctypes.CDLL) -> None:
         lib, lib.elpis_rows_gemm_silu_mul, (_ptr(g), _ptr(u), _ptr(act)), (2, 128), [down], 0, [y]
     )
     assert err != 0
+
+
+def _norm_input(
+    lib: ctypes.CDLL, x: np.ndarray, weight: np.ndarray, layers: list[Linear], residual: np.ndarray | None
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """One call of the norm entry (eps 1e-6, bias 1.0, scale 1.0): its return code, y and the fragments."""
+    m, k = x.shape
+    y = np.full((m, k), np.nan, dtype=np.float16)
+    frag = np.full(int(lib.elpis_rows_gemm_frag_halves(m, k)) * len(layers), np.nan, dtype=np.float16)
+    err = lib.elpis_rows_gemm_norm_input(
+        _ptr(x), int(x.dtype == np.float32), None if residual is None else _ptr(residual), _ptr(weight), 0,
+        _ptr(y), 1e-6, 1.0, 1.0, m, k, len(layers), rg.void_ptrs(*(_ptr(lay.suh) for lay in layers)),
+        _ptr(frag), frag.size, None,
+    )  # fmt: skip
+    return err, y, frag
+
+
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_norm_input_is_the_norm_then_the_gemm_of_its_output(lib: ctypes.CDLL, with_residual: bool) -> None:
+    """The entry that normalises a group's input in its input launch: the residual becomes residual + x (one
+    fp32 add), y is the RMSNorm of it (here within fp16 rounding of float64: the GPU test compares with
+    ExLlamaV3's kernel bit for bit), and the GEMM over its fragments is bit for bit the plain entry's on y."""
+    k, m = 5120, 3
+    rng = np.random.default_rng(int(with_residual))
+    layers = [Linear(k, 128, seed=31), Linear(k, 256, seed=32)]
+    weight = (0.1 * rng.standard_normal(k)).astype(np.float16)  # fp16 weight, bias 1.0 added to it
+    x = rng.standard_normal((m, k)).astype(np.float16 if with_residual else np.float32)
+    residual = (3 * rng.standard_normal((m, k))).astype(np.float32) if with_residual else None
+    before = None if residual is None else residual.copy()
+    err, y, frag = _norm_input(lib, x, weight, layers, residual)
+    assert err == 0
+    total = x.astype(np.float32) + before if with_residual else x.astype(np.float32)
+    if with_residual:
+        assert np.array_equal(residual, total), "the residual is residual + x"
+    t = total.astype(np.float64)
+    want = t / np.sqrt((t * t).mean(axis=1, keepdims=True) + 1e-6) * (weight.astype(np.float64) + 1.0)
+    assert np.allclose(y.astype(np.float64), want, rtol=2e-3, atol=2e-3)
+    outs = [np.full((m, lay.n), np.nan, dtype=np.float16) for lay in layers]
+    err, counters = _launch(lib, lib.elpis_rows_gemm_frags, (), (m, k), layers, 0, outs, frag=frag)
+    assert err == 0 and not counters.any()
+    for got, plain in zip(outs, run_group(lib, y, layers, [False, False]), strict=True):
+        assert np.array_equal(got.view(np.uint16), plain.view(np.uint16))
+
+
+def test_norm_input_refuses_what_it_does_not_compute(lib: ctypes.CDLL) -> None:
+    layer = Linear(5120, 128, seed=33)
+    weight = np.zeros(5120, dtype=np.float16)
+    assert _norm_input(
+        lib, np.zeros((2, 5120), np.float32), weight, [layer], np.zeros((2, 5120), np.float32)
+    )[0]
+    small = Linear(4096, 128, seed=34)  # ExLlamaV3 norms k <= 4096 in one pass, which this kernel does not
+    assert _norm_input(lib, np.zeros((2, 4096), np.float16), np.zeros(4096, np.float16), [small], None)[0]
