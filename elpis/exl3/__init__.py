@@ -212,12 +212,14 @@ def load_backend(
         mark(engine.model)
     if tree and rows_gemm:
         from elpis.exl3 import patches
-        from elpis.exl3.rows_gemm_patch import ACT_PATCH, QKV_PATCH, mark_gdn_qkv, mark_mlp_act
+        from elpis.exl3 import rows_gemm_patch as rgp
 
-        if patches.enabled(QKV_PATCH):  # switches: off by default (patches/registry.json)
-            mark_gdn_qkv(engine.model)
-        if patches.enabled(ACT_PATCH):
-            mark_mlp_act(engine.model)
+        if patches.enabled(rgp.QKV_PATCH):  # switches: off by default (patches/registry.json)
+            rgp.mark_gdn_qkv(engine.model)
+        if patches.enabled(rgp.ACT_PATCH):
+            rgp.mark_mlp_act(engine.model)
+        if patches.enabled(rgp.NORM_PATCH):
+            rgp.mark_norm_input(engine.model)
     disk = bound_cache_dir(Path(disk_cache_dir), engine) if disk_cache_dir else None
     backend = Exl3Backend(
         engine,

@@ -105,6 +105,9 @@ NEUTRAL_PATCHES: dict[str, str] = {
     "exl3-mlp-act-input": "the down projection's input launch computes ExLlamaV3's fp16 SiLU-and-multiply "
     "with the same operations and writes its activation; the GEMM is the same (CPU emulation; the GPU checks "
     "are test_rows_gemm.py's and test_rows_gemm_patch.py's silu-mul tests)",
+    "exl3-norm-input": "the group's input launch computes ExLlamaV3's RMSNorm with its operations in its "
+    "order and writes its output; the GEMM is the same (CPU emulation; the GPU checks are "
+    "test_rows_gemm.py's and test_rows_gemm_patch.py's norm-input tests)",
 }
 # Configuration patches whose arithmetic is elpis's own kernel: a configuration naming one carries `code`, the
 # digest of these sources (repository paths), so a rebuilt kernel is a new configuration in the ledger and a

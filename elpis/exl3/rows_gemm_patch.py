@@ -50,6 +50,10 @@ QKV_MARK = "_elpis_qkv_channel_major"
 # that output (ACT_KEPT) for its own call.
 ACT_PATCH = "exl3-mlp-act-input"
 ACT_KEPT = "_elpis_act_kept"
+# Patch exl3-norm-input (a switch, off by default): an RMSNorm marked by `mark_norm_input` writes its output
+# and the input fragments of the group that reads it in one launch (`NormThenGroup`); the group's call then
+# runs its GEMM launch alone (`Group.ready`).
+NORM_PATCH = "exl3-norm-input"
 # Projections ExLlamaV3 1.6.5 computes from one input tensor, by exact module type: `Attention.project_qkv`
 # (Q with its interleaved gate or a separate g_proj, K, V), the split-projection `GatedDeltaNet.forward`
 # (qkv, z; b and a are too narrow for the kernel), `GatedMLP.forward` of its one slice (gate, up).
@@ -65,7 +69,7 @@ _originals: dict[str, Any] = {}
 _state = threading.local()
 # linears served by the kernel, and kernel calls made for groups, in this process (tests check the patch took
 # effect)
-calls = {"rows_gemm": 0, "groups": 0, "channel_major": 0, "silu_mul": 0}
+calls = {"rows_gemm": 0, "groups": 0, "channel_major": 0, "silu_mul": 0, "norm_input": 0}
 
 
 def format_ok(linear: Any) -> bool:
@@ -115,6 +119,20 @@ def _version(x: Any) -> int | None:
     return None if x.is_inference() else x._version
 
 
+def _same_data(kept: _Kept, x: Any) -> bool:
+    """Whether x is the kept input or a view of all of it (same memory, size and type, unchanged since)."""
+    k = kept.x
+    if k is x:
+        return kept.version == _version(x)
+    return (
+        x.data_ptr() == k.data_ptr()
+        and x.numel() == k.numel()
+        and x.dtype == k.dtype
+        and x.is_contiguous()
+        and kept.version == _version(x)
+    )
+
+
 @dataclass
 class Group:
     """EXL3 linears a module computes from one input, run by one kernel call (see the module docstring).
@@ -124,6 +142,8 @@ class Group:
     wanted: list[Any] = field(default_factory=list)  # each member's output dtype (its last call's)
     kept: dict[int, _Kept] = field(default_factory=dict)  # member index -> output not yet asked for
     run: Callable[[Any, list[rows_gemm.Member]], list[Any]] = rows_gemm.rows_gemm_group
+    ready: _Kept | None = None  # NormThenGroup's output (x) and the fragments it wrote for it (y)
+    run_frags: Callable[..., list[Any]] = rows_gemm.rows_gemm_frags
 
     def __post_init__(self) -> None:
         self.wanted = [m.default_out_dtype for m in self.members]
@@ -140,13 +160,16 @@ class Group:
                 return kept.y
             if kept.y.dtype == torch.float and dtype == torch.half:
                 return kept.y.to(torch.half)  # the kernel's own fp16 output is this rounding of its fp32 one
-        ys = self.run(
-            x.reshape(-1, linear.in_features).contiguous(),
-            [
-                rows_gemm.Member(m.trellis, m.suh, m.svh, w)
-                for m, w in zip(self.members, self.wanted, strict=True)
-            ],
-        )
+        flat = x.reshape(-1, linear.in_features).contiguous()
+        members = [
+            rows_gemm.Member(m.trellis, m.suh, m.svh, w)
+            for m, w in zip(self.members, self.wanted, strict=True)
+        ]
+        ready, self.ready = self.ready, None
+        if ready is not None and _same_data(ready, x):  # the norm before this group wrote its fragments
+            ys = self.run_frags(ready.y, flat.shape[0], flat.shape[1], members)
+        else:
+            ys = self.run(flat, members)
         calls["groups"] += 1
         shaped = [y.view(*x.shape[:-1], y.shape[-1]) for y in ys]
         self.kept = {j: _Kept(x, _version(x), y) for j, y in enumerate(shaped) if j != i}
@@ -295,6 +318,127 @@ def unmark_mlp_act(model: Any) -> int:
         if isinstance(call, SiluMulThenDown):
             module.activation_fn_call = call.original
             setattr(call.down, ACT_KEPT, None)
+            count += 1
+    return count
+
+
+class NormThenGroup:
+    """`RMSNorm.forward` of a norm marked by `mark_norm_input`, whose output is the input of `group` (and of
+    nothing but that group and modules that read it as written). Where the kernel takes the call, it computes
+    ExLlamaV3's norm (`rows_gemm.norm_input`: the same operations in the same order, the residual written back
+    in the `residual_in` form) and in the same launch the group's input fragments, which the group's next call
+    with this output uses (`Group.ready`); anything else goes to ExLlamaV3's forward. `run` computes a call
+    (the kernel; the CPU tests pass a reference)."""
+
+    def __init__(
+        self, norm: Any, original: Callable[..., Any], group: Group, run: Callable[..., Any] | None = None
+    ):
+        self.norm, self.original, self.group = norm, original, group
+        self.run = run or rows_gemm.norm_input
+
+    def takes(self, x: Any, params: dict, out_dtype: Any, residual: Any, residual_in: Any) -> bool:
+        import torch
+
+        norm, k = self.norm, x.shape[-1] if x.dim() else 0
+        weight = norm.weight
+        if residual is not None or norm.span_heads or norm.groups != 1 or weight is None:
+            return False
+        if (out_dtype or norm.out_dtype) != torch.half or norm.key in params.get(
+            "export_state_norm_keys", ()
+        ):
+            return False
+        if not x.is_cuda or not x.is_contiguous() or weight.dtype not in (torch.half, torch.bfloat16):
+            return False
+        if residual_in is None:
+            if x.dtype not in (torch.half, torch.float):
+                return False
+        elif not (
+            x.dtype == torch.half
+            and residual_in.dtype == torch.float
+            and residual_in.is_contiguous()
+            and residual_in.shape == x.shape
+        ):
+            return False
+        rows = x.numel() // max(k, 1)
+        if not (
+            1 <= rows <= rows_gemm.MAX_ROWS and k % 128 == 0 and 4096 < k <= 8192 and weight.numel() == k
+        ):
+            return False
+        return all(
+            m.in_features == k and format_ok(m) and rows_gemm.supported(rows, k, m.out_features, m.K)
+            for m in self.group.members
+        )
+
+    def __call__(
+        self, x: Any, params: dict, out_dtype: Any = None, residual: Any = None, residual_in: Any = None
+    ) -> Any:
+        if not self.takes(x, params, out_dtype, residual, residual_in):
+            return self.original(x, params, out_dtype, residual, residual_in)
+        norm, k = self.norm, x.shape[-1]
+        suhs = [m.suh for m in self.group.members]
+        res = None if residual_in is None else residual_in.view(-1, k)
+        y, frags = self.run(
+            x.view(-1, k),
+            norm.weight,
+            norm.rms_norm_eps,
+            norm.constant_bias,
+            norm.constant_scale,
+            suhs,
+            residual=res,
+        )
+        y = y.view(x.shape)
+        self.group.ready = _Kept(y, _version(y), frags)
+        calls["norm_input"] += 1
+        return y
+
+
+# What reads a transformer block's norms: the attention's (or Gated DeltaNet's) projections of one input, and
+# the MLP's gate and up.
+NORM_READERS = {"attn_norm": ("attn", ("q_proj", "k_proj", "qkv_proj")), "mlp_norm": ("mlp", ("gates",))}
+
+
+def _reader_group(block: Any, norm_name: str) -> Group | None:
+    module_name, linear_names = NORM_READERS[norm_name]
+    module = getattr(block, module_name, None)
+    for name in linear_names:
+        linear = getattr(module, name, None)
+        if isinstance(linear, list):
+            linear = linear[0] if len(linear) == 1 else None
+        group = getattr(getattr(linear, "inner", None), GROUP, None)
+        if group is not None:
+            return group
+    return None
+
+
+def mark_norm_input(model: Any) -> int:
+    """Give every RMSNorm of `model` that feeds a group of projections (a transformer block's attention or MLP
+    norm) a `NormThenGroup` (`load_backend` does in tree mode where the switch exl3-norm-input is on); returns
+    how many. `unmark_norm_input` undoes it."""
+    from elpis.exl3 import walk_modules
+
+    count = 0
+    for block in walk_modules(model):
+        for norm_name in NORM_READERS:
+            norm = getattr(block, norm_name, None)
+            if type(norm).__name__ != "RMSNorm" or isinstance(norm.__dict__.get("forward"), NormThenGroup):
+                continue
+            group = _reader_group(block, norm_name)
+            if group is not None:
+                norm.forward = NormThenGroup(norm, norm.forward, group)
+                count += 1
+    return count
+
+
+def unmark_norm_input(model: Any) -> int:
+    """Give the norms `mark_norm_input` marked their own forward back; returns how many."""
+    from elpis.exl3 import walk_modules
+
+    count = 0
+    for module in walk_modules(model):
+        wrapper = module.__dict__.get("forward")
+        if isinstance(wrapper, NormThenGroup):
+            del module.forward
+            wrapper.group.ready = None
             count += 1
     return count
 

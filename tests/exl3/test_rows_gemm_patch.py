@@ -205,6 +205,72 @@ def test_silu_mul_then_down_keeps_the_down_output_for_its_activation_buffer(monk
     assert seen == [(g, u, a, 7.0)] and getattr(down, rows_gemm_patch.ACT_KEPT) is None
 
 
+def reference_norm_input(x, weight, eps, bias, scale, suhs, residual=None):
+    """The norm entry by reference on the CPU (float64 arithmetic rounded to fp16, not ExLlamaV3's fast-math
+    bits: these tests check the plumbing), with y itself standing for the fragments (reference_frags reads
+    it back)."""
+    if residual is not None:
+        residual += x.float()
+    t = (x.float() if residual is None else residual).double()
+    rmf = torch.rsqrt(t.pow(2).mean(dim=-1, keepdim=True) + eps) * scale
+    y = (t * rmf * (weight.double() + bias)).half()
+    return y, y.clone().view(-1)
+
+
+def reference_frags(frags, m, k, members):
+    return reference_run(frags.view(m, k), members)
+
+
+def test_a_norm_writes_its_groups_fragments_and_the_group_uses_them(monkeypatch) -> None:
+    """Switch exl3-norm-input, on the CPU with references in place of the kernels: the norm's output is
+    ExLlamaV3's (residual_in form: the residual written back), the group reading that output runs its GEMM
+    over the fragments the norm wrote (once, for that output only), and a call the kernel does not take goes
+    to ExLlamaV3's own forward."""
+    k = 5120
+    layers = [layer(k, 128, 41), layer(k, 128, 42)]
+    for lay in layers:
+        lay.out_features, lay.K = 128, 4
+    runs: list[str] = []
+    group = rows_gemm_patch.Group(
+        layers,
+        run=lambda x, ms: runs.append("input") or reference_run(x, ms),
+        run_frags=lambda f, m, kk, ms: runs.append("frags") or reference_frags(f, m, kk, ms),
+    )
+    norm = SimpleNamespace(
+        weight=(0.1 * torch.randn(k)).half(), rms_norm_eps=1e-6, constant_bias=1.0, constant_scale=1.0,
+        span_heads=False, groups=1, out_dtype=torch.half, key="model.layers.0.post_attention_layernorm",
+    )  # fmt: skip
+    stock = lambda *args: "stock"  # noqa: E731
+    wrapper = rows_gemm_patch.NormThenGroup(norm, stock, group, run=reference_norm_input)
+    monkeypatch.setattr(rows_gemm_patch, "format_ok", lambda lin: True)
+    x, residual = torch.randn(1, 3, k).half(), torch.randn(1, 3, k)
+    assert not wrapper.takes(x, {}, None, None, residual)  # CPU tensors: the kernel takes CUDA ones only
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    before = residual.clone()
+    y = wrapper(x, {}, None, None, residual)
+    assert torch.equal(residual, before + x.float()), "the residual is written back as residual + x"
+    want = reference_norm_input(x, norm.weight, 1e-6, 1.0, 1.0, [], before.clone())[0]
+    assert y.shape == x.shape and torch.equal(y, want)
+    assert group.ready is not None and rows_gemm_patch.calls["norm_input"] > 0
+    outs = [group.output(m, y, None) for m in layers]
+    assert runs == ["frags"] and group.ready is None
+    for m, out in zip(layers, outs, strict=True):
+        assert torch.equal(out, alone(m, y, torch.half))
+    wrapper(x, {}, None, None, residual)
+    group.output(layers[0], y.clone(), None)  # another tensor: the fragments are not its
+    assert runs == ["frags", "input"] and group.ready is None
+    # calls the kernel does not take: ExLlamaV3's forward
+    assert wrapper(x, {}, None, torch.empty_like(x), None) == "stock"  # the post-norm residual form
+    assert wrapper(x, {}, torch.float, None, residual) == "stock"
+    assert wrapper(x, {"export_state_norm_keys": (norm.key,)}, None, None, residual) == "stock"
+    assert wrapper(x.float(), {}, None, None, residual) == "stock"  # fp32 with a residual
+    many = torch.randn(1, 17, k).half()
+    assert wrapper(many, {}, None, None, torch.randn(1, 17, k)) == "stock"
+    assert (
+        wrapper(x.float(), {}, None, None, None) is not None and group.ready is not None
+    )  # fp32, no residual
+
+
 @pytest.fixture(scope="module")
 def patched(small):
     from elpis.exl3 import load_backend
@@ -292,11 +358,28 @@ def test_lossless_with_the_kernel(patched) -> None:
     assert replayed == plain, "accepted drafts changed the output"
 
 
-def _verify_with_and_without(patched, seed: int, module_type: str, mark, unmark, counter: str) -> None:
-    """An eager tree verify's logits with and without a switch's wrappers (given by `mark` to every
-    `module_type` module of the target, taken back by `unmark`): bit for bit equal, and every marked module
-    took its path once (`calls[counter]`)."""
+def _count(module_type: str):
+    """How many modules of `module_type` a model has (what a mark should reach)."""
     from elpis.exl3 import walk_modules
+
+    return lambda model: sum(type(m).__name__ == module_type for m in walk_modules(model))
+
+
+def _norms_with_groups(model) -> int:
+    from elpis.exl3 import walk_modules
+
+    return sum(
+        type(getattr(block, name, None)).__name__ == "RMSNorm"
+        and rows_gemm_patch._reader_group(block, name) is not None
+        for block in walk_modules(model)
+        for name in rows_gemm_patch.NORM_READERS
+    )
+
+
+def _verify_with_and_without(patched, seed: int, expected, mark, unmark, counter: str) -> None:
+    """An eager tree verify's logits with and without a switch's wrappers (given by `mark` to the modules of
+    the target it reaches, `expected(model)` of them, taken back by `unmark`): bit for bit equal, and every
+    marked module took its path once (`calls[counter]`)."""
     from tests.exl3.test_gpu import prompt
 
     model = patched.engine.model
@@ -307,7 +390,7 @@ def _verify_with_and_without(patched, seed: int, module_type: str, mark, unmark,
         plain = patched.verify(tokens, parents).clone()
         patched.abandon()
         marked = mark(model)
-        assert marked == sum(type(m).__name__ == module_type for m in walk_modules(model)) > 0
+        assert marked == expected(model) > 0
         before = rows_gemm_patch.calls[counter]
         try:
             fused = patched.verify(tokens, parents).clone()
@@ -333,7 +416,7 @@ def test_the_channel_major_qkv_changes_no_bit(patched) -> None:
     bf16 channel-major by the kernel gives the same logits, bit for bit, as without it, and the layers really
     took that output."""
     _verify_with_and_without(
-        patched, 13, "GatedDeltaNet", rows_gemm_patch.mark_gdn_qkv, _unmark_gdn_qkv, "channel_major"
+        patched, 13, _count("GatedDeltaNet"), rows_gemm_patch.mark_gdn_qkv, _unmark_gdn_qkv, "channel_major"
     )
 
 
@@ -342,5 +425,24 @@ def test_the_silu_mul_input_changes_no_bit(patched) -> None:
     """Switch exl3-mlp-act-input: an eager tree verify with every MLP's activation computed in its down
     projection's input launch gives the same logits, bit for bit, as without it, and the MLPs took it."""
     _verify_with_and_without(
-        patched, 17, "GatedMLP", rows_gemm_patch.mark_mlp_act, rows_gemm_patch.unmark_mlp_act, "silu_mul"
+        patched,
+        17,
+        _count("GatedMLP"),
+        rows_gemm_patch.mark_mlp_act,
+        rows_gemm_patch.unmark_mlp_act,
+        "silu_mul",
+    )
+
+
+@pytest.mark.gpu
+def test_the_norm_input_changes_no_bit(patched) -> None:
+    """Switch exl3-norm-input: an eager tree verify with every transformer block's norms writing their
+    groups' fragments gives the same logits, bit for bit, as without it, and the groups took them."""
+    _verify_with_and_without(
+        patched,
+        19,
+        _norms_with_groups,
+        rows_gemm_patch.mark_norm_input,
+        rows_gemm_patch.unmark_norm_input,
+        "norm_input",
     )

@@ -211,3 +211,38 @@ def test_silu_mul_input_is_exllamav3s_activation_then_the_gemm(layer, rows: int)
     (y2,), _ = rg.rows_gemm_silu_mul(gate, in_place, [member], act=in_place)
     assert torch.equal(in_place.view(torch.int16), stock.view(torch.int16))
     assert torch.equal(y2.view(torch.int16), y.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [3, 16])
+@pytest.mark.parametrize("bf16_weight", [False, True])
+def test_norm_input_is_exllamav3s_norm_then_the_gemm(layer, rows: int, bf16_weight: bool) -> None:
+    """The entry the switch exl3-norm-input uses: y and the residual it writes back are ExLlamaV3's
+    `rms_norm_res_in` bit for bit, y of an fp32 input without a residual its `rms_norm`'s, and the GEMM over
+    the fragments written with y is the plain GEMM's of y, bit for bit."""
+    import torch
+    from exllamav3.ext import exllamav3_ext as ext
+
+    trellis, suh, svh, g = layer
+    k = trellis.shape[0] * 16
+    weight = (0.1 * torch.randn(k, generator=g, device="cuda")).to(
+        torch.bfloat16 if bf16_weight else torch.half
+    )
+    members = [rg.Member(trellis, suh, svh, torch.half), rg.Member(trellis, suh, svh, torch.float)]
+    x = torch.randn((rows, k), generator=g, device="cuda").half()
+    residual = 3 * torch.randn((rows, k), generator=g, device="cuda")
+    stock_y, stock_residual = torch.empty_like(x), residual.clone()
+    ext.rms_norm_res_in(x, weight, stock_y, stock_residual, 1e-6, 1.0, 1.0)
+    y, frags = rg.norm_input(x, weight, 1e-6, 1.0, 1.0, [m.suh for m in members], residual=residual)
+    assert torch.equal(y.view(torch.int16), stock_y.view(torch.int16))
+    assert torch.equal(residual.view(torch.int32), stock_residual.view(torch.int32))
+    for got, plain in zip(
+        rg.rows_gemm_frags(frags, rows, k, members), rg.rows_gemm_group(y, members), strict=True
+    ):
+        assert torch.equal(got, plain)
+    xf = torch.randn((rows, k), generator=g, device="cuda")
+    stock_y = torch.empty((rows, k), dtype=torch.half, device="cuda")
+    ext.rms_norm(xf, weight, stock_y, 1e-6, 1.0, 1.0, False, False, 1)
+    y, frags = rg.norm_input(xf, weight, 1e-6, 1.0, 1.0, [suh])
+    assert torch.equal(y.view(torch.int16), stock_y.view(torch.int16))
+    assert torch.equal(rg.rows_gemm_frags(frags, rows, k, members[:1])[0], rg.rows_gemm(y, trellis, suh, svh))
