@@ -107,6 +107,13 @@ def supported(rows: int, k: int, n: int, bits: int = 4) -> bool:
     )
 
 
+def norm_supported(rows: int, k: int) -> bool:
+    """Whether `norm_input` takes this shape: 1..16 rows of 4096 < k <= 8192 values, k a multiple of 128 (the
+    rows ExLlamaV3 norms in two passes of 1,024 threads, at most two float4 columns a thread; the C entry
+    `elpis_rows_gemm_norm_input` refuses the same)."""
+    return 1 <= rows <= MAX_ROWS and k % 128 == 0 and 4096 < k <= 8192
+
+
 class Member(NamedTuple):
     """One EXL3 linear of a call: trellis [k/16, n/16, 16 * bits] int16, suh [k], svh [n] fp16, and the
     output's dtype: fp16 or fp32 [m, n], or bf16, which the kernel writes channel-major ([n, m] in memory, the
@@ -270,7 +277,7 @@ def norm_input(
     if x.dim() != 2:
         raise ValueError(f"norm_input: x must be [rows, k], got shape {tuple(x.shape)}")
     m, k = x.shape
-    if not (1 <= m <= MAX_ROWS and k % 128 == 0 and 4096 < k <= 8192):
+    if not norm_supported(m, k):
         raise ValueError(f"norm_input: {m} rows of {k} is outside the kernel (1..16 rows, 4096 < k <= 8192)")
     if x.dtype not in (torch.half, torch.float) or (x.dtype == torch.float and residual is not None):
         raise ValueError(f"norm_input: x must be fp16, or fp32 without a residual, got {x.dtype}")

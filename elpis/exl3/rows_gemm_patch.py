@@ -238,12 +238,13 @@ def mark_gdn_qkv(model: Any) -> int:
 
 
 class SiluMulThenDown:
-    """`GatedMLP.activation_fn_call` of an MLP marked by `mark_mlp_act`. ExLlamaV3 1.6.5 calls it as
-    (g, u, a, act_limit) right before `downs[0].forward(a)`. Where the down projection's kernel call is
-    eligible, this runs that projection now, from g and u (`rows_gemm.rows_gemm_silu_mul`: the activation,
-    written into `a` as ExLlamaV3's `silu_mul` writes it, and the input transform in one launch), and keeps
-    the output on the down linear for its call with `a` itself; anything else goes to ExLlamaV3's function.
-    `run` computes a call (the kernel; the CPU tests pass a reference)."""
+    """`GatedMLP.activation_fn_call` of an MLP marked by `mark_mlp_act` (`down`: a linear `mark` marked, in a
+    format the kernel takes). ExLlamaV3 1.6.5 calls it as (g, u, a, act_limit) right before
+    `downs[0].forward(a)`. Where the down projection's kernel call is eligible, this runs that projection now,
+    from g and u (`rows_gemm.rows_gemm_silu_mul`: the activation, written into `a` as ExLlamaV3's `silu_mul`
+    writes it, and the input transform in one launch), and keeps the output on the down linear for its call
+    with `a` itself; anything else goes to ExLlamaV3's function. `run` computes a call (the kernel; the CPU
+    tests pass a reference)."""
 
     def __init__(self, original: Callable[..., Any], down: Any, run: Callable[..., Any] | None = None):
         self.original, self.down = original, down
@@ -262,10 +263,9 @@ class SiluMulThenDown:
         if not (g.shape == u.shape == a.shape) or g.dim() < 1 or g.shape[-1] != down.in_features:
             return False
         rows = g.numel() // down.in_features
-        return (
-            down.default_out_dtype in (torch.half, torch.float)
-            and rows_gemm.supported(rows, down.in_features, down.out_features, down.K)
-            and format_ok(down)
+        # the down linear passed format_ok at `mark_mlp_act`: its format does not change
+        return down.default_out_dtype in (torch.half, torch.float) and rows_gemm.supported(
+            rows, down.in_features, down.out_features, down.K
         )
 
     def __call__(self, g: Any, u: Any, a: Any, act_limit: float) -> None:
@@ -302,6 +302,7 @@ def mark_mlp_act(model: Any) -> int:
             and getattr(module, "interm_dtype", None) in (None, torch.half)
             and down is not None
             and getattr(down, MARK, False)
+            and format_ok(down)
         ):
             module.activation_fn_call = SiluMulThenDown(module.activation_fn_call, down)
             count += 1
@@ -360,12 +361,11 @@ class NormThenGroup:
         ):
             return False
         rows = x.numel() // max(k, 1)
-        if not (
-            1 <= rows <= rows_gemm.MAX_ROWS and k % 128 == 0 and 4096 < k <= 8192 and weight.numel() == k
-        ):
+        if not (rows_gemm.norm_supported(rows, k) and weight.numel() == k):
             return False
+        # the group's members passed format_ok when it was formed (`_group`): their format does not change
         return all(
-            m.in_features == k and format_ok(m) and rows_gemm.supported(rows, k, m.out_features, m.K)
+            m.in_features == k and rows_gemm.supported(rows, k, m.out_features, m.K)
             for m in self.group.members
         )
 

@@ -170,7 +170,6 @@ def test_silu_mul_then_down_keeps_the_down_output_for_its_activation_buffer(monk
     seen: list[tuple] = []
     original = lambda g, u, a, limit: seen.append((g, u, a, limit))  # noqa: E731
     wrapper = rows_gemm_patch.SiluMulThenDown(original, down, run=reference_silu_mul)
-    monkeypatch.setattr(rows_gemm_patch, "format_ok", lambda lin: True)
     g, u = torch.randn(1, 3, 256).half(), torch.randn(1, 3, 256).half()
     a = torch.empty_like(u)
     assert not wrapper.takes(g, u, a, 0.0)  # CPU tensors: the kernel takes CUDA ones only
@@ -242,7 +241,6 @@ def test_a_norm_writes_its_groups_fragments_and_the_group_uses_them(monkeypatch)
     )  # fmt: skip
     stock = lambda *args: "stock"  # noqa: E731
     wrapper = rows_gemm_patch.NormThenGroup(norm, stock, group, run=reference_norm_input)
-    monkeypatch.setattr(rows_gemm_patch, "format_ok", lambda lin: True)
     x, residual = torch.randn(1, 3, k).half(), torch.randn(1, 3, k)
     assert not wrapper.takes(x, {}, None, None, residual)  # CPU tensors: the kernel takes CUDA ones only
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
