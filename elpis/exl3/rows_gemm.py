@@ -267,8 +267,8 @@ def norm_input(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """ExLlamaV3 1.6.5's RMSNorm (`rms_norm`, or `rms_norm_res_in` with `residual`) of x [m, k] into y
     [m, k] fp16, with the same operations in the same order, and in the same launch the input fragments of
-    the linears whose input scales are `suhs` (one call's members, in order) for `rows_gemm_frags`. x is fp16,
-    or fp32 without a residual; residual [m, k] fp32 becomes residual + x, and the norm is of that; weight [k]
+    the linears whose input scales are `suhs` (one call's members, in order) for `rows_gemm_frags`. x is fp16
+    or fp32; residual [m, k] fp32 becomes residual + x, and the norm is of that; weight [k]
     fp16 or bf16 (bias added to it when not 0). Takes 1..16 rows and 4096 < k <= 8192. Returns y and the
     fragments."""
     import torch
@@ -279,8 +279,8 @@ def norm_input(
     m, k = x.shape
     if not norm_supported(m, k):
         raise ValueError(f"norm_input: {m} rows of {k} is outside the kernel (1..16 rows, 4096 < k <= 8192)")
-    if x.dtype not in (torch.half, torch.float) or (x.dtype == torch.float and residual is not None):
-        raise ValueError(f"norm_input: x must be fp16, or fp32 without a residual, got {x.dtype}")
+    if x.dtype not in (torch.half, torch.float):
+        raise ValueError(f"norm_input: x must be fp16 or fp32, got {x.dtype}")
     check_tensor("norm_input: x", x, x.dtype, (m, k))
     if residual is not None:
         check_tensor("norm_input: residual", residual, torch.float, (m, k))

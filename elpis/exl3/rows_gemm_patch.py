@@ -350,12 +350,10 @@ class NormThenGroup:
             return False
         if not x.is_cuda or not x.is_contiguous() or weight.dtype not in (torch.half, torch.bfloat16):
             return False
-        if residual_in is None:
-            if x.dtype not in (torch.half, torch.float):
-                return False
-        elif not (
-            x.dtype == torch.half
-            and residual_in.dtype == torch.float
+        if x.dtype not in (torch.half, torch.float):
+            return False
+        if residual_in is not None and not (
+            residual_in.dtype == torch.float
             and residual_in.is_contiguous()
             and residual_in.shape == x.shape
         ):

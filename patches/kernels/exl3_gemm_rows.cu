@@ -366,7 +366,7 @@ __device__ __forceinline__ float rsqrt_approx_ftz(float a) {
 constexpr uint32_t kNormThreads = 1024;  // ExLlamaV3's block for a row of more than 4096 values
 
 struct NormArgs {
-    const void* x;          // [m, k] fp16 (clamped to +-65504 as read), or fp32 without a residual
+    const void* x;          // [m, k] fp16 (clamped to +-65504 as read) or fp32
     float* residual;        // [m, k] fp32, or null: with it, residual += x and the norm is of the sum
     const void* weight;     // [k] fp16 or bf16
     __half* y;              // [m, k] fp16: the normalised rows
@@ -952,8 +952,8 @@ int elpis_rows_gemm_frags(uint32_t m, uint32_t k, uint32_t count, const void* co
                           workspace, workspace_floats, counters, counters_len, stream);
 }
 
-// ExLlamaV3's RMSNorm of x [m, k] (fp16, or fp32 without a residual; with `residual` [m, k] fp32, the norm of
-// residual += x, which it writes back), weight [k] fp16 or bf16, into y [m, k] fp16, and in the same launch the
+// ExLlamaV3's RMSNorm of x [m, k] (fp16 or fp32; with `residual` [m, k] fp32, the norm of residual += x, which
+// it writes back: a Qwen3.5 block's sublayer outputs are fp32), weight [k] fp16 or bf16, into y [m, k] fp16, and in the same launch the
 // input fragments of `count` members (suh[i] [k] fp16) for elpis_rows_gemm_frags. Takes the rows ExLlamaV3 norms
 // in two passes of 1,024 threads with at most two float4 columns a thread (4096 < k <= 8192), 1..16 rows.
 int elpis_rows_gemm_norm_input(const void* x, uint32_t x_fp32, float* residual, const void* weight,
@@ -961,7 +961,7 @@ int elpis_rows_gemm_norm_input(const void* x, uint32_t x_fp32, float* residual, 
                                uint32_t k, uint32_t count, const void* const* suh, void* a_frag,
                                uint64_t frag_halves, void* stream) {
     if (count < 1u || count > kMaxMembers || m < 1u || m > 16u || k % kGroupK != 0u || k / 4u <= kNormThreads ||
-        k / 4u > 2u * kNormThreads || (x_fp32 && residual != nullptr) || frag_halves < elpis_rows_gemm_frag_halves(m, k) * count)
+        k / 4u > 2u * kNormThreads || frag_halves < elpis_rows_gemm_frag_halves(m, k) * count)
         return static_cast<int>(cudaErrorInvalidValue);
     MemberScales scales{};
     for (uint32_t i = 0; i < count; i++) scales.suh[i] = static_cast<const __half*>(suh[i]);

@@ -261,7 +261,13 @@ def test_a_norm_writes_its_groups_fragments_and_the_group_uses_them(monkeypatch)
     assert wrapper(x, {}, None, torch.empty_like(x), None) == "stock"  # the post-norm residual form
     assert wrapper(x, {}, torch.float, None, residual) == "stock"
     assert wrapper(x, {"export_state_norm_keys": (norm.key,)}, None, None, residual) == "stock"
-    assert wrapper(x.float(), {}, None, None, residual) == "stock"  # fp32 with a residual
+    # fp32 with a residual, the form of a Qwen3.5 block (its sublayers' outputs are fp32): taken
+    before = residual.clone()
+    y32 = wrapper(x.float(), {}, None, None, residual)
+    assert torch.equal(residual, before + x.float()) and group.ready is not None
+    want = reference_norm_input(x.float(), norm.weight, 1e-6, 1.0, 1.0, [], before.clone())[0]
+    assert torch.equal(y32, want)
+    group.ready = None
     many = torch.randn(1, 17, k).half()
     assert wrapper(many, {}, None, None, torch.randn(1, 17, k)) == "stock"
     assert (
@@ -432,12 +438,37 @@ def test_the_silu_mul_input_changes_no_bit(patched) -> None:
     )
 
 
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A backend on a synthetic target of the full model's width (hidden 5120: the rows the norm entry takes,
+    4096 < k <= 8192; the small model's 1024 are normed in ExLlamaV3's one-pass form, which it leaves alone):
+    the small model's layout otherwise, four layers (one full attention), no draft; eager tree verifies."""
+    from elpis.exl3 import geometry, load_backend, synth
+
+    config = geometry.small_target_config()
+    n = 4
+    config.update(
+        hidden_size=geometry.load_facts("text_config.json")["hidden_size"],
+        num_hidden_layers=n,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)],
+    )
+    out = tmp_path_factory.mktemp("wide") / "target"
+    synth.write_target(out, config, seed=7)
+    rows_gemm_patch.install()
+    backend = load_backend(
+        out, None, max_context=65536, model_id="wide", host_cache_gib=0.0, tree=True, tree_graphs=False,
+        rows_gemm=True,
+    )  # fmt: skip
+    yield backend
+
+
 @pytest.mark.gpu
-def test_the_norm_input_changes_no_bit(patched) -> None:
+def test_the_norm_input_changes_no_bit(wide) -> None:
     """Switch exl3-norm-input: an eager tree verify with every transformer block's norms writing their
-    groups' fragments gives the same logits, bit for bit, as without it, and the groups took them."""
+    groups' fragments gives the same logits, bit for bit, as without it, and the groups took them (at the
+    full model's width, where the entry takes a norm: fp32 sublayer outputs added into the residual)."""
     _verify_with_and_without(
-        patched,
+        wide,
         19,
         _norms_with_groups,
         rows_gemm_patch.mark_norm_input,

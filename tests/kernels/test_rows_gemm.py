@@ -218,8 +218,9 @@ def test_silu_mul_input_is_exllamav3s_activation_then_the_gemm(layer, rows: int)
 @pytest.mark.parametrize("bf16_weight", [False, True])
 def test_norm_input_is_exllamav3s_norm_then_the_gemm(layer, rows: int, bf16_weight: bool) -> None:
     """The entry the switch exl3-norm-input uses: y and the residual it writes back are ExLlamaV3's
-    `rms_norm_res_in` bit for bit, y of an fp32 input without a residual its `rms_norm`'s, and the GEMM over
-    the fragments written with y is the plain GEMM's of y, bit for bit."""
+    `rms_norm_res_in` bit for bit (x fp16, and x fp32 as a Qwen3.5 block's sublayers give it), y of an fp32
+    input without a residual its `rms_norm`'s, and the GEMM over the fragments written with y is the plain
+    GEMM's of y, bit for bit."""
     import torch
     from exllamav3.ext import exllamav3_ext as ext
 
@@ -241,6 +242,13 @@ def test_norm_input_is_exllamav3s_norm_then_the_gemm(layer, rows: int, bf16_weig
     ):
         assert torch.equal(got, plain)
     xf = torch.randn((rows, k), generator=g, device="cuda")
+    residual = 3 * torch.randn((rows, k), generator=g, device="cuda")
+    stock_y, stock_residual = torch.empty((rows, k), dtype=torch.half, device="cuda"), residual.clone()
+    ext.rms_norm_res_in(xf, weight, stock_y, stock_residual, 1e-6, 1.0, 1.0)
+    y, frags = rg.norm_input(xf, weight, 1e-6, 1.0, 1.0, [suh], residual=residual)
+    assert torch.equal(y.view(torch.int16), stock_y.view(torch.int16))
+    assert torch.equal(residual.view(torch.int32), stock_residual.view(torch.int32))
+    assert torch.equal(rg.rows_gemm_frags(frags, rows, k, members[:1])[0], rg.rows_gemm(y, trellis, suh, svh))
     stock_y = torch.empty((rows, k), dtype=torch.half, device="cuda")
     ext.rms_norm(xf, weight, stock_y, 1e-6, 1.0, 1.0, False, False, 1)
     y, frags = rg.norm_input(xf, weight, 1e-6, 1.0, 1.0, [suh])

@@ -339,16 +339,21 @@ def _norm_input(
     return err, y, frag
 
 
-@pytest.mark.parametrize("with_residual", [True, False])
-def test_norm_input_is_the_norm_then_the_gemm_of_its_output(lib: ctypes.CDLL, with_residual: bool) -> None:
+@pytest.mark.parametrize(
+    ("with_residual", "x_dtype"), [(True, np.float16), (True, np.float32), (False, np.float32)]
+)
+def test_norm_input_is_the_norm_then_the_gemm_of_its_output(
+    lib: ctypes.CDLL, with_residual: bool, x_dtype: type
+) -> None:
     """The entry that normalises a group's input in its input launch: the residual becomes residual + x (one
-    fp32 add), y is the RMSNorm of it (here within fp16 rounding of float64: the GPU test compares with
-    ExLlamaV3's kernel bit for bit), and the GEMM over its fragments is bit for bit the plain entry's on y."""
+    fp32 add; x fp16, or fp32 as a Qwen3.5 block's sublayers give it), y is the RMSNorm of it (here within
+    fp16 rounding of float64: the GPU test compares with ExLlamaV3's kernel bit for bit), and the GEMM over
+    its fragments is bit for bit the plain entry's on y."""
     k, m = 5120, 3
-    rng = np.random.default_rng(int(with_residual))
+    rng = np.random.default_rng(int(with_residual) + 2 * int(x_dtype == np.float32))
     layers = [Linear(k, 128, seed=31), Linear(k, 256, seed=32)]
     weight = (0.1 * rng.standard_normal(k)).astype(np.float16)  # fp16 weight, bias 1.0 added to it
-    x = rng.standard_normal((m, k)).astype(np.float16 if with_residual else np.float32)
+    x = rng.standard_normal((m, k)).astype(x_dtype)
     residual = (3 * rng.standard_normal((m, k))).astype(np.float32) if with_residual else None
     before = None if residual is None else residual.copy()
     err, y, frag = _norm_input(lib, x, weight, layers, residual)
@@ -369,8 +374,6 @@ def test_norm_input_is_the_norm_then_the_gemm_of_its_output(lib: ctypes.CDLL, wi
 def test_norm_input_refuses_what_it_does_not_compute(lib: ctypes.CDLL) -> None:
     layer = Linear(5120, 128, seed=33)
     weight = np.zeros(5120, dtype=np.float16)
-    assert _norm_input(
-        lib, np.zeros((2, 5120), np.float32), weight, [layer], np.zeros((2, 5120), np.float32)
-    )[0]
+    assert _norm_input(lib, np.zeros((17, 5120), np.float32), weight, [layer], None)[0]  # 17 rows
     small = Linear(4096, 128, seed=34)  # ExLlamaV3 norms k <= 4096 in one pass, which this kernel does not
     assert _norm_input(lib, np.zeros((2, 4096), np.float16), np.zeros(4096, np.float16), [small], None)[0]

@@ -1,21 +1,34 @@
 #!/bin/bash
-# Call 116 (staged in session 25 for the next session; its device time was spent): the Gated DeltaNet tree kernel
-# as served since call 115 (bit for bit call 114's and d63cb6e's on gdn_vs_previous's trees, but not yet through
-# the GPU tests itself), in the model:
-# 1. GPU tests: the kernel's own (fp64 error, row invariance, commit = one token at a time) and the tree verify and
-#    graph tests (lossless product path, graph replays bitwise equal to eager verifies);
-# 2. a same-run round bench, stock chain-8 and elpis tree-16 at 1K and 8K (the first with the final kernel);
-# 3. a fresh per-phase profile, if time is left (call 103's was before the rescheduling).
+# Call 116 (session 26; sessions 25's staged calls 116 and 117 in one call, so one build and one set of
+# checkpoints serve both):
+# 1. GPU tests of the Gated DeltaNet tree kernel as served since call 115 (bit for bit call 114's and d63cb6e's
+#    on gdn_vs_previous's trees, not yet through its own tests), the tree verify and its graphs;
+# 2. GPU tests of the rows GEMM kernel and patch with the two staged input-launch switches exl3-mlp-act-input
+#    and exl3-norm-input (the activation bit for bit ExLlamaV3's silu_mul, y and the residual bit for bit its
+#    rms_norm_res_in and rms_norm, an eager tree verify's logits bit for bit with and without each switch);
+# 3. the round: both switches off, on, off, on (alternating `elpis bench engine` runs of elpis-tree16 at 1K and
+#    8K; stock chain-8 in the first, the same-run comparison for the served kernel), for a pooled A/B
+#    (ab_pooled.py; arm A the switches on).
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-start_build_and_synths
-wait_build
-gpu_pytest "gdn tree kernel, tree verify and graphs" 200 tests/kernels/test_gdn_tree.py tests/exl3/test_tree_verify.py \
+# chained right after device_ext_build.sh on a warm machine: its build and checkpoints are still there
+if [ -d build/accept ] && [ -f /tmp/full/draft/config.json ] && [ -d /tmp/small ]; then
+  echo "warm machine: build and checkpoints reused" | tee -a "$OUT/log"; BUILD=""; SYNTH=""
+else
+  start_build_and_synths
+  wait_build
+fi
+gpu_pytest "gdn tree kernel, tree verify and graphs" 150 tests/kernels/test_gdn_tree.py tests/exl3/test_tree_verify.py \
   tests/exl3/test_tree_graph.py
-wait_synth
-engine_bench round-call116 1 stock,elpis-tree16 12 3 "GDN tree kernel as served since call 115"
-[ "$(left)" -gt 200 ] && tree_profile 10
+gpu_pytest "rows GEMM kernel and patch" 150 tests/kernels/test_rows_gemm.py tests/exl3/test_rows_gemm_patch.py
+[ -n "$SYNTH" ] && wait_synth
+for run in off-1 on-1 off-2 on-2; do
+  state=0; [ "${run%-*}" = on ] && state=1
+  export ELPIS_PATCH_MLP_ACT_INPUT=$state ELPIS_PATCH_NORM_INPUT=$state
+  systems=elpis-tree16; [ $run = off-1 ] && systems=stock,elpis-tree16
+  [ "$(left)" -gt 60 ] && engine_bench "round-fused-$run" 1 "$systems" 12 3 "MLP act and norm input launches $run"
+done
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
 pack_outputs

@@ -111,6 +111,19 @@ def host_path(stamps: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
     return out
 
 
+def step_medians(stamps: dict[str, list[tuple[float, float]]], rounds: int) -> dict[str, float]:
+    """Per label, the median over rounds of the milliseconds its calls took in a round (a round runs from
+    one "tree" call's start, where it drafts, to the next one's)."""
+    starts = [a for a, _ in stamps.get("tree", [])]
+    spans = list(zip(starts, [*starts[1:], float("inf")], strict=True))[:rounds]
+    out: dict[str, float] = {}
+    for label, calls in stamps.items():
+        per_round = [sum(b - a for a, b in calls if start <= a < end) * 1e3 for start, end in spans]
+        if per_round:
+            out[label] = round(statistics.median(per_round), 4)
+    return out
+
+
 def host_steps(backend: Any) -> list[tuple[Any, str, str]]:
     d = backend.drafter
     return [
@@ -152,7 +165,7 @@ def measure(
     ids = [rng.randrange(1000, backend.info.vocab_size - 1000) for _ in range(context)]
     gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=16, draft_top_k=4)
     request = GenerationRequest(
-        prompt_ids=tuple(ids), max_tokens=WARMUP + 2 * rounds + 2, sampling=SamplingParams(), ignore_eos=True
+        prompt_ids=tuple(ids), max_tokens=WARMUP + 3 * rounds + 2, sampling=SamplingParams(), ignore_eos=True
     )
     steps = gen.generate(request)
     next(steps)  # prefill and the first round
@@ -167,6 +180,20 @@ def measure(
     torch.cuda.synchronize()
     out = {"context": context, "round_ms_median": statistics.median(plain), "round_ms": plain}
     out.update(host_path(stamps))
+    # the host's own time in each step, unprofiled (a step's time includes the steps it calls, and a wait on
+    # the GPU where the step reads back): median ms per round over the window
+    with stamped([step for step in host_steps(backend) if step[2] != "draft.unpack"]) as steps_stamped:
+        stamped_rounds = timed_rounds(steps, rounds)
+    torch.cuda.synchronize()
+    out["stamped_round_ms_median"] = statistics.median(stamped_rounds)
+    out["host_step_ms"] = step_medians(steps_stamped, rounds)
+    # from the row checks' read-back returning to the commit graph's replay queued: the host's path after
+    # the verify, with the GPU idle
+    ends = [b for _, b in steps_stamped["graphs.commit"]]
+    after = [min((e for e in ends if e > b), default=None) for _, b in steps_stamped["checks.readback"]]
+    gaps = [(e - b) * 1e3 for (_, b), e in zip(steps_stamped["checks.readback"], after, strict=True) if e]
+    if gaps:
+        out["checks_to_commit_ms"] = statistics.median(gaps)
     if not profile:
         steps.close()
         return out
