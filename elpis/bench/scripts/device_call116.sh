@@ -24,11 +24,6 @@ gpu_pytest "gdn tree kernel, tree verify and graphs" 150 tests/kernels/test_gdn_
   tests/exl3/test_tree_graph.py
 gpu_pytest "rows GEMM kernel and patch" 150 tests/kernels/test_rows_gemm.py tests/exl3/test_rows_gemm_patch.py
 [ -n "$SYNTH" ] && wait_synth
-for run in off-1 on-1 off-2 on-2; do
-  state=0; [ "${run%-*}" = on ] && state=1
-  export ELPIS_PATCH_MLP_ACT_INPUT=$state ELPIS_PATCH_NORM_INPUT=$state
-  systems=elpis-tree16; [ $run = off-1 ] && systems=stock,elpis-tree16
-  [ "$(left)" -gt 60 ] && engine_bench "round-fused-$run" 1 "$systems" 12 3 "MLP act and norm input launches $run"
-done
+switch_ab round-fused "MLP act and norm input launches" ELPIS_PATCH_MLP_ACT_INPUT ELPIS_PATCH_NORM_INPUT
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
 pack_outputs

@@ -60,6 +60,20 @@ engine_bench() {
   echo "bench $stem: exit $?" | tee -a "$OUT/log"
   grep -E "^\| [0-9]+K" "$OUT/$stem.md" 2>/dev/null | head -8 | tee -a "$OUT/log"
 }
+# switch_ab STEM TITLE VAR...: alternating `elpis bench engine` runs of elpis-tree16 with the switch variables
+# VAR... all 0, 1, 0, 1 (stock beside it in the first run), $OUT/STEM-{off,on}-{1,2}.*, for ab_pooled.py (arm A
+# the "on" runs); a run starts only with more than a minute left; the variables are unset afterwards.
+switch_ab() {
+  local stem=$1 title=$2 run state systems var
+  shift 2
+  for run in off-1 on-1 off-2 on-2; do
+    state=0; [ "${run%-*}" = on ] && state=1
+    for var in "$@"; do export "$var=$state"; done
+    systems=elpis-tree16; [ $run = off-1 ] && systems=stock,elpis-tree16
+    [ "$(left)" -gt 60 ] && engine_bench "$stem-$run" 1 "$systems" 12 3 "$title $run"
+  done
+  for var in "$@"; do unset "$var"; done
+}
 # model_gate LABEL ARM...: `elpis gate model` on the small model (/tmp/small, its fp64 reference /tmp/small-deq),
 # 32,768 pseudo-random ids, 8 WikiText-shaped chunks of 512; ARM is NAME=SPEC; $OUT/gate/model-LABEL-*.{json,npz}
 # and the ledger lines. The caller sets the patch switches its arms need in the environment.
