@@ -74,6 +74,16 @@ def default_prelaunch(tree_graphs: bool) -> bool:
     return tree_graphs and patches.enabled(PATCH)
 
 
+def default_embed_gather(graphs: bool) -> bool:
+    """Whether captured tree verifies and draft blocks gather their embedding rows on the GPU from the host
+    table mapped for the device (`elpis.exl3.embed_gather`) when the caller does not say: with graphs, as the
+    registry switch exl3-embed-gather says."""
+    from elpis.exl3 import patches
+    from elpis.exl3.embed_gather import PATCH
+
+    return graphs and patches.enabled(PATCH)
+
+
 def check_prefill_group(group: int, chunk: int) -> int:
     """`group` chunks per layer-major prefill group, checked: more than one only with ExLlamaV3's own
     2048-token chunks (what the patch is shown bit-identical for)."""
@@ -119,6 +129,7 @@ def load_backend(
     host_threads: int | None = 1,
     capture_graphs: bool = True,
     prelaunch: bool | None = None,
+    embed_gather: bool | None = None,
 ) -> Exl3Backend:
     """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
 
@@ -165,6 +176,11 @@ def load_backend(
     runs, and open it with the tree (`elpis.exl3.verify_gate`): the same replay, its launch off the GPU's
     idle time (rounds 0.18-0.19 ms shorter on the H200, within noise, so off by default). None:
     `default_prelaunch`.
+    `embed_gather` (tree or draft graphs only): the captured graphs gather their embedding rows on the GPU
+    from ExLlamaV3's host table, registered as mapped pinned memory (2.5 GB of page-locked host memory for
+    Qwen3.8), instead of the host looking them up and uploading them before each replay
+    (`elpis.exl3.embed_gather`); the same values. None: `default_embed_gather`. True with the patch
+    switched off is refused.
     """
     import torch
 
@@ -196,6 +212,19 @@ def load_backend(
         prefill_group = default_prefill_group(prefill_chunk)
     if prelaunch is None:
         prelaunch = default_prelaunch(tree and tree_graphs)
+    graphs = (tree and tree_graphs) or (draft_dir is not None and draft_graphs)
+    if embed_gather is None:
+        embed_gather = default_embed_gather(graphs)
+    if embed_gather:
+        from elpis.exl3 import patches
+        from elpis.exl3.embed_gather import PATCH as EMBED_PATCH
+
+        if not patches.enabled(EMBED_PATCH):
+            raise ValueError(f"embed_gather=True, but the registry patch {EMBED_PATCH} is switched off")
+        if not graphs:
+            raise ValueError(
+                "embed_gather acts inside captured tree verifies and draft blocks: it needs either"
+            )
     if gdn_ba and not tree:
         raise ValueError("gdn_ba acts inside tree verifies only: it needs tree=True")
     engine = load_engine(
@@ -235,6 +264,7 @@ def load_backend(
         prefill_group=prefill_group,
         host_threads=host_threads,
         prelaunch=prelaunch,
+        embed_gather=embed_gather,
     )
     if tree and tree_graphs and capture_graphs:
         from elpis.exl3.graph_warmup import capture_graphs as capture_all
@@ -268,6 +298,7 @@ __all__ = [
     "PREFILL_CHUNKS",
     "check_prefill_chunk",
     "check_prefill_group",
+    "default_embed_gather",
     "default_prefill_group",
     "default_prelaunch",
     "load_backend",

@@ -361,6 +361,7 @@ class Exl3Backend:
         prefill_group: int = 1,
         host_threads: int | None = None,
         prelaunch: bool = False,
+        embed_gather: bool = False,
     ) -> None:
         if max_context + MAX_ROWS > engine.cache_tokens:
             raise ValueError(
@@ -375,6 +376,10 @@ class Exl3Backend:
             raise ValueError("tree_graphs replays tree-mode verifies: it needs tree=True")
         if prelaunch and not tree_graphs:
             raise ValueError("prelaunch queues replays of captured tree verifies: it needs tree_graphs=True")
+        if embed_gather and not (tree_graphs or (draft_graphs and engine.draft is not None)):
+            raise ValueError(
+                "embed_gather acts inside captured tree verifies and draft blocks: it needs either"
+            )
         from elpis.exl3 import check_prefill_group
 
         if check_prefill_group(prefill_group, engine.prefill_chunk) > 1:
@@ -430,12 +435,14 @@ class Exl3Backend:
         if tree_graphs:
             from elpis.exl3.tree_graph import TreeGraphs
 
-            self.graphs = TreeGraphs(engine, self.export_layers, prelaunch=prelaunch)
+            self.graphs = TreeGraphs(
+                engine, self.export_layers, prelaunch=prelaunch, embed_gather=embed_gather
+            )
         self.drafter = None
         if engine.draft is not None:
             from elpis.exl3.drafter import DFlash2Drafter
 
-            self.drafter = DFlash2Drafter(self, graphs=draft_graphs)
+            self.drafter = DFlash2Drafter(self, graphs=draft_graphs, embed_gather=embed_gather)
 
     # -- pages ------------------------------------------------------------------------------------------
     def ensure_pages(self, tokens: int) -> None:

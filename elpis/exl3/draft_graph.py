@@ -8,8 +8,11 @@ after the input layer is captured once per block-table width and replayed.
 
 What changes between replays lives in device buffers filled before each replay, in stream order from
 pinned memory: the input layer's output (the anchor's embedding and the mask rows, looked up on the host as
-ExLlamaV3 does), the block table (the sequence's pages, zero-padded to the key's width), `cache_seqlens`
-(kvp; the attention's positions and its cache writes follow it) and the anchor id the selector walks from.
+ExLlamaV3 does; with the registry switch `exl3-embed-gather`, the mask rows are written once per key and the
+graph's first kernel gathers the anchor's row from ExLlamaV3's host table mapped for the device, with the
+input layer's scale: `elpis.exl3.embed_gather`, the same values), the block table (the sequence's pages,
+zero-padded to the key's width), `cache_seqlens` (kvp; the attention's positions and its cache writes follow
+it) and the anchor id the selector walks from.
 
 The key is the block table's width: the pages of the block's context bucket (`DraftGraphs.width`, the
 tree verify's power-of-two buckets), so a long generation changes key at 8K, 16K, 32K ... rather than every
@@ -38,13 +41,17 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from elpis.exl3.capture import forward_after_input
+from elpis.exl3.embed_gather import check_ids
 from elpis.exl3.upload import fill, padded_table, pinned, static_input
+
+if TYPE_CHECKING:
+    from elpis.exl3.embed_gather import HostTable
 
 MAX_GRAPHS = 9  # captured draft blocks kept: one per context bucket of the full cache (8), and one spare
 # captured conditionings kept: accepted-row counts (1-8) of each verify key (`elpis.exl3.graph_warmup`
@@ -90,7 +97,7 @@ class ConditionCaptured:
 class DraftGraphs:
     """Captured draft blocks of one engine (one sequence at a time, like the backend)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, *, embed_gather: bool = False) -> None:
         model = engine.draft
         if model is None:
             raise RuntimeError("draft graphs: the engine has no draft model")
@@ -108,6 +115,18 @@ class DraftGraphs:
         self.input_layer = first
         self.block_size = int(engine.draft_config.block_size)
         self.device = engine.device
+        self.table: HostTable | None = None
+        self.template: Tensor | None = None  # the input layer's output for anchor 0: rows 1.. never change
+        self.scale = float(getattr(first, "input_embedding_scale", 1.0))
+        if embed_gather:
+            from elpis.exl3.embed_gather import host_table
+
+            self.table = host_table(engine)  # the target's table, which the input layer looks rows up in
+            self.template = first.forward(torch.tensor([[0]], dtype=torch.long), {}).pin_memory()
+            expected = (1, self.block_size, self.table.hidden)
+            if tuple(self.template.shape) != expected or self.template.dtype != torch.float32:
+                got = f"{self.template.dtype} {list(self.template.shape)}"
+                raise RuntimeError(f"draft graphs: input layer output {got}, gathered fp32 {expected}")
         self.graphs: OrderedDict[int, DraftCaptured] = OrderedDict()
         self.captures = 0  # draft blocks captured so far (tests bound this)
         self.replays = 0
@@ -209,8 +228,12 @@ class DraftGraphs:
     # -- buffers ----------------------------------------------------------------------------------------
     def _buffers(self, width: int) -> DraftCaptured:
         dev = self.device
+        x = None
+        if self.template is not None:  # the mask rows, once; the gather writes row 0 on every call
+            x = torch.empty(self.template.shape, dtype=self.template.dtype, device=dev)
+            fill(((x, self.template),))
         return DraftCaptured(
-            x=None,
+            x=x,
             block_table=torch.zeros((1, width), dtype=torch.int32, device=dev),
             seqlens=torch.zeros((1,), dtype=torch.int32, device=dev),
             anchor=torch.zeros((1,), dtype=torch.long, device=dev),
@@ -219,16 +242,18 @@ class DraftGraphs:
     def _fill(self, c: DraftCaptured, anchor: int, pages: Sequence[int], kvp: int) -> None:
         """This block's values into the key's buffers, in stream order (no synchronisation)."""
         table = padded_table(pages, c.block_table.shape[1], "draft graphs")
-        x = self.input_layer.forward(torch.tensor([[anchor]], dtype=torch.long), {})
-        c.x = static_input(c.x, x, self.device, "draft graphs")
-        fill(
-            (
-                (c.x, x),
-                (c.block_table, pinned(table, torch.int32).view(1, -1)),
-                (c.seqlens, pinned([kvp], torch.int32)),
-                (c.anchor, pinned([anchor], torch.long)),
-            )
-        )
+        inputs = [
+            (c.block_table, pinned(table, torch.int32).view(1, -1)),
+            (c.seqlens, pinned([kvp], torch.int32)),
+            (c.anchor, pinned([anchor], torch.long)),
+        ]
+        if self.table is not None:
+            check_ids([anchor], self.table.vocab)  # the graph's first kernel gathers its row from c.anchor
+        else:
+            x = self.input_layer.forward(torch.tensor([[anchor]], dtype=torch.long), {})
+            c.x = static_input(c.x, x, self.device, "draft graphs")
+            inputs.insert(0, (c.x, x))
+        fill(inputs)
 
     # -- forward, capture -------------------------------------------------------------------------------
     def _run(self, c: DraftCaptured) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,6 +268,8 @@ class DraftGraphs:
         }
         model.prepare_inputs(torch.zeros((1, 1), dtype=torch.long), params)  # host-side parameters only
         assert c.x is not None
+        if self.table is not None:  # the anchor's row; the mask rows after it were written with the buffers
+            self.table.gather(c.x[0, :1], c.anchor, self.scale)
         state = forward_after_input(model, c.x, params)[:, 1:]  # rows predicting positions kvp+1 .. kvp+7
         head = engine.model.modules[engine.model.logit_layer_idx]
         logits = head.forward(head.prepare_for_device(state.half().contiguous(), params), params)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class DFlash2Drafter:
-    def __init__(self, backend: Exl3Backend, *, graphs: bool = False) -> None:
+    def __init__(self, backend: Exl3Backend, *, graphs: bool = False, embed_gather: bool = False) -> None:
         self.backend = backend
         engine = backend.engine
         self.model = engine.draft
@@ -38,7 +38,7 @@ class DFlash2Drafter:
         if graphs:
             from elpis.exl3.draft_graph import DraftGraphs
 
-            self.graphs = DraftGraphs(engine)
+            self.graphs = DraftGraphs(engine, embed_gather=embed_gather)
 
     def reset(self) -> None:
         """Nothing per sequence lives here: the draft's K/V belong to the backend's sequence."""

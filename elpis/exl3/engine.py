@@ -39,6 +39,8 @@ class Engine:
     cache_tokens: int
     kv_bits: int
     prefill_chunk: int
+    # the embedding table mapped for the device (`elpis.exl3.embed_gather.host_table`), once asked for
+    embed_table: Any = None
 
     @property
     def vocab_size(self) -> int:

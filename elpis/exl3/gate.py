@@ -100,6 +100,8 @@ NEUTRAL_PATCHES: dict[str, str] = {
     "kernels on the same chunks, bitwise the same cache, state and logits (test_prefill_groups.py)",
     "exl3-verify-prelaunch": "queues a captured tree verify's replay behind a gate and copies its inputs "
     "into the same buffers; the replay and its values are unchanged (test_verify_gate.py)",
+    "exl3-embed-gather": "the captured graphs gather the embedding rows ExLlamaV3's host lookup returns, "
+    "widened to fp32 exactly (CPU emulation; the GPU checks are test_embed_gather.py's)",
     "exl3-gdn-qkv-channel-major": "the GDN qkv GEMM writes the bits ExLlamaV3's bf16 cast and copy of its "
     "fp16 output write (CPU emulation; the GPU check is test_rows_gemm_patch.py's channel-major test)",
     "exl3-mlp-act-input": "the down projection's input launch computes ExLlamaV3's fp16 SiLU-and-multiply "

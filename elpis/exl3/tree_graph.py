@@ -6,7 +6,9 @@ the forward after the embedding is captured once per key and replayed. The key i
 recurrent slot, committed-state row): what a captured forward cannot change between replays. Everything that
 does change lives in device buffers filled before each replay, in stream order from pinned memory:
 
-- the embedding output (looked up on the host, as ExLlamaV3 does, then uploaded);
+- the embedding output: looked up on the host, as ExLlamaV3 does, then uploaded; or, with the registry switch
+  `exl3-embed-gather` (`embed_gather=True`), gathered by the graph's first kernel from ExLlamaV3's host table
+  mapped for the device (`elpis.exl3.embed_gather`), from the ids in the integer upload: the same values;
 - the block table (the sequence's pages, zero-padded to the bucket's width), `cache_seqlens` (kvp) and the
   position ids (kvp + depth);
 - the tree kernels' inputs (`tree_verify.GraphInputs`): kvp, the masks and the GDN plan, which the graph forms
@@ -48,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from elpis.exl3.capture import forward_after_input
+from elpis.exl3.embed_gather import check_ids
 from elpis.exl3.tree_verify import (
     PAGE,
     GraphInputs,
@@ -60,6 +63,7 @@ from elpis.exl3.tree_verify import (
 from elpis.exl3.upload import fill, padded_table, pinned, static_input
 
 if TYPE_CHECKING:
+    from elpis.exl3.embed_gather import HostTable
     from elpis.exl3.verify_gate import VerifyGate
 
 if sys.byteorder != "little":  # plan_words lays the plan's bytes out as the GPU reads them
@@ -77,11 +81,11 @@ PACKED_ALIGN_WORDS = 4  # each input starts on a 16-byte boundary (the tree kern
 
 def packed_sizes(width: int, run: int, plan_capacity: int) -> list[tuple[int, int]]:
     """(words, words with padding) of a key's integer inputs, in buffer order: block table, cache_seqlens,
-    position ids, ctx, masks (depth then ancestors), GDN plan. Each is padded to PACKED_ALIGN_WORDS so the
-    next starts 16-byte aligned."""
+    position ids, ctx, masks (depth then ancestors), GDN plan, token ids (read by the embedding gather only).
+    Each is padded to PACKED_ALIGN_WORDS so the next starts 16-byte aligned."""
     if plan_capacity % 4:
         raise ValueError(f"the GDN plan's capacity ({plan_capacity} bytes) is not a whole number of words")
-    words = [width, 1, run, 1, 2 * run, plan_capacity // 4]
+    words = [width, 1, run, 1, 2 * run, plan_capacity // 4, run]
     return [(n, -(-n // PACKED_ALIGN_WORDS) * PACKED_ALIGN_WORDS) for n in words]
 
 
@@ -135,6 +139,7 @@ class Captured:
     """One key's buffers, params and (once captured) graph, with the tensors the graph writes."""
 
     x: torch.Tensor | None  # [1, run, hidden]: the embedding output (allocated at the first fill)
+    ids: torch.Tensor  # int32 [run]: the tree's tokens (the embedding gather's input)
     block_table: torch.Tensor  # int32 [1, pages of the bucket]
     seqlens: torch.Tensor  # int32 [1]
     position_ids: torch.Tensor  # int32 [1, run]
@@ -156,9 +161,9 @@ class Captured:
 class Staging:
     """A key's pinned host inputs for verifies queued behind the gate, shaped like its device buffers."""
 
-    x: torch.Tensor  # the real embedding output, written once the tree is known
+    x: torch.Tensor | None  # the real embedding output, written once the tree is known (None: gathered)
     ints: torch.Tensor  # the real integer inputs
-    harmless_x: torch.Tensor  # zeros
+    harmless_x: torch.Tensor | None  # zeros (None: gathered, from the harmless set's ids)
     harmless_ints: torch.Tensor  # a star-shaped dummy tree at the armed position and pages
 
 
@@ -181,7 +186,14 @@ def harmless_layout(run: int) -> TreeLayout:
 class TreeGraphs:
     """Captured tree-verify forwards of one engine (one sequence at a time, like the backend)."""
 
-    def __init__(self, engine: Any, export_layers: set[int] | None, *, prelaunch: bool = False) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        export_layers: set[int] | None,
+        *,
+        prelaunch: bool = False,
+        embed_gather: bool = False,
+    ) -> None:
         from exllamav3.modules.embedding import Embedding
 
         self.engine = engine
@@ -205,6 +217,11 @@ class TreeGraphs:
         if not isinstance(first, Embedding):
             raise RuntimeError(f"tree graphs: the first module is {type(first).__name__}, not the embedding")
         self.embedding = first
+        self.table: HostTable | None = None
+        if embed_gather:
+            from elpis.exl3.embed_gather import host_table
+
+            self.table = host_table(engine)  # registers the table now: a refusal fails the load, not a round
         self.gate: VerifyGate | None = None
         if prelaunch:
             from elpis.exl3.verify_gate import VerifyGate
@@ -287,17 +304,24 @@ class TreeGraphs:
             return False
         s = c.staging
         if s is None:
+            host_x = self.table is None  # a gathered x is written by the graph, never staged
             s = c.staging = Staging(
-                torch.empty(c.x.shape, dtype=c.x.dtype, pin_memory=True),
+                torch.empty(c.x.shape, dtype=c.x.dtype, pin_memory=True) if host_x else None,
                 torch.empty(c.ints.shape, dtype=c.ints.dtype, pin_memory=True),
-                torch.zeros(c.x.shape, dtype=c.x.dtype, pin_memory=True),
+                torch.zeros(c.x.shape, dtype=c.x.dtype, pin_memory=True) if host_x else None,
                 torch.empty(c.ints.shape, dtype=c.ints.dtype, pin_memory=True),
             )
         table = padded_table(pages, c.block_table.shape[1], "tree graphs")
-        s.harmless_ints.numpy()[:] = self._int_values(table, harmless_layout(run), kvp)
-        fill(((c.x, s.harmless_x), (c.ints, s.harmless_ints)))
+        s.harmless_ints.numpy()[:] = self._int_values(table, harmless_layout(run), kvp, [0] * run)
+        harmless = [(c.ints, s.harmless_ints)]
+        real = [(c.ints, s.ints)]
+        if s.x is not None:
+            assert s.harmless_x is not None
+            harmless.insert(0, (c.x, s.harmless_x))
+            real.insert(0, (c.x, s.x))
+        fill(harmless)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        seq = self.gate.launch(((c.x, s.x), (c.ints, s.ints)), stream)
+        seq = self.gate.launch(real, stream)
         c.graph.replay()
         self.armed = Armed(key, seq, kvp, tuple(table))
         return True
@@ -380,9 +404,13 @@ class TreeGraphs:
         ints = torch.zeros((sum(padded for _, padded in sizes),), dtype=torch.int32, device=self.device)
         parts = torch.split(ints, [padded for _, padded in sizes])
         views = (t[:n] for t, (n, _) in zip(parts, sizes, strict=True))
-        table, seqlens, position_ids, ctx, masks, plan = views
+        table, seqlens, position_ids, ctx, masks, plan, ids = views
+        x = None
+        if self.table is not None:  # the gather writes x: allocated now, shaped as ExLlamaV3's output
+            x = torch.empty((1, run, self.table.hidden), dtype=torch.float32, device=self.device)
         return Captured(
-            x=None,
+            x=x,
+            ids=ids,
             block_table=table.view(1, width),
             seqlens=seqlens,
             position_ids=position_ids.view(1, run),
@@ -390,12 +418,13 @@ class TreeGraphs:
             ints=ints,
         )
 
-    def _int_values(self, table: list[int], layout: TreeLayout, kvp: int) -> list[int]:
-        """The host words of a key's integer inputs (the layout of `_buffers`) for this tree at kvp."""
+    def _int_values(self, table: list[int], layout: TreeLayout, kvp: int, ids: Sequence[int]) -> list[int]:
+        """The host words of a key's integer inputs (the layout of `_buffers`) for tree `ids` at kvp."""
         from elpis.exl3 import gdn_tree
 
         plan = plan_words(gdn_tree.packed_plan(layout.depth, layout.ancestors), gdn_tree.PLAN_CAPACITY)
-        segments = (table, [kvp], layout.position_ids(kvp), [kvp], [*layout.depth, *layout.ancestors], plan)
+        masks = [*layout.depth, *layout.ancestors]
+        segments = (table, [kvp], layout.position_ids(kvp), [kvp], masks, plan, list(ids))
         return packed_values(segments, packed_sizes(len(table), layout.run, gdn_tree.PLAN_CAPACITY))
 
     def _embed(self, ids: Sequence[int]) -> torch.Tensor:
@@ -408,19 +437,28 @@ class TreeGraphs:
         """This verify's values into the key's buffers, in stream order (no synchronisation): the embedding
         output, and every integer input in one upload (the layout of `_buffers`)."""
         table = padded_table(pages, c.block_table.shape[1], "tree graphs")
+        ints = pinned(self._int_values(table, layout, kvp, ids), torch.int32)
+        if self.table is not None:
+            check_ids(ids, self.table.vocab)
+            fill(((c.ints, ints),))  # the graph's first kernel gathers x from these ids
+            return
         x = self._embed(ids)
         c.x = static_input(c.x, x, self.device, "tree graphs")
-        fill(((c.x, x), (c.ints, pinned(self._int_values(table, layout, kvp), torch.int32))))
+        fill(((c.x, x), (c.ints, ints)))
 
     def _stage(
         self, c: Captured, s: Staging, table: list[int], ids: Sequence[int], layout: TreeLayout, kvp: int
     ) -> None:
         """The same values into the key's pinned staging, for the gate to copy once it opens (`table`: the
         padded block table `_opens` found equal to the armed one)."""
-        x = self._embed(ids)
-        static_input(c.x, x, self.device, "tree graphs")  # the shape and dtype the buffers were made for
-        s.x.copy_(x)
-        s.ints.numpy()[:] = self._int_values(table, layout, kvp)
+        if s.x is not None:
+            x = self._embed(ids)
+            static_input(c.x, x, self.device, "tree graphs")  # the shape and dtype the buffers were made for
+            s.x.copy_(x)
+        else:
+            assert self.table is not None
+            check_ids(ids, self.table.vocab)
+        s.ints.numpy()[:] = self._int_values(table, layout, kvp, ids)
 
     # -- forward, capture -------------------------------------------------------------------------------
     def _params(self, c: Captured, state: Any, run: int) -> dict[str, Any]:
@@ -439,19 +477,22 @@ class TreeGraphs:
         self.engine.model.prepare_inputs(torch.zeros((1, run), dtype=torch.long), params)
         return params
 
-    def _layers(self, x: torch.Tensor | None, params: dict[str, Any]) -> torch.Tensor:
-        """Every module after the embedding (`elpis.exl3.capture`); the warm-up and the capture both run
-        this, so a key's replays equal its warm-up. Inside a tree verify the attention layers take the tree
-        kernels whatever BC attention's switch says."""
-        assert x is not None
-        return forward_after_input(self.engine.model, x, params)
+    def _layers(self, c: Captured, params: dict[str, Any]) -> torch.Tensor:
+        """The embedding gather (with `embed_gather`), then every module after the embedding
+        (`elpis.exl3.capture`); the warm-up and the capture both run this, so a key's replays equal its
+        warm-up. Inside a tree verify the attention layers take the tree kernels whatever BC attention's
+        switch says."""
+        assert c.x is not None
+        if self.table is not None:
+            self.table.gather(c.x, c.ids)
+        return forward_after_input(self.engine.model, c.x, params)
 
     def _forward(
         self, c: Captured, state: Any, call: TreeCall
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         params = self._params(c, state, call.layout.run)
         with tree_forward(call):
-            out = self._layers(c.x, params)
+            out = self._layers(c, params)
         return out, params.get("export_states")
 
     def _capture(self, c: Captured, state: Any, layout: TreeLayout, kvp: int, key: tuple) -> None:
@@ -459,6 +500,6 @@ class TreeGraphs:
         params = self._params(c, state, layout.run)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool), tree_forward(call):
-            out = self._layers(c.x, params)
+            out = self._layers(c, params)
         c.graph, c.call, c.out, c.export = graph, call, out, params.get("export_states")
         self.captures += 1

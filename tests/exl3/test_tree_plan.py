@@ -247,17 +247,19 @@ def test_graph_inputs_pack_into_one_int32_buffer():
     from elpis.exl3.tree_graph import packed_sizes, packed_values, plan_words
 
     sizes = packed_sizes(16, 8, gdn_tree.PLAN_CAPACITY)
-    assert [n for n, _ in sizes] == [16, 1, 8, 1, 16, gdn_tree.PLAN_CAPACITY // 4]
+    assert [n for n, _ in sizes] == [16, 1, 8, 1, 16, gdn_tree.PLAN_CAPACITY // 4, 8]
     starts = [sum(p for _, p in sizes[:i]) for i in range(len(sizes))]
     assert all(start % 4 == 0 for start in starts), "every input starts 16-byte aligned (the kernels ask it)"
     with pytest.raises(ValueError, match="whole number of words"):
         packed_sizes(16, 8, 254)
     small = packed_sizes(3, 2, 16)
-    assert packed_values(([1, 2, 3], [9], [9, 10], [9], [0, 1, 1, 3], [5, 6, 7, 8]), small) == [
-        1, 2, 3, 0, 9, 0, 0, 0, 9, 10, 0, 0, 9, 0, 0, 0, 0, 1, 1, 3, 5, 6, 7, 8,
+    assert packed_values(([1, 2, 3], [9], [9, 10], [9], [0, 1, 1, 3], [5, 6, 7, 8], [4, 2]), small) == [
+        1, 2, 3, 0, 9, 0, 0, 0, 9, 10, 0, 0, 9, 0, 0, 0, 0, 1, 1, 3, 5, 6, 7, 8, 4, 2, 0, 0,
     ]  # fmt: skip
     with pytest.raises(ValueError, match="an input of 1 words got 2"):
-        packed_values(([1, 2, 3], [9, 9], [9, 10], [9], [0, 1, 1, 3], [5, 6, 7, 8]), small)
+        packed_values(([1, 2, 3], [9, 9], [9, 10], [9], [0, 1, 1, 3], [5, 6, 7, 8], [4, 2]), small)
+    with pytest.raises(ValueError, match="6 segments for 7 inputs"):
+        packed_values(([1, 2, 3], [9], [9, 10], [9], [0, 1, 1, 3], [5, 6, 7, 8]), small)
     plan = bytes((37 * i + 200) % 256 for i in range(111))  # a packed plan's size; bytes past 127 too
     words = torch.tensor(plan_words(plan, 256), dtype=torch.int32)
     assert words.view(torch.uint8).tolist() == list(plan) + [0] * (256 - len(plan))

@@ -92,6 +92,7 @@ inline unsigned emu_shfl_u32(unsigned v, unsigned src) {
     return r;
 }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 inline uint4 __ldg(const uint4* p) { return *p; }

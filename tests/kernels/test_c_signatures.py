@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from elpis.exl3 import gdn_ba, gdn_tree, round_tail, rows_gemm, tree_attention
+from elpis.exl3 import embed_gather, gdn_ba, gdn_tree, round_tail, rows_gemm, tree_attention
 
 C_TYPES = {
     "uint32_t": ctypes.c_uint32,
@@ -51,6 +51,7 @@ BINDINGS = [
     *((gdn_tree.SOURCE, name, args) for name, args in gdn_tree.ENTRY_ARGS.items()),
     *((gdn_ba.SOURCE, name, args) for name, args in gdn_ba.ENTRY_ARGS.items()),
     *((round_tail.SOURCE, name, args) for name, args in round_tail.ENTRY_ARGS.items()),
+    *((embed_gather.SOURCE, name, args) for name, args in embed_gather.ENTRY_ARGS.items()),
     *((rows_gemm.SOURCE, name, args) for name, args in rows_gemm.ENTRY_ARGS.items()),
     *((rows_gemm.SOURCE, name, args) for name, (args, _) in rows_gemm.SIZE_ENTRIES.items()),
 ]
