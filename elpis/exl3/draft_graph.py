@@ -8,9 +8,9 @@ after the input layer is captured once per block-table width and replayed.
 
 What changes between replays lives in device buffers filled before each replay, in stream order from
 pinned memory: the input layer's output (the anchor's embedding and the mask rows, looked up on the host as
-ExLlamaV3 does; with the registry switch `exl3-embed-gather`, the mask rows are written once per key and the
-graph's first kernel gathers the anchor's row from ExLlamaV3's host table mapped for the device, with the
-input layer's scale: `elpis.exl3.embed_gather`, the same values), the block table (the sequence's pages,
+ExLlamaV3 does; with the registry switch `exl3-embed-gather`, the graph itself copies the mask rows from a
+device copy made at load and gathers the anchor's row from ExLlamaV3's host table mapped for the device, with
+the input layer's scale: `elpis.exl3.embed_gather`, the same values), the block table (the sequence's pages,
 zero-padded to the key's width), `cache_seqlens` (kvp; the attention's positions and its cache writes follow
 it) and the anchor id the selector walks from.
 
@@ -116,17 +116,19 @@ class DraftGraphs:
         self.block_size = int(engine.draft_config.block_size)
         self.device = engine.device
         self.table: HostTable | None = None
-        self.template: Tensor | None = None  # the input layer's output for anchor 0: rows 1.. never change
+        # the input layer's output for anchor 0, on the device: its rows 1.. (the mask rows) never change
+        self.template: Tensor | None = None
         self.scale = float(getattr(first, "input_embedding_scale", 1.0))
         if embed_gather:
             from elpis.exl3.embed_gather import host_table
 
             self.table = host_table(engine)  # the target's table, which the input layer looks rows up in
-            self.template = first.forward(torch.tensor([[0]], dtype=torch.long), {}).pin_memory()
+            template = first.forward(torch.tensor([[0]], dtype=torch.long), {})
             expected = (1, self.block_size, self.table.hidden)
-            if tuple(self.template.shape) != expected or self.template.dtype != torch.float32:
-                got = f"{self.template.dtype} {list(self.template.shape)}"
+            if tuple(template.shape) != expected or template.dtype != torch.float32:
+                got = f"{template.dtype} {list(template.shape)}"
                 raise RuntimeError(f"draft graphs: input layer output {got}, gathered fp32 {expected}")
+            self.template = template.to(self.device)
         self.graphs: OrderedDict[int, DraftCaptured] = OrderedDict()
         self.captures = 0  # draft blocks captured so far (tests bound this)
         self.replays = 0
@@ -229,9 +231,8 @@ class DraftGraphs:
     def _buffers(self, width: int) -> DraftCaptured:
         dev = self.device
         x = None
-        if self.template is not None:  # the mask rows, once; the gather writes row 0 on every call
+        if self.template is not None:  # written by the graph: the mask rows, then the anchor's row
             x = torch.empty(self.template.shape, dtype=self.template.dtype, device=dev)
-            fill(((x, self.template),))
         return DraftCaptured(
             x=x,
             block_table=torch.zeros((1, width), dtype=torch.int32, device=dev),
@@ -268,7 +269,10 @@ class DraftGraphs:
         }
         model.prepare_inputs(torch.zeros((1, 1), dtype=torch.long), params)  # host-side parameters only
         assert c.x is not None
-        if self.table is not None:  # the anchor's row; the mask rows after it were written with the buffers
+        if self.table is not None:
+            # the whole input, every call: the draft's forward updates its input buffer in place
+            assert self.template is not None
+            c.x.copy_(self.template)
             self.table.gather(c.x[0, :1], c.anchor, self.scale)
         state = forward_after_input(model, c.x, params)[:, 1:]  # rows predicting positions kvp+1 .. kvp+7
         head = engine.model.modules[engine.model.logit_layer_idx]

@@ -48,6 +48,16 @@ def backend(small):
     yield b
 
 
+def gathered(backend, ids, scale: float = 1.0):
+    """What the gather writes for `ids` (a device tensor), on the host."""
+    import torch
+
+    table = backend.graphs.table
+    out = torch.empty((ids.numel(), table.hidden), dtype=torch.float32, device="cuda")
+    table.gather(out, ids, scale)
+    return out.cpu()
+
+
 def host_lookup(backend, ids):
     import torch
 
@@ -104,7 +114,9 @@ def test_gathered_verifies_equal_the_eager_tree_mode(backend):
                 assert backend.graphs.replays > replays, "the second call of a key did not replay"
                 captured = next(reversed(backend.graphs.graphs.values()))
                 padded = tokens + [tokens[0]] * (16 - size)  # what the backend pads a tree with
-                assert torch.equal(captured.x.cpu(), host_lookup(backend, padded[: captured.x.shape[1]])), (
+                assert captured.ids.tolist() == padded, f"ctx {length}, {size} rows: the uploaded ids differ"
+                # (the forward updates its input buffer in place, so the gather is checked on its own)
+                assert torch.equal(gathered(backend, captured.ids), host_lookup(backend, padded)), (
                     f"ctx {length}, {size} rows: the gathered input is not ExLlamaV3's embedding"
                 )
                 graphs, backend.graphs = backend.graphs, None
@@ -133,9 +145,11 @@ def test_gathered_draft_blocks_equal_host_filled_ones(backend):
                 chain, logits = (t.clone() for t in backend.drafter.block(anchor))  # warm-up or replay
                 kvp = backend.position()
                 width = graphs.width(kvp)
-                x = graphs.graphs[width].x.cpu()
+                c = graphs.graphs[width]
+                assert c.anchor.tolist() == [anchor]
+                x = torch.cat((gathered(backend, c.anchor, graphs.scale), graphs.template[0, 1:].cpu()))
                 expected_x = graphs.input_layer.forward(torch.tensor([[anchor]], dtype=torch.long), {})
-                assert torch.equal(x, expected_x), (
+                assert torch.equal(x[None], expected_x), (
                     f"ctx {length}, anchor {anchor}: the gathered input differs"
                 )
                 pages = backend.pages[: -(-(kvp + 1 + graphs.block_size) // PAGE)]
