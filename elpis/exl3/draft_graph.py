@@ -48,7 +48,7 @@ from torch import Tensor
 
 from elpis.exl3.capture import forward_after_input
 from elpis.exl3.embed_gather import check_ids
-from elpis.exl3.upload import fill, padded_table, pinned, static_input
+from elpis.exl3.upload import Staged, padded_table, static_input
 
 if TYPE_CHECKING:
     from elpis.exl3.embed_gather import HostTable
@@ -82,6 +82,7 @@ class DraftCaptured:
     graph: torch.cuda.CUDAGraph | None = None
     chain: torch.Tensor | None = None  # int64 [block - 1]: the selector's walk after the anchor
     logits: torch.Tensor | None = None  # [block - 1, vocab]: the head's logits of the block rows
+    uploads: Staged | None = None  # (block_table, seqlens, anchor), with x first where the host fills it
 
 
 @dataclass
@@ -92,6 +93,7 @@ class ConditionCaptured:
     block_table: torch.Tensor  # int32 [1, width]
     seqlens: torch.Tensor  # int32 [1]: kvp, where the accepted rows' K/V go
     graph: torch.cuda.CUDAGraph | None = None
+    uploads: Staged | None = None  # (index, block_table, seqlens)
 
 
 class DraftGraphs:
@@ -200,13 +202,9 @@ class DraftGraphs:
                 block_table=torch.zeros((1, width), dtype=torch.int32, device=dev),
                 seqlens=torch.zeros((1,), dtype=torch.int32, device=dev),
             )
-        fill(
-            (
-                (c.index, pinned(rows, torch.long)),
-                (c.block_table, table),
-                (c.seqlens, pinned([kvp], torch.int32)),
-            )
-        )
+        if c.uploads is None:
+            c.uploads = Staged(c.index, c.block_table, c.seqlens)
+        c.uploads.put(rows, table, [kvp])
         if fresh:
             self._condition(c, export)  # this call's conditioning; the capture records the same operations
             graph = torch.cuda.CUDAGraph()
@@ -243,18 +241,17 @@ class DraftGraphs:
     def _fill(self, c: DraftCaptured, anchor: int, pages: Sequence[int], kvp: int) -> None:
         """This block's values into the key's buffers, in stream order (no synchronisation)."""
         table = padded_table(pages, c.block_table.shape[1], "draft graphs")
-        inputs = [
-            (c.block_table, pinned(table, torch.int32).view(1, -1)),
-            (c.seqlens, pinned([kvp], torch.int32)),
-            (c.anchor, pinned([anchor], torch.long)),
-        ]
         if self.table is not None:
             check_ids([anchor], self.table.vocab)  # the graph's first kernel gathers its row from c.anchor
-        else:
-            x = self.input_layer.forward(torch.tensor([[anchor]], dtype=torch.long), {})
-            c.x = static_input(c.x, x, self.device, "draft graphs")
-            inputs.insert(0, (c.x, x))
-        fill(inputs)
+            if c.uploads is None:
+                c.uploads = Staged(c.block_table, c.seqlens, c.anchor)
+            c.uploads.put(table, [kvp], [anchor])
+            return
+        x = self.input_layer.forward(torch.tensor([[anchor]], dtype=torch.long), {})
+        c.x = static_input(c.x, x, self.device, "draft graphs")
+        if c.uploads is None:
+            c.uploads = Staged(c.x, c.block_table, c.seqlens, c.anchor)
+        c.uploads.put(x, table, [kvp], [anchor])
 
     # -- forward, capture -------------------------------------------------------------------------------
     def _run(self, c: DraftCaptured) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,9 +28,9 @@ path replay (`gdn_tree_commit_graph`, the path's plan read from device memory). 
 the accepted rows is replayed by `elpis.exl3.draft_graph.DraftGraphs.condition` (the backend calls it for a
 replayed verify, whose export states stay in this key's buffers).
 
-The integer inputs of a replay (block table, kvp, position ids, masks, GDN plan) are views of one device
-buffer per key, filled by one upload from one pinned host buffer (each upload costs host time while the GPU
-waits for the verify).
+The integer inputs of a replay (block table, kvp, position ids, masks, GDN plan, token ids) are views of one
+device buffer per key, filled by one upload from a pinned host twin the key keeps (`upload.Staged`: each
+upload costs host time while the GPU waits for the verify, and a fresh pinned block per upload costs more).
 
 With the verify gate (`prelaunch=True`, `elpis.exl3.verify_gate`), `arm` queues the next verify of a captured
 key before its tree is known: a harmless input set (a star-shaped dummy tree at the same position and pages),
@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from elpis.exl3.capture import forward_after_input
@@ -60,7 +61,7 @@ from elpis.exl3.tree_verify import (
     layout_tree,
     tree_forward,
 )
-from elpis.exl3.upload import fill, padded_table, pinned, static_input
+from elpis.exl3.upload import Staged, fill, padded_table, static_input
 
 if TYPE_CHECKING:
     from elpis.exl3.embed_gather import HostTable
@@ -154,6 +155,8 @@ class Captured:
     )
     commit_plan: torch.Tensor | None = None  # uint8 [PLAN_CAPACITY]: the GDN path replay's plan
     commit_graph: torch.cuda.CUDAGraph | None = None
+    uploads: Staged | None = None  # the verify's inputs: (x, ints), or (ints,) where the graph gathers x
+    commit_uploads: Staged | None = None  # (moves, commit_plan)
     staging: Staging | None = None  # pinned inputs of verifies queued behind the gate (`TreeGraphs.arm`)
 
 
@@ -363,14 +366,12 @@ class TreeGraphs:
             return False
         run, kvp = call.layout.run, call.kvp
         plan = gdn_tree.packed_commit_plan(tuple(path))
-        if c.moves is None or c.commit_plan is None:
+        if c.moves is None or c.commit_plan is None or c.commit_uploads is None:
             c.moves = torch.zeros((4, run - 1), dtype=torch.long, device=self.device)
             c.commit_plan = torch.zeros((gdn_tree.PLAN_CAPACITY,), dtype=torch.uint8, device=self.device)
-        c.moves.copy_(pinned(commit_moves(kvp, path, run, pages), torch.long).view(4, -1), non_blocking=True)
-        padded = plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan))
-        c.commit_plan.copy_(
-            torch.frombuffer(bytearray(padded), dtype=torch.uint8).pin_memory(), non_blocking=True
-        )
+            c.commit_uploads = Staged(c.moves, c.commit_plan)
+        padded = np.frombuffer(plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan)), dtype=np.uint8)
+        c.commit_uploads.put(commit_moves(kvp, path, run, pages), padded)
         if c.commit_graph is None:
             self._commit_ops(c)  # this commit, eagerly; the capture below records the same operations
             graph = torch.cuda.CUDAGraph()
@@ -437,14 +438,18 @@ class TreeGraphs:
         """This verify's values into the key's buffers, in stream order (no synchronisation): the embedding
         output, and every integer input in one upload (the layout of `_buffers`)."""
         table = padded_table(pages, c.block_table.shape[1], "tree graphs")
-        ints = pinned(self._int_values(table, layout, kvp, ids), torch.int32)
+        ints = self._int_values(table, layout, kvp, ids)
         if self.table is not None:
             check_ids(ids, self.table.vocab)
-            fill(((c.ints, ints),))  # the graph's first kernel gathers x from these ids
+            if c.uploads is None:
+                c.uploads = Staged(c.ints)
+            c.uploads.put(ints)  # the graph's first kernel gathers x from the ids among them
             return
         x = self._embed(ids)
         c.x = static_input(c.x, x, self.device, "tree graphs")
-        fill(((c.x, x), (c.ints, ints)))
+        if c.uploads is None:
+            c.uploads = Staged(c.x, c.ints)
+        c.uploads.put(x, ints)
 
     def _stage(
         self, c: Captured, s: Staging, table: list[int], ids: Sequence[int], layout: TreeLayout, kvp: int

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 
@@ -54,3 +55,49 @@ def fill(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         if src.device.type == "cpu" and not src.is_pinned():
             src = src.pin_memory()
         dst.copy_(src, non_blocking=True)
+
+
+class Staged:
+    """Device buffers, each with a pinned host twin that is reused: `put` writes the round's values into the
+    twins and queues one copy per buffer in stream order, without allocating.
+
+    `pinned(...)` then `copy_` allocate a pinned block per upload, ~0.09 ms of host time each on the H200
+    machine, against ~0.02 ms for a reused twin (device call 120, `upload_costs.py`); a round makes about ten
+    uploads on the host's path. Reusing a twin is safe once the copy that last read it has run: `put` waits on
+    an event recorded after those copies (in a round they ran long before, so the wait returns at once)."""
+
+    def __init__(self, *buffers: torch.Tensor) -> None:
+        for b in buffers:
+            if not (b.is_cuda and b.is_contiguous()):
+                raise ValueError("staged uploads go into contiguous CUDA tensors")
+        self.buffers = buffers
+        self.twins = tuple(torch.empty(b.shape, dtype=b.dtype, pin_memory=True) for b in buffers)
+        # numpy views of the twins (the host's writes; numpy has no bf16, which no staged input uses)
+        self.views = tuple(t.view(-1).numpy() for t in self.twins)
+        self.event = torch.cuda.Event()
+        self.queued = False
+
+    def put(self, *values: Sequence[int] | np.ndarray | torch.Tensor | None) -> None:
+        """One value per buffer (None: leave that buffer alone): a sequence or array of exactly its element
+        count, or a host tensor of its shape and dtype."""
+        if len(values) != len(self.buffers):
+            raise ValueError(f"{len(values)} values for {len(self.buffers)} staged buffers")
+        if self.queued:
+            self.event.synchronize()
+        for twin, view, value in zip(self.twins, self.views, values, strict=True):
+            if value is None:
+                continue
+            if isinstance(value, torch.Tensor):
+                if value.shape != twin.shape or value.dtype != twin.dtype:
+                    raise ValueError(f"a {value.dtype} {list(value.shape)} value for a staged "
+                                     f"{twin.dtype} {list(twin.shape)} buffer")  # fmt: skip
+                twin.copy_(value)
+            elif len(value) != view.size:
+                raise ValueError(f"{len(value)} values for a staged buffer of {view.size}")
+            else:
+                view[:] = value
+        for dst, twin, value in zip(self.buffers, self.twins, values, strict=True):
+            if value is not None:
+                dst.copy_(twin, non_blocking=True)
+        self.event.record()
+        self.queued = True

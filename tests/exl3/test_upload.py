@@ -24,3 +24,42 @@ def test_static_input_is_allocated_once_and_keeps_its_shape_and_dtype():
         static_input(buffer, x.float(), "cpu", "draft graphs")
     with pytest.raises(RuntimeError, match=r"the key holds torch.float16 \[1, 8, 4\]"):
         static_input(buffer, torch.ones((1, 7, 4), dtype=torch.half), "cpu", "draft graphs")
+
+
+@pytest.mark.gpu
+def test_staged_uploads_reuse_their_twins_and_never_overwrite_a_pending_copy():
+    """Each put lands in its buffer in stream order, even when the GPU is still busy with earlier work as the
+    host writes the next values (the event guard), and wrong shapes are refused."""
+    import numpy as np
+
+    from elpis.exl3.upload import Staged
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    ints = torch.zeros(300, dtype=torch.int32, device="cuda")
+    plan = torch.zeros(64, dtype=torch.uint8, device="cuda")
+    x = torch.zeros((1, 4, 8), dtype=torch.float32, device="cuda")
+    staged = Staged(x, ints, plan)
+    twins = [t.data_ptr() for t in staged.twins]
+    seen = []
+    busy = torch.randn((4096, 4096), device="cuda")
+    for k in range(6):
+        busy = busy @ busy.T / 4096  # queued work ahead of each copy: the copies wait behind it
+        staged.put(torch.full((1, 4, 8), float(k)), [k * 1000 + i for i in range(300)],
+                   np.full(64, k, dtype=np.uint8))  # fmt: skip
+        seen.append((x.clone(), ints.clone(), plan.clone()))  # stream-ordered after the copy
+    torch.cuda.synchronize()
+    for k, (xs, i, p) in enumerate(seen):
+        assert torch.equal(xs.cpu(), torch.full((1, 4, 8), float(k)))
+        assert i.cpu().tolist() == [k * 1000 + j for j in range(300)]
+        assert p.cpu().tolist() == [k] * 64
+    assert [t.data_ptr() for t in staged.twins] == twins, "the twins were reallocated"
+    staged.put(None, list(range(300)), None)  # None leaves a buffer alone
+    torch.cuda.synchronize()
+    assert plan.cpu().tolist() == [5] * 64
+    with pytest.raises(ValueError, match="299 values for a staged buffer of 300"):
+        staged.put(None, list(range(299)), None)
+    with pytest.raises(ValueError, match=r"a torch.float16 \[1, 4, 8\] value"):
+        staged.put(torch.zeros((1, 4, 8), dtype=torch.half), None, None)
+    with pytest.raises(ValueError, match="2 values for 3 staged buffers"):
+        staged.put(None, None)
