@@ -4,11 +4,11 @@
 # 1. GPU tests with the gather on: the gather's tests (call 121's one failure was the test comparing a [16, hidden]
 #    tensor with a [1, 16, hidden] one; fixed), the tree graphs (replays against eager tree mode through the
 #    staged uploads), the verify gate;
-# 2. the round, the gather off / on three times (stock chain-8 in the first run): call 121's single "on" run gave
-#    -0.32 / -0.52 ms at 1K / 8K against the staged tree without it, call 119's A/B (before the uploads were
-#    staged) was within noise;
-# 3. host_gaps.py at 1K and 8K, gather off then on, one torch thread, no profiler: the host's time per step with
-#    the staged uploads (graphs.fill, graphs.commit, condition, draft.block).
+# 2. the round, the gather off / on / on with the verify gate, three times (stock chain-8 in the first run):
+#    call 121's single "on" run gave -0.32 / -0.52 ms at 1K / 8K against the staged tree without it, call 119's
+#    A/B (before the uploads were staged) was within noise;
+# 3. if time is left, host_gaps.py at 1K and 8K, gather off then on, one torch thread, no profiler: the host's
+#    time per step with the staged uploads (graphs.fill, graphs.commit, condition, draft.block).
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
@@ -24,9 +24,12 @@ for pass in 1 2 3; do
     "gather off $pass"
   [ "$(left)" -gt 120 ] && ELPIS_PATCH_EMBED_GATHER=1 engine_bench "round-gather-on-$pass" 1 elpis-tree16 12 3 \
     "gather on $pass"
+  # with the verify gate as well: the gate then copies only the integer inputs
+  [ "$(left)" -gt 90 ] && ELPIS_PATCH_EMBED_GATHER=1 ELPIS_PATCH_VERIFY_PRELAUNCH=1 engine_bench \
+    "round-gather-gate-$pass" 1 elpis-tree16 12 3 "gather and gate $pass"
 done
 for on in 0 1; do
-  [ "$(left)" -gt 60 ] || break
+  [ "$(left)" -gt 100 ] || break
   echo "=== host gaps, gather $on, 1K and 8K, no profiler ($(left) s left)" | tee -a "$OUT/log"
   ELPIS_PATCH_EMBED_GATHER=$on timeout -k 5 $(( $(left) > 120 ? 100 : $(left) - 8 )) python3 \
     elpis/bench/scripts/host_gaps.py /tmp/full/target /tmp/full/draft --contexts 1024,8192 --threads 1 --rounds 24 \
