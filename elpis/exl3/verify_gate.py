@@ -41,7 +41,7 @@ _VP, _U32, _U64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64
 ENTRY_ARGS: dict[str, tuple[type, ...]] = {
     "elpis_verify_gate": (_VP, _U32, _U64, _VP, _VP, _VP, _U64, _VP, _VP, _U64, _VP),
     "elpis_verify_gate_timed_out_bit": (),
-    "elpis_host_device_pointer": (_VP, ctypes.POINTER(_VP)),
+    "elpis_host_device_pointer": (_VP, _VP),  # the second: the address of a c_void_p that receives it
 }
 RESTYPES: dict[str, type] = {"elpis_verify_gate_timed_out_bit": ctypes.c_uint}
 
@@ -100,7 +100,7 @@ class VerifyGate:
     def device_pointer(self, host: int) -> int:
         """The device's address of pinned host memory at `host` (the same under unified addressing)."""
         out = ctypes.c_void_p()
-        err = self.lib.elpis_host_device_pointer(host, ctypes.byref(out))
+        err = self.lib.elpis_host_device_pointer(host, ctypes.addressof(out))
         if err or not out.value:
             raise RuntimeError(f"verify gate: host memory at {host:#x} is not mapped for the device ({err})")
         return int(out.value)

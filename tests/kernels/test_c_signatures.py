@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from elpis.exl3 import embed_gather, gdn_ba, gdn_tree, round_tail, rows_gemm, tree_attention
+from elpis.exl3 import embed_gather, gdn_ba, gdn_tree, round_tail, rows_gemm, tree_attention, verify_gate
 
 C_TYPES = {
     "uint32_t": ctypes.c_uint32,
@@ -23,7 +23,9 @@ C_TYPES = {
     "float": ctypes.c_float,
     "int": ctypes.c_int,
 }
-PROTOTYPE = re.compile(r"^\s*(?:int|uint32_t|uint64_t)\s+(elpis_\w+)\s*\(([^)]*)\)\s*\{", re.MULTILINE)
+PROTOTYPE = re.compile(
+    r"^\s*(?:int|unsigned|uint32_t|uint64_t)\s+(elpis_\w+)\s*\(([^)]*)\)\s*\{", re.MULTILINE
+)
 
 
 def c_parameter_types(source: Path, name: str) -> list[type]:
@@ -52,6 +54,7 @@ BINDINGS = [
     *((gdn_ba.SOURCE, name, args) for name, args in gdn_ba.ENTRY_ARGS.items()),
     *((round_tail.SOURCE, name, args) for name, args in round_tail.ENTRY_ARGS.items()),
     *((embed_gather.SOURCE, name, args) for name, args in embed_gather.ENTRY_ARGS.items()),
+    *((verify_gate.SOURCE, name, args) for name, args in verify_gate.ENTRY_ARGS.items()),
     *((rows_gemm.SOURCE, name, args) for name, args in rows_gemm.ENTRY_ARGS.items()),
     *((rows_gemm.SOURCE, name, args) for name, (args, _) in rows_gemm.SIZE_ENTRIES.items()),
 ]
