@@ -9,17 +9,23 @@ profiler, profiles `--rounds` more, and prints one line "HOSTGAPS {json}" with t
 `elpis.bench.host_gaps.report`: GPU busy and idle microseconds per round, the idle time by the host's
 innermost step and by the torch op or CUDA call it was in. `--prelaunch 0,1` loads the backend with the verify
 gate (`elpis.exl3.verify_gate`) and measures each context without it (the gate detached from the tree
-graphs, so `prelaunch()` queues nothing) and with it, in that order, in one process. Usage (repo root):
+graphs, so `prelaunch()` queues nothing) and with it, in that order, in one process. `--gc default,freeze`
+does the same with Python's collector as it is and with every object made so far frozen out of it;
+`--cprofile 1` adds a window under cProfile (the functions with the most own time per round). Usage (repo root):
   python3 elpis/bench/scripts/host_gaps.py MODEL DRAFT [--contexts 1024,8192] [--rounds 12] [--threads 0,1]
-      [--prelaunch 0,1] [--profile 0] [--trace-dir DIR]
+      [--prelaunch 0,1] [--gc default,freeze] [--cprofile 1] [--profile 0] [--trace-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
+import gc
 import gzip
+import itertools
 import json
+import pstats
 import random
 import statistics
 import tempfile
@@ -171,14 +177,37 @@ def timed_rounds(steps: Iterator[Any], rounds: int) -> list[float]:
     return out
 
 
+def python_profile(steps: Iterator[Any], rounds: int, top: int = 30) -> list[list[Any]]:
+    """The next `rounds` rounds under cProfile: the `top` functions by own time, each as [function, calls per
+    round, own ms per round, cumulative ms per round] (cProfile's overhead inflates every figure; the shares
+    are what count)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    timed_rounds(steps, rounds)
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (prim calls, calls, tottime, cumtime, callers)}
+    rows = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    return [
+        [f"{Path(file).name}:{line}:{name}", round(calls / rounds, 2), round(own * 1e3 / rounds, 4),
+         round(cum * 1e3 / rounds, 4)]
+        for (file, line, name), (_, calls, own, cum, _) in rows
+    ]  # fmt: skip
+
+
 def measure(
-    backend: Any, decoder: Any, context: int, rounds: int, trace: Path | None = None, profile: bool = True
+    backend: Any,
+    decoder: Any,
+    context: int,
+    rounds: int,
+    trace: Path | None = None,
+    profile: bool = True,
+    cprofile: bool = False,
 ) -> dict[str, Any]:
     rng = random.Random(context)
     ids = [rng.randrange(1000, backend.info.vocab_size - 1000) for _ in range(context)]
     gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=16, draft_top_k=4)
     request = GenerationRequest(
-        prompt_ids=tuple(ids), max_tokens=WARMUP + 3 * rounds + 2, sampling=SamplingParams(), ignore_eos=True
+        prompt_ids=tuple(ids), max_tokens=WARMUP + 4 * rounds + 2, sampling=SamplingParams(), ignore_eos=True
     )
     steps = gen.generate(request)
     next(steps)  # prefill and the first round
@@ -207,6 +236,8 @@ def measure(
     gaps = [(e - b) * 1e3 for (_, b), e in zip(steps_stamped["checks.readback"], after, strict=True) if e]
     if gaps:
         out["checks_to_commit_ms"] = statistics.median(gaps)
+    if cprofile:
+        out["cprofile"] = python_profile(steps, rounds)
     if not profile:
         steps.close()
         return out
@@ -242,6 +273,11 @@ def main() -> None:
     )
     p.add_argument("--prelaunch", default="", help="e.g. 0,1: each context without, then with, the gate")
     p.add_argument("--profile", type=int, default=1, help="0: time rounds only, no profiled window")
+    p.add_argument("--cprofile", type=int, default=0, help="1: also --rounds rounds under Python's cProfile")
+    p.add_argument(
+        "--gc", default="default", help="e.g. default,freeze: each context with Python's collector as it is, "
+        "then with every object made so far frozen out of it (gc.freeze)"
+    )  # fmt: skip
     p.add_argument(
         "--trace-dir", type=Path, help="keep each profiled window as trace-CONTEXT-tTHREADS[-gG].json.gz"
     )
@@ -257,7 +293,7 @@ def main() -> None:
     default_threads = backend.prefill_threads  # torch's own count, before load_backend's host_threads
     for context in (int(c) for c in args.contexts.split(",")):
         for threads in (int(t) for t in args.threads.split(",")):
-            for g in gates:
+            for g, mode in itertools.product(gates, args.gc.split(",")):
                 # the backend's rounds run under its host_threads (begin() switches back after a prefill)
                 backend.host_threads = threads or default_threads
                 torch.set_num_threads(backend.host_threads)
@@ -265,9 +301,18 @@ def main() -> None:
                     backend.graphs.gate = gate if g else None
                 name = f"trace-{context}-t{threads}" + (f"-g{g}" if g >= 0 else "") + ".json.gz"
                 trace = args.trace_dir / name if args.trace_dir else None
+                if mode not in ("default", "freeze"):
+                    raise SystemExit(f"--gc: {mode!r} is neither default nor freeze")
+                gc.unfreeze()
+                gc.collect()
+                if mode == "freeze":
+                    gc.freeze()
                 gated = backend.graphs.gated_verifies
-                measured = measure(backend, decoder, context, args.rounds, trace, profile=bool(args.profile))
-                out = {"threads": torch.get_num_threads(), "prelaunch": g, **measured}
+                measured = measure(
+                    backend, decoder, context, args.rounds, trace, profile=bool(args.profile),
+                    cprofile=bool(args.cprofile),
+                )  # fmt: skip
+                out = {"threads": torch.get_num_threads(), "prelaunch": g, "gc": mode, **measured}
                 out["gated_verifies"] = backend.graphs.gated_verifies - gated
                 print("HOSTGAPS " + json.dumps(out), flush=True)
     torch.set_num_threads(default_threads)
