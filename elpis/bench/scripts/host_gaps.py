@@ -11,7 +11,8 @@ innermost step and by the torch op or CUDA call it was in. `--prelaunch 0,1` loa
 gate (`elpis.exl3.verify_gate`) and measures each context without it (the gate detached from the tree
 graphs, so `prelaunch()` queues nothing) and with it, in that order, in one process. `--gc default,freeze`
 does the same with Python's collector as it is and with every object made so far frozen out of it;
-`--cprofile 1` adds a window under cProfile (the functions with the most own time per round). Usage (repo root):
+`--cprofile 1` adds a window under cProfile (the functions with the most own time per round).
+Usage (repo root):
   python3 elpis/bench/scripts/host_gaps.py MODEL DRAFT [--contexts 1024,8192] [--rounds 12] [--threads 0,1]
       [--prelaunch 0,1] [--gc default,freeze] [--cprofile 1] [--profile 0] [--trace-dir DIR]
 """
