@@ -148,6 +148,19 @@ def compile_shared(source: Path, **kwargs: object) -> Path:
     return compile_to(source, "shared", **kwargs)  # type: ignore[arg-type]
 
 
+def set_signatures(
+    lib: ctypes.CDLL, entries: Mapping[str, Sequence[type]], restypes: Mapping[str, type] | None = None
+) -> ctypes.CDLL:
+    """Give each C entry of a kernel library (GPU or emulated build) its ctypes argument types, and its result
+    type (int unless `restypes` names another): ctypes checks nothing against the C prototype, so every
+    binding declares them (tests/kernels/test_c_signatures.py compares them with the sources)."""
+    for name, argtypes in entries.items():
+        entry = getattr(lib, name)
+        entry.argtypes = list(argtypes)
+        entry.restype = (restypes or {}).get(name, ctypes.c_int)
+    return lib
+
+
 def load(source: Path, **kwargs: object) -> ctypes.CDLL:
     """Build `source` for the current device and load it."""
     arch = kwargs.pop("arch", None) or device_arch()

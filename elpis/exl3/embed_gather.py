@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from elpis import nvcc
 from elpis.paths import PATCHES_DIR
 
 SOURCE = PATCHES_DIR / "kernels" / "embed_gather.cu"
@@ -42,17 +43,11 @@ ENTRY_ARGS: dict[str, tuple[type, ...]] = {
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Set the entries' argument and result types on a build (GPU or emulated)."""
-    for name, argtypes in ENTRY_ARGS.items():
-        entry = getattr(lib, name)
-        entry.argtypes = list(argtypes)
-        entry.restype = ctypes.c_int
-    return lib
+    return nvcc.set_signatures(lib, ENTRY_ARGS)
 
 
 @lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL:
-    from elpis import nvcc
-
     return bind(nvcc.load(SOURCE))
 
 

@@ -17,6 +17,7 @@ import ctypes
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from elpis import nvcc
 from elpis.exl3.tensors import check_tensor
 from elpis.paths import PATCHES_DIR
 
@@ -42,10 +43,7 @@ ENTRY_ARGS: dict[str, tuple[type, ...]] = {
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Set the argument and result types of every entry of a build (GPU or emulated), and check that its
     constants are this module's."""
-    for name, argtypes in ENTRY_ARGS.items():
-        entry = getattr(lib, name)
-        entry.argtypes = list(argtypes)
-        entry.restype = ctypes.c_int
+    nvcc.set_signatures(lib, ENTRY_ARGS)
     got = (lib.elpis_gdn_ba_columns_per_block(), lib.elpis_gdn_ba_max_rows(), lib.elpis_gdn_ba_span())
     want = (COLUMNS_PER_BLOCK, MAX_ROWS, SPAN)
     if got != want:
@@ -55,8 +53,6 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 @lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL:
-    from elpis import nvcc
-
     return bind(nvcc.load(SOURCE))
 
 

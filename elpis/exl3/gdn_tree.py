@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from elpis import nvcc
 from elpis.exl3.tensors import check_tensor
 from elpis.exl3.tree_attention import check_masks
 from elpis.paths import PATCHES_DIR
@@ -71,16 +72,10 @@ PLAN_CAPACITY = 256  # bytes reserved for a packed plan (the C struct is about 1
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Set the argument and result types of every entry of a build (GPU or emulated)."""
-    for name, argtypes in ENTRY_ARGS.items():
-        entry = getattr(lib, name)
-        entry.argtypes = list(argtypes)
-        entry.restype = ctypes.c_int
-    return lib
+    return nvcc.set_signatures(lib, ENTRY_ARGS)
 
 
 def _load_library(arch: str | None = None) -> ctypes.CDLL:
-    from elpis import nvcc
-
     return bind(nvcc.load(SOURCE, arch=arch) if arch else nvcc.load(SOURCE))
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from elpis import nvcc
 from elpis.accept import abi
 from elpis.exl3.tensors import check_tensor
 from elpis.paths import PATCHES_DIR
@@ -65,10 +66,7 @@ class RoundTail(NamedTuple):
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Set the entries' argument and result types on a build (GPU or emulated) and check its record size."""
-    for name, argtypes in ENTRY_ARGS.items():
-        entry = getattr(lib, name)
-        entry.argtypes = list(argtypes)
-        entry.restype = ctypes.c_int
+    nvcc.set_signatures(lib, ENTRY_ARGS)
     if lib.elpis_round_tail_record_words() != RECORD_WORDS:
         raise RuntimeError(
             f"round tail kernel: {lib.elpis_round_tail_record_words()} record words, expected {RECORD_WORDS}"
@@ -78,8 +76,6 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 @lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL:
-    from elpis import nvcc
-
     return bind(nvcc.load(SOURCE))
 
 

@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from elpis import nvcc
 from elpis.exl3.tensors import check_tensor
 from elpis.paths import BUILD_DIR, REPO_ROOT
 
@@ -66,21 +67,15 @@ SIZE_ENTRIES = {
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Set the argument and result types of every entry of a build (GPU or emulated)."""
-    for name, argtypes in ENTRY_ARGS.items():
-        getattr(lib, name).argtypes = list(argtypes)
-        getattr(lib, name).restype = ctypes.c_int
-    for name, (argtypes, restype) in SIZE_ENTRIES.items():
-        getattr(lib, name).argtypes = list(argtypes)
-        getattr(lib, name).restype = restype
-    return lib
+    nvcc.set_signatures(lib, ENTRY_ARGS)
+    sizes = {name: argtypes for name, (argtypes, _) in SIZE_ENTRIES.items()}
+    return nvcc.set_signatures(lib, sizes, {name: restype for name, (_, restype) in SIZE_ENTRIES.items()})
 
 
 @lru_cache(maxsize=8)
 def library(source: Path = SOURCE, stages: int | None = None) -> ctypes.CDLL:
     """The build (`stages`: k-tiles of weights in flight per warp, ELPIS_GEMM_STAGES; None: the source's
     default), bound."""
-    from elpis import nvcc
-
     if not SCHEDULE_HEADER.is_file():
         raise RuntimeError(f"GEMM schedule not built ({SCHEDULE_HEADER} missing): run make build")
     return bind(nvcc.load(source, defines={} if stages is None else {"ELPIS_GEMM_STAGES": stages}))

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from elpis import nvcc
 from elpis.paths import PATCHES_DIR
 
 if TYPE_CHECKING:
@@ -48,10 +49,7 @@ RESTYPES: dict[str, type] = {"elpis_verify_gate_timed_out_bit": ctypes.c_uint}
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Set the entries' argument and result types on a build (GPU or emulated) and check its status bit."""
-    for name, argtypes in ENTRY_ARGS.items():
-        entry = getattr(lib, name)
-        entry.argtypes = list(argtypes)
-        entry.restype = RESTYPES.get(name, ctypes.c_int)
+    nvcc.set_signatures(lib, ENTRY_ARGS, RESTYPES)
     if lib.elpis_verify_gate_timed_out_bit() != TIMED_OUT:
         raise RuntimeError(f"verify gate kernel: timed-out bit {lib.elpis_verify_gate_timed_out_bit():#x}")
     return lib
@@ -59,8 +57,6 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 @lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL:
-    from elpis import nvcc
-
     return bind(nvcc.load(SOURCE))
 
 

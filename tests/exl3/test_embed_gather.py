@@ -19,7 +19,8 @@ import random
 import pytest
 
 from tests.exl3.test_gpu import prompt
-from tests.exl3.test_tree_verify import check_lossless, random_tree, run_rows, tree_logits
+from tests.exl3.test_tree_graph import replay_against_eager
+from tests.exl3.test_tree_verify import check_lossless, random_tree, run_rows
 
 pytestmark = pytest.mark.gpu
 
@@ -108,10 +109,7 @@ def test_gathered_verifies_equal_the_eager_tree_mode(backend):
             for size in (1, 7, 16):
                 tokens, parents = random_tree(size, [], rng, vocab)
                 tokens[0] = ids[-1]
-                replays = backend.graphs.replays
-                first = tree_logits(backend, ids, tokens, parents)  # warm-up (first call of a key) or replay
-                again = tree_logits(backend, ids, tokens, parents)
-                assert backend.graphs.replays > replays, "the second call of a key did not replay"
+                replay_against_eager(backend, ids, tokens, parents, f"ctx {length}, {size} rows")
                 captured = next(reversed(backend.graphs.graphs.values()))
                 padded = tokens + [tokens[0]] * (16 - size)  # what the backend pads a tree with
                 assert captured.ids.tolist() == padded, f"ctx {length}, {size} rows: the uploaded ids differ"
@@ -119,13 +117,6 @@ def test_gathered_verifies_equal_the_eager_tree_mode(backend):
                 assert torch.equal(gathered(backend, captured.ids), host_lookup(backend, padded)[0]), (
                     f"ctx {length}, {size} rows: the gathered input is not ExLlamaV3's embedding"
                 )
-                graphs, backend.graphs = backend.graphs, None
-                try:
-                    reference = tree_logits(backend, ids, tokens, parents)
-                finally:
-                    backend.graphs = graphs
-                assert torch.equal(first, reference), f"ctx {length}, {size} rows: warm-up differs from eager"
-                assert torch.equal(again, reference), f"ctx {length}, {size} rows: replay differs from eager"
 
 
 def test_gathered_draft_blocks_equal_host_filled_ones(backend):

@@ -53,9 +53,25 @@ def eager(backend):
     return graphs
 
 
-def test_replay_equals_eager_at_16_rows(backend):
+def replay_against_eager(backend, ids, tokens, parents, where: str) -> None:
+    """A tree's logits through the graphs twice (the key's warm-up or a replay, then a replay) and in the
+    eager tree mode: all three bit for bit equal."""
     import torch
 
+    replays = backend.graphs.replays
+    first = tree_logits(backend, ids, tokens, parents)  # warm-up (first call of a key) or replay
+    again = tree_logits(backend, ids, tokens, parents)
+    assert backend.graphs.replays > replays, f"{where}: the second call of a key did not replay"
+    graphs = eager(backend)
+    try:
+        reference = tree_logits(backend, ids, tokens, parents)
+    finally:
+        backend.graphs = graphs
+    assert torch.equal(again, first), f"{where}: replay differs from warm-up"
+    assert torch.equal(again, reference), f"{where}: replay differs from eager"
+
+
+def test_replay_equals_eager_at_16_rows(backend):
     vocab = backend.info.vocab_size
     rng = random.Random(3)
     with run_rows(backend, 16):
@@ -64,17 +80,7 @@ def test_replay_equals_eager_at_16_rows(backend):
             for size in (1, 5, 16):
                 tokens, parents = random_tree(size, [], rng, vocab)
                 tokens[0] = ids[-1]
-                replays = backend.graphs.replays
-                first = tree_logits(backend, ids, tokens, parents)  # warm-up (first call of a key) or replay
-                again = tree_logits(backend, ids, tokens, parents)
-                assert backend.graphs.replays > replays, "the second call of a key did not replay"
-                graphs = eager(backend)
-                try:
-                    reference = tree_logits(backend, ids, tokens, parents)
-                finally:
-                    backend.graphs = graphs
-                assert torch.equal(again, first), f"ctx {length}, {size} rows: replay differs from warm-up"
-                assert torch.equal(again, reference), f"ctx {length}, {size} rows: replay differs from eager"
+                replay_against_eager(backend, ids, tokens, parents, f"ctx {length}, {size} rows")
 
 
 def test_replay_equals_warm_up_at_8_rows(backend):
