@@ -87,20 +87,19 @@ def check_ids(ids: Sequence[int], vocab: int) -> None:
 class HostTable:
     """ExLlamaV3's host embedding table, registered as mapped pinned memory, and the gather from it.
 
-    Registration pins the table where it is. Where CUDA refuses that memory (a file mapping), the rows are
-    copied once into ordinary host memory, which ExLlamaV3's module then holds instead (same values), and that
-    is pinned. It stays registered while this object lives."""
+    Registration pins the table where it is. Where CUDA refuses that memory (a file mapping), or the table is
+    not contiguous and 16-byte aligned, the rows are copied once into ordinary host memory, which ExLlamaV3's
+    module then holds instead (same values), and that is pinned. It stays registered while this object
+    lives."""
 
     def __init__(self, module: Any, device: torch.device, lib: ctypes.CDLL | None = None) -> None:
         param = check_embedding(module)
         self.lib = lib if lib is not None else _library()
         weight = param.data
-        if not weight.is_contiguous() or weight.data_ptr() % 16:
-            weight = weight.contiguous().clone()
-            param.data = weight
-        dev, err = self._register(weight)
+        in_place = weight.is_contiguous() and weight.data_ptr() % 16 == 0  # the kernel reads 16-byte words
+        dev, err = self._register(weight) if in_place else (0, -1)
         if err:
-            weight = weight.clone()  # anonymous host memory, which CUDA can always pin
+            weight = weight.clone(memory_format=torch.contiguous_format)  # anonymous memory CUDA can pin
             dev, err = self._register(weight)
             if err:
                 size = f"{weight.nbytes >> 20} MiB"

@@ -62,9 +62,10 @@ class Staged:
     twins and queues one copy per buffer in stream order, without allocating.
 
     `pinned(...)` then `copy_` allocate a pinned block per upload, ~0.09 ms of host time each on the H200
-    machine, against ~0.02 ms for a reused twin (device call 120, `upload_costs.py`); a round makes about ten
-    uploads on the host's path. Reusing a twin is safe once the copy that last read it has run: `put` waits on
-    an event recorded after those copies (in a round they ran long before, so the wait returns at once)."""
+    machine, against ~0.05 ms for a reused twin with its event wait and record (device call 120,
+    `upload_costs.py`); a round makes about ten uploads on the host's path. Reusing a twin is safe once the
+    copy that last read it has run: `put` waits on an event recorded after those copies (in a round they ran
+    long before, so the wait returns at once)."""
 
     def __init__(self, *buffers: torch.Tensor) -> None:
         for b in buffers:
