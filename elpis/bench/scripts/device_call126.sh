@@ -10,13 +10,6 @@ start_build_and_full_synth
 wait_build
 wait_synth
 gib24_test "tree-16 at HEAD" $(( $(left) - 20 ))
-if [ "$(left)" -gt 200 ]; then
-  echo "=== 24 GiB, chain-8 at HEAD ($(left) s left)" | tee -a "$OUT/log"
-  ELPIS_FULL_TARGET=/tmp/full/target ELPIS_FULL_DRAFT=/tmp/full/draft timeout -k 3 $(( $(left) - 10 )) \
-    python3 -m pytest -m gpu "tests/exl3/test_gpu.py::test_24gib_budget_full_model[chain-8]" -q -s \
-    -p no:cacheprovider -rfEs --tb=short > "$OUT/gib24_chain_pytest.txt" 2>&1
-  echo "24 GiB chain-8 exit $?" | tee -a "$OUT/log"
-  grep -E "\"24gib\"|passed|failed|^E " "$OUT/gib24_chain_pytest.txt" | tail -8 | tee -a "$OUT/log"
-fi
+[ "$(left)" -gt 200 ] && gib24_test "chain-8 at HEAD" $(( $(left) - 10 )) chain-8
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
 pack_outputs

@@ -135,17 +135,20 @@ pack_outputs() {
     echo "packed $count files into out.tar" | tee -a "$OUT/log"
   fi
 }
-# gib24_test TITLE [LIMIT]: the 24 GiB test at 262,000 tokens (tree-16 with graphs) on /tmp/full, with the
-# patch switches the caller set in the environment, for at most LIMIT s (default: until 10 s before the
-# call's limit); $OUT/gib24_pytest.txt, its JSON line in the log.
+# gib24_test TITLE [LIMIT] [MODE]: the 24 GiB test at 262,000 tokens (MODE tree-16, the default, with graphs; or
+# chain-8) on /tmp/full, with the patch switches the caller set in the environment, for at most LIMIT s (default:
+# until 10 s before the call's limit); $OUT/gib24_pytest.txt (chain-8: gib24_chain_pytest.txt), its JSON line in
+# the log.
 gib24_test() {
-  echo "=== 24 GiB, $1 ($(left) s left)" | tee -a "$OUT/log"
+  local mode=${3:-tree-16} file=gib24_pytest.txt
+  [ "$mode" = tree-16 ] || file=gib24_chain_pytest.txt
+  echo "=== 24 GiB $mode, $1 ($(left) s left)" | tee -a "$OUT/log"
   ELPIS_FULL_TARGET=/tmp/full/target ELPIS_FULL_DRAFT=/tmp/full/draft \
     timeout -k 3 "${2:-$(( $(left) - 10 ))}" python3 -m pytest -m gpu \
-    "tests/exl3/test_gpu.py::test_24gib_budget_full_model[tree-16]" -q -s -p no:cacheprovider -rfEs --tb=short \
-    > "$OUT/gib24_pytest.txt" 2>&1
-  echo "24 GiB tree-16 exit $?" | tee -a "$OUT/log"
-  grep -E "\"24gib\"|passed|failed|^E " "$OUT/gib24_pytest.txt" | tail -8 | tee -a "$OUT/log"
+    "tests/exl3/test_gpu.py::test_24gib_budget_full_model[$mode]" -q -s -p no:cacheprovider -rfEs --tb=short \
+    > "$OUT/$file" 2>&1
+  echo "24 GiB $mode exit $?" | tee -a "$OUT/log"
+  grep -E "\"24gib\"|passed|failed|^E " "$OUT/$file" | tail -8 | tee -a "$OUT/log"
 }
 # served_bench STEM TITLE [ARGS...]: `bench_rest` at 8K and 32K (4 rounds, cumulative checkpoints; ARGS such as
 # --spec-only); puts each checkpoint's TTFT, begin() parts and rounds in the log.
