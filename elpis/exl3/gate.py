@@ -521,6 +521,7 @@ def record(engine: Any, ids: list[int], layers: int, hidden: int) -> Recorded:
     from exllamav3.modules.gated_delta_net_fn import gated_delta_rule_fn
     from exllamav3.modules.quant.exl3 import LinearEXL3
 
+    from elpis.exl3 import tree_verify
     from elpis.exl3.backend import stock_table_width
     from elpis.gate.patching import replaced
 
@@ -577,6 +578,7 @@ def record(engine: Any, ids: list[int], layers: int, hidden: int) -> Recorded:
     try:
         with (
             torch.inference_mode(),
+            tree_verify.suspended(),  # a tree verify earlier in the process left its wrappers bound
             replaced("exllamav3", {gated_delta_rule_fn: on_delta_rule, attn_dispatch: on_attention}),
         ):
             params = {

@@ -272,6 +272,25 @@ def installed() -> bool:
 
 
 @contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Within the block ExLlamaV3's five names are its own functions again, so code that observes them where
+    they are bound (the quality gate's operand recorder, `elpis.gate.patching.replaced`) sees their calls
+    after a tree verify has installed the wrappers. A tree verify started meanwhile waits at `install` until
+    the block ends; one already running is refused."""
+    with _lock:
+        if _active is not None:
+            raise RuntimeError("tree_verify.suspended: a tree verify is running")
+        targets = _wrap_targets() if _originals else []
+        for key, owner, name, _ in targets:
+            setattr(owner, name, _originals[key])
+        try:
+            yield
+        finally:
+            for _, owner, name, wrapper in targets:
+                setattr(owner, name, wrapper)
+
+
+@contextlib.contextmanager
 def tree_forward(call: TreeCall) -> Iterator[TreeCall]:
     """Run the target's forward inside this to verify `call.layout`'s tree (one call at a time)."""
     global _active

@@ -229,3 +229,50 @@ def test_the_snapshot_worker_fills_tensors_made_in_inference_mode_or_not():
                 out = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in staged}
             worker.submit(_drain, _Done(), staged, out).result()  # another thread: not in inference mode
             assert all(torch.equal(out[name], t) for name, t in staged)
+
+
+# --- tree mode's wrappers, installed and suspended (stand-in owners: exllamav3 is not on the CPU machine) ---
+
+
+class _Owner:
+    """Holds one callable attribute, as ExLlamaV3's modules and classes hold the five wrapped names."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        setattr(self, name, lambda *a, **k: ("original", name))
+
+
+@pytest.fixture
+def wrap_targets(monkeypatch):
+    from elpis.exl3 import tree_verify
+
+    owners = [_Owner(f"f{i}") for i in range(5)]
+    targets = [(o.name, o, o.name, lambda *a, _n=o.name, **k: ("wrapper", _n)) for o in owners]
+    monkeypatch.setattr(tree_verify, "_wrap_targets", lambda: targets)
+    monkeypatch.setattr(tree_verify, "_originals", {})
+    monkeypatch.setattr(tree_verify, "require_tree_patch", lambda: None)
+    return tree_verify, owners
+
+
+def test_suspended_restores_exllamav3s_names_then_the_wrappers(wrap_targets):
+    tree_verify, owners = wrap_targets
+    originals = [getattr(o, o.name) for o in owners]
+    with tree_verify.suspended():  # nothing installed yet: nothing to swap
+        assert [getattr(o, o.name) for o in owners] == originals
+    tree_verify.install()
+    assert [getattr(o, o.name)()[0] for o in owners] == ["wrapper"] * 5
+    with tree_verify.suspended():
+        assert [getattr(o, o.name) for o in owners] == originals
+    assert [getattr(o, o.name)()[0] for o in owners] == ["wrapper"] * 5
+    with pytest.raises(KeyError), tree_verify.suspended():
+        raise KeyError("the block failed")
+    assert [getattr(o, o.name)()[0] for o in owners] == ["wrapper"] * 5  # put back after an exception too
+
+
+def test_suspended_refuses_while_a_tree_verify_runs(wrap_targets, monkeypatch):
+    tree_verify, owners = wrap_targets
+    tree_verify.install()
+    monkeypatch.setattr(tree_verify, "_active", object())
+    with pytest.raises(RuntimeError, match="a tree verify is running"), tree_verify.suspended():
+        pass
+    assert [getattr(o, o.name)()[0] for o in owners] == ["wrapper"] * 5
