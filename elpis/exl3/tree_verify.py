@@ -209,6 +209,7 @@ class TreeCall:
 _lock = threading.Lock()
 _active: TreeCall | None = None
 _originals: dict[str, Any] = {}
+_suspended = False  # within `suspended()`: ExLlamaV3's own functions are bound again
 
 
 def _exl3_modules() -> tuple[Any, Any]:
@@ -275,25 +276,31 @@ def installed() -> bool:
 def suspended() -> Iterator[None]:
     """Within the block ExLlamaV3's five names are its own functions again, so code that observes them where
     they are bound (the quality gate's operand recorder, `elpis.gate.patching.replaced`) sees their calls
-    after a tree verify has installed the wrappers. A tree verify started meanwhile waits at `install` until
-    the block ends; one already running is refused."""
+    after a tree verify has installed the wrappers. Refused while a tree verify runs; a tree verify asked for
+    within the block is refused (it would run ExLlamaV3's kernels)."""
+    global _suspended
     with _lock:
-        if _active is not None:
-            raise RuntimeError("tree_verify.suspended: a tree verify is running")
+        if _active is not None or _suspended:
+            raise RuntimeError("tree_verify.suspended: a tree verify is running, or it is already suspended")
         targets = _wrap_targets() if _originals else []
         for key, owner, name, _ in targets:
             setattr(owner, name, _originals[key])
-        try:
-            yield
-        finally:
+        _suspended = True
+    try:
+        yield
+    finally:
+        with _lock:
             for _, owner, name, wrapper in targets:
                 setattr(owner, name, wrapper)
+            _suspended = False
 
 
 @contextlib.contextmanager
 def tree_forward(call: TreeCall) -> Iterator[TreeCall]:
     """Run the target's forward inside this to verify `call.layout`'s tree (one call at a time)."""
     global _active
+    if _suspended:
+        raise RuntimeError("tree_forward: tree mode's wrappers are suspended (tree_verify.suspended)")
     install()
     if _active is not None:
         raise RuntimeError("tree_forward: a tree verify is already running")

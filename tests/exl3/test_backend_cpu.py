@@ -276,3 +276,17 @@ def test_suspended_refuses_while_a_tree_verify_runs(wrap_targets, monkeypatch):
     with pytest.raises(RuntimeError, match="a tree verify is running"), tree_verify.suspended():
         pass
     assert [getattr(o, o.name)()[0] for o in owners] == ["wrapper"] * 5
+
+
+def test_no_tree_verify_while_suspended(wrap_targets):
+    """A tree verify inside the block would run ExLlamaV3's own kernels: refused, and so is a nested block."""
+    tree_verify, owners = wrap_targets
+    tree_verify.install()
+    with tree_verify.suspended():
+        with pytest.raises(RuntimeError, match="suspended"), tree_verify.tree_forward(object()):
+            pass
+        with pytest.raises(RuntimeError, match="already suspended"), tree_verify.suspended():
+            pass
+        assert tree_verify._active is None
+    with tree_verify.tree_forward(object()):  # allowed again once the block has ended
+        assert [getattr(o, o.name)()[0] for o in owners] == ["wrapper"] * 5
