@@ -19,6 +19,7 @@ Derived figures (all from numbers measured in the same run):
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -127,22 +128,25 @@ def pooled_ab(
         names = {system, b_system or system} if same_runs else {name}
         return {d["context"] for d in disturbed(doc) if d["kind"] == "spec" and d["system"] in names}
 
-    def rounds(docs: list[dict[str, Any]], name: str) -> tuple[dict[int, list[float]], dict[int, int]]:
+    def rounds(docs: list[dict[str, Any]], name: str) -> tuple[dict[int, list[float]], dict[int, list]]:
+        """Pooled rounds per context, and each run's median (None where it was left out), in run order."""
         pooled: dict[int, list[float]] = {}
-        runs: dict[int, int] = {}
+        medians: dict[int, list[float | None]] = {}
         for doc in docs:
             skipped = skipped_contexts(doc, name)
             for entry in doc["systems"][name]["checkpoints"]:
                 context = entry["context"]
                 pooled.setdefault(context, [])
-                runs.setdefault(context, 0)
+                medians.setdefault(context, [])
                 if context in skipped:
+                    medians[context].append(None)
                     continue
-                pooled[context].extend((entry.get("spec") or {})["round_seconds"])
-                runs[context] += 1
-        return pooled, runs
+                seconds = (entry.get("spec") or {})["round_seconds"]
+                pooled[context].extend(seconds)
+                medians[context].append(statistics.median(seconds) * 1000)
+        return pooled, medians
 
-    (a, a_runs), (b, b_runs) = rounds(a_docs, system), rounds(b_docs, b_system or system)
+    (a, a_medians), (b, b_medians) = rounds(a_docs, system), rounds(b_docs, b_system or system)
     if set(a) != set(b):
         raise ValueError(f"the arms measured different contexts: {sorted(a)} vs {sorted(b)}")
     out = []
@@ -154,10 +158,26 @@ def pooled_ab(
         out.append({
             "context": context, "label": label(context), "a_ms": a_ms, "b_ms": b_ms,
             "a_rounds": len(a[context]), "b_rounds": len(b[context]), "gain_ms": b_ms - a_ms,
-            "a_runs": a_runs[context], "b_runs": b_runs[context],
+            "a_runs": sum(m is not None for m in a_medians[context]),
+            "b_runs": sum(m is not None for m in b_medians[context]),
             "noise_ms": noise, "verdict": _verdict(b_ms - a_ms > noise),
+            **run_pairs(a_medians[context], b_medians[context]),
         })  # fmt: skip
     return out
+
+
+def run_pairs(a_medians: list[float | None], b_medians: list[float | None]) -> dict[str, Any]:
+    """The i-th run of arm A against the i-th of arm B (alternating runs pair up in order): in how many pairs
+    A's median round is the shorter, and the one-sided sign test's p-value of that count (the chance of at
+    least as many with no difference). Information beside the verdict, which the noise rule alone decides.
+    Empty when the arms have different numbers of runs; pairs with a run left out are not counted."""
+    if len(a_medians) != len(b_medians):
+        return {}
+    pairs = [(x, y) for x, y in zip(a_medians, b_medians, strict=True) if x is not None and y is not None]
+    faster = sum(x < y for x, y in pairs)
+    n = len(pairs)
+    p = sum(math.comb(n, k) for k in range(faster, n + 1)) / 2**n if n else 1.0
+    return {"pairs": n, "pairs_a_faster": faster, "sign_p": p}
 
 
 def _verdict(ok: bool | None) -> str:

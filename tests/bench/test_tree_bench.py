@@ -185,6 +185,13 @@ def test_pooled_ab_pools_alternating_runs_and_applies_the_noise_rule():
     # 8K: A 18,18,20,20,22,22 (median 20, MAD 2) against B's 21: gain 1 inside noise 4
     assert eight_k["gain_ms"] == pytest.approx(1.0) and eight_k["noise_ms"] == pytest.approx(4.0)
     assert eight_k["verdict"] == "MISS"
+    # beside the verdict: run i of A against run i of B (1K medians 21, 21 against 25, 25; 8K 20, 20 against
+    # 21, 21), and the sign test's chance of two of two with no difference
+    for row in (one_k, eight_k):
+        assert (row["pairs"], row["pairs_a_faster"], row["sign_p"]) == (2, 2, 0.25)
+    three = report.pooled_ab([*a, run([30, 30, 30], [30, 30, 30])], [*b, run([25], [21])], "elpis-tree16")
+    assert [(r["pairs"], r["pairs_a_faster"], r["sign_p"]) for r in three] == [(3, 2, 0.5), (3, 2, 0.5)]
+    assert "pairs" not in report.pooled_ab(a, b[:1], "elpis-tree16")[0]  # unequal runs do not pair up
     with pytest.raises(ValueError, match="different contexts"):
         report.pooled_ab(a, [run([25])], "elpis-tree16")
     # Two systems of the same runs: arm B is stock in the very documents of arm A
@@ -221,6 +228,7 @@ def test_pooled_ab_can_leave_out_disturbed_runs():
     # separate runs per arm: only the arm whose own measurement is disturbed loses it
     own_1k, _ = report.pooled_ab(runs, runs[::-1], "elpis-tree16", "stock", skip_disturbed=True)
     assert (own_1k["a_runs"], own_1k["b_runs"]) == (2, 1)
+    assert (own_1k["pairs"], kept_1k["pairs"], all_1k["pairs"]) == (1, 1, 2)  # a pair with a run left out
     with pytest.raises(ValueError, match="every run of an arm was disturbed"):
         report.pooled_ab([noisy], [noisy], "elpis-tree16", "stock", skip_disturbed=True)
 

@@ -3,7 +3,9 @@
 Usage: python3 ab_pooled.py SYSTEM OUT.json --a RUN.json [RUN.json ...] --b RUN.json [RUN.json ...]
        [--b-system OTHER]  (arm B is OTHER in its runs: e.g. elpis-tree16 against stock in the same runs)
 Pools every run, and again without the disturbed measurements (report.disturbed); both go to the JSON
-("rows", "rows_undisturbed") and the printout.
+("rows", "rows_undisturbed") and the printout. With as many runs in each arm, the i-th runs pair up, and each
+row also says in how many pairs A was faster, with the sign test's p-value (information; the noise rule alone
+gives the verdict).
 """
 
 from __future__ import annotations
@@ -43,10 +45,14 @@ def main() -> None:
             print(f"  {rows}")
             continue
         for r in rows:
+            pairs = ""
+            if "pairs" in r:
+                pairs = f"; A faster in {r['pairs_a_faster']} of {r['pairs']} run pairs"
+                pairs += f" (sign test p {r['sign_p']:.3g})"
             print(
                 f"  {r['label']}: A {r['a_ms']:.2f} ms ({r['a_runs']} runs, {r['a_rounds']} rounds), "
                 f"B {r['b_ms']:.2f} ms ({r['b_runs']} runs, {r['b_rounds']}), gain {r['gain_ms']:.2f} ms, "
-                f"noise {r['noise_ms']:.2f} ms: {r['verdict']}"
+                f"noise {r['noise_ms']:.2f} ms: {r['verdict']}{pairs}"
             )
 
 
