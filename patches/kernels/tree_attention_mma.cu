@@ -27,7 +27,8 @@
 //
 // Numerics differ from the SIMT kernel (P in fp16 as the tensor cores take it; the mma's internal
 // summation): the GPU test records the error of both against an fp64 reference. Ampere instructions only
-// (mma.sync, ldmatrix; no wgmma/TMA); dynamic shared memory kSmemBytes, 91,748 bytes (sm_86 allows 99 KB).
+// (mma.sync, ldmatrix; no wgmma/TMA); dynamic shared memory kSmemBytes, 99,668 bytes (sm_86 allows 99 KB:
+// 101,376).
 #include "tree_attention_common.cuh"
 
 namespace {
@@ -41,6 +42,8 @@ constexpr uint32_t kQPad = 8;                 // an n-tile: one row's 6 query he
 constexpr uint32_t kStaged = kTile + kMaxRows + 1;  // staged K/V rows: the tile, the tree rows, a zero row
 constexpr uint32_t kTreeRow = kTile;          // staged row of tree slot ctx + j: kTreeRow + j
 constexpr uint32_t kZeroRow = kTile + kMaxRows;
+constexpr uint32_t kKVRows = 2 * kTile;       // staged rows: a tail tile's kStaged, or a tile's K and V apart
+constexpr uint32_t kVRow = kTile;             // first staged row of V below ctx in the overlapped tiles
 constexpr uint32_t kKStride = kHeadDim + 8;   // halves per staged K or V row (132 words: conflict-free ldmatrix)
 constexpr uint32_t kPStride = kTile + 8;      // halves per P query row (20 words: conflict-free ldmatrix)
 constexpr uint32_t kQStride = kHeadDim + 8;   // halves per staged query head (conflict-free ldmatrix)
@@ -51,10 +54,13 @@ constexpr uint32_t kRowChunk = 4;             // rows per step of the output loo
 static_assert(ELPIS_SCHED_SPLIT_MIN % kTile == 0, "tiles never straddle a split");
 static_assert(kTile == 32 && kMaxRows == 16 && kGroup <= kQPad && kWarps == 16, "the warp layout below");
 
-// Dynamic shared memory (bytes). K and V, both [kStaged][kKStride] position-major, share one buffer; a zero
-// query row serves the padding query columns' ldmatrix rows.
+// Dynamic shared memory (bytes). Staged K and V rows, [kKVRows][kKStride] position-major: a tile below ctx
+// keeps K in rows 0..31 and V in rows 32..63 (so that one can be staged while the other is read, see run_tile);
+// a tail tile stages K, then V, in rows 0..kStaged-1. A zero query row serves the padding query columns'
+// ldmatrix rows.
+static_assert(kStaged <= kKVRows && kVRow + kTile <= kKVRows, "the staged-row buffer holds either layout");
 constexpr size_t kQBytes = size_t(kMaxRows) * kGroup * kQStride * 2;
-constexpr size_t kKVBytes = size_t(kStaged) * kKStride * 2;
+constexpr size_t kKVBytes = size_t(kKVRows) * kKStride * 2;
 constexpr size_t kOffKV = kQBytes;
 constexpr size_t kOffP = kOffKV + (kKVBytes + 15) / 16 * 16;
 constexpr size_t kOffQZero = kOffP + size_t(kStats) * kPStride * 2;
@@ -121,7 +127,7 @@ __device__ __forceinline__ float sum_over_g(float v) {
 // row of the block is active - the active rows are always a prefix.
 struct Block {
     __half* q;       // [kMaxRows][kGroup][kQStride]
-    __half* kv;      // K or V [kStaged][kKStride]
+    __half* kv;      // staged K and V rows [kKVRows][kKStride]
     __half* p;       // [kMaxRows][kQPad][kPStride]
     __half* qzero;   // [kQStride] zeros: the padding query columns' rows
     float* m;        // [kStats] running max
@@ -326,14 +332,17 @@ __device__ __forceinline__ void decode_half(const Block& b, const Packed<kBits>&
 }
 
 // Stage a tile from the group loaded ahead (the tile's own rows) and, in a tail tile, the tree rows and the
-// zero row (rows kTile.., loaded now: they exist only in the block's last tile).
+// zero row (rows kTile.., loaded now: they exist only in the block's last tiles).
 template <uint32_t kBits>
+// `first_row`: where the tile's own rows go (0, or kVRow for V below ctx in an overlapped tile; a tail tile
+// stages from row 0).
 __device__ __forceinline__ void stage_ahead(const Block& b, const Packed<kBits>& ahead,
                                             const uint32_t* __restrict__ packed, const __half* __restrict__ scales,
-                                            const int32_t* __restrict__ block_table, bool tail, uint32_t h) {
+                                            const int32_t* __restrict__ block_table, bool tail, uint32_t h,
+                                            uint32_t first_row = 0) {
     uint32_t row, grp, half;
     pass_item(threadIdx.x, row, grp, half);
-    decode_half<kBits>(b, ahead, row, grp, half, true);
+    decode_half<kBits>(b, ahead, first_row + row, grp, half, true);
     if (tail) {
         const uint32_t extra = kTile + row;
         const bool store = extra < kStaged;
@@ -390,89 +399,50 @@ __device__ __forceinline__ void scores(const Block& b, float (&acc0)[4], float (
     }
 }
 
-// One tile of kTile absolute positions from t0 for the local rows in `active` (below ctx: all n of them).
-// `ahead` holds this tile's packed groups on entry and the next tile's (at `next`, if below `block_end`) on exit.
-__device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4], Ahead& ahead, uint32_t t0,
-                                         uint32_t block_end, uint32_t n, uint32_t rows, uint32_t ctx,
-                                         float scale, uint32_t h, const uint32_t* __restrict__ qk,
-                                         const __half* __restrict__ sk, const uint32_t* __restrict__ qv,
-                                         const __half* __restrict__ sv, const int32_t* __restrict__ block_table,
-                                         long long& clk) {
-    const uint32_t tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, g = lane >> 2, t = lane & 3u;
-    const bool tail = t0 + kTile > ctx;  // holds positions >= ctx: rows read their own tree slots
-    const uint32_t staged = tail ? kStaged : kTile;
-    const uint32_t next = t0 + kTile;
-    // Below ctx every local row of the block is active in every tile (its span reaches past ctx and its split's
-    // end past the tile), so the active rows are the prefix 0 .. n-1; a tail tile checks each row's end.
-    uint32_t active = (1u << n) - 1u;
-    // The slot and staged-row tables serve the tail tile only (rows read their own tree slots there); a tile
-    // below ctx stages its own 32 positions for every row, so it skips them and their barrier. The direct
-    // staging reads b.slot on every tile.
-    if (tail || !ELPIS_MMA_PREFETCH) {
-        if (tail) {
-            active = 0;
-            for (uint32_t r = 0; r < kMaxRows; r++) active |= (b.end[r] > t0 ? 1u : 0u) << r;
-        }
-        if (tid < staged) {
-            uint32_t slot = kNoSlot;
-            if (tid < kTile) {
-                if (t0 + tid < ctx) slot = t0 + tid;
-            } else if (tid < kZeroRow) {
-                if (tid - kTreeRow < rows) slot = ctx + (tid - kTreeRow);
-            }
-            b.slot[tid] = slot;
-        }
-        // Each (row, position) of the tile looks its staged row up once, here, one per thread: the tail paths
-        // below then read a table instead of inlining the slot map (a 16-step walk of the ancestor mask) at
-        // every use.
-        static_assert(kMaxRows * kTile == kThreads && kZeroRow < 256, "one table entry per thread, in a byte");
-        {
-            const uint32_t r = tid / kTile, i = tid % kTile;
-            b.srow[tid] =
-                static_cast<uint8_t>(((active >> r) & 1u) ? staged_row(b, r, t0 + i, t0, ctx) : kZeroRow);
-        }
-        __syncthreads();
-    }
-    ELPIS_PHASE(0);
-#if ELPIS_MMA_PREFETCH
-    stage_ahead<kKBits>(b, ahead.k, qk, sk, block_table, tail, h);
-    if (next < block_end) ahead.k = fetch_ahead<kKBits>(qk, sk, block_table, next, ctx, h);
-#else
-    stage<kKBits>(b, qk, sk, block_table, staged, h);
-#endif
-    __syncthreads();
-    ELPIS_PHASE(1);
+// The phases of a tile (run_tile below). Warp w: positions 16 mt.. (mt = w & 1) of the scores and P, and local
+// row w >> 1, or rows 2 (w >> 1) and the next when the block has more than 8 (they share each A fragment below
+// ctx); head dims 16 w.. of the output.
+struct TileRows {
+    uint32_t mt, r0, nr;
+    bool pair;
+};
 
-    // Scores, then this half-tile's max. Warp -> positions 16 * mt.. (mt = warp & 1) and, for up to 8 rows,
-    // local row warp >> 1, else rows 2 (warp >> 1) and the next (which share each A fragment below ctx). In
-    // a tail tile each row's A fragment rows are its own staged rows (the ldmatrix rows gather them).
-    const uint32_t mt = warp & 1u;
-    const bool pair = n > kMaxRows / 2;
-    const uint32_t r0 = pair ? 2u * (warp >> 1) : warp >> 1;
-    const uint32_t nr = pair ? 2u : 1u;
-    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+__device__ __forceinline__ TileRows tile_rows(uint32_t warp, uint32_t n) {
+    TileRows w;
+    w.mt = warp & 1u;
+    w.pair = n > kMaxRows / 2;
+    w.r0 = w.pair ? 2u * (warp >> 1) : warp >> 1;
+    w.nr = w.pair ? 2u : 1u;
+    return w;
+}
+
+// Scores of the warp's rows over its 16 positions (K in staged rows 0.., in a tail tile gathered through each
+// row's staged-row table), scaled and masked, and this half-tile's max per (row, query column) into b.tmax.
+__device__ __forceinline__ void score_phase(const Block& b, float (&acc)[2][4], const TileRows& w, bool tail,
+                                            uint32_t active, uint32_t t0, float scale) {
+    const uint32_t lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u;
     // this lane's ldmatrix row: matrix i = lane / 8 -> positions +8 (i & 1), head dims +8 (i >> 1)
-    const uint32_t a_pos = 16u * mt + 8u * ((lane >> 3) & 1u) + (lane & 7u), a_dim = 8u * (lane >> 4);
+    const uint32_t a_pos = 16u * w.mt + 8u * ((lane >> 3) & 1u) + (lane & 7u), a_dim = 8u * (lane >> 4);
     if (!tail) {
         const __half* k_row = b.kv + a_pos * kKStride + a_dim;
-        if (pair && ((active >> (r0 + 1u)) & 1u))
-            scores<true>(b, acc[0], acc[1], k_row, r0, lane);
-        else if ((active >> r0) & 1u)
-            scores<false>(b, acc[0], acc[1], k_row, r0, lane);
+        if (w.pair && ((active >> (w.r0 + 1u)) & 1u))
+            scores<true>(b, acc[0], acc[1], k_row, w.r0, lane);
+        else if ((active >> w.r0) & 1u)
+            scores<false>(b, acc[0], acc[1], k_row, w.r0, lane);
     } else {
 #pragma unroll
         for (uint32_t k = 0; k < 2; k++) {
-            const uint32_t r = r0 + k;
-            if (k >= nr || !((active >> r) & 1u)) continue;
+            const uint32_t r = w.r0 + k;
+            if (k >= w.nr || !((active >> r) & 1u)) continue;
             const __half* k_row = b.kv + b.srow[r * kTile + a_pos] * kKStride + a_dim;
             scores<false>(b, acc[k], acc[k], k_row, r, lane);
         }
     }
-    const uint32_t p_lo = t0 + 16u * mt + g, p_hi = p_lo + 8u;
+    const uint32_t p_lo = t0 + 16u * w.mt + g, p_hi = p_lo + 8u;
 #pragma unroll
     for (uint32_t k = 0; k < 2; k++) {
-        const uint32_t r = r0 + k;
-        if (k >= nr || !((active >> r) & 1u)) continue;
+        const uint32_t r = w.r0 + k;
+        if (k >= w.nr || !((active >> r) & 1u)) continue;
         const float ninf = __int_as_float(0xff800000);
         const bool v_lo = p_lo < b.end[r], v_hi = p_hi < b.end[r];
         acc[k][0] = v_lo ? __fmul_rn(acc[k][0], scale) : ninf;
@@ -481,53 +451,44 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
         acc[k][3] = v_hi ? __fmul_rn(acc[k][3], scale) : ninf;
         const float mx0 = max_over_g(fmaxf(acc[k][0], acc[k][2])), mx1 = max_over_g(fmaxf(acc[k][1], acc[k][3]));
         if (g == 0) {
-            b.tmax[mt * kStats + r * kQPad + 2u * t] = mx0;
-            b.tmax[mt * kStats + r * kQPad + 2u * t + 1u] = mx1;
+            b.tmax[w.mt * kStats + r * kQPad + 2u * t] = mx0;
+            b.tmax[w.mt * kStats + r * kQPad + 2u * t + 1u] = mx1;
         }
     }
-    __syncthreads();
-    ELPIS_PHASE(2);
+}
 
-    // P = fp16(exp(s - new max)), this half-tile's sum of P (fixed butterfly); V staged meanwhile.
+// P = fp16(exp(s - new max)) into b.p, this half-tile's sum of P (fixed butterfly) into b.tsum, and each
+// (row, query column)'s rescale factor into b.alpha.
+__device__ __forceinline__ void softmax_phase(const Block& b, const float (&acc)[2][4], const TileRows& w,
+                                              uint32_t active) {
+    const uint32_t lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u;
 #pragma unroll
     for (uint32_t k = 0; k < 2; k++) {
-        const uint32_t r = r0 + k;
-        if (k >= nr || !((active >> r) & 1u)) continue;
+        const uint32_t r = w.r0 + k;
+        if (k >= w.nr || !((active >> r) & 1u)) continue;
 #pragma unroll
         for (uint32_t c = 0; c < 2; c++) {
             const uint32_t j = 2u * t + c, st = r * kQPad + j;
             const float m_new = fmaxf(b.m[st], fmaxf(b.tmax[st], b.tmax[kStats + st]));
             const __half ph_lo = __float2half_rn(expf(acc[k][c] - m_new));
             const __half ph_hi = __float2half_rn(expf(acc[k][2 + c] - m_new));
-            __half* prow = b.p + st * kPStride + 16u * mt + g;
+            __half* prow = b.p + st * kPStride + 16u * w.mt + g;
             if (j < kGroup) {
                 prow[0] = ph_lo;
                 prow[8] = ph_hi;
             }
             const float part = sum_over_g(__fadd_rn(__half2float(ph_lo), __half2float(ph_hi)));
             if (g == 0) {
-                b.tsum[mt * kStats + st] = part;
-                if (mt == 0) b.alpha[st] = expf(b.m[st] - m_new);  // 0 on the row's first tile (old max -inf)
+                b.tsum[w.mt * kStats + st] = part;
+                if (w.mt == 0) b.alpha[st] = expf(b.m[st] - m_new);  // 0 on the row's first tile (old max -inf)
             }
         }
     }
-#ifdef ELPIS_MMA_CLOCKS
-    __syncthreads();
-    ELPIS_PHASE(3);
-#endif
-#if ELPIS_MMA_PREFETCH
-    stage_ahead<kVBits>(b, ahead.v, qv, sv, block_table, tail, h);
-    if (next < block_end) ahead.v = fetch_ahead<kVBits>(qv, sv, block_table, next, ctx, h);
-#else
-    // the zero row's slot stays kNoSlot; tree rows and the tile's committed rows as for K
-    stage<kVBits>(b, qv, sv, block_table, staged, h);
-#endif
-    __syncthreads();
-    ELPIS_PHASE(4);
+}
 
-    // Running (max, sum) per (row, query); O^T = alpha O^T + V^T P^T: warp -> head dims 16*warp.., each row's
-    // two k-steps (positions 0-15, 16-31) in order. The A fragments (V^T) come from the position-major V by
-    // transposing ldmatrix rows: matrix i = lane / 8 -> head dims +8 (i & 1), positions +8 (i >> 1).
+// The running (max, sum) per (row, query column), from this tile's halves.
+__device__ __forceinline__ void update_stats(const Block& b, uint32_t active) {
+    const uint32_t tid = threadIdx.x;
     if (tid < kStats) {
         const uint32_t r = tid / kQPad, j = tid % kQPad;
         if (((active >> r) & 1u) && j < kGroup) {
@@ -536,6 +497,15 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
             b.m[tid] = m_new;
         }
     }
+}
+
+// O^T = alpha O^T + V^T P^T: warp -> head dims 16*warp.., each row's two k-steps (positions 0-15, 16-31) in
+// order. V is in staged rows v_row.. (below ctx; a tail tile gathers each row's through its table). The A
+// fragments (V^T) come from the position-major V by transposing ldmatrix rows: matrix i = lane / 8 -> head
+// dims +8 (i & 1), positions +8 (i >> 1).
+__device__ __forceinline__ void output_phase(const Block& b, float (&o)[kMaxRows][4], bool tail, uint32_t active,
+                                             uint32_t n, uint32_t v_row) {
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, t = lane & 3u;
     const uint32_t v_pos = 8u * (lane >> 4) + (lane & 7u), v_dim = 16u * warp + 8u * ((lane >> 3) & 1u);
     // this lane's ldmatrix row of a row's P fragments: query column lane % 8, positions +8 (lane / 8)
     const __half* p_row = b.p + (lane & 7u) * kPStride + 8u * (lane >> 3);
@@ -543,8 +513,8 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
         // Every row of the block is active: rows go in steps of kRowChunk with no per-row branch. A step's
         // rows past n are rows no tile of this block touches: P zero (never written), alpha 1, never output.
         uint32_t va[2][4];
-        ldsm_x4<true>(va[0], b.kv + v_pos * kKStride + v_dim);
-        ldsm_x4<true>(va[1], b.kv + (16u + v_pos) * kKStride + v_dim);
+        ldsm_x4<true>(va[0], b.kv + (v_row + v_pos) * kKStride + v_dim);
+        ldsm_x4<true>(va[1], b.kv + (v_row + 16u + v_pos) * kKStride + v_dim);
 #pragma unroll
         for (uint32_t c = 0; c < kMaxRows / kRowChunk; c++) {
             if (c * kRowChunk >= n) break;
@@ -581,6 +551,120 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
             }
         }
     }
+}
+
+// One tile of kTile absolute positions from t0 for the local rows in `active` (below ctx: all n of them).
+// `ahead` holds this tile's packed groups on entry and the next tile's (at `next`, if below `block_end`) on exit,
+// except that a tile below ctx may stage the next tile's K itself (then `k_ready` is true on exit, and `ahead.k`
+// holds the tile after next's).
+//
+// Below ctx (with ELPIS_MMA_PREFETCH) a tile overlaps its staging with the tensor-core phases, whose time is
+// mostly shared-memory reads: K and V have rows of their own, so V is dequantised while the scores read K, and
+// the next tile's K while the output reads V, each warp doing both halves of its phase (odd warps staging first,
+// even ones last, so that about half the warps are decoding while the others read). Three barriers a tile
+// instead of four. Every staged value and every instruction on a row's operands are the sequential order's, so
+// are the bits. Tail tiles (and the direct staging's build) keep the sequential order in rows 0..kStaged-1.
+__device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4], Ahead& ahead, bool& k_ready,
+                                         uint32_t t0, uint32_t block_end, uint32_t n, uint32_t rows, uint32_t ctx,
+                                         float scale, uint32_t h, const uint32_t* __restrict__ qk,
+                                         const __half* __restrict__ sk, const uint32_t* __restrict__ qv,
+                                         const __half* __restrict__ sv, const int32_t* __restrict__ block_table,
+                                         long long& clk) {
+    const uint32_t tid = threadIdx.x, warp = tid >> 5;
+    const bool tail = t0 + kTile > ctx;  // holds positions >= ctx: rows read their own tree slots
+    const uint32_t staged = tail ? kStaged : kTile;
+    const uint32_t next = t0 + kTile;
+    const TileRows w = tile_rows(warp, n);
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    // Below ctx every local row of the block is active in every tile (its span reaches past ctx and its split's
+    // end past the tile), so the active rows are the prefix 0 .. n-1; a tail tile checks each row's end.
+    uint32_t active = (1u << n) - 1u;
+#if ELPIS_MMA_PREFETCH
+    if (!tail) {
+        ELPIS_PHASE(0);
+        if (!k_ready) {  // the block's first tile
+            stage_ahead<kKBits>(b, ahead.k, qk, sk, block_table, false, h);
+            if (next < block_end) ahead.k = fetch_ahead<kKBits>(qk, sk, block_table, next, ctx, h);
+            __syncthreads();
+        }
+        ELPIS_PHASE(1);
+        const bool stage_first = (warp & 1u) != 0u;
+        if (stage_first) stage_ahead<kVBits>(b, ahead.v, qv, sv, block_table, false, h, kVRow);
+        score_phase(b, acc, w, false, active, t0, scale);
+        if (!stage_first) stage_ahead<kVBits>(b, ahead.v, qv, sv, block_table, false, h, kVRow);
+        if (next < block_end) ahead.v = fetch_ahead<kVBits>(qv, sv, block_table, next, ctx, h);
+        __syncthreads();
+        ELPIS_PHASE(2);
+        softmax_phase(b, acc, w, active);
+        __syncthreads();
+        ELPIS_PHASE(3);
+        // K of the next tile, unless it is a tail tile (whose staged rows overlap V's) or past the block
+        const bool k_next = next < block_end && next + kTile <= ctx;
+        update_stats(b, active);
+        if (k_next && stage_first) stage_ahead<kKBits>(b, ahead.k, qk, sk, block_table, false, h);
+        output_phase(b, o, false, active, n, kVRow);
+        if (k_next && !stage_first) stage_ahead<kKBits>(b, ahead.k, qk, sk, block_table, false, h);
+        if (k_next && next + kTile < block_end)
+            ahead.k = fetch_ahead<kKBits>(qk, sk, block_table, next + kTile, ctx, h);
+        k_ready = k_next;
+        __syncthreads();  // the next tile reads K and (m, l) and restages V and P
+        ELPIS_PHASE(5);
+        return;
+    }
+#endif
+    // The slot and staged-row tables serve the tail tile only (rows read their own tree slots there); a tile
+    // below ctx stages its own 32 positions for every row, so it skips them and their barrier. The direct
+    // staging reads b.slot on every tile.
+    if (tail) {
+        active = 0;
+        for (uint32_t r = 0; r < kMaxRows; r++) active |= (b.end[r] > t0 ? 1u : 0u) << r;
+    }
+    if (tid < staged) {
+        uint32_t slot = kNoSlot;
+        if (tid < kTile) {
+            if (t0 + tid < ctx) slot = t0 + tid;
+        } else if (tid < kZeroRow) {
+            if (tid - kTreeRow < rows) slot = ctx + (tid - kTreeRow);
+        }
+        b.slot[tid] = slot;
+    }
+    // Each (row, position) of the tile looks its staged row up once, here, one per thread: the tail paths
+    // below then read a table instead of inlining the slot map (a 16-step walk of the ancestor mask) at
+    // every use.
+    static_assert(kMaxRows * kTile == kThreads && kZeroRow < 256, "one table entry per thread, in a byte");
+    {
+        const uint32_t r = tid / kTile, i = tid % kTile;
+        b.srow[tid] = static_cast<uint8_t>(((active >> r) & 1u) ? staged_row(b, r, t0 + i, t0, ctx) : kZeroRow);
+    }
+    __syncthreads();
+    ELPIS_PHASE(0);
+#if ELPIS_MMA_PREFETCH
+    stage_ahead<kKBits>(b, ahead.k, qk, sk, block_table, tail, h);
+    if (next < block_end) ahead.k = fetch_ahead<kKBits>(qk, sk, block_table, next, ctx, h);
+#else
+    stage<kKBits>(b, qk, sk, block_table, staged, h);
+#endif
+    __syncthreads();
+    ELPIS_PHASE(1);
+    score_phase(b, acc, w, tail, active, t0, scale);
+    __syncthreads();
+    ELPIS_PHASE(2);
+    softmax_phase(b, acc, w, active);
+#ifdef ELPIS_MMA_CLOCKS
+    __syncthreads();
+    ELPIS_PHASE(3);
+#endif
+#if ELPIS_MMA_PREFETCH
+    stage_ahead<kVBits>(b, ahead.v, qv, sv, block_table, tail, h);
+    if (next < block_end) ahead.v = fetch_ahead<kVBits>(qv, sv, block_table, next, ctx, h);
+#else
+    // the zero row's slot stays kNoSlot; tree rows and the tile's committed rows as for K
+    stage<kVBits>(b, qv, sv, block_table, staged, h);
+#endif
+    __syncthreads();
+    ELPIS_PHASE(4);
+    update_stats(b, active);
+    output_phase(b, o, tail, active, n, 0);
     __syncthreads();  // the next tile restages K, V and P and reads (m, l)
     ELPIS_PHASE(5);
 }
@@ -670,8 +754,9 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
         ahead.v = fetch_ahead<kVBits>(qv, sv, block_table, begin, ctx, h);
     }
 #endif
+    bool k_ready = false;  // K of the next tile already staged (run_tile)
     for (uint32_t t0 = begin; t0 < block_end; t0 += kTile) {
-        run_tile(b, o, ahead, t0, block_end, n, rows, ctx, scale, h, qk, sk, qv, sv, block_table, clk);
+        run_tile(b, o, ahead, k_ready, t0, block_end, n, rows, ctx, scale, h, qk, sk, qv, sv, block_table, clk);
 #ifdef ELPIS_MMA_CLOCKS
         if (clocked_block()) g_phase_cycles[6] += 1;
 #endif

@@ -47,7 +47,6 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return _build(tmp_path_factory.mktemp("tree_attention_mma_emu"))
 
 
-
 @pytest.fixture(scope="module")
 def direct_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     """The build with the direct staging (ELPIS_MMA_PREFETCH=0) that the pipelined staging replaced."""
@@ -190,12 +189,16 @@ def test_rows_dealt_to_several_blocks_keep_their_bits(lib: ctypes.CDLL) -> None:
         (90, PARENTS, 32),  # 16 rows, tails straddling the tile boundary at 96
         (31, [-1, 0, 0, 1], 33),  # the first tile is already the tail
         (129, [-1], 34),  # one row, five tiles: every tile's groups loaded one tile ahead
+        # 16 rows over two splits of 128: the first split's four tiles stage each next K during the output
+        # and its last stops at the split's end; the second's tiles 128 and 160 overlap, then two tail tiles
+        (200, PARENTS, 35),
     ],
 )
 def test_pipelined_staging_keeps_the_direct_stagings_bits(
     lib: ctypes.CDLL, direct_lib: ctypes.CDLL, ctx: int, parents: list[int], seed: int
 ) -> None:
-    """Loading groups a tile ahead and decoding half-groups on every thread changes no output bit."""
+    """Loading groups a tile ahead, decoding half-groups on every thread and overlapping the staging with the
+    tensor-core phases (K and V in rows of their own below ctx) change no output bit."""
     masks = accept.tree_masks(parents)
     pages = Pages(ctx + len(parents), seed)
     q = _queries(len(parents), seed)

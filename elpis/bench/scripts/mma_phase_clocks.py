@@ -1,9 +1,10 @@
 """Where a tile of the tensor-core tree attention spends its time (diagnostic, GPU only).
 
 Builds `patches/kernels/tree_attention_mma.cu` with ELPIS_MMA_CLOCKS (thread 0 of the block in the middle of
-the grid adds each phase's clock64 cycles to device counters; one extra barrier separates P from the V
-staging) and prints, per context and row count, one JSON line: the served build's median ms per call, the
-clock build's cycles per tile per phase, the measured block's ns per tile and the SM clock this implies.
+the grid adds each phase's clock64 cycles to device counters; in a tail tile one extra barrier separates P
+from the V staging) and prints, per context and row count, one JSON line: the served build's median ms per
+call, the clock build's cycles per tile per phase, the measured block's ns per tile and the SM clock this
+implies.
 Usage (repo root, after `make build`): python3 elpis/bench/scripts/mma_phase_clocks.py [ctx ...]
 """
 
@@ -20,6 +21,8 @@ from elpis import accept
 from elpis.exl3 import tree_attention as ta
 from tests.kernels import tree_cases as tc
 
+# A tile below ctx overlaps its staging with the tensor-core phases: there "scores" includes the V staging,
+# "output" the next tile's K staging, "stage_k" only the block's first K, and "stage_v" stays 0.
 PHASES = ("slots", "stage_k", "scores", "softmax_p", "stage_v", "output")
 
 

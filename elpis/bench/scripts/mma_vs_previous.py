@@ -3,9 +3,11 @@
 A kernel change that keeps the arithmetic must keep every bit: for contexts that use one block per
 (split, head) and several (short contexts deal the rows to more blocks), 1-16 rows and random trees, both
 builds get the same quantized cache (tests/kernels/tree_cases.QuantPool) and queries, and their outputs and
-log-sum-exps are compared bit for bit; then both are timed (median of CUDA-event times) at 32K and 128K.
+log-sum-exps are compared bit for bit; then both are timed (median of CUDA-event times) from 32K on, with 1, 8
+and 16 rows. Contexts given on the command line replace the default four (1000, 4093, 32760, 131050); one
+past 131050 is checked with 1, 8 and 16 rows only.
 Prints one JSON line per check and exits non-zero on any difference.
-Usage (repo root, after `make build`): python3 elpis/bench/scripts/mma_vs_previous.py PREVIOUS.cu
+Usage (repo root, after `make build`): python3 elpis/bench/scripts/mma_vs_previous.py PREVIOUS.cu [CTX ...]
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from elpis.exl3 import tree_attention as ta
 from tests.kernels import tree_cases as tc
 
 
-def main(previous: Path) -> int:
+def main(previous: Path, contexts: list[int]) -> int:
     lib = ta.load_mma({"ELPIS_QCACHE_K_BITS": 3, "ELPIS_QCACHE_V_BITS": 3}, previous)
 
     def prev(q, *a, return_lse=False):
@@ -34,10 +36,10 @@ def main(previous: Path) -> int:
 
     new = ta.tree_attention_mma
     failures = 0
-    for ctx in (1000, 4093, 32760, 131050):
+    for ctx in contexts or [1000, 4093, 32760, 131050]:
         pool = tc.QuantPool(ctx + 16, seed=ctx + 3)
         args0 = (pool.layer.qk, pool.layer.sk, pool.layer.qv, pool.layer.sv, pool.table)
-        for rows in (1, 3, 8, 9, 12, 16):
+        for rows in (1, 3, 8, 9, 12, 16) if ctx <= 131050 else (1, 8, 16):
             masks = accept.tree_masks(tc.random_parents(rows, random.Random(ctx * 31 + rows)))
             q = torch.randn(
                 (rows, ta.Q_HEADS, ta.HEAD_DIM), generator=torch.Generator().manual_seed(rows)
@@ -55,7 +57,7 @@ def main(previous: Path) -> int:
             )
         if ctx >= 32760:
             record: dict = {"check": "timing vs previous build", "ctx": ctx}
-            for rows in (8, 16):
+            for rows in (1, 8, 16):
                 masks = accept.tree_masks(tc.random_parents(rows, random.Random(rows)))
                 q = torch.randn((rows, ta.Q_HEADS, ta.HEAD_DIM), device="cuda").half()
                 args = (*args0, ctx, masks.depth, masks.ancestors)
@@ -70,4 +72,4 @@ def main(previous: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(main(Path(sys.argv[1]), [int(c) for c in sys.argv[2:]]))
