@@ -104,11 +104,7 @@ __device__ __forceinline__ void hadamard_butterflies(float (&v)[kN]) {
 // 0..4 in order, then fp16 (rn). Reproduces ExLlamaV3's dequant_cache_paged (elpis/exl3/qcache_ref.py is the
 // reference, checked bit for bit against CacheLayer_quant.get_kv).
 template <uint32_t kBits>
-__device__ __forceinline__ void dequant_group(const uint32_t* __restrict__ words, __half scale,
-                                              __half (&out)[kQGroup]) {
-    uint32_t w[kBits];
-#pragma unroll
-    for (uint32_t i = 0; i < kBits; i++) w[i] = words[i];
+__device__ __forceinline__ void dequant_words(const uint32_t (&w)[kBits], __half scale, __half (&out)[kQGroup]) {
     const float step = group_step<kBits>(scale);
     float v[kQGroup];
 #pragma unroll
@@ -116,6 +112,16 @@ __device__ __forceinline__ void dequant_group(const uint32_t* __restrict__ words
     hadamard_butterflies(v);
 #pragma unroll
     for (uint32_t j = 0; j < kQGroup; j++) out[j] = __float2half_rn(v[j]);
+}
+
+// dequant_words of a group's packed words in memory.
+template <uint32_t kBits>
+__device__ __forceinline__ void dequant_group(const uint32_t* __restrict__ words, __half scale,
+                                              __half (&out)[kQGroup]) {
+    uint32_t w[kBits];
+#pragma unroll
+    for (uint32_t i = 0; i < kBits; i++) w[i] = words[i];
+    dequant_words<kBits>(w, scale, out);
 }
 
 // Index of group g (0..7) of K/V head h at cache slot `slot` in the packed words / scales.

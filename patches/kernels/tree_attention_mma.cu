@@ -215,12 +215,13 @@ constexpr uint32_t kHalfGroup = kQGroup / 2;
 static_assert(kTile * kQGroupsPerHead * 2 == kThreads, "one pass of half-group items stages a tile's rows");
 static_assert(kStaged <= 2 * kTile, "a tail tile's extra rows fit in a second pass");
 
-// One group's packed words and scale, loaded ahead of its tile.
+// One group's packed words and scale, loaded ahead of its tile (zeros for a row with no slot: a position past
+// the context, the zero row, an unused tree slot; whoever stages it knows which rows those are, so no flag is
+// kept here, where every thread would hold one across the tile for K and V).
 template <uint32_t kBits>
 struct Packed {
     uint32_t w[kBits];
     __half scale;
-    bool valid;  // false: a position past the context, the zero row, an unused tree slot
 };
 
 // Item `i` (a thread) of a pass over 32 staged rows: (row, group, half), a group's halves in lanes i and i^1.
@@ -241,8 +242,7 @@ __device__ __forceinline__ Packed<kBits> fetch_group(const uint32_t* __restrict_
                                                     const int32_t* __restrict__ block_table, uint32_t slot,
                                                     uint32_t h, uint32_t grp) {
     Packed<kBits> p;
-    p.valid = slot != kNoSlot;
-    if (p.valid) {
+    if (slot != kNoSlot) {
         const size_t idx = qcache_group(block_table, slot, h, grp);
 #pragma unroll
         for (uint32_t i = 0; i < kBits; i++) p.w[i] = packed[idx * kBits + i];
@@ -303,13 +303,13 @@ __device__ __forceinline__ void store_half(const Block& b, const __half (&vals)[
     dst[1] = valid ? src[1] : zero;
 }
 
-// Decode half `half` of a group into staged row `row` (every lane of the warp calls it: the last butterfly
-// is a shuffle with the partner lane; `store` false only computes). Same operations as dequant_group; the
+// Decode half `half` of a group into staged row `row`, zeros if !valid (every lane of the warp calls it: the
+// last butterfly is a shuffle with the partner lane; `store` false only computes). Same operations as dequant_group; the
 // last butterfly's lo + hi (half 0) and lo - hi (half 1) are one fma with an exact product (+-1 * v), so
 // each is rounded once, as the add and the subtract are.
 template <uint32_t kBits>
 __device__ __forceinline__ void decode_half(const Block& b, const Packed<kBits>& p, uint32_t row, uint32_t grp,
-                                            uint32_t half, bool store) {
+                                            uint32_t half, bool store, bool valid) {
     const float step = group_step<kBits>(p.scale);
     uint32_t hw[kBits];
     half_words<kBits>(p.w, half, hw);
@@ -328,27 +328,26 @@ __device__ __forceinline__ void decode_half(const Block& b, const Packed<kBits>&
     __align__(16) __half vals[kHalfGroup];
 #pragma unroll
     for (uint32_t j = 0; j < kHalfGroup; j++) vals[j] = __float2half_rn(v[j]);
-    store_half(b, vals, p.valid, row, grp, half);
+    store_half(b, vals, valid, row, grp, half);
 }
 
-// Stage a tile from the group loaded ahead (the tile's own rows) and, in a tail tile, the tree rows and the
-// zero row (rows kTile.., loaded now: they exist only in the block's last tiles).
+// Stage the tile at t0 from the group loaded ahead (the tile's own rows, those below ctx holding values)
+// and, in a tail tile, the tree rows and the zero row (rows kTile.., loaded now: they exist only in the block's
+// last tiles).
 template <uint32_t kBits>
-// `first_row`: where the tile's own rows go (0, or kVRow for V below ctx in an overlapped tile; a tail tile
-// stages from row 0).
 __device__ __forceinline__ void stage_ahead(const Block& b, const Packed<kBits>& ahead,
                                             const uint32_t* __restrict__ packed, const __half* __restrict__ scales,
                                             const int32_t* __restrict__ block_table, bool tail, uint32_t h,
-                                            uint32_t first_row = 0) {
+                                            uint32_t t0, uint32_t ctx) {
     uint32_t row, grp, half;
     pass_item(threadIdx.x, row, grp, half);
-    decode_half<kBits>(b, ahead, first_row + row, grp, half, true);
+    decode_half<kBits>(b, ahead, row, grp, half, true, !tail || tile_slot(t0, row, ctx) != kNoSlot);
     if (tail) {
         const uint32_t extra = kTile + row;
         const bool store = extra < kStaged;
         const uint32_t slot = store ? b.slot[extra] : kNoSlot;
         decode_half<kBits>(b, fetch_group<kBits>(packed, scales, block_table, slot, h, grp), extra, grp, half,
-                           store);
+                           store, slot != kNoSlot);
     }
 }
 
@@ -363,6 +362,48 @@ __device__ __forceinline__ Packed<kBits> fetch_ahead(const uint32_t* __restrict_
     return fetch_group<kBits>(packed, scales, block_table, tile_slot(t0, row, ctx), h, grp);
 }
 
+// A tile below ctx splits its warps (run_tile): warps 0..7 compute the scores and P of whole rows, warps 8..15
+// dequantise V meanwhile, one whole group a thread.
+constexpr uint32_t kScoreWarps = kWarps / 2;
+static_assert(kTile * kQGroupsPerHead == (kWarps - kScoreWarps) * 32, "one V group per staging thread");
+static_assert(kMaxRows == 2 * kScoreWarps, "a score warp's rows: one, or two past 8 rows");
+
+// The group a V-staging thread (warp >= kScoreWarps) stages: staged row `row` of the tile, head-dim group `grp`.
+__device__ __forceinline__ void group_item(uint32_t& row, uint32_t& grp) {
+    const uint32_t i = threadIdx.x - kScoreWarps * 32u;
+    row = i / kQGroupsPerHead;
+    grp = i % kQGroupsPerHead;
+}
+
+// The V group this thread stages for the tile at t0 (a tile below ctx), loaded ahead of it; nothing for the
+// score warps.
+template <uint32_t kBits>
+__device__ __forceinline__ Packed<kBits> fetch_v_group(const uint32_t* __restrict__ packed,
+                                                      const __half* __restrict__ scales,
+                                                      const int32_t* __restrict__ block_table, uint32_t t0,
+                                                      uint32_t ctx, uint32_t h) {
+    uint32_t row = 0, grp = 0;
+    const bool stager = (threadIdx.x >> 5) >= kScoreWarps;
+    if (stager) group_item(row, grp);
+    return fetch_group<kBits>(packed, scales, block_table, stager ? tile_slot(t0, row, ctx) : kNoSlot, h, grp);
+}
+
+// Stage the tile's V (below ctx, so every row has a slot) into rows kVRow.. from the groups loaded ahead:
+// dequant_group's operations on the words in registers, so the direct staging's values. Staging warps only.
+template <uint32_t kBits>
+__device__ __forceinline__ void stage_v_groups(const Block& b, const Packed<kBits>& p) {
+    uint32_t row, grp;
+    group_item(row, grp);
+    __align__(16) __half vals[kQGroup];
+    dequant_words<kBits>(p.w, p.scale, vals);
+    uint4* dst = reinterpret_cast<uint4*>(b.kv + (kVRow + row) * kKStride + grp * kQGroup);
+    const uint4* src = reinterpret_cast<const uint4*>(vals);
+#pragma unroll
+    for (uint32_t c = 0; c < 4; c++) dst[c] = src[c];
+}
+
+// k: every thread's half group of the next tile's K (pass_item), v: a V-staging thread's group of the next tile
+// below ctx (group_item).
 struct Ahead {
     Packed<kKBits> k;
     Packed<kVBits> v;
@@ -553,17 +594,108 @@ __device__ __forceinline__ void output_phase(const Block& b, float (&o)[kMaxRows
     }
 }
 
+// Scores S^T = K Q^T of local row r0 (and r0 + 1 with kTwo) over all 32 positions of a tile below ctx, k-steps
+// 0..15 in order for each (row, m-tile): each k-step loads the rows' Q fragments once and the two m-tiles' K
+// fragments once, and each accumulator sees score()'s operands in score()'s order.
+template <bool kTwo>
+__device__ __forceinline__ void scores_tile(const Block& b, float (&acc)[2][2][4], uint32_t r0, uint32_t lane) {
+    const __half* q0 = q_row(b, r0, lane);
+    const __half* q1 = q_row(b, r0 + 1u, lane);
+    // this lane's ldmatrix row: matrix i = lane / 8 -> positions +8 (i & 1), head dims +8 (i >> 1)
+    const __half* k0 = b.kv + (8u * ((lane >> 3) & 1u) + (lane & 7u)) * kKStride + 8u * (lane >> 4);
+    const __half* k1 = k0 + 16u * kKStride;
+#pragma unroll 2
+    for (uint32_t kp = 0; kp < kHeadDim / 32; kp++) {
+        uint32_t b0[4], b1[4];
+        ldsm_x4<false>(b0, q0 + 32u * kp);
+        if (kTwo) ldsm_x4<false>(b1, q1 + 32u * kp);
+#pragma unroll
+        for (uint32_t s = 0; s < 2; s++) {
+            const uint32_t kk = 2u * kp + s;
+            uint32_t a0[4], a1[4];
+            ldsm_x4<false>(a0, k0 + 16u * kk);
+            ldsm_x4<false>(a1, k1 + 16u * kk);
+            mma16816(acc[0][0], a0, b0[2 * s], b0[2 * s + 1]);
+            mma16816(acc[0][1], a1, b0[2 * s], b0[2 * s + 1]);
+            if (kTwo) {
+                mma16816(acc[1][0], a0, b1[2 * s], b1[2 * s + 1]);
+                mma16816(acc[1][1], a1, b1[2 * s], b1[2 * s + 1]);
+            }
+        }
+    }
+}
+
+// A score warp's part of a tile below ctx (warp w < kScoreWarps: local row w, or rows 2w and 2w + 1 past 8
+// rows): the scores of its rows over the whole tile, then their P, sums and rescale factors, with
+// score_phase's and softmax_phase's operations: the same b.tmax, b.p, b.tsum and b.alpha, and each new max
+// taken from the two halves' maxima as softmax_phase takes them, from registers instead of b.tmax.
+__device__ __forceinline__ void score_softmax_rows(const Block& b, uint32_t warp, uint32_t n, uint32_t active,
+                                                   uint32_t t0, float scale) {
+    const uint32_t lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u;
+    const bool pair = n > kMaxRows / 2;
+    const uint32_t r0 = pair ? 2u * warp : warp, nr = pair ? 2u : 1u;
+    float acc[2][2][4] = {};
+    if (pair && ((active >> (r0 + 1u)) & 1u))
+        scores_tile<true>(b, acc, r0, lane);
+    else if ((active >> r0) & 1u)
+        scores_tile<false>(b, acc, r0, lane);
+#pragma unroll
+    for (uint32_t k = 0; k < 2; k++) {
+        const uint32_t r = r0 + k;
+        if (k >= nr || !((active >> r) & 1u)) continue;
+        float mx[2][2];  // [m-tile][c]: the half-tile's max of query column 2t + c
+#pragma unroll
+        for (uint32_t mt = 0; mt < 2; mt++) {
+            float(&a)[4] = acc[k][mt];
+            const uint32_t p_lo = t0 + 16u * mt + g, p_hi = p_lo + 8u;
+            const float ninf = __int_as_float(0xff800000);
+            const bool v_lo = p_lo < b.end[r], v_hi = p_hi < b.end[r];
+            a[0] = v_lo ? __fmul_rn(a[0], scale) : ninf;
+            a[1] = v_lo ? __fmul_rn(a[1], scale) : ninf;
+            a[2] = v_hi ? __fmul_rn(a[2], scale) : ninf;
+            a[3] = v_hi ? __fmul_rn(a[3], scale) : ninf;
+            mx[mt][0] = max_over_g(fmaxf(a[0], a[2]));
+            mx[mt][1] = max_over_g(fmaxf(a[1], a[3]));
+            if (g == 0) {
+                b.tmax[mt * kStats + r * kQPad + 2u * t] = mx[mt][0];
+                b.tmax[mt * kStats + r * kQPad + 2u * t + 1u] = mx[mt][1];
+            }
+        }
+#pragma unroll
+        for (uint32_t c = 0; c < 2; c++) {
+            const uint32_t j = 2u * t + c, st = r * kQPad + j;
+            const float m_old = b.m[st];
+            const float m_new = fmaxf(m_old, fmaxf(mx[0][c], mx[1][c]));
+#pragma unroll
+            for (uint32_t mt = 0; mt < 2; mt++) {
+                const __half ph_lo = __float2half_rn(expf(acc[k][mt][c] - m_new));
+                const __half ph_hi = __float2half_rn(expf(acc[k][mt][2 + c] - m_new));
+                __half* prow = b.p + st * kPStride + 16u * mt + g;
+                if (j < kGroup) {
+                    prow[0] = ph_lo;
+                    prow[8] = ph_hi;
+                }
+                const float part = sum_over_g(__fadd_rn(__half2float(ph_lo), __half2float(ph_hi)));
+                if (g == 0) b.tsum[mt * kStats + st] = part;
+            }
+            if (g == 0) b.alpha[st] = expf(m_old - m_new);  // 0 on the row's first tile (old max -inf)
+        }
+    }
+}
+
 // One tile of kTile absolute positions from t0 for the local rows in `active` (below ctx: all n of them).
 // `ahead` holds this tile's packed groups on entry and the next tile's (at `next`, if below `block_end`) on exit,
 // except that a tile below ctx may stage the next tile's K itself (then `k_ready` is true on exit, and `ahead.k`
 // holds the tile after next's).
 //
 // Below ctx (with ELPIS_MMA_PREFETCH) a tile overlaps its staging with the tensor-core phases, whose time is
-// mostly shared-memory reads: K and V have rows of their own, so V is dequantised while the scores read K, and
-// the next tile's K while the output reads V, each warp doing both halves of its phase (odd warps staging first,
-// even ones last, so that about half the warps are decoding while the others read). Three barriers a tile
-// instead of four. Every staged value and every instruction on a row's operands are the sequential order's, so
-// are the bits. Tail tiles (and the direct staging's build) keep the sequential order in rows 0..kStaged-1.
+// mostly shared-memory reads. K and V have rows of their own. Warps 0..7 compute the scores and P of whole rows
+// (one each, or two past 8 rows; each k-step's fragments serve both m-tiles and both rows, so a tile reads 25 %
+// fewer shared-memory bytes than score_phase's split, and P needs no barrier after the scores) while warps
+// 8..15 dequantise V; then every warp runs the output, staging the next tile's K on the way (odd warps before,
+// even ones after). Two barriers a tile instead of four. Every staged value and every instruction on a row's
+// operands are the sequential order's, so are the bits. Tail tiles (and the direct staging's build) keep the
+// sequential order in rows 0..kStaged-1.
 __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4], Ahead& ahead, bool& k_ready,
                                          uint32_t t0, uint32_t block_end, uint32_t n, uint32_t rows, uint32_t ctx,
                                          float scale, uint32_t h, const uint32_t* __restrict__ qk,
@@ -583,30 +715,30 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     if (!tail) {
         ELPIS_PHASE(0);
         if (!k_ready) {  // the block's first tile
-            stage_ahead<kKBits>(b, ahead.k, qk, sk, block_table, false, h);
+            stage_ahead<kKBits>(b, ahead.k, qk, sk, block_table, false, h, t0, ctx);
             if (next < block_end) ahead.k = fetch_ahead<kKBits>(qk, sk, block_table, next, ctx, h);
             __syncthreads();
         }
         ELPIS_PHASE(1);
-        const bool stage_first = (warp & 1u) != 0u;
-        if (stage_first) stage_ahead<kVBits>(b, ahead.v, qv, sv, block_table, false, h, kVRow);
-        score_phase(b, acc, w, false, active, t0, scale);
-        if (!stage_first) stage_ahead<kVBits>(b, ahead.v, qv, sv, block_table, false, h, kVRow);
-        if (next < block_end) ahead.v = fetch_ahead<kVBits>(qv, sv, block_table, next, ctx, h);
+        // the next tile below ctx, unless past the block (a tail tile's staged rows overlap V's)
+        const bool below_next = next < block_end && next + kTile <= ctx;
+        if (warp < kScoreWarps) {
+            score_softmax_rows(b, warp, n, active, t0, scale);
+        } else {
+            stage_v_groups<kVBits>(b, ahead.v);
+            if (below_next) ahead.v = fetch_v_group<kVBits>(qv, sv, block_table, next, ctx, h);
+        }
         __syncthreads();
         ELPIS_PHASE(2);
-        softmax_phase(b, acc, w, active);
-        __syncthreads();
-        ELPIS_PHASE(3);
-        // K of the next tile, unless it is a tail tile (whose staged rows overlap V's) or past the block
-        const bool k_next = next < block_end && next + kTile <= ctx;
+        const bool stage_first = (warp & 1u) != 0u;
         update_stats(b, active);
-        if (k_next && stage_first) stage_ahead<kKBits>(b, ahead.k, qk, sk, block_table, false, h);
+        const bool k_first = below_next && stage_first, k_last = below_next && !stage_first;
+        if (k_first) stage_ahead<kKBits>(b, ahead.k, qk, sk, block_table, false, h, next, ctx);
         output_phase(b, o, false, active, n, kVRow);
-        if (k_next && !stage_first) stage_ahead<kKBits>(b, ahead.k, qk, sk, block_table, false, h);
-        if (k_next && next + kTile < block_end)
+        if (k_last) stage_ahead<kKBits>(b, ahead.k, qk, sk, block_table, false, h, next, ctx);
+        if (below_next && next + kTile < block_end)
             ahead.k = fetch_ahead<kKBits>(qk, sk, block_table, next + kTile, ctx, h);
-        k_ready = k_next;
+        k_ready = below_next;
         __syncthreads();  // the next tile reads K and (m, l) and restages V and P
         ELPIS_PHASE(5);
         return;
@@ -639,7 +771,7 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     __syncthreads();
     ELPIS_PHASE(0);
 #if ELPIS_MMA_PREFETCH
-    stage_ahead<kKBits>(b, ahead.k, qk, sk, block_table, tail, h);
+    stage_ahead<kKBits>(b, ahead.k, qk, sk, block_table, tail, h, t0, ctx);
     if (next < block_end) ahead.k = fetch_ahead<kKBits>(qk, sk, block_table, next, ctx, h);
 #else
     stage<kKBits>(b, qk, sk, block_table, staged, h);
@@ -654,13 +786,9 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     __syncthreads();
     ELPIS_PHASE(3);
 #endif
-#if ELPIS_MMA_PREFETCH
-    stage_ahead<kVBits>(b, ahead.v, qv, sv, block_table, tail, h);
-    if (next < block_end) ahead.v = fetch_ahead<kVBits>(qv, sv, block_table, next, ctx, h);
-#else
-    // the zero row's slot stays kNoSlot; tree rows and the tile's committed rows as for K
+    // The direct staging, in either build (only a block's last tiles are tail tiles, so nothing is loaded
+    // ahead for their V): the zero row's slot stays kNoSlot; tree rows and the tile's committed rows as for K.
     stage<kVBits>(b, qv, sv, block_table, staged, h);
-#endif
     __syncthreads();
     ELPIS_PHASE(4);
     update_stats(b, active);
@@ -751,7 +879,7 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
 #if ELPIS_MMA_PREFETCH
     if (begin < block_end) {
         ahead.k = fetch_ahead<kKBits>(qk, sk, block_table, begin, ctx, h);
-        ahead.v = fetch_ahead<kVBits>(qv, sv, block_table, begin, ctx, h);
+        if (begin + kTile <= ctx) ahead.v = fetch_v_group<kVBits>(qv, sv, block_table, begin, ctx, h);
     }
 #endif
     bool k_ready = false;  // K of the next tile already staged (run_tile)

@@ -21,8 +21,9 @@ from elpis import accept
 from elpis.exl3 import tree_attention as ta
 from tests.kernels import tree_cases as tc
 
-# A tile below ctx overlaps its staging with the tensor-core phases: there "scores" includes the V staging,
-# "output" the next tile's K staging, "stage_k" only the block's first K, and "stage_v" stays 0.
+# A tile below ctx overlaps its staging with the tensor-core phases: there "scores" is the score warps' scores
+# and P beside the other warps' V staging, "output" includes the next tile's K staging, "stage_k" is only the
+# block's first K, and "softmax_p" and "stage_v" stay 0.
 PHASES = ("slots", "stage_k", "scores", "softmax_p", "stage_v", "output")
 
 
