@@ -12,7 +12,9 @@
 // and in a tile that reaches ctx also the 16 tree slots ctx..ctx+15 and a zero row. Each row addresses its
 // own positions through the proved slot map (elpis_sched_slot): a committed position reads the tile row, a
 // position ctx+e reads the tree slot of its ancestor at depth e, a position past its span reads zeros and
-// is masked.
+// is masked. Below ctx a tile's dequantisation overlaps its tensor-core work: half the warps compute the
+// scores and P of whole rows while the other half dequantise V, and every warp dequantises the next tile's K
+// around the output (run_tile).
 //
 // Why a row's bits do not depend on the other rows, its row index or the tree shape: every tensor-core
 // instruction works on one row alone. Scores are S^T = K Q^T with the row's 6 query heads (plus 2 zero
