@@ -192,6 +192,8 @@ def test_rows_dealt_to_several_blocks_keep_their_bits(lib: ctypes.CDLL) -> None:
         # 16 rows over two splits of 128: the first split's four tiles stage each next K during the output
         # and its last stops at the split's end; the second's tiles 128 and 160 overlap, then two tail tiles
         (200, PARENTS, 35),
+        # 9 rows: past 8 rows a score warp takes two, and the fifth warp's second row is not in the block
+        (100, PARENTS[:9], 36),
     ],
 )
 def test_pipelined_staging_keeps_the_direct_stagings_bits(
