@@ -128,7 +128,9 @@ def pooled_ab(
         names = {system, b_system or system} if same_runs else {name}
         return {d["context"] for d in disturbed(doc) if d["kind"] == "spec" and d["system"] in names}
 
-    def rounds(docs: list[dict[str, Any]], name: str) -> tuple[dict[int, list[float]], dict[int, list]]:
+    def rounds(
+        docs: list[dict[str, Any]], name: str
+    ) -> tuple[dict[int, list[float]], dict[int, list[float | None]]]:
         """Pooled rounds per context, and each run's median (None where it was left out), in run order."""
         pooled: dict[int, list[float]] = {}
         medians: dict[int, list[float | None]] = {}

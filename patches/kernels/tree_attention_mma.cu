@@ -306,9 +306,9 @@ __device__ __forceinline__ void store_half(const Block& b, const __half (&vals)[
 }
 
 // Decode half `half` of a group into staged row `row`, zeros if !valid (every lane of the warp calls it: the
-// last butterfly is a shuffle with the partner lane; `store` false only computes). Same operations as dequant_group; the
-// last butterfly's lo + hi (half 0) and lo - hi (half 1) are one fma with an exact product (+-1 * v), so
-// each is rounded once, as the add and the subtract are.
+// last butterfly is a shuffle with the partner lane; `store` false only computes). Same operations as
+// dequant_group; the last butterfly's lo + hi (half 0) and lo - hi (half 1) are one fma with an exact product
+// (+-1 * v), so each is rounded once, as the add and the subtract are.
 template <uint32_t kBits>
 __device__ __forceinline__ void decode_half(const Block& b, const Packed<kBits>& p, uint32_t row, uint32_t grp,
                                             uint32_t half, bool store, bool valid) {
@@ -459,11 +459,48 @@ __device__ __forceinline__ TileRows tile_rows(uint32_t warp, uint32_t n) {
     return w;
 }
 
+// Row r's scores over positions 16 mt.. of the tile at t0 (this lane's fragment `a`) scaled, and -inf past the
+// row's end; this half-tile's max of query columns 2t and 2t + 1 into mx and b.tmax.
+__device__ __forceinline__ void mask_scores(const Block& b, float (&a)[4], uint32_t r, uint32_t mt, uint32_t t0,
+                                            float scale, float (&mx)[2]) {
+    const uint32_t lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u;
+    const uint32_t p_lo = t0 + 16u * mt + g, p_hi = p_lo + 8u;
+    const float ninf = __int_as_float(0xff800000);
+    const bool v_lo = p_lo < b.end[r], v_hi = p_hi < b.end[r];
+    a[0] = v_lo ? __fmul_rn(a[0], scale) : ninf;
+    a[1] = v_lo ? __fmul_rn(a[1], scale) : ninf;
+    a[2] = v_hi ? __fmul_rn(a[2], scale) : ninf;
+    a[3] = v_hi ? __fmul_rn(a[3], scale) : ninf;
+    mx[0] = max_over_g(fmaxf(a[0], a[2]));
+    mx[1] = max_over_g(fmaxf(a[1], a[3]));
+    if (g == 0) {
+        b.tmax[mt * kStats + r * kQPad + 2u * t] = mx[0];
+        b.tmax[mt * kStats + r * kQPad + 2u * t + 1u] = mx[1];
+    }
+}
+
+// P = fp16(exp(s - m_new)) of row r's query column 2t + c over positions 16 mt.. (`a`: mask_scores' output)
+// into b.p, and this half-tile's sum of P (a fixed butterfly) into b.tsum.
+__device__ __forceinline__ void write_p(const Block& b, const float (&a)[4], uint32_t r, uint32_t mt, uint32_t c,
+                                        float m_new) {
+    const uint32_t lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u;
+    const uint32_t j = 2u * t + c, st = r * kQPad + j;
+    const __half ph_lo = __float2half_rn(expf(a[c] - m_new));
+    const __half ph_hi = __float2half_rn(expf(a[2 + c] - m_new));
+    __half* prow = b.p + st * kPStride + 16u * mt + g;
+    if (j < kGroup) {
+        prow[0] = ph_lo;
+        prow[8] = ph_hi;
+    }
+    const float part = sum_over_g(__fadd_rn(__half2float(ph_lo), __half2float(ph_hi)));
+    if (g == 0) b.tsum[mt * kStats + st] = part;
+}
+
 // Scores of the warp's rows over its 16 positions (K in staged rows 0.., in a tail tile gathered through each
 // row's staged-row table), scaled and masked, and this half-tile's max per (row, query column) into b.tmax.
 __device__ __forceinline__ void score_phase(const Block& b, float (&acc)[2][4], const TileRows& w, bool tail,
                                             uint32_t active, uint32_t t0, float scale) {
-    const uint32_t lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u;
+    const uint32_t lane = threadIdx.x & 31u;
     // this lane's ldmatrix row: matrix i = lane / 8 -> positions +8 (i & 1), head dims +8 (i >> 1)
     const uint32_t a_pos = 16u * w.mt + 8u * ((lane >> 3) & 1u) + (lane & 7u), a_dim = 8u * (lane >> 4);
     if (!tail) {
@@ -481,22 +518,12 @@ __device__ __forceinline__ void score_phase(const Block& b, float (&acc)[2][4], 
             scores<false>(b, acc[k], acc[k], k_row, r, lane);
         }
     }
-    const uint32_t p_lo = t0 + 16u * w.mt + g, p_hi = p_lo + 8u;
 #pragma unroll
     for (uint32_t k = 0; k < 2; k++) {
         const uint32_t r = w.r0 + k;
         if (k >= w.nr || !((active >> r) & 1u)) continue;
-        const float ninf = __int_as_float(0xff800000);
-        const bool v_lo = p_lo < b.end[r], v_hi = p_hi < b.end[r];
-        acc[k][0] = v_lo ? __fmul_rn(acc[k][0], scale) : ninf;
-        acc[k][1] = v_lo ? __fmul_rn(acc[k][1], scale) : ninf;
-        acc[k][2] = v_hi ? __fmul_rn(acc[k][2], scale) : ninf;
-        acc[k][3] = v_hi ? __fmul_rn(acc[k][3], scale) : ninf;
-        const float mx0 = max_over_g(fmaxf(acc[k][0], acc[k][2])), mx1 = max_over_g(fmaxf(acc[k][1], acc[k][3]));
-        if (g == 0) {
-            b.tmax[w.mt * kStats + r * kQPad + 2u * t] = mx0;
-            b.tmax[w.mt * kStats + r * kQPad + 2u * t + 1u] = mx1;
-        }
+        float mx[2];
+        mask_scores(b, acc[k], r, w.mt, t0, scale, mx);
     }
 }
 
@@ -511,20 +538,11 @@ __device__ __forceinline__ void softmax_phase(const Block& b, const float (&acc)
         if (k >= w.nr || !((active >> r) & 1u)) continue;
 #pragma unroll
         for (uint32_t c = 0; c < 2; c++) {
-            const uint32_t j = 2u * t + c, st = r * kQPad + j;
+            const uint32_t st = r * kQPad + 2u * t + c;
             const float m_new = fmaxf(b.m[st], fmaxf(b.tmax[st], b.tmax[kStats + st]));
-            const __half ph_lo = __float2half_rn(expf(acc[k][c] - m_new));
-            const __half ph_hi = __float2half_rn(expf(acc[k][2 + c] - m_new));
-            __half* prow = b.p + st * kPStride + 16u * w.mt + g;
-            if (j < kGroup) {
-                prow[0] = ph_lo;
-                prow[8] = ph_hi;
-            }
-            const float part = sum_over_g(__fadd_rn(__half2float(ph_lo), __half2float(ph_hi)));
-            if (g == 0) {
-                b.tsum[w.mt * kStats + st] = part;
-                if (w.mt == 0) b.alpha[st] = expf(b.m[st] - m_new);  // 0 on the row's first tile (old max -inf)
-            }
+            write_p(b, acc[k], r, w.mt, c, m_new);
+            // the rescale factor: 0 on the row's first tile (old max -inf)
+            if (g == 0 && w.mt == 0) b.alpha[st] = expf(b.m[st] - m_new);
         }
     }
 }
@@ -647,39 +665,14 @@ __device__ __forceinline__ void score_softmax_rows(const Block& b, uint32_t warp
         if (k >= nr || !((active >> r) & 1u)) continue;
         float mx[2][2];  // [m-tile][c]: the half-tile's max of query column 2t + c
 #pragma unroll
-        for (uint32_t mt = 0; mt < 2; mt++) {
-            float(&a)[4] = acc[k][mt];
-            const uint32_t p_lo = t0 + 16u * mt + g, p_hi = p_lo + 8u;
-            const float ninf = __int_as_float(0xff800000);
-            const bool v_lo = p_lo < b.end[r], v_hi = p_hi < b.end[r];
-            a[0] = v_lo ? __fmul_rn(a[0], scale) : ninf;
-            a[1] = v_lo ? __fmul_rn(a[1], scale) : ninf;
-            a[2] = v_hi ? __fmul_rn(a[2], scale) : ninf;
-            a[3] = v_hi ? __fmul_rn(a[3], scale) : ninf;
-            mx[mt][0] = max_over_g(fmaxf(a[0], a[2]));
-            mx[mt][1] = max_over_g(fmaxf(a[1], a[3]));
-            if (g == 0) {
-                b.tmax[mt * kStats + r * kQPad + 2u * t] = mx[mt][0];
-                b.tmax[mt * kStats + r * kQPad + 2u * t + 1u] = mx[mt][1];
-            }
-        }
+        for (uint32_t mt = 0; mt < 2; mt++) mask_scores(b, acc[k][mt], r, mt, t0, scale, mx[mt]);
 #pragma unroll
         for (uint32_t c = 0; c < 2; c++) {
-            const uint32_t j = 2u * t + c, st = r * kQPad + j;
+            const uint32_t st = r * kQPad + 2u * t + c;
             const float m_old = b.m[st];
             const float m_new = fmaxf(m_old, fmaxf(mx[0][c], mx[1][c]));
 #pragma unroll
-            for (uint32_t mt = 0; mt < 2; mt++) {
-                const __half ph_lo = __float2half_rn(expf(acc[k][mt][c] - m_new));
-                const __half ph_hi = __float2half_rn(expf(acc[k][mt][2 + c] - m_new));
-                __half* prow = b.p + st * kPStride + 16u * mt + g;
-                if (j < kGroup) {
-                    prow[0] = ph_lo;
-                    prow[8] = ph_hi;
-                }
-                const float part = sum_over_g(__fadd_rn(__half2float(ph_lo), __half2float(ph_hi)));
-                if (g == 0) b.tsum[mt * kStats + st] = part;
-            }
+            for (uint32_t mt = 0; mt < 2; mt++) write_p(b, acc[k][mt], r, mt, c, m_new);
             if (g == 0) b.alpha[st] = expf(m_old - m_new);  // 0 on the row's first tile (old max -inf)
         }
     }
@@ -708,8 +701,6 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     const bool tail = t0 + kTile > ctx;  // holds positions >= ctx: rows read their own tree slots
     const uint32_t staged = tail ? kStaged : kTile;
     const uint32_t next = t0 + kTile;
-    const TileRows w = tile_rows(warp, n);
-    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     // Below ctx every local row of the block is active in every tile (its span reaches past ctx and its split's
     // end past the tile), so the active rows are the prefix 0 .. n-1; a tail tile checks each row's end.
     uint32_t active = (1u << n) - 1u;
@@ -780,6 +771,8 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
 #endif
     __syncthreads();
     ELPIS_PHASE(1);
+    const TileRows w = tile_rows(warp, n);
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     score_phase(b, acc, w, tail, active, t0, scale);
     __syncthreads();
     ELPIS_PHASE(2);

@@ -156,7 +156,7 @@ SPILL_ALLOWANCE = {
     # loop; ptxas keeps a few words and scales of the groups loaded a tile ahead in local memory, stored once
     # when they are loaded and read once when they are staged, a few instructions a tile against thousands
     # (SASS read in session 31)
-    ("tree_attention_mma.cu", "sm_86", "tree_attention_mma_split"): 20,
+    ("tree_attention_mma.cu", "sm_86", "tree_attention_mma_split"): 16,
 }
 
 
