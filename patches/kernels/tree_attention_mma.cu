@@ -459,14 +459,15 @@ __device__ __forceinline__ TileRows tile_rows(uint32_t warp, uint32_t n) {
     return w;
 }
 
-// Row r's scores over positions 16 mt.. of the tile at t0 (this lane's fragment `a`) scaled, and -inf past the
-// row's end; this half-tile's max of query columns 2t and 2t + 1 into mx and b.tmax.
-__device__ __forceinline__ void mask_scores(const Block& b, float (&a)[4], uint32_t r, uint32_t mt, uint32_t t0,
-                                            float scale, float (&mx)[2]) {
+// Row r's scores over positions 16 mt.. of the tile at t0 (this lane's fragment `a`) scaled, and -inf from the
+// row's `end` (b.end[r], read by the caller); this half-tile's max of query columns 2t and 2t + 1 into mx and
+// b.tmax.
+__device__ __forceinline__ void mask_scores(const Block& b, float (&a)[4], uint32_t r, uint32_t end, uint32_t mt,
+                                            uint32_t t0, float scale, float (&mx)[2]) {
     const uint32_t lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u;
     const uint32_t p_lo = t0 + 16u * mt + g, p_hi = p_lo + 8u;
     const float ninf = __int_as_float(0xff800000);
-    const bool v_lo = p_lo < b.end[r], v_hi = p_hi < b.end[r];
+    const bool v_lo = p_lo < end, v_hi = p_hi < end;
     a[0] = v_lo ? __fmul_rn(a[0], scale) : ninf;
     a[1] = v_lo ? __fmul_rn(a[1], scale) : ninf;
     a[2] = v_hi ? __fmul_rn(a[2], scale) : ninf;
@@ -523,7 +524,7 @@ __device__ __forceinline__ void score_phase(const Block& b, float (&acc)[2][4], 
         const uint32_t r = w.r0 + k;
         if (k >= w.nr || !((active >> r) & 1u)) continue;
         float mx[2];
-        mask_scores(b, acc[k], r, w.mt, t0, scale, mx);
+        mask_scores(b, acc[k], r, b.end[r], w.mt, t0, scale, mx);
     }
 }
 
@@ -645,37 +646,55 @@ __device__ __forceinline__ void scores_tile(const Block& b, float (&acc)[2][2][4
     }
 }
 
-// A score warp's part of a tile below ctx (warp w < kScoreWarps: local row w, or rows 2w and 2w + 1 past 8
-// rows): the scores of its rows over the whole tile, then their P, sums and rescale factors, with
-// score_phase's and softmax_phase's operations: the same b.tmax, b.p, b.tsum and b.alpha, and each new max
-// taken from the two halves' maxima as softmax_phase takes them, from registers instead of b.tmax.
-__device__ __forceinline__ void score_softmax_rows(const Block& b, uint32_t warp, uint32_t n, uint32_t active,
-                                                   uint32_t t0, float scale) {
+// A score warp's part of a tile below ctx (warp w < kScoreWarps: local row w, or rows 2w and 2w + 1 with kTwo):
+// the scores of its rows over the whole tile, then their P, sums and rescale factors, with score_phase's and
+// softmax_phase's operations: the same b.tmax, b.p, b.tsum and b.alpha, and each new max taken from the two
+// halves' maxima as softmax_phase takes them, from registers instead of b.tmax. Its shared-memory reads (the
+// rows' ends and running maxima, which nothing writes during the phase) come first, so that no store orders
+// them, and the rows' chains of shuffles and exponentials sit in one branch-free block, where they overlap
+// instead of running one (row, column) after another.
+template <bool kTwo>
+__device__ __forceinline__ void score_softmax(const Block& b, uint32_t r0, uint32_t t0, float scale) {
+    constexpr uint32_t kRows = kTwo ? 2u : 1u;
     const uint32_t lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u;
-    const bool pair = n > kMaxRows / 2;
-    const uint32_t r0 = pair ? 2u * warp : warp, nr = pair ? 2u : 1u;
+    uint32_t end[kRows];
+    float m_old[kRows][2];
+#pragma unroll
+    for (uint32_t k = 0; k < kRows; k++) {
+        end[k] = b.end[r0 + k];
+#pragma unroll
+        for (uint32_t c = 0; c < 2; c++) m_old[k][c] = b.m[(r0 + k) * kQPad + 2u * t + c];
+    }
     float acc[2][2][4] = {};
-    if (pair && ((active >> (r0 + 1u)) & 1u))
-        scores_tile<true>(b, acc, r0, lane);
-    else if ((active >> r0) & 1u)
-        scores_tile<false>(b, acc, r0, lane);
+    scores_tile<kTwo>(b, acc, r0, lane);
+    float mx[kRows][2][2];  // [row][m-tile][c]: the half-tile's max of query column 2t + c
 #pragma unroll
-    for (uint32_t k = 0; k < 2; k++) {
-        const uint32_t r = r0 + k;
-        if (k >= nr || !((active >> r) & 1u)) continue;
-        float mx[2][2];  // [m-tile][c]: the half-tile's max of query column 2t + c
+    for (uint32_t k = 0; k < kRows; k++)
 #pragma unroll
-        for (uint32_t mt = 0; mt < 2; mt++) mask_scores(b, acc[k][mt], r, mt, t0, scale, mx[mt]);
+        for (uint32_t mt = 0; mt < 2; mt++) mask_scores(b, acc[k][mt], r0 + k, end[k], mt, t0, scale, mx[k][mt]);
+#pragma unroll
+    for (uint32_t k = 0; k < kRows; k++) {
 #pragma unroll
         for (uint32_t c = 0; c < 2; c++) {
-            const uint32_t st = r * kQPad + 2u * t + c;
-            const float m_old = b.m[st];
-            const float m_new = fmaxf(m_old, fmaxf(mx[0][c], mx[1][c]));
+            const uint32_t r = r0 + k, st = r * kQPad + 2u * t + c;
+            const float m_new = fmaxf(m_old[k][c], fmaxf(mx[k][0][c], mx[k][1][c]));
 #pragma unroll
             for (uint32_t mt = 0; mt < 2; mt++) write_p(b, acc[k][mt], r, mt, c, m_new);
-            if (g == 0) b.alpha[st] = expf(m_old - m_new);  // 0 on the row's first tile (old max -inf)
+            if (g == 0) b.alpha[st] = expf(m_old[k][c] - m_new);  // 0 on the row's first tile (old max -inf)
         }
     }
+}
+
+// The score warps' rows below ctx, where the active rows are 0 .. n-1: warp w has row w, or rows 2w and 2w + 1
+// past 8 rows (the second past n when n is odd).
+__device__ __forceinline__ void score_softmax_rows(const Block& b, uint32_t warp, uint32_t n, uint32_t t0,
+                                                   float scale) {
+    const bool pair = n > kMaxRows / 2;
+    const uint32_t r0 = pair ? 2u * warp : warp;
+    if (pair && r0 + 1u < n)
+        score_softmax<true>(b, r0, t0, scale);
+    else if (r0 < n)
+        score_softmax<false>(b, r0, t0, scale);
 }
 
 // One tile of kTile absolute positions from t0 for the local rows in `active` (below ctx: all n of them).
@@ -716,7 +735,7 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
         // the next tile below ctx, unless past the block (a tail tile's staged rows overlap V's)
         const bool below_next = next < block_end && next + kTile <= ctx;
         if (warp < kScoreWarps) {
-            score_softmax_rows(b, warp, n, active, t0, scale);
+            score_softmax_rows(b, warp, n, t0, scale);
         } else {
             stage_v_groups<kVBits>(b, ahead.v);
             if (below_next) ahead.v = fetch_v_group<kVBits>(qv, sv, block_table, next, ctx, h);

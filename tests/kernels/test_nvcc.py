@@ -152,11 +152,6 @@ SPILL_ALLOWANCE = {
     # the 16-row kernel for the 6-bit head: 128 registers hold its accumulators and two stages of words; the
     # few spilled bytes are outside its main loop (SASS read in session 11)
     ("exl3_gemm_rows.cu", "sm_86", "rows_gemm_kernelILi2ELi6E"): 16,
-    # the tree attention at sm_86 (sm_90: none): 128 registers hold 64 output accumulators across the tile
-    # loop; ptxas keeps a few words and scales of the groups loaded a tile ahead in local memory, stored once
-    # when they are loaded and read once when they are staged, a few instructions a tile against thousands
-    # (SASS read in session 31)
-    ("tree_attention_mma.cu", "sm_86", "tree_attention_mma_split"): 16,
 }
 
 
