@@ -685,11 +685,27 @@ __device__ __forceinline__ void score_softmax(const Block& b, uint32_t r0, uint3
     }
 }
 
-// The score warps' rows below ctx, where the active rows are 0 .. n-1: warp w has row w, or rows 2w and 2w + 1
-// past 8 rows (the second past n when n is odd).
+// ELPIS_MMA_STAGER_ROWS (0 by default: built and emulated bit for bit, not yet timed on a GPU). Nsight Compute
+// at 262K with 16 rows (call 136) found the staging warps waiting at the barrier after V for 16 % of the samples,
+// and the score warps' mma waiting on ldmatrix results: with 64 output accumulators in 128 registers, a warp with
+// two rows loads no fragment ahead. With the switch, past 8 rows score warp w keeps row 2w alone and staging
+// warp w + 8 takes row 2w + 1 once its V is staged. A row's operations do not depend on the warp that runs them.
+#ifndef ELPIS_MMA_STAGER_ROWS
+#define ELPIS_MMA_STAGER_ROWS 0
+#endif
+
+// The rows below ctx, where the active rows are 0 .. n-1, of warp `warp`: score warp w has row w, or rows 2w and
+// 2w + 1 past 8 rows (the second past n when n is odd); with ELPIS_MMA_STAGER_ROWS, past 8 rows, warp w < 8 has
+// row 2w and warp w + 8 row 2w + 1. Other warps have none.
 __device__ __forceinline__ void score_softmax_rows(const Block& b, uint32_t warp, uint32_t n, uint32_t t0,
                                                    float scale) {
     const bool pair = n > kMaxRows / 2;
+    if (ELPIS_MMA_STAGER_ROWS && pair) {
+        const uint32_t r = 2u * (warp % kScoreWarps) + (warp >= kScoreWarps ? 1u : 0u);
+        if (r < n) score_softmax<false>(b, r, t0, scale);
+        return;
+    }
+    if (warp >= kScoreWarps) return;
     const uint32_t r0 = pair ? 2u * warp : warp;
     if (pair && r0 + 1u < n)
         score_softmax<true>(b, r0, t0, scale);
@@ -739,6 +755,9 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
         } else {
             stage_v_groups<kVBits>(b, ahead.v);
             if (below_next) ahead.v = fetch_v_group<kVBits>(qv, sv, block_table, next, ctx, h);
+#if ELPIS_MMA_STAGER_ROWS
+            score_softmax_rows(b, warp, n, t0, scale);
+#endif
         }
         __syncthreads();
         ELPIS_PHASE(2);
