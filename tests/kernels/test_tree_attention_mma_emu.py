@@ -53,10 +53,12 @@ def direct_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return _build(tmp_path_factory.mktemp("tree_attention_mma_emu_direct"), ELPIS_MMA_PREFETCH=0)
 
 
-@pytest.fixture(scope="module")
-def stager_rows_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """The build where, past 8 rows, the V-staging warps take every second row (ELPIS_MMA_STAGER_ROWS)."""
-    return _build(tmp_path_factory.mktemp("tree_attention_mma_emu_stager"), ELPIS_MMA_STAGER_ROWS=1)
+@pytest.fixture(scope="module", params=[1, 2], ids=["stager-rows", "row-per-warp"])
+def layout_lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The builds with the other warp roles below ctx (ELPIS_MMA_ROW_LAYOUT 1 and 2, see the kernel)."""
+    layout = request.param
+    tmp = tmp_path_factory.mktemp(f"tree_attention_mma_emu_layout{layout}")
+    return _build(tmp, ELPIS_MMA_ROW_LAYOUT=layout)
 
 
 class Pages:
@@ -220,18 +222,18 @@ def test_pipelined_staging_keeps_the_direct_stagings_bits(
 @pytest.mark.parametrize(
     ("ctx", "parents", "seed"),
     [
-        (200, PARENTS, 37),  # 16 rows over two splits: every staging warp takes a row
-        (100, PARENTS[:11], 38),  # 11 rows: staging warps 8-12 take rows 1-9, the rest have none
+        (200, PARENTS, 37),  # 16 rows over two splits: every warp has a row
+        (100, PARENTS[:11], 38),  # 11 rows: layout 1's staging warps 8-12 take rows 1-9, the rest have none
     ],
 )
-def test_rows_on_the_staging_warps_keep_every_bit(
-    lib: ctypes.CDLL, stager_rows_lib: ctypes.CDLL, ctx: int, parents: list[int], seed: int
+def test_other_warp_roles_keep_every_bit(
+    lib: ctypes.CDLL, layout_lib: ctypes.CDLL, ctx: int, parents: list[int], seed: int
 ) -> None:
-    """Which warp computes a row's scores and P changes none of the row's bits."""
+    """Which warp computes a row's scores and P, and which threads stage V, change none of the row's bits."""
     masks = accept.tree_masks(parents)
     pages = Pages(ctx + len(parents), seed)
     q = _queries(len(parents), seed)
-    out, lse = attend(stager_rows_lib, pages, q, ctx, masks.depth, masks.ancestors)
+    out, lse = attend(layout_lib, pages, q, ctx, masks.depth, masks.ancestors)
     want, want_lse = attend(lib, pages, q, ctx, masks.depth, masks.ancestors)
     assert torch.isfinite(out).all()
     assert torch.equal(out.view(torch.int16), want.view(torch.int16))
