@@ -14,11 +14,12 @@ mkdir -p /tmp/tune /tmp/triton "$OUT"
 if ls .device/ext.so.xz.part-* >/dev/null 2>&1; then
   mkdir -p /tmp/extmod && cat .device/ext.so.xz.part-* | xz -d > /tmp/extmod/exllamav3_ext.so
   export PYTHONPATH=/tmp/extmod:$PYTHONPATH
-else
+elif [ "${ELPIS_EXT_BUILD:-0}" != 1 ]; then
   # Without it, the first `import exllamav3` (the kernel tests' quantized caches too) JIT-builds the extension
   # for ~5 min, silently: calls 133 and 134 lost their limits to that. Only device_ext_build.sh wants that.
-  echo "no prebuilt exllamav3 extension (.device/ext.so.xz.part-*): importing exllamav3 builds it (~5 min)" \
-    | tee -a "$OUT/log"
+  echo "no prebuilt exllamav3 extension (.device/ext.so.xz.part-*): run prepare_device_carry.sh on this" \
+    "machine, or device_ext_build.sh on the GPU machine, first" | tee -a "$OUT/log"
+  exit 3
 fi
 if ls .device/caches.tar.xz.part-* >/dev/null 2>&1; then cat .device/caches.tar.xz.part-* | tar -C /tmp -xJf -; fi
 if [ -d .device/accept-cp312 ]; then mkdir -p build && rm -rf build/accept && cp -r .device/accept-cp312 build/accept; fi

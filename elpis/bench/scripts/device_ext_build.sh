@@ -6,7 +6,7 @@
 # kept) starts at its tests. Run with run(carry=[".whl"]).
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
-source elpis/bench/scripts/device_common.sh
+ELPIS_EXT_BUILD=1 source elpis/bench/scripts/device_common.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"
 ( ELPIS_PROVE_JOBS=6 python3 -m elpis.cli build ) >/tmp/build.log 2>&1 &
 BUILD=$!
