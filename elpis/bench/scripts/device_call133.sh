@@ -11,7 +11,7 @@
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
 # What happened (a record): the checkout was new and .device held no prebuilt ExLlamaV3 extension, so the first
 # import of exllamav3 (tests/kernels/tree_cases.QuantPool) JIT-built it; no step returned within its limit
-# (call 134 found why). 9.5 min of device time for nothing; device_common.sh now says so in the log.
+# (call 134 found why). 9.5 min of device time for nothing; device_common.sh now refuses to start without one.
 LIMIT=${LIMIT:-540}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
