@@ -404,17 +404,8 @@ __device__ __forceinline__ void stage_v_groups(const Block& b, const Packed<kBit
     for (uint32_t c = 0; c < 4; c++) dst[c] = src[c];
 }
 
-// Layout 2 (ELPIS_MMA_ROW_LAYOUT below): every thread stages half a group of the tile's V (pass_item, as for K)
-// into rows kVRow.. from the half-group loaded ahead; all lanes of the warp call it (decode_half's shuffle).
-template <uint32_t kBits>
-__device__ __forceinline__ void stage_v_halves(const Block& b, const Packed<kBits>& p) {
-    uint32_t row, grp, half;
-    pass_item(threadIdx.x, row, grp, half);
-    decode_half<kBits>(b, p, kVRow + row, grp, half, true, true);
-}
-
 // k: every thread's half group of the next tile's K (pass_item), v: a V-staging thread's group of the next tile
-// below ctx (group_item; in layout 2 every thread's half group, pass_item).
+// below ctx (group_item).
 struct Ahead {
     Packed<kKBits> k;
     Packed<kVBits> v;
@@ -694,35 +685,11 @@ __device__ __forceinline__ void score_softmax(const Block& b, uint32_t r0, uint3
     }
 }
 
-// ELPIS_MMA_ROW_LAYOUT, the warps' roles below ctx (0, the served build; 1 and 2 are built and emulated bit for
-// bit, not yet timed on a GPU). Nsight Compute at 262K with 16 rows (call 136) found the staging warps waiting at
-// the barrier after V for 16 % of the samples, and the score warps' mma waiting on ldmatrix results: with 64
-// output accumulators in 128 registers, a warp with two rows loads no fragment ahead.
-//  0: score warps 0-7 take the rows (two each past 8 rows, sharing K fragments), warps 8-15 stage V;
-//  1: as 0, but past 8 rows score warp w keeps row 2w alone and staging warp w + 8 takes row 2w + 1 once its V
-//     is staged;
-//  2: warp w takes row w, and every thread stages half a V group (as every thread does for K); odd warps stage
-//     first and even warps last, so that each scheduler has latency-bound scores beside dequantisation.
-// A row's operations do not depend on the warp that runs them, and every layout stages the same V values.
-#ifndef ELPIS_MMA_ROW_LAYOUT
-#define ELPIS_MMA_ROW_LAYOUT 0
-#endif
-static_assert(ELPIS_MMA_ROW_LAYOUT >= 0 && ELPIS_MMA_ROW_LAYOUT <= 2, "row layouts 0, 1 and 2");
-constexpr bool kStagerRows = ELPIS_MMA_ROW_LAYOUT == 1;
-constexpr bool kRowPerWarp = ELPIS_MMA_ROW_LAYOUT == 2;
-
-// The rows below ctx, where the active rows are 0 .. n-1, of warp `warp` in layouts 0 and 1: score warp w has
-// row w, or rows 2w and 2w + 1 past 8 rows (the second past n when n is odd); in layout 1, past 8 rows, warp
-// w < 8 has row 2w and warp w + 8 row 2w + 1. Other warps have none.
+// The score warps' rows below ctx, where the active rows are 0 .. n-1: warp w has row w, or rows 2w and 2w + 1
+// past 8 rows (the second past n when n is odd).
 __device__ __forceinline__ void score_softmax_rows(const Block& b, uint32_t warp, uint32_t n, uint32_t t0,
                                                    float scale) {
     const bool pair = n > kMaxRows / 2;
-    if (kStagerRows && pair) {
-        const uint32_t r = 2u * (warp % kScoreWarps) + (warp >= kScoreWarps ? 1u : 0u);
-        if (r < n) score_softmax<false>(b, r, t0, scale);
-        return;
-    }
-    if (warp >= kScoreWarps) return;
     const uint32_t r0 = pair ? 2u * warp : warp;
     if (pair && r0 + 1u < n)
         score_softmax<true>(b, r0, t0, scale);
@@ -767,18 +734,11 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
         ELPIS_PHASE(1);
         // the next tile below ctx, unless past the block (a tail tile's staged rows overlap V's)
         const bool below_next = next < block_end && next + kTile <= ctx;
-        if (kRowPerWarp) {
-            const bool v_first = (warp & 1u) != 0u;
-            if (v_first) stage_v_halves<kVBits>(b, ahead.v);
-            if (warp < n) score_softmax<false>(b, warp, t0, scale);
-            if (!v_first) stage_v_halves<kVBits>(b, ahead.v);
-            if (below_next) ahead.v = fetch_ahead<kVBits>(qv, sv, block_table, next, ctx, h);
-        } else if (warp < kScoreWarps) {
+        if (warp < kScoreWarps) {
             score_softmax_rows(b, warp, n, t0, scale);
         } else {
             stage_v_groups<kVBits>(b, ahead.v);
             if (below_next) ahead.v = fetch_v_group<kVBits>(qv, sv, block_table, next, ctx, h);
-            if (kStagerRows) score_softmax_rows(b, warp, n, t0, scale);
         }
         __syncthreads();
         ELPIS_PHASE(2);
@@ -933,9 +893,7 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
 #if ELPIS_MMA_PREFETCH
     if (begin < block_end) {
         ahead.k = fetch_ahead<kKBits>(qk, sk, block_table, begin, ctx, h);
-        if (begin + kTile <= ctx)
-            ahead.v = kRowPerWarp ? fetch_ahead<kVBits>(qv, sv, block_table, begin, ctx, h)
-                                  : fetch_v_group<kVBits>(qv, sv, block_table, begin, ctx, h);
+        if (begin + kTile <= ctx) ahead.v = fetch_v_group<kVBits>(qv, sv, block_table, begin, ctx, h);
     }
 #endif
     bool k_ready = false;  // K of the next tile already staged (run_tile)

@@ -53,14 +53,6 @@ def direct_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return _build(tmp_path_factory.mktemp("tree_attention_mma_emu_direct"), ELPIS_MMA_PREFETCH=0)
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["stager-rows", "row-per-warp"])
-def layout_lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """The builds with the other warp roles below ctx (ELPIS_MMA_ROW_LAYOUT 1 and 2, see the kernel)."""
-    layout = request.param
-    tmp = tmp_path_factory.mktemp(f"tree_attention_mma_emu_layout{layout}")
-    return _build(tmp, ELPIS_MMA_ROW_LAYOUT=layout)
-
-
 class Pages:
     """Random packed 3-bit K/V pages and scales, and their fp16 values by the reference dequant."""
 
@@ -222,17 +214,3 @@ def test_pipelined_staging_keeps_the_direct_stagings_bits(
     """Loading groups a tile ahead, decoding half-groups on every thread and overlapping the staging with the
     tensor-core phases (K and V in rows of their own below ctx) change no output bit."""
     assert_same_bits(lib, direct_lib, ctx, parents, seed)
-
-
-@pytest.mark.parametrize(
-    ("ctx", "parents", "seed"),
-    [
-        (200, PARENTS, 37),  # 16 rows over two splits: every warp has a row
-        (100, PARENTS[:11], 38),  # 11 rows: layout 1's staging warps 8-12 take rows 1-9, the rest have none
-    ],
-)
-def test_other_warp_roles_keep_every_bit(
-    lib: ctypes.CDLL, layout_lib: ctypes.CDLL, ctx: int, parents: list[int], seed: int
-) -> None:
-    """Which warp computes a row's scores and P, and which threads stage V, change none of the row's bits."""
-    assert_same_bits(layout_lib, lib, ctx, parents, seed)
