@@ -18,6 +18,10 @@ written `none`, or ids joined by `+` in sorted order, e.g. `fixed-rows-8+gdn-sta
                       DeltaNet kernels. Needs gdn-state-fp32 and replaces fixed-rows-8 (a configuration
                       naming it must name the one and not the other). Judged by model comparisons
                       (rule exl3-small-tree-r1); the op gate has no tree-kernel candidate yet.
+  exl3-attn-hadamard-fold  registry switch (process-wide, off by default): tree mode's attention folds the
+                      cache's rotation into its queries and outputs (`tree_attention.hadamard_fold_default`).
+                      Needs tree-verify; a configuration names it exactly when the process runs with it
+                      (`ELPIS_PATCH_ATTN_HADAMARD_FOLD`). Judged by model comparisons (exl3-small-tree-r4).
 
 Ops (`gate_ops`): operands are real activations, recorded during one forward pass of `tokens` tokens through
 the loaded model (WikiText-2 through the model's tokenizer, or fixed pseudo-random ids when the tokenizer's
@@ -73,6 +77,7 @@ from typing import Any
 import torch
 
 from elpis.exl3 import EXLLAMA_PREFILL_CHUNK
+from elpis.exl3.tree_attention import FOLD_PATCH
 from elpis.gate.configs import BackendLogits, Spec, check_start
 from elpis.gate.ops import GateOp, OpInputs
 
@@ -84,9 +89,11 @@ PATCHES: dict[str, str] = {
     "tree-verify": "verifies as 16-row trees through elpis's tree kernels (served default with a draft)",
     "rows-gemm": "EXL3 linears of 1-16 rows through elpis's GEMM (registry patch exl3-rows-gemm)",
     "gdn-ba": "tree verifies' Gated DeltaNet gate projections by elpis's kernel (registry patch exl3-gdn-ba)",
+    FOLD_PATCH: "tree verifies' attention with the cache's Hadamard rotation folded into queries and outputs "
+    "(registry switch, process-wide, default off)",
 }
 # Patches judged only by model comparisons: no op of the op gate has a candidate for them.
-MODEL_ONLY_PATCHES = ("gdn-ba", "prefill-chunk-8192", "tree-verify")
+MODEL_ONLY_PATCHES = ("gdn-ba", "prefill-chunk-8192", "tree-verify", FOLD_PATCH)
 # Registry patches that are no gate candidate: always applied, and they change no arithmetic of Qwen3.8.
 NEUTRAL_PATCHES: dict[str, str] = {
     "exl3-trim-padded-out": "trims padded linear outputs; no Qwen3.8 linear has one (SmolLM2's 576 does)",
@@ -336,9 +343,27 @@ def _check_int8_switch(names: Sequence[str]) -> None:
         )
 
 
+def _check_fold_switch(names: Sequence[str]) -> None:
+    """The fold is a process-wide switch (`tree_attention.hadamard_fold_default`): a configuration names it
+    exactly when this process runs with it."""
+    from elpis.exl3 import tree_attention
+
+    on = tree_attention.hadamard_fold_default()
+    if on != (FOLD_PATCH in names):
+        want = "1" if FOLD_PATCH in names else "0 (or unset)"
+        verb = "names" if FOLD_PATCH in names else "omits"
+        raise ValueError(
+            f"{FOLD_PATCH} is a process-wide switch of the tree attention and this process runs with it "
+            f"{'on' if on else 'off'}: run a configuration that {verb} it with "
+            f"ELPIS_PATCH_ATTN_HADAMARD_FOLD={want}"
+        )
+
+
 def backend_options(names: Sequence[str]) -> dict[str, Any]:
     """`load_backend` keywords of a configuration's patches; refuses combinations the backend cannot run."""
     tree = "tree-verify" in names
+    if FOLD_PATCH in names and not tree:
+        raise ValueError(f"patch {FOLD_PATCH} acts inside tree verifies only: it needs tree-verify")
     if tree and "gdn-state-fp32" not in names:
         raise ValueError("patch tree-verify needs gdn-state-fp32 (the tree kernels keep a fp32 GDN state)")
     if tree and "fixed-rows-8" in names:
@@ -370,6 +395,8 @@ class Exl3Configuration:
         model_dir = _model_dir(model)
         self.vocab_size = _compared_width(model_dir)
         _check_int8_switch(names)
+        if "tree-verify" in names:  # only tree verifies run the tree attention
+            _check_fold_switch(names)
         from elpis.exl3 import load_backend
 
         self.backend = load_backend(

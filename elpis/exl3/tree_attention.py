@@ -99,12 +99,29 @@ def _qcache_library(k_bits: int, v_bits: int) -> ctypes.CDLL:
     return _check_bits(lib, k_bits, v_bits)
 
 
+# Registry switch of the fold build (kind switch, read here): see hadamard_fold_default.
+FOLD_PATCH = "exl3-attn-hadamard-fold"
+
+
+@lru_cache(maxsize=1)
+def hadamard_fold_default() -> bool:
+    """Whether the tensor-core attention folds the cache's Hadamard rotation into its queries and outputs
+    (ELPIS_MMA_HADAMARD_FOLD, see the kernel) when the caller does not say: the registry switch
+    exl3-attn-hadamard-fold, read once per process, so that every call of a process - a tree verify's rows
+    and plain decoding's one row alike - runs the same build."""
+    from elpis.exl3 import patches
+
+    return patches.enabled(FOLD_PATCH)
+
+
 @lru_cache(maxsize=8)
-def _mma_library(k_bits: int, v_bits: int, pipelined: bool = True) -> ctypes.CDLL:
+def _mma_library(k_bits: int, v_bits: int, pipelined: bool = True, fold: bool = False) -> ctypes.CDLL:
     """The tensor-core build; `pipelined` False builds the direct staging the pipelined one replaced (same
-    bits, kept to prove that on the GPU and to time the two side by side)."""
+    bits, kept to prove that on the GPU and to time the two side by side); `fold` builds the kernel that
+    folds the cache's rotation into the queries and outputs (other rounding: served only under its switch)."""
     defines = {"ELPIS_QCACHE_K_BITS": k_bits, "ELPIS_QCACHE_V_BITS": v_bits}
     defines["ELPIS_MMA_PREFETCH"] = int(pipelined)
+    defines["ELPIS_MMA_HADAMARD_FOLD"] = int(fold)
     return _check_bits(load_mma(defines), k_bits, v_bits)
 
 
@@ -316,14 +333,17 @@ def tree_attention_mma(
     scale: float = DEFAULT_SCALE,
     return_lse: bool = False,
     pipelined: bool = True,
+    fold: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The tensor-core build (`patches/kernels/tree_attention_mma.cu`) of `tree_attention_qcache`: same
     arguments, same schedule and row invariance, one block per (split, K/V head) serving every row. P enters
     the tensor cores in fp16, so its values differ from the fp32 SIMT build in the last bits (measured
     against fp64 by the GPU tests); a row's bits still never depend on the other rows. `pipelined` False
-    runs the direct staging (tests and timings only: same bits, slower)."""
+    runs the direct staging (tests and timings only: same bits, slower). `fold` picks the build that folds
+    the cache's rotation into the queries and outputs (None: the registry switch, `hadamard_fold_default`)."""
     caches = (qk, sk, qv, sv)
-    library = partial(_mma_library, pipelined=pipelined)
+    fold = hadamard_fold_default() if fold is None else fold
+    library = partial(_mma_library, pipelined=pipelined, fold=fold)
     return _quantized_call(
         library, "elpis_tree_attention_mma", q, caches, block_table, ctx, depth, ancestors, scale,
         return_lse,
@@ -339,6 +359,7 @@ def tree_attention_mma_graph(
     masks: torch.Tensor,
     *,
     scale: float = DEFAULT_SCALE,
+    fold: bool | None = None,
 ) -> torch.Tensor:
     """`tree_attention_mma` in the form a CUDA graph can capture: the context length (`ctx_dev`, int32 [1])
     and the masks (`masks`, int32 [2 * rows]: depth then ancestors, as `tree_masks` gives them) are read
@@ -365,7 +386,8 @@ def tree_attention_mma_graph(
         raise ValueError("every tensor of a tree attention call must be on q's device")
     if not (isinstance(scale, float) and math.isfinite(scale) and scale > 0.0):
         raise ValueError(f"scale must be a positive finite float, got {scale!r}")
-    lib = _mma_library(qcache_bits("qk", qk), qcache_bits("qv", qv))
+    fold = hadamard_fold_default() if fold is None else fold
+    lib = _mma_library(qcache_bits("qk", qk), qcache_bits("qv", qv), fold=fold)
     floats = int(lib.elpis_tree_attention_workspace_floats(rows, max_ctx, rows - 1))
     workspace = torch.empty(floats, dtype=torch.float32, device=q.device)
     out = torch.empty((rows, Q_HEADS, HEAD_DIM), dtype=torch.half, device=q.device)

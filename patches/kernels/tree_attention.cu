@@ -297,8 +297,8 @@ static int launch(const void* q, const void* k_cache, const void* k_scales, cons
         static_cast<const __half*>(q), static_cast<const CacheWord*>(k_cache), static_cast<const __half*>(k_scales),
         static_cast<const CacheWord*>(v_cache), static_cast<const __half*>(v_scales), block_table, depth, ancestors,
         ctx, scale, max_splits, part_acc, part_ml);
-    tree_attention_combine<<<dim3(rows, kQHeads), kHeadDim, 0, s>>>(depth, CtxArg{ctx, nullptr}, max_splits,
-                                                                    part_acc, part_ml, static_cast<__half*>(out), lse);
+    tree_attention_combine<false><<<dim3(rows, kQHeads), kHeadDim, 0, s>>>(depth, CtxArg{ctx, nullptr}, max_splits,
+                                                                           part_acc, part_ml, static_cast<__half*>(out), lse);
     return static_cast<int>(cudaGetLastError());
 }
 

@@ -77,6 +77,15 @@ __device__ __forceinline__ float group_step(__half scale) {
     return __fmul_rn(__fmul_rn(__half2float(scale), kRsqrt32), 1.0f / kHalfLevels);
 }
 
+// The step without the Hadamard's normalisation: scale / 2^(bits-1), exact (a power-of-two multiple of an fp16).
+// A kernel that folds the rotation into its operands (ELPIS_MMA_HADAMARD_FOLD) dequantises with it, and takes
+// the 1/sqrt(32) on the query and on the output instead, so that every staged value keeps its magnitude.
+template <uint32_t kBits>
+__device__ __forceinline__ float group_raw_step(__half scale) {
+    static_assert(kBits >= 2 && kBits <= 8, "quantized cache bits are 2..8");
+    return __fmul_rn(__half2float(scale), 1.0f / static_cast<float>(1u << (kBits - 1)));
+}
+
 // Value of a code before the Hadamard: (code - mid) * step, mid = 2^(bits-1) - 0.5.
 template <uint32_t kBits>
 __device__ __forceinline__ float code_value(uint32_t code, float step) {
@@ -103,25 +112,26 @@ __device__ __forceinline__ void hadamard_butterflies(float (&v)[kN]) {
 // One group of 32 values as fp16: code_value, then the unnormalised Hadamard as butterflies over index bits
 // 0..4 in order, then fp16 (rn). Reproduces ExLlamaV3's dequant_cache_paged (elpis/exl3/qcache_ref.py is the
 // reference, checked bit for bit against CacheLayer_quant.get_kv).
-template <uint32_t kBits>
+// With kRotated false, the group as stored, before the rotation: code_value with group_raw_step, then fp16.
+template <uint32_t kBits, bool kRotated = true>
 __device__ __forceinline__ void dequant_words(const uint32_t (&w)[kBits], __half scale, __half (&out)[kQGroup]) {
-    const float step = group_step<kBits>(scale);
+    const float step = kRotated ? group_step<kBits>(scale) : group_raw_step<kBits>(scale);
     float v[kQGroup];
 #pragma unroll
     for (uint32_t j = 0; j < kQGroup; j++) v[j] = code_value<kBits>(group_code<kBits>(w, j), step);
-    hadamard_butterflies(v);
+    if (kRotated) hadamard_butterflies(v);
 #pragma unroll
     for (uint32_t j = 0; j < kQGroup; j++) out[j] = __float2half_rn(v[j]);
 }
 
 // dequant_words of a group's packed words in memory.
-template <uint32_t kBits>
+template <uint32_t kBits, bool kRotated = true>
 __device__ __forceinline__ void dequant_group(const uint32_t* __restrict__ words, __half scale,
                                               __half (&out)[kQGroup]) {
     uint32_t w[kBits];
 #pragma unroll
     for (uint32_t i = 0; i < kBits; i++) w[i] = words[i];
-    dequant_words<kBits>(w, scale, out);
+    dequant_words<kBits, kRotated>(w, scale, out);
 }
 
 // Index of group g (0..7) of K/V head h at cache slot `slot` in the packed words / scales.
@@ -144,6 +154,11 @@ constexpr uint32_t kCombineAhead = 8;  // split partials loaded ahead of their f
 
 // One block per (row, query head), kHeadDim threads: fold the row's splits in ascending order, normalise,
 // write fp16 (and the log-sum-exp). `max_splits` is only the partial buffers' stride.
+// With kRotateOut (a kernel that folds the cache's rotation into its operands, ELPIS_MMA_HADAMARD_FOLD), the
+// partials hold the output before the rotation: each 32-value group of the folded output is rotated here, once,
+// by the Hadamard's butterflies over index bits 0..4 in order (a group is one warp, its index the lane), then
+// scaled by fp32(1/sqrt(32)). Each operation is rounded once, the same in every call, whatever the rows.
+template <bool kRotateOut>
 __global__ void __launch_bounds__(kHeadDim) tree_attention_combine(
     const uint32_t* __restrict__ depth, const CtxArg ctx_arg, uint32_t max_splits,
     const float* __restrict__ part_acc, const float* __restrict__ part_ml, __half* __restrict__ out,
@@ -176,7 +191,17 @@ __global__ void __launch_bounds__(kHeadDim) tree_attention_combine(
         }
     }
     const size_t o = static_cast<size_t>(row) * kQHeads + head;
-    out[o * kHeadDim + d] = __float2half_rn(a / l);
+    float x = a / l;
+    if (kRotateOut) {
+        const uint32_t lane = d & 31u;
+#pragma unroll
+        for (uint32_t bit = 1; bit < kQGroup; bit <<= 1) {
+            const float other = __shfl_xor_sync(kFull, x, bit);
+            x = (lane & bit) ? __fsub_rn(other, x) : __fadd_rn(x, other);  // lo + hi, or lo - hi
+        }
+        x = __fmul_rn(x, kRsqrt32);
+    }
+    out[o * kHeadDim + d] = __float2half_rn(x);
     if (lse != nullptr && d == 0) lse[o] = m + logf(l);
 }
 

@@ -52,6 +52,19 @@ constexpr uint32_t kQStride = kHeadDim + 8;   // halves per staged query head (c
 constexpr uint32_t kStats = kMaxRows * kQPad;  // (row, query column) pairs
 constexpr uint32_t kRowChunk = 4;             // rows per step of the output loop below ctx (see run_tile)
 
+// ELPIS_MMA_HADAMARD_FOLD (0 unless the build asks; the registry switch exl3-attn-hadamard-fold): the cache's
+// groups are 32-point Hadamard rotations, K = H k / sqrt(32) and V = H v / sqrt(32) with H symmetric, so a score
+// q . K = (H q / sqrt(32)) . k and an output sum_i p_i V_i = H (sum_i p_i v_i) / sqrt(32). The fold rotates each
+// query group once as it is staged and each output group once in the combine, and stages the cache's groups
+// unrotated (dequant_words<kBits, false>): no butterflies and no shuffles per staged position. The real-number
+// result is the same; the rounding is not (each query, staged value and output is rounded at another point), so
+// it is served only under a gate verdict (bench/results/tree/README.md). A row's bits still depend on its own
+// operands alone: the rotations are per query and per output.
+#ifndef ELPIS_MMA_HADAMARD_FOLD
+#define ELPIS_MMA_HADAMARD_FOLD 0
+#endif
+constexpr bool kFold = ELPIS_MMA_HADAMARD_FOLD != 0;
+
 // Every boundary is a multiple of the shortest split (law splits_fit_the_kernels).
 static_assert(ELPIS_SCHED_SPLIT_MIN % kTile == 0, "tiles never straddle a split");
 static_assert(kTile == 32 && kMaxRows == 16 && kGroup <= kQPad && kWarps == 16, "the warp layout below");
@@ -192,7 +205,7 @@ __device__ __forceinline__ void stage(const Block& b, const uint32_t* __restrict
             for (uint32_t j = 0; j < kQGroup; j++) vals[j] = __float2half_rn(0.0f);
         } else {
             const size_t idx = qcache_group(block_table, slot, h, grp);
-            dequant_group<kBits>(packed + idx * kBits, scales[idx], vals);
+            dequant_group<kBits, !kFold>(packed + idx * kBits, scales[idx], vals);
         }
         uint4* dst = reinterpret_cast<uint4*>(b.kv + row * kKStride + grp * kQGroup);
         const uint4* src = reinterpret_cast<const uint4*>(vals);
@@ -312,19 +325,21 @@ __device__ __forceinline__ void store_half(const Block& b, const __half (&vals)[
 template <uint32_t kBits>
 __device__ __forceinline__ void decode_half(const Block& b, const Packed<kBits>& p, uint32_t row, uint32_t grp,
                                             uint32_t half, bool store, bool valid) {
-    const float step = group_step<kBits>(p.scale);
+    const float step = kFold ? group_raw_step<kBits>(p.scale) : group_step<kBits>(p.scale);
     uint32_t hw[kBits];
     half_words<kBits>(p.w, half, hw);
     float v[kHalfGroup];
 #pragma unroll
     for (uint32_t j = 0; j < kHalfGroup; j++) v[j] = half_value<kBits>(hw, j, step);
-    hadamard_butterflies(v);  // index bits 0..3, within the half
-    // index bit 4: value j (half 0) is lo, value 16 + j (half 1) is hi
-    const float sign = half ? -1.0f : 1.0f;
+    if (!kFold) {
+        hadamard_butterflies(v);  // index bits 0..3, within the half
+        // index bit 4: value j (half 0) is lo, value 16 + j (half 1) is hi
+        const float sign = half ? -1.0f : 1.0f;
 #pragma unroll
-    for (uint32_t j = 0; j < kHalfGroup; j++) {
-        const float other = __shfl_xor_sync(kFull, v[j], 1);
-        v[j] = __fmaf_rn(v[j], sign, other);  // half 0: v + other; half 1: other - v
+        for (uint32_t j = 0; j < kHalfGroup; j++) {
+            const float other = __shfl_xor_sync(kFull, v[j], 1);
+            v[j] = __fmaf_rn(v[j], sign, other);  // half 0: v + other; half 1: other - v
+        }
     }
     if (!store) return;
     __align__(16) __half vals[kHalfGroup];
@@ -397,7 +412,7 @@ __device__ __forceinline__ void stage_v_groups(const Block& b, const Packed<kBit
     uint32_t row, grp;
     group_item(row, grp);
     __align__(16) __half vals[kQGroup];
-    dequant_words<kBits>(p.w, p.scale, vals);
+    dequant_words<kBits, !kFold>(p.w, p.scale, vals);
     uint4* dst = reinterpret_cast<uint4*>(b.kv + (kVRow + row) * kKStride + grp * kQGroup);
     const uint4* src = reinterpret_cast<const uint4*>(vals);
 #pragma unroll
@@ -814,6 +829,32 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
 // One block: split `gridDim.y - 1 - blockIdx.y`, K/V head `blockIdx.x`, rows blockIdx.z + lr * gridDim.z whose
 // span reaches the split. Writes the split's partial (max, sum, acc[256]) per (row, query head), as
 // tree_attention.cu does.
+// The fold's queries (ELPIS_MMA_HADAMARD_FOLD): each 32-value group of the block's query heads rotated once, in
+// fp32 - the Hadamard's butterflies over index bits 0..4 in order, then fp32(1/sqrt(32)), each operation rounded
+// once - and staged as fp16. Query group i: local head i / 8 (lr * kGroup + j), head-dim group i % 8.
+__device__ __forceinline__ void stage_folded_queries(const Block& b, const __half* __restrict__ q, uint32_t n,
+                                                     uint32_t h) {
+    for (uint32_t i = threadIdx.x; i < n * kGroup * kQGroupsPerHead; i += kThreads) {
+        const uint32_t head = i / kQGroupsPerHead, grp = i % kQGroupsPerHead;
+        const uint32_t lr = head / kGroup, j = head % kGroup, row = blockIdx.z + lr * gridDim.z;
+        const __half* src = q + (static_cast<size_t>(row) * kQHeads + h * kGroup + j) * kHeadDim + grp * kQGroup;
+        __align__(16) __half vals[kQGroup];
+        const uint4* src4 = reinterpret_cast<const uint4*>(src);
+        uint4* vals4 = reinterpret_cast<uint4*>(vals);
+#pragma unroll
+        for (uint32_t c = 0; c < 4; c++) vals4[c] = src4[c];
+        float v[kQGroup];
+#pragma unroll
+        for (uint32_t k = 0; k < kQGroup; k++) v[k] = __half2float(vals[k]);
+        hadamard_butterflies(v);
+#pragma unroll
+        for (uint32_t k = 0; k < kQGroup; k++) vals[k] = __float2half_rn(__fmul_rn(v[k], kRsqrt32));
+        uint4* dst = reinterpret_cast<uint4*>(b.q + head * kQStride + grp * kQGroup);
+#pragma unroll
+        for (uint32_t c = 0; c < 4; c++) dst[c] = vals4[c];
+    }
+}
+
 __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
     const __half* __restrict__ q, const uint32_t* __restrict__ qk, const __half* __restrict__ sk,
     const uint32_t* __restrict__ qv, const __half* __restrict__ sv, const int32_t* __restrict__ block_table,
@@ -858,13 +899,17 @@ __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
         b.mask[tid] = mask;
     }
     if (tid == 0) b.slot[kZeroRow] = kNoSlot;
-    constexpr uint32_t kChunks = kHeadDim / 8;  // 16-byte chunks of a query head
-    for (uint32_t i = tid; i < n * kGroup * kChunks; i += kThreads) {
-        const uint32_t head = i / kChunks, c = i % kChunks;  // head = lr * kGroup + j
-        const uint32_t lr = head / kGroup, j = head % kGroup, row = blockIdx.z + lr * gridDim.z;
-        const uint4* src =
-            reinterpret_cast<const uint4*>(q + (static_cast<size_t>(row) * kQHeads + h * kGroup + j) * kHeadDim);
-        reinterpret_cast<uint4*>(b.q + head * kQStride)[c] = src[c];
+    if (kFold) {
+        stage_folded_queries(b, q, n, h);
+    } else {
+        constexpr uint32_t kChunks = kHeadDim / 8;  // 16-byte chunks of a query head
+        for (uint32_t i = tid; i < n * kGroup * kChunks; i += kThreads) {
+            const uint32_t head = i / kChunks, c = i % kChunks;  // head = lr * kGroup + j
+            const uint32_t lr = head / kGroup, j = head % kGroup, row = blockIdx.z + lr * gridDim.z;
+            const uint4* src = reinterpret_cast<const uint4*>(
+                q + (static_cast<size_t>(row) * kQHeads + h * kGroup + j) * kHeadDim);
+            reinterpret_cast<uint4*>(b.q + head * kQStride)[c] = src[c];
+        }
     }
     for (uint32_t i = tid; i < kStats * kPStride / 2; i += kThreads) reinterpret_cast<uint32_t*>(b.p)[i] = 0;
     if (tid < kQStride / 2) reinterpret_cast<uint32_t*>(b.qzero)[tid] = 0;
@@ -966,8 +1011,8 @@ int launch_mma(const void* q, const void* qk, const void* sk, const void* qv, co
         static_cast<const __half*>(q), static_cast<const uint32_t*>(qk), static_cast<const __half*>(sk),
         static_cast<const uint32_t*>(qv), static_cast<const __half*>(sv), block_table, depth, ancestors, rows, ctx,
         scale, max_splits, part_acc, part_ml);
-    tree_attention_combine<<<dim3(rows, kQHeads), kHeadDim, 0, s>>>(depth, ctx, max_splits, part_acc, part_ml,
-                                                                   static_cast<__half*>(out), lse);
+    tree_attention_combine<kFold><<<dim3(rows, kQHeads), kHeadDim, 0, s>>>(depth, ctx, max_splits, part_acc, part_ml,
+                                                                          static_cast<__half*>(out), lse);
     return static_cast<int>(cudaGetLastError());
 }
 

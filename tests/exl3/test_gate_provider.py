@@ -42,6 +42,7 @@ def test_provider_found_without_gpu():
         (
             "all",
             (
+                "exl3-attn-hadamard-fold",
                 "exl3-int8-gemv-off",
                 "fixed-rows-8",
                 "gdn-ba",
@@ -173,6 +174,7 @@ def test_backend_options_of_the_patches():
         (("tree-verify",), "needs gdn-state-fp32"),
         (("fixed-rows-8", "gdn-state-fp32", "tree-verify"), "replaces fixed-rows-8"),
         (("fixed-rows-8", "gdn-ba", "gdn-state-fp32"), "needs tree-verify"),
+        (("exl3-attn-hadamard-fold", "fixed-rows-8", "gdn-state-fp32"), "needs tree-verify"),
     ],
 )
 def test_backend_options_refused(names, message):
@@ -180,13 +182,31 @@ def test_backend_options_refused(names, message):
         gate.backend_options(names)
 
 
+@pytest.mark.parametrize("on", [False, True])
+def test_fold_configuration_must_match_the_process_switch(monkeypatch, on):
+    """The fold is process-wide: a tree configuration names it exactly when the process runs with it."""
+    from elpis.exl3 import tree_attention
+
+    monkeypatch.setenv("ELPIS_PATCH_ATTN_HADAMARD_FOLD", "1" if on else "0")
+    tree_attention.hadamard_fold_default.cache_clear()
+    try:
+        tree = ("gdn-state-fp32", "tree-verify")
+        with_fold, without = (gate.FOLD_PATCH, *tree), tree
+        gate._check_fold_switch(with_fold if on else without)  # matches: accepted
+        want = "ELPIS_PATCH_ATTN_HADAMARD_FOLD=" + ("0" if on else "1")
+        with pytest.raises(ValueError, match=want):
+            gate._check_fold_switch(without if on else with_fold)
+    finally:
+        tree_attention.hadamard_fold_default.cache_clear()
+
+
 def test_op_options_and_spec():
     chosen = gate.op_options({})
     assert chosen.patches == tuple(sorted(gate.PATCHES))
     assert (chosen.tokens, chosen.layers) == (gate.DEFAULT_TOKENS, 2)
     assert chosen.spec == (
-        "exl3-ops:layers=2,patches=exl3-int8-gemv-off+fixed-rows-8+gdn-ba+gdn-state-fp32+prefill-chunk-8192+"
-        "rows-gemm+tree-verify,tokens=1280"
+        "exl3-ops:layers=2,patches=exl3-attn-hadamard-fold+exl3-int8-gemv-off+fixed-rows-8+gdn-ba+gdn-state-fp32+"
+        "prefill-chunk-8192+rows-gemm+tree-verify,tokens=1280"
     )
     assert gate.op_options({"patches": "none", "tokens": "512"}).spec == (
         "exl3-ops:layers=2,patches=none,tokens=512"

@@ -232,7 +232,7 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 """
 
 HEADERS = {"cuda_runtime.h": EMU_RUNTIME, "cuda_fp16.h": EMU_FP16, "cuda_bf16.h": EMU_BF16}
-LAUNCH = re.compile(r"(\w+)<<<(.*?)>>>\((.*?)\);", re.S)
+LAUNCH = re.compile(r"(\w+(?:<[\w, ]*>)?)<<<(.*?)>>>\((.*?)\);", re.S)  # a kernel, or a template instance
 # No contraction into fma: the kernels' own arithmetic, one rounding per operation as written.
 CXXFLAGS = ("-std=c++20", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-pthread")
 

@@ -187,3 +187,20 @@ def test_two_threads_building_the_same_output_both_get_it(tmp_path: Path) -> Non
         built = list(pool.map(lambda _: nvcc.compile_to(src, "ptx", arch="sm_86", out_dir=out_dir), range(2)))
     assert built[0] == built[1] and built[0].is_file()
     assert [p.name for p in out_dir.iterdir()] == [built[0].name]  # no temporary file left behind
+
+
+# Builds served only behind a registry switch, checked as the default builds are: Ampere instructions only,
+# no spills at either architecture.
+SWITCHED_BUILDS = [("tree_attention_mma.cu", {"ELPIS_MMA_HADAMARD_FOLD": 1})]  # exl3-attn-hadamard-fold
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("name", "defines"), SWITCHED_BUILDS, ids=lambda v: v if isinstance(v, str) else "")
+def test_switched_builds_are_ampere_only_and_do_not_spill(name: str, defines: dict[str, int]) -> None:
+    source = next(p for p in nvcc.kernel_sources() if p.name == name)
+    nvcc.check_ampere_only(source, defines=defines)
+    for arch in nvcc.ARCHS:
+        usage = nvcc.ptxas_usage(nvcc.compile_to(source, "ptx", arch=arch, defines=defines), arch)
+        assert usage, f"{name} {defines}: ptxas reported no kernel"
+        spills = {entry: u for entry, u in usage.items() if u["spill_stores"]}
+        assert not spills, f"{name} {defines} {arch}: {spills}"

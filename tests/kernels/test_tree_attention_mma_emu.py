@@ -53,6 +53,12 @@ def direct_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return _build(tmp_path_factory.mktemp("tree_attention_mma_emu_direct"), ELPIS_MMA_PREFETCH=0)
 
 
+@pytest.fixture(scope="module")
+def fold_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The build that folds the cache's rotation into the queries and outputs (ELPIS_MMA_HADAMARD_FOLD)."""
+    return _build(tmp_path_factory.mktemp("tree_attention_mma_emu_fold"), ELPIS_MMA_HADAMARD_FOLD=1)
+
+
 class Pages:
     """Random packed 3-bit K/V pages and scales, and their fp16 values by the reference dequant."""
 
@@ -112,7 +118,8 @@ def test_rows_match_float64(lib: ctypes.CDLL) -> None:
     check_float64(lib)
 
 
-def check_float64(lib: ctypes.CDLL) -> None:
+def check_float64(lib: ctypes.CDLL, slack: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The case's output and its float64 reference, checked within `slack` times fp16 P's rounding."""
     ctx, parents = 70, [-1, 0, 1, 0, 3, 4]
     masks = accept.tree_masks(parents)
     pages = Pages(ctx + len(parents), 3)
@@ -123,8 +130,27 @@ def check_float64(lib: ctypes.CDLL) -> None:
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     vmax = v.abs().max().item()
     # P in fp16: each weight off by <= 2^-11 relative, so the output by <= 2^-11 * max|v| (and fp16 output)
-    assert ((out.double() - f64).abs() <= 2.0**-11 * vmax + 2.0**-10 * f64.abs()).all()
-    assert (lse.double() - f64_lse).abs().max().item() < 1e-3
+    assert ((out.double() - f64).abs() <= slack * (2.0**-11 * vmax + 2.0**-10 * f64.abs())).all()
+    assert (lse.double() - f64_lse).abs().max().item() < slack * 1e-3
+    return out, f64
+
+
+def test_folded_rotation_matches_float64(lib: ctypes.CDLL, fold_lib: ctypes.CDLL) -> None:
+    """Folding the rotation into the queries and outputs rounds elsewhere: the reference's operands are the
+    fp16 values ExLlamaV3 dequantises (rotated, then rounded), the fold's the unrotated values rounded and
+    a rotated query. Its error stays within twice fp16 P's bound, its largest error within twice the
+    served build's, and its bits differ from the served build's (the build define took effect)."""
+    served, f64 = check_float64(lib)
+    folded, _ = check_float64(fold_lib, slack=2.0)
+    assert not torch.equal(folded, served)
+    served_err = (served.double() - f64).abs().max().item()
+    assert (folded.double() - f64).abs().max().item() <= 2.0 * served_err
+
+
+def test_folded_rows_are_plain_decoding(fold_lib: ctypes.CDLL) -> None:
+    """The fold's rotations are per query and per output, so its rows keep plain decoding's bits (ctx 90:
+    shared tiles, tails straddling the tile boundary at 96)."""
+    check_rows_against_plain_decoding(fold_lib, 90, PARENTS, 13)
 
 
 def test_rows_are_plain_decoding_across_a_tile_boundary(lib: ctypes.CDLL) -> None:
