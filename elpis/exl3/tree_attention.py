@@ -129,7 +129,9 @@ def load_mma(
     defines: dict[str, int], source: Path = SOURCE_MMA, include_dirs: Sequence[Path] = ()
 ) -> ctypes.CDLL:
     """A build of the tensor-core source (`source`: the served one, or another version of it) with its entry
-    points bound; the served builds go through `_mma_library`, diagnostics call this directly."""
+    points bound; the served builds go through `_mma_library`, diagnostics call this directly. Unless
+    `defines` says, the build folds the rotation as the served one does (`hadamard_fold_default`)."""
+    defines = {"ELPIS_MMA_HADAMARD_FOLD": int(hadamard_fold_default()), **defines}
     lib = _load(defines, source, include_dirs)
     for name, argtypes in MMA_ENTRY_ARGS.items():
         getattr(lib, name).argtypes = list(argtypes)

@@ -147,6 +147,17 @@ def test_folded_rotation_matches_float64(lib: ctypes.CDLL, fold_lib: ctypes.CDLL
     assert (folded.double() - f64).abs().max().item() <= 2.0 * served_err
 
 
+def test_fold_needs_no_more_memory(lib: ctypes.CDLL, fold_lib: ctypes.CDLL) -> None:
+    """The fold changes arithmetic, not allocation: the same shared memory per block and the same workspace
+    for every row count and context (so the 24 GiB test's figures hold for either build)."""
+    for build in (lib, fold_lib):
+        build.elpis_tree_attention_mma_smem_bytes.restype = ctypes.c_uint32
+    assert lib.elpis_tree_attention_mma_smem_bytes() == fold_lib.elpis_tree_attention_mma_smem_bytes()
+    for rows, ctx in ((1, 1000), (8, 32760), (16, 262128)):
+        floats = [b.elpis_tree_attention_workspace_floats(rows, ctx, rows - 1) for b in (lib, fold_lib)]
+        assert floats[0] == floats[1] > 0
+
+
 def test_folded_rows_are_plain_decoding(fold_lib: ctypes.CDLL) -> None:
     """The fold's rotations are per query and per output, so its rows keep plain decoding's bits (ctx 90:
     shared tiles, tails straddling the tile boundary at 96)."""
