@@ -329,34 +329,33 @@ def _compared_width(model_dir: Path) -> int:
     return min(width, load_tokenizer(model_dir).vocab_size)
 
 
+def _require_process_switch(patch_id: str, on: bool, names: Sequence[str], of: str) -> None:
+    """A process-wide registry switch (`patch_id`, on or off in this process): a configuration names the patch
+    exactly when the process runs with it; otherwise say which setting of the switch would run it."""
+    from elpis.exl3 import patches as registry
+
+    if on == (patch_id in names):
+        return
+    patch = next(p for p in registry.load_registry() if p.id == patch_id)
+    wanted = patch_id in names
+    setting = ("1" if wanted else "0") + (" (or unset)" if wanted == patch.default else "")
+    raise ValueError(
+        f"{patch_id} is a process-wide switch of {of} and this process runs with it {'on' if on else 'off'}: "
+        f"run a configuration that {'names' if wanted else 'omits'} it with {patch.switch}={setting}"
+    )
+
+
 def _check_int8_switch(names: Sequence[str]) -> None:
     from elpis.exl3 import patches as registry
 
-    on = registry.apply_all().get(INT8_PATCH, False)
-    if on != (INT8_PATCH in names):
-        want = "1" if INT8_PATCH in names else "0 (or unset)"
-        verb = "names" if INT8_PATCH in names else "omits"
-        raise ValueError(
-            f"{INT8_PATCH} is a process-wide switch of ExLlamaV3 and this process runs with it "
-            f"{'on' if on else 'off'}: run a configuration that {verb} it with "
-            f"ELPIS_PATCH_INT8_GEMV_OFF={want}"
-        )
+    _require_process_switch(INT8_PATCH, registry.apply_all().get(INT8_PATCH, False), names, "ExLlamaV3")
 
 
 def _check_fold_switch(names: Sequence[str]) -> None:
-    """The fold is a process-wide switch (`tree_attention.hadamard_fold_default`): a configuration names it
-    exactly when this process runs with it."""
+    """The fold is read once per process (`tree_attention.hadamard_fold_default`)."""
     from elpis.exl3 import tree_attention
 
-    on = tree_attention.hadamard_fold_default()
-    if on != (FOLD_PATCH in names):
-        want = "1" if FOLD_PATCH in names else "0 (or unset)"
-        verb = "names" if FOLD_PATCH in names else "omits"
-        raise ValueError(
-            f"{FOLD_PATCH} is a process-wide switch of the tree attention and this process runs with it "
-            f"{'on' if on else 'off'}: run a configuration that {verb} it with "
-            f"ELPIS_PATCH_ATTN_HADAMARD_FOLD={want}"
-        )
+    _require_process_switch(FOLD_PATCH, tree_attention.hadamard_fold_default(), names, "the tree attention")
 
 
 def backend_options(names: Sequence[str]) -> dict[str, Any]:
