@@ -635,3 +635,15 @@ def test_configuration_teacher_forces_and_decodes(small, tmp_path):
     logits = made.teacher_forced(tokens)
     assert logits.shape == (len(tokens) - 1, 1000) and bool(torch.isfinite(logits).all())
     assert len(made.greedy(tokens[:10], 5)) == 5
+
+
+def test_the_fold_is_on_by_default_only_with_a_pass_verdict():
+    """A numerics change that the registry serves by default carries a PASS on file under its rule."""
+    from elpis.exl3.patches import load_registry
+    from elpis.gate.verdicts import latest
+
+    entry = next(p for p in load_registry() if p.id == gate.FOLD_PATCH)
+    if entry.default:
+        verdict = latest(gate.FOLD_PATCH)
+        assert verdict is not None and verdict.ships, f"{gate.FOLD_PATCH} is on by default without a PASS"
+        assert verdict.rule_id == "exl3-small-tree-r4"
