@@ -826,9 +826,6 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     ELPIS_PHASE(5);
 }
 
-// One block: split `gridDim.y - 1 - blockIdx.y`, K/V head `blockIdx.x`, rows blockIdx.z + lr * gridDim.z whose
-// span reaches the split. Writes the split's partial (max, sum, acc[256]) per (row, query head), as
-// tree_attention.cu does.
 // The fold's queries (ELPIS_MMA_HADAMARD_FOLD): each 32-value group of the block's query heads rotated once, in
 // fp32 - the Hadamard's butterflies over index bits 0..4 in order, then fp32(1/sqrt(32)), each operation rounded
 // once - and staged as fp16. Query group i: local head i / 8 (lr * kGroup + j), head-dim group i % 8.
@@ -855,6 +852,9 @@ __device__ __forceinline__ void stage_folded_queries(const Block& b, const __hal
     }
 }
 
+// One block: split `gridDim.y - 1 - blockIdx.y`, K/V head `blockIdx.x`, rows blockIdx.z + lr * gridDim.z whose
+// span reaches the split. Writes the split's partial (max, sum, acc[256]) per (row, query head), as
+// tree_attention.cu does.
 __global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
     const __half* __restrict__ q, const uint32_t* __restrict__ qk, const __half* __restrict__ sk,
     const uint32_t* __restrict__ qv, const __half* __restrict__ sv, const int32_t* __restrict__ block_table,

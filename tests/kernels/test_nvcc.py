@@ -108,10 +108,27 @@ def test_compiler_errors_carry_nvccs_message(tmp_path: Path) -> None:
         nvcc.compile_to(src, "ptx", arch="sm_86", out_dir=tmp_path)
 
 
+# Every kernel build CI checks: each source as it builds by default, and the builds a registry switch selects
+# (a define the served library passes), checked alike.
+SWITCHED_DEFINES = {"tree_attention_mma.cu": [{"ELPIS_MMA_HADAMARD_FOLD": 1}]}  # exl3-attn-hadamard-fold
+Build = tuple[Path, dict[str, int]]
+KERNEL_BUILDS: list[Build] = [
+    (source, defines)
+    for source in nvcc.kernel_sources()
+    for defines in [{}, *SWITCHED_DEFINES.get(source.name, [])]
+]
+
+
+def _build_id(build: Build) -> str:
+    source, defines = build
+    return "-".join([source.name, *(f"{k}={v}" for k, v in defines.items())])
+
+
 @needs_nvcc
-@pytest.mark.parametrize("source", nvcc.kernel_sources(), ids=lambda p: p.name)
-def test_every_kernel_builds_for_ampere_and_hopper_from_one_source(source: Path) -> None:
-    nvcc.check_ampere_only(source)
+@pytest.mark.parametrize("build", KERNEL_BUILDS, ids=_build_id)
+def test_every_kernel_builds_for_ampere_and_hopper_from_one_source(build: Build) -> None:
+    source, defines = build
+    nvcc.check_ampere_only(source, defines=defines)
 
 
 def test_ptx_entry_instructions_counts_each_kernel_body() -> None:
@@ -136,9 +153,10 @@ $L__BB0_1:
 
 
 @needs_nvcc
-@pytest.mark.parametrize("source", nvcc.kernel_sources(), ids=lambda p: p.name)
-def test_every_kernel_fits_the_instruction_cache(source: Path) -> None:
-    ptx = nvcc.compile_to(source, "ptx", arch="sm_86").read_text()
+@pytest.mark.parametrize("build", KERNEL_BUILDS, ids=_build_id)
+def test_every_kernel_fits_the_instruction_cache(build: Build) -> None:
+    source, defines = build
+    ptx = nvcc.compile_to(source, "ptx", arch="sm_86", defines=defines).read_text()
     counts = nvcc.ptx_entry_instructions(ptx)
     assert counts, f"{source.name}: no kernel entry found in its PTX"
     limit = nvcc.MAX_KERNEL_PTX_INSTRUCTIONS
@@ -157,11 +175,12 @@ SPILL_ALLOWANCE = {
 
 @needs_nvcc
 @pytest.mark.parametrize("arch", nvcc.ARCHS)
-@pytest.mark.parametrize("source", nvcc.kernel_sources(), ids=lambda p: p.name)
-def test_no_kernel_spills_registers(source: Path, arch: str) -> None:
+@pytest.mark.parametrize("build", KERNEL_BUILDS, ids=_build_id)
+def test_no_kernel_spills_registers(build: Build, arch: str) -> None:
     """A spill in a hot loop costs local-memory traffic every iteration (the tree attention once made 524,288
     spill requests a call): every kernel fits its registers, but the allowances above."""
-    usage = nvcc.ptxas_usage(nvcc.compile_to(source, "ptx", arch=arch), arch)
+    source, defines = build
+    usage = nvcc.ptxas_usage(nvcc.compile_to(source, "ptx", arch=arch, defines=defines), arch)
     assert usage, f"{source.name}: ptxas reported no kernel"
     for entry, u in usage.items():
         allowed = max(
@@ -187,20 +206,3 @@ def test_two_threads_building_the_same_output_both_get_it(tmp_path: Path) -> Non
         built = list(pool.map(lambda _: nvcc.compile_to(src, "ptx", arch="sm_86", out_dir=out_dir), range(2)))
     assert built[0] == built[1] and built[0].is_file()
     assert [p.name for p in out_dir.iterdir()] == [built[0].name]  # no temporary file left behind
-
-
-# Builds served only behind a registry switch, checked as the default builds are: Ampere instructions only,
-# no spills at either architecture.
-SWITCHED_BUILDS = [("tree_attention_mma.cu", {"ELPIS_MMA_HADAMARD_FOLD": 1})]  # exl3-attn-hadamard-fold
-
-
-@needs_nvcc
-@pytest.mark.parametrize(("name", "defines"), SWITCHED_BUILDS, ids=lambda v: v if isinstance(v, str) else "")
-def test_switched_builds_are_ampere_only_and_do_not_spill(name: str, defines: dict[str, int]) -> None:
-    source = next(p for p in nvcc.kernel_sources() if p.name == name)
-    nvcc.check_ampere_only(source, defines=defines)
-    for arch in nvcc.ARCHS:
-        usage = nvcc.ptxas_usage(nvcc.compile_to(source, "ptx", arch=arch, defines=defines), arch)
-        assert usage, f"{name} {defines}: ptxas reported no kernel"
-        spills = {entry: u for entry, u in usage.items() if u["spill_stores"]}
-        assert not spills, f"{name} {defines} {arch}: {spills}"

@@ -44,7 +44,7 @@ def _layer_args(pool: QuantPool) -> tuple:
 # Contexts whose rows' spans cross a split boundary: between 128-position splits, where the splits turn to 256
 # (4096), to 512 (16384) and to 2048 (65536), between 512-position ones and between 2048-position ones.
 @pytest.mark.gpu
-@pytest.mark.parametrize("fold", [False, True], ids=["served", "fold"])
+@pytest.mark.parametrize("fold", [False, True], ids=["unfolded", "fold"])
 @pytest.mark.parametrize("ctx", [1019, 4091, 16379, 32760, 65531, 69627])
 def test_rows_are_plain_decoding(ctx: int, fold: bool) -> None:
     masks = accept.tree_masks(PARENTS)
@@ -111,10 +111,10 @@ def test_timing_against_the_simt_build() -> None:
             q = torch.randn((rows, ta.Q_HEADS, ta.HEAD_DIM), device="cuda").half()
             args = (*_layer_args(pool), ctx, masks.depth, masks.ancestors)
             key = f"{ctx // 1024 + 1}k_{rows}"
-            served = partial(ta.tree_attention_mma, fold=False)
+            unfolded = partial(ta.tree_attention_mma, fold=False)
             direct = partial(ta.tree_attention_mma, pipelined=False, fold=False)
             fold = partial(ta.tree_attention_mma, fold=True)
-            builds = (("mma", served, 20), ("direct", direct, 20), ("fold", fold, 20),
+            builds = (("mma", unfolded, 20), ("direct", direct, 20), ("fold", fold, 20),
                       ("simt", ta.tree_attention_qcache, 10))  # fmt: skip
             for name, fn, reps in builds:
                 ms = tc.median_ms(lambda fn=fn, q=q, a=args: fn(q, *a), reps)
@@ -125,7 +125,7 @@ def test_timing_against_the_simt_build() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fold", [False, True], ids=["served", "fold"])
+@pytest.mark.parametrize("fold", [False, True], ids=["unfolded", "fold"])
 @pytest.mark.parametrize("ctx", [1000, 32760, 131050])
 def test_pipelined_staging_keeps_the_direct_stagings_bits(ctx: int, fold: bool) -> None:
     pool = QuantPool(ctx + 16, seed=ctx + 1)

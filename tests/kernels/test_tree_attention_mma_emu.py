@@ -139,12 +139,12 @@ def test_folded_rotation_matches_float64(lib: ctypes.CDLL, fold_lib: ctypes.CDLL
     """Folding the rotation into the queries and outputs rounds elsewhere: the reference's operands are the
     fp16 values ExLlamaV3 dequantises (rotated, then rounded), the fold's the unrotated values rounded and
     a rotated query. Its error stays within twice fp16 P's bound, its largest error within twice the
-    served build's, and its bits differ from the served build's (the build define took effect)."""
-    served, f64 = check_float64(lib)
+    unfolded build's, and its bits differ from the unfolded build's (the build define took effect)."""
+    unfolded, f64 = check_float64(lib)
     folded, _ = check_float64(fold_lib, slack=2.0)
-    assert not torch.equal(folded, served)
-    served_err = (served.double() - f64).abs().max().item()
-    assert (folded.double() - f64).abs().max().item() <= 2.0 * served_err
+    assert not torch.equal(folded, unfolded)
+    unfolded_err = (unfolded.double() - f64).abs().max().item()
+    assert (folded.double() - f64).abs().max().item() <= 2.0 * unfolded_err
 
 
 def test_fold_needs_no_more_memory(lib: ctypes.CDLL, fold_lib: ctypes.CDLL) -> None:
@@ -219,18 +219,6 @@ def test_rows_dealt_to_several_blocks_keep_their_bits(lib: ctypes.CDLL) -> None:
     assert torch.equal(dealt, one) and torch.equal(dealt_lse, one_lse)
 
 
-def assert_same_bits(lib: ctypes.CDLL, other: ctypes.CDLL, ctx: int, parents: list[int], seed: int) -> None:
-    """Two builds of the kernel give finite outputs with every output and LSE bit equal on one random case."""
-    masks = accept.tree_masks(parents)
-    pages = Pages(ctx + len(parents), seed)
-    q = _queries(len(parents), seed)
-    out, lse = attend(lib, pages, q, ctx, masks.depth, masks.ancestors)
-    want, want_lse = attend(other, pages, q, ctx, masks.depth, masks.ancestors)
-    assert torch.isfinite(out).all()
-    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
-    assert torch.equal(lse, want_lse)
-
-
 @pytest.mark.parametrize(
     ("ctx", "parents", "seed"),
     [
@@ -250,4 +238,11 @@ def test_pipelined_staging_keeps_the_direct_stagings_bits(
 ) -> None:
     """Loading groups a tile ahead, decoding half-groups on every thread and overlapping the staging with the
     tensor-core phases (K and V in rows of their own below ctx) change no output bit."""
-    assert_same_bits(lib, direct_lib, ctx, parents, seed)
+    masks = accept.tree_masks(parents)
+    pages = Pages(ctx + len(parents), seed)
+    q = _queries(len(parents), seed)
+    out, lse = attend(lib, pages, q, ctx, masks.depth, masks.ancestors)
+    want, want_lse = attend(direct_lib, pages, q, ctx, masks.depth, masks.ancestors)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(lse, want_lse)
