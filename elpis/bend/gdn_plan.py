@@ -77,7 +77,12 @@ def load_plan(root: Path = REPO_ROOT) -> Program:
 
 
 def _rename(code: str) -> str:
-    """Give the header its own names, so it can sit next to the acceptors' C in one unit."""
+    """Give the header its own names, so it can sit next to the acceptors' C in one unit, and the qualifier
+    that makes every function host C, or under nvcc host and device code (the round's plan kernel,
+    patches/kernels/round_plan.cu, packs a tree's plan on the GPU)."""
+    if not code.startswith("static "):
+        raise BendError("codegen: expected a static function")
+    code = "ELPIS_GDNP_FN " + code[len("static ") :]
     code = re.sub(r"\bbend_", "elpis_gdnp_", code)
     return re.sub(r"\belpis_(nat_sub|nat_min|nat_max|u32_shl|u32_shr)\(", r"elpis_gdnp_\1(", code)
 

@@ -31,7 +31,7 @@ from elpis.spec.integrity import RoundFault, RoundId, RoundLink, RoundTracker
 from elpis.spec.request import GenerationRequest, GenerationStats, Step, TokenLogprob, stop_ids_for
 from elpis.spec.sampling import sample_rows, top_logprobs
 from elpis.spec.stops import StopStringScanner
-from elpis.spec.tree import MAX_ROWS, DraftTree, build_tree, choose_row_count, verify_costs
+from elpis.spec.tree import MAX_ROWS, DraftTree, build_tree, choose_row_count, tree_shape, verify_costs
 
 DEFAULT_TREE_BUDGET = 8
 DEFAULT_DRAFT_TOP_K = 4
@@ -73,8 +73,7 @@ class SpeculativeGenerator:
                                  f"(0..{info.vocab_size - 1})")
 
     def _tree(self, context: list[int], remaining: int, room: int, costs: list[float] | None) -> DraftTree:
-        rows = min(self.tree_budget, room)
-        depth = min(rows - 1, remaining - 1)  # a row at depth d commits the (d+1)-th token of the round
+        rows, depth = tree_shape(self.tree_budget, room, remaining)
         if self.drafter is None or depth < 1:
             return DraftTree((context[-1],), (-1,), (0,), (0.0,))
         block = self.drafter.propose(context, depth, self.draft_top_k)

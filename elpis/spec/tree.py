@@ -42,6 +42,14 @@ class DraftTree:
         return DraftTree(self.tokens[:rows], self.parents[:rows], self.depths[:rows], self.scores[:rows])
 
 
+def tree_shape(tree_budget: int, room: int, remaining: int) -> tuple[int, int]:
+    """(row budget, deepest depth) of a round's tree: at most `tree_budget` rows and no more than the
+    context's `room`, and no deeper than the `remaining` max_tokens allow (a row at depth d commits the
+    round's (d+1)-th token). A depth below 1 means the anchor alone."""
+    rows = min(tree_budget, room)
+    return rows, min(rows - 1, remaining - 1)
+
+
 def _clean_candidates(block: DraftBlock, max_depth: int, vocab_size: int) -> list[list[tuple[int, float]]]:
     """Per-depth candidates sorted best first (stable), duplicates and impossible ones dropped."""
     levels: list[list[tuple[int, float]]] = []

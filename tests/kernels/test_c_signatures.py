@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from elpis.exl3 import embed_gather, gdn_ba, gdn_tree, round_tail, rows_gemm, tree_attention, verify_gate
+from elpis.exl3 import (
+    embed_gather,
+    gdn_ba,
+    gdn_tree,
+    round_plan,
+    round_tail,
+    rows_gemm,
+    tree_attention,
+    verify_gate,
+)
 
 C_TYPES = {
     "uint32_t": ctypes.c_uint32,
@@ -53,6 +62,7 @@ BINDINGS = [
     *((gdn_tree.SOURCE, name, args) for name, args in gdn_tree.ENTRY_ARGS.items()),
     *((gdn_ba.SOURCE, name, args) for name, args in gdn_ba.ENTRY_ARGS.items()),
     *((round_tail.SOURCE, name, args) for name, args in round_tail.ENTRY_ARGS.items()),
+    *((round_plan.SOURCE, name, args) for name, args in round_plan.ENTRY_ARGS.items()),
     *((embed_gather.SOURCE, name, args) for name, args in embed_gather.ENTRY_ARGS.items()),
     *((verify_gate.SOURCE, name, args) for name, args in verify_gate.ENTRY_ARGS.items()),
     *((rows_gemm.SOURCE, name, args) for name, args in rows_gemm.ENTRY_ARGS.items()),

@@ -1,0 +1,354 @@
+// The head of a greedy tree round on the GPU (issue 9, item 2: no host round trip inside a round): from the
+// draft block's candidates, still in device memory, the tree the host would build, and every input of the
+// tree verify that depends on it. Staged: built and tested under CPU emulation
+// (tests/kernels/test_round_plan_emu.py), not yet served; the plan is elpis/spec/README.md, "The round on the
+// GPU". Its partner after the verify is round_tail.cu.
+//
+// What the host does today, and what this kernel does instead, step for step (each step's Python is the
+// reference the emulated tests compare with, output for output):
+//   1. the tree's size (elpis.spec.generate.SpeculativeGenerator._tree with a drafter and no verify costs):
+//      rows = min(tree budget, max context - kvp), depth = min(rows - 1, remaining - 1); a depth below 1
+//      gives the anchor alone;
+//   2. the candidates (elpis.exl3.drafter.unpack_candidates over the first min(depth, block rows) rows of
+//      pack_candidates' float32 layout): the chain token first, its log-probability clamped to <= 0 as
+//      Python's min(0.0, lp), then the row's top-k ids other than the chain token, k in all;
+//   3. the tree (elpis.spec.tree.build_tree): per depth, duplicates and -inf dropped, a stable sort by
+//      log-probability; then the best-first selection of rows with scores summed in double precision, as
+//      Python's floats are, ties to the lexicographically smaller rank path;
+//   4. the verify's inputs (elpis.exl3.tree_graph.TreeGraphs._int_values, over tree_verify.layout_tree): the
+//      tree padded to the graph's `run` rows with leaves under the root, its masks from the proven acceptor
+//      library as device code (elpis_check_masks, ext/accept_device.cuh), the Gated DeltaNet plan from the
+//      proved gdn_plan.h (gdn_tree_plan.cuh), kvp, the position ids and the token ids (padding: the anchor);
+//   5. the acceptor's cells for round_tail.cu (elpis.exl3.round_tail.tree_cells): rows, the remaining
+//      budget, the stops, the parents and the draft tokens; the target cells stay 0.
+// The request's values that change between rounds (the anchor, kvp, the remaining budget) and those fixed
+// for the request (max context, tree budget, stops) are read from a state block in device memory, so one
+// captured graph serves every round; the graph's own shape (block rows, k, run, vocabulary) is in the
+// launch's arguments.
+//
+// A refusal where Python raises (a candidate id that float32 cannot carry or outside the vocabulary, a state
+// out of range) and an idle round (no room, no budget, or the state's `done` set) write the status into the
+// record and 0 into the cells' row count, which the acceptor refuses: round_tail then commits nothing. The
+// verify's inputs are then those of the anchor alone. One thread decides; nothing here is arithmetic on
+// floats but the scores' double-precision sums and comparisons.
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "accept_device.cuh"
+#include "gdn_tree_plan.cuh"
+
+namespace {
+
+constexpr int kMaxRows = ELPIS_MAX_ROWS;
+constexpr int kMaxDepth = kMaxRows - 1;
+constexpr int kMaxK = 16;                        // candidates per depth the kernel holds
+constexpr int kFrontier = 2 * kMaxRows;          // each pop pushes at most two entries
+constexpr float kExactIds = 16777216.0f;         // 2^24: float32 carries every id below it exactly
+constexpr int kPlanCapacity = 256;               // elpis.exl3.gdn_tree.PLAN_CAPACITY
+static_assert(sizeof(GdnTreePlan) <= kPlanCapacity, "a packed Gated DeltaNet plan fits the verify's plan input");
+constexpr double kMaxDouble = 1.7976931348623157e308;  // below -kMaxDouble: -inf
+
+// The state block (int64 words), elpis.exl3.round_plan.STATE_*.
+constexpr int kStAnchor = 0, kStKvp = 1, kStRemaining = 2, kStMaxContext = 3, kStTreeBudget = 4, kStDone = 5,
+              kStNStops = 6, kStStops = 7;
+constexpr int kStateWords = kStStops + ELPIS_MAX_STOPS;
+
+// The record (int32 words), elpis.exl3.round_plan.REC_*.
+constexpr int kRecStatus = 0, kRecRows = 1, kRecTokens = 2, kRecParents = kRecTokens + kMaxRows;
+constexpr int kRecordWords = kRecParents + kMaxRows;
+
+// Status: 0 a tree to verify; 1 idle (no room, no budget, or done); < 0 refused.
+constexpr int32_t kIdle = 1, kBadState = -1, kUnreadableId = -2, kIdOutsideVocab = -3, kBadLogProb = -4,
+                  kInternal = -5;
+
+struct Node {
+    double neg_score;       // -(summed log-probability), the heap key's first element
+    uint8_t ranks[kMaxDepth];
+    int32_t len;            // the rank path's length: the node's depth
+    int32_t parent;         // the row it hangs under
+};
+
+// Python's tuple order on (neg_score, ranks, parent): floats by value (-0.0 == 0.0), then the rank paths
+// element by element, a proper prefix first.
+__device__ __forceinline__ bool node_less(const Node& a, const Node& b) {
+    if (a.neg_score < b.neg_score) return true;
+    if (b.neg_score < a.neg_score) return false;
+    const int n = a.len < b.len ? a.len : b.len;
+    for (int i = 0; i < n; i++) {
+        if (a.ranks[i] != b.ranks[i]) return a.ranks[i] < b.ranks[i];
+    }
+    if (a.len != b.len) return a.len < b.len;
+    return a.parent < b.parent;
+}
+
+struct Tree {
+    int32_t rows;
+    int64_t tokens[kMaxRows];
+    int32_t parents[kMaxRows];
+    double scores[kMaxRows];
+};
+
+struct Levels {
+    int32_t count;                 // depths with candidates (a depth with none ends the block)
+    int32_t size[kMaxDepth];
+    int64_t token[kMaxDepth][kMaxK];
+    double lp[kMaxDepth][kMaxK];
+};
+
+// The kernel's working set, in shared memory rather than on the thread's stack (CUDA's default stack is
+// 1 KiB, and a launch needing more resizes local memory, which a graph capture cannot do).
+struct Work {
+    int32_t n[kMaxDepth];            // unpacked candidates per depth
+    int64_t tok[kMaxDepth][kMaxK];
+    double lps[kMaxDepth][kMaxK];
+    Node frontier[kFrontier];
+    Levels levels;
+    Tree tree;
+    int64_t mask_cells[ELPIS_MASKS_CELLS];
+    uint8_t depth8[kMaxRows];
+    uint16_t anc16[kMaxRows];
+    int32_t depth[kMaxRows];
+    uint32_t ancestors[kMaxRows];
+    GdnTreePlan plan;
+};
+
+// Python's int() of a float id already checked finite and below 2^24: truncation toward zero.
+__device__ __forceinline__ int64_t id_of(float v) { return static_cast<int64_t>(v); }
+
+// Python's min(0.0, lp): lp when lp < 0.0, else 0.0 (NaN and -0.0 included).
+__device__ __forceinline__ double clamp_lp(float v) {
+    const double d = static_cast<double>(v);
+    return d < 0.0 ? d : 0.0;
+}
+
+// Steps 2 and 3's candidates: unpack_candidates over `depth` packed rows, then build_tree's
+// _clean_candidates. Returns 0 or a refusal.
+__device__ int32_t candidate_levels(const float* packed, int32_t k, int32_t depth, int64_t vocab, Work* w) {
+    const int32_t width = 2 + 2 * k;
+    Levels* lv = &w->levels;
+    int32_t* n = w->n;
+    int64_t (*tok)[kMaxK] = w->tok;
+    double (*lps)[kMaxK] = w->lps;
+    // unpack_candidates: every row's ids readable first (its max(...) >= 2^24 check), then the rows
+    for (int32_t d = 0; d < depth; d++) {
+        const float* row = packed + static_cast<size_t>(d) * width;
+        for (int32_t i = -1; i < k; i++) {
+            const float v = i < 0 ? row[0] : row[2 + i];
+            if (!(v < kExactIds)) return kUnreadableId;  // >= 2^24 or NaN: Python's check or int() raises
+            if (!(v > -kExactIds)) return kUnreadableId;  // -inf: int() raises
+        }
+        n[d] = 0;
+        tok[d][n[d]] = id_of(row[0]);
+        lps[d][n[d]++] = clamp_lp(row[1]);
+        for (int32_t i = 0; i < k && n[d] < k; i++) {
+            const int64_t t = id_of(row[2 + i]);
+            if (t != tok[d][0]) {
+                tok[d][n[d]] = t;
+                lps[d][n[d]++] = clamp_lp(row[2 + k + i]);
+            }
+        }
+    }
+    // _clean_candidates, depth by depth: refusals in order, duplicates (the first kept) and -inf dropped, a
+    // depth with none ends the block, then a stable sort, best first
+    lv->count = 0;
+    for (int32_t d = 0; d < depth; d++) {
+        int32_t m = 0;
+        for (int32_t i = 0; i < n[d]; i++) {
+            const int64_t t = tok[d][i];
+            const double lp = lps[d][i];
+            if (t < 0 || t >= vocab) return kIdOutsideVocab;
+            if (lp != lp || lp > 0.0) return kBadLogProb;
+            bool seen = false;  // Python's `seen` holds the tokens kept so far (a -inf one is not kept)
+            for (int32_t j = 0; j < m; j++) seen = seen || lv->token[d][j] == t;
+            if (seen || lp < -kMaxDouble) continue;  // -inf
+            // stable insertion: after every kept candidate whose log-probability is >= this one's
+            int32_t at = m;
+            while (at > 0 && lv->lp[d][at - 1] < lp) {
+                lv->token[d][at] = lv->token[d][at - 1];
+                lv->lp[d][at] = lv->lp[d][at - 1];
+                at--;
+            }
+            lv->token[d][at] = t;
+            lv->lp[d][at] = lp;
+            m++;
+        }
+        if (m == 0) break;
+        lv->size[d] = m;
+        lv->count = d + 1;
+    }
+    return 0;
+}
+
+// build_tree's selection: at most max_rows rows (anchor included). The frontier is popped by a scan for the
+// least entry (at most kFrontier of them), which is the order heapq pops them in: every key is distinct.
+__device__ int32_t select_rows(Work* w, int64_t anchor, int32_t max_rows) {
+    const Levels* lv = &w->levels;
+    Tree* tree = &w->tree;
+    Node* frontier = w->frontier;
+    int32_t size = 0;
+    tree->rows = 1;
+    tree->tokens[0] = anchor;
+    tree->parents[0] = -1;
+    tree->scores[0] = 0.0;
+    if (lv->count > 0) {
+        Node& first = frontier[size++];
+        first.neg_score = -lv->lp[0][0];
+        first.ranks[0] = 0;
+        first.len = 1;
+        first.parent = 0;
+    }
+    while (size > 0 && tree->rows < max_rows) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < size; i++)
+            if (node_less(frontier[i], frontier[best])) best = i;
+        const Node node = frontier[best];
+        frontier[best] = frontier[--size];
+        const int32_t depth = node.len, row = tree->rows++;
+        const int32_t rank = node.ranks[depth - 1];
+        tree->tokens[row] = lv->token[depth - 1][rank];
+        tree->parents[row] = node.parent;
+        tree->scores[row] = -node.neg_score;
+        const double parent_score = tree->scores[node.parent];
+        if (size + 2 > kFrontier) return kInternal;
+        if (rank + 1 < lv->size[depth - 1]) {  // the next sibling
+            Node& s = frontier[size++];
+            s = node;
+            s.ranks[depth - 1] = static_cast<uint8_t>(rank + 1);
+            s.neg_score = -(parent_score + lv->lp[depth - 1][rank + 1]);
+        }
+        if (depth < lv->count) {  // the best child
+            Node& c = frontier[size++];
+            c = node;
+            c.ranks[depth] = 0;
+            c.len = depth + 1;
+            c.parent = row;
+            c.neg_score = -(-node.neg_score + lv->lp[depth][0]);
+        }
+    }
+    return 0;
+}
+
+struct VerifyInputs {
+    int32_t* seqlens;    // [1] kvp
+    int32_t* position;   // [run] kvp + depth
+    int32_t* ctx;        // [1] kvp
+    int32_t* masks;      // [2 run] depth, then ancestors
+    uint8_t* plan;       // [kPlanCapacity] the Gated DeltaNet plan's bytes, zero-padded
+    int32_t* ids;        // [run] tokens, padding rows the anchor
+};
+
+// Step 4: the tree padded to `run` rows, its masks, plan and the verify's other inputs.
+__device__ int32_t write_verify_inputs(Work* w, int32_t run, int64_t kvp, const VerifyInputs& out) {
+    const Tree& tree = w->tree;
+    int64_t* cells = w->mask_cells;
+    cells[ELPIS_MASKS_ROWS] = run;
+    for (int32_t r = 0; r < kMaxRows; r++)
+        cells[ELPIS_MASKS_PARENTS + r] = r < tree.rows ? tree.parents[r] : 0;  // padding: leaves under the root
+    if (elpis_dev_masks_row(cells, w->depth8, w->anc16) != 0) return kInternal;
+    for (int32_t r = 0; r < run; r++) {
+        w->depth[r] = w->depth8[r];
+        w->ancestors[r] = w->anc16[r];
+    }
+    w->plan = GdnTreePlan{};
+    if (gdn_tree_plan(static_cast<uint32_t>(run), w->depth, w->ancestors, nullptr, &w->plan) != 0) return kInternal;
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&w->plan);
+    for (int32_t i = 0; i < kPlanCapacity; i++)
+        out.plan[i] = i < static_cast<int32_t>(sizeof(GdnTreePlan)) ? bytes[i] : 0;
+    out.seqlens[0] = static_cast<int32_t>(kvp);
+    out.ctx[0] = static_cast<int32_t>(kvp);
+    for (int32_t r = 0; r < run; r++) {
+        out.position[r] = static_cast<int32_t>(kvp + w->depth[r]);
+        out.masks[r] = w->depth[r];
+        out.masks[run + r] = static_cast<int32_t>(w->ancestors[r]);
+        out.ids[r] = static_cast<int32_t>(r < tree.rows ? tree.tokens[r] : tree.tokens[0]);
+    }
+    return 0;
+}
+
+__device__ bool state_ok(const int64_t* st, int32_t run) {
+    const int64_t budget = st[kStTreeBudget], nstops = st[kStNStops];
+    return st[kStKvp] >= 0 && st[kStMaxContext] >= 1 && st[kStMaxContext] < (int64_t(1) << 31) - kMaxRows &&
+           st[kStKvp] < (int64_t(1) << 31) - kMaxRows && budget >= 1 && budget <= run && nstops >= 0 &&
+           nstops <= ELPIS_MAX_STOPS;
+}
+
+__global__ void round_plan_kernel(const float* __restrict__ packed, int32_t block_rows, int32_t k, int32_t run,
+                                  int64_t vocab, const int64_t* __restrict__ state, VerifyInputs out,
+                                  int64_t* __restrict__ cells, int32_t* __restrict__ record) {
+    __shared__ Work work;
+    Tree& tree = work.tree;
+    int64_t st[kStateWords];
+    for (int i = 0; i < kStateWords; i++) st[i] = state[i];
+    int32_t status = 0;
+    const int64_t anchor = st[kStAnchor], kvp = st[kStKvp], remaining = st[kStRemaining];
+    tree.rows = 1;
+    tree.tokens[0] = anchor;
+    tree.parents[0] = -1;
+    tree.scores[0] = 0.0;
+    if (!state_ok(st, run) || anchor < 0 || anchor >= vocab) {
+        status = kBadState;
+    } else if (st[kStDone] != 0 || remaining < 1 || st[kStMaxContext] - kvp < 1) {
+        status = kIdle;
+    } else {
+        const int64_t room = st[kStMaxContext] - kvp;
+        const int64_t rows = st[kStTreeBudget] < room ? st[kStTreeBudget] : room;
+        const int64_t depth = rows - 1 < remaining - 1 ? rows - 1 : remaining - 1;
+        if (depth >= 1) {
+            const int32_t used = static_cast<int32_t>(depth < block_rows ? depth : block_rows);
+            status = candidate_levels(packed, k, used, vocab, &work);
+            if (status == 0) status = select_rows(&work, anchor, static_cast<int32_t>(rows));
+        }
+    }
+    if (status != 0) {  // the anchor alone (an out-of-range anchor gives padding a readable id: 0)
+        tree.rows = 1;
+        tree.tokens[0] = anchor >= 0 && anchor < vocab ? anchor : 0;
+    }
+    const int64_t kvp_in = status == kBadState ? 0 : kvp;
+    if (write_verify_inputs(&work, run, kvp_in, out) != 0 && status == 0) status = kInternal;
+    // the acceptor's cells: a refused or idle round gets 0 rows, which elpis_check_tree refuses
+    for (int i = 0; i < ELPIS_TREE_CELLS; i++) cells[i] = 0;
+    cells[ELPIS_TREE_ROWS] = status == 0 ? tree.rows : 0;
+    cells[ELPIS_TREE_BUDGET] = remaining;
+    cells[ELPIS_TREE_NSTOPS] = st[kStNStops];
+    for (int i = 0; i < ELPIS_MAX_STOPS; i++) cells[ELPIS_TREE_STOPS + i] = i < st[kStNStops] ? st[kStStops + i] : 0;
+    for (int r = 0; r < tree.rows; r++) {
+        cells[ELPIS_TREE_PARENTS + r] = tree.parents[r];
+        cells[ELPIS_TREE_DRAFT + r] = tree.tokens[r];
+    }
+    record[kRecStatus] = status;
+    record[kRecRows] = tree.rows;
+    for (int r = 0; r < kMaxRows; r++) {
+        const bool in = r < tree.rows;
+        record[kRecTokens + r] = in ? static_cast<int32_t>(tree.tokens[r]) : -1;
+        record[kRecParents + r] = in ? tree.parents[r] : -1;
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+int elpis_round_plan_record_words(void) { return kRecordWords; }
+int elpis_round_plan_state_words(void) { return kStateWords; }
+int elpis_round_plan_plan_capacity(void) { return kPlanCapacity; }
+
+// Plan the round on `stream` (a cudaStream_t passed as an address). Device pointers: packed float32
+// [block_rows][2 + 2k], state int64 [kStateWords], seqlens and ctx int32 [1], position and ids int32 [run],
+// masks int32 [2 run], plan uint8 [256], cells int64 [ELPIS_TREE_CELLS], record int32 [kRecordWords].
+// Returns 0, -1 for arguments out of range, or the launch's cudaError_t.
+int elpis_round_plan(const float* packed, uint32_t block_rows, uint32_t k, uint32_t run, uint32_t vocab,
+                     const int64_t* state, int32_t* seqlens, int32_t* position, int32_t* ctx, int32_t* masks,
+                     uint8_t* plan, int32_t* ids, int64_t* cells, int32_t* record, void* stream) {
+    if (block_rows == 0 || block_rows > static_cast<uint32_t>(kMaxDepth) || k == 0 ||
+        k > static_cast<uint32_t>(kMaxK) || run == 0 || run > static_cast<uint32_t>(kMaxRows) || vocab == 0 ||
+        vocab > static_cast<uint32_t>(kExactIds)) {
+        return -1;
+    }
+    const VerifyInputs out{seqlens, position, ctx, masks, plan, ids};
+    round_plan_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
+        packed, static_cast<int32_t>(block_rows), static_cast<int32_t>(k), static_cast<int32_t>(run), vocab, state,
+        out, cells, record);
+    return static_cast<int>(cudaGetLastError());
+}
+
+}  // extern "C"

@@ -1,0 +1,121 @@
+"""What the host does for the head of a greedy tree round, composed from the served Python, as the reference
+of `patches/kernels/round_plan.cu` (its emulated and GPU tests): the tree's size (`spec.tree.tree_shape`), the
+candidates (`drafter.unpack_candidates`), the tree (`spec.tree.build_tree`), the verify's inputs
+(`tree_verify.layout_tree`, `gdn_tree.packed_plan`, `TreeGraphs._int_values`' segments) and the acceptor's
+cells (`round_tail.tree_cells`). Plus random candidate blocks that reach the builder's corners: ties,
+duplicates, the chain token among the top-k, -inf, log-probabilities above 0.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import numpy as np
+
+from elpis.backend import DraftBlock
+from elpis.exl3 import gdn_tree, round_plan, round_tail
+from elpis.exl3.drafter import unpack_candidates
+from elpis.exl3.tree_verify import layout_tree
+from elpis.spec.tree import DraftTree, build_tree, tree_shape
+
+
+@dataclass(frozen=True)
+class Request:
+    anchor: int
+    kvp: int
+    remaining: int
+    max_context: int
+    tree_budget: int
+    stops: tuple[int, ...]
+    done: bool = False
+
+    def state(self) -> np.ndarray:
+        return round_plan.state_block(
+            anchor=self.anchor, kvp=self.kvp, remaining=self.remaining, max_context=self.max_context,
+            tree_budget=self.tree_budget, stops=self.stops, done=self.done,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Expected:
+    """status: 0, round_plan.STATUS_IDLE, or -1 where the host's builder raises (any refusal code)."""
+
+    status: int
+    tree: DraftTree
+    inputs: dict[str, list[int]]  # the verify's inputs by name (round_plan.plan's), plan as its bytes
+    cells: np.ndarray | None  # the acceptor's cells, for a tree to verify
+
+
+def host_plan(packed: np.ndarray, run: int, vocab: int, req: Request) -> Expected:
+    k = (packed.shape[1] - 2) // 2
+    tree = DraftTree((req.anchor,), (-1,), (0,), (0.0,))
+    status = 0
+    room = req.max_context - req.kvp
+    if req.done or req.remaining < 1 or room < 1:
+        status = round_plan.STATUS_IDLE
+    else:
+        rows, depth = tree_shape(req.tree_budget, room, req.remaining)
+        if depth >= 1:
+            used = min(depth, packed.shape[0])
+            try:
+                block = DraftBlock(unpack_candidates(packed[:used].tolist(), k))
+                tree = build_tree(req.anchor, block, rows, max_depth=depth, vocab_size=vocab)
+            except (ValueError, OverflowError):
+                status = -1
+    layout = layout_tree(tree.parents, run)
+    plan = gdn_tree.packed_plan(layout.depth, layout.ancestors)
+    inputs = {
+        "seqlens": [req.kvp],
+        "position": layout.position_ids(req.kvp),
+        "ctx": [req.kvp],
+        "masks": [*layout.depth, *layout.ancestors],
+        "plan": list(plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan))),
+        "ids": [*tree.tokens, *[tree.tokens[0]] * (run - len(tree))],
+    }
+    cells = None
+    if status == 0:
+        cells = round_tail.tree_cells(list(tree.parents), list(tree.tokens), list(req.stops), req.remaining)
+    return Expected(status, tree, inputs, cells)
+
+
+def random_block(rng: random.Random, rows: int, k: int, vocab: int) -> np.ndarray:
+    """A packed candidate block (pack_candidates' layout) with ties, duplicates, -inf, values above 0 and
+    rows out of order."""
+    ids_from = rng.choice((4, 12, vocab))  # a narrow range makes duplicates and chain repeats common
+    step = rng.choice((0.0, 0.5, 1.0))  # 0: continuous log-probabilities; else multiples of it (ties)
+    block = np.zeros((rows, 2 + 2 * k), dtype=np.float32)
+
+    def logprob() -> float:
+        roll = rng.random()
+        if roll < 0.05:
+            return -math.inf
+        if roll < 0.08:
+            return rng.choice((0.0, -0.0, 1e-7, 0.25))  # clamped to 0.0 by the unpacking
+        value = -rng.uniform(0.0, 8.0)
+        return round(value / step) * step if step else value
+
+    for d in range(rows):
+        block[d, 0] = rng.randrange(min(ids_from, vocab))
+        block[d, 1] = logprob()
+        block[d, 2 : 2 + k] = [rng.randrange(min(ids_from, vocab)) for _ in range(k)]
+        lps = [logprob() for _ in range(k)]
+        # the drafter's top-k comes sorted; unsorted rows reach the builder's own sort and a repeated id whose
+        # first copy is -inf (dropped, so the second copy is kept)
+        block[d, 2 + k :] = sorted(lps, reverse=True) if rng.random() < 0.5 else lps
+    return block
+
+
+def random_request(rng: random.Random, run: int, vocab: int) -> Request:
+    kvp = rng.randrange(0, 5000)
+    room = rng.choice((0, 1, 2, 3, 5, 40, 10_000, 10_000))
+    return Request(
+        anchor=rng.randrange(vocab),
+        kvp=kvp,
+        remaining=rng.choice((0, 1, 2, 3, 4, 6, 9, 50, 50)),
+        max_context=kvp + room,
+        tree_budget=rng.randint(1, run),
+        stops=tuple(rng.sample(range(vocab), rng.randint(0, 4))),
+        done=rng.random() < 0.05,
+    )
