@@ -36,6 +36,7 @@
 
 #include "accept_device.cuh"
 #include "gdn_tree_plan.cuh"
+#include "round_state.cuh"
 
 namespace {
 
@@ -44,14 +45,8 @@ constexpr int kMaxDepth = kMaxRows - 1;
 constexpr int kMaxK = 16;                        // candidates per depth the kernel holds
 constexpr int kFrontier = 2 * kMaxRows;          // each pop pushes at most two entries
 constexpr float kExactIds = 16777216.0f;         // 2^24: float32 carries every id below it exactly
-constexpr int kPlanCapacity = 256;               // elpis.exl3.gdn_tree.PLAN_CAPACITY
 static_assert(sizeof(GdnTreePlan) <= kPlanCapacity, "a packed Gated DeltaNet plan fits the verify's plan input");
 constexpr double kMaxDouble = 1.7976931348623157e308;  // below -kMaxDouble: -inf
-
-// The state block (int64 words), elpis.exl3.round_plan.STATE_*.
-constexpr int kStAnchor = 0, kStKvp = 1, kStRemaining = 2, kStMaxContext = 3, kStTreeBudget = 4, kStDone = 5,
-              kStNStops = 6, kStStops = 7;
-constexpr int kStateWords = kStStops + ELPIS_MAX_STOPS;
 
 // The record (int32 words), elpis.exl3.round_plan.REC_*.
 constexpr int kRecStatus = 0, kRecRows = 1, kRecTokens = 2, kRecParents = kRecTokens + kMaxRows;

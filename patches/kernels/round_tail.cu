@@ -1,98 +1,161 @@
-// The decision of a greedy tree round on the GPU, and the commit's inputs chosen by it (issue 9, item 2: no
-// host round trip inside a round). Staged: built and tested under CPU emulation
-// (tests/kernels/test_round_tail_emu.py), not yet served; the plan is elpis/spec/README.md, "The round on the
-// GPU".
+// The decision of a greedy tree round on the GPU, the commit's inputs it implies, and the request's state for
+// the next round (issue 9, item 2: no host round trip inside a round). Staged: built and tested under CPU
+// emulation (tests/kernels/test_round_tail_emu.py), not yet served; the plan is elpis/spec/README.md, "The
+// round on the GPU". Its partner before the verify is round_plan.cu, which writes the cells.
 //
-// After a tree verify, from device memory only:
-//   cells      the round's acceptor cells (elpis.accept.abi's tree layout, TREE_CELLS int64), written by the
-//              host with everything known before the verify: rows, budget, stops, parents, draft tokens;
-//              the target cells are filled here;
-//   ids        every row's greedy target (elpis.spec.sampling.greedy_ids: argmax, lowest id on ties; -1
-//              where the row's maximum is not finite), int64 [rows];
-//   bad        the row checks, int32 [rows]: nonzero for a row holding NaN or +inf or whose digest changed;
-//   candidates for every end row e < kMaxRows, the commit's inputs when the committed path ends at e (the
-//              path from the root to e), as the host prepares them while the verify runs
-//              (elpis.exl3.round_tail.commit_candidates): the K/V slot moves (int64 [4][move_cols]) and the
-//              Gated DeltaNet commit plan (plan_bytes bytes); candidate kMaxRows is the no-op one.
+// After a tree verify of `run` rows, from device memory only:
+//   cells      the round's acceptor cells (elpis.accept.abi's tree layout, TREE_CELLS int64) for a tree of
+//              at most `run` rows (the verify pads it): rows, budget, stops, parents, draft tokens; the
+//              target cells are filled here. round_plan.cu writes 0 rows for a round it refused or found
+//              idle, which the acceptor refuses: such a round commits nothing;
+//   ids        every verified row's greedy target (elpis.spec.sampling.greedy_ids: argmax, lowest id on
+//              ties; -1 where the row's maximum is not finite), int64 [run];
+//   bad        the row checks, int32 [run]: nonzero for a row holding NaN or +inf or whose digest changed;
+//   state      the request's state block (round_state.cuh), read for kvp and advanced on a commit;
+//   pages      the sequence's cache pages, int32 [npages] (the K/V slots' pages, as TreeGraphs.commit takes
+//              them).
+// Only the tree's rows are checked and decided: the padding rows past them are never read by a real row.
 // One thread decides with the proven acceptor (elpis_check_tree: the generated code, as device code, with
-// the checks the CPU glue runs; ext/accept_device.cuh); then the block copies the chosen candidate into the
-// commit graph's input buffers. Outputs:
+// the checks the CPU glue runs; ext/accept_device.cuh) and writes, for the committed path:
+//   moves_out  int64 [4][run - 1]: tree_verify.commit_moves(kvp, path, run, pages), the accepted rows' K/V
+//              slot moves padded with self-copies of the verify's last slot;
+//   plan_out   uint8 [kPlanCapacity]: gdn_tree.packed_commit_plan(path) (gdn_tree_plan.cuh, the proved plan),
+//              zero-padded;
 //   record     int32 [kRecordWords]: status (0: committed; 1: a row failed its checks; 2: a greedy maximum
-//              was not finite; < 0: the acceptor's refusal code, elpis.accept.abi.ERR_*), the committed
-//              count, whether the round ends the request (a stop token or the budget), the end row, the
-//              path (kMaxRows entries, 255 past the count) and the committed tokens (-1 past the count);
-//   moves_out, plan_out: the chosen candidate's, the no-op candidate's when the status is not 0, so a round
-//              that failed its checks commits nothing and the host can still discard and recompute it.
+//              was not finite; 3: a slot outside the pages; < 0: the acceptor's refusal code,
+//              elpis.accept.abi.ERR_*), the committed count, whether the round ends the request (a stop token
+//              or the budget), the end row, the kvp the round was verified at, the path (kMaxRows entries,
+//              255 past the count) and the committed tokens (-1 past the count);
+//   state      on status 0: kvp + count, the budget less count, the last committed token as the anchor, and
+//              done when the round ends the request. Otherwise unchanged, so the next round verifies the
+//              same position again: that is how a failed round is discarded and recomputed.
+// A round that is not committed gets the no-op inputs (self-copies, a zero plan), which commit nothing.
 //
-// Ampere instructions only (plain loads and stores, one barrier); nothing here is arithmetic on floats.
+// Ampere instructions only (plain loads and stores); nothing here is arithmetic on floats.
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "accept_device.cuh"
+#include "gdn_tree_plan.cuh"
+#include "round_state.cuh"
 
 namespace {
 
 constexpr int kMaxRows = ELPIS_MAX_ROWS;
-constexpr int kThreads = 128;
-constexpr int kNoop = kMaxRows;  // the no-op candidate
-constexpr int kRecStatus = 0, kRecCount = 1, kRecEnds = 2, kRecEnd = 3, kRecPath = 4;
+constexpr int kRecStatus = 0, kRecCount = 1, kRecEnds = 2, kRecEnd = 3, kRecKvp = 4, kRecPath = 5;
 constexpr int kRecTokens = kRecPath + kMaxRows;
 constexpr int kRecordWords = kRecTokens + kMaxRows;
-constexpr int kMaxMoveCols = kMaxRows - 1;
-constexpr int kMaxPlanBytes = 4096;
-constexpr int32_t kFlaggedRow = 1, kNonFinite = 2;
+constexpr int32_t kFlaggedRow = 1, kNonFinite = 2, kSlotOutsidePages = 3;
+static_assert(sizeof(GdnTreePlan) <= kPlanCapacity, "a packed commit plan fits the commit's plan input");
 
-__global__ void __launch_bounds__(kThreads)
-    round_tail_kernel(const int64_t* __restrict__ cells_in, const int64_t* __restrict__ ids,
-                      const int32_t* __restrict__ bad, int32_t rows, const int64_t* __restrict__ cand_moves,
-                      int32_t move_cols, const uint8_t* __restrict__ cand_plans, int32_t plan_bytes,
-                      int32_t* __restrict__ record, int64_t* __restrict__ moves_out,
-                      uint8_t* __restrict__ plan_out) {
-    __shared__ int32_t chosen;
+// The cache page and offset of sequence slot s, or false past the sequence's pages.
+__device__ __forceinline__ bool slot_page(int64_t s, const int32_t* pages, int32_t npages, int64_t* page,
+                                          int64_t* offset) {
+    if (s < 0 || s >= static_cast<int64_t>(npages) * kPage) return false;
+    *page = pages[s / kPage];
+    *offset = s % kPage;
+    return true;
+}
+
+// tree_verify.commit_moves: (source, destination) slots of every path row not at its sequential slot, then
+// self-copies of the verify's last slot, as pages and offsets; `count` 0 gives the self-copies alone.
+__device__ bool write_moves(const uint8_t* path, int32_t count, int64_t kvp, int32_t run, const int32_t* pages,
+                            int32_t npages, int64_t* moves) {
+    const int32_t cols = run - 1;
+    const int64_t pad = kvp + run - 1;
+    int32_t n = 0;
+    bool ok = true;
+    for (int32_t i = 0; i <= cols; i++) {
+        int64_t src = pad, dst = pad;
+        bool real = false;
+        while (n < count && !real) {  // the next path row that moves
+            const int32_t row = path[n];
+            real = row != n;
+            if (real) {
+                src = kvp + row;
+                dst = kvp + n;
+            }
+            n++;
+        }
+        if (i == cols) {
+            ok = ok && !real;  // a path of at most run rows has at most run - 1 moves
+            break;
+        }
+        ok = ok && slot_page(src, pages, npages, &moves[i], &moves[cols + i]) &&
+             slot_page(dst, pages, npages, &moves[2 * cols + i], &moves[3 * cols + i]);
+    }
+    return ok;
+}
+
+__global__ void round_tail_kernel(const int64_t* __restrict__ cells_in, const int64_t* __restrict__ ids,
+                                  const int32_t* __restrict__ bad, int32_t run, int64_t* __restrict__ state,
+                                  const int32_t* __restrict__ pages, int32_t npages, int32_t* __restrict__ record,
+                                  int64_t* __restrict__ moves_out, uint8_t* __restrict__ plan_out) {
     __shared__ int64_t cells[ELPIS_TREE_CELLS];  // shared, not on the thread's stack: the acceptor's frame
                                                  // and this one stay within CUDA's default 1 KiB
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < ELPIS_TREE_CELLS; i++) cells[i] = cells_in[i];
-        int32_t status = 0;
+    __shared__ GdnTreePlan plan;
+    for (int i = 0; i < ELPIS_TREE_CELLS; i++) cells[i] = cells_in[i];
+    const int64_t kvp = state[kStKvp];
+    const int64_t rows = cells[ELPIS_TREE_ROWS];
+    int32_t status = 0;
+    uint8_t path[kMaxRows];
+    int32_t count = 0, ends = 0, end = -1;
+    if (rows < 1 || rows > run) {
+        status = ELPIS_ERR_SIZE;  // refused or idle (0 rows from round_plan), or more rows than were verified
+    } else {
         for (int r = 0; r < rows; r++) {
             if (bad[r] != 0) status = kFlaggedRow;
         }
         for (int r = 0; r < rows && status == 0; r++) {
             if (ids[r] < 0) status = kNonFinite;
         }
-        uint8_t path[kMaxRows];
-        int32_t count = 0, ends = 0, end = -1;
-        if (status == 0) {
-            if (cells[ELPIS_TREE_ROWS] != rows) {
-                status = ELPIS_ERR_SIZE;  // the cells describe another tree than the verify's rows
-            } else {
-                for (int r = 0; r < rows; r++) cells[ELPIS_TREE_TARGET + r] = ids[r];
-                const int32_t code = elpis_check_tree(cells, path);
-                if (code < 2) {  // a decision commits at least the anchor: count << 1 | ends >= 2
-                    status = code < 0 ? code : ELPIS_ERR_INTERNAL;
-                } else {
-                    count = code >> 1;
-                    ends = code & 1;
-                    end = path[count - 1];
-                }
-            }
-        }
-        record[kRecStatus] = status;
-        record[kRecCount] = count;
-        record[kRecEnds] = ends;
-        record[kRecEnd] = end;
-        for (int i = 0; i < kMaxRows; i++) {
-            const bool in = i < count;
-            record[kRecPath + i] = in ? path[i] : 255;
-            record[kRecTokens + i] = in ? static_cast<int32_t>(ids[path[i]]) : -1;
-        }
-        chosen = status == 0 ? end : kNoop;
     }
-    __syncthreads();
-    const int64_t* moves = cand_moves + static_cast<size_t>(chosen) * 4 * move_cols;
-    for (int i = threadIdx.x; i < 4 * move_cols; i += kThreads) moves_out[i] = moves[i];
-    const uint8_t* plan = cand_plans + static_cast<size_t>(chosen) * plan_bytes;
-    for (int i = threadIdx.x; i < plan_bytes; i += kThreads) plan_out[i] = plan[i];
+    if (status == 0) {
+        for (int r = 0; r < rows; r++) cells[ELPIS_TREE_TARGET + r] = ids[r];
+        const int32_t code = elpis_check_tree(cells, path);
+        if (code < 2) {  // a decision commits at least the anchor: count << 1 | ends >= 2
+            status = code < 0 ? code : ELPIS_ERR_INTERNAL;
+        } else {
+            count = code >> 1;
+            ends = code & 1;
+            end = path[count - 1];
+        }
+    }
+    if (status == 0 && !write_moves(path, count, kvp, run, pages, npages, moves_out)) status = kSlotOutsidePages;
+    plan = GdnTreePlan{};
+    if (status == 0) {
+        int32_t rows_of_path[kMaxRows];
+        for (int i = 0; i < count; i++) rows_of_path[i] = path[i];
+        if (gdn_tree_commit_plan(static_cast<uint32_t>(count), rows_of_path, &plan) != 0)
+            status = ELPIS_ERR_INTERNAL;
+    }
+    if (status != 0) {  // the no-op inputs: self-copies of the last slot (page 0's first slot without it)
+        count = 0;
+        ends = 0;
+        end = -1;
+        if (!write_moves(path, 0, kvp, run, pages, npages, moves_out)) {
+            for (int i = 0; i < 4 * (run - 1); i++) moves_out[i] = 0;
+        }
+    }
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&plan);
+    for (int i = 0; i < kPlanCapacity; i++)
+        plan_out[i] = status == 0 && i < static_cast<int>(sizeof(GdnTreePlan)) ? bytes[i] : 0;
+    record[kRecStatus] = status;
+    record[kRecCount] = count;
+    record[kRecEnds] = ends;
+    record[kRecEnd] = end;
+    record[kRecKvp] = static_cast<int32_t>(kvp);
+    for (int i = 0; i < kMaxRows; i++) {
+        const bool in = i < count;
+        record[kRecPath + i] = in ? path[i] : 255;
+        record[kRecTokens + i] = in ? static_cast<int32_t>(ids[path[i]]) : -1;
+    }
+    if (status == 0) {
+        state[kStKvp] = kvp + count;
+        state[kStRemaining] -= count;
+        state[kStAnchor] = ids[path[count - 1]];
+        state[kStDone] = ends;
+    }
 }
 
 }  // namespace
@@ -101,21 +164,17 @@ extern "C" {
 
 int elpis_round_tail_record_words(void) { return kRecordWords; }
 
-// Decide the round and copy the chosen commit inputs, on `stream` (a cudaStream_t passed as an address).
-// Device pointers: cells int64 [ELPIS_TREE_CELLS], ids int64 [rows], bad int32 [rows], cand_moves int64
-// [kMaxRows + 1][4][move_cols], cand_plans uint8 [kMaxRows + 1][plan_bytes], record int32 [kRecordWords],
-// moves_out int64 [4][move_cols], plan_out uint8 [plan_bytes]. Returns 0, -1 for arguments out of range, or
-// the launch's cudaError_t.
-int elpis_round_tail(const int64_t* cells, const int64_t* ids, const int32_t* bad, uint32_t rows,
-                     const int64_t* cand_moves, uint32_t move_cols, const uint8_t* cand_plans, uint32_t plan_bytes,
-                     int32_t* record, int64_t* moves_out, uint8_t* plan_out, void* stream) {
-    if (rows == 0 || rows > static_cast<uint32_t>(kMaxRows) || move_cols > static_cast<uint32_t>(kMaxMoveCols) ||
-        plan_bytes == 0 || plan_bytes > static_cast<uint32_t>(kMaxPlanBytes)) {
-        return -1;
-    }
-    round_tail_kernel<<<1, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        cells, ids, bad, static_cast<int32_t>(rows), cand_moves, static_cast<int32_t>(move_cols), cand_plans,
-        static_cast<int32_t>(plan_bytes), record, moves_out, plan_out);
+// Decide the round, write the commit's inputs and advance the state, on `stream` (a cudaStream_t passed as an
+// address). Device pointers: cells int64 [ELPIS_TREE_CELLS], ids int64 [run], bad int32 [run], state int64
+// [kStateWords], pages int32 [npages], record int32 [kRecordWords], moves_out int64 [4][run - 1], plan_out
+// uint8 [kPlanCapacity]. Returns 0, -1 for arguments out of range, or the launch's cudaError_t.
+int elpis_round_tail(const int64_t* cells, const int64_t* ids, const int32_t* bad, uint32_t run, int64_t* state,
+                     const int32_t* pages, uint32_t npages, int32_t* record, int64_t* moves_out, uint8_t* plan_out,
+                     void* stream) {
+    if (run == 0 || run > static_cast<uint32_t>(kMaxRows) || npages == 0 || npages > (1u << 22)) return -1;
+    round_tail_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
+        cells, ids, bad, static_cast<int32_t>(run), state, pages, static_cast<int32_t>(npages), record, moves_out,
+        plan_out);
     return static_cast<int>(cudaGetLastError());
 }
 

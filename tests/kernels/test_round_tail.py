@@ -1,7 +1,9 @@
 """GPU test of the round's decision kernel (patches/kernels/round_tail.cu) through `elpis.exl3.round_tail`:
-on the GPU its record is `elpis.accept.tree`'s decision and it copies the end row's commit inputs, with the
-greedy targets taken from real logits by `sampling.greedy_ids`; a flagged row commits nothing. The CPU
-emulation (tests/kernels/test_round_tail_emu.py) covers the refusals and the host half.
+on the GPU its record is `elpis.accept.tree`'s decision, with the greedy targets taken from real logits by
+`sampling.greedy_ids`, the commit inputs it writes are `tree_verify.commit_moves`' and
+`gdn_tree.packed_commit_plan`'s, and the state block advances by the committed count; a flagged row commits
+nothing and keeps the state. The CPU emulation (tests/kernels/test_round_tail_emu.py) covers the refusals and
+the two kernels of a round together.
 """
 
 from __future__ import annotations
@@ -12,30 +14,44 @@ import pytest
 import torch
 
 from elpis import accept
-from elpis.exl3 import gdn_tree, round_tail
+from elpis.exl3 import gdn_tree, round_plan, round_tail
+from elpis.exl3.tree_verify import commit_moves
 from elpis.spec.sampling import greedy_ids
 
 pytestmark = pytest.mark.gpu
 
 VOCAB = 1000
+RUN = 16
+PAGES = [7, 9, 4]
 
 
-def _round(cells, ids, bad, moves, plans):
+def _round(cells, ids, bad, state):
     dev = torch.device("cuda")
     record = torch.full((round_tail.RECORD_WORDS,), -7, dtype=torch.int32, device=dev)
-    moves_out = torch.zeros(moves.shape[1:], dtype=torch.int64, device=dev)
-    plan_out = torch.zeros(plans.shape[1:], dtype=torch.uint8, device=dev)
-    round_tail.decide(torch.from_numpy(cells).to(dev), ids, bad, moves, plans, record, moves_out, plan_out)
-    return round_tail.read_record(record.tolist()), moves_out, plan_out
+    moves_out = torch.full((4, RUN - 1), -7, dtype=torch.int64, device=dev)
+    plan_out = torch.full((gdn_tree.PLAN_CAPACITY,), 0xA5, dtype=torch.uint8, device=dev)
+    pages = torch.tensor(PAGES, dtype=torch.int32, device=dev)
+    padded = torch.zeros(RUN, dtype=torch.int64, device=dev)
+    padded[: len(ids)] = ids
+    bad_run = torch.zeros(RUN, dtype=torch.int32, device=dev)
+    bad_run[: len(bad)] = bad
+    cells_dev = torch.from_numpy(cells).to(dev)
+    round_tail.decide(cells_dev, padded, bad_run, state, pages, record, moves_out, plan_out)
+    return round_tail.read_record(record.tolist()), moves_out.cpu(), plan_out.cpu()
+
+
+def _inputs(kvp: int, path: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    moves = torch.tensor(commit_moves(kvp, path, RUN, PAGES), dtype=torch.int64).view(4, RUN - 1)
+    plan = gdn_tree.packed_commit_plan(tuple(path)) if path else b""
+    padded = plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan))
+    return moves, torch.frombuffer(bytearray(padded), dtype=torch.uint8)
 
 
 def test_the_gpu_decides_as_the_proven_acceptor_from_real_logits() -> None:
     rng = random.Random(11)
     gen = torch.Generator(device="cuda").manual_seed(3)
     parents = [-1, 0, 0, 1, 3, 2, 5]
-    kvp, run, pages = 300, 16, [7, 9, 4]
-    candidates = round_tail.commit_candidates(parents, kvp, run, pages)
-    moves, plans = (torch.from_numpy(a).cuda() for a in candidates)
+    kvp = 300
     for _ in range(50):
         logits = torch.randn((len(parents), VOCAB), generator=gen, device="cuda")
         ids = greedy_ids(logits)
@@ -47,14 +63,28 @@ def test_the_gpu_decides_as_the_proven_acceptor_from_real_logits() -> None:
         stops = [rng.randrange(VOCAB)] if rng.random() < 0.3 else []
         budget = rng.randint(1, 8)
         cells = round_tail.tree_cells(parents, draft, stops, budget)
+        host_state = round_plan.state_block(
+            anchor=draft[0], kvp=kvp, remaining=budget, max_context=10_000, tree_budget=RUN, stops=stops
+        )
+        state = torch.from_numpy(host_state).cuda()
         bad = torch.zeros(len(parents), dtype=torch.int32, device="cuda")
-        got, moves_out, plan_out = _round(cells, ids, bad, moves, plans)
+        got, moves_out, plan_out = _round(cells, ids, bad, state)
         want = accept.tree(parents, draft, target, stops, budget)
-        assert (got.status, got.path, got.count, got.ends) == (0, tuple(want.rows), want.count, want.ends)
+        assert (got.status, got.path, got.count, got.ends, got.kvp) == (
+            0, tuple(want.rows), want.count, want.ends, kvp
+        )  # fmt: skip
         assert got.tokens == tuple(target[r] for r in want.rows)
-        assert torch.equal(moves_out, moves[got.end]) and torch.equal(plan_out, plans[got.end])
+        moves, plan = _inputs(kvp, list(want.rows))
+        assert torch.equal(moves_out, moves) and torch.equal(plan_out, plan)
+        after = state.tolist()
+        assert after[round_plan.STATE_KVP] == kvp + want.count
+        assert after[round_plan.STATE_REMAINING] == budget - want.count
+        assert after[round_plan.STATE_ANCHOR] == got.tokens[-1]
+        assert after[round_plan.STATE_DONE] == int(want.ends)
+    state = torch.from_numpy(host_state).cuda()
     bad[2] = 1
-    got, moves_out, plan_out = _round(cells, ids, bad, moves, plans)
+    got, moves_out, plan_out = _round(cells, ids, bad, state)
     assert (got.status, got.count) == (round_tail.STATUS_FLAGGED_ROW, 0)
-    assert torch.equal(moves_out, moves[round_tail.NOOP]) and not plan_out.any()
-    assert plans.shape[1] == gdn_tree.PLAN_CAPACITY
+    noop_moves, zero_plan = _inputs(kvp, [])
+    assert torch.equal(moves_out, noop_moves) and torch.equal(plan_out, zero_plan)
+    assert state.tolist() == host_state.tolist()

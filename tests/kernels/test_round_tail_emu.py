@@ -1,8 +1,10 @@
-"""The round's decision on the GPU (patches/kernels/round_tail.cu) on the CPU, through the CUDA emulation of
-tests/kernels/cuda_emu.py: its record is `elpis.accept.tree`'s decision on the same tree, targets, stops and
-budget; it copies the commit inputs of the path's end row, or the no-op ones when a row failed its checks, a
-greedy maximum was not finite or the acceptor refused the cells; bad arguments are refused. And the host
-half, `commit_candidates`: each candidate is the commit of the path from the root to its row.
+"""The round's decision on the GPU (patches/kernels/round_tail.cu) on the CPU, through the CUDA emulation
+of tests/kernels/cuda_emu.py: its record is `elpis.accept.tree`'s decision on the same tree, targets, stops
+and budget; the commit inputs it writes are `tree_verify.commit_moves`' and `gdn_tree.packed_commit_plan`'s
+for the path, or the no-op ones when a row failed its checks, a greedy maximum was not finite, a slot lies
+outside the pages or the acceptor refused the cells; the request's state advances on a commit only. And the
+two kernels of the round together (round_plan.cu, then the verify's greedy targets, then this one), round
+after round from the state block alone, commit exactly plain greedy decoding's tokens.
 """
 
 from __future__ import annotations
@@ -15,41 +17,56 @@ import pytest
 
 from elpis import accept
 from elpis.accept import abi
-from elpis.exl3 import gdn_tree, round_tail
-from elpis.exl3.tree_verify import PAGE, kv_moves
+from elpis.exl3 import gdn_tree, round_plan, round_tail
+from elpis.exl3.tree_verify import PAGE, commit_moves
 from tests.kernels import cuda_emu
+from tests.kernels.round_plan_cases import Request
 
-COLS = 15  # a verify of 16 rows: 15 moves per commit
-PLAN = 64  # plan bytes per candidate in the kernel tests (any size the kernel copies)
+RUN = 16
+PAGES = [40, 41, 7, 43, 44]  # the sequence's cache pages (not in order: a slot's page is looked up)
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    built = cuda_emu.build_emulated(round_tail.SOURCE, tmp_path_factory.mktemp("round_tail_emu"), launches=1)
+    built = cuda_emu.build_emulated(
+        round_tail.SOURCE, tmp_path_factory.mktemp("round_tail_emu"), launches=1, needs=("gdn_plan.h",)
+    )
     return round_tail.bind(built)
 
 
-def _candidates(seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct made-up commit inputs per candidate, so a copy of the wrong one shows."""
-    rng = np.random.default_rng(seed)
-    moves = rng.integers(0, 1 << 40, size=(round_tail.CANDIDATES, 4, COLS), dtype=np.int64)
-    plans = rng.integers(0, 256, size=(round_tail.CANDIDATES, PLAN), dtype=np.uint8)
-    return moves, plans
+@pytest.fixture(scope="module")
+def plan_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    built = cuda_emu.build_emulated(
+        round_plan.SOURCE, tmp_path_factory.mktemp("round_plan_emu"), launches=1, needs=("gdn_plan.h",)
+    )
+    return round_plan.bind(built)
 
 
-def _decide(lib, cells, ids, bad, moves, plans) -> tuple[round_tail.RoundTail, np.ndarray, np.ndarray]:
-    rows = len(ids)
-    ids = np.ascontiguousarray(ids, dtype=np.int64)
-    bad = np.ascontiguousarray(bad, dtype=np.int32)
+def _decide(lib, cells, ids, bad, state, *, run: int = RUN, pages: list[int] = PAGES):
+    """The record, the written moves and plan, and the state after the kernel (outputs poisoned first)."""
+    ids = np.ascontiguousarray(list(ids) + [0] * (run - len(ids)), dtype=np.int64)
+    bad = np.ascontiguousarray(list(bad) + [0] * (run - len(bad)), dtype=np.int32)
+    state = np.array(state, dtype=np.int64)
+    pages_arr = np.array(pages, dtype=np.int32)
     record = np.full(round_tail.RECORD_WORDS, -7, dtype=np.int32)
-    moves_out = np.full((4, COLS), -7, dtype=np.int64)
-    plan_out = np.zeros(PLAN, dtype=np.uint8)
+    moves_out = np.full((4, run - 1), -7, dtype=np.int64)
+    plan_out = np.full(gdn_tree.PLAN_CAPACITY, 0xA5, dtype=np.uint8)
     err = lib.elpis_round_tail(
-        cells.ctypes.data, ids.ctypes.data, bad.ctypes.data, rows, moves.ctypes.data, COLS, plans.ctypes.data,
-        PLAN, record.ctypes.data, moves_out.ctypes.data, plan_out.ctypes.data, None,
+        cells.ctypes.data, ids.ctypes.data, bad.ctypes.data, run, state.ctypes.data, pages_arr.ctypes.data,
+        len(pages), record.ctypes.data, moves_out.ctypes.data, plan_out.ctypes.data, None,
     )  # fmt: skip
     assert err == 0
-    return round_tail.read_record(record.tolist()), moves_out, plan_out
+    return round_tail.read_record(record.tolist()), moves_out, plan_out, state
+
+
+def _state(kvp: int, remaining: int = 50, anchor: int = 5, stops: tuple[int, ...] = ()) -> np.ndarray:
+    return Request(anchor, kvp, remaining, kvp + 1000, RUN, stops).state()
+
+
+def _want_inputs(kvp: int, path: list[int], run: int = RUN) -> tuple[np.ndarray, np.ndarray]:
+    moves = np.array(commit_moves(kvp, path, run, PAGES), dtype=np.int64).reshape(4, run - 1)
+    plan = gdn_tree.packed_commit_plan(tuple(path)) if path else b""
+    return moves, np.frombuffer(plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan)), dtype=np.uint8)
 
 
 def _random_round(rng: random.Random) -> tuple[list[int], list[int], list[int], list[int], int]:
@@ -67,59 +84,87 @@ def _random_round(rng: random.Random) -> tuple[list[int], list[int], list[int], 
     return parents, draft, target, stops, budget
 
 
-def test_the_record_is_the_proven_acceptors_decision_and_the_end_rows_inputs_are_copied(lib) -> None:
+def test_the_record_is_the_acceptors_decision_and_the_paths_commit_inputs_are_written(lib) -> None:
     rng = random.Random(5)
-    moves, plans = _candidates(1)
     seen_lengths = set()
     for _ in range(200):
         parents, draft, target, stops, budget = _random_round(rng)
+        kvp = rng.choice((0, PAGE - 3, 2 * PAGE - 9, 3 * PAGE + 17))  # the verify's slots straddle pages
         cells = round_tail.tree_cells(parents, draft, stops, budget)
-        got, moves_out, plan_out = _decide(lib, cells, target, [0] * len(parents), moves, plans)
+        state = _state(kvp, budget, anchor=draft[0], stops=tuple(stops))
+        got, moves_out, plan_out, after = _decide(lib, cells, target, [0] * len(parents), state)
         want = accept.tree(parents, draft, target, stops, budget)
-        assert got.status == 0
+        assert got.status == 0 and got.kvp == kvp
         assert (got.path, got.count, got.ends) == (tuple(want.rows), want.count, want.ends)
         assert got.tokens == tuple(target[r] for r in want.rows) and got.end == want.rows[-1]
-        assert np.array_equal(moves_out, moves[got.end]) and np.array_equal(plan_out, plans[got.end])
+        moves, plan = _want_inputs(kvp, list(want.rows))
+        assert np.array_equal(moves_out, moves) and np.array_equal(plan_out, plan)
+        advanced = state.copy()
+        advanced[round_plan.STATE_KVP] += want.count
+        advanced[round_plan.STATE_REMAINING] -= want.count
+        advanced[round_plan.STATE_ANCHOR] = got.tokens[-1]
+        advanced[round_plan.STATE_DONE] = int(want.ends)
+        assert after.tolist() == advanced.tolist()
         seen_lengths.add(got.count)
     assert len(seen_lengths) >= 4, f"the random rounds accepted too few path lengths: {seen_lengths}"
 
 
-def test_a_round_that_fails_its_checks_commits_nothing(lib) -> None:
-    moves, plans = _candidates(2)
+def test_a_round_that_is_not_committed_writes_the_no_op_inputs_and_keeps_the_state(lib) -> None:
     parents, draft, target = [-1, 0, 1], [5, 6, 7], [6, 7, 8]
     cells = round_tail.tree_cells(parents, draft, [], 10)
-    noop = (moves[round_tail.NOOP], plans[round_tail.NOOP])
+    noop_moves, zero_plan = _want_inputs(300, [])
     cases = [
-        (target, [0, 1, 0], round_tail.STATUS_FLAGGED_ROW),  # a NaN/+inf row or a changed digest
-        ([6, -1, 8], [0, 0, 0], round_tail.STATUS_NON_FINITE),  # a row whose maximum was not finite
-        ([6, 7, 2**32], [0, 0, 0], abi.ERR_ID),  # the acceptor's own refusal, with its code
+        (cells, target, [0, 1, 0], round_tail.STATUS_FLAGGED_ROW),  # a NaN/+inf row or a changed digest
+        (cells, target, [1, 0, 0], round_tail.STATUS_FLAGGED_ROW),  # the anchor's row too
+        (cells, [6, -1, 8], [0, 0, 0], round_tail.STATUS_NON_FINITE),  # a row whose maximum was not finite
+        (cells, [6, 7, 2**32], [0, 0, 0], abi.ERR_ID),  # the acceptor's own refusal, with its code
     ]
-    for ids, bad, status in cases:
-        got, moves_out, plan_out = _decide(lib, cells, ids, bad, moves, plans)
-        assert (got.status, got.count, got.path, got.tokens, got.end) == (status, 0, (), (), -1)
-        assert np.array_equal(moves_out, noop[0]) and np.array_equal(plan_out, noop[1])
-    wrong_rows = round_tail.tree_cells([-1, 0], [5, 6], [], 10)  # cells of another tree than the 3 ids
-    assert _decide(lib, wrong_rows, target, [0, 0, 0], moves, plans)[0].status == abi.ERR_SIZE
+    idle = cells.copy()
+    idle[abi.TREE_ROWS] = 0  # what round_plan writes for a refused or idle round
+    cases.append((idle, target, [0, 0, 0], abi.ERR_SIZE))
     bad_parent = cells.copy()
     bad_parent[abi.TREE_PARENTS + 2] = 2
-    assert _decide(lib, bad_parent, target, [0, 0, 0], moves, plans)[0].status == abi.ERR_PARENT
+    cases.append((bad_parent, target, [0, 0, 0], abi.ERR_PARENT))
+    for cells_, ids, bad, status in cases:
+        state = _state(300)
+        got, moves_out, plan_out, after = _decide(lib, cells_, ids, bad, state)
+        assert (got.status, got.count, got.path, got.tokens, got.end, got.kvp) == (status, 0, (), (), -1, 300)
+        assert np.array_equal(moves_out, noop_moves) and np.array_equal(plan_out, zero_plan)
+        assert after.tolist() == state.tolist()
+
+
+def test_only_the_trees_rows_are_checked_and_more_rows_than_verified_are_refused(lib) -> None:
+    cells = round_tail.tree_cells([-1, 0], [5, 6], [], 10)
+    got, *_ = _decide(lib, cells, [6, 9, -1, 3], [0, 0, 1, 1], _state(0))  # padding rows 2, 3 flagged
+    assert got.status == 0 and got.path == (0, 1)
+    three = round_tail.tree_cells([-1, 0, 1], [5, 6, 7], [], 10)
+    got, *_ = _decide(lib, three, [6, 7], [0, 0], _state(0), run=2)
+    assert got.status == abi.ERR_SIZE
+
+
+def test_a_slot_outside_the_pages_commits_nothing(lib) -> None:
+    kvp = len(PAGES) * PAGE - 2  # the verify's last slots lie past the sequence's pages
+    cells = round_tail.tree_cells([-1, 0, 0, 2], [5, 6, 7, 8], [], 10)
+    state = _state(kvp)
+    got, moves_out, plan_out, after = _decide(lib, cells, [7, 1, 8, 2], [0] * 4, state)
+    assert (got.status, got.count) == (round_tail.STATUS_SLOT_OUTSIDE_PAGES, 0)
+    assert not moves_out.any() and not plan_out.any() and after.tolist() == state.tolist()
 
 
 def test_bad_arguments_are_refused(lib) -> None:
-    moves, plans = _candidates(3)
     cells = round_tail.tree_cells([-1], [1], [], 1)
     ids, bad = np.zeros(17, dtype=np.int64), np.zeros(17, dtype=np.int32)
+    state, pages = _state(0), np.array(PAGES, dtype=np.int32)
     out = np.zeros(8192, dtype=np.int64)
 
-    def call(rows: int, cols: int, plan_bytes: int) -> int:
+    def call(run: int, npages: int) -> int:
         return lib.elpis_round_tail(
-            cells.ctypes.data, ids.ctypes.data, bad.ctypes.data, rows, moves.ctypes.data, cols,
-            plans.ctypes.data, plan_bytes, out.ctypes.data, out.ctypes.data, out.ctypes.data, None,
+            cells.ctypes.data, ids.ctypes.data, bad.ctypes.data, run, state.ctypes.data, pages.ctypes.data,
+            npages, out.ctypes.data, out.ctypes.data, out.ctypes.data, None,
         )  # fmt: skip
 
-    assert call(0, COLS, PLAN) == -1 and call(17, COLS, PLAN) == -1
-    assert call(1, 16, PLAN) == -1
-    assert call(1, COLS, 0) == -1 and call(1, COLS, 4097) == -1
+    assert call(0, 5) == -1 and call(17, 5) == -1 and call(8, 0) == -1
+    assert not out.any()  # nothing launched
 
 
 def test_tree_cells_refuse_what_the_layout_cannot_hold() -> None:
@@ -131,25 +176,90 @@ def test_tree_cells_refuse_what_the_layout_cannot_hold() -> None:
         round_tail.tree_cells([-1], [1], [1, 2, 3, 4, 5], 1)
 
 
-def test_each_candidate_commits_the_path_from_the_root_to_its_row() -> None:
-    parents = [-1, 0, 0, 1, 3, 2]
-    kvp, run = 3 * PAGE - 5, 16  # the verify's slots straddle a page boundary
-    pages = [40, 41, 42, 43]
-    moves, plans = round_tail.commit_candidates(parents, kvp, run, pages)
-    assert moves.shape == (round_tail.CANDIDATES, 4, run - 1)
-    assert plans.shape == (round_tail.CANDIDATES, gdn_tree.PLAN_CAPACITY)
-    assert round_tail.root_path(parents, 4) == [0, 1, 3, 4] and round_tail.root_path(parents, 0) == [0]
-    pad = kvp + run - 1
+# -- the round's two kernels together ---------------------------------------------------------------------
 
-    def slots(page_row: np.ndarray, offset_row: np.ndarray) -> list[int]:
-        return [pages.index(int(p)) * PAGE + int(o) for p, o in zip(page_row, offset_row, strict=True)]
+VOCAB = 50
 
-    for e in range(round_tail.CANDIDATES):
-        path = round_tail.root_path(parents, e) if e < len(parents) else []
-        real = kv_moves(kvp, path)
-        src, dst = slots(moves[e, 0], moves[e, 1]), slots(moves[e, 2], moves[e, 3])
-        assert list(zip(src, dst, strict=True)) == real + [(pad, pad)] * (run - 1 - len(real)), e
-        plan = gdn_tree.packed_commit_plan(tuple(path)) if path else b""
-        assert plans[e].tobytes() == plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan)), e
-    with pytest.raises(ValueError, match="cannot hold a tree"):
-        round_tail.commit_candidates(parents, kvp, 4, pages)
+
+def _next(token: int) -> int:
+    """The toy target model: greedy decoding after `token` (a fixed permutation-like map)."""
+    return (7 * token + 3) % VOCAB
+
+
+def _draft_block(rng: random.Random, anchor: int, k: int, right: float) -> np.ndarray:
+    """A 7-row candidate block after `anchor`: the chain is the target's own continuation with probability
+    `right` per depth (then wrong), and the top-k hold other tokens, sometimes the right one."""
+    block = np.zeros((7, 2 + 2 * k), dtype=np.float32)
+    token = anchor
+    for d in range(7):
+        truth = _next(token)
+        chain = truth if rng.random() < right else (truth + 1 + rng.randrange(VOCAB - 1)) % VOCAB
+        block[d, 0], block[d, 1] = chain, -rng.uniform(0.0, 1.0)
+        others = [truth if rng.random() < 0.5 else rng.randrange(VOCAB) for _ in range(k)]
+        block[d, 2 : 2 + k] = others
+        block[d, 2 + k :] = sorted((-rng.uniform(0.5, 4.0) for _ in range(k)), reverse=True)
+        token = chain
+    return block
+
+
+def _plain(anchor: int, max_tokens: int, stops: tuple[int, ...]) -> list[int]:
+    out, token = [], anchor
+    while len(out) < max_tokens:
+        token = _next(token)
+        out.append(token)
+        if token in stops:
+            break
+    return out
+
+
+@pytest.mark.parametrize("run", [8, 16])
+def test_rounds_on_the_device_commit_plain_decodings_tokens(lib, plan_lib, run: int) -> None:
+    """Plan, verify (each row's greedy target from the toy model), decide, round after round from the state
+    block alone: the committed tokens are plain greedy decoding's, max_tokens is exact, a stop token ends the
+    request, and a round whose row checks fail is verified again at the same position."""
+    rng = random.Random(run)
+    longest, faults = 0, 0
+    for case in range(30):
+        anchor, kvp = rng.randrange(VOCAB), rng.randrange(0, 600)
+        max_tokens = rng.randint(1, 40)
+        stops = (rng.randrange(VOCAB),) if case % 3 == 0 else ()
+        budget = rng.randint(1, run)
+        state = Request(anchor, kvp, max_tokens, kvp + 5000, budget, stops).state()
+        pages = list(range(100, 100 + (kvp + 5000) // PAGE + 2))
+        committed: list[int] = []
+        for _ in range(200):
+            if state[round_plan.STATE_DONE]:
+                break
+            packed = _draft_block(rng, int(state[round_plan.STATE_ANCHOR]), rng.choice((1, 2, 4)), 0.7)
+            sizes = {"seqlens": 1, "position": run, "ctx": 1, "masks": 2 * run, "ids": run}
+            ints = {n: np.zeros(size, dtype=np.int32) for n, size in sizes.items()}
+            ints["plan"] = np.zeros(gdn_tree.PLAN_CAPACITY, dtype=np.uint8)
+            cells = np.zeros(abi.TREE_CELLS, dtype=np.int64)
+            record = np.zeros(round_plan.RECORD_WORDS, dtype=np.int32)
+            err = plan_lib.elpis_round_plan(
+                packed.ctypes.data, 7, (packed.shape[1] - 2) // 2, run, VOCAB, state.ctypes.data,
+                *(ints[n].ctypes.data for n in ("seqlens", "position", "ctx", "masks", "plan", "ids")),
+                cells.ctypes.data, record.ctypes.data, None,
+            )  # fmt: skip
+            assert err == 0
+            planned = round_plan.read_record(record.tolist())
+            assert planned.status == 0
+            targets = [_next(int(t)) for t in ints["ids"]]  # the verify: each row's greedy target
+            bad = [0] * run
+            if rng.random() < 0.1:  # a corrupted row, flagged by the checks: the round must be recomputed
+                row = rng.randrange(planned.rows)
+                bad[row], targets[row] = 1, (targets[row] + 1) % VOCAB
+            before = state.copy()
+            got, *_, state = _decide(lib, cells, targets, bad, state, run=run, pages=pages)
+            if got.status != 0:
+                assert got.status == round_tail.STATUS_FLAGGED_ROW and state.tolist() == before.tolist()
+                faults += 1
+                continue
+            assert got.kvp == kvp + len(committed)
+            committed += got.tokens
+            longest = max(longest, got.count)
+        assert state[round_plan.STATE_DONE] == 1
+        assert committed == _plain(anchor, max_tokens, stops), case
+        assert state[round_plan.STATE_KVP] == kvp + len(committed)
+        assert state[round_plan.STATE_REMAINING] == max_tokens - len(committed)
+    assert longest >= 4 and faults >= 3  # drafts were accepted several deep, and flagged rounds recomputed
