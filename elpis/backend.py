@@ -89,3 +89,31 @@ class Drafter(Protocol):
     def reset(self) -> None:
         """Forget per-sequence state (called when a new sequence begins)."""
         ...
+
+
+@dataclass(frozen=True)
+class DeviceRound:
+    """One greedy round decided on the backend's device (`DeviceRounds.round`): the tree's rows, the target
+    tokens it committed (their count is the acceptor's; empty when `fault` names why nothing was committed,
+    and the same round is then verified again), and whether the acceptor ended the request (a stop token or
+    max_tokens)."""
+
+    tree_rows: int
+    tokens: tuple[int, ...]
+    ends: bool
+    fault: str | None = None
+
+
+@runtime_checkable
+class DeviceRounds(Protocol):
+    """Greedy speculative rounds whose tree, acceptance and commit run on the backend's device, with one host
+    read-back per round (elpis.exl3.device_round). The generator uses it for greedy requests without
+    logprobs when the backend has one."""
+
+    def start(self, *, remaining: int, tree_budget: int, stops: Sequence[int], top_k: int) -> None:
+        """Take over the backend's begun sequence: `remaining` tokens to generate at most."""
+        ...
+
+    def round(self) -> DeviceRound:
+        """Run one round and move the backend's state by what it committed."""
+        ...

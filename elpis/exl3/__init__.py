@@ -130,6 +130,7 @@ def load_backend(
     capture_graphs: bool = True,
     prelaunch: bool | None = None,
     embed_gather: bool | None = None,
+    device_rounds: bool | None = None,
 ) -> Exl3Backend:
     """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
 
@@ -181,6 +182,10 @@ def load_backend(
     Qwen3.8), instead of the host looking them up and uploading them before each replay
     (`elpis.exl3.embed_gather`); the same values. None: `default_embed_gather`. True with the patch
     switched off is refused.
+    `device_rounds` (tree mode, tree and draft graphs, the embedding gather; staged, not yet run on a GPU):
+    greedy requests run their rounds' tree, acceptance and commit on the GPU (`elpis.exl3.device_round`),
+    one host synchronisation a round. None: the registry switch exl3-device-rounds (off). True with the
+    switch off, or without what it needs, is refused.
     """
     import torch
 
@@ -227,6 +232,11 @@ def load_backend(
             )
     if gdn_ba and not tree:
         raise ValueError("gdn_ba acts inside tree verifies only: it needs tree=True")
+    if device_rounds is None:
+        device_rounds = default_device_rounds()
+    if device_rounds:
+        has_draft_graphs = draft_dir is not None and draft_graphs
+        check_device_rounds(tree and tree_graphs, has_draft_graphs, embed_gather, prelaunch)
     engine = load_engine(
         Path(model_dir),
         Path(draft_dir) if draft_dir else None,
@@ -270,7 +280,42 @@ def load_backend(
         from elpis.exl3.graph_warmup import capture_graphs as capture_all
 
         backend.warmup = capture_all(backend)
+    if device_rounds:
+        from elpis.exl3.device_round import DeviceRounds
+
+        backend.device_rounds = DeviceRounds(backend)
     return backend
+
+
+def default_device_rounds() -> bool:
+    """Whether greedy rounds run on the GPU (`elpis.exl3.device_round`) when the caller does not say: as the
+    registry switch exl3-device-rounds says."""
+    from elpis.exl3 import patches
+    from elpis.exl3.device_round import PATCH
+
+    return patches.enabled(PATCH)
+
+
+def check_device_rounds(tree_graphs: bool, draft_graphs: bool, embed_gather: bool, prelaunch: bool) -> None:
+    """Refuse rounds on the GPU without what they need: the switch on, captured tree verifies and draft
+    blocks (the GPU writes their inputs), the embedding gather (the host never sees the tree's ids) and no
+    verify gate (they queue their own verify)."""
+    from elpis.exl3 import patches
+    from elpis.exl3.device_round import PATCH
+
+    missing = [
+        name
+        for name, ok in (
+            (f"the registry switch {PATCH}", patches.enabled(PATCH)),
+            ("tree mode with tree graphs", tree_graphs),
+            ("a DFlash2 draft with draft graphs", draft_graphs),
+            ("the embedding gather (exl3-embed-gather)", embed_gather),
+            ("no verify gate (exl3-verify-prelaunch off)", not prelaunch),
+        )
+        if not ok
+    ]
+    if missing:
+        raise ValueError(f"device_rounds=True needs {', '.join(missing)}")
 
 
 def check_host_threads(host_threads: int | None) -> None:
@@ -296,8 +341,10 @@ __all__ = [
     "DEFAULT_PREFILL_GROUP",
     "EXLLAMA_PREFILL_CHUNK",
     "PREFILL_CHUNKS",
+    "check_device_rounds",
     "check_prefill_chunk",
     "check_prefill_group",
+    "default_device_rounds",
     "default_embed_gather",
     "default_prefill_group",
     "default_prelaunch",

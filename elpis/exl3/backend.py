@@ -53,6 +53,7 @@ from elpis.exl3.tree_verify import TREE_RUNS, TreeCall, TreeLayout, check_parent
 from elpis.exl3.upload import pinned, upload
 
 if TYPE_CHECKING:
+    from elpis.exl3.device_round import DeviceRounds
     from elpis.exl3.graph_warmup import WarmupReport
 
 MAX_ROWS = 16
@@ -431,6 +432,9 @@ class Exl3Backend:
         # (queueing their copies, and waiting for an earlier snapshot's copy to finish)
         self.last_prefill_parts: dict[str, float] = {}
         self.warmup: WarmupReport | None = None  # what `elpis.exl3.graph_warmup` captured at load
+        # greedy rounds on the GPU (`elpis.exl3.device_round`, registry switch exl3-device-rounds): set by
+        # load_backend; the generator runs greedy requests through it when it is not None
+        self.device_rounds: DeviceRounds | None = None
         self.graphs = None
         if tree_graphs:
             from elpis.exl3.tree_graph import TreeGraphs
@@ -751,18 +755,25 @@ class Exl3Backend:
             commit_kv(engine.cache, self.pages, pending.kvp, path)
             commit_gdn(call, path)
         if engine.draft is not None and pending.export is not None:
-            draft_graphs = self.drafter.graphs if self.drafter is not None else None
-            if call.source is not None and draft_graphs is not None and draft_graphs.conditioning:
-                # a replayed verify's exports stay in its graph's buffers: the conditioning replays too
-                draft_graphs.condition(pending.export, path, self._last_table, pending.kvp)
-            else:
-                index = upload(path, torch.long, pending.export[0].device)
-                hidden = [t.index_select(1, index) for t in pending.export]
-                update_draft_kv(engine, hidden, self._last_table, pinned([pending.kvp], torch.int32))
+            self.condition_draft(pending.export, path, pending.kvp, replayed=call.source is not None)
         self.tokens.extend(pending.tokens[r] for r in path)
         self.state.position = len(self.tokens)
         self.pending = None
         self.anchor = None
+
+    def condition_draft(
+        self, export: Sequence[torch.Tensor], path: Sequence[int], kvp: int, *, replayed: bool
+    ) -> None:
+        """The draft's K/V of a committed `path` (rows of the last tree verify at kvp, whose tap states are
+        `export`) through the verify's block table: replayed where the verify was (its exports stay in its
+        graph's buffers), else eagerly."""
+        draft_graphs = self.drafter.graphs if self.drafter is not None else None
+        if replayed and draft_graphs is not None and draft_graphs.conditioning:
+            draft_graphs.condition(export, path, self._last_table, kvp)
+        else:
+            index = upload(path, torch.long, export[0].device)
+            hidden = [t.index_select(1, index) for t in export]
+            update_draft_kv(self.engine, hidden, self._last_table, pinned([kvp], torch.int32))
 
     def abandon(self) -> None:
         """Drop the last verify without committing it (a round the speculation core discarded; the anchor

@@ -157,6 +157,7 @@ class Captured:
     commit_graph: torch.cuda.CUDAGraph | None = None
     uploads: Staged | None = None  # the verify's inputs: (x, ints), or (ints,) where the graph gathers x
     commit_uploads: Staged | None = None  # (moves, commit_plan)
+    table_upload: Staged | None = None  # (block_table,), for rounds on the GPU (`put_table`)
     staging: Staging | None = None  # pinned inputs of verifies queued behind the gate (`TreeGraphs.arm`)
 
 
@@ -366,12 +367,29 @@ class TreeGraphs:
             return False
         run, kvp = call.layout.run, call.kvp
         plan = gdn_tree.packed_commit_plan(tuple(path))
+        self.commit_inputs(c)
+        padded = np.frombuffer(plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan)), dtype=np.uint8)
+        assert c.commit_uploads is not None
+        c.commit_uploads.put(commit_moves(kvp, path, run, pages), padded)
+        self.run_commit(c)
+        return True
+
+    def commit_inputs(self, c: Captured) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key's commit graph inputs (int64 [4, run - 1] K/V moves, uint8 [PLAN_CAPACITY] GDN plan),
+        allocated on first use: the host uploads them (`commit`) or a kernel writes them
+        (`elpis.exl3.round_tail`)."""
+        from elpis.exl3 import gdn_tree
+
         if c.moves is None or c.commit_plan is None or c.commit_uploads is None:
+            run = c.position_ids.shape[1]
             c.moves = torch.zeros((4, run - 1), dtype=torch.long, device=self.device)
             c.commit_plan = torch.zeros((gdn_tree.PLAN_CAPACITY,), dtype=torch.uint8, device=self.device)
             c.commit_uploads = Staged(c.moves, c.commit_plan)
-        padded = np.frombuffer(plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan)), dtype=np.uint8)
-        c.commit_uploads.put(commit_moves(kvp, path, run, pages), padded)
+        return c.moves, c.commit_plan
+
+    def run_commit(self, c: Captured) -> None:
+        """Commit from the key's commit inputs as they stand (in stream order): the commit graph's replay, or
+        on the key's first commit the operations eagerly and then their capture."""
         if c.commit_graph is None:
             self._commit_ops(c)  # this commit, eagerly; the capture below records the same operations
             graph = torch.cuda.CUDAGraph()
@@ -382,7 +400,18 @@ class TreeGraphs:
         else:
             c.commit_graph.replay()
             self.replays += 1
-        return True
+
+    def captured(self, state: Any, kvp: int, run: int) -> Captured | None:
+        """The captured key of a verify of `run` rows at kvp (None before its first verify)."""
+        c = self.graphs.get(self._key(state, kvp, run))
+        return c if c is not None and c.graph is not None else None
+
+    def put_table(self, c: Captured, pages: Sequence[int]) -> None:
+        """The sequence's pages into the key's block table alone, in stream order (a round on the GPU writes
+        the verify's other inputs itself)."""
+        if c.table_upload is None:
+            c.table_upload = Staged(c.block_table)
+        c.table_upload.put(padded_table(pages, c.block_table.shape[1], "tree graphs"))
 
     def _commit_ops(self, c: Captured) -> None:
         from elpis.exl3.gdn_tree import gdn_tree_commit_graph

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from elpis import accept
 from elpis.accept.abi import BUDGET_MAX
-from elpis.backend import Backend, BackendError, Drafter
+from elpis.backend import Backend, BackendError, DeviceRounds, Drafter
 from elpis.spec.detok import Decoder, IncrementalDetokenizer
 from elpis.spec.integrity import RoundFault, RoundId, RoundLink, RoundTracker
 from elpis.spec.request import GenerationRequest, GenerationStats, Step, TokenLogprob, stop_ids_for
@@ -146,18 +147,14 @@ class SpeculativeGenerator:
     def _rounds(self, request: GenerationRequest, stops: tuple[int, ...], cached: int,
                 should_stop: Callable[[], bool]) -> Iterator[Step]:
         backend = self.backend
-        link = backend if isinstance(backend, RoundLink) else RoundLink(backend)
-        tracker = RoundTracker(next(_EPOCHS), backend.info.vocab_size)
         if self.drafter is not None:
             self.drafter.reset()
-        costs = None
-        if self.drafter is not None:
-            costs = verify_costs(getattr(backend, "verify_cost", None), self.tree_budget)
         context = list(request.prompt_ids)
         detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_ids)
         scanner = StopStringScanner(request.stop_strings)
         stats = GenerationStats(prompt_tokens=len(request.prompt_ids), cached_tokens=cached)
         want_logprobs = request.top_logprobs is not None
+        next_round = self._round_source(request, stops, context, stats)
 
         def final(ids: list[int], logprobs: list[TokenLogprob] | None, reason: str) -> Step:
             if scanner.cut is None and scanner.feed(detokenizer.flush()):
@@ -173,23 +170,22 @@ class SpeculativeGenerator:
             if room < 1:
                 yield final([], [] if want_logprobs else None, "length")
                 return
-            tree = self._tree(context, remaining, room, costs)
-            logits, targets, decision = self._round(link, tracker, tree, context, request, stops, remaining,
-                                                    stats)
-            committed = [targets[r] for r in decision.rows]
+            done = next_round(remaining, room)
+            committed = list(done.tokens)
             context.extend(committed)
             stats.rounds += 1
-            stats.committed_per_round.append(decision.count)
-            stats.accepted_depths.append(decision.count - 1)
-            stats.tree_rows.append(len(tree))
+            stats.committed_per_round.append(len(committed))
+            stats.accepted_depths.append(len(committed) - 1)
+            stats.tree_rows.append(done.tree_rows)
 
             ids: list[int] = []
             logprobs: list[TokenLogprob] | None = [] if want_logprobs else None
             hit_stop_string = False
-            for row, token in zip(decision.rows, committed, strict=True):
+            for i, token in enumerate(committed):
                 ids.append(token)
                 if logprobs is not None:
-                    logprobs.append(top_logprobs(logits[row], token, request.top_logprobs or 0))
+                    assert done.logits is not None
+                    logprobs.append(top_logprobs(done.logits[i], token, request.top_logprobs or 0))
                 if token in stops:
                     break  # the acceptor ended the round here; a stop token's text is never emitted
                 if scanner.feed(detokenizer.push(token)):
@@ -199,7 +195,62 @@ class SpeculativeGenerator:
             if hit_stop_string:
                 yield Step(ids, scanner.release(final=True), logprobs, "stop", stats)
                 return
-            if decision.ends:
+            if done.ends:
                 yield final(ids, logprobs, "stop" if committed[-1] in stops else "length")
                 return
             yield Step(ids, scanner.release(final=False), logprobs)
+
+    def _round_source(self, request: GenerationRequest, stops: tuple[int, ...], context: list[int],
+                      stats: GenerationStats) -> Callable[[int, int], _Committed]:
+        """How each round is run: on the backend's device for a greedy request without logprobs when the
+        backend has rounds there (`elpis.backend.DeviceRounds`) and a drafter is set, else on the host."""
+        backend = self.backend
+        device = getattr(backend, "device_rounds", None)
+        if (device is not None and self.drafter is not None and request.sampling.greedy
+                and request.top_logprobs is None):
+            device.start(remaining=request.max_tokens, tree_budget=self.tree_budget, stops=stops,
+                         top_k=self.draft_top_k)
+            return lambda remaining, room: self._device_round(device, stats)
+        link = backend if isinstance(backend, RoundLink) else RoundLink(backend)
+        tracker = RoundTracker(next(_EPOCHS), backend.info.vocab_size)
+        costs = None
+        if self.drafter is not None:
+            costs = verify_costs(getattr(backend, "verify_cost", None), self.tree_budget)
+
+        def host_round(remaining: int, room: int) -> _Committed:
+            tree = self._tree(context, remaining, room, costs)
+            logits, targets, decision = self._round(link, tracker, tree, context, request, stops, remaining,
+                                                    stats)
+            return _Committed(tuple(targets[r] for r in decision.rows), decision.ends, len(tree),
+                              [logits[r] for r in decision.rows])
+
+        return host_round
+
+    def _device_round(self, device: DeviceRounds, stats: GenerationStats) -> _Committed:
+        """One round on the device; a round it discards (a row failed its checks) is verified again, up to
+        `round_retries` times, as a host round's would be."""
+        faults: list[str] = []
+        for _ in range(self.round_retries + 1):
+            done = device.round()
+            if done.fault is None:
+                if not 1 <= len(done.tokens) <= done.tree_rows:
+                    raise BackendError(f"a round on the device committed {len(done.tokens)} tokens from a "
+                                       f"tree of {done.tree_rows} rows")
+                if faults:
+                    stats.rounds_recovered += 1
+                return _Committed(done.tokens, done.ends, done.tree_rows, None)
+            faults.append(done.fault)
+            stats.faults_detected[done.fault] = stats.faults_detected.get(done.fault, 0) + 1
+        raise BackendError(f"round {stats.rounds} failed all {len(faults)} attempts on the device "
+                           f"({', '.join(faults)}); nothing of it was committed")
+
+
+@dataclass(frozen=True)
+class _Committed:
+    """What a round committed: the target tokens, whether the acceptor ended the request, the tree's rows, and
+    each committed token's logits row (host rounds; None on the device, which keeps no logits)."""
+
+    tokens: tuple[int, ...]
+    ends: bool
+    tree_rows: int
+    logits: list[torch.Tensor] | None

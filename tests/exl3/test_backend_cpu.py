@@ -290,3 +290,27 @@ def test_no_tree_verify_while_suspended(wrap_targets):
         assert tree_verify._active is None
     with tree_verify.tree_forward(object()):  # allowed again once the block has ended
         assert [getattr(o, o.name)()[0] for o in owners] == ["wrapper"] * 5
+
+
+def test_device_rounds_are_off_by_default_and_refused_without_what_they_need(monkeypatch):
+    from elpis.exl3 import check_device_rounds, default_device_rounds
+    from elpis.exl3.device_round import PATCH
+
+    registry = {p.id: p for p in patches.load_registry()}
+    switch = registry[PATCH].switch
+    monkeypatch.delenv(switch, raising=False)
+    assert registry[PATCH].default is False  # staged: its GPU test has not run (session 34)
+    assert default_device_rounds() is False
+    with pytest.raises(ValueError, match=f"the registry switch {PATCH}"):
+        check_device_rounds(True, True, True, False)
+    monkeypatch.setenv(switch, "1")
+    assert default_device_rounds() is True
+    check_device_rounds(True, True, True, False)  # everything it needs
+    for args, missing in (
+        ((False, True, True, False), "tree mode with tree graphs"),
+        ((True, False, True, False), "a DFlash2 draft with draft graphs"),
+        ((True, True, False, False), "the embedding gather"),
+        ((True, True, True, True), "no verify gate"),
+    ):
+        with pytest.raises(ValueError, match=missing):
+            check_device_rounds(*args)

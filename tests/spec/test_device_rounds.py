@@ -1,0 +1,157 @@
+"""The generator's path for backends that run greedy rounds on their device (`elpis.backend.DeviceRounds`).
+
+On the GPU the rounds are `elpis.exl3.device_round` (tree, acceptance and commit in CUDA kernels; its own
+tests: tests/kernels/test_round_*_emu.py and the GPU test tests/exl3/test_device_round.py). Here the
+protocol is served on the CPU by `HostDeviceRounds`, which decides each round the way those kernels do
+(the tree from the drafter at the full row budget, the verify's greedy targets, the proven acceptor, the
+commit; a round with a flagged row commits nothing), over the reference backend. The generator must turn
+those rounds into exactly plain decoding's text (stop tokens, stop strings, max_tokens), retry a discarded
+round and count it, and keep host rounds for sampled requests and logprobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from elpis import accept
+from elpis.backend import BackendError, DeviceRound
+from elpis.spec import GenerationRequest, SamplingParams
+from elpis.spec.drafters import NgramDrafter, OracleDrafter, RandomDrafter
+from elpis.spec.sampling import greedy_tokens
+from elpis.spec.tree import build_tree, tree_shape
+
+PROMPT = "one two three, one two three, one two three, one two"
+
+
+class HostDeviceRounds:
+    """DeviceRounds over a reference backend, deciding as elpis.exl3.device_round's kernels do; `faults` are
+    the round numbers (counting attempts) whose verify gets a flagged row."""
+
+    def __init__(self, backend, drafter, faults: Sequence[int] = ()) -> None:
+        self.backend, self.drafter, self.faults = backend, drafter, set(faults)
+        self.attempts = 0
+        self.started = False
+        self.sequence: list[int] = []  # the prompt and every committed token (the wrapper's begin() sets it)
+
+    def start(self, *, remaining: int, tree_budget: int, stops: Sequence[int], top_k: int) -> None:
+        self.remaining, self.tree_budget, self.stops, self.top_k = remaining, tree_budget, tuple(stops), top_k
+        self.started = True
+
+    def round(self) -> DeviceRound:
+        b = self.backend
+        room = b.info.max_context - b.position()
+        rows, depth = tree_shape(self.tree_budget, room, self.remaining)
+        context = self.sequence
+        if depth >= 1:
+            block = self.drafter.propose(context, depth, self.top_k)
+            tree = build_tree(context[-1], block, rows, max_depth=depth, vocab_size=b.info.vocab_size)
+            tokens, parents = tree.tokens, tree.parents
+        else:
+            tokens, parents = (context[-1],), (-1,)
+        logits = b.verify(tokens, parents)
+        targets = greedy_tokens(logits)
+        self.attempts += 1
+        if self.attempts in self.faults:
+            b.abandon()
+            return DeviceRound(len(tokens), (), False, "corrupt")
+        decision = accept.tree(list(parents), list(tokens), targets, list(self.stops), self.remaining)
+        b.commit(decision.rows)
+        committed = tuple(targets[r] for r in decision.rows)
+        self.remaining -= decision.count
+        self.sequence.extend(committed)
+        return DeviceRound(len(tokens), committed, decision.ends)
+
+
+class WithDeviceRounds:
+    """A reference backend whose rounds the generator runs through `device_rounds`."""
+
+    def __init__(self, inner, drafter, faults: Sequence[int] = ()) -> None:
+        self.inner, self.info = inner, inner.info
+        self.verify, self.commit, self.abandon = inner.verify, inner.commit, inner.abandon
+        self.finish, self.position = inner.finish, inner.position
+        self.device_rounds = HostDeviceRounds(self, drafter, faults)
+
+    def begin(self, prompt: Sequence[int]) -> int:
+        self.device_rounds.sequence = list(prompt)
+        return self.inner.begin(prompt)
+
+
+def _request(model, max_tokens: int = 24, **extra) -> GenerationRequest:
+    return GenerationRequest(tuple(model.tokenizer.encode(PROMPT)), max_tokens, SamplingParams(), **extra)
+
+
+def _drafters(model, request):
+    return {
+        "oracle": OracleDrafter(model.backend(), request.sampling),
+        "ngram": NgramDrafter(max_ngram=3),
+        "random": RandomDrafter(model.backend().info.vocab_size, seed=3),
+    }
+
+
+@pytest.mark.parametrize("budget", [1, 4, 16])
+@pytest.mark.parametrize("name", ["oracle", "ngram", "random"])
+def test_rounds_on_the_device_give_plain_decodings_text(tiny_models, run, name: str, budget: int) -> None:
+    model = tiny_models[0]
+    for extra in ({}, {"max_tokens": 5}, {"stop_strings": ("three",)}, {"ignore_eos": True}):
+        request = _request(model, **extra)
+        plain = run(model.backend(), model.tokenizer, request)
+        drafter = _drafters(model, request)[name]
+        backend = WithDeviceRounds(model.backend(), drafter)
+        got = run(backend, model.tokenizer, request, drafter, tree_budget=budget)
+        assert got.same_output(plain), extra
+        assert backend.device_rounds.attempts == got.stats.rounds >= 1  # every round ran on the "device"
+        assert all(rows <= budget for rows in got.stats.tree_rows)
+        if name == "oracle" and budget > 1 and len(plain.token_ids) > 2:
+            assert max(got.stats.committed_per_round) > 1
+
+
+def test_a_discarded_round_is_verified_again_and_counted(tiny_models, run) -> None:
+    model = tiny_models[1]
+    request = _request(model)
+    plain = run(model.backend(), model.tokenizer, request)
+    drafter = RandomDrafter(model.backend().info.vocab_size, seed=4)  # about a token a round: many rounds
+    backend = WithDeviceRounds(model.backend(), drafter, faults=(2, 3, 7))
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+    assert got.same_output(plain) and backend.device_rounds.attempts > 7
+    # attempts 2 and 3 are one round's first two; attempt 7 another round's first
+    assert got.stats.faults_detected == {"corrupt": 3} and got.stats.rounds_recovered == 2
+
+
+def test_a_round_failing_every_attempt_fails_the_request(tiny_models, run) -> None:
+    model = tiny_models[0]
+    request = _request(model)
+    drafter = NgramDrafter(max_ngram=3)
+    backend = WithDeviceRounds(model.backend(), drafter, faults=range(1, 100))
+    with pytest.raises(BackendError, match="failed all 4 attempts on the device"):
+        run(backend, model.tokenizer, request, drafter, tree_budget=8)
+
+
+@pytest.mark.parametrize(
+    "request_kind",
+    [pytest.param({"top_logprobs": 2}, id="logprobs"), pytest.param({"temperature": 0.7}, id="sampled")],
+)
+def test_sampled_and_logprobs_requests_keep_host_rounds(tiny_models, run, request_kind: dict) -> None:
+    model = tiny_models[0]
+    temperature = request_kind.get("temperature", 0.0)
+    request = GenerationRequest(
+        tuple(model.tokenizer.encode(PROMPT)), 12, SamplingParams(temperature=temperature, seed=5),
+        top_logprobs=request_kind.get("top_logprobs"),
+    )  # fmt: skip
+    plain = run(model.backend(), model.tokenizer, request)
+    drafter = NgramDrafter(max_ngram=3)
+    backend = WithDeviceRounds(model.backend(), drafter)
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+    assert got.same_output(plain)
+    assert not backend.device_rounds.started and backend.device_rounds.attempts == 0
+
+
+def test_an_impossible_device_round_is_refused(tiny_models, run) -> None:
+    model = tiny_models[0]
+    request = _request(model)
+    drafter = NgramDrafter(max_ngram=3)
+    backend = WithDeviceRounds(model.backend(), drafter)
+    backend.device_rounds.round = lambda: DeviceRound(2, (1, 2, 3), False)  # more tokens than rows
+    with pytest.raises(BackendError, match="committed 3 tokens from a tree of 2 rows"):
+        run(backend, model.tokenizer, request, drafter, tree_budget=8)
