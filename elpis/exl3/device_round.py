@@ -146,7 +146,8 @@ class DeviceRounds:
         bad = self._row_checks(out)
         ids = greedy_ids(out)
         moves, commit_plan = b.graphs.commit_inputs(c)
-        round_tail.decide(self.cells, ids, bad, self.state, self.pages, tail_record, moves, commit_plan)
+        pages = self.pages[: self.pages_sent]  # the sequence's own: a slot past them is refused, not page 0
+        round_tail.decide(self.cells, ids, bad, self.state, pages, tail_record, moves, commit_plan)
         b.graphs.run_commit(c)
         self.host_records.copy_(self.records, non_blocking=True)
         self.done.record()

@@ -1,0 +1,109 @@
+"""A/B (GPU machine, after `elpis build` and the full-size synth in /tmp/full): greedy tree rounds decided on
+the host against rounds decided on the GPU (`elpis.exl3.device_round`, registry switch exl3-device-rounds),
+in one process on one backend.
+
+Loads the served configuration with the embedding gather and device rounds switched on (both needed by the
+device rounds; the host rounds run with the gather too, so the arms differ only in who decides), then for each
+context: `--pairs` pairs of requests of `--tokens` greedy tokens after a warm-up, the arms alternating (host
+rounds: the backend's `device_rounds` detached, so the generator runs its host loop). Random weights: every
+draft is rejected and a round commits one token, so a round's time is a step's. Per arm: the median round time
+and its MAD pooled over the pairs, and the noise rule of `elpis.bench.report` (NOISE_MADS x the larger MAD).
+The two arms' tokens must be identical (both are plain decoding's). Prints one line "DEVROUNDAB {json}" per
+context and writes every line's document to `--out`.
+Usage (repo root):
+  python3 elpis/bench/scripts/device_round_ab.py MODEL DRAFT --out FILE.json [--contexts 1024,8192]
+      [--tokens 40] [--pairs 3] [--budget 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+WARMUP_ROUNDS = 4  # rounds of each request left out of its times (captures, caches)
+
+
+def rounds_of(
+    backend: Any, decoder: Any, prompt: list[int], tokens: int, budget: int
+) -> tuple[list[int], list[float]]:
+    """One greedy request through the speculation core: its tokens and each round's seconds after the
+    warm-up rounds (a step is a round)."""
+    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+
+    gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=budget, draft_top_k=4)
+    request = GenerationRequest(prompt_ids=tuple(prompt), max_tokens=tokens, sampling=SamplingParams(),
+                                ignore_eos=True)  # fmt: skip
+    out: list[int] = []
+    stamps = [time.perf_counter()]
+    for step in gen.generate(request):
+        stamps.append(time.perf_counter())
+        out += step.token_ids
+    seconds = [b - a for a, b in itertools.pairwise(stamps[1:])]  # the first step holds the prefill
+    return out, seconds[WARMUP_ROUNDS:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", type=Path)
+    parser.add_argument("draft", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--contexts", default="1024,8192")
+    parser.add_argument("--tokens", type=int, default=40)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--budget", type=int, default=16)
+    args = parser.parse_args()
+    os.environ["ELPIS_PATCH_EMBED_GATHER"] = "1"
+    os.environ["ELPIS_PATCH_DEVICE_ROUNDS"] = "1"
+
+    from elpis.bench.report import mad_ms, noise_ms
+    from elpis.bench.worker import BenchDecoder
+    from elpis.bench.workload import prompt as make_prompt
+    from elpis.exl3 import load_backend
+
+    backend = load_backend(args.model, args.draft, max_context=262_144, model_id="bench", tree=True,
+                           device_rounds=True)  # fmt: skip
+    backend.prefix.enabled = False  # every request prefills: no pair reuses another's pages
+    decoder = BenchDecoder(args.model)
+    device = backend.device_rounds
+    docs = []
+    for context in (int(c) for c in args.contexts.split(",")):
+        base = make_prompt(context + 1, seed=context, vocab=backend.info.vocab_size)
+        arms: dict[str, list[float]] = {"host": [], "device": []}
+        tokens: dict[str, list[int]] = {}
+        rounds_before = device.rounds
+        for pair in range(args.pairs + 1):  # the first pair warms both arms up and is not timed
+            for arm in ("host", "device") if pair % 2 else ("device", "host"):
+                backend.device_rounds = device if arm == "device" else None
+                try:
+                    out, seconds = rounds_of(backend, decoder, base, args.tokens, args.budget)
+                finally:
+                    backend.device_rounds = device
+                if tokens.setdefault(arm, out) != out:
+                    raise SystemExit(f"{arm} rounds at {context}: two requests gave different tokens")
+                if pair:
+                    arms[arm] += seconds
+        if tokens["host"] != tokens["device"]:
+            raise SystemExit(f"context {context}: rounds on the GPU gave other tokens than host rounds")
+        medians = {arm: statistics.median(s) * 1000 for arm, s in arms.items()}
+        mads = {arm: mad_ms(s) for arm, s in arms.items()}
+        gain = medians["host"] - medians["device"]
+        noise = noise_ms(*mads.values())
+        doc = {
+            "context": context, "rounds_per_arm": {a: len(s) for a, s in arms.items()},
+            "round_median_ms": medians, "round_mad_ms": mads, "gain_ms": gain, "noise_ms": noise,
+            "verdict": "faster" if gain > noise else "slower" if -gain > noise else "within noise",
+            "device_rounds_run": device.rounds - rounds_before, "tokens_equal": True,
+        }  # fmt: skip
+        docs.append(doc)
+        print("DEVROUNDAB " + json.dumps(doc), flush=True)
+    args.out.write_text(json.dumps(docs, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
