@@ -156,3 +156,65 @@ def _check_conditioning_replays(backend) -> None:
         assert graphs.condition_captures == captures + 2, "one capture per accepted-row count"
     finally:
         backend.finish()
+
+
+def test_padded_conditioning_keeps_the_committed_rows_bits(backend):
+    """The rounds on the GPU (elpis/spec/README.md, "The round on the GPU", step 3) would condition the draft
+    on a fixed number of rows: the committed path padded with other rows of the verify. The draft never reads
+    a cached position at or past its length, and the next conditioning overwrites them, so that is exact if
+    the committed rows' K/V in the draft's 3-bit cache do not depend on the rows written beside them: checked
+    here against the conditioning on the path alone, and that nothing before kvp is written."""
+    import torch
+
+    with torch.inference_mode():
+        _check_padded_conditioning(backend)
+
+
+def _check_padded_conditioning(backend) -> None:
+    import torch
+
+    from elpis.exl3.prefix import PAGE
+    from elpis.exl3.upload import pinned
+
+    engine = backend.engine
+    vocab = backend.info.vocab_size
+    ids = prompt(1300, 901, vocab)
+    backend.begin(ids)
+    try:
+        kvp = backend.position()
+        tokens = [ids[-1]] + [(ids[-1] + 97 * i) % vocab for i in range(1, 8)]
+        backend.verify(tokens, [-1, 0, 1, 2, 0, 4, 1, 6])
+        export = [t.clone() for t in backend.pending.export]
+        table = backend._last_table
+        pages = list(backend.pages)
+        backend.abandon()
+        layers = engine.draft_cache.layers.values()
+        tensors = [t for layer in layers for t in layer.get_tensors() if t is not None]
+        assert tensors and all(t.shape[1] == PAGE for t in tensors), "cache tensors are [pages, PAGE, ...]"
+        before = [t.clone() for t in tensors]
+
+        def condition(rows: list[int]) -> list:
+            for t, saved in zip(tensors, before, strict=True):
+                t.copy_(saved)
+            index = torch.tensor(rows, device=export[0].device)
+            engine.draft.update_kv_from_target(
+                target_hidden=[t.index_select(1, index) for t in export],
+                cache=engine.draft_cache,
+                params={"block_table": table, "cache_seqlens": pinned([kvp], torch.int32)},
+                lengths=[len(rows)],
+            )
+            return [t.clone() for t in tensors]
+
+        def at(saved: list, positions: range) -> list:
+            return [t[[pages[p // PAGE] for p in positions], [p % PAGE for p in positions]] for t in saved]
+
+        for path, padding in (([0, 1, 2], [5, 6, 7, 3, 4]), ([0, 4, 5], [7, 7, 7, 7, 7]), ([0], [1] * 7)):
+            alone, padded = condition(path), condition(path + padding)
+            kept = range(kvp, kvp + len(path))
+            for a, b in zip(at(alone, kept), at(padded, kept), strict=True):
+                assert torch.equal(a, b), f"path {path}: a committed row's draft K/V depend on other rows"
+            earlier = range(max(0, kvp - 300), kvp)
+            for a, b in zip(at(before, earlier), at(padded, earlier), strict=True):
+                assert torch.equal(a, b), f"path {path}: the padded conditioning wrote before kvp"
+    finally:
+        backend.finish()
