@@ -102,6 +102,21 @@ def test_draft_tree_speculation_through_replays_is_lossless(backend, decoder):  
         assert out == truth, f"tree budget {budget}, top-{top_k}: differs from plain decoding at {first}"
 
 
+def _verified_tree(backend, ids: list[int], stride: int):
+    """Begin `ids` and verify an 8-row tree after it, then abandon the verify: (kvp, clones of its export
+    states, its block table, the draft cache's tensors). The caller finishes the sequence."""
+    vocab = backend.info.vocab_size
+    backend.begin(ids)
+    kvp = backend.position()
+    tokens = [ids[-1]] + [(ids[-1] + stride * i) % vocab for i in range(1, 8)]
+    backend.verify(tokens, [-1, 0, 1, 2, 0, 4, 1, 6])
+    export = [t.clone() for t in backend.pending.export]  # clones: in place for the whole test
+    table = backend._last_table
+    backend.abandon()
+    layers = backend.engine.draft_cache.layers.values()
+    return kvp, export, table, [t for layer in layers for t in layer.get_tensors() if t is not None]
+
+
 def test_conditioning_replay_equals_eager(backend):
     import torch
 
@@ -116,18 +131,8 @@ def _check_conditioning_replays(backend) -> None:
 
     graphs = backend.drafter.graphs
     engine = backend.engine
-    vocab = backend.info.vocab_size
-    ids = prompt(900, 900, vocab)
-    backend.begin(ids)
     try:
-        kvp = backend.position()
-        tokens = [ids[-1]] + [(ids[-1] + 131 * i) % vocab for i in range(1, 8)]
-        backend.verify(tokens, [-1, 0, 1, 2, 0, 4, 1, 6])
-        export = [t.clone() for t in backend.pending.export]  # clones: in place for the whole test
-        table = backend._last_table
-        backend.abandon()
-        layers = engine.draft_cache.layers.values()
-        tensors = [t for layer in layers for t in layer.get_tensors() if t is not None]
+        kvp, export, table, tensors = _verified_tree(backend, prompt(900, 900, backend.info.vocab_size), 131)
         before = [t.clone() for t in tensors]
 
         def restore() -> None:
@@ -177,19 +182,9 @@ def _check_padded_conditioning(backend) -> None:
     from elpis.exl3.upload import pinned
 
     engine = backend.engine
-    vocab = backend.info.vocab_size
-    ids = prompt(1300, 901, vocab)
-    backend.begin(ids)
     try:
-        kvp = backend.position()
-        tokens = [ids[-1]] + [(ids[-1] + 97 * i) % vocab for i in range(1, 8)]
-        backend.verify(tokens, [-1, 0, 1, 2, 0, 4, 1, 6])
-        export = [t.clone() for t in backend.pending.export]
-        table = backend._last_table
+        kvp, export, table, tensors = _verified_tree(backend, prompt(1300, 901, backend.info.vocab_size), 97)
         pages = list(backend.pages)
-        backend.abandon()
-        layers = engine.draft_cache.layers.values()
-        tensors = [t for layer in layers for t in layer.get_tensors() if t is not None]
         assert tensors and all(t.shape[1] == PAGE for t in tensors), "cache tensors are [pages, PAGE, ...]"
         before = [t.clone() for t in tensors]
 
