@@ -795,6 +795,8 @@ class Exl3Backend:
         if not self.active:
             return
         self._disarm()  # before the prefix pages are persisted (their copies queue after the armed verify)
+        if self.device_rounds is not None:
+            self.device_rounds.drain()  # a round queued ahead of the request's end still runs on its pages
         self.pending = None  # an abandoned round: its rows were never committed, the state is dropped below
         try:
             self.prefix.persist(self.keys, self.pages, self.snaps)

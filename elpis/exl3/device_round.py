@@ -1,26 +1,39 @@
-"""Greedy tree rounds whose decisions run on the GPU (issue 9, item 2): first stage, one host synchronisation
-per round. Staged, not yet served: its GPU test (tests/exl3/test_device_round.py) has not run.
+"""Greedy tree rounds whose decisions run on the GPU (issue 9, item 2), with no host synchronisation inside a
+round and the host one round behind. Staged, not yet served: its GPU test (tests/exl3/test_device_round.py)
+has not run.
 
 A host round (`elpis.spec.generate`) reads the draft's candidates back, builds the tree, fills the verify's
 inputs, reads the verify's row checks and greedy tokens back, runs the acceptor and fills the commit's inputs:
-two synchronisations, with the GPU idle while the host works. Here one round is queued in stream order with
-nothing read back in between:
+two synchronisations, with the GPU idle while the host works. Here a round is queued in stream order from the
+request's state block in device memory (anchor, kvp, remaining budget; `round_plan.state_block`):
 
-  draft block (the captured DFlash2 graph) -> its candidates (`drafter.pack_candidates` of the log-softmax
-  and top-k, on the GPU) -> `round_plan` (the tree, the verify key's inputs but the block table, the
-  acceptor's cells) -> the captured verify (its embedding gathered on the GPU: `exl3-embed-gather`) -> the
-  row checks and greedy targets (`sampling.greedy_ids`) -> `round_tail` (the proven acceptor, the commit
-  graph's inputs, the state block advanced) -> the captured commit -> both records into pinned memory.
+  the captured draft block (its anchor and kvp copied from the state block) -> its candidates
+  (`drafter.pack_candidates` of the log-softmax and top-k, on the GPU) -> `round_plan` (the tree, the verify
+  key's inputs but the block table, the acceptor's cells) -> the captured verify (its embedding gathered on
+  the GPU: `exl3-embed-gather`) -> the row checks and greedy targets (`sampling.greedy_ids`) -> `round_tail`
+  (the proven acceptor, the commit graph's inputs, the draft's conditioning inputs, the state block
+  advanced) -> the captured commit -> the draft's conditioning on the committed path padded to a fixed row
+  count (`DraftGraphs.condition_from`) -> both records into pinned memory and an event.
 
-The host then reads the two records (the one synchronisation), moves its own bookkeeping (the sequence's
-tokens, position and anchor) and conditions the draft on the committed path, which still needs the count on
-the host (elpis/spec/README.md, "The round on the GPU", step 3). What is committed is the acceptor's decision
-over the verify's own greedy tokens, as in a host round, so the text is plain decoding's; only the tree may
-differ, since the row count is the budget's (no verify-cost choice, a captured graph's rows are fixed).
+`round()` queues the next round before it waits for the oldest one's event, so the GPU runs a round while the
+host reads the one before and emits its tokens. The host chooses only what a captured graph cannot: the draft
+block's and the verify's keys (their context buckets) and the block tables. A round commits at most a draft
+block's rows, so while every kvp the queued rounds can reach falls in the same buckets the next round is
+queued ahead; otherwise the host waits for the round in flight first. A round that fails its row checks leaves
+the state alone, so the round after it (already queued) verifies the same position again. A round queued past
+the request's end finds `done` set and idles (nothing committed); `drain()` waits for what is still in flight.
+
+What is committed is the acceptor's decision over the verify's own greedy tokens, as in a host round, so the
+text is plain decoding's; only the tree may differ from a host round's (the row count is the budget's, no
+verify-cost choice: a captured graph's rows are fixed). Conditioning on padded rows writes the committed rows'
+K/V as the host's conditioning does only if a row's draft K/V do not depend on the rows beside it
+(tests/exl3/test_draft_graph.py::test_padded_conditioning_keeps_the_committed_rows_bits); the draft only
+proposes, so that matters for the acceptance rate, not the text.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,13 +48,13 @@ from elpis.spec.sampling import greedy_ids
 
 if TYPE_CHECKING:
     from elpis.exl3.backend import Exl3Backend
-    from elpis.exl3.tree_graph import Captured
 
 
 PATCH = "exl3-device-rounds"  # the registry switch (patches/registry.json), read by load_backend
 
 # Tail statuses that discard a round (the next one verifies the same position again), as fault kinds
 FAULTS = {round_tail.STATUS_FLAGGED_ROW: "corrupt", round_tail.STATUS_NON_FINITE: "corrupt"}
+IN_FLIGHT = 2  # rounds queued at most: the one the host reads next and the one queued ahead of it
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,14 @@ class DeviceRoundResult:
 
     plan: round_plan.PlannedTree
     tail: round_tail.RoundTail
+
+
+@dataclass
+class _Queued:
+    """A round in flight: where its records land on the host, and the event after their copy."""
+
+    slot: int
+    event: torch.cuda.Event
 
 
 class DeviceRounds:
@@ -70,24 +91,30 @@ class DeviceRounds:
         if graphs.gate is not None:
             raise BackendError("rounds on the GPU queue their own verify: load without the verify gate")
         self.backend = backend
+        self.drafts = drafter.graphs
         dev = backend.engine.device
-        self.device = dev
+        run = backend.tree_run()
         self.state = torch.zeros((round_plan.STATE_WORDS,), dtype=torch.int64, device=dev)
         self.cells = torch.zeros((abi.TREE_CELLS,), dtype=torch.int64, device=dev)
         self.records = torch.zeros((round_plan.RECORD_WORDS + round_tail.RECORD_WORDS,), dtype=torch.int32,
                                    device=dev)  # fmt: skip
-        self.host_records = torch.zeros(self.records.shape, dtype=torch.int32, pin_memory=True)
+        self.host_records = torch.zeros((IN_FLIGHT, *self.records.shape), dtype=torch.int32, pin_memory=True)
         self.pages = torch.zeros((backend.num_pages,), dtype=torch.int32, device=dev)
+        self.cond_index = torch.zeros((run,), dtype=torch.long, device=dev)  # a path has at most run rows
+        self.cond_kvp = torch.zeros((1,), dtype=torch.int32, device=dev)
         self.pages_sent = 0
         self.top_k = 0
-        self.anchor: int | None = None
-        self.done = torch.cuda.Event()
-        self.last: DeviceRoundResult | None = None  # the last round's records (tests and the bench read them)
-        self.rounds = 0  # rounds run, discarded ones included
+        self.queued: deque[_Queued] = deque()
+        self.next_slot = 0
+        self.settled = 0  # the host's position: every round read back so far is in it
+        self.last: DeviceRoundResult | None = None  # the last round read back (tests and the bench read it)
+        self.rounds = 0  # rounds read back, discarded ones included
+        self.queued_ahead = 0  # rounds queued before the previous one was read back
 
     # -- a request ------------------------------------------------------------------------------------------
     def start(self, *, remaining: int, tree_budget: int, stops: Sequence[int], top_k: int) -> None:
         """Take over the backend's active sequence (begun, nothing pending) for rounds on the GPU."""
+        self.drain()
         b = self.backend
         if not b.active or b.pending is not None or b.anchor is None:
             raise BackendError(
@@ -102,26 +129,64 @@ class DeviceRounds:
         if b.info.vocab_size > round_plan.EXACT_FLOAT32_IDS:
             raise ValueError("rounds on the GPU carry candidate ids in float32: the vocabulary is too large")
         self.top_k = top_k
-        self.anchor = b.anchor
         words = round_plan.state_block(
             anchor=b.anchor, kvp=b.position(), remaining=remaining, max_context=b.info.max_context,
             tree_budget=tree_budget, stops=stops,
         )  # fmt: skip
         self.state.copy_(torch.from_numpy(words))  # from pageable memory: synchronous, once per request
         self.pages_sent = 0
+        self.settled = b.position()
 
-    # -- one round ------------------------------------------------------------------------------------------
+    def drain(self) -> None:
+        """Wait for the rounds still in flight and drop their records (the request ended before them)."""
+        while self.queued:
+            self.queued.popleft().event.synchronize()
+
+    # -- rounds ---------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def round(self) -> DeviceRound:
-        """Queue one round, wait for its records, and move the host's bookkeeping with what it committed."""
+        """The oldest round in flight, read back, with the host's bookkeeping moved by what it committed; the
+        next round is queued before the wait whenever its keys are known."""
+        if not self.queued:
+            self._queue(self._reach(0))
+        ahead = self._reach(len(self.queued))
+        if ahead is not None:
+            self._queue(ahead)
+            self.queued_ahead += 1
+        result = self._read(self.queued.popleft())
+        tail = result.tail
+        if tail.status == round_tail.STATUS_SLOT_OUTSIDE_PAGES:
+            raise BackendError("the round on the GPU committed to a K/V slot outside the sequence's pages")
+        fault = None if tail.status == 0 else FAULTS.get(tail.status)
+        if tail.status != 0 and fault is None:
+            raise BackendError(f"the acceptor on the GPU refused the round's cells (code {tail.status})")
+        return DeviceRound(result.plan.rows, tail.tokens, tail.ends, fault)
+
+    def _reach(self, in_flight: int) -> int | None:
+        """The highest kvp a round queued after `in_flight` others can start at, or None where such a round
+        cannot be queued yet: the kvps it may start at span two context buckets (or the context's end), so
+        its keys wait for the rounds before it. With nothing in flight the host knows kvp exactly."""
         b = self.backend
-        assert b.graphs is not None and b.drafter is not None and b.drafter.graphs is not None
-        if self.anchor is None:
-            raise BackendError("round() before start()")
-        kvp, run = b.position(), b.tree_run()
-        if kvp + run > b.info.max_context + abi.MAX_ROWS:
-            raise BackendError(f"a verify of {run} rows at position {kvp} runs past the context")
-        b.ensure_pages(kvp + max(run, b.block_size))
+        assert b.graphs is not None
+        run, block = b.tree_run(), b.block_size
+        low, high = self.settled, self.settled + in_flight * min(run, block)
+        if high + run > b.info.max_context + abi.MAX_ROWS:
+            if in_flight:
+                return None
+            raise BackendError(f"a verify of {run} rows at position {high} runs past the context")
+        same = (
+            self.drafts.width(low) == self.drafts.width(high)
+            and b.graphs.table_width(low, run) == b.graphs.table_width(high, run)
+        )
+        return high if same else None
+
+    def _queue(self, kvp: int) -> None:
+        """Queue one round from the state block; `kvp` is the highest position it can start at (the keys and
+        pages are those of every position it can start at)."""
+        b = self.backend
+        assert b.graphs is not None
+        run = b.tree_run()
+        b.ensure_pages(kvp + max(run, b.block_size) + 1)
         self._send_pages()
         c = b.graphs.captured(b.state, kvp, run)
         if c is None:
@@ -129,7 +194,10 @@ class DeviceRounds:
                 f"no captured verify of {run} rows at position {kvp}: rounds on the GPU replay the verifies "
                 "captured at load (elpis.exl3.graph_warmup)"
             )
-        chain, logits = b.drafter.block(self.anchor)
+        state = self.state
+        anchor = state[round_plan.STATE_ANCHOR : round_plan.STATE_ANCHOR + 1]
+        at = state[round_plan.STATE_KVP : round_plan.STATE_KVP + 1]
+        chain, logits = self.drafts.block_from(anchor, at, b.pages, self.drafts.width(kvp))
         packed = self._candidates(chain, logits)
         verify_inputs = {
             "seqlens": c.seqlens, "position": c.position_ids.view(-1), "ctx": c.inputs.ctx,
@@ -137,9 +205,9 @@ class DeviceRounds:
         }  # fmt: skip
         plan_record = self.records[: round_plan.RECORD_WORDS]
         tail_record = self.records[round_plan.RECORD_WORDS :]
-        round_plan.plan(packed, b.info.vocab_size, self.state, verify_inputs, self.cells, plan_record)
+        round_plan.plan(packed, b.info.vocab_size, state, verify_inputs, self.cells, plan_record)
         b.graphs.put_table(c, b.pages)
-        assert c.graph is not None and c.out is not None
+        assert c.graph is not None and c.out is not None and c.export is not None
         c.graph.replay()
         b.graphs.replays += 1
         out = c.out[0, :run, : b.info.vocab_size]
@@ -147,26 +215,44 @@ class DeviceRounds:
         ids = greedy_ids(out)
         moves, commit_plan = b.graphs.commit_inputs(c)
         pages = self.pages[: self.pages_sent]  # the sequence's own: a slot past them is refused, not page 0
-        round_tail.decide(self.cells, ids, bad, self.state, pages, tail_record, moves, commit_plan)
+        outputs = (tail_record, moves, commit_plan, self.cond_index, self.cond_kvp)
+        round_tail.decide(self.cells, ids, bad, state, pages, *outputs)
         b.graphs.run_commit(c)
-        self.host_records.copy_(self.records, non_blocking=True)
-        self.done.record()
-        self.done.synchronize()
-        words = self.host_records.tolist()
+        table = b.block_table(b.graphs.table_width(kvp, run))  # the verify's, as a host commit conditions
+        self.drafts.condition_from(c.export, self.cond_index, self.cond_kvp, table)
+        slot = self.next_slot
+        self.next_slot = (slot + 1) % IN_FLIGHT
+        self.host_records[slot].copy_(self.records, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.queued.append(_Queued(slot, event))
+
+    def _read(self, q: _Queued) -> DeviceRoundResult:
+        """Wait for a queued round and settle the host's side of it: the tokens whose K/V were kept and the
+        position. A round not committed changes nothing."""
+        q.event.synchronize()
+        words = self.host_records[q.slot].tolist()
         result = DeviceRoundResult(
             round_plan.read_record(words[: round_plan.RECORD_WORDS]),
             round_tail.read_record(words[round_plan.RECORD_WORDS :]),
         )
-        self._settle(c, result, kvp)
+        plan, tail = result.plan, result.tail
+        if tail.kvp != self.settled:
+            raise BackendError(
+                f"the round on the GPU was verified at position {tail.kvp}, the host is at {self.settled}"
+            )
+        if plan.status < 0:
+            raise BackendError(f"the round's tree on the GPU: {round_plan.STATUS_MESSAGES[plan.status]}")
         self.last = result
         self.rounds += 1
-        tail = result.tail
-        fault = None if tail.status == 0 else FAULTS.get(tail.status)
-        if tail.status == round_tail.STATUS_SLOT_OUTSIDE_PAGES:
-            raise BackendError("the round on the GPU committed to a K/V slot outside the sequence's pages")
-        if tail.status != 0 and fault is None:
-            raise BackendError(f"the acceptor on the GPU refused the round's cells (code {tail.status})")
-        return DeviceRound(result.plan.rows, tail.tokens, tail.ends, fault)
+        if tail.status == 0:
+            b = self.backend
+            # decode pages are never named for reuse (Exl3Backend.commit): only the tokens and position move
+            b.tokens.extend(plan.tokens[r] for r in tail.path)
+            b.state.position = len(b.tokens)
+            b.anchor = None
+            self.settled = len(b.tokens)
+        return result
 
     def _candidates(self, chain: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """The draft block's candidates as `DFlash2Drafter.propose` packs them, for every block row."""
@@ -187,27 +273,3 @@ class DeviceRounds:
             new = torch.tensor(pages[self.pages_sent :], dtype=torch.int32)
             self.pages[self.pages_sent : len(pages)].copy_(new.pin_memory(), non_blocking=True)
             self.pages_sent = len(pages)
-
-    def _settle(self, c: Captured, result: DeviceRoundResult, kvp: int) -> None:
-        """The host's side of a committed round: the tokens whose K/V were kept, the position, the anchor, and
-        the draft's conditioning on the committed path. A round not committed changes nothing."""
-        plan, tail = result.plan, result.tail
-        if tail.kvp != kvp:
-            raise BackendError(
-                f"the round on the GPU was verified at position {tail.kvp}, the host is at {kvp}"
-            )
-        if plan.status < 0:
-            raise BackendError(f"the round's tree on the GPU: {round_plan.STATUS_MESSAGES[plan.status]}")
-        if tail.status != 0:
-            return
-        b = self.backend
-        assert b.graphs is not None and c.export is not None
-        path = list(tail.path)
-        # the verify's block table, as a host verify leaves it for the conditioning
-        b._last_table = b.block_table(b.graphs.table_width(kvp, c.position_ids.shape[1]))
-        b.condition_draft(c.export, path, kvp, replayed=True)
-        # decode pages are never named for reuse (Exl3Backend.commit), so only the tokens and position move
-        b.tokens.extend(plan.tokens[r] for r in path)
-        b.state.position = len(b.tokens)
-        b.anchor = None
-        self.anchor = tail.tokens[-1]

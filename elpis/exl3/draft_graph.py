@@ -39,7 +39,7 @@ the proven acceptor decide what is committed.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +83,7 @@ class DraftCaptured:
     chain: torch.Tensor | None = None  # int64 [block - 1]: the selector's walk after the anchor
     logits: torch.Tensor | None = None  # [block - 1, vocab]: the head's logits of the block rows
     uploads: Staged | None = None  # (block_table, seqlens, anchor), with x first where the host fills it
+    table_upload: Staged | None = None  # (block_table,), for blocks whose anchor and kvp are on the device
 
 
 @dataclass
@@ -135,7 +136,8 @@ class DraftGraphs:
         self.captures = 0  # draft blocks captured so far (tests bound this)
         self.replays = 0
         self.conditioning = True  # replay conditionings (`condition`); off: the backend conditions eagerly
-        self.conditions: OrderedDict[tuple[int, int, tuple], ConditionCaptured] = OrderedDict()
+        # keys: (rows, width, export tensors); ("device", rows, width, export tensors) for `condition_from`
+        self.conditions: OrderedDict[tuple, ConditionCaptured] = OrderedDict()
         self.condition_captures = 0
         self.condition_replays = 0
         self._condition_pool = torch.cuda.graph_pool_handle()  # shared: the graphs only leave transients
@@ -152,11 +154,34 @@ class DraftGraphs:
         """The selector's chain (block - 1 ids) and the head's logits of the block rows after the anchor, on
         the GPU, for a draft block at kvp over the sequence's `pages` (a table of `width` pages). The tensors
         belong to the key: they are overwritten by the next call of the same width."""
+        return self._block(width, lambda c: self._fill(c, anchor, pages, kvp))
+
+    def block_from(
+        self, anchor: Tensor, kvp: Tensor, pages: Sequence[int], width: int
+    ) -> tuple[Tensor, Tensor]:
+        """`block` with the anchor and kvp read from device memory when the block runs (int64 [1] each;
+        rounds on the GPU keep them in their state block), copied into the key's buffers in stream order:
+        the embedding gather takes the anchor's row from there, so it is required."""
+        if self.table is None:
+            raise RuntimeError("draft graphs: an anchor on the device needs the embedding gather")
+
+        def fill(c: DraftCaptured) -> None:
+            if c.table_upload is None:
+                c.table_upload = Staged(c.block_table)
+            c.table_upload.put(padded_table(pages, c.block_table.shape[1], "draft graphs"))
+            c.anchor.copy_(anchor)
+            c.seqlens.copy_(kvp)  # int64 -> int32
+
+        return self._block(width, fill)
+
+    def _block(self, width: int, fill: Callable[[DraftCaptured], None]) -> tuple[Tensor, Tensor]:
+        """The key's replay after `fill` writes its inputs; on the key's first call its eager warm-up on the
+        same buffers, then its capture."""
         c = self.graphs.get(width)
         fresh = c is None
         if c is None:
             c = self._buffers(width)
-        self._fill(c, anchor, pages, kvp)
+        fill(c)
         if fresh:
             # First call of the key: the eager warm-up on the same buffers gives this block's result.
             chain, logits = self._run(c)
@@ -205,6 +230,39 @@ class DraftGraphs:
         if c.uploads is None:
             c.uploads = Staged(c.index, c.block_table, c.seqlens)
         c.uploads.put(rows, table, [kvp])
+        self._run_condition(key, c, export, fresh)
+
+    def condition_from(self, export: Sequence[Tensor], index: Tensor, kvp: Tensor, table: Tensor) -> None:
+        """`condition` with the rows and kvp read from device memory when it runs (`index` int64 [rows],
+        padded past the committed path; `kvp` int32 [1]), copied into the key's buffers in stream order: one
+        key per (rows, width, export tensors), whatever the path's length. The rows past the path write K/V
+        at positions the draft never reads before the next conditioning overwrites them."""
+        host_int32 = table.dtype == torch.int32 and table.device.type == "cpu"
+        if table.dim() != 2 or table.shape[0] != 1 or not host_int32:
+            raise ValueError("draft graphs: the block table must be a host int32 tensor [1, width]")
+        if index.dim() != 1 or index.dtype != torch.long or kvp.shape != (1,) or kvp.dtype != torch.int32:
+            raise ValueError("draft graphs: conditioning from the device takes int64 rows [n], int32 kvp [1]")
+        width = int(table.shape[1])
+        sources = tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in export)
+        key = ("device", int(index.shape[0]), width, sources)
+        c = self.conditions.get(key)
+        fresh = c is None
+        if c is None:
+            dev = self.device
+            c = ConditionCaptured(
+                index=torch.zeros((int(index.shape[0]),), dtype=torch.long, device=dev),
+                block_table=torch.zeros((1, width), dtype=torch.int32, device=dev),
+                seqlens=torch.zeros((1,), dtype=torch.int32, device=dev),
+            )
+        if c.uploads is None:
+            c.uploads = Staged(c.block_table)
+        c.uploads.put(table)
+        c.index.copy_(index)
+        c.seqlens.copy_(kvp)
+        self._run_condition(key, c, export, fresh)
+
+    def _run_condition(self, key: tuple, c: ConditionCaptured, export: Sequence[Tensor], fresh: bool) -> None:
+        """The key's replay; on its first call the conditioning eagerly, then its capture."""
         if fresh:
             self._condition(c, export)  # this call's conditioning; the capture records the same operations
             graph = torch.cuda.CUDAGraph()

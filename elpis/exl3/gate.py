@@ -107,6 +107,10 @@ NEUTRAL_PATCHES: dict[str, str] = {
     "kernels on the same chunks, bitwise the same cache, state and logits (test_prefill_groups.py)",
     "exl3-verify-prelaunch": "queues a captured tree verify's replay behind a gate and copies its inputs "
     "into the same buffers; the replay and its values are unchanged (test_verify_gate.py)",
+    "exl3-device-rounds": "greedy rounds decided on the GPU: the proven acceptor over the verify's own "
+    "greedy targets, the verify's inputs the host's values for the same tree, rows row-invariant, so "
+    "plain decoding's text (CPU emulation of both kernels; the GPU checks are test_round_plan.py's, "
+    "test_round_tail.py's and test_device_round.py's)",
     "exl3-embed-gather": "the captured graphs gather the embedding rows ExLlamaV3's host lookup returns, "
     "widened to fp32 exactly (CPU emulation; the GPU checks are test_embed_gather.py's)",
     "exl3-gdn-qkv-channel-major": "the GDN qkv GEMM writes the bits ExLlamaV3's bf16 cast and copy of its "

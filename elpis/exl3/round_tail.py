@@ -41,7 +41,7 @@ STATUS_FLAGGED_ROW, STATUS_NON_FINITE, STATUS_SLOT_OUTSIDE_PAGES = 1, 2, 3
 
 _I32, _U32, _VP = ctypes.c_int32, ctypes.c_uint32, ctypes.c_void_p
 ENTRY_ARGS: dict[str, tuple[type, ...]] = {
-    "elpis_round_tail": (_VP, _VP, _VP, _U32, _VP, _VP, _U32, _VP, _VP, _VP, _VP),
+    "elpis_round_tail": (_VP, _VP, _VP, _U32, _VP, _VP, _U32, _VP, _VP, _VP, _VP, _U32, _VP, _VP),
     "elpis_round_tail_record_words": (),
 }
 
@@ -113,10 +113,14 @@ def decide(
     record: torch.Tensor,
     moves_out: torch.Tensor,
     plan_out: torch.Tensor,
+    cond_index: torch.Tensor,
+    cond_kvp: torch.Tensor,
 ) -> None:
     """Launch the kernel on the current stream: cells int64 [TREE_CELLS], ids int64 [run], bad int32 [run],
     state int64 [round_plan.STATE_WORDS] (advanced on a commit), pages int32 [pages], record int32
-    [RECORD_WORDS], moves_out int64 [4, run - 1], plan_out uint8 [PLAN_CAPACITY]; every one on one device."""
+    [RECORD_WORDS], moves_out int64 [4, run - 1], plan_out uint8 [PLAN_CAPACITY], cond_index int64 [run..16]
+    and cond_kvp int32 [1] (the draft's conditioning: the path padded with its last row, and the kvp it was
+    verified at); every one on one device."""
     import torch
 
     from elpis.exl3 import gdn_tree, round_plan
@@ -132,13 +136,18 @@ def decide(
     check_tensor("record", record, torch.int32, (RECORD_WORDS,))
     check_tensor("moves_out", moves_out, torch.int64, (4, run - 1))
     check_tensor("plan_out", plan_out, torch.uint8, (gdn_tree.PLAN_CAPACITY,))
-    devices = {t.device for t in (cells, ids, bad, state, pages, record, moves_out, plan_out)}
+    check_tensor("cond_index", cond_index, torch.int64, (None,))
+    if not run <= cond_index.shape[0] <= MAX_ROWS:
+        raise ValueError(f"round tail: cond_index holds {cond_index.shape[0]} rows, a path up to {run}")
+    check_tensor("cond_kvp", cond_kvp, torch.int32, (1,))
+    operands = (cells, ids, bad, state, pages, record, moves_out, plan_out, cond_index, cond_kvp)
+    devices = {t.device for t in operands}
     if len(devices) != 1:
         raise ValueError(f"round tail operands on several devices: {sorted(map(str, devices))}")
     err = _library().elpis_round_tail(
         cells.data_ptr(), ids.data_ptr(), bad.data_ptr(), run, state.data_ptr(), pages.data_ptr(),
-        pages.shape[0], record.data_ptr(), moves_out.data_ptr(), plan_out.data_ptr(),
-        torch.cuda.current_stream(ids.device).cuda_stream,
+        pages.shape[0], record.data_ptr(), moves_out.data_ptr(), plan_out.data_ptr(), cond_index.data_ptr(),
+        cond_index.shape[0], cond_kvp.data_ptr(), torch.cuda.current_stream(ids.device).cuda_stream,
     )  # fmt: skip
     if err:
         raise RuntimeError(f"round tail kernel: {'arguments refused' if err < 0 else f'CUDA error {err}'}")

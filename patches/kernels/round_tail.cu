@@ -26,6 +26,10 @@
 //              elpis.accept.abi.ERR_*), the committed count, whether the round ends the request (a stop token
 //              or the budget), the end row, the kvp the round was verified at, the path (kMaxRows entries,
 //              255 past the count) and the committed tokens (-1 past the count);
+//   cond_index, cond_kvp  the draft's conditioning inputs, of a fixed shape: the committed path's rows padded to
+//              cond_rows (>= run) with its last row, and the kvp its K/V go to (the draft never reads a position at or
+//              past its length, and the next conditioning overwrites the padding's; a round not committed
+//              conditions on row 0 alone, padded, at the same kvp, which the retry overwrites);
 //   state      on status 0: kvp + count, the budget less count, the last committed token as the anchor, and
 //              done when the round ends the request. Otherwise unchanged, so the next round verifies the
 //              same position again: that is how a failed round is discarded and recomputed.
@@ -90,7 +94,8 @@ __device__ bool write_moves(const uint8_t* path, int32_t count, int64_t kvp, int
 __global__ void round_tail_kernel(const int64_t* __restrict__ cells_in, const int64_t* __restrict__ ids,
                                   const int32_t* __restrict__ bad, int32_t run, int64_t* __restrict__ state,
                                   const int32_t* __restrict__ pages, int32_t npages, int32_t* __restrict__ record,
-                                  int64_t* __restrict__ moves_out, uint8_t* __restrict__ plan_out) {
+                                  int64_t* __restrict__ moves_out, uint8_t* __restrict__ plan_out,
+                                  int64_t* __restrict__ cond_index, int32_t cond_rows, int32_t* __restrict__ cond_kvp) {
     __shared__ int64_t cells[ELPIS_TREE_CELLS];  // shared, not on the thread's stack: the acceptor's frame
                                                  // and this one stay within CUDA's default 1 KiB
     __shared__ GdnTreePlan plan;
@@ -150,6 +155,8 @@ __global__ void round_tail_kernel(const int64_t* __restrict__ cells_in, const in
         record[kRecPath + i] = in ? path[i] : 255;
         record[kRecTokens + i] = in ? static_cast<int32_t>(ids[path[i]]) : -1;
     }
+    for (int i = 0; i < cond_rows; i++) cond_index[i] = count > 0 ? path[i < count ? i : count - 1] : 0;
+    cond_kvp[0] = static_cast<int32_t>(kvp);
     if (status == 0) {
         state[kStKvp] = kvp + count;
         state[kStRemaining] -= count;
@@ -167,14 +174,18 @@ int elpis_round_tail_record_words(void) { return kRecordWords; }
 // Decide the round, write the commit's inputs and advance the state, on `stream` (a cudaStream_t passed as an
 // address). Device pointers: cells int64 [ELPIS_TREE_CELLS], ids int64 [run], bad int32 [run], state int64
 // [kStateWords], pages int32 [npages], record int32 [kRecordWords], moves_out int64 [4][run - 1], plan_out
-// uint8 [kPlanCapacity]. Returns 0, -1 for arguments out of range, or the launch's cudaError_t.
+// uint8 [kPlanCapacity], cond_index int64 [cond_rows] (run <= cond_rows <= 16: a path has at most run rows),
+// cond_kvp int32 [1]. Returns 0, -1 for arguments out of range, or the launch's cudaError_t.
 int elpis_round_tail(const int64_t* cells, const int64_t* ids, const int32_t* bad, uint32_t run, int64_t* state,
                      const int32_t* pages, uint32_t npages, int32_t* record, int64_t* moves_out, uint8_t* plan_out,
-                     void* stream) {
-    if (run == 0 || run > static_cast<uint32_t>(kMaxRows) || npages == 0 || npages > (1u << 22)) return -1;
+                     int64_t* cond_index, uint32_t cond_rows, int32_t* cond_kvp, void* stream) {
+    if (run == 0 || run > static_cast<uint32_t>(kMaxRows) || npages == 0 || npages > (1u << 22) || cond_rows < run ||
+        cond_rows > static_cast<uint32_t>(kMaxRows)) {
+        return -1;
+    }
     round_tail_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
         cells, ids, bad, static_cast<int32_t>(run), state, pages, static_cast<int32_t>(npages), record, moves_out,
-        plan_out);
+        plan_out, cond_index, static_cast<int32_t>(cond_rows), cond_kvp);
     return static_cast<int>(cudaGetLastError());
 }
 

@@ -2,11 +2,12 @@
 the synthetic checkpoint of ELPIS_SMALL_DIR. Staged in session 34 (no device was lent): not yet run.
 
 What they establish:
-(a) the product path (the generator runs every greedy round through the backend's device rounds) gives plain
-    decoding's tokens, and every round ran on the GPU;
+(a) the product path (the generator runs every greedy round through the backend's device rounds, each queued
+    before the one ahead of it is read back) gives plain decoding's tokens, and every round ran on the GPU;
 (b) with the draft's candidates replaced by the known continuation (most of each tree accepted), rounds
     commit several tokens each and the tokens are still plain decoding's: the tree, the verify's inputs, the
-    acceptance, the commit and the conditioning written on the GPU agree with each other over many rounds;
+    acceptance, the commit and the padded conditioning written on the GPU agree with each other over many
+    rounds, with rounds queued ahead;
 (c) a round with a flagged row is discarded on the GPU (nothing committed, the state kept), verified again,
     counted, and the text is unchanged.
 """
@@ -69,17 +70,28 @@ def test_rounds_on_the_gpu_give_plain_decodings_tokens(backend, decoder):  # noq
 
 
 class KnownContinuation:
-    """The draft's candidates replaced by the known continuation (chain log-probability 0, the anchor's
-    successors after it): the GPU builds deep trees of mostly accepted rows."""
+    """The draft's candidates replaced by the known continuation (chain log-probability 0, the other top-k as
+    drafted): the GPU builds deep trees of mostly accepted rows. The round's position is read on the GPU from
+    the state block, since a round is queued before the one ahead of it is read back."""
 
-    def __init__(self, rounds, truth: list[int], done: list[int]) -> None:
-        self.inner, self.truth, self.done = rounds._candidates, truth, done
+    def __init__(self, rounds, truth: list[int], start: int) -> None:
+        import torch
+
+        from elpis.exl3 import round_plan
+
+        self.inner, self.state, self.start = rounds._candidates, rounds.state, start
+        self.kvp = round_plan.STATE_KVP
+        pad = [truth[-1]] * 16  # past the end: any token (the budget stops the request there)
+        self.truth = torch.tensor(truth + pad, dtype=torch.int64, device="cuda")
 
     def __call__(self, chain, logits):
+        import torch
+
         packed = self.inner(chain, logits).clone()
-        at = len(self.done)  # tokens committed so far: depth d + 1 predicts truth[at + d]
-        for d, token in enumerate(self.truth[at : at + packed.shape[0]]):
-            packed[d, 0], packed[d, 1] = float(token), 0.0
+        done = self.state[self.kvp] - self.start  # tokens committed so far, on the GPU
+        rows = torch.arange(packed.shape[0], device=packed.device) + done
+        packed[:, 0] = self.truth.index_select(0, rows).float()  # depth d + 1 predicts truth[done + d]
+        packed[:, 1] = 0.0
         return packed
 
 
@@ -87,23 +99,15 @@ def test_deep_trees_of_the_known_continuation_commit_plain_decodings_tokens(back
     ids = prompt(2500, 52, backend.info.vocab_size)
     truth = truth_of(backend, ids)
     rounds = backend.device_rounds
-    committed: list[int] = []
-    original_round = rounds.round
-
-    def tracking_round():
-        done = original_round()
-        committed.extend(done.tokens)
-        return done
-
-    rounds._candidates = KnownContinuation(rounds, truth, committed)
-    rounds.round = tracking_round
+    rounds._candidates = KnownContinuation(rounds, truth, len(ids) - 1)
     try:
         got, stats = generate(backend, decoder, ids)
     finally:
-        del rounds._candidates, rounds.round
+        del rounds._candidates
     assert got == truth
     assert max(stats.committed_per_round) >= 4, stats.committed_per_round
     assert stats.rounds < TOKENS // 2
+    assert rounds.queued_ahead > 0, "no round was queued ahead of the one in flight"
 
 
 def test_a_flagged_row_is_discarded_on_the_gpu_and_verified_again(backend, decoder):  # noqa: F811

@@ -36,8 +36,12 @@ def _round(cells, ids, bad, state):
     bad_run = torch.zeros(RUN, dtype=torch.int32, device=dev)
     bad_run[: len(bad)] = bad
     cells_dev = torch.from_numpy(cells).to(dev)
-    round_tail.decide(cells_dev, padded, bad_run, state, pages, record, moves_out, plan_out)
-    return round_tail.read_record(record.tolist()), moves_out.cpu(), plan_out.cpu()
+    cond_index = torch.full((RUN,), -7, dtype=torch.int64, device=dev)
+    cond_kvp = torch.full((1,), -7, dtype=torch.int32, device=dev)
+    outs = (record, moves_out, plan_out, cond_index, cond_kvp)
+    round_tail.decide(cells_dev, padded, bad_run, state, pages, *outs)
+    cond = (cond_index.tolist(), cond_kvp.item())
+    return round_tail.read_record(record.tolist()), moves_out.cpu(), plan_out.cpu(), cond
 
 
 def _inputs(kvp: int, path: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +72,7 @@ def test_the_gpu_decides_as_the_proven_acceptor_from_real_logits() -> None:
         )
         state = torch.from_numpy(host_state).cuda()
         bad = torch.zeros(len(parents), dtype=torch.int32, device="cuda")
-        got, moves_out, plan_out = _round(cells, ids, bad, state)
+        got, moves_out, plan_out, cond = _round(cells, ids, bad, state)
         want = accept.tree(parents, draft, target, stops, budget)
         assert (got.status, got.path, got.count, got.ends, got.kvp) == (
             0, tuple(want.rows), want.count, want.ends, kvp
@@ -76,6 +80,7 @@ def test_the_gpu_decides_as_the_proven_acceptor_from_real_logits() -> None:
         assert got.tokens == tuple(target[r] for r in want.rows)
         moves, plan = _inputs(kvp, list(want.rows))
         assert torch.equal(moves_out, moves) and torch.equal(plan_out, plan)
+        assert cond == (list(want.rows) + [want.rows[-1]] * (RUN - want.count), kvp)
         after = state.tolist()
         assert after[round_plan.STATE_KVP] == kvp + want.count
         assert after[round_plan.STATE_REMAINING] == budget - want.count
@@ -83,8 +88,8 @@ def test_the_gpu_decides_as_the_proven_acceptor_from_real_logits() -> None:
         assert after[round_plan.STATE_DONE] == int(want.ends)
     state = torch.from_numpy(host_state).cuda()
     bad[2] = 1
-    got, moves_out, plan_out = _round(cells, ids, bad, state)
-    assert (got.status, got.count) == (round_tail.STATUS_FLAGGED_ROW, 0)
+    got, moves_out, plan_out, cond = _round(cells, ids, bad, state)
+    assert (got.status, got.count) == (round_tail.STATUS_FLAGGED_ROW, 0) and cond == ([0] * RUN, kvp)
     noop_moves, zero_plan = _inputs(kvp, [])
     assert torch.equal(moves_out, noop_moves) and torch.equal(plan_out, zero_plan)
     assert state.tolist() == host_state.tolist()

@@ -42,8 +42,11 @@ def plan_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return round_plan.bind(built)
 
 
-def _decide(lib, cells, ids, bad, state, *, run: int = RUN, pages: list[int] = PAGES):
-    """The record, the written moves and plan, and the state after the kernel (outputs poisoned first)."""
+def _decide(
+    lib, cells, ids, bad, state, *, run: int = RUN, pages: list[int] = PAGES, cond: list | None = None
+):
+    """The record, the written moves and plan, and the state after the kernel (outputs poisoned first); the
+    conditioning's index and kvp into `cond` when given."""
     ids = np.ascontiguousarray(list(ids) + [0] * (run - len(ids)), dtype=np.int64)
     bad = np.ascontiguousarray(list(bad) + [0] * (run - len(bad)), dtype=np.int32)
     state = np.array(state, dtype=np.int64)
@@ -51,11 +54,16 @@ def _decide(lib, cells, ids, bad, state, *, run: int = RUN, pages: list[int] = P
     record = np.full(round_tail.RECORD_WORDS, -7, dtype=np.int32)
     moves_out = np.full((4, run - 1), -7, dtype=np.int64)
     plan_out = np.full(gdn_tree.PLAN_CAPACITY, 0xA5, dtype=np.uint8)
+    cond_index = np.full(run, -7, dtype=np.int64)
+    cond_kvp = np.full(1, -7, dtype=np.int32)
     err = lib.elpis_round_tail(
         cells.ctypes.data, ids.ctypes.data, bad.ctypes.data, run, state.ctypes.data, pages_arr.ctypes.data,
-        len(pages), record.ctypes.data, moves_out.ctypes.data, plan_out.ctypes.data, None,
+        len(pages), record.ctypes.data, moves_out.ctypes.data, plan_out.ctypes.data, cond_index.ctypes.data,
+        run, cond_kvp.ctypes.data, None,
     )  # fmt: skip
     assert err == 0
+    if cond is not None:
+        cond[:] = [cond_index.tolist(), int(cond_kvp[0])]
     return round_tail.read_record(record.tolist()), moves_out, plan_out, state
 
 
@@ -92,7 +100,8 @@ def test_the_record_is_the_acceptors_decision_and_the_paths_commit_inputs_are_wr
         kvp = rng.choice((0, PAGE - 3, 2 * PAGE - 9, 3 * PAGE + 17))  # the verify's slots straddle pages
         cells = round_tail.tree_cells(parents, draft, stops, budget)
         state = _state(kvp, budget, anchor=draft[0], stops=tuple(stops))
-        got, moves_out, plan_out, after = _decide(lib, cells, target, [0] * len(parents), state)
+        cond: list = [None, None]
+        got, moves_out, plan_out, after = _decide(lib, cells, target, [0] * len(parents), state, cond=cond)
         want = accept.tree(parents, draft, target, stops, budget)
         assert got.status == 0 and got.kvp == kvp
         assert (got.path, got.count, got.ends) == (tuple(want.rows), want.count, want.ends)
@@ -105,6 +114,8 @@ def test_the_record_is_the_acceptors_decision_and_the_paths_commit_inputs_are_wr
         advanced[round_plan.STATE_ANCHOR] = got.tokens[-1]
         advanced[round_plan.STATE_DONE] = int(want.ends)
         assert after.tolist() == advanced.tolist()
+        # the draft's conditioning: the path padded with its last row, at the kvp it was verified at
+        assert cond == [list(want.rows) + [want.rows[-1]] * (RUN - want.count), kvp]
         seen_lengths.add(got.count)
     assert len(seen_lengths) >= 4, f"the random rounds accepted too few path lengths: {seen_lengths}"
 
@@ -127,8 +138,10 @@ def test_a_round_that_is_not_committed_writes_the_no_op_inputs_and_keeps_the_sta
     cases.append((bad_parent, target, [0, 0, 0], abi.ERR_PARENT))
     for cells_, ids, bad, status in cases:
         state = _state(300)
-        got, moves_out, plan_out, after = _decide(lib, cells_, ids, bad, state)
+        cond: list = [None, None]
+        got, moves_out, plan_out, after = _decide(lib, cells_, ids, bad, state, cond=cond)
         assert (got.status, got.count, got.path, got.tokens, got.end, got.kvp) == (status, 0, (), (), -1, 300)
+        assert cond == [[0] * RUN, 300]  # row 0 alone, at the same kvp: the retry overwrites it
         assert np.array_equal(moves_out, noop_moves) and np.array_equal(plan_out, zero_plan)
         assert after.tolist() == state.tolist()
 
@@ -157,13 +170,15 @@ def test_bad_arguments_are_refused(lib) -> None:
     state, pages = _state(0), np.array(PAGES, dtype=np.int32)
     out = np.zeros(8192, dtype=np.int64)
 
-    def call(run: int, npages: int) -> int:
+    def call(run: int, npages: int, cond_rows: int = 16) -> int:
         return lib.elpis_round_tail(
             cells.ctypes.data, ids.ctypes.data, bad.ctypes.data, run, state.ctypes.data, pages.ctypes.data,
-            npages, out.ctypes.data, out.ctypes.data, out.ctypes.data, None,
+            npages, out.ctypes.data, out.ctypes.data, out.ctypes.data, out.ctypes.data, cond_rows,
+            out.ctypes.data, None,
         )  # fmt: skip
 
     assert call(0, 5) == -1 and call(17, 5) == -1 and call(8, 0) == -1
+    assert call(8, 5, cond_rows=7) == -1 and call(8, 5, cond_rows=17) == -1  # a path of run rows must fit
     assert not out.any()  # nothing launched
 
 
