@@ -186,7 +186,7 @@ class DeviceRounds:
         b = self.backend
         assert b.graphs is not None
         run = b.tree_run()
-        b.ensure_pages(kvp + max(run, b.block_size) + 1)
+        b.ensure_pages(kvp + max(run, b.block_size))  # what a host verify and draft block ensure
         self._send_pages()
         c = b.graphs.captured(b.state, kvp, run)
         if c is None:
