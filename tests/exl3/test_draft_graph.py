@@ -117,6 +117,17 @@ def _verified_tree(backend, ids: list[int], stride: int):
     return kvp, export, table, [t for layer in layers for t in layer.get_tensors() if t is not None]
 
 
+def _condition_eagerly(engine, export, rows: list[int], table, kvp: int) -> None:
+    """ExLlamaV3's conditioning of the draft on verify rows `rows` (through `update_draft_kv`), eagerly."""
+    import torch
+
+    from elpis.exl3.draft_graph import update_draft_kv
+    from elpis.exl3.upload import pinned
+
+    index = torch.tensor(rows, device=export[0].device)
+    update_draft_kv(engine, [t.index_select(1, index) for t in export], table, pinned([kvp], torch.int32))
+
+
 def test_conditioning_replay_equals_eager(backend):
     import torch
 
@@ -127,7 +138,6 @@ def test_conditioning_replay_equals_eager(backend):
 def _check_conditioning_replays(backend) -> None:
     import torch
 
-    from elpis.exl3.upload import pinned
 
     graphs = backend.drafter.graphs
     engine = backend.engine
@@ -145,13 +155,7 @@ def _check_conditioning_replays(backend) -> None:
         captures = graphs.condition_captures
         for path in ([0, 1, 2], [0, 4, 5], [0]):
             restore()
-            index = torch.tensor(path, device=export[0].device)
-            engine.draft.update_kv_from_target(
-                target_hidden=[t.index_select(1, index) for t in export],
-                cache=engine.draft_cache,
-                params={"block_table": table, "cache_seqlens": pinned([kvp], torch.int32)},
-                lengths=[len(path)],
-            )
+            _condition_eagerly(engine, export, path, table, kvp)
             eager = [t.clone() for t in tensors]
             assert not same_as(before), f"path {path}: the eager conditioning wrote nothing"
             for attempt in ("first", "again"):
@@ -179,7 +183,6 @@ def _check_padded_conditioning(backend) -> None:
     import torch
 
     from elpis.exl3.prefix import PAGE
-    from elpis.exl3.upload import pinned
 
     engine = backend.engine
     try:
@@ -191,13 +194,7 @@ def _check_padded_conditioning(backend) -> None:
         def condition(rows: list[int]) -> list:
             for t, saved in zip(tensors, before, strict=True):
                 t.copy_(saved)
-            index = torch.tensor(rows, device=export[0].device)
-            engine.draft.update_kv_from_target(
-                target_hidden=[t.index_select(1, index) for t in export],
-                cache=engine.draft_cache,
-                params={"block_table": table, "cache_seqlens": pinned([kvp], torch.int32)},
-                lengths=[len(rows)],
-            )
+            _condition_eagerly(engine, export, rows, table, kvp)
             return [t.clone() for t in tensors]
 
         def at(saved: list, positions: range) -> list:
