@@ -34,7 +34,7 @@ proposes, so that matters for the acceptance rate, not the text.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -64,6 +64,29 @@ class DeviceRoundResult:
 
     plan: round_plan.PlannedTree
     tail: round_tail.RoundTail
+
+
+def queue_reach(
+    settled: int,
+    in_flight: int,
+    *,
+    run: int,
+    block: int,
+    max_context: int,
+    draft_width: Callable[[int], int],
+    verify_width: Callable[[int], int],
+) -> int | None:
+    """The highest kvp a round queued after `in_flight` others (not yet read back; the host's position is
+    `settled`) can start at, or None where it cannot be queued yet: a round commits at most min(run, block)
+    tokens, and the kvps it may start at span two context buckets of the draft block's or the verify's graphs
+    (whose keys the host must name), or reach past the context. With nothing in flight the host knows kvp."""
+    low, high = settled, settled + in_flight * min(run, block)
+    if high + run > max_context + abi.MAX_ROWS:
+        if in_flight:
+            return None
+        raise BackendError(f"a verify of {run} rows at position {high} runs past the context")
+    same = draft_width(low) == draft_width(high) and verify_width(low) == verify_width(high)
+    return high if same else None
 
 
 @dataclass
@@ -163,22 +186,15 @@ class DeviceRounds:
         return DeviceRound(result.plan.rows, tail.tokens, tail.ends, fault)
 
     def _reach(self, in_flight: int) -> int | None:
-        """The highest kvp a round queued after `in_flight` others can start at, or None where such a round
-        cannot be queued yet: the kvps it may start at span two context buckets (or the context's end), so
-        its keys wait for the rounds before it. With nothing in flight the host knows kvp exactly."""
+        """`queue_reach` for this sequence, with the draft blocks' and the verifies' context buckets."""
         b = self.backend
-        assert b.graphs is not None
-        run, block = b.tree_run(), b.block_size
-        low, high = self.settled, self.settled + in_flight * min(run, block)
-        if high + run > b.info.max_context + abi.MAX_ROWS:
-            if in_flight:
-                return None
-            raise BackendError(f"a verify of {run} rows at position {high} runs past the context")
-        same = (
-            self.drafts.width(low) == self.drafts.width(high)
-            and b.graphs.table_width(low, run) == b.graphs.table_width(high, run)
-        )
-        return high if same else None
+        graphs = b.graphs
+        assert graphs is not None
+        run = b.tree_run()
+        return queue_reach(
+            self.settled, in_flight, run=run, block=b.block_size, max_context=b.info.max_context,
+            draft_width=self.drafts.width, verify_width=lambda kvp: graphs.table_width(kvp, run),
+        )  # fmt: skip
 
     def _queue(self, kvp: int) -> None:
         """Queue one round from the state block; `kvp` is the highest position it can start at (the keys and
