@@ -6,21 +6,12 @@
 #    allocates the same shared memory and workspace, test_fold_needs_no_more_memory);
 # 2. the round at 1K and 8K, stock in the same run (call 131 without the fold: 17.50 / 18.27 against 24.42 /
 #    25.41 ms), if the time allows.
-# First, while the full synthetic model is written (session 34): the GPU tests of the round's two kernels
-# (round_plan.cu, round_tail.cu), of the zero plan they hand a refused round, and of greedy rounds on the GPU
-# end to end on the small model (tests/exl3/test_device_round.py: plain decoding's tokens, deep trees of the
-# known continuation, a flagged round discarded and verified again), and whether the draft's conditioning on a
-# padded path keeps the committed rows' bits (the next stage's fixed-shape conditioning).
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-start_build_and_synths
+start_build_and_full_synth
 wait_build
-gpu_pytest "round plan and tail kernels, zero commit plan" 120 tests/kernels/test_round_plan.py \
-  tests/kernels/test_round_tail.py "tests/kernels/test_gdn_tree.py::test_a_zero_plan_commits_nothing"
-ELPIS_SMALL_DIR=/tmp/small gpu_pytest "greedy rounds on the GPU, small model" 150 tests/exl3/test_device_round.py \
-  "tests/exl3/test_draft_graph.py::test_padded_conditioning_keeps_the_committed_rows_bits"
 wait_synth
 python3 -c "from elpis.exl3 import tree_attention as ta; print('fold on:', ta.hadamard_fold_default())" \
   | tee -a "$OUT/log"

@@ -1,26 +1,21 @@
 #!/bin/bash
-# Call 142 (staged in session 34 for a later session; needs .device/ext.so.xz.part-*, see device_common.sh, and
-# call 141's GPU tests of the rounds on the GPU to have passed): greedy rounds decided on the GPU
-# (elpis/exl3/device_round.py, registry switch exl3-device-rounds) against host rounds.
-# 1. device_round_ab.py: one process, one backend (the served configuration with the embedding gather and device
-#    rounds on), 1K and 8K, 3 timed pairs of 40-token requests, the arms alternating (host rounds with the
-#    backend's device rounds detached): medians, MADs, the noise rule, and the two arms' tokens compared;
-# 2. if the time allows, the round at 1K / 8K with device rounds beside stock in the same run (elpis bench
-#    engine, both switches on).
-# Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
+# Call 142 (staged in session 34 for a later session; needs .device/ext.so.xz.part-*, see device_common.sh): the
+# GPU tests of greedy rounds decided on the GPU (elpis/exl3/device_round.py, registry switch exl3-device-rounds,
+# off), none of which has run yet:
+# 1. the round's two kernels against the host's Python on the device (tests/kernels/test_round_plan.py,
+#    test_round_tail.py) and the zero commit plan they hand a refused round (test_gdn_tree.py);
+# 2. rounds on the GPU end to end on the small model (tests/exl3/test_device_round.py: plain decoding's tokens,
+#    deep trees of the known continuation with rounds queued ahead, a flagged round discarded and verified
+#    again), and whether the draft's conditioning on a padded path keeps the committed rows' bits
+#    (test_draft_graph.py).
+# If they pass, call 143 measures the rounds against host rounds. Run with run(carry=[".whl", ".device"]) and
+# ELPIS_GIT_REVISION set.
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-start_build_and_full_synth
-wait_build
-wait_synth
-echo "=== device rounds A/B ($(left) s left)" | tee -a "$OUT/log"
-timeout -k 5 $(( $(left) - 150 )) python3 elpis/bench/scripts/device_round_ab.py /tmp/full/target \
-  /tmp/full/draft --out "$OUT/device-round-ab.json" --contexts 1024,8192 --tokens 40 --pairs 3 \
-  > "$OUT/device-round-ab.txt" 2>&1
-echo "device rounds A/B: exit $?" | tee -a "$OUT/log"
-grep -E "DEVROUNDAB|Error|error" "$OUT/device-round-ab.txt" | tail -6 | tee -a "$OUT/log"
-export BENCH_MARGIN=10 ELPIS_PATCH_DEVICE_ROUNDS=1 ELPIS_PATCH_EMBED_GATHER=1
-[ "$(left)" -gt 140 ] && engine_bench round-1k8k-device 1 stock,elpis-tree16 8 2 "elpis tree-16, rounds on the GPU, H200"
-rm -f "$OUT"/*.png
+build_and_small_synth
+gpu_pytest "round plan and tail kernels, zero commit plan" 200 tests/kernels/test_round_plan.py \
+  tests/kernels/test_round_tail.py "tests/kernels/test_gdn_tree.py::test_a_zero_plan_commits_nothing"
+ELPIS_SMALL_DIR=/tmp/small gpu_pytest "greedy rounds on the GPU, small model" $(( $(left) - 15 )) \
+  tests/exl3/test_device_round.py "tests/exl3/test_draft_graph.py::test_padded_conditioning_keeps_the_committed_rows_bits"
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
