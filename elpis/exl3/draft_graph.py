@@ -211,22 +211,7 @@ class DraftGraphs:
         rows = [int(r) for r in path]
         if not rows:
             raise ValueError("draft graphs: a conditioning needs at least one accepted row")
-        host_int32 = table.dtype == torch.int32 and table.device.type == "cpu"
-        if table.dim() != 2 or table.shape[0] != 1 or not host_int32:
-            raise ValueError("draft graphs: the block table must be a host int32 tensor [1, width]")
-        width = int(table.shape[1])
-        # the export tensors as the graph reads them: where, and in what shape, layout and type
-        sources = tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in export)
-        key = (len(rows), width, sources)
-        c = self.conditions.get(key)
-        fresh = c is None
-        if c is None:
-            dev = self.device
-            c = ConditionCaptured(
-                index=torch.zeros((len(rows),), dtype=torch.long, device=dev),
-                block_table=torch.zeros((1, width), dtype=torch.int32, device=dev),
-                seqlens=torch.zeros((1,), dtype=torch.int32, device=dev),
-            )
+        key, c, fresh = self._condition_key((), len(rows), table, export)
         if c.uploads is None:
             c.uploads = Staged(c.index, c.block_table, c.seqlens)
         c.uploads.put(rows, table, [kvp])
@@ -237,29 +222,38 @@ class DraftGraphs:
         padded past the committed path; `kvp` int32 [1]), copied into the key's buffers in stream order: one
         key per (rows, width, export tensors), whatever the path's length. The rows past the path write K/V
         at positions the draft never reads before the next conditioning overwrites them."""
-        host_int32 = table.dtype == torch.int32 and table.device.type == "cpu"
-        if table.dim() != 2 or table.shape[0] != 1 or not host_int32:
-            raise ValueError("draft graphs: the block table must be a host int32 tensor [1, width]")
         if index.dim() != 1 or index.dtype != torch.long or kvp.shape != (1,) or kvp.dtype != torch.int32:
             raise ValueError("draft graphs: conditioning from the device takes int64 rows [n], int32 kvp [1]")
-        width = int(table.shape[1])
-        sources = tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in export)
-        key = ("device", int(index.shape[0]), width, sources)
-        c = self.conditions.get(key)
-        fresh = c is None
-        if c is None:
-            dev = self.device
-            c = ConditionCaptured(
-                index=torch.zeros((int(index.shape[0]),), dtype=torch.long, device=dev),
-                block_table=torch.zeros((1, width), dtype=torch.int32, device=dev),
-                seqlens=torch.zeros((1,), dtype=torch.int32, device=dev),
-            )
+        key, c, fresh = self._condition_key(("device",), int(index.shape[0]), table, export)
         if c.uploads is None:
             c.uploads = Staged(c.block_table)
         c.uploads.put(table)
         c.index.copy_(index)
         c.seqlens.copy_(kvp)
         self._run_condition(key, c, export, fresh)
+
+    def _condition_key(
+        self, tag: tuple, rows: int, table: Tensor, export: Sequence[Tensor]
+    ) -> tuple[tuple, ConditionCaptured, bool]:
+        """The conditioning key of `rows` rows through `table` (host int32 [1, width]) from the export tensors
+        as the graph reads them (where, and in what shape, layout and type), behind `tag`; its buffers, made
+        on the key's first call (then True)."""
+        host_int32 = table.dtype == torch.int32 and table.device.type == "cpu"
+        if table.dim() != 2 or table.shape[0] != 1 or not host_int32:
+            raise ValueError("draft graphs: the block table must be a host int32 tensor [1, width]")
+        width = int(table.shape[1])
+        sources = tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in export)
+        key = (*tag, rows, width, sources)
+        c = self.conditions.get(key)
+        if c is not None:
+            return key, c, False
+        dev = self.device
+        c = ConditionCaptured(
+            index=torch.zeros((rows,), dtype=torch.long, device=dev),
+            block_table=torch.zeros((1, width), dtype=torch.int32, device=dev),
+            seqlens=torch.zeros((1,), dtype=torch.int32, device=dev),
+        )
+        return key, c, True
 
     def _run_condition(self, key: tuple, c: ConditionCaptured, export: Sequence[Tensor], fresh: bool) -> None:
         """The key's replay; on its first call the conditioning eagerly, then its capture."""
