@@ -8,7 +8,7 @@ two synchronisations, with the GPU idle while the host works. Here a round is qu
 request's state block in device memory (anchor, kvp, remaining budget; `round_plan.state_block`):
 
   the captured draft block (its anchor and kvp copied from the state block) -> its candidates
-  (`drafter.pack_candidates` of the log-softmax and top-k, on the GPU) -> `round_plan` (the tree, the verify
+  (`drafter.block_candidates`: the log-softmax and top-k, on the GPU) -> `round_plan` (the tree, the verify
   key's inputs but the block table, the acceptor's cells) -> the captured verify (its embedding gathered on
   the GPU: `exl3-embed-gather`) -> the row checks and greedy targets (`sampling.greedy_ids`) -> `round_tail`
   (the proven acceptor, the commit graph's inputs, the draft's conditioning inputs, the state block
@@ -43,7 +43,7 @@ import torch
 from elpis.accept import abi
 from elpis.backend import BackendError, DeviceRound
 from elpis.exl3 import round_plan, round_tail
-from elpis.exl3.drafter import pack_candidates
+from elpis.exl3.drafter import block_candidates
 from elpis.spec.sampling import greedy_ids
 
 if TYPE_CHECKING:
@@ -272,10 +272,7 @@ class DeviceRounds:
 
     def _candidates(self, chain: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """The draft block's candidates as `DFlash2Drafter.propose` packs them, for every block row."""
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        chain_lp = logprobs.gather(1, chain[:, None])[:, 0]
-        top = torch.topk(logprobs, min(self.top_k, logprobs.shape[-1]), dim=-1)
-        return pack_candidates(chain, chain_lp, top.indices, top.values).contiguous()
+        return block_candidates(chain, logits, self.top_k).contiguous()
 
     def _row_checks(self, out: torch.Tensor) -> torch.Tensor:
         """int32 [run]: 1 for a verified row holding NaN or +inf (`check_rows`' test, on the GPU). The host's

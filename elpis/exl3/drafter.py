@@ -104,11 +104,7 @@ class DFlash2Drafter:
         if depth == 0:
             return DraftBlock([])
         chain, logits = self.block(anchor)
-        logprobs = torch.log_softmax(logits[:depth].float(), dim=-1)
-        chain = chain[:depth]
-        chain_lp = logprobs.gather(1, chain[:, None])[:, 0]
-        top = torch.topk(logprobs, min(top_k, logprobs.shape[-1]), dim=-1)
-        packed = pack_candidates(chain, chain_lp, top.indices, top.values)
+        packed = block_candidates(chain[:depth], logits[:depth], top_k)
         host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
         host.copy_(packed, non_blocking=True)
         ready = torch.cuda.Event()
@@ -117,11 +113,20 @@ class DFlash2Drafter:
         # with prelaunch); the read-back below waits for the candidates only
         self.backend.prelaunch()
         ready.synchronize()
-        return DraftBlock(unpack_candidates(host.tolist(), top.indices.shape[1]))
+        return DraftBlock(unpack_candidates(host.tolist(), (packed.shape[1] - 2) // 2))
 
 
 # Token ids travel as float32 in the one read-back: exact below 2^24 (the vocabulary is 248,320).
 EXACT_FLOAT32_IDS = 1 << 24
+
+
+def block_candidates(chain: torch.Tensor, logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """A draft block's candidates on the GPU, packed (`pack_candidates`): per row the selector's chain token,
+    then the top-k, each with its log-probability under the row's log-softmax over the whole vocabulary."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chain_lp = logprobs.gather(1, chain[:, None])[:, 0]
+    top = torch.topk(logprobs, min(top_k, logprobs.shape[-1]), dim=-1)
+    return pack_candidates(chain, chain_lp, top.indices, top.values)
 
 
 def pack_candidates(

@@ -1,7 +1,7 @@
 """GPU test of the round's plan kernel (patches/kernels/round_plan.cu) through `elpis.exl3.round_plan`: on the
 GPU, from a draft block's candidates built the way the DFlash2 drafter builds them (log-softmax and top-k of
-real logits, `drafter.pack_candidates`), the tree, the verify's inputs and the acceptor's cells are the host's
-(tests/kernels/round_plan_cases.py composes the served Python). The CPU emulation
+real logits, `drafter.block_candidates`), the tree, the verify's inputs and the acceptor's cells are the
+host's (tests/kernels/round_plan_cases.py composes the served Python). The CPU emulation
 (tests/kernels/test_round_plan_emu.py) covers the corners and the refusals.
 """
 
@@ -15,7 +15,7 @@ import torch
 
 from elpis.accept import abi
 from elpis.exl3 import gdn_tree, round_plan
-from elpis.exl3.drafter import pack_candidates
+from elpis.exl3.drafter import block_candidates
 from tests.kernels.round_plan_cases import host_plan, random_request
 
 pytestmark = pytest.mark.gpu
@@ -26,11 +26,8 @@ VOCAB = 248_320
 def _block(gen: torch.Generator, k: int) -> torch.Tensor:
     """The drafter's packed candidates for 7 block rows of random logits (chain: a sampled token)."""
     logits = torch.randn((7, VOCAB), generator=gen, device="cuda") * 4
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
     chain = torch.randint(0, VOCAB, (7,), generator=gen, device="cuda")
-    chain_lp = logprobs.gather(1, chain[:, None])[:, 0]
-    top = torch.topk(logprobs, k, dim=-1)
-    return pack_candidates(chain, chain_lp, top.indices, top.values).contiguous()
+    return block_candidates(chain, logits, k).contiguous()
 
 
 @pytest.mark.parametrize("run", [8, 16])
