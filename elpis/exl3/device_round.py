@@ -44,6 +44,7 @@ from elpis.accept import abi
 from elpis.backend import BackendError, DeviceRound
 from elpis.exl3 import round_plan, round_tail
 from elpis.exl3.drafter import block_candidates
+from elpis.spec.integrity import nonfinite_rows
 from elpis.spec.sampling import greedy_ids
 
 if TYPE_CHECKING:
@@ -277,7 +278,7 @@ class DeviceRounds:
     def _row_checks(self, out: torch.Tensor) -> torch.Tensor:
         """int32 [run]: 1 for a verified row holding NaN or +inf (`check_rows`' test, on the GPU). The host's
         digest check has no counterpart: the logits never leave the device."""
-        return (~(out.amax(dim=1) < torch.inf)).to(torch.int32)
+        return nonfinite_rows(out).to(torch.int32)
 
     def _send_pages(self) -> None:
         """The sequence's pages into the device copy `round_tail` maps slots through (new pages only)."""

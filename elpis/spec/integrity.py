@@ -244,6 +244,12 @@ class RoundTracker:
             )
 
 
+def nonfinite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """bool [rows] on the logits' device: a row holding NaN or +inf (its maximum is then NaN or +inf; -inf is
+    a legal masked token)."""
+    return ~(logits.amax(dim=1) < math.inf)
+
+
 def check_rows(result: VerifyResult, rows: int, vocab_size: int, *, greedy: bool = False) -> list[int] | None:
     """Shape, dtype, no NaN or +inf (-inf is a legal masked token), and the producer's digest. With `greedy`,
     also every row's `sampling.greedy_ids`, read back in the same transfer and returned once the rows
@@ -260,7 +266,7 @@ def check_rows(result: VerifyResult, rows: int, vocab_size: int, *, greedy: bool
         )
     # Both row checks (and the greedy tokens) are reduced on the logits' device and read back together: one
     # host transfer. A row's maximum is NaN or +inf exactly when the row holds one.
-    checks = [~(logits.amax(dim=1) < math.inf), logits_digest(logits) != result.digest]
+    checks = [nonfinite_rows(logits), logits_digest(logits) != result.digest]
     if greedy:
         checks.append(greedy_ids(logits))
     read = torch.stack([c.to(torch.int64) for c in checks]).tolist()
