@@ -123,10 +123,8 @@ class DeviceRounds:
         self.records = torch.zeros((round_plan.RECORD_WORDS + round_tail.RECORD_WORDS,), dtype=torch.int32,
                                    device=dev)  # fmt: skip
         self.host_records = torch.zeros((IN_FLIGHT, *self.records.shape), dtype=torch.int32, pin_memory=True)
-        self.pages = torch.zeros((backend.num_pages,), dtype=torch.int32, device=dev)
         self.cond_index = torch.zeros((run,), dtype=torch.long, device=dev)  # a path has at most run rows
         self.cond_kvp = torch.zeros((1,), dtype=torch.int32, device=dev)
-        self.pages_sent = 0
         self.top_k = 0
         self.queued: deque[_Queued] = deque()
         self.next_slot = 0
@@ -158,7 +156,6 @@ class DeviceRounds:
             tree_budget=tree_budget, stops=stops,
         )  # fmt: skip
         self.state.copy_(torch.from_numpy(words))  # from pageable memory: synchronous, once per request
-        self.pages_sent = 0
         self.settled = b.position()
 
     def drain(self) -> None:
@@ -204,7 +201,6 @@ class DeviceRounds:
         assert b.graphs is not None
         run = b.tree_run()
         b.ensure_pages(kvp + max(run, b.block_size))  # what a host verify and draft block ensure
-        self._send_pages()
         c = b.graphs.captured(b.state, kvp, run)
         if c is None:
             raise BackendError(
@@ -231,7 +227,8 @@ class DeviceRounds:
         bad = self._row_checks(out)
         ids = greedy_ids(out)
         moves, commit_plan = b.graphs.commit_inputs(c)
-        pages = self.pages[: self.pages_sent]  # the sequence's own: a slot past them is refused, not page 0
+        # the sequence's own pages, as the verify's block table holds them: a slot past them is refused
+        pages = c.block_table[0, : min(len(b.pages), c.block_table.shape[1])]
         outputs = (tail_record, moves, commit_plan, self.cond_index, self.cond_kvp)
         round_tail.decide(self.cells, ids, bad, state, pages, *outputs)
         b.graphs.run_commit(c)
@@ -279,11 +276,3 @@ class DeviceRounds:
         """int32 [run]: 1 for a verified row holding NaN or +inf (`check_rows`' test, on the GPU). The host's
         digest check has no counterpart: the logits never leave the device."""
         return nonfinite_rows(out).to(torch.int32)
-
-    def _send_pages(self) -> None:
-        """The sequence's pages into the device copy `round_tail` maps slots through (new pages only)."""
-        pages = self.backend.pages
-        if len(pages) > self.pages_sent:
-            new = torch.tensor(pages[self.pages_sent :], dtype=torch.int32)
-            self.pages[self.pages_sent : len(pages)].copy_(new.pin_memory(), non_blocking=True)
-            self.pages_sent = len(pages)
