@@ -232,8 +232,8 @@ class DeviceRounds:
         outputs = (tail_record, moves, commit_plan, self.cond_index, self.cond_kvp)
         round_tail.decide(self.cells, ids, bad, state, pages, *outputs)
         b.graphs.run_commit(c)
-        table = b.block_table(b.graphs.table_width(kvp, run))  # the verify's, as a host commit conditions
-        self.drafts.condition_from(c.export, self.cond_index, self.cond_kvp, table)
+        # through the verify's block table, as a host commit conditions
+        self.drafts.condition_from(c.export, self.cond_index, self.cond_kvp, c.block_table)
         slot = self.next_slot
         self.next_slot = (slot + 1) % IN_FLIGHT
         self.host_records[slot].copy_(self.records, non_blocking=True)

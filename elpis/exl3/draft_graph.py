@@ -211,37 +211,37 @@ class DraftGraphs:
         rows = [int(r) for r in path]
         if not rows:
             raise ValueError("draft graphs: a conditioning needs at least one accepted row")
-        key, c, fresh = self._condition_key((), len(rows), table, export)
+        host_int32 = table.dtype == torch.int32 and table.device.type == "cpu"
+        if table.dim() != 2 or table.shape[0] != 1 or not host_int32:
+            raise ValueError("draft graphs: the block table must be a host int32 tensor [1, width]")
+        key, c, fresh = self._condition_key((), len(rows), int(table.shape[1]), export)
         if c.uploads is None:
             c.uploads = Staged(c.index, c.block_table, c.seqlens)
         c.uploads.put(rows, table, [kvp])
         self._run_condition(key, c, export, fresh)
 
     def condition_from(self, export: Sequence[Tensor], index: Tensor, kvp: Tensor, table: Tensor) -> None:
-        """`condition` with the rows and kvp read from device memory when it runs (`index` int64 [rows],
-        padded past the committed path; `kvp` int32 [1]), copied into the key's buffers in stream order: one
-        key per (rows, width, export tensors), whatever the path's length. The rows past the path write K/V
-        at positions the draft never reads before the next conditioning overwrites them."""
+        """`condition` with its inputs read from device memory when it runs (`index` int64 [rows], padded past
+        the committed path; `kvp` int32 [1]; `table` int32 [1, width], the verify key's block table), copied
+        into the key's buffers in stream order: one key per (rows, width, export tensors), whatever the path's
+        length. The rows past the path write K/V at positions the draft never reads before the next
+        conditioning overwrites them."""
         if index.dim() != 1 or index.dtype != torch.long or kvp.shape != (1,) or kvp.dtype != torch.int32:
             raise ValueError("draft graphs: conditioning from the device takes int64 rows [n], int32 kvp [1]")
-        key, c, fresh = self._condition_key(("device",), int(index.shape[0]), table, export)
-        if c.uploads is None:
-            c.uploads = Staged(c.block_table)
-        c.uploads.put(table)
+        if table.dim() != 2 or table.shape[0] != 1 or table.dtype != torch.int32 or not table.is_cuda:
+            raise ValueError("draft graphs: the block table must be a device int32 tensor [1, width]")
+        key, c, fresh = self._condition_key(("device",), int(index.shape[0]), int(table.shape[1]), export)
+        c.block_table.copy_(table)
         c.index.copy_(index)
         c.seqlens.copy_(kvp)
         self._run_condition(key, c, export, fresh)
 
     def _condition_key(
-        self, tag: tuple, rows: int, table: Tensor, export: Sequence[Tensor]
+        self, tag: tuple, rows: int, width: int, export: Sequence[Tensor]
     ) -> tuple[tuple, ConditionCaptured, bool]:
-        """The conditioning key of `rows` rows through `table` (host int32 [1, width]) from the export tensors
-        as the graph reads them (where, and in what shape, layout and type), behind `tag`; its buffers, made
-        on the key's first call (then True)."""
-        host_int32 = table.dtype == torch.int32 and table.device.type == "cpu"
-        if table.dim() != 2 or table.shape[0] != 1 or not host_int32:
-            raise ValueError("draft graphs: the block table must be a host int32 tensor [1, width]")
-        width = int(table.shape[1])
+        """The conditioning key of `rows` rows through a table of `width` pages from the export tensors as the
+        graph reads them (where, and in what shape, layout and type), behind `tag`; its buffers, made on the
+        key's first call (then True)."""
         sources = tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in export)
         key = (*tag, rows, width, sources)
         c = self.conditions.get(key)
