@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from elpis.accept import abi
 from elpis.backend import DraftBlock
 from elpis.exl3 import gdn_tree, round_plan, round_tail
 from elpis.exl3.drafter import unpack_candidates
@@ -78,6 +79,32 @@ def host_plan(packed: np.ndarray, run: int, vocab: int, req: Request) -> Expecte
     if status == 0:
         cells = round_tail.tree_cells(list(tree.parents), list(tree.tokens), list(req.stops), req.remaining)
     return Expected(status, tree, inputs, cells)
+
+
+def emulated_plan(lib, packed: np.ndarray, run: int, vocab: int, state: np.ndarray, *, k: int | None = None):
+    """One call of the kernel's emulated build `lib` on `state` (int64 [STATE_WORDS]): the launch's error
+    code, then the record, the verify inputs by name (lists) and the cells (None, None, None for a refused
+    launch). Each output is poisoned first, so an unwritten one shows."""
+    packed = np.ascontiguousarray(packed, dtype=np.float32)
+    k = (packed.shape[1] - 2) // 2 if k is None else k
+    inputs = {
+        "seqlens": np.full(1, -7, dtype=np.int32),
+        "position": np.full(run, -7, dtype=np.int32),
+        "ctx": np.full(1, -7, dtype=np.int32),
+        "masks": np.full(2 * run, -7, dtype=np.int32),
+        "plan": np.full(gdn_tree.PLAN_CAPACITY, 0xA5, dtype=np.uint8),
+        "ids": np.full(run, -7, dtype=np.int32),
+    }
+    cells = np.full(abi.TREE_CELLS, -7, dtype=np.int64)
+    record = np.full(round_plan.RECORD_WORDS, -7, dtype=np.int32)
+    err = lib.elpis_round_plan(
+        packed.ctypes.data, packed.shape[0], k, run, vocab, state.ctypes.data, inputs["seqlens"].ctypes.data,
+        inputs["position"].ctypes.data, inputs["ctx"].ctypes.data, inputs["masks"].ctypes.data,
+        inputs["plan"].ctypes.data, inputs["ids"].ctypes.data, cells.ctypes.data, record.ctypes.data, None,
+    )  # fmt: skip
+    if err:
+        return err, None, None, None
+    return 0, round_plan.read_record(record.tolist()), {n: v.tolist() for n, v in inputs.items()}, cells
 
 
 def random_block(rng: random.Random, rows: int, k: int, vocab: int) -> np.ndarray:

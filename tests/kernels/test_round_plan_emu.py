@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from elpis.accept import abi
-from elpis.exl3 import gdn_tree, round_plan
+from elpis.exl3 import round_plan
 from tests.kernels import cuda_emu
-from tests.kernels.round_plan_cases import Request, host_plan, random_block, random_request
+from tests.kernels.round_plan_cases import Request, emulated_plan, host_plan, random_block, random_request
 
 VOCAB = 248_320
 
@@ -30,28 +30,7 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
 
 
 def _plan(lib, packed: np.ndarray, run: int, vocab: int, req: Request, *, k: int | None = None):
-    """The kernel's record, verify inputs and cells (each output poisoned first: an unwritten one shows)."""
-    packed = np.ascontiguousarray(packed, dtype=np.float32)
-    k = (packed.shape[1] - 2) // 2 if k is None else k
-    state = req.state()
-    inputs = {
-        "seqlens": np.full(1, -7, dtype=np.int32),
-        "position": np.full(run, -7, dtype=np.int32),
-        "ctx": np.full(1, -7, dtype=np.int32),
-        "masks": np.full(2 * run, -7, dtype=np.int32),
-        "plan": np.full(gdn_tree.PLAN_CAPACITY, 0xA5, dtype=np.uint8),
-        "ids": np.full(run, -7, dtype=np.int32),
-    }
-    cells = np.full(abi.TREE_CELLS, -7, dtype=np.int64)
-    record = np.full(round_plan.RECORD_WORDS, -7, dtype=np.int32)
-    err = lib.elpis_round_plan(
-        packed.ctypes.data, packed.shape[0], k, run, vocab, state.ctypes.data, inputs["seqlens"].ctypes.data,
-        inputs["position"].ctypes.data, inputs["ctx"].ctypes.data, inputs["masks"].ctypes.data,
-        inputs["plan"].ctypes.data, inputs["ids"].ctypes.data, cells.ctypes.data, record.ctypes.data, None,
-    )  # fmt: skip
-    if err:
-        return err, None, None, None
-    return 0, round_plan.read_record(record.tolist()), {n: v.tolist() for n, v in inputs.items()}, cells
+    return emulated_plan(lib, packed, run, vocab, req.state(), k=k)
 
 
 def _check(lib, packed: np.ndarray, run: int, vocab: int, req: Request) -> round_plan.PlannedTree:

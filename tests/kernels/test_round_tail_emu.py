@@ -20,7 +20,7 @@ from elpis.accept import abi
 from elpis.exl3 import gdn_tree, round_plan, round_tail
 from elpis.exl3.tree_verify import PAGE, commit_moves
 from tests.kernels import cuda_emu
-from tests.kernels.round_plan_cases import Request
+from tests.kernels.round_plan_cases import Request, emulated_plan
 
 RUN = 16
 PAGES = [40, 41, 7, 43, 44]  # the sequence's cache pages (not in order: a slot's page is looked up)
@@ -246,19 +246,8 @@ def test_rounds_on_the_device_commit_plain_decodings_tokens(lib, plan_lib, run: 
             if state[round_plan.STATE_DONE]:
                 break
             packed = _draft_block(rng, int(state[round_plan.STATE_ANCHOR]), rng.choice((1, 2, 4)), 0.7)
-            sizes = {"seqlens": 1, "position": run, "ctx": 1, "masks": 2 * run, "ids": run}
-            ints = {n: np.zeros(size, dtype=np.int32) for n, size in sizes.items()}
-            ints["plan"] = np.zeros(gdn_tree.PLAN_CAPACITY, dtype=np.uint8)
-            cells = np.zeros(abi.TREE_CELLS, dtype=np.int64)
-            record = np.zeros(round_plan.RECORD_WORDS, dtype=np.int32)
-            err = plan_lib.elpis_round_plan(
-                packed.ctypes.data, 7, (packed.shape[1] - 2) // 2, run, VOCAB, state.ctypes.data,
-                *(ints[n].ctypes.data for n in ("seqlens", "position", "ctx", "masks", "plan", "ids")),
-                cells.ctypes.data, record.ctypes.data, None,
-            )  # fmt: skip
-            assert err == 0
-            planned = round_plan.read_record(record.tolist())
-            assert planned.status == 0
+            err, planned, ints, cells = emulated_plan(plan_lib, packed, run, VOCAB, state)
+            assert err == 0 and planned.status == 0
             targets = [_next(int(t)) for t in ints["ids"]]  # the verify: each row's greedy target
             bad = [0] * run
             if rng.random() < 0.1:  # a corrupted row, flagged by the checks: the round must be recomputed
