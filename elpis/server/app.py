@@ -260,6 +260,7 @@ class OpenAIServer:
         max_tokens: int,
         top_logprobs: int | None,
     ) -> Job:
+        self._check_stop_ids(service, fields)
         stop = threading.Event()
         try:
             request = GenerationRequest(
@@ -275,6 +276,16 @@ class OpenAIServer:
         except ValueError as exc:  # the generator checks ids, stops and limits before anything runs
             raise bad_request(str(exc)) from None
         return self.scheduler.submit(lambda should_stop: steps, stop=stop)
+
+    @staticmethod
+    def _check_stop_ids(service: ModelService, fields: SamplingFields) -> None:
+        """Stop ids outside the vocabulary are refused naming the field that holds them."""
+        listed = [] if isinstance(fields.stop, str) else [i for i in fields.stop or [] if isinstance(i, int)]
+        for param, ids in (("stop", listed), ("stop_token_ids", list(fields.stop_token_ids or []))):
+            bad = [i for i in ids if not 0 <= i < service.vocab_size]
+            if bad:
+                top = service.vocab_size - 1
+                raise bad_request(f"stop token ids {bad[:4]} are outside the vocabulary (0..{top})", param)
 
     async def _next_item(self, job: Job, on_idle: Callable[[], Awaitable[None]] | None) -> Any:
         while True:

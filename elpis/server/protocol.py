@@ -309,8 +309,12 @@ class ChatRequest(SamplingFields):
         return bool(self.tools) and self.tool_choice != "none"
 
 
+# text, ids, or a list holding one of them (some clients always send a list); a batch is refused
+CompletionPrompt = str | list[int] | list[str] | list[list[int]]
+
+
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[list[int]]
+    prompt: CompletionPrompt
     logprobs: int | None = Field(default=None, ge=0, le=5)
     best_of: int | None = None
     echo: bool | None = None
@@ -335,9 +339,14 @@ class CompletionRequest(SamplingFields):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v: str | list[int] | list[list[int]]) -> str | list[int] | list[list[int]]:
-        if isinstance(v, list) and v and isinstance(v[0], list) and len(v) != 1:
-            raise ValueError("one prompt per request")
+    def _one_prompt(cls, v: CompletionPrompt) -> CompletionPrompt:
+        if isinstance(v, list) and v and isinstance(v[0], list | str):
+            if len(v) != 1:
+                raise ValueError(
+                    f"one prompt per request: got a batch of {len(v)} prompts; send each as its own request"
+                )
+            if isinstance(v[0], str):
+                v = v[0]  # ["text"], as some clients send a single prompt
         if isinstance(v, str) and not v:
             raise ValueError("the prompt is empty")
         if isinstance(v, list) and (not v or (isinstance(v[0], list) and not v[0])):

@@ -556,6 +556,19 @@ def test_completions_text_ids_and_stream(fast) -> None:
     assert streamed == reply.choices[0].text
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model="scripted", prompt=[10**9], max_tokens=5)
+    # one prompt in a list, as some clients send it; a batch of prompts is refused, naming the field
+    listed = client.completions.create(model="scripted", prompt=["SCRIPT:nothink"], max_tokens=50)
+    assert listed.choices[0].text == reply.choices[0].text
+    with pytest.raises(openai.BadRequestError) as batch:
+        client.completions.create(model="scripted", prompt=["SCRIPT:nothink", "SCRIPT:nothink"], max_tokens=5)
+    assert batch.value.body["param"] == "prompt" and "batch of 2 prompts" in batch.value.body["message"]
+    # stop ids outside the vocabulary name the field that holds them
+    for field, value in (("stop", ["END", 10**9]), ("stop_token_ids", [10**9])):
+        with pytest.raises(openai.BadRequestError) as stop:
+            client.completions.create(
+                model="scripted", prompt="SCRIPT:nothink", max_tokens=5, extra_body={field: value}
+            )
+        assert stop.value.body["param"] == field and "outside the vocabulary" in stop.value.body["message"]
 
 
 def test_keepalive_comments_while_queued(slow) -> None:

@@ -116,6 +116,12 @@ def test_completion_prompts() -> None:
     assert validate_request(CompletionRequest, {"prompt": [[1, 2, 3]]}).prompt_ids() == [1, 2, 3]
     assert validate_request(CompletionRequest, {"prompt": "abc"}).prompt_ids() is None
     assert refused(CompletionRequest, {"prompt": [[1], [2]]}).param == "prompt"
+    # a one-element list of text is one prompt (some clients always send a list); a batch is refused by name
+    single = validate_request(CompletionRequest, {"prompt": ["abc"]})
+    assert single.prompt == "abc" and single.prompt_ids() is None
+    batch = refused(CompletionRequest, {"prompt": ["a", "b"]})
+    assert batch.param == "prompt" and "batch of 2 prompts" in str(batch)
+    assert refused(CompletionRequest, {"prompt": [""]}).param == "prompt"
     assert refused(CompletionRequest, {"prompt": ""}).param == "prompt"
     assert refused(CompletionRequest, {"prompt": "x", "echo": True}).param == "echo"
     assert (
