@@ -2,12 +2,16 @@
 #   make build   venv + prove + generate C + compile + table check + identity  (build/accept/)
 #   make test    build + the whole CPU test suite
 #   make serve   build + default model assets + server on the embedded default (CPU, SmolLM2)
-#   make bench   the GPU benchmark (needs a CUDA machine with the gpu extra)
+#   make bench   the GPU benchmark: the gpu extra, synthetic exact-shape checkpoints made once (or
+#                BENCH_MODEL=... BENCH_DRAFT=... for real ones), stock vs elpis into bench/results/ (elpis bench engine)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+BENCH_MODEL ?= .cache/bench/target
+BENCH_DRAFT ?= .cache/bench/draft
+BENCH_ARGS ?=
 
 .PHONY: setup build prove test lint serve bench clean
 
@@ -34,8 +38,14 @@ test: build lint
 serve: build
 	$(BIN)/elpis serve
 
+# Synthetic checkpoints are written beside their place and moved in whole, so an interrupted run leaves none.
 bench: build
-	$(BIN)/elpis bench
+	$(BIN)/pip install --quiet -e '.[gpu]'
+	[ -d $(BENCH_MODEL) ] || { rm -rf $(BENCH_MODEL).partial && $(BIN)/elpis synth --full $(BENCH_MODEL).partial \
+		&& mv $(BENCH_MODEL).partial $(BENCH_MODEL); }
+	[ -d $(BENCH_DRAFT) ] || { rm -rf $(BENCH_DRAFT).partial && $(BIN)/elpis synth --draft $(BENCH_DRAFT).partial \
+		&& mv $(BENCH_DRAFT).partial $(BENCH_DRAFT); }
+	$(BIN)/elpis bench engine --model $(BENCH_MODEL) --draft $(BENCH_DRAFT) $(BENCH_ARGS)
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

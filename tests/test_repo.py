@@ -52,3 +52,34 @@ def test_unknown_command_is_refused() -> None:
     )
     assert result.returncode == 2
     assert "invalid choice" in result.stderr
+
+
+def _makefile_elpis_commands() -> list[list[str]]:
+    """Every `$(BIN)/elpis ...` command in the Makefile's recipes, its make variables replaced by their
+    defaults (`?=` / `:=` lines), split into words up to the shell's `&&`, `;`, `}` or `|`."""
+    text = (REPO_ROOT / "Makefile").read_text().replace("\\\n", " ")
+    defaults = dict(re.findall(r"^(\w+)[ \t]*[:?]?=[ \t]*(.*)$", text, re.MULTILINE))
+    commands = []
+    for match in re.finditer(r"\$\(BIN\)/elpis\s+([^;&|}\n]*)", text):
+        words = re.sub(r"\$\((\w+)\)", lambda m: defaults.get(m.group(1), ""), match.group(1)).split()
+        commands.append(words)
+    return commands
+
+
+def test_the_makefiles_elpis_commands_parse() -> None:
+    """`make bench` once called `elpis bench` without its required mode: every command a make target runs
+    must be one the CLI accepts (parsed only, nothing runs)."""
+    import argparse
+    import importlib
+
+    commands = _makefile_elpis_commands()
+    assert {c[0] for c in commands} >= {"prove", "build", "serve", "bench", "synth"}
+    for words in commands:
+        name, rest = words[0], words[1:]
+        assert name in COMMANDS, f"the Makefile runs an unknown command: elpis {' '.join(words)}"
+        parser = argparse.ArgumentParser(prog=f"elpis {name}", exit_on_error=False)
+        importlib.import_module(COMMANDS[name][0]).add_arguments(parser)
+        try:
+            parser.parse_args(rest)
+        except (argparse.ArgumentError, SystemExit) as exc:
+            pytest.fail(f"the Makefile's `elpis {' '.join(words)}` does not parse: {exc}")

@@ -137,7 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     key.add_argument("--no-auth", action="store_true", help="serve without a key (loopback hosts only)")
     access.add_argument("--host", default=DEFAULT_HOST, help=f"bind address (default {DEFAULT_HOST})")
     access.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any)"
+        "--port", type=_port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any)"
     )
 
     limits = parser.add_argument_group("limits")
@@ -175,6 +175,21 @@ def _limits(args: argparse.Namespace) -> Limits:
         max_queue=args.max_queue,
         shutdown_grace_s=args.shutdown_grace,
     )
+
+
+def _port(text: str) -> int:
+    """A TCP port for argparse: 0 (any free port) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0-65535 (0: any free port), got {port}")
+    return port
+
+
+class ListenError(Exception):
+    """The server could not listen on its address (in use, not this machine's, not permitted)."""
 
 
 def resolve_authorizer(api_key_file: Path | None, no_auth: bool, host: str) -> tuple[Authorizer, str]:
@@ -408,7 +423,11 @@ async def serve(
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     bound = runner.addresses[0][1]
     log.info("[serve] listening on http://%s:%d (loading the model)", host, bound)
     if on_listening is not None:
@@ -459,5 +478,9 @@ def run(args: argparse.Namespace) -> int:
 
     server = OpenAIServer(authorizer, _limits(args))
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(serve(server, args.host, args.port, lambda: build_service(args)))
+        try:
+            return asyncio.run(serve(server, args.host, args.port, lambda: build_service(args)))
+        except ListenError as exc:
+            print(f"elpis serve: refusing to start: {exc}", file=sys.stderr)
+            return EXIT_REFUSED
     return 0

@@ -36,6 +36,22 @@ def test_refuses_no_auth_off_loopback() -> None:
     assert "loopback" in stderr
 
 
+@pytest.mark.parametrize("port", ["65536", "-1", "http"])
+def test_a_port_outside_0_to_65535_is_refused_by_name(port: str) -> None:
+    stderr = refusal(["--port", port])
+    assert "argument --port" in stderr and "Traceback" not in stderr
+
+
+def test_a_port_in_use_is_refused_naming_the_address(tmp_path: Path, tiny_model: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        key = str(key_file(tmp_path))
+        stderr = refusal(["--model", str(tiny_model), "--api-key-file", key, "--port", str(port)])
+    assert f"cannot listen on 127.0.0.1:{port}" in stderr and "Traceback" not in stderr
+
+
 def test_refuses_to_start_without_an_admitted_acceptor(tmp_path: Path) -> None:
     code = (
         "import sys; from pathlib import Path; import elpis.paths as p; "
