@@ -95,13 +95,15 @@ class Drafter(Protocol):
 class DeviceRound:
     """One greedy round decided on the backend's device (`DeviceRounds.round`): the tree's rows, the target
     tokens it committed (their count is the acceptor's; empty when `fault` names why nothing was committed,
-    and the same round is then verified again), and whether the acceptor ended the request (a stop token or
-    max_tokens)."""
+    and the same round is then verified again), whether the acceptor ended the request (a stop token or
+    max_tokens), and the faults its result met on the way back that were detected and recovered (the result
+    fetched again: it is the same round's)."""
 
     tree_rows: int
     tokens: tuple[int, ...]
     ends: bool
     fault: str | None = None
+    recovered: tuple[str, ...] = ()
 
 
 @runtime_checkable

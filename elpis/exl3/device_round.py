@@ -23,6 +23,14 @@ queued ahead; otherwise the host waits for the round in flight first. A round th
 the state alone, so the round after it (already queued) verifies the same position again. A round queued past
 the request's end finds `done` set and idles (nothing committed); `drain()` waits for what is still in flight.
 
+Each round's records travel back through their own slot (on the device and in pinned memory), stamped by the
+tail with the request's epoch and the round's number. A record that is not the round the host waits for (the
+copy did not land: `dropped`; an earlier round's: `repeated`; another request's: `stale`) is detected there
+and read again from the round's device slot, which no later round writes before this one is read: the round's
+decision is already on the GPU (it committed there), so recovering it means fetching it again, not
+recomputing it. `RecordFaults` injects those faults for the tests; a corrupted verify row is the row checks'
+(`corrupt`: the round is discarded and verified again).
+
 What is committed is the acceptor's decision over the verify's own greedy tokens, as in a host round, so the
 text is plain decoding's; only the tree may differ from a host round's (the row count is the budget's, no
 verify-cost choice: a captured graph's rows are fixed). Conditioning on padded rows writes the committed rows'
@@ -33,9 +41,10 @@ proposes, so that matters for the acceptance rate, not the text.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import itertools
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -44,6 +53,7 @@ from elpis.accept import abi
 from elpis.backend import BackendError, DeviceRound
 from elpis.exl3 import round_plan, round_tail
 from elpis.exl3.drafter import block_candidates
+from elpis.spec.faults import DROPPED, REPEATED, STALE
 from elpis.spec.integrity import nonfinite_rows
 from elpis.spec.sampling import greedy_ids
 
@@ -56,6 +66,30 @@ PATCH = "exl3-device-rounds"  # the registry switch (patches/registry.json), rea
 # Tail statuses that discard a round (the next one verifies the same position again), as fault kinds
 FAULTS = {round_tail.STATUS_FLAGGED_ROW: "corrupt", round_tail.STATUS_NON_FINITE: "corrupt"}
 IN_FLIGHT = 2  # rounds queued at most: the one the host reads next and the one queued ahead of it
+RECORD_WORDS = round_plan.RECORD_WORDS + round_tail.RECORD_WORDS  # a round's two records, plan then tail
+ROUND_WORD = round_plan.RECORD_WORDS + round_tail.REC_ROUND  # where a round's number lies in them
+EPOCH_WORD = round_plan.RECORD_WORDS + round_tail.REC_EPOCH
+NOT_ARRIVED = -1  # the round number a host slot holds until its round's copy lands
+TRANSIT_FAULTS = (DROPPED, REPEATED, STALE)
+_EPOCHS = itertools.count(1)  # request epochs, unique in the process (the record keeps 31 bits of them)
+
+
+def record_fault(words: Sequence[int], epoch: int, number: int) -> str | None:
+    """Why a round's records (`RECORD_WORDS` read back) are not round `number` of request `epoch`, or None
+    when they are: the copy never landed (`dropped`), another request's (`stale`), an earlier round's
+    (`repeated`). A later round's cannot be there (a slot is reused only after its round is read): refused."""
+    if len(words) != RECORD_WORDS:
+        raise ValueError(f"a round's records are {RECORD_WORDS} words, got {len(words)}")
+    got = words[ROUND_WORD]
+    if got == NOT_ARRIVED:
+        return DROPPED
+    if words[EPOCH_WORD] != epoch:
+        return STALE
+    if got < number:
+        return REPEATED
+    if got > number:
+        raise BackendError(f"round {number}'s record slot holds round {got}, which was not yet queued")
+    return None
 
 
 @dataclass(frozen=True)
@@ -65,6 +99,7 @@ class DeviceRoundResult:
 
     plan: round_plan.PlannedTree
     tail: round_tail.RoundTail
+    recovered: tuple[str, ...] = ()  # faults of the records' way back, detected and read again
 
 
 def queue_reach(
@@ -90,12 +125,66 @@ def queue_reach(
     return high if same else None
 
 
+def checked_records(
+    host: torch.Tensor, device_slot: torch.Tensor, epoch: int, number: int
+) -> tuple[list[int], tuple[str, ...]]:
+    """Round `number`'s records from its host slot, or, when they are not that round's (`record_fault`), from
+    its device slot, copied into the host slot again: the words and the fault met (none, or one)."""
+    words = host.tolist()
+    fault = record_fault(words, epoch, number)
+    if fault is None:
+        return words, ()
+    host.copy_(device_slot)
+    words = host.tolist()
+    again = record_fault(words, epoch, number)
+    if again is not None:
+        raise BackendError(f"round {number}'s records arrived {fault}, and read from the device: {again}")
+    return words, (fault,)
+
+
 @dataclass
 class _Queued:
-    """A round in flight: where its records land on the host, and the event after their copy."""
+    """A round in flight: its number in the request, its record slot, the event after the records' copy, and
+    what the host slot held before that copy (what a copy that never lands leaves there)."""
 
+    number: int
     slot: int
     event: torch.cuda.Event
+    before: list[int]
+
+
+@dataclass
+class RecordFaults:
+    """Faults in a round's records on their way back, injected into the pinned host slot once the round's
+    event has fired (tests and fault drills): `faults[n]` is the kind that round n of each request (counting
+    discarded rounds) gets on its first read. `dropped`: the slot as it was before the copy; `repeated`: the
+    previous round's records (not at round 0); `stale`: the last records of the previous request (from the
+    second request on; before it there is nothing to replay and nothing is injected). `injected` counts
+    them."""
+
+    faults: Mapping[int, str]
+    injected: Counter[str] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        for number, kind in self.faults.items():
+            if kind not in TRANSIT_FAULTS:
+                raise ValueError(
+                    f"a record fault is one of {', '.join(TRANSIT_FAULTS)}, not {kind!r} (a corrupted verify "
+                    "row is the row checks'; the commit is queued on the GPU in stream order, no "
+                    "acknowledgement travels back to go stale)"
+                )
+            if kind == REPEATED and number < 1:
+                raise ValueError("a repeated record replays an earlier round: not at round 0")
+
+    def damage(self, number: int, slot: torch.Tensor, before: list[int], previous: list[int] | None,
+               other_request: list[int] | None) -> None:  # fmt: skip
+        """Overwrite the host slot of round `number` as its scheduled fault would leave it."""
+        kind = self.faults.get(number)
+        source = {DROPPED: before, REPEATED: previous, STALE: other_request}.get(kind or "")
+        if source is None:
+            return
+        slot.copy_(torch.tensor(source, dtype=torch.int32))
+        self.injected[kind or ""] += 1
 
 
 class DeviceRounds:
@@ -120,9 +209,15 @@ class DeviceRounds:
         run = backend.tree_run()
         self.state = torch.zeros((round_plan.STATE_WORDS,), dtype=torch.int64, device=dev)
         self.cells = torch.zeros((abi.TREE_CELLS,), dtype=torch.int64, device=dev)
-        self.records = torch.zeros((round_plan.RECORD_WORDS + round_tail.RECORD_WORDS,), dtype=torch.int32,
-                                   device=dev)  # fmt: skip
-        self.host_records = torch.zeros((IN_FLIGHT, *self.records.shape), dtype=torch.int32, pin_memory=True)
+        # one slot per round in flight, on the device and in pinned memory: a round's records stay on the
+        # device until it is read, so a copy that went wrong can be made again
+        self.records = torch.zeros((IN_FLIGHT, RECORD_WORDS), dtype=torch.int32, device=dev)
+        self.host_records = torch.zeros((IN_FLIGHT, RECORD_WORDS), dtype=torch.int32, pin_memory=True)
+        self.epoch = 0
+        self.numbered = 0  # rounds queued for the request
+        self.last_words: list[int] | None = None  # the last round read back, its records
+        self.other_request: list[int] | None = None  # the previous request's last records
+        self.record_faults: RecordFaults | None = None
         self.cond_index = torch.zeros((run,), dtype=torch.long, device=dev)  # a path has at most run rows
         self.cond_kvp = torch.zeros((1,), dtype=torch.int32, device=dev)
         self.top_k = 0
@@ -151,9 +246,13 @@ class DeviceRounds:
         if b.info.vocab_size > round_plan.EXACT_FLOAT32_IDS:
             raise ValueError("rounds on the GPU carry candidate ids in float32: the vocabulary is too large")
         self.top_k = top_k
+        if self.last_words is not None:
+            self.other_request = self.last_words
+        self.last_words, self.numbered = None, 0
+        self.epoch = next(_EPOCHS) % (1 << 31)
         words = round_plan.state_block(
             anchor=b.anchor, kvp=b.position(), remaining=remaining, max_context=b.info.max_context,
-            tree_budget=tree_budget, stops=stops,
+            tree_budget=tree_budget, stops=stops, epoch=self.epoch,
         )  # fmt: skip
         self.state.copy_(torch.from_numpy(words))  # from pageable memory: synchronous, once per request
         self.settled = b.position()
@@ -181,7 +280,7 @@ class DeviceRounds:
         fault = None if tail.status == 0 else FAULTS.get(tail.status)
         if tail.status != 0 and fault is None:
             raise BackendError(f"the acceptor on the GPU refused the round's cells (code {tail.status})")
-        return DeviceRound(result.plan.rows, tail.tokens, tail.ends, fault)
+        return DeviceRound(result.plan.rows, tail.tokens, tail.ends, fault, result.recovered)
 
     def _reach(self, in_flight: int) -> int | None:
         """`queue_reach` for this sequence, with the draft blocks' and the verifies' context buckets."""
@@ -216,8 +315,11 @@ class DeviceRounds:
             "seqlens": c.seqlens, "position": c.position_ids.view(-1), "ctx": c.inputs.ctx,
             "masks": c.inputs.masks, "plan": c.inputs.plan, "ids": c.ids,
         }  # fmt: skip
-        plan_record = self.records[: round_plan.RECORD_WORDS]
-        tail_record = self.records[round_plan.RECORD_WORDS :]
+        slot = self.next_slot
+        self.next_slot = (slot + 1) % IN_FLIGHT
+        records = self.records[slot]
+        plan_record = records[: round_plan.RECORD_WORDS]
+        tail_record = records[round_plan.RECORD_WORDS :]
         round_plan.plan(packed, b.info.vocab_size, state, verify_inputs, self.cells, plan_record)
         b.graphs.put_table(c, b.pages)
         assert c.graph is not None and c.out is not None and c.export is not None
@@ -234,21 +336,28 @@ class DeviceRounds:
         b.graphs.run_commit(c)
         # through the verify's block table, as a host commit conditions
         self.drafts.condition_from(c.export, self.cond_index, self.cond_kvp, c.block_table)
-        slot = self.next_slot
-        self.next_slot = (slot + 1) % IN_FLIGHT
-        self.host_records[slot].copy_(self.records, non_blocking=True)
+        host = self.host_records[slot]
+        host[ROUND_WORD] = NOT_ARRIVED  # its previous round was read: the slot is the host's to mark
+        before = host.tolist()
+        host.copy_(records, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        self.queued.append(_Queued(slot, event))
+        self.queued.append(_Queued(self.numbered, slot, event, before))
+        self.numbered += 1
 
     def _read(self, q: _Queued) -> DeviceRoundResult:
         """Wait for a queued round and settle the host's side of it: the tokens whose K/V were kept and the
         position. A round not committed changes nothing."""
         q.event.synchronize()
-        words = self.host_records[q.slot].tolist()
+        host = self.host_records[q.slot]
+        if self.record_faults is not None:
+            self.record_faults.damage(q.number, host, q.before, self.last_words, self.other_request)
+        words, recovered = checked_records(host, self.records[q.slot], self.epoch, q.number)
+        self.last_words = words
         result = DeviceRoundResult(
             round_plan.read_record(words[: round_plan.RECORD_WORDS]),
             round_tail.read_record(words[round_plan.RECORD_WORDS :]),
+            recovered,
         )
         plan, tail = result.plan, result.tail
         if tail.kvp != self.settled:

@@ -35,7 +35,10 @@ EXACT_FLOAT32_IDS = 1 << 24  # the largest vocabulary whose ids float32 carries 
 # The state block (int64 words), as the kernel reads it (kSt*)
 STATE_ANCHOR, STATE_KVP, STATE_REMAINING, STATE_MAX_CONTEXT, STATE_TREE_BUDGET, STATE_DONE = 0, 1, 2, 3, 4, 5
 STATE_NSTOPS, STATE_STOPS = 6, 7
-STATE_WORDS = STATE_STOPS + abi.MAX_STOPS
+# the request's epoch (the host's) and the rounds decided so far (round_tail advances it every round)
+STATE_EPOCH = STATE_STOPS + abi.MAX_STOPS
+STATE_ROUND = STATE_EPOCH + 1
+STATE_WORDS = STATE_ROUND + 1
 # The record (int32 words): status, rows, tokens[16], parents[16] (-1 past the rows)
 REC_STATUS, REC_ROWS, REC_TOKENS = 0, 1, 2
 REC_PARENTS = REC_TOKENS + MAX_ROWS
@@ -90,17 +93,21 @@ def _library() -> ctypes.CDLL:
 
 def state_block(
     *, anchor: int, kvp: int, remaining: int, max_context: int, tree_budget: int, stops: Sequence[int],
-    done: bool = False,
+    done: bool = False, epoch: int = 0,
 ) -> np.ndarray:  # fmt: skip
-    """The state block's int64 words for a request at kvp with `anchor` as its last token."""
+    """The state block's int64 words for a request at kvp with `anchor` as its last token, before its first
+    round; `epoch` (0..2^31-1) tells its rounds' records from another request's."""
     if len(stops) > abi.MAX_STOPS:
         raise ValueError(f"at most {abi.MAX_STOPS} stop ids, got {len(stops)}")
+    if not 0 <= epoch < 1 << 31:
+        raise ValueError(f"a request epoch is 0..2^31-1 (the record carries 32 bits), got {epoch}")
     words = np.zeros(STATE_WORDS, dtype=np.int64)
     words[STATE_ANCHOR], words[STATE_KVP], words[STATE_REMAINING] = anchor, kvp, remaining
     words[STATE_MAX_CONTEXT], words[STATE_TREE_BUDGET] = max_context, tree_budget
     words[STATE_DONE] = int(done)
     words[STATE_NSTOPS] = len(stops)
     words[STATE_STOPS : STATE_STOPS + len(stops)] = stops
+    words[STATE_EPOCH] = epoch
     return words
 
 

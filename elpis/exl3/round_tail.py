@@ -33,10 +33,12 @@ if TYPE_CHECKING:
 SOURCE = PATCHES_DIR / "kernels" / "round_tail.cu"
 MAX_ROWS = abi.MAX_ROWS
 # The record's layout, as the kernel writes it (kRec*): status, count, ends, end row, kvp, path[16],
-# tokens[16]
+# tokens[16], the request's epoch and the round's number
 REC_STATUS, REC_COUNT, REC_ENDS, REC_END, REC_KVP, REC_PATH = 0, 1, 2, 3, 4, 5
 REC_TOKENS = REC_PATH + MAX_ROWS
-RECORD_WORDS = REC_TOKENS + MAX_ROWS
+REC_EPOCH = REC_TOKENS + MAX_ROWS
+REC_ROUND = REC_EPOCH + 1
+RECORD_WORDS = REC_ROUND + 1
 STATUS_FLAGGED_ROW, STATUS_NON_FINITE, STATUS_SLOT_OUTSIDE_PAGES = 1, 2, 3
 
 _I32, _U32, _VP = ctypes.c_int32, ctypes.c_uint32, ctypes.c_void_p
@@ -51,7 +53,8 @@ class RoundTail(NamedTuple):
     (their target `tokens`), the request ends when `ends`; 1: a row failed its checks; 2: a greedy maximum was
     not finite; 3: a K/V slot outside the sequence's pages; < 0: the acceptor refused the cells
     (elpis.accept.abi.ERR_*; round_plan's refused and idle rounds give ERR_SIZE). Nothing is committed and
-    the state is left alone unless the status is 0."""
+    the state is left alone unless the status is 0. `epoch` and `round` say which round of which request it
+    is (the state block's, at the round)."""
 
     status: int
     count: int
@@ -60,6 +63,8 @@ class RoundTail(NamedTuple):
     kvp: int
     path: tuple[int, ...]
     tokens: tuple[int, ...]
+    epoch: int
+    round: int
 
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -100,8 +105,9 @@ def read_record(words: list[int]) -> RoundTail:
     path = tuple(words[REC_PATH : REC_PATH + count])
     tokens = tuple(words[REC_TOKENS : REC_TOKENS + count])
     return RoundTail(
-        words[REC_STATUS], count, bool(words[REC_ENDS]), words[REC_END], words[REC_KVP], path, tokens
-    )
+        words[REC_STATUS], count, bool(words[REC_ENDS]), words[REC_END], words[REC_KVP], path, tokens,
+        words[REC_EPOCH], words[REC_ROUND],
+    )  # fmt: skip
 
 
 def decide(

@@ -228,15 +228,20 @@ class SpeculativeGenerator:
 
     def _device_round(self, device: DeviceRounds, stats: GenerationStats) -> _Committed:
         """One round on the device; a round it discards (a row failed its checks) is verified again, up to
-        `round_retries` times, as a host round's would be."""
+        `round_retries` times, as a host round's would be. Faults its result met on the way back (fetched
+        again by the device rounds) are counted, and the round with them as recovered."""
         faults: list[str] = []
+        fetched_again = False  # a result that met faults on its way back and was fetched again
         for _ in range(self.round_retries + 1):
             done = device.round()
+            for kind in done.recovered:
+                stats.faults_detected[kind] = stats.faults_detected.get(kind, 0) + 1
+                fetched_again = True
             if done.fault is None:
                 if not 1 <= len(done.tokens) <= done.tree_rows:
                     raise BackendError(f"a round on the device committed {len(done.tokens)} tokens from a "
                                        f"tree of {done.tree_rows} rows")
-                if faults:
+                if faults or fetched_again:
                     stats.rounds_recovered += 1
                 return _Committed(done.tokens, done.ends, done.tree_rows, None)
             faults.append(done.fault)

@@ -25,14 +25,16 @@
 //              was not finite; 3: a slot outside the pages; < 0: the acceptor's refusal code,
 //              elpis.accept.abi.ERR_*), the committed count, whether the round ends the request (a stop token
 //              or the budget), the end row, the kvp the round was verified at, the path (kMaxRows entries,
-//              255 past the count) and the committed tokens (-1 past the count);
+//              255 past the count), the committed tokens (-1 past the count), and the round's identity: the
+//              request's epoch and the round's number (state's kStEpoch and kStRound, low 32 bits);
 //   cond_index, cond_kvp  the draft's conditioning inputs, of a fixed shape: the committed path's rows padded to
 //              cond_rows (>= run) with its last row, and the kvp its K/V go to (the draft never reads a position at or
 //              past its length, and the next conditioning overwrites the padding's; a round not committed
 //              conditions on row 0 alone, padded, at the same kvp, which the retry overwrites);
 //   state      on status 0: kvp + count, the budget less count, the last committed token as the anchor, and
 //              done when the round ends the request. Otherwise unchanged, so the next round verifies the
-//              same position again: that is how a failed round is discarded and recomputed.
+//              same position again: that is how a failed round is discarded and recomputed. The round
+//              number advances on every round, committed or not.
 // A round that is not committed gets the no-op inputs (self-copies, a zero plan), which commit nothing.
 //
 // Ampere instructions only (plain loads and stores); nothing here is arithmetic on floats.
@@ -48,7 +50,8 @@ namespace {
 constexpr int kMaxRows = ELPIS_MAX_ROWS;
 constexpr int kRecStatus = 0, kRecCount = 1, kRecEnds = 2, kRecEnd = 3, kRecKvp = 4, kRecPath = 5;
 constexpr int kRecTokens = kRecPath + kMaxRows;
-constexpr int kRecordWords = kRecTokens + kMaxRows;
+constexpr int kRecEpoch = kRecTokens + kMaxRows, kRecRound = kRecEpoch + 1;
+constexpr int kRecordWords = kRecRound + 1;
 constexpr int32_t kFlaggedRow = 1, kNonFinite = 2, kSlotOutsidePages = 3;
 static_assert(sizeof(GdnTreePlan) <= kPlanCapacity, "a packed commit plan fits the commit's plan input");
 
@@ -155,6 +158,10 @@ __global__ void round_tail_kernel(const int64_t* __restrict__ cells_in, const in
         record[kRecPath + i] = in ? path[i] : 255;
         record[kRecTokens + i] = in ? static_cast<int32_t>(ids[path[i]]) : -1;
     }
+    const int64_t round = state[kStRound];
+    record[kRecEpoch] = static_cast<int32_t>(state[kStEpoch]);
+    record[kRecRound] = static_cast<int32_t>(round);
+    state[kStRound] = round + 1;
     for (int i = 0; i < cond_rows; i++) cond_index[i] = count > 0 ? path[i < count ? i : count - 1] : 0;
     cond_kvp[0] = static_cast<int32_t>(kvp);
     if (status == 0) {

@@ -9,7 +9,10 @@ What they establish:
     acceptance, the commit and the padded conditioning written on the GPU agree with each other over many
     rounds, with rounds queued ahead;
 (c) a round with a flagged row is discarded on the GPU (nothing committed, the state kept), verified again,
-    counted, and the text is unchanged.
+    counted, and the text is unchanged;
+(d) records that meet a fault on their way back (a copy that never lands, an earlier round's, another
+    request's: `RecordFaults`) are each detected, the round's records read again from its device slot, and
+    the text is unchanged: injected == detected, each such round counted as recovered (session 35, staged).
 """
 
 from __future__ import annotations
@@ -132,3 +135,25 @@ def test_a_flagged_row_is_discarded_on_the_gpu_and_verified_again(backend, decod
     assert got == truth, "a discarded round changed the text"
     flagged = stats.faults_detected.get("corrupt", 0)
     assert flagged >= 3 and stats.rounds_recovered == flagged
+
+
+def test_records_faulted_on_their_way_back_are_read_again_from_the_gpu(backend, decoder):  # noqa: F811
+    from collections import Counter
+
+    from elpis.exl3.device_round import RecordFaults
+
+    ids = prompt(1300, 54, backend.info.vocab_size)
+    truth = truth_of(backend, ids)
+    rounds = backend.device_rounds
+    generate(backend, decoder, prompt(900, 55, backend.info.vocab_size))  # a request before: stale replays it
+    schedule = {1: "dropped", 2: "repeated", 3: "stale", 5: "dropped", 6: "repeated"}
+    rounds.record_faults = RecordFaults(schedule)
+    try:
+        got, stats = generate(backend, decoder, ids)
+        injected = rounds.record_faults.injected
+    finally:
+        rounds.record_faults = None
+    assert got == truth, "a record read again changed the text"
+    assert stats.rounds > 6, "the request ended before every scheduled fault"
+    assert injected == Counter(schedule.values())
+    assert stats.faults_detected == dict(injected) and stats.rounds_recovered == len(schedule)

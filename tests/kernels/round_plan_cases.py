@@ -31,11 +31,12 @@ class Request:
     tree_budget: int
     stops: tuple[int, ...]
     done: bool = False
+    epoch: int = 0
 
     def state(self) -> np.ndarray:
         return round_plan.state_block(
             anchor=self.anchor, kvp=self.kvp, remaining=self.remaining, max_context=self.max_context,
-            tree_budget=self.tree_budget, stops=self.stops, done=self.done,
+            tree_budget=self.tree_budget, stops=self.stops, done=self.done, epoch=self.epoch,
         )  # fmt: skip
 
 

@@ -86,10 +86,13 @@ def test_the_gpu_decides_as_the_proven_acceptor_from_real_logits() -> None:
         assert after[round_plan.STATE_REMAINING] == budget - want.count
         assert after[round_plan.STATE_ANCHOR] == got.tokens[-1]
         assert after[round_plan.STATE_DONE] == int(want.ends)
+        assert (got.epoch, got.round, after[round_plan.STATE_ROUND]) == (0, 0, 1)
     state = torch.from_numpy(host_state).cuda()
     bad[2] = 1
     got, moves_out, plan_out, cond = _round(cells, ids, bad, state)
     assert (got.status, got.count) == (round_tail.STATUS_FLAGGED_ROW, 0) and cond == ([0] * RUN, kvp)
     noop_moves, zero_plan = _inputs(kvp, [])
     assert torch.equal(moves_out, noop_moves) and torch.equal(plan_out, zero_plan)
-    assert state.tolist() == host_state.tolist()
+    counted = host_state.copy()
+    counted[round_plan.STATE_ROUND] += 1  # only the round number moves
+    assert state.tolist() == counted.tolist()

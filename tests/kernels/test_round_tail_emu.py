@@ -71,6 +71,13 @@ def _state(kvp: int, remaining: int = 50, anchor: int = 5, stops: tuple[int, ...
     return Request(anchor, kvp, remaining, kvp + 1000, RUN, stops).state()
 
 
+def _counted(state: np.ndarray) -> np.ndarray:
+    """`state` after a round that commits nothing: only the round number moves."""
+    after = state.copy()
+    after[round_plan.STATE_ROUND] += 1
+    return after
+
+
 def _want_inputs(kvp: int, path: list[int], run: int = RUN) -> tuple[np.ndarray, np.ndarray]:
     moves = np.array(commit_moves(kvp, path, run, PAGES), dtype=np.int64).reshape(4, run - 1)
     plan = gdn_tree.packed_commit_plan(tuple(path)) if path else b""
@@ -113,6 +120,7 @@ def test_the_record_is_the_acceptors_decision_and_the_paths_commit_inputs_are_wr
         advanced[round_plan.STATE_REMAINING] -= want.count
         advanced[round_plan.STATE_ANCHOR] = got.tokens[-1]
         advanced[round_plan.STATE_DONE] = int(want.ends)
+        advanced[round_plan.STATE_ROUND] += 1
         assert after.tolist() == advanced.tolist()
         # the draft's conditioning: the path padded with its last row, at the kvp it was verified at
         assert cond == [list(want.rows) + [want.rows[-1]] * (RUN - want.count), kvp]
@@ -143,7 +151,25 @@ def test_a_round_that_is_not_committed_writes_the_no_op_inputs_and_keeps_the_sta
         assert (got.status, got.count, got.path, got.tokens, got.end, got.kvp) == (status, 0, (), (), -1, 300)
         assert cond == [[0] * RUN, 300]  # row 0 alone, at the same kvp: the retry overwrites it
         assert np.array_equal(moves_out, noop_moves) and np.array_equal(plan_out, zero_plan)
-        assert after.tolist() == state.tolist()
+        assert after.tolist() == _counted(state).tolist()
+
+
+def test_every_round_is_stamped_with_its_request_and_number_and_counted(lib) -> None:
+    """The record carries the state's epoch and round number (the host's check that a record is the round it
+    waits for); the number advances on every round, committed, flagged or refused alike."""
+    cells = round_tail.tree_cells([-1, 0], [5, 6], [], 10)
+    state = Request(5, 300, 50, 1300, RUN, (), epoch=2**31 - 1).state()  # the largest epoch a record holds
+    seen = []
+    for bad in ([0, 0], [1, 0], [0, 0]):
+        got, *_, state = _decide(lib, cells, [6, 9], bad, state)
+        seen.append((got.epoch, got.round, got.status))
+        cells = round_tail.tree_cells([-1, 0], [int(state[round_plan.STATE_ANCHOR]), 6], [], 10)
+    assert seen == [(2**31 - 1, 0, 0), (2**31 - 1, 1, round_tail.STATUS_FLAGGED_ROW), (2**31 - 1, 2, 0)]
+    assert state[round_plan.STATE_ROUND] == 3
+    idle = cells.copy()
+    idle[abi.TREE_ROWS] = 0
+    got, *_, state = _decide(lib, idle, [6, 9], [0, 0], state)
+    assert (got.round, got.status, state[round_plan.STATE_ROUND]) == (3, abi.ERR_SIZE, 4)
 
 
 def test_only_the_trees_rows_are_checked_and_more_rows_than_verified_are_refused(lib) -> None:
@@ -161,7 +187,7 @@ def test_a_slot_outside_the_pages_commits_nothing(lib) -> None:
     state = _state(kvp)
     got, moves_out, plan_out, after = _decide(lib, cells, [7, 1, 8, 2], [0] * 4, state)
     assert (got.status, got.count) == (round_tail.STATUS_SLOT_OUTSIDE_PAGES, 0)
-    assert not moves_out.any() and not plan_out.any() and after.tolist() == state.tolist()
+    assert not moves_out.any() and not plan_out.any() and after.tolist() == _counted(state).tolist()
 
 
 def test_bad_arguments_are_refused(lib) -> None:
@@ -256,7 +282,8 @@ def test_rounds_on_the_device_commit_plain_decodings_tokens(lib, plan_lib, run: 
             before = state.copy()
             got, *_, state = _decide(lib, cells, targets, bad, state, run=run, pages=pages)
             if got.status != 0:
-                assert got.status == round_tail.STATUS_FLAGGED_ROW and state.tolist() == before.tolist()
+                assert got.status == round_tail.STATUS_FLAGGED_ROW
+                assert state.tolist() == _counted(before).tolist()
                 faults += 1
                 continue
             assert got.kvp == kvp + len(committed)

@@ -23,14 +23,17 @@ from elpis.spec.sampling import greedy_tokens
 from elpis.spec.tree import build_tree, tree_shape
 
 PROMPT = "one two three, one two three, one two three, one two"
+Transit = dict[int, str] | None  # attempt -> the fault its result met on the way back
 
 
 class HostDeviceRounds:
     """DeviceRounds over a reference backend, deciding as elpis.exl3.device_round's kernels do; `faults` are
-    the round numbers (counting attempts) whose verify gets a flagged row."""
+    the round numbers (counting attempts) whose verify gets a flagged row, `transit` those whose result met a
+    fault on its way back and was fetched again (elpis.exl3.device_round.checked_records), by kind."""
 
-    def __init__(self, backend, drafter, faults: Sequence[int] = ()) -> None:
+    def __init__(self, backend, drafter, faults: Sequence[int] = (), transit: Transit = None) -> None:
         self.backend, self.drafter, self.faults = backend, drafter, set(faults)
+        self.transit = transit or {}
         self.attempts = 0
         self.started = False
         self.sequence: list[int] = []  # the prompt and every committed token (the wrapper's begin() sets it)
@@ -53,25 +56,26 @@ class HostDeviceRounds:
         logits = b.verify(tokens, parents)
         targets = greedy_tokens(logits)
         self.attempts += 1
+        recovered = (self.transit[self.attempts],) if self.attempts in self.transit else ()
         if self.attempts in self.faults:
             b.abandon()
-            return DeviceRound(len(tokens), (), False, "corrupt")
+            return DeviceRound(len(tokens), (), False, "corrupt", recovered)
         decision = accept.tree(list(parents), list(tokens), targets, list(self.stops), self.remaining)
         b.commit(decision.rows)
         committed = tuple(targets[r] for r in decision.rows)
         self.remaining -= decision.count
         self.sequence.extend(committed)
-        return DeviceRound(len(tokens), committed, decision.ends)
+        return DeviceRound(len(tokens), committed, decision.ends, recovered=recovered)
 
 
 class WithDeviceRounds:
     """A reference backend whose rounds the generator runs through `device_rounds`."""
 
-    def __init__(self, inner, drafter, faults: Sequence[int] = ()) -> None:
+    def __init__(self, inner, drafter, faults: Sequence[int] = (), transit: Transit = None) -> None:
         self.inner, self.info = inner, inner.info
         self.verify, self.commit, self.abandon = inner.verify, inner.commit, inner.abandon
         self.finish, self.position = inner.finish, inner.position
-        self.device_rounds = HostDeviceRounds(self, drafter, faults)
+        self.device_rounds = HostDeviceRounds(self, drafter, faults, transit)
 
     def begin(self, prompt: Sequence[int]) -> int:
         self.device_rounds.sequence = list(prompt)
@@ -117,6 +121,20 @@ def test_a_discarded_round_is_verified_again_and_counted(tiny_models, run) -> No
     assert got.same_output(plain) and backend.device_rounds.attempts > 7
     # attempts 2 and 3 are one round's first two; attempt 7 another round's first
     assert got.stats.faults_detected == {"corrupt": 3} and got.stats.rounds_recovered == 2
+
+
+def test_results_fetched_again_are_counted_as_detected_and_recovered(tiny_models, run) -> None:
+    model = tiny_models[1]
+    request = _request(model)
+    plain = run(model.backend(), model.tokenizer, request)
+    drafter = RandomDrafter(model.backend().info.vocab_size, seed=4)
+    transit = {2: "dropped", 4: "repeated", 5: "stale", 6: "dropped"}
+    backend = WithDeviceRounds(model.backend(), drafter, faults=(5,), transit=transit)
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+    assert got.same_output(plain) and backend.device_rounds.attempts > 6
+    # attempt 5 is discarded (a flagged row); its retry, attempt 6, is the same round: three rounds recovered
+    assert got.stats.faults_detected == {"dropped": 2, "repeated": 1, "stale": 1, "corrupt": 1}
+    assert got.stats.rounds_recovered == 3
 
 
 def test_a_round_failing_every_attempt_fails_the_request(tiny_models, run) -> None:

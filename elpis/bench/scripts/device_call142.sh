@@ -6,8 +6,8 @@
 #    test_round_tail.py) and the zero commit plan they hand a refused round (test_gdn_tree.py);
 # 2. rounds on the GPU end to end on the small model (tests/exl3/test_device_round.py: plain decoding's tokens,
 #    deep trees of the known continuation with rounds queued ahead, a flagged round discarded and verified
-#    again), and whether the draft's conditioning on a padded path keeps the committed rows' bits
-#    (test_draft_graph.py).
+#    again, records faulted on their way back read again from the GPU: session 35), and whether the draft's
+#    conditioning on a padded path keeps the committed rows' bits (test_draft_graph.py).
 # If they pass, call 143 measures the rounds against host rounds. Run with run(carry=[".whl", ".device"]) and
 # ELPIS_GIT_REVISION set.
 LIMIT=${LIMIT:-590}
