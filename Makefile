@@ -2,15 +2,16 @@
 #   make build   venv + prove + generate C + compile + table check + identity  (build/accept/)
 #   make test    build + the whole CPU test suite
 #   make serve   build + default model assets + server on the embedded default (CPU, SmolLM2)
-#   make bench   the GPU benchmark: the gpu extra, synthetic exact-shape checkpoints made once (or
+#   make bench   the GPU benchmark: the gpu extra, synthetic exact-shape checkpoints made once (or existing
 #                BENCH_MODEL=... BENCH_DRAFT=... for real ones), stock vs elpis into bench/results/ (elpis bench engine)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
-BENCH_MODEL ?= .cache/bench/target
-BENCH_DRAFT ?= .cache/bench/draft
+SYNTH_DIR   := .cache/bench
+BENCH_MODEL ?= $(SYNTH_DIR)/target
+BENCH_DRAFT ?= $(SYNTH_DIR)/draft
 BENCH_ARGS ?=
 
 .PHONY: setup build prove test lint serve bench clean
@@ -38,13 +39,18 @@ test: build lint
 serve: build
 	$(BIN)/elpis serve
 
-# Synthetic checkpoints are written beside their place and moved in whole, so an interrupted run leaves none.
+# The synthetic checkpoints (the defaults) are made once, written beside their place and moved in whole, so an
+# interrupted run leaves none; a model named by BENCH_MODEL / BENCH_DRAFT must exist (never synthesised).
 bench: build
 	$(BIN)/pip install --quiet -e '.[gpu]'
-	[ -d $(BENCH_MODEL) ] || { rm -rf $(BENCH_MODEL).partial && $(BIN)/elpis synth --full $(BENCH_MODEL).partial \
-		&& mv $(BENCH_MODEL).partial $(BENCH_MODEL); }
-	[ -d $(BENCH_DRAFT) ] || { rm -rf $(BENCH_DRAFT).partial && $(BIN)/elpis synth --draft $(BENCH_DRAFT).partial \
-		&& mv $(BENCH_DRAFT).partial $(BENCH_DRAFT); }
+	@if [ ! -d "$(BENCH_MODEL)" ]; then \
+		case "$(BENCH_MODEL)" in $(SYNTH_DIR)/*) ;; *) echo "make bench: no model $(BENCH_MODEL)" >&2; exit 2;; esac; \
+		rm -rf "$(BENCH_MODEL).partial" && $(BIN)/elpis synth --full "$(BENCH_MODEL).partial" \
+		&& mv "$(BENCH_MODEL).partial" "$(BENCH_MODEL)"; fi
+	@if [ ! -d "$(BENCH_DRAFT)" ]; then \
+		case "$(BENCH_DRAFT)" in $(SYNTH_DIR)/*) ;; *) echo "make bench: no draft $(BENCH_DRAFT)" >&2; exit 2;; esac; \
+		rm -rf "$(BENCH_DRAFT).partial" && $(BIN)/elpis synth --draft "$(BENCH_DRAFT).partial" \
+		&& mv "$(BENCH_DRAFT).partial" "$(BENCH_DRAFT)"; fi
 	$(BIN)/elpis bench engine --model $(BENCH_MODEL) --draft $(BENCH_DRAFT) $(BENCH_ARGS)
 
 clean:

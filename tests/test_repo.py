@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -61,7 +62,7 @@ def _makefile_elpis_commands() -> list[list[str]]:
     defaults = dict(re.findall(r"^(\w+)[ \t]*[:?]?=[ \t]*(.*)$", text, re.MULTILINE))
     commands = []
     for match in re.finditer(r"\$\(BIN\)/elpis\s+([^;&|}\n]*)", text):
-        words = re.sub(r"\$\((\w+)\)", lambda m: defaults.get(m.group(1), ""), match.group(1)).split()
+        words = shlex.split(re.sub(r"\$\((\w+)\)", lambda m: defaults.get(m.group(1), ""), match.group(1)))
         commands.append(words)
     return commands
 
