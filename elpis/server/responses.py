@@ -33,7 +33,8 @@ def usage(stats: GenerationStats) -> dict[str, Any]:
             "accepted_draft_tokens": sum(stats.accepted_depths),
             "verified_rows": sum(stats.tree_rows),
             "discarded_tokens": discarded,
-            # Round attempts the integrity checks discarded (by kind) and rounds committed after a retry.
+            # Faults the integrity checks detected (by kind; each discards its attempt, but for a result of
+            # a round on the device, which is fetched again) and rounds committed after one.
             "faults_detected": dict(sorted(stats.faults_detected.items())),
             "rounds_recovered": stats.rounds_recovered,
         },

@@ -104,7 +104,7 @@ class SpeculativeGenerator:
                 tracker.check_commit(asked, decision.rows, link.commit_round(asked, decision.rows))
             except RoundFault as fault:
                 faults.append(fault)
-                stats.faults_detected[fault.kind] = stats.faults_detected.get(fault.kind, 0) + 1
+                stats.count_fault(fault.kind)
                 self._discard(link, asked, fault)
                 continue
             if faults:
@@ -230,22 +230,22 @@ class SpeculativeGenerator:
         """One round on the device; a round it discards (a row failed its checks) is verified again, up to
         `round_retries` times, as a host round's would be. Faults its result met on the way back (fetched
         again by the device rounds) are counted, and the round with them as recovered."""
-        faults: list[str] = []
-        fetched_again = False  # a result that met faults on its way back and was fetched again
+        faults: list[str] = []  # the discarded attempts'
+        met = 0  # faults of any kind this round met
         for _ in range(self.round_retries + 1):
             done = device.round()
             for kind in done.recovered:
-                stats.faults_detected[kind] = stats.faults_detected.get(kind, 0) + 1
-                fetched_again = True
+                stats.count_fault(kind, discarded=False)
+            met += len(done.recovered)
             if done.fault is None:
                 if not 1 <= len(done.tokens) <= done.tree_rows:
                     raise BackendError(f"a round on the device committed {len(done.tokens)} tokens from a "
                                        f"tree of {done.tree_rows} rows")
-                if faults or fetched_again:
+                if met or faults:
                     stats.rounds_recovered += 1
                 return _Committed(done.tokens, done.ends, done.tree_rows, None)
             faults.append(done.fault)
-            stats.faults_detected[done.fault] = stats.faults_detected.get(done.fault, 0) + 1
+            stats.count_fault(done.fault)
         raise BackendError(f"round {stats.rounds} failed all {len(faults)} attempts on the device "
                            f"({', '.join(faults)}); nothing of it was committed")
 

@@ -72,14 +72,18 @@ class GenerationStats:
     committed_per_round: list[int] = field(default_factory=list)  # tokens the acceptor committed
     accepted_depths: list[int] = field(default_factory=list)  # draft rows accepted (committed - 1)
     tree_rows: list[int] = field(default_factory=list)  # rows verified
-    # Fault tolerance (elpis.spec.integrity): round attempts discarded, by RoundFault.kind, and rounds that
-    # were committed after at least one discarded attempt.
+    # Fault tolerance (elpis.spec.integrity): faults detected, by RoundFault.kind (each discards its round
+    # attempt, except a result of a round on the device fetched again: elpis.exl3.device_round), the attempts
+    # discarded, and rounds committed after at least one fault.
     faults_detected: dict[str, int] = field(default_factory=dict)
+    rounds_discarded: int = 0
     rounds_recovered: int = 0
 
-    @property
-    def rounds_discarded(self) -> int:
-        return sum(self.faults_detected.values())
+    def count_fault(self, kind: str, *, discarded: bool = True) -> None:
+        """One fault of `kind` detected; `discarded`: its round attempt was dropped (else its result was
+        fetched again)."""
+        self.faults_detected[kind] = self.faults_detected.get(kind, 0) + 1
+        self.rounds_discarded += int(discarded)
 
     @property
     def tokens_per_round(self) -> float:

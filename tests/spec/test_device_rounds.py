@@ -135,6 +135,7 @@ def test_results_fetched_again_are_counted_as_detected_and_recovered(tiny_models
     # attempt 5 is discarded (a flagged row); its retry, attempt 6, is the same round: three rounds recovered
     assert got.stats.faults_detected == {"dropped": 2, "repeated": 1, "stale": 1, "corrupt": 1}
     assert got.stats.rounds_recovered == 3
+    assert got.stats.rounds_discarded == 1  # the flagged attempt: results fetched again are kept
 
 
 def test_a_round_failing_every_attempt_fails_the_request(tiny_models, run) -> None:
