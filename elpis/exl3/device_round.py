@@ -145,7 +145,7 @@ def checked_records(
 @dataclass
 class _Queued:
     """A round in flight: its number in the request, its record slot, the event after the records' copy, and
-    what the host slot held before that copy (what a copy that never lands leaves there)."""
+    under `RecordFaults` what the host slot held before that copy (what a copy that never lands leaves)."""
 
     number: int
     slot: int
@@ -224,7 +224,6 @@ class DeviceRounds:
         self.queued: deque[_Queued] = deque()
         self.next_slot = 0
         self.settled = 0  # the host's position: every round read back so far is in it
-        self.last: DeviceRoundResult | None = None  # the last round read back (tests and the bench read it)
         self.rounds = 0  # rounds read back, discarded ones included
         self.queued_ahead = 0  # rounds queued before the previous one was read back
 
@@ -338,7 +337,7 @@ class DeviceRounds:
         self.drafts.condition_from(c.export, self.cond_index, self.cond_kvp, c.block_table)
         host = self.host_records[slot]
         host[ROUND_WORD] = NOT_ARRIVED  # its previous round was read: the slot is the host's to mark
-        before = host.tolist()
+        before = host.tolist() if self.record_faults is not None else []  # what a drill's dropped copy leaves
         host.copy_(records, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
@@ -366,7 +365,6 @@ class DeviceRounds:
             )
         if plan.status < 0:
             raise BackendError(f"the round's tree on the GPU: {round_plan.STATUS_MESSAGES[plan.status]}")
-        self.last = result
         self.rounds += 1
         if tail.status == 0:
             b = self.backend
