@@ -21,7 +21,7 @@ import numpy as np
 from elpis import nvcc
 from elpis.accept import abi
 from elpis.exl3 import gdn_tree
-from elpis.exl3.tensors import check_tensor
+from elpis.exl3.tensors import check_one_device, check_tensor
 from elpis.paths import PATCHES_DIR
 
 if TYPE_CHECKING:
@@ -151,10 +151,7 @@ def plan(
     check_tensor("plan", inputs["plan"], torch.uint8, (gdn_tree.PLAN_CAPACITY,))
     check_tensor("cells", cells, torch.int64, (abi.TREE_CELLS,))
     check_tensor("record", record, torch.int32, (RECORD_WORDS,))
-    operands = (packed, state, cells, record, *inputs.values())
-    devices = {t.device for t in operands}
-    if len(devices) != 1:
-        raise ValueError(f"round plan operands on several devices: {sorted(map(str, devices))}")
+    check_one_device("round plan", (packed, state, cells, record, *inputs.values()))
     err = _library().elpis_round_plan(
         packed.data_ptr(), block_rows, k, run, vocab, state.data_ptr(), inputs["seqlens"].data_ptr(),
         inputs["position"].data_ptr(), inputs["ctx"].data_ptr(), inputs["masks"].data_ptr(),

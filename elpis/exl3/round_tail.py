@@ -24,7 +24,7 @@ import numpy as np
 
 from elpis import nvcc
 from elpis.accept import abi
-from elpis.exl3.tensors import check_tensor
+from elpis.exl3.tensors import check_one_device, check_tensor
 from elpis.paths import PATCHES_DIR
 
 if TYPE_CHECKING:
@@ -147,9 +147,7 @@ def decide(
         raise ValueError(f"round tail: cond_index holds {cond_index.shape[0]} rows, a path up to {run}")
     check_tensor("cond_kvp", cond_kvp, torch.int32, (1,))
     operands = (cells, ids, bad, state, pages, record, moves_out, plan_out, cond_index, cond_kvp)
-    devices = {t.device for t in operands}
-    if len(devices) != 1:
-        raise ValueError(f"round tail operands on several devices: {sorted(map(str, devices))}")
+    check_one_device("round tail", operands)
     err = _library().elpis_round_tail(
         cells.data_ptr(), ids.data_ptr(), bad.data_ptr(), run, state.data_ptr(), pages.data_ptr(),
         pages.shape[0], record.data_ptr(), moves_out.data_ptr(), plan_out.data_ptr(), cond_index.data_ptr(),

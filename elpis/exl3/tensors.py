@@ -4,6 +4,7 @@ layout or device would not fail but be misread: each binding (tree attention, th
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -30,3 +31,10 @@ def check_tensor(
         raise ValueError(f"{name} must be contiguous")
     if align and t.data_ptr() % align:
         raise ValueError(f"{name} must be {align}-byte aligned")
+
+
+def check_one_device(who: str, tensors: Iterable[torch.Tensor]) -> None:
+    """Refuse, naming `who`, operands of one launch that lie on more than one device."""
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"{who} operands on several devices: {sorted(map(str, devices))}")
