@@ -572,15 +572,8 @@ int elpis_gdn_tree_verify(const void* qkv, int32_t qkv_row_stride, int32_t qkv_c
 int elpis_gdn_tree_commit(const void* qkv, int32_t qkv_row_stride, int32_t qkv_channel_stride, const void* beta,
                           const float* g, const void* conv_weight, void* conv_state, int32_t conv_stride, float* state,
                           uint32_t n, const int32_t* path, float* out, void* out_bf16, void* stream) {
-    if (n == 0 || n > static_cast<uint32_t>(kMaxRows)) return -1;
-    int32_t depth[kMaxRows];
-    uint32_t ancestors[kMaxRows];
-    for (uint32_t i = 0; i < n; i++) {
-        depth[i] = static_cast<int32_t>(i);
-        ancestors[i] = (i == 31 ? 0xffffffffu : ((1u << (i + 1)) - 1u));
-    }
     GdnTreePlan plan{};
-    const int err = gdn_tree_plan(n, depth, ancestors, path, &plan);
+    const int err = gdn_tree_commit_plan(n, path, &plan);  // -1 for n outside 1..16
     if (err != 0) return err;
     auto* conv = static_cast<__nv_bfloat16*>(conv_state);
     const GdnTreeArgs args{static_cast<const __nv_bfloat16*>(qkv), QkvLayout{qkv_row_stride, qkv_channel_stride},
