@@ -74,6 +74,13 @@ def error_response(err: APIError) -> web.Response:
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 
 
+def _check_in_vocabulary(service: ModelService, ids: Sequence[int], what: str, param: str) -> None:
+    """Refuse token ids outside the model's vocabulary (400), naming them as `what` and the field `param`."""
+    bad = [i for i in ids if not 0 <= i < service.vocab_size]
+    if bad:
+        raise bad_request(f"{what} {bad[:4]} are outside the vocabulary (0..{service.vocab_size - 1})", param)
+
+
 class OpenAIServer:
     def __init__(
         self, authorizer: Authorizer, limits: Limits | None = None, service: ModelService | None = None
@@ -280,12 +287,8 @@ class OpenAIServer:
     @staticmethod
     def _check_stop_ids(service: ModelService, fields: SamplingFields) -> None:
         """Stop ids outside the vocabulary are refused naming the field that holds them."""
-        listed = [] if isinstance(fields.stop, str) else [i for i in fields.stop or [] if isinstance(i, int)]
-        for param, ids in (("stop", listed), ("stop_token_ids", list(fields.stop_token_ids or []))):
-            bad = [i for i in ids if not 0 <= i < service.vocab_size]
-            if bad:
-                top = service.vocab_size - 1
-                raise bad_request(f"stop token ids {bad[:4]} are outside the vocabulary (0..{top})", param)
+        _check_in_vocabulary(service, fields.listed_stop_ids(), "stop token ids", "stop")
+        _check_in_vocabulary(service, fields.stop_token_ids or [], "stop token ids", "stop_token_ids")
 
     async def _next_item(self, job: Job, on_idle: Callable[[], Awaitable[None]] | None) -> Any:
         while True:
@@ -576,12 +579,7 @@ class OpenAIServer:
         if ids is None:
             assert isinstance(completion.prompt, str)
             return list(service.tokenizer.encode(completion.prompt, special=True))
-        bad = [i for i in ids if not 0 <= i < service.vocab_size]
-        if bad:
-            raise bad_request(
-                f"prompt token ids {bad[:4]} are outside the vocabulary (0..{service.vocab_size - 1})",
-                "prompt",
-            )
+        _check_in_vocabulary(service, ids, "prompt token ids", "prompt")
         return ids
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -737,11 +735,7 @@ class OpenAIServer:
         service = self.ready()
         body = validate_request(DetokenizeRequest, await self.read_json(request))
         self._check_model(service, body.model)
-        bad = [i for i in body.tokens if not 0 <= i < service.vocab_size]
-        if bad:
-            raise bad_request(
-                f"token ids {bad[:4]} are outside the vocabulary (0..{service.vocab_size - 1})", "tokens"
-            )
+        _check_in_vocabulary(service, body.tokens, "token ids", "tokens")
         text = await asyncio.to_thread(service.tokenizer.decode, body.tokens)
         return web.json_response({"prompt": text})
 

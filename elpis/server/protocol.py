@@ -259,10 +259,12 @@ class SamplingFields(Strict):
         items = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return tuple(dict.fromkeys(item for item in items if isinstance(item, str)))
 
+    def listed_stop_ids(self) -> list[int]:
+        """The token ids among `stop` (which also takes strings)."""
+        return [] if isinstance(self.stop, str) else [i for i in self.stop or [] if isinstance(i, int)]
+
     def stop_ids(self) -> tuple[int, ...]:
-        items = [] if isinstance(self.stop, str) else (self.stop or [])
-        ids = [item for item in items if isinstance(item, int)] + list(self.stop_token_ids or [])
-        return tuple(dict.fromkeys(ids))
+        return tuple(dict.fromkeys(self.listed_stop_ids() + list(self.stop_token_ids or [])))
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
