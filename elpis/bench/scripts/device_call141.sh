@@ -10,9 +10,7 @@
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-start_build_and_full_synth
-wait_build
-wait_synth
+build_and_full_synth
 python3 -c "from elpis.exl3 import tree_attention as ta; print('fold on:', ta.hadamard_fold_default())" \
   | tee -a "$OUT/log"
 gib24_test "tree-16, Hadamard fold on (served default)" 230

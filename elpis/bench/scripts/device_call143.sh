@@ -11,9 +11,7 @@
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-start_build_and_full_synth
-wait_build
-wait_synth
+build_and_full_synth
 echo "=== device rounds A/B ($(left) s left)" | tee -a "$OUT/log"
 timeout -k 5 $(( $(left) - 150 )) python3 elpis/bench/scripts/device_round_ab.py /tmp/full/target \
   /tmp/full/draft --out "$OUT/device-round-ab.json" --contexts 1024,8192 --tokens 40 --pairs 3 \

@@ -47,6 +47,8 @@ build_and_small_synth() {
   tail -2 /tmp/build.log | tee -a "$OUT/log"
 }
 wait_synth() { wait "$SYNTH"; tail -1 /tmp/synth_full.log | tee -a "$OUT/log"; }
+# Both started and waited for, when the call has nothing to do meanwhile.
+build_and_full_synth() { start_build_and_full_synth; wait_build; wait_synth; }
 # Both checkpoint sizes: the build and the full-size synthesis in the background, the small model (/tmp/small)
 # made meanwhile.
 start_build_and_synths() {
