@@ -8,7 +8,7 @@ LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 ELPIS_EXT_BUILD=1 source elpis/bench/scripts/device_common.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"
-( ELPIS_PROVE_JOBS=6 python3 -m elpis.cli build ) >/tmp/build.log 2>&1 &
+( ELPIS_PROVE_JOBS=6 python3 -m elpis.cli build && touch "$BUILT_MARK" ) >/tmp/build.log 2>&1 &
 BUILD=$!
 ( time python3 -c "import exllamav3.ext" ) >/tmp/ext-build.log 2>&1
 tail -3 /tmp/ext-build.log | tee -a "$OUT/log"
