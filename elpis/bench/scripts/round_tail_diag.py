@@ -1,0 +1,115 @@
+"""Why the round's decision kernel refuses rounds on the GPU (call 144, session 36: every round of
+tests/kernels/test_round_tail.py and tests/exl3/test_device_round.py got status -6, "internal", on the H200,
+while the CPU emulation of the same source passes).
+
+For the cases of test_round_tail.py's first test (same seeds), on the GPU: the shipped kernel's status; the
+diagnostic build (round_tail_diag.cu: each internal refusal returns -1000 - its source line) at -O3 and at -G;
+the raw outputs of the generated tree acceptor's two poisoned runs on the GPU; and the CPU acceptor's
+decision. Prints one JSON line per case that differs anywhere (at most 6) and a summary line "RTDIAG {...}".
+Usage (repo root, after `elpis build`): python3 elpis/bench/scripts/round_tail_diag.py
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import random
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from elpis import accept, nvcc
+from elpis.exl3 import gdn_tree, round_plan, round_tail
+from elpis.spec.sampling import greedy_ids
+
+HERE = Path(__file__).resolve().parent
+VOCAB, RUN, PAGES = 1000, 16, [7, 9, 4]
+
+
+def build(opt: str) -> ctypes.CDLL:
+    arch = nvcc.device_arch()
+    flags = [f for f in nvcc._flags(arch, [HERE], {}) if f not in ("-O3", "-lineinfo")]
+    out = Path(f"/tmp/round_tail_diag{opt}.so")
+    cmd = [str(nvcc.nvcc_path()), *flags, opt, "-shared", str(HERE / "round_tail_diag.cu"), "-o", str(out)]
+    subprocess.run(cmd, check=True)
+    lib = round_tail.bind(ctypes.CDLL(str(out)))
+    lib.elpis_raw_tree.argtypes = [ctypes.c_void_p] * 3
+    return lib
+
+
+def decide(lib: ctypes.CDLL | None, cells: np.ndarray, ids: torch.Tensor, state0: np.ndarray) -> dict:
+    dev = torch.device("cuda")
+    record = torch.full((round_tail.RECORD_WORDS,), -7, dtype=torch.int32, device=dev)
+    moves = torch.zeros((4, RUN - 1), dtype=torch.int64, device=dev)
+    plan = torch.zeros(gdn_tree.PLAN_CAPACITY, dtype=torch.uint8, device=dev)
+    pages = torch.tensor(PAGES, dtype=torch.int32, device=dev)
+    padded = torch.zeros(RUN, dtype=torch.int64, device=dev)
+    padded[: len(ids)] = ids
+    bad = torch.zeros(RUN, dtype=torch.int32, device=dev)
+    state = torch.from_numpy(state0.copy()).to(dev)
+    cond_index = torch.zeros(RUN, dtype=torch.int64, device=dev)
+    cond_kvp = torch.zeros(1, dtype=torch.int32, device=dev)
+    cells_dev = torch.from_numpy(cells).to(dev)
+    if lib is None:
+        round_tail.decide(cells_dev, padded, bad, state, pages, record, moves, plan, cond_index, cond_kvp)
+    else:
+        err = lib.elpis_round_tail(
+            cells_dev.data_ptr(), padded.data_ptr(), bad.data_ptr(), RUN, state.data_ptr(), pages.data_ptr(),
+            len(PAGES), record.data_ptr(), moves.data_ptr(), plan.data_ptr(), cond_index.data_ptr(), RUN,
+            cond_kvp.data_ptr(), torch.cuda.current_stream().cuda_stream,
+        )  # fmt: skip
+        assert err == 0, err
+    got = round_tail.read_record(record.tolist())
+    return {"status": got.status, "path": list(got.path), "count": got.count, "ends": got.ends}
+
+
+def raw(lib: ctypes.CDLL, cells: np.ndarray, ids: torch.Tensor) -> dict:
+    out = torch.full((4 + 32,), -9, dtype=torch.int64, device="cuda")
+    padded = torch.zeros(RUN, dtype=torch.int64, device="cuda")
+    padded[: len(ids)] = ids
+    err = lib.elpis_raw_tree(torch.from_numpy(cells).cuda().data_ptr(), padded.data_ptr(), out.data_ptr())
+    assert err == 0, err
+    w = out.tolist()
+    return {"counts": w[0:2], "ends": w[2:4], "paths": [w[4:20], w[20:36]]}
+
+
+def main() -> None:
+    libs = {"O3": build("-O3"), "G": build("-G")}
+    rng = random.Random(11)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    parents = [-1, 0, 0, 1, 3, 2, 5]
+    shown, statuses = 0, {}
+    for case in range(50):
+        logits = torch.randn((len(parents), VOCAB), generator=gen, device="cuda")
+        ids = greedy_ids(logits)
+        target = ids.tolist()
+        draft = [rng.randrange(VOCAB) for _ in parents]
+        for r in range(1, len(parents)):
+            if rng.random() < 0.6:
+                draft[r] = target[parents[r]]
+        stops = [rng.randrange(VOCAB)] if rng.random() < 0.3 else []
+        budget = rng.randint(1, 8)
+        cells = round_tail.tree_cells(parents, draft, stops, budget)
+        state = round_plan.state_block(anchor=draft[0], kvp=300, remaining=budget, max_context=10_000,
+                                       tree_budget=RUN, stops=stops)  # fmt: skip
+        want = accept.tree(parents, draft, target, stops, budget)
+        row = {"case": case, "want": {"path": list(want.rows), "count": want.count, "ends": want.ends},
+               "shipped": decide(None, cells, ids, state)}  # fmt: skip
+        for name, lib in libs.items():
+            row[name] = decide(lib, cells, ids, state)
+            row[f"raw_{name}"] = raw(lib, cells, ids)
+        for key in ("shipped", "O3", "G"):
+            statuses.setdefault(key, {}).setdefault(str(row[key]["status"]), 0)
+            statuses[key][str(row[key]["status"])] += 1
+        arms = ("shipped", "O3", "G")
+        wrong = any(row[k]["status"] != 0 or row[k]["path"] != row["want"]["path"] for k in arms)
+        if wrong and shown < 6:
+            print(json.dumps(row), flush=True)
+            shown += 1
+    print("RTDIAG " + json.dumps({"statuses": statuses, "ids_dtype": str(ids.dtype)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
