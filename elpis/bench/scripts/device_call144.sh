@@ -10,7 +10,6 @@
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-start_build_and_full_synth() { :; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"
 if [ ! -f "$BUILT_MARK" ]; then
   ( ELPIS_PROVE_JOBS=14 python3 -m elpis.cli build && touch "$BUILT_MARK" ) > /tmp/build.log 2>&1 \
