@@ -38,6 +38,11 @@ __global__ void raw_tree_kernel(const int64_t* cells, const int64_t* ids, int64_
     }
 }
 
+// -G builds leave the stack size to the launch ("cannot be statically determined"): give them room.
+extern "C" int elpis_diag_set_stack(size_t bytes) {
+    return static_cast<int>(cudaDeviceSetLimit(cudaLimitStackSize, bytes));
+}
+
 extern "C" int elpis_raw_tree(const int64_t* cells, const int64_t* ids, int64_t* raw) {
     raw_tree_kernel<<<1, 1>>>(cells, ids, raw);
     return static_cast<int>(cudaDeviceSynchronize());

@@ -28,14 +28,15 @@ HERE = Path(__file__).resolve().parent
 VOCAB, RUN, PAGES = 1000, 16, [7, 9, 4]
 
 
-def build(opt: str) -> ctypes.CDLL:
+def build(name: str, opts: list[str]) -> ctypes.CDLL:
     arch = nvcc.device_arch()
     flags = [f for f in nvcc._flags(arch, [HERE], {}) if f not in ("-O3", "-lineinfo")]
-    out = Path(f"/tmp/round_tail_diag{opt}.so")
-    cmd = [str(nvcc.nvcc_path()), *flags, opt, "-shared", str(HERE / "round_tail_diag.cu"), "-o", str(out)]
+    out = Path(f"/tmp/round_tail_diag-{name}.so")
+    cmd = [str(nvcc.nvcc_path()), *flags, *opts, "-shared", str(HERE / "round_tail_diag.cu"), "-o", str(out)]
     subprocess.run(cmd, check=True)
     lib = round_tail.bind(ctypes.CDLL(str(out)))
     lib.elpis_raw_tree.argtypes = [ctypes.c_void_p] * 3
+    lib.elpis_diag_set_stack.argtypes = [ctypes.c_size_t]
     return lib
 
 
@@ -76,7 +77,11 @@ def raw(lib: ctypes.CDLL, cells: np.ndarray, ids: torch.Tensor) -> dict:
 
 
 def main() -> None:
-    libs = {"O3": build("-O3"), "G": build("-G")}
+    # NVVM and ptxas optimising (as shipped), ptxas not optimising, and device debug (nothing optimised; last,
+    # with a 32 KiB stack, as a crash there ends the run)
+    libs = {"O3": build("O3", ["-O3"]), "ptxasO0": build("ptxasO0", ["-O3", "-Xptxas", "-O0"]),
+            "G": build("G", ["-G"])}  # fmt: skip
+    libs["G"].elpis_diag_set_stack(32768)
     rng = random.Random(11)
     gen = torch.Generator(device="cuda").manual_seed(3)
     parents = [-1, 0, 0, 1, 3, 2, 5]
@@ -100,10 +105,10 @@ def main() -> None:
         for name, lib in libs.items():
             row[name] = decide(lib, cells, ids, state)
             row[f"raw_{name}"] = raw(lib, cells, ids)
-        for key in ("shipped", "O3", "G"):
+        for key in ("shipped", *libs):
             statuses.setdefault(key, {}).setdefault(str(row[key]["status"]), 0)
             statuses[key][str(row[key]["status"])] += 1
-        arms = ("shipped", "O3", "G")
+        arms = ("shipped", *libs)
         wrong = any(row[k]["status"] != 0 or row[k]["path"] != row["want"]["path"] for k in arms)
         if wrong and shown < 6:
             print(json.dumps(row), flush=True)
