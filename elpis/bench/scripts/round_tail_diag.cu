@@ -47,3 +47,40 @@ extern "C" int elpis_raw_tree(const int64_t* cells, const int64_t* ids, int64_t*
     raw_tree_kernel<<<1, 1>>>(cells, ids, raw);
     return static_cast<int>(cudaDeviceSynchronize());
 }
+
+// The commit plan of a path on the GPU, three ways (call 145: the diagnostic build above showed the round
+// tail's refusals come from gdn_tree_commit_plan, line 138). out[0]: gdn_tree_commit_plan's code (the path
+// copied to a local array, as the tail does); out[1]: gdn_tree_plan's code with the chain's depth and
+// ancestors read from global memory (not constants the compiler can see); out[2]: elpis_gdn_plan's result
+// for the chain; out[3..]: its order, load, store (16 each) and taps (16 x 4); bytes: the first plan.
+__global__ void commit_plan_kernel(const int32_t* path_in, uint32_t n, const int32_t* depth_in,
+                                   const uint32_t* ancestors_in, int32_t* out, uint8_t* bytes) {
+    int32_t path[kMaxRows];
+    for (uint32_t i = 0; i < n; i++) path[i] = path_in[i];
+    GdnTreePlan a{}, b{};
+    out[0] = gdn_tree_commit_plan(n, path, &a);
+    out[1] = gdn_tree_plan(n, depth_in, ancestors_in, path_in, &b);
+    uint64_t parents[kGdnPlanRows] = {};
+    for (uint32_t r = 1; r < n; r++) parents[r] = r - 1;
+    int32_t order[kGdnPlanRows], load[kGdnPlanRows], store[kGdnPlanRows];
+    uint32_t taps[kGdnPlanRows][kGdnPlanTaps];
+    for (int i = 0; i < kGdnPlanRows; i++) {
+        order[i] = load[i] = store[i] = -9;
+        for (int j = 0; j < kGdnPlanTaps; j++) taps[i][j] = 999;
+    }
+    out[2] = elpis_gdn_plan(n, parents, order, load, store, taps);
+    for (int i = 0; i < kGdnPlanRows; i++) {
+        out[3 + i] = order[i];
+        out[19 + i] = load[i];
+        out[35 + i] = store[i];
+        for (int j = 0; j < kGdnPlanTaps; j++) out[51 + 4 * i + j] = static_cast<int32_t>(taps[i][j]);
+    }
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(&a);
+    for (int i = 0; i < static_cast<int>(sizeof(GdnTreePlan)); i++) bytes[i] = p[i];
+}
+
+extern "C" int elpis_commit_plan_diag(const int32_t* path, uint32_t n, const int32_t* depth,
+                                      const uint32_t* ancestors, int32_t* out, uint8_t* bytes) {
+    commit_plan_kernel<<<1, 1>>>(path, n, depth, ancestors, out, bytes);
+    return static_cast<int>(cudaDeviceSynchronize());
+}

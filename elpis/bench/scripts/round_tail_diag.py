@@ -76,12 +76,37 @@ def raw(lib: ctypes.CDLL, cells: np.ndarray, ids: torch.Tensor) -> dict:
     return {"counts": w[0:2], "ends": w[2:4], "paths": [w[4:20], w[20:36]]}
 
 
+def commit_plans(lib: ctypes.CDLL, name: str) -> None:
+    """Each path's commit plan on the GPU three ways against the host's packed plan: a "CPDIAG" line each."""
+    lib.elpis_commit_plan_diag.argtypes = [ctypes.c_void_p, ctypes.c_uint32, *[ctypes.c_void_p] * 4]
+    for path in ([0], [0, 1], [0, 1, 3], [0, 2, 5, 6], list(range(16))):
+        n = len(path)
+        dev = torch.device("cuda")
+        path_t = torch.tensor(path, dtype=torch.int32, device=dev)
+        depth = torch.arange(n, dtype=torch.int32, device=dev)
+        anc = torch.tensor([(1 << (i + 1)) - 1 for i in range(n)], dtype=torch.int64).to(torch.int32).to(dev)
+        out = torch.full((51 + 64,), -99, dtype=torch.int32, device=dev)
+        got = torch.zeros(gdn_tree.PLAN_CAPACITY, dtype=torch.uint8, device=dev)
+        ptrs = (depth.data_ptr(), anc.data_ptr(), out.data_ptr(), got.data_ptr())
+        err = lib.elpis_commit_plan_diag(path_t.data_ptr(), n, *ptrs)
+        assert err == 0, err
+        want = gdn_tree.packed_commit_plan(tuple(path))
+        w = out.tolist()
+        line = {"build": name, "path": path, "commit_plan": w[0], "tree_plan": w[1], "gdn_plan": w[2],
+                "order": w[3 : 3 + n], "load": w[19 : 19 + n], "store": w[35 : 35 + n],
+                "taps": w[51 : 51 + 4 * n],
+                "bytes_equal": bytes(got.tolist()[: len(want)]) == want}  # fmt: skip
+        print("CPDIAG " + json.dumps(line), flush=True)
+
+
 def main() -> None:
     # NVVM and ptxas optimising (as shipped), ptxas not optimising, and device debug (nothing optimised; last,
     # with a 32 KiB stack, as a crash there ends the run)
     libs = {"O3": build("O3", ["-O3"]), "ptxasO0": build("ptxasO0", ["-O3", "-Xptxas", "-O0"]),
             "G": build("G", ["-G"])}  # fmt: skip
     libs["G"].elpis_diag_set_stack(32768)
+    for name, lib in libs.items():
+        commit_plans(lib, name)
     rng = random.Random(11)
     gen = torch.Generator(device="cuda").manual_seed(3)
     parents = [-1, 0, 0, 1, 3, 2, 5]
