@@ -94,20 +94,6 @@ __device__ bool write_moves(const uint8_t* path, int32_t count, int64_t kvp, int
     return ok;
 }
 
-// The commit plan of the decided path, built apart from the kernel body. Inlined into it, nvcc 13.0 at -O3
-// (NVVM optimising; ptxas at -O0 or -O3 alike) produced code that refused every path on the H200, while the
-// same source at -G, this function as its own kernel at -O3, and the host builds all give the host's plan
-// (calls 144 and 145, elpis/bench/scripts/round_tail_diag.py). Kept out of line, with its own plan in local
-// memory, as in the kernel that passed.
-__device__ __noinline__ int tail_commit_plan(const uint8_t* path, int32_t count, GdnTreePlan* out) {
-    int32_t rows_of_path[kMaxRows];
-    for (int i = 0; i < count; i++) rows_of_path[i] = path[i];
-    GdnTreePlan plan{};
-    const int code = gdn_tree_commit_plan(static_cast<uint32_t>(count), rows_of_path, &plan);
-    *out = plan;
-    return code;
-}
-
 __global__ void round_tail_kernel(const int64_t* __restrict__ cells_in, const int64_t* __restrict__ ids,
                                   const int32_t* __restrict__ bad, int32_t run, int64_t* __restrict__ state,
                                   const int32_t* __restrict__ pages, int32_t npages, int32_t* __restrict__ record,
@@ -145,7 +131,12 @@ __global__ void round_tail_kernel(const int64_t* __restrict__ cells_in, const in
     }
     if (status == 0 && !write_moves(path, count, kvp, run, pages, npages, moves_out)) status = kSlotOutsidePages;
     plan = GdnTreePlan{};
-    if (status == 0 && tail_commit_plan(path, count, &plan) != 0) status = ELPIS_ERR_INTERNAL;
+    if (status == 0) {
+        int32_t rows_of_path[kMaxRows];
+        for (int i = 0; i < count; i++) rows_of_path[i] = path[i];
+        if (gdn_tree_commit_plan(static_cast<uint32_t>(count), rows_of_path, &plan) != 0)
+            status = ELPIS_ERR_INTERNAL;
+    }
     if (status != 0) {  // the no-op inputs: self-copies of the last slot (page 0's first slot without it)
         count = 0;
         ends = 0;
