@@ -84,3 +84,35 @@ extern "C" int elpis_commit_plan_diag(const int32_t* path, uint32_t n, const int
     commit_plan_kernel<<<1, 1>>>(path, n, depth, ancestors, out, bytes);
     return static_cast<int>(cudaDeviceSynchronize());
 }
+
+// The round tail's own steps with every intermediate written out (staged after call 146: the commit plan refuses
+// in the tail's context, out of line or not, but not given a path from global memory). out[0]: the acceptor's
+// code; out[1..16]: its path; out[17]: gdn_tree_commit_plan into a shared plan (as the tail); out[18]: into a
+// local plan; out[19]: the same path copied through global memory first (path_copy) into a local plan.
+__global__ void tail_steps_kernel(const int64_t* cells_in, const int64_t* ids, int32_t* out, int32_t* path_copy) {
+    __shared__ int64_t cells[ELPIS_TREE_CELLS];
+    __shared__ GdnTreePlan shared_plan;
+    for (int i = 0; i < ELPIS_TREE_CELLS; i++) cells[i] = cells_in[i];
+    const int64_t rows = cells[ELPIS_TREE_ROWS];
+    for (int r = 0; r < rows; r++) cells[ELPIS_TREE_TARGET + r] = ids[r];
+    uint8_t path[kMaxRows];
+    const int32_t code = elpis_check_tree(cells, path);
+    out[0] = code;
+    for (int i = 0; i < kMaxRows; i++) out[1 + i] = path[i];
+    const int32_t count = code >> 1;
+    int32_t rows_of_path[kMaxRows];
+    for (int i = 0; i < count; i++) rows_of_path[i] = path[i];
+    shared_plan = GdnTreePlan{};
+    out[17] = gdn_tree_commit_plan(static_cast<uint32_t>(count), rows_of_path, &shared_plan);
+    GdnTreePlan local_plan{};
+    out[18] = gdn_tree_commit_plan(static_cast<uint32_t>(count), rows_of_path, &local_plan);
+    for (int i = 0; i < count; i++) path_copy[i] = rows_of_path[i];
+    __threadfence();
+    GdnTreePlan copied_plan{};
+    out[19] = gdn_tree_commit_plan(static_cast<uint32_t>(count), path_copy, &copied_plan);
+}
+
+extern "C" int elpis_tail_steps(const int64_t* cells, const int64_t* ids, int32_t* out, int32_t* path_copy) {
+    tail_steps_kernel<<<1, 1>>>(cells, ids, out, path_copy);
+    return static_cast<int>(cudaDeviceSynchronize());
+}

@@ -5,7 +5,8 @@ while the CPU emulation of the same source passes).
 For the cases of test_round_tail.py's first test (same seeds), on the GPU: the shipped kernel's status; the
 diagnostic build (round_tail_diag.cu: each internal refusal returns -1000 - its source line) at -O3 and at -G;
 the raw outputs of the generated tree acceptor's two poisoned runs on the GPU; and the CPU acceptor's
-decision. Prints one JSON line per case that differs anywhere (at most 6) and a summary line "RTDIAG {...}".
+decision; for the first three cases, the tail's steps with their intermediates ("TSDIAG" lines). Prints one
+JSON line per case that differs anywhere (at most 6) and a summary line "RTDIAG {...}".
 Usage (repo root, after `elpis build`): python3 elpis/bench/scripts/round_tail_diag.py
 """
 
@@ -99,6 +100,21 @@ def commit_plans(lib: ctypes.CDLL, name: str) -> None:
         print("CPDIAG " + json.dumps(line), flush=True)
 
 
+def tail_steps(lib: ctypes.CDLL, name: str, cells: np.ndarray, ids: torch.Tensor) -> dict:
+    """The tail's steps with their intermediates (elpis_tail_steps in round_tail_diag.cu)."""
+    lib.elpis_tail_steps.argtypes = [ctypes.c_void_p] * 4
+    out = torch.full((20,), -99, dtype=torch.int32, device="cuda")
+    path_copy = torch.full((RUN,), -99, dtype=torch.int32, device="cuda")
+    padded = torch.zeros(RUN, dtype=torch.int64, device="cuda")
+    padded[: len(ids)] = ids
+    cells_dev = torch.from_numpy(cells).cuda()
+    err = lib.elpis_tail_steps(cells_dev.data_ptr(), padded.data_ptr(), out.data_ptr(), path_copy.data_ptr())
+    assert err == 0, err
+    w = out.tolist()
+    return {"build": name, "code": w[0], "path": w[1:17], "shared_plan": w[17], "local_plan": w[18],
+            "copied_plan": w[19]}  # fmt: skip
+
+
 def main() -> None:
     # NVVM and ptxas optimising (as shipped), ptxas not optimising, and device debug (nothing optimised; last,
     # with a 32 KiB stack, as a crash there ends the run)
@@ -128,6 +144,8 @@ def main() -> None:
         row = {"case": case, "want": {"path": list(want.rows), "count": want.count, "ends": want.ends},
                "shipped": decide(None, cells, ids, state)}  # fmt: skip
         for name, lib in libs.items():
+            if case < 3:
+                print("TSDIAG " + json.dumps(tail_steps(lib, name, cells, ids)), flush=True)
             row[name] = decide(lib, cells, ids, state)
             row[f"raw_{name}"] = raw(lib, cells, ids)
         for key in ("shipped", *libs):
