@@ -9,6 +9,7 @@ the two kernels of a round together.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -51,21 +52,31 @@ def _inputs(kvp: int, path: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return moves, torch.frombuffer(bytearray(padded), dtype=torch.uint8)
 
 
-def test_the_gpu_decides_as_the_proven_acceptor_from_real_logits() -> None:
+PARENTS = [-1, 0, 0, 1, 3, 2, 5]
+
+
+def real_logit_cases(count: int = 50) -> Iterator[tuple[torch.Tensor, list[int], list[int], int]]:
+    """(ids, draft, stops, budget) for the tree PARENTS: greedy targets of random logits on the GPU, drafts
+    matching some of them; fixed seeds (elpis/bench/scripts/round_tail_diag.py replays the same cases)."""
     rng = random.Random(11)
     gen = torch.Generator(device="cuda").manual_seed(3)
-    parents = [-1, 0, 0, 1, 3, 2, 5]
-    kvp = 300
-    for _ in range(50):
-        logits = torch.randn((len(parents), VOCAB), generator=gen, device="cuda")
+    for _ in range(count):
+        logits = torch.randn((len(PARENTS), VOCAB), generator=gen, device="cuda")
         ids = greedy_ids(logits)
         target = ids.tolist()
-        draft = [rng.randrange(VOCAB) for _ in parents]
-        for r in range(1, len(parents)):
+        draft = [rng.randrange(VOCAB) for _ in PARENTS]
+        for r in range(1, len(PARENTS)):
             if rng.random() < 0.6:
-                draft[r] = target[parents[r]]  # accepted when its parent is
+                draft[r] = target[PARENTS[r]]  # accepted when its parent is
         stops = [rng.randrange(VOCAB)] if rng.random() < 0.3 else []
-        budget = rng.randint(1, 8)
+        yield ids, draft, stops, rng.randint(1, 8)
+
+
+def test_the_gpu_decides_as_the_proven_acceptor_from_real_logits() -> None:
+    parents = PARENTS
+    kvp = 300
+    for ids, draft, stops, budget in real_logit_cases():
+        target = ids.tolist()
         cells = round_tail.tree_cells(parents, draft, stops, budget)
         host_state = round_plan.state_block(
             anchor=draft[0], kvp=kvp, remaining=budget, max_context=10_000, tree_budget=RUN, stops=stops

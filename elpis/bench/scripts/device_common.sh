@@ -71,6 +71,15 @@ build_and_small_synth() {
   tail -2 /tmp/build.log | tee -a "$OUT/log"
 }
 wait_synth() { [ -z "${SYNTH:-}" ] || wait "$SYNTH"; tail -1 /tmp/synth_full.log | tee -a "$OUT/log"; }
+# build_once: `elpis build` in the foreground unless this warm machine built this revision already (a failed
+# build ends the script), for calls that need no checkpoints.
+build_once() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"
+  if [ ! -f "$BUILT_MARK" ]; then
+    ( ELPIS_PROVE_JOBS=14 python3 -m elpis.cli build && touch "$BUILT_MARK" ) > /tmp/build.log 2>&1 \
+      || { tail -20 /tmp/build.log | tee -a "$OUT/log"; exit 1; }
+  fi
+}
 # finish_full_synth: wait for a background synthesis until 8 s before the call's limit; one still running then is
 # stopped and its half-written /tmp/full removed (`elpis synth` refuses to write over it in a later call).
 finish_full_synth() {

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import random
 import subprocess
 from pathlib import Path
 
@@ -23,10 +22,9 @@ import torch
 
 from elpis import accept, nvcc
 from elpis.exl3 import gdn_tree, round_plan, round_tail
-from elpis.spec.sampling import greedy_ids
 
 HERE = Path(__file__).resolve().parent
-VOCAB, RUN, PAGES = 1000, 16, [7, 9, 4]
+RUN, PAGES = 16, [7, 9, 4]
 
 
 def build(name: str, opts: list[str]) -> ctypes.CDLL:
@@ -123,20 +121,12 @@ def main() -> None:
     libs["G"].elpis_diag_set_stack(32768)
     for name, lib in libs.items():
         commit_plans(lib, name)
-    rng = random.Random(11)
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    parents = [-1, 0, 0, 1, 3, 2, 5]
+    from tests.kernels.test_round_tail import PARENTS as parents
+    from tests.kernels.test_round_tail import real_logit_cases
+
     shown, statuses = 0, {}
-    for case in range(50):
-        logits = torch.randn((len(parents), VOCAB), generator=gen, device="cuda")
-        ids = greedy_ids(logits)
+    for case, (ids, draft, stops, budget) in enumerate(real_logit_cases()):
         target = ids.tolist()
-        draft = [rng.randrange(VOCAB) for _ in parents]
-        for r in range(1, len(parents)):
-            if rng.random() < 0.6:
-                draft[r] = target[parents[r]]
-        stops = [rng.randrange(VOCAB)] if rng.random() < 0.3 else []
-        budget = rng.randint(1, 8)
         cells = round_tail.tree_cells(parents, draft, stops, budget)
         state = round_plan.state_block(anchor=draft[0], kvp=300, remaining=budget, max_context=10_000,
                                        tree_budget=RUN, stops=stops)  # fmt: skip
