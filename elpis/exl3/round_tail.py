@@ -121,8 +121,11 @@ def decide(
     plan_out: torch.Tensor,
     cond_index: torch.Tensor,
     cond_kvp: torch.Tensor,
+    *,
+    library: ctypes.CDLL | None = None,
 ) -> None:
-    """Launch the kernel on the current stream: cells int64 [TREE_CELLS], ids int64 [run], bad int32 [run],
+    """Launch the kernel (the served build, or `library`: another build of SOURCE bound by `bind`) on the
+    current stream: cells int64 [TREE_CELLS], ids int64 [run], bad int32 [run],
     state int64 [round_plan.STATE_WORDS] (advanced on a commit), pages int32 [pages], record int32
     [RECORD_WORDS], moves_out int64 [4, run - 1], plan_out uint8 [PLAN_CAPACITY], cond_index int64 [run..16]
     and cond_kvp int32 [1] (the draft's conditioning: the path padded with its last row, and the kvp it was
@@ -148,7 +151,7 @@ def decide(
     check_tensor("cond_kvp", cond_kvp, torch.int32, (1,))
     operands = (cells, ids, bad, state, pages, record, moves_out, plan_out, cond_index, cond_kvp)
     check_one_device("round tail", operands)
-    err = _library().elpis_round_tail(
+    err = (_library() if library is None else library).elpis_round_tail(
         cells.data_ptr(), ids.data_ptr(), bad.data_ptr(), run, state.data_ptr(), pages.data_ptr(),
         pages.shape[0], record.data_ptr(), moves_out.data_ptr(), plan_out.data_ptr(), cond_index.data_ptr(),
         cond_index.shape[0], cond_kvp.data_ptr(), torch.cuda.current_stream(ids.device).cuda_stream,

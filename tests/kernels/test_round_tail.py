@@ -26,7 +26,9 @@ RUN = 16
 PAGES = [7, 9, 4]
 
 
-def _round(cells, ids, bad, state):
+def decide_round(cells, ids, bad, state, library=None):
+    """One round's record, written moves and plan, and the draft's conditioning (outputs poisoned first);
+    `library`: another build of round_tail.cu (elpis/bench/scripts/round_tail_diag.py)."""
     dev = torch.device("cuda")
     record = torch.full((round_tail.RECORD_WORDS,), -7, dtype=torch.int32, device=dev)
     moves_out = torch.full((4, RUN - 1), -7, dtype=torch.int64, device=dev)
@@ -40,7 +42,7 @@ def _round(cells, ids, bad, state):
     cond_index = torch.full((RUN,), -7, dtype=torch.int64, device=dev)
     cond_kvp = torch.full((1,), -7, dtype=torch.int32, device=dev)
     outs = (record, moves_out, plan_out, cond_index, cond_kvp)
-    round_tail.decide(cells_dev, padded, bad_run, state, pages, *outs)
+    round_tail.decide(cells_dev, padded, bad_run, state, pages, *outs, library=library)
     cond = (cond_index.tolist(), cond_kvp.item())
     return round_tail.read_record(record.tolist()), moves_out.cpu(), plan_out.cpu(), cond
 
@@ -83,7 +85,7 @@ def test_the_gpu_decides_as_the_proven_acceptor_from_real_logits() -> None:
         )
         state = torch.from_numpy(host_state).cuda()
         bad = torch.zeros(len(parents), dtype=torch.int32, device="cuda")
-        got, moves_out, plan_out, cond = _round(cells, ids, bad, state)
+        got, moves_out, plan_out, cond = decide_round(cells, ids, bad, state)
         want = accept.tree(parents, draft, target, stops, budget)
         assert (got.status, got.path, got.count, got.ends, got.kvp) == (
             0, tuple(want.rows), want.count, want.ends, kvp
@@ -100,7 +102,7 @@ def test_the_gpu_decides_as_the_proven_acceptor_from_real_logits() -> None:
         assert (got.epoch, got.round, after[round_plan.STATE_ROUND]) == (0, 0, 1)
     state = torch.from_numpy(host_state).cuda()
     bad[2] = 1
-    got, moves_out, plan_out, cond = _round(cells, ids, bad, state)
+    got, moves_out, plan_out, cond = decide_round(cells, ids, bad, state)
     assert (got.status, got.count) == (round_tail.STATUS_FLAGGED_ROW, 0) and cond == ([0] * RUN, kvp)
     noop_moves, zero_plan = _inputs(kvp, [])
     assert torch.equal(moves_out, noop_moves) and torch.equal(plan_out, zero_plan)

@@ -3,10 +3,12 @@ tests/kernels/test_round_tail.py and tests/exl3/test_device_round.py got status 
 while the CPU emulation of the same source passes).
 
 For the cases of test_round_tail.py's first test (same seeds), on the GPU: the shipped kernel's status; the
-diagnostic build (round_tail_diag.cu: each internal refusal returns -1000 - its source line) at -O3 and at -G;
-the raw outputs of the generated tree acceptor's two poisoned runs on the GPU; and the CPU acceptor's
-decision; for the first three cases, the tail's steps with their intermediates ("TSDIAG" lines). Prints one
-JSON line per case that differs anywhere (at most 6) and a summary line "RTDIAG {...}".
+diagnostic build (round_tail_diag.cu: each internal refusal returns -1000 - its source line) at -O3, with
+ptxas at -O0 and at -G; the CPU acceptor's decision; per build, each path's commit plan on its own
+("CPDIAG" lines, call 145) and, for the first three cases, the tail's steps with their intermediates
+("TSDIAG" lines). Prints one JSON line per case that differs anywhere (at most 6) and a summary line
+"RTDIAG {...}". Call 144 also compared the generated acceptor's raw poisoned runs with the CPU's; they
+agreed, and that arm is gone.
 Usage (repo root, after `elpis build`): python3 elpis/bench/scripts/round_tail_diag.py
 """
 
@@ -24,7 +26,7 @@ from elpis import accept, nvcc
 from elpis.exl3 import gdn_tree, round_plan, round_tail
 
 HERE = Path(__file__).resolve().parent
-RUN, PAGES = 16, [7, 9, 4]
+RUN = 16
 
 
 def build(name: str, opts: list[str]) -> ctypes.CDLL:
@@ -34,45 +36,18 @@ def build(name: str, opts: list[str]) -> ctypes.CDLL:
     cmd = [str(nvcc.nvcc_path()), *flags, *opts, "-shared", str(HERE / "round_tail_diag.cu"), "-o", str(out)]
     subprocess.run(cmd, check=True)
     lib = round_tail.bind(ctypes.CDLL(str(out)))
-    lib.elpis_raw_tree.argtypes = [ctypes.c_void_p] * 3
     lib.elpis_diag_set_stack.argtypes = [ctypes.c_size_t]
     return lib
 
 
 def decide(lib: ctypes.CDLL | None, cells: np.ndarray, ids: torch.Tensor, state0: np.ndarray) -> dict:
-    dev = torch.device("cuda")
-    record = torch.full((round_tail.RECORD_WORDS,), -7, dtype=torch.int32, device=dev)
-    moves = torch.zeros((4, RUN - 1), dtype=torch.int64, device=dev)
-    plan = torch.zeros(gdn_tree.PLAN_CAPACITY, dtype=torch.uint8, device=dev)
-    pages = torch.tensor(PAGES, dtype=torch.int32, device=dev)
-    padded = torch.zeros(RUN, dtype=torch.int64, device=dev)
-    padded[: len(ids)] = ids
-    bad = torch.zeros(RUN, dtype=torch.int32, device=dev)
-    state = torch.from_numpy(state0.copy()).to(dev)
-    cond_index = torch.zeros(RUN, dtype=torch.int64, device=dev)
-    cond_kvp = torch.zeros(1, dtype=torch.int32, device=dev)
-    cells_dev = torch.from_numpy(cells).to(dev)
-    if lib is None:
-        round_tail.decide(cells_dev, padded, bad, state, pages, record, moves, plan, cond_index, cond_kvp)
-    else:
-        err = lib.elpis_round_tail(
-            cells_dev.data_ptr(), padded.data_ptr(), bad.data_ptr(), RUN, state.data_ptr(), pages.data_ptr(),
-            len(PAGES), record.data_ptr(), moves.data_ptr(), plan.data_ptr(), cond_index.data_ptr(), RUN,
-            cond_kvp.data_ptr(), torch.cuda.current_stream().cuda_stream,
-        )  # fmt: skip
-        assert err == 0, err
-    got = round_tail.read_record(record.tolist())
+    """One round through test_round_tail.py's own launch (the shipped build when `lib` is None)."""
+    from tests.kernels.test_round_tail import decide_round
+
+    state = torch.from_numpy(state0.copy()).cuda()
+    bad = torch.zeros(len(ids), dtype=torch.int32, device="cuda")
+    got, *_ = decide_round(cells, ids, bad, state, library=lib)
     return {"status": got.status, "path": list(got.path), "count": got.count, "ends": got.ends}
-
-
-def raw(lib: ctypes.CDLL, cells: np.ndarray, ids: torch.Tensor) -> dict:
-    out = torch.full((4 + 32,), -9, dtype=torch.int64, device="cuda")
-    padded = torch.zeros(RUN, dtype=torch.int64, device="cuda")
-    padded[: len(ids)] = ids
-    err = lib.elpis_raw_tree(torch.from_numpy(cells).cuda().data_ptr(), padded.data_ptr(), out.data_ptr())
-    assert err == 0, err
-    w = out.tolist()
-    return {"counts": w[0:2], "ends": w[2:4], "paths": [w[4:20], w[20:36]]}
 
 
 def commit_plans(lib: ctypes.CDLL, name: str) -> None:
@@ -137,7 +112,6 @@ def main() -> None:
             if case < 3:
                 print("TSDIAG " + json.dumps(tail_steps(lib, name, cells, ids)), flush=True)
             row[name] = decide(lib, cells, ids, state)
-            row[f"raw_{name}"] = raw(lib, cells, ids)
         for key in ("shipped", *libs):
             statuses.setdefault(key, {}).setdefault(str(row[key]["status"]), 0)
             statuses[key][str(row[key]["status"])] += 1
