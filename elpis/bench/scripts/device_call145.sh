@@ -8,11 +8,7 @@
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"
-if [ ! -f "$BUILT_MARK" ]; then
-  ( ELPIS_PROVE_JOBS=14 python3 -m elpis.cli build && touch "$BUILT_MARK" ) > /tmp/build.log 2>&1 \
-    || { tail -20 /tmp/build.log | tee -a "$OUT/log"; exit 1; }
-fi
+build_once
 echo "=== commit plan and round tail diagnosis ($(left) s left)" | tee -a "$OUT/log"
 timeout -k 3 150 python3 elpis/bench/scripts/round_tail_diag.py > "$OUT/round_tail_diag.txt" 2>&1
 echo "diag: exit $?" | tee -a "$OUT/log"

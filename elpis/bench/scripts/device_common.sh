@@ -29,8 +29,11 @@ save_caches() { rm -f "$OUT"/caches.tar.xz.part-*; tar -C /tmp -cf - triton tune
 # onto a warm machine (its /tmp and build/ kept) skips what an earlier call of this revision already made: the
 # machine is released after 30 s idle, and 80-100 s of build per call is a sixth of a session's device time.
 BUILT_MARK=/tmp/.elpis-built-${ELPIS_GIT_REVISION:-unknown}
-start_build_and_full_synth() {
-  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"
+gpu_line() { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"; }
+# start_build: `elpis build` of this revision in the background (BUILD its pid), or nothing (BUILD empty) when
+# this warm machine built it already. join_build waits for it (a failed build ends the script), wait_build
+# waits without ending it; both put the build's identity and time in the log.
+start_build() {
   export ELPIS_PROVE_JOBS=${ELPIS_PROVE_JOBS:-14}
   BUILD=
   if [ -f "$BUILT_MARK" ] && [ -d build/accept ]; then
@@ -39,6 +42,16 @@ start_build_and_full_synth() {
     ( time python3 -m elpis.cli build && touch "$BUILT_MARK" ) >/tmp/build.log 2>&1 &
     BUILD=$!
   fi
+}
+build_summary() { grep -E "identity|^real|kept" /tmp/build.log | tail -3 | tee -a "$OUT/log"; }
+join_build() {
+  [ -z "${BUILD:-}" ] || wait "$BUILD" || { tail -20 /tmp/build.log | tee -a "$OUT/log"; exit 1; }
+  build_summary
+}
+wait_build() { [ -z "${BUILD:-}" ] || wait "$BUILD"; build_summary; }
+start_build_and_full_synth() {
+  gpu_line
+  start_build
   start_full_synth
 }
 # The full-size checkpoints alone, in the background (call 142 makes them beside its tests for a chained call).
@@ -52,34 +65,18 @@ start_full_synth() {
     SYNTH=$!
   fi
 }
-wait_build() { [ -z "${BUILD:-}" ] || wait "$BUILD"; tail -3 /tmp/build.log | tee -a "$OUT/log"; }
 # The same with the small synthetic model (/tmp/small) made beside the build; returns once both are done (a
 # failed build ends the script).
 build_and_small_synth() {
-  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"
-  BUILD=
-  if [ -f "$BUILT_MARK" ] && [ -d build/accept ]; then
-    echo "build: kept from an earlier call of this revision" > /tmp/build.log
-  else
-    ( ELPIS_PROVE_JOBS=${ELPIS_PROVE_JOBS:-14} python3 -m elpis.cli build && touch "$BUILT_MARK" ) \
-      > /tmp/build.log 2>&1 &
-    BUILD=$!
-  fi
+  gpu_line
+  start_build
   [ -f /tmp/small/draft/config.json ] || timeout -k 2 60 python3 -m elpis.cli synth --small /tmp/small 2>&1 | tail -1 \
     | tee -a "$OUT/log"
-  [ -z "$BUILD" ] || wait $BUILD || { tail -20 /tmp/build.log | tee -a "$OUT/log"; exit 1; }
-  tail -2 /tmp/build.log | tee -a "$OUT/log"
+  join_build
 }
 wait_synth() { [ -z "${SYNTH:-}" ] || wait "$SYNTH"; tail -1 /tmp/synth_full.log | tee -a "$OUT/log"; }
-# build_once: `elpis build` in the foreground unless this warm machine built this revision already (a failed
-# build ends the script), for calls that need no checkpoints.
-build_once() {
-  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"
-  if [ ! -f "$BUILT_MARK" ]; then
-    ( ELPIS_PROVE_JOBS=14 python3 -m elpis.cli build && touch "$BUILT_MARK" ) > /tmp/build.log 2>&1 \
-      || { tail -20 /tmp/build.log | tee -a "$OUT/log"; exit 1; }
-  fi
-}
+# build_once: the build alone, in the foreground (for calls that need no checkpoints).
+build_once() { gpu_line; start_build; join_build; }
 # finish_full_synth: wait for a background synthesis until 8 s before the call's limit; one still running then is
 # stopped and its half-written /tmp/full removed (`elpis synth` refuses to write over it in a later call).
 finish_full_synth() {

@@ -7,9 +7,8 @@
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 ELPIS_EXT_BUILD=1 source elpis/bench/scripts/device_common.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/log"
-( ELPIS_PROVE_JOBS=6 python3 -m elpis.cli build && touch "$BUILT_MARK" ) >/tmp/build.log 2>&1 &
-BUILD=$!
+gpu_line
+ELPIS_PROVE_JOBS=6 start_build  # six prover jobs beside the extension's sixteen compiler jobs
 ( time python3 -c "import exllamav3.ext" ) >/tmp/ext-build.log 2>&1
 tail -3 /tmp/ext-build.log | tee -a "$OUT/log"
 SO=/tmp/torch_ext/exllamav3_ext/exllamav3_ext.so
@@ -19,7 +18,7 @@ xz -T16 -6 -c "$SO" | split -b 15M - "$OUT/ext.so.xz.part-"
   >/tmp/synth_full.log 2>&1 &
 SYNTH=$!
 timeout -k 2 90 python3 -m elpis.cli synth --small /tmp/small 2>&1 | tail -1 | tee -a "$OUT/log"
-wait "$BUILD"; tail -2 /tmp/build.log | tee -a "$OUT/log"
+wait_build
 wait "$SYNTH"; tail -1 /tmp/synth_full.log | tee -a "$OUT/log"
 ls -la "$OUT" | tee -a "$OUT/log"
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
