@@ -1,9 +1,10 @@
 #!/bin/bash
-# Call 146 (session 36, ran at fa0a25f; the change was reverted after it): the round tail with its commit plan out of line (tail_commit_plan, round_tail.cu), after
-# calls 144/145 found the inlined plan refused every path on the GPU at -O3. It did not help: every round still
-# refused, now from the out-of-line call (status -1148 in the diagnostic build). The round kernels' GPU tests, then
-# the diagnosis' summary line for the shipped build, then, if the time allows, the device-round tests on the
-# small model. Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
+# Call 146 (session 36, ran at fa0a25f; the change was reverted after it): the round tail with its commit plan
+# out of line (tail_commit_plan, round_tail.cu), after calls 144/145 found the inlined plan refused every path on
+# the GPU at -O3. It did not help: every round was still refused, now from the out-of-line call (status -1148 in
+# the diagnostic build). The round kernels' GPU tests, then the diagnosis' summary line for the shipped build,
+# then, if the time allows, the device-round tests on the small model. Run with run(carry=[".whl", ".device"])
+# and ELPIS_GIT_REVISION set.
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
