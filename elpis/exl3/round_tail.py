@@ -1,13 +1,12 @@
 """The decision of a greedy tree round on the GPU (`patches/kernels/round_tail.cu`; issue 9, item 2).
 
-Staged, not yet served (the plan: elpis/spec/README.md, "The round on the GPU"). After the verify, one kernel
-puts the row checks and greedy targets through the proven acceptor as device code, and a second writes the
-commit's inputs for the committed path (`tree_verify.commit_moves`' K/V slot moves and
-`gdn_tree.packed_commit_plan`'s plan, into the commit graph's buffers) and advances the request's state block
-(`round_plan.state_block`: kvp, the remaining budget, the anchor, done) for the next round, whose tree
-`round_plan` builds from it. A round that fails its checks gets the no-op inputs and leaves the state alone,
-so the next round verifies the same position again. `read_record` turns the kernel's record into a
-`RoundTail`.
+Staged, not yet served (the plan: elpis/spec/README.md, "The round on the GPU"). After the verify, the
+kernel puts the row checks and greedy targets through the proven acceptor as device code, writes the commit's
+inputs for the committed path (`tree_verify.commit_moves`' K/V slot moves and `gdn_tree.packed_commit_plan`'s
+plan, into the commit graph's buffers) and advances the request's state block (`round_plan.state_block`: kvp,
+the remaining budget, the anchor, done) for the next round, whose tree `round_plan` builds from it. A round
+that fails its checks gets the no-op inputs and leaves the state alone, so the next round verifies the same
+position again. `read_record` turns the kernel's record into a `RoundTail`.
 
 The GPU test (tests/kernels/test_round_tail.py) checks the record against `elpis.accept.tree` and the written
 inputs against `commit_moves` and `packed_commit_plan` on the device; that a commit with the no-op inputs

@@ -51,7 +51,22 @@ ELPIS_GDN_PLAN_FN int gdn_plan_top_bit(uint32_t a) {
 ELPIS_GDN_PLAN_FN int gdn_tree_plan(uint32_t rows, const int32_t* depth, const uint32_t* ancestors,
                                     const int32_t* in_row, GdnTreePlan* plan) {
     if (rows == 0 || rows > static_cast<uint32_t>(kGdnPlanRows)) return -1;
+    // Every scratch array is declared and written here, before the masks are read, not where it is first
+    // needed: with order/load/store first written after the checks below, nvcc 13.0 at -O2/-O3 compiled this
+    // function, inlined into round_tail.cu, into code that returned -2 at every chain's row 0, so the round's
+    // decision refused every round on the H200 (device calls 142-146). A 40-line reduction miscompiles under
+    // NVRTC 12.8 too, not under 13.5. Found and checked on nvcc's PTX by tests/kernels/ptx_interp.py
+    // (tests/kernels/test_round_kernels_ptx.py fails on the old order).
     int parent[kGdnPlanRows];
+    uint64_t parents[kGdnPlanRows];
+    int32_t order[kGdnPlanRows], load[kGdnPlanRows], store[kGdnPlanRows];
+    uint32_t taps[kGdnPlanRows][kGdnPlanTaps];
+    for (int r = 0; r < kGdnPlanRows; r++) {
+        parent[r] = -1;
+        parents[r] = 0;
+        order[r] = load[r] = store[r] = -1;
+        for (int j = 0; j < kGdnPlanTaps; j++) taps[r][j] = 0;
+    }
     const int n = static_cast<int>(rows);
     for (int r = 0; r < n; r++) {
         const uint32_t a = ancestors[r];
@@ -70,12 +85,7 @@ ELPIS_GDN_PLAN_FN int gdn_tree_plan(uint32_t rows, const int32_t* depth, const u
         if (in_row != nullptr && (in_row[r] < 0 || in_row[r] >= kGdnPlanRows)) return -3;
     }
     // The plan itself is the proved Bend program bend/gdn_plan.bend, compiled to gdn_plan.h.
-    uint64_t parents[kGdnPlanRows] = {};
     for (int r = 1; r < n; r++) parents[r] = static_cast<uint64_t>(parent[r]);
-    int32_t order[kGdnPlanRows];
-    int32_t load[kGdnPlanRows];
-    int32_t store[kGdnPlanRows];
-    uint32_t taps[kGdnPlanRows][kGdnPlanTaps];
     const int max_stack = elpis_gdn_plan(rows, parents, order, load, store, taps);
     if (max_stack == -4 || max_stack > kGdnPlanSlots) return -4;
     if (max_stack < 0) return -2;

@@ -16,8 +16,7 @@
 //              them).
 // Only the tree's rows are checked and decided: the padding rows past them are never read by a real row.
 // One thread decides with the proven acceptor (elpis_check_tree: the generated code, as device code, with
-// the checks the CPU glue runs; ext/accept_device.cuh), and one thread of a second kernel writes, for the
-// committed path:
+// the checks the CPU glue runs; ext/accept_device.cuh) and writes, for the committed path:
 //   moves_out  int64 [4][run - 1]: tree_verify.commit_moves(kvp, path, run, pages), the accepted rows' K/V
 //              slot moves padded with self-copies of the verify's last slot;
 //   plan_out   uint8 [kPlanCapacity]: gdn_tree.packed_commit_plan(path) (gdn_tree_plan.cuh, the proved plan),
@@ -95,20 +94,20 @@ __device__ bool write_moves(const uint8_t* path, int32_t count, int64_t kvp, int
     return ok;
 }
 
-// The decision: the row checks, then the proven acceptor. Its status, count, ends and path go to the record,
-// where round_commit_kernel reads them. Two kernels on purpose: built as one, nvcc -O3 (ptxas at -O0 too, not
-// -G) made gdn_tree_commit_plan refuse every path the acceptor had just decided, on the H200 (calls 142-146,
-// bench/results/tree/round-tail-diag-*), while the same plan given a path from global memory is right. Global
-// memory between the two keeps what the compiler derives from the acceptor's code out of the plan's.
-__global__ void round_decide_kernel(const int64_t* __restrict__ cells_in, const int64_t* __restrict__ ids,
-                                    const int32_t* __restrict__ bad, int32_t run, int32_t* __restrict__ record) {
+__global__ void round_tail_kernel(const int64_t* __restrict__ cells_in, const int64_t* __restrict__ ids,
+                                  const int32_t* __restrict__ bad, int32_t run, int64_t* __restrict__ state,
+                                  const int32_t* __restrict__ pages, int32_t npages, int32_t* __restrict__ record,
+                                  int64_t* __restrict__ moves_out, uint8_t* __restrict__ plan_out,
+                                  int64_t* __restrict__ cond_index, int32_t cond_rows, int32_t* __restrict__ cond_kvp) {
     __shared__ int64_t cells[ELPIS_TREE_CELLS];  // shared, not on the thread's stack: the acceptor's frame
                                                  // and this one stay within CUDA's default 1 KiB
+    __shared__ GdnTreePlan plan;
     for (int i = 0; i < ELPIS_TREE_CELLS; i++) cells[i] = cells_in[i];
+    const int64_t kvp = state[kStKvp];
     const int64_t rows = cells[ELPIS_TREE_ROWS];
     int32_t status = 0;
     uint8_t path[kMaxRows];
-    int32_t count = 0, ends = 0;
+    int32_t count = 0, ends = 0, end = -1;
     if (rows < 1 || rows > run) {
         status = ELPIS_ERR_SIZE;  // refused or idle (0 rows from round_plan), or more rows than were verified
     } else {
@@ -127,31 +126,8 @@ __global__ void round_decide_kernel(const int64_t* __restrict__ cells_in, const 
         } else {
             count = code >> 1;
             ends = code & 1;
+            end = path[count - 1];
         }
-    }
-    record[kRecStatus] = status;
-    record[kRecCount] = status == 0 ? count : 0;
-    record[kRecEnds] = status == 0 ? ends : 0;
-    for (int i = 0; i < kMaxRows; i++) record[kRecPath + i] = status == 0 && i < count ? path[i] : 255;
-}
-
-// The commit's inputs for the decided path (the record's status, count, ends and path), the rest of the
-// record, the draft's conditioning and the state.
-__global__ void round_commit_kernel(const int64_t* __restrict__ ids, int32_t run, int64_t* __restrict__ state,
-                                    const int32_t* __restrict__ pages, int32_t npages, int32_t* __restrict__ record,
-                                    int64_t* __restrict__ moves_out, uint8_t* __restrict__ plan_out,
-                                    int64_t* __restrict__ cond_index, int32_t cond_rows,
-                                    int32_t* __restrict__ cond_kvp) {
-    __shared__ GdnTreePlan plan;
-    const int64_t kvp = state[kStKvp];
-    int32_t status = record[kRecStatus];
-    int32_t count = record[kRecCount];
-    int32_t ends = record[kRecEnds];
-    uint8_t path[kMaxRows];
-    for (int i = 0; i < kMaxRows; i++) path[i] = static_cast<uint8_t>(record[kRecPath + i]);
-    if (status == 0 && (count < 1 || count > run)) status = ELPIS_ERR_INTERNAL;  // the decision's own range
-    for (int i = 0; i < count && status == 0; i++) {
-        if (path[i] >= run) status = ELPIS_ERR_INTERNAL;
     }
     if (status == 0 && !write_moves(path, count, kvp, run, pages, npages, moves_out)) status = kSlotOutsidePages;
     plan = GdnTreePlan{};
@@ -161,12 +137,10 @@ __global__ void round_commit_kernel(const int64_t* __restrict__ ids, int32_t run
         if (gdn_tree_commit_plan(static_cast<uint32_t>(count), rows_of_path, &plan) != 0)
             status = ELPIS_ERR_INTERNAL;
     }
-    int32_t end = -1;
-    if (status == 0) {
-        end = path[count - 1];
-    } else {  // the no-op inputs: self-copies of the last slot (page 0's first slot without it)
+    if (status != 0) {  // the no-op inputs: self-copies of the last slot (page 0's first slot without it)
         count = 0;
         ends = 0;
+        end = -1;
         if (!write_moves(path, 0, kvp, run, pages, npages, moves_out)) {
             for (int i = 0; i < 4 * (run - 1); i++) moves_out[i] = 0;
         }
@@ -216,13 +190,9 @@ int elpis_round_tail(const int64_t* cells, const int64_t* ids, const int32_t* ba
         cond_rows > static_cast<uint32_t>(kMaxRows)) {
         return -1;
     }
-    const cudaStream_t on = static_cast<cudaStream_t>(stream);
-    round_decide_kernel<<<1, 1, 0, on>>>(cells, ids, bad, static_cast<int32_t>(run), record);
-    const cudaError_t launched = cudaGetLastError();
-    if (launched != cudaSuccess) return static_cast<int>(launched);
-    round_commit_kernel<<<1, 1, 0, on>>>(ids, static_cast<int32_t>(run), state, pages, static_cast<int32_t>(npages),
-                                         record, moves_out, plan_out, cond_index, static_cast<int32_t>(cond_rows),
-                                         cond_kvp);
+    round_tail_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
+        cells, ids, bad, static_cast<int32_t>(run), state, pages, static_cast<int32_t>(npages), record, moves_out,
+        plan_out, cond_index, static_cast<int32_t>(cond_rows), cond_kvp);
     return static_cast<int>(cudaGetLastError());
 }
 

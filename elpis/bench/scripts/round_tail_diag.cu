@@ -52,16 +52,7 @@ extern "C" int elpis_commit_plan_diag(const int32_t* path, uint32_t n, const int
 // The round tail's own steps with every intermediate written out (staged after call 146: the commit plan refuses
 // in the tail's context, out of line or not, but not given a path from global memory). out[0]: the acceptor's
 // code; out[1..16]: its path; out[17]: gdn_tree_commit_plan into a shared plan (as the tail); out[18]: into a
-// local plan; out[19]: the same path copied through global memory first (path_copy) into a local plan;
-// out[20]: the path's rows and the count passed through an empty asm each (the compiler keeps their values
-// but can no longer derive anything about them), out[21]: the count alone, out[22]: the rows alone. round_tail.cu
-// now decides and plans in two kernels (the record between them in global memory); this kernel keeps the old
-// single-kernel shape to say which knowledge the wrong plan came from.
-__device__ __forceinline__ int32_t opaque(int32_t v) {
-    asm volatile("" : "+r"(v));
-    return v;
-}
-
+// local plan; out[19]: the same path copied through global memory first (path_copy) into a local plan.
 __global__ void tail_steps_kernel(const int64_t* cells_in, const int64_t* ids, int32_t* out, int32_t* path_copy) {
     __shared__ int64_t cells[ELPIS_TREE_CELLS];
     __shared__ GdnTreePlan shared_plan;
@@ -83,12 +74,6 @@ __global__ void tail_steps_kernel(const int64_t* cells_in, const int64_t* ids, i
     __threadfence();
     GdnTreePlan copied_plan{};
     out[19] = gdn_tree_commit_plan(static_cast<uint32_t>(count), path_copy, &copied_plan);
-    int32_t hidden_rows[kMaxRows];
-    for (int i = 0; i < count; i++) hidden_rows[i] = opaque(rows_of_path[i]);
-    GdnTreePlan p20{}, p21{}, p22{};
-    out[20] = gdn_tree_commit_plan(static_cast<uint32_t>(opaque(count)), hidden_rows, &p20);
-    out[21] = gdn_tree_commit_plan(static_cast<uint32_t>(opaque(count)), rows_of_path, &p21);
-    out[22] = gdn_tree_commit_plan(static_cast<uint32_t>(count), hidden_rows, &p22);
 }
 
 extern "C" int elpis_tail_steps(const int64_t* cells, const int64_t* ids, int32_t* out, int32_t* path_copy) {

@@ -6,10 +6,9 @@ For the cases of test_round_tail.py's first test (same seeds), on the GPU: the s
 diagnostic build (round_tail_diag.cu: each internal refusal returns -1000 - its source line) at -O3, with
 ptxas at -O0 and at -G; the CPU acceptor's decision; per build, each path's commit plan on its own
 ("CPDIAG" lines, call 145) and, for the first three cases, the tail's steps with their intermediates
-("TSDIAG" lines: the old single-kernel shape). Since call 147's revision the shipped source decides and
-plans in two kernels, so "shipped" and the O3 / ptxasO0 / G arms test that. Prints one JSON line per case
-that differs anywhere (at most 6) and a summary line "RTDIAG {...}". Call 144 also compared the generated
-acceptor's raw poisoned runs with the CPU's; they agreed, and that arm is gone.
+("TSDIAG" lines). Prints one JSON line per case that differs anywhere (at most 6) and a summary line
+"RTDIAG {...}". Call 144 also compared the generated acceptor's raw poisoned runs with the CPU's; they
+agreed, and that arm is gone.
 Usage (repo root, after `elpis build`): python3 elpis/bench/scripts/round_tail_diag.py
 """
 
@@ -77,7 +76,7 @@ def commit_plans(lib: ctypes.CDLL, name: str) -> None:
 def tail_steps(lib: ctypes.CDLL, name: str, cells: np.ndarray, ids: torch.Tensor) -> dict:
     """The tail's steps with their intermediates (elpis_tail_steps in round_tail_diag.cu)."""
     lib.elpis_tail_steps.argtypes = [ctypes.c_void_p] * 4
-    out = torch.full((23,), -99, dtype=torch.int32, device="cuda")
+    out = torch.full((20,), -99, dtype=torch.int32, device="cuda")
     path_copy = torch.full((RUN,), -99, dtype=torch.int32, device="cuda")
     padded = torch.zeros(RUN, dtype=torch.int64, device="cuda")
     padded[: len(ids)] = ids
@@ -86,8 +85,7 @@ def tail_steps(lib: ctypes.CDLL, name: str, cells: np.ndarray, ids: torch.Tensor
     assert err == 0, err
     w = out.tolist()
     return {"build": name, "code": w[0], "path": w[1:17], "shared_plan": w[17], "local_plan": w[18],
-            "copied_plan": w[19], "opaque_both": w[20], "opaque_count": w[21],
-            "opaque_rows": w[22]}  # fmt: skip
+            "copied_plan": w[19]}  # fmt: skip
 
 
 def main() -> None:

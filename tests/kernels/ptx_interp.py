@@ -1,0 +1,571 @@
+"""An interpreter of the PTX nvcc makes of a single-thread kernel: the code the GPU would run, checked on a
+machine without one.
+
+The CUDA emulation (cuda_emu.py) builds a kernel's *source* with the host compiler, so it cannot see what NVVM
+does to it. That hid a real fault: on the H200 the round's decision (round_tail.cu) refused every round
+(device calls 142-146), because nvcc compiled gdn_tree_plan.cuh's checks, in that context, into code that
+refused row 0 of every chain, while g++, clang and the emulation of the same source were right. Run on
+nvcc's PTX, this interpreter gave the same refusals the GPU gave, and found the construct (the header's note).
+
+`PtxProgram(text)` parses the module's entries; `Machine` holds a flat little-endian byte memory (global
+buffers, shared variables and each launch's local depot at disjoint addresses; generic addresses equal them)
+and runs an entry for one thread, tid 0 of a 1x1 grid. `call` does a launch on numpy arrays: copied in,
+run, copied back. Only what single-thread integer kernels use is implemented: integer and predicate
+arithmetic, byte permutes, bit inserts, the float64 additions, comparisons and minima of a selection, loads
+and stores of every space, branches. Any other opcode or modifier raises `PtxUnsupported` naming it, so a
+test fails loudly instead of interpreting it wrongly. No warps, barriers, atomics or calls.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class PtxUnsupported(NotImplementedError):
+    """The PTX uses something this interpreter does not implement."""
+
+
+_WIDTH = {"8": 8, "16": 16, "32": 32, "64": 64}
+_REG_WIDTH = {"%p": 1, "%rs": 16, "%r": 32, "%rd": 64, "%f": 32, "%fd": 64, "%SP": 64, "%SPL": 64}
+_ENTRY = re.compile(r"^(?:\.visible\s+)?\.entry\s+(\S+)\($")
+_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+([^\s\[,]+)(?:\[(\d+)\])?,?$")
+_SPACE_DECL = re.compile(r"^\.(local|shared)\s+\.align\s+(\d+)\s+\.b8\s+(\S+)\[(\d+)\];$")
+_ADDRESS = re.compile(r"\[([^+\]]+)(?:\+(-?(?:0x[0-9a-fA-F]+|\d+)))?\]")
+_HINTS = {"nc", "ca", "cg", "cs", "lu", "cv", "wb", "wt", "volatile", "relaxed", "weak"}
+_SPACES = {"global", "shared", "local", "param", "const"}
+
+
+def _mask(width: int) -> int:
+    return (1 << width) - 1
+
+
+def _signed(value: int, width: int) -> int:
+    value &= _mask(width)
+    return value - (1 << width) if value >> (width - 1) else value
+
+
+def _type_of(suffix: str) -> tuple[str, int]:
+    """(kind: s, u, b, f or pred; width in bits) of a type suffix such as s32, f64, pred."""
+    if suffix == "pred":
+        return "pred", 1
+    kind, width = suffix[:1], suffix[1:]
+    if kind not in ("s", "u", "b", "f") or width not in _WIDTH:
+        raise PtxUnsupported(f"type .{suffix}")
+    return kind, _WIDTH[width]
+
+
+def _to_float(bits: int, width: int) -> float:
+    data = (bits & _mask(width)).to_bytes(width // 8, "little")
+    return struct.unpack("<f" if width == 32 else "<d", data)[0]
+
+
+def _from_float(value: float, width: int) -> int:
+    """The bits of `value` at `width`, rounded to nearest even (float32 through numpy's cast)."""
+    if width == 32:
+        return int(np.array([value], dtype=np.float64).astype(np.float32).view(np.uint32)[0])
+    return int.from_bytes(struct.pack("<d", value), "little")
+
+
+def _split_operands(text: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+def _vector(op: str) -> list[str]:
+    return [x.strip() for x in op[1:-1].split(",")] if op.startswith("{") else [op]
+
+
+@dataclass
+class Instruction:
+    opcode: str
+    mods: list[str]  # the dot-separated parts after the opcode
+    ops: list[str]
+    guard: str | None  # the predicate register, or None
+    negated: bool
+
+
+@dataclass
+class Entry:
+    name: str
+    params: list[tuple[str, int]]  # (name, bytes)
+    decls: list[tuple[str, str, int, int]]  # (space, name, alignment, bytes)
+    code: list[Instruction]
+    labels: dict[str, int]
+
+
+class PtxProgram:
+    """The entries of one PTX module."""
+
+    def __init__(self, text: str) -> None:
+        self.entries: dict[str, Entry] = {}
+        lines = text.splitlines()
+        i = 0
+        while i < len(lines):
+            if ".func" in lines[i].split("//", 1)[0]:
+                raise PtxUnsupported(f"device functions ({lines[i].strip()})")
+            m = _ENTRY.match(lines[i])
+            i += 1
+            if m is not None:
+                i = self._entry(m.group(1), lines, i)
+
+    def _entry(self, name: str, lines: list[str], i: int) -> int:
+        params = []
+        while lines[i].strip() != ")":
+            pm = _PARAM.search(lines[i].strip())
+            if pm is None:
+                raise PtxUnsupported(f"parameter {lines[i].strip()!r}")
+            params.append((pm.group(2), _type_of(pm.group(1))[1] // 8 * int(pm.group(3) or 1)))
+            i += 1
+        if lines[i + 1].strip() != "{":
+            raise PtxUnsupported(f"entry {name}: no body")
+        i += 2
+        decls, code, labels = [], [], {}
+        while lines[i] != "}":
+            line = lines[i].split("//", 1)[0].strip()
+            i += 1
+            if not line or line.split(None, 1)[0] in (".reg", ".pragma", ".loc"):
+                continue
+            if line.endswith(":"):
+                labels[line[:-1]] = len(code)
+                continue
+            dm = _SPACE_DECL.match(line)
+            if dm:
+                decls.append((dm.group(1), dm.group(3), int(dm.group(2)), int(dm.group(4))))
+                continue
+            if line.startswith(".") or not line.endswith(";"):
+                raise PtxUnsupported(f"{line!r}")
+            line = line[:-1].strip()
+            guard, negated = None, False
+            if line.startswith("@"):
+                g, line = line.split(None, 1)
+                negated = g.startswith("@!")
+                guard = g[2:] if negated else g[1:]
+            parts = line.split(None, 1)
+            opcode, *mods = parts[0].split(".")
+            operands = _split_operands(parts[1]) if len(parts) > 1 else []
+            code.append(Instruction(opcode, mods, operands, guard, negated))
+        self.entries[name] = Entry(name, params, decls, code, labels)
+        return i + 1
+
+    def entry(self, contains: str) -> Entry:
+        """The one entry whose (mangled) name contains `contains`."""
+        found = [e for n, e in self.entries.items() if contains in n]
+        if len(found) != 1:
+            raise KeyError(f"{len(found)} entries match {contains!r}: {sorted(self.entries)}")
+        return found[0]
+
+
+@dataclass
+class Machine:
+    """A flat little-endian byte memory and the runs of entries on it."""
+
+    size: int = 1 << 22
+    mem: bytearray = field(init=False)
+    top: int = 0x1000  # nothing lives below: a null pointer's access fails
+    steps: int = 0  # instructions run, all launches
+
+    def __post_init__(self) -> None:
+        self.mem = bytearray(self.size)
+
+    def alloc(self, nbytes: int, align: int = 256) -> int:
+        self.top = (self.top + align - 1) // align * align
+        addr = self.top
+        self.top += max(nbytes, 1)
+        if self.top > self.size:
+            raise MemoryError("interpreter memory exhausted")
+        return addr
+
+    def put(self, array: np.ndarray) -> int:
+        """A copy of `array` in memory; its address."""
+        data = np.ascontiguousarray(array).tobytes()
+        addr = self.alloc(len(data))
+        self.mem[addr : addr + len(data)] = data
+        return addr
+
+    def get(self, addr: int, like: np.ndarray) -> np.ndarray:
+        """The bytes at `addr` as an array of `like`'s dtype and shape."""
+        data = bytes(self.mem[addr : addr + like.nbytes])
+        return np.frombuffer(data, dtype=like.dtype).reshape(like.shape).copy()
+
+    def load(self, addr: int, nbytes: int) -> int:
+        if addr < 0x1000 or addr + nbytes > self.top:
+            raise MemoryError(f"load of {nbytes} bytes at {addr:#x}, outside allocated memory")
+        return int.from_bytes(self.mem[addr : addr + nbytes], "little")
+
+    def store(self, addr: int, nbytes: int, value: int) -> None:
+        if addr < 0x1000 or addr + nbytes > self.top:
+            raise MemoryError(f"store of {nbytes} bytes at {addr:#x}, outside allocated memory")
+        self.mem[addr : addr + nbytes] = (value & _mask(8 * nbytes)).to_bytes(nbytes, "little")
+
+    def run(self, entry: Entry, args: Sequence[int | bytes], *, max_steps: int = 20_000_000) -> None:
+        """Run `entry` for one thread. `args`: integers (values, or addresses from `put`) for scalar
+        parameters, the bytes of a struct passed by value for the others. Shared variables and the local depot
+        are fresh for the launch and hold 0xCD bytes: on a GPU nothing initialises them."""
+        if len(args) != len(entry.params):
+            raise ValueError(f"{entry.name}: {len(entry.params)} parameters, {len(args)} given")
+        symbols = {}
+        for _, name, align, nbytes in entry.decls:
+            symbols[name] = self.alloc(nbytes, max(align, 16))
+            self.mem[symbols[name] : symbols[name] + nbytes] = b"\xcd" * nbytes
+        params = {}
+        for (name, nbytes), value in zip(entry.params, args, strict=True):
+            if not isinstance(value, bytes):
+                value = (value & _mask(8 * nbytes)).to_bytes(nbytes, "little")
+            data = value
+            if len(data) != nbytes:
+                raise ValueError(f"{entry.name}: parameter {name} takes {nbytes} bytes, got {len(data)}")
+            params[name] = data
+        self.steps += _Thread(self, entry, symbols, params).run(max_steps)
+
+    def call(self, entry: Entry, *args: int | bytes | np.ndarray) -> None:
+        """A launch on arrays: each numpy array argument is copied in, passed as its address and, after the
+        run, overwritten with what the kernel left there."""
+        placed = [(a, self.put(a)) if isinstance(a, np.ndarray) else (a, None) for a in args]
+        self.run(entry, [addr if addr is not None else a for a, addr in placed])
+        for a, addr in placed:
+            if addr is not None:
+                a[...] = self.get(addr, a)
+
+
+class _Thread:
+    def __init__(
+        self, machine: Machine, entry: Entry, symbols: dict[str, int], params: dict[str, bytes]
+    ) -> None:
+        self.m, self.entry, self.symbols, self.params = machine, entry, symbols, params
+        self.regs: dict[str, int] = {}
+
+    def value(self, op: str) -> int:
+        if op.startswith("%"):
+            if op not in self.regs:
+                raise RuntimeError(f"{self.entry.name}: {op} read before any write")
+            return self.regs[op]
+        if op in self.symbols:
+            return self.symbols[op]
+        if re.fullmatch(r"0[dD][0-9a-fA-F]{16}", op):  # a float64 immediate, as its bits
+            return int(op[2:], 16)
+        if re.fullmatch(r"0[fF][0-9a-fA-F]{8}", op):
+            return int(op[2:], 16)
+        try:
+            return int(op, 0)
+        except ValueError:
+            raise PtxUnsupported(f"operand {op!r}") from None
+
+    def set(self, reg: str, value: int) -> None:
+        head = re.match(r"%[A-Za-z]+", reg)
+        if head is None or head.group(0) not in _REG_WIDTH:
+            raise PtxUnsupported(f"destination {reg!r}")
+        self.regs[reg] = value & _mask(_REG_WIDTH[head.group(0)])
+
+    def address(self, op: str) -> int:
+        m = _ADDRESS.fullmatch(op.replace(" ", ""))
+        if m is None or m.group(1) in self.params:
+            raise PtxUnsupported(f"address {op!r}")
+        return (self.value(m.group(1)) + int(m.group(2) or "0", 0)) & _mask(64)
+
+    def run(self, max_steps: int) -> int:
+        code, labels = self.entry.code, self.entry.labels
+        pc = steps = 0
+        while True:
+            if pc >= len(code):
+                raise RuntimeError(f"{self.entry.name}: ran past its end")
+            ins = code[pc]
+            steps += 1
+            if steps > max_steps:
+                raise RuntimeError(f"{self.entry.name}: over {max_steps} instructions")
+            pc += 1
+            if ins.guard is not None and bool(self.regs[ins.guard]) == ins.negated:
+                continue
+            if ins.opcode == "bra":
+                pc = labels[ins.ops[0]]
+            elif ins.opcode == "ret":
+                return steps
+            elif ins.opcode in ("membar", "fence"):
+                continue  # one thread: its accesses are in order
+            else:
+                handler = _HANDLERS.get(ins.opcode)
+                if handler is None:
+                    raise PtxUnsupported(f"opcode {ins.opcode}.{'.'.join(ins.mods)}")
+                handler(self, ins.mods, ins.ops)
+
+
+# ---- instruction semantics (PTX ISA 9.0) -------------------------------------------------------------------
+
+_Handler = Callable[[_Thread, list[str], list[str]], None]
+
+
+def _float_binary(op: str, a: float, b: float) -> float:
+    if op == "add":
+        return a + b
+    if op == "sub":
+        return a - b
+    if op in ("min", "max"):  # a NaN operand gives the other; -0 counts below +0
+        if math.isnan(a) or math.isnan(b):
+            return b if math.isnan(a) else a
+        if a == b:
+            first = math.copysign(1.0, a) < 0 if op == "min" else math.copysign(1.0, a) > 0
+            return a if first else b
+        return min(a, b) if op == "min" else max(a, b)
+    raise PtxUnsupported(f"{op} on floats")
+
+
+def _binary(name: str, fn: Callable[[int, int, str, int], int]) -> _Handler:
+    def run(t: _Thread, mods: list[str], ops: list[str]) -> None:
+        kind, width = _type_of(mods[-1])
+        a, b = t.value(ops[1]) & _mask(width), t.value(ops[2]) & _mask(width)
+        if kind == "f":
+            if any(m not in ("rn", mods[-1]) for m in mods):  # the default rounding only: no ftz, sat
+                raise PtxUnsupported(f"{name}.{'.'.join(mods)}")
+            # float32: rounded once from float64, which holds over 2 x 24 + 2 bits, so correctly rounded
+            t.set(ops[0], _from_float(_float_binary(name, _to_float(a, width), _to_float(b, width)), width))
+        elif kind == "pred":
+            t.set(ops[0], fn(int(bool(a)), int(bool(b)), kind, 1))
+        else:
+            if len(mods) != 1:
+                raise PtxUnsupported(f"{name}.{'.'.join(mods)}")
+            t.set(ops[0], fn(a, b, kind, width))
+
+    return run
+
+
+def _shift_left(a: int, b: int, kind: str, width: int) -> int:
+    return 0 if b >= width else a << b
+
+
+def _shift_right(a: int, b: int, kind: str, width: int) -> int:
+    if kind == "s":
+        return _signed(a, width) >> min(b, width - 1)
+    return 0 if b >= width else a >> b
+
+
+def _extreme(pick: Callable[[int, int], int]) -> Callable[[int, int, str, int], int]:
+    def fn(a: int, b: int, kind: str, width: int) -> int:
+        return pick(_signed(a, width), _signed(b, width)) if kind == "s" else pick(a, b)
+
+    return fn
+
+
+def _mul(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    kind, width = _type_of(mods[-1])
+    if kind not in ("s", "u") or len(mods) != 2:
+        raise PtxUnsupported(f"mul.{'.'.join(mods)}")
+    a, b = t.value(ops[1]) & _mask(width), t.value(ops[2]) & _mask(width)
+    if kind == "s":
+        a, b = _signed(a, width), _signed(b, width)
+    shifts = {"wide": 0, "lo": 0, "hi": width}
+    if mods[0] not in shifts:
+        raise PtxUnsupported(f"mul.{'.'.join(mods)}")
+    t.set(ops[0], (a * b) >> shifts[mods[0]])
+
+
+def _not(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    _, width = _type_of(mods[-1])
+    t.set(ops[0], ~t.value(ops[1]) & _mask(width))
+
+
+def _neg(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    kind, width = _type_of(mods[-1])
+    a = t.value(ops[1]) & _mask(width)
+    t.set(ops[0], a ^ (1 << (width - 1)) if kind == "f" else -a)  # a float's sign bit, NaN or not
+
+
+def _mov(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    dests, srcs = _vector(ops[0]), _vector(ops[1])
+    _, width = _type_of(mods[-1])
+    if len(dests) > 1:  # a word into its parts, least significant first
+        word = t.value(ops[1])
+        for i, dest in enumerate(dests):
+            t.set(dest, word >> (i * width // len(dests)))
+    elif len(srcs) > 1:  # parts into a word
+        part, word = width // len(srcs), 0
+        for i, src in enumerate(srcs):
+            word |= (t.value(src) & _mask(part)) << (i * part)
+        t.set(ops[0], word)
+    else:
+        t.set(ops[0], t.value(ops[1]))
+
+
+def _cvta(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    t.set(ops[0], t.value(ops[1]))  # generic and space addresses coincide here
+
+
+_TO_INTEGER = {"rzi": math.trunc, "rmi": math.floor, "rpi": math.ceil, "rni": round}  # round: ties to even
+
+
+def _float_to_integer(x: float, rounding: str, signed: bool, width: int) -> int:
+    """cvt from a float to an integer: NaN gives 0, values out of range (infinities too) saturate."""
+    low, high = (-(1 << (width - 1)), (1 << (width - 1)) - 1) if signed else (0, _mask(width))
+    if math.isnan(x):
+        return 0
+    if math.isinf(x):
+        return high if x > 0 else low
+    return max(low, min(high, _TO_INTEGER[rounding](x)))
+
+
+def _cvt(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    rounding = mods[0] if len(mods) == 3 else None
+    if len(mods) not in (2, 3):
+        raise PtxUnsupported(f"cvt.{'.'.join(mods)}")
+    (dk, dw), (sk, sw) = _type_of(mods[-2]), _type_of(mods[-1])
+    a = t.value(ops[1]) & _mask(sw)
+    if (dk, sk, dw, sw, rounding) == ("f", "f", 64, 32, None):  # widening is exact
+        t.set(ops[0], _from_float(_to_float(a, 32), 64))
+    elif sk == "f" and dk in ("s", "u") and rounding in _TO_INTEGER:
+        t.set(ops[0], _float_to_integer(_to_float(a, sw), rounding, dk == "s", dw))
+    elif "f" in (dk, sk) or rounding is not None:
+        raise PtxUnsupported(f"cvt.{'.'.join(mods)}")
+    else:
+        t.set(ops[0], _signed(a, sw) if sk == "s" else a)
+
+
+_CMP: dict[str, Callable[[float, float], bool]] = {
+    "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b, "le": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
+    "lo": lambda a, b: a < b, "ls": lambda a, b: a <= b, "hi": lambda a, b: a > b, "hs": lambda a, b: a >= b,
+}  # fmt: skip
+
+
+def _setp(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    if len(mods) != 2 or "|" in ops[0]:
+        raise PtxUnsupported(f"setp.{'.'.join(mods)} {ops[0]}")
+    cmp, (kind, width) = mods[0], _type_of(mods[1])
+    a, b = t.value(ops[1]) & _mask(width), t.value(ops[2]) & _mask(width)
+    if kind == "f":  # an ordered test is false on a NaN, an unordered one (suffix u) true
+        unordered = cmp.endswith("u")
+        test = _CMP.get(cmp[:-1] if unordered else cmp)
+        if test is None:
+            raise PtxUnsupported(f"setp.{'.'.join(mods)}")
+        fa, fb = _to_float(a, width), _to_float(b, width)
+        t.set(ops[0], int(unordered if math.isnan(fa) or math.isnan(fb) else test(fa, fb)))
+        return
+    if cmp not in _CMP:
+        raise PtxUnsupported(f"setp.{'.'.join(mods)}")
+    if kind == "s":
+        a, b = _signed(a, width), _signed(b, width)
+    t.set(ops[0], int(_CMP[cmp](a, b)))
+
+
+def _selp(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    t.set(ops[0], t.value(ops[1]) if t.value(ops[3]) else t.value(ops[2]))
+
+
+def _prmt(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    if mods != ["b32"]:
+        raise PtxUnsupported(f"prmt.{'.'.join(mods)}")
+    source = (t.value(ops[2]) & 0xFFFFFFFF) << 32 | (t.value(ops[1]) & 0xFFFFFFFF)
+    selector, out = t.value(ops[3]), 0
+    for i in range(4):
+        s = (selector >> (4 * i)) & 0xF
+        byte = (source >> (8 * (s & 7))) & 0xFF
+        if s & 8:  # replicate the byte's sign
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * i)
+    t.set(ops[0], out)
+
+
+def _bfi(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    _, width = _type_of(mods[-1])
+    a, b = t.value(ops[1]), t.value(ops[2])
+    pos, length = t.value(ops[3]) & 0xFF, t.value(ops[4]) & 0xFF
+    if length == 0 or pos >= width:
+        t.set(ops[0], b)
+        return
+    field_mask = _mask(min(length, width - pos)) << pos
+    t.set(ops[0], (b & ~field_mask) | ((a << pos) & field_mask))
+
+
+def _popc(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    _, width = _type_of(mods[-1])
+    t.set(ops[0], bin(t.value(ops[1]) & _mask(width)).count("1"))
+
+
+def _memory_type(mods: list[str]) -> tuple[str, int, int, str]:
+    """(kind, bits, lanes, space) of a load's or store's modifiers."""
+    space, lanes, rest = "generic", 1, []
+    for m in mods:
+        if m in _SPACES:
+            space = m
+        elif m in ("v2", "v4"):
+            lanes = int(m[1])
+        elif m not in _HINTS:
+            rest.append(m)
+    if len(rest) != 1:
+        raise PtxUnsupported(f"ld/st .{'.'.join(mods)}")
+    kind, bits = _type_of(rest[0])
+    return kind, bits, lanes, space
+
+
+def _ld(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    kind, bits, lanes, space = _memory_type(mods)
+    dests, nbytes = _vector(ops[0]), bits // 8
+    if len(dests) != lanes:
+        raise PtxUnsupported(f"ld into {len(dests)} registers as v{lanes}")
+    if space == "param":
+        m = _ADDRESS.fullmatch(ops[1].replace(" ", ""))
+        if m is None or m.group(1) not in t.params:
+            raise PtxUnsupported(f"ld.param {ops[1]}")
+        data, at = t.params[m.group(1)], int(m.group(2) or "0", 0)
+        chunks = [data[at + i * nbytes : at + (i + 1) * nbytes] for i in range(lanes)]
+        words = [int.from_bytes(c, "little") for c in chunks]
+    else:
+        addr = t.address(ops[1])
+        if addr % nbytes:
+            raise RuntimeError(f"misaligned {bits}-bit load at {addr:#x}")
+        words = [t.m.load(addr + i * nbytes, nbytes) for i in range(lanes)]
+    for dest, word in zip(dests, words, strict=True):
+        t.set(dest, _signed(word, bits) if kind == "s" else word)
+
+
+def _st(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    _, bits, lanes, space = _memory_type(mods)
+    values, nbytes = _vector(ops[1]), bits // 8
+    if space == "param" or len(values) != lanes:
+        raise PtxUnsupported(f"st.{'.'.join(mods)} {ops[1]}")
+    addr = t.address(ops[0])
+    if addr % nbytes:
+        raise RuntimeError(f"misaligned {bits}-bit store at {addr:#x}")
+    for i, v in enumerate(values):
+        t.m.store(addr + i * nbytes, nbytes, t.value(v))
+
+
+_HANDLERS: dict[str, _Handler] = {
+    "add": _binary("add", lambda a, b, k, w: a + b),
+    "sub": _binary("sub", lambda a, b, k, w: a - b),
+    "and": _binary("and", lambda a, b, k, w: a & b),
+    "or": _binary("or", lambda a, b, k, w: a | b),
+    "xor": _binary("xor", lambda a, b, k, w: a ^ b),
+    "shl": _binary("shl", _shift_left),
+    "shr": _binary("shr", _shift_right),
+    "max": _binary("max", _extreme(max)),
+    "min": _binary("min", _extreme(min)),
+    "mul": _mul,
+    "not": _not,
+    "neg": _neg,
+    "mov": _mov,
+    "cvta": _cvta,
+    "cvt": _cvt,
+    "setp": _setp,
+    "selp": _selp,
+    "prmt": _prmt,
+    "bfi": _bfi,
+    "popc": _popc,
+    "ld": _ld,
+    "st": _st,
+}

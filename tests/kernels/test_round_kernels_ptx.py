@@ -1,0 +1,199 @@
+"""The round's single-thread kernels as nvcc compiles them (patches/kernels/round_tail.cu, round_plan.cu), run
+on the CPU by the PTX interpreter (tests/kernels/ptx_interp.py), against their CPU emulation (cuda_emu.py, the
+same source built by g++): on the same inputs, every output array equal byte for byte, for the sm_86 and sm_90
+PTX, and the tail's record the proven acceptor's decision.
+
+The emulation checks the source; this checks the code the GPU runs. nvcc 13.0 compiled gdn_tree_plan.cuh
+inside round_tail.cu into a refusal of every round (device calls 142-146, H200) while every host build of the
+same source decided right; the interpreter reproduced it on the PTX before any GPU could. CI has nvcc and no
+GPU, so this runs there (`.ci/run` sets ELPIS_REQUIRE_NVCC=1).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import struct
+
+import numpy as np
+import pytest
+
+from elpis import accept, nvcc
+from elpis.accept import abi
+from elpis.exl3 import gdn_tree, round_plan, round_tail
+from elpis.exl3.tree_verify import PAGE
+from tests.kernels import cuda_emu
+from tests.kernels.ptx_interp import Machine, PtxProgram
+from tests.kernels.round_plan_cases import Request, emulated_plan, random_block, random_request
+
+pytestmark = pytest.mark.skipif(
+    nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1",
+    reason="nvcc not installed (CI sets ELPIS_REQUIRE_NVCC=1 and has it)",
+)
+
+RUN = 16
+PAGES = [40, 41, 7, 43, 44]
+VOCAB = 248_320
+
+
+def _ptx(source, arch: str) -> PtxProgram:
+    return PtxProgram(nvcc.compile_to(source, "ptx", arch=arch).read_text())
+
+
+@pytest.fixture(scope="module", params=nvcc.ARCHS)
+def tail_ptx(request: pytest.FixtureRequest) -> PtxProgram:
+    return _ptx(round_tail.SOURCE, request.param)
+
+
+@pytest.fixture(scope="module", params=nvcc.ARCHS)
+def plan_ptx(request: pytest.FixtureRequest) -> PtxProgram:
+    return _ptx(round_plan.SOURCE, request.param)
+
+
+@pytest.fixture(scope="module")
+def tail_emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    built = cuda_emu.build_emulated(
+        round_tail.SOURCE, tmp_path_factory.mktemp("round_tail_emu"), launches=1, needs=("gdn_plan.h",)
+    )
+    return round_tail.bind(built)
+
+
+@pytest.fixture(scope="module")
+def plan_emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    built = cuda_emu.build_emulated(
+        round_plan.SOURCE, tmp_path_factory.mktemp("round_plan_emu"), launches=1, needs=("gdn_plan.h",)
+    )
+    return round_plan.bind(built)
+
+
+def _tail_buffers(cells, ids, bad, state) -> dict[str, np.ndarray]:
+    """The tail's inputs and its outputs poisoned, in the kernel's parameter order (scalars aside)."""
+    return {
+        "cells": np.array(cells, dtype=np.int64),
+        "ids": np.array(list(ids) + [0] * (RUN - len(ids)), dtype=np.int64),
+        "bad": np.array(list(bad) + [0] * (RUN - len(bad)), dtype=np.int32),
+        "state": np.array(state, dtype=np.int64),
+        "pages": np.array(PAGES, dtype=np.int32),
+        "record": np.full(round_tail.RECORD_WORDS, -7, dtype=np.int32),
+        "moves": np.full((4, RUN - 1), -7, dtype=np.int64),
+        "plan": np.full(gdn_tree.PLAN_CAPACITY, 0xA5, dtype=np.uint8),
+        "cond_index": np.full(RUN, -7, dtype=np.int64),
+        "cond_kvp": np.full(1, -7, dtype=np.int32),
+    }
+
+
+def _tail_emulated(lib: ctypes.CDLL, b: dict[str, np.ndarray]) -> None:
+    err = lib.elpis_round_tail(
+        b["cells"].ctypes.data, b["ids"].ctypes.data, b["bad"].ctypes.data, RUN, b["state"].ctypes.data,
+        b["pages"].ctypes.data, len(PAGES), b["record"].ctypes.data, b["moves"].ctypes.data,
+        b["plan"].ctypes.data, b["cond_index"].ctypes.data, RUN, b["cond_kvp"].ctypes.data, None,
+    )  # fmt: skip
+    assert err == 0
+
+
+def _tail_interpreted(program: PtxProgram, b: dict[str, np.ndarray]) -> None:
+    # the arguments of elpis_round_tail's launch, in the kernel's order
+    Machine().call(
+        program.entry("round_tail_kernel"), b["cells"], b["ids"], b["bad"], RUN, b["state"], b["pages"],
+        len(PAGES), b["record"], b["moves"], b["plan"], b["cond_index"], RUN, b["cond_kvp"],
+    )  # fmt: skip
+
+
+def _random_round(rng: random.Random) -> tuple[list[int], list[int], list[int], list[int], int]:
+    """A tree whose targets follow some drafts (paths of several rows are accepted), stops and a budget."""
+    rows = rng.randint(1, RUN)
+    parents = [-1] + [rng.randrange(r) for r in range(1, rows)]
+    draft = [rng.randrange(12) for _ in range(rows)]
+    target = [rng.randrange(12) for _ in range(rows)]
+    for r in range(1, rows):
+        if rng.random() < 0.6:
+            target[parents[r]] = draft[r]
+    return parents, draft, target, rng.sample(range(12), rng.randint(0, 2)), rng.randint(1, 20)
+
+
+def _state(kvp: int, remaining: int, anchor: int, stops: tuple[int, ...]) -> np.ndarray:
+    return Request(anchor, kvp, remaining, kvp + 1000, RUN, stops).state()
+
+
+def test_the_tails_ptx_decides_as_the_acceptor_and_writes_what_its_emulation_does(tail_ptx, tail_emu) -> None:
+    rng = random.Random(17)
+    lengths = set()
+    for _ in range(60):
+        parents, draft, target, stops, budget = _random_round(rng)
+        kvp = rng.choice((0, PAGE - 3, 2 * PAGE - 9, 3 * PAGE + 17))
+        cells = round_tail.tree_cells(parents, draft, stops, budget)
+        state = _state(kvp, budget, draft[0], tuple(stops))
+        emulated, interpreted = (_tail_buffers(cells, target, [0] * len(parents), state) for _ in range(2))
+        _tail_emulated(tail_emu, emulated)
+        _tail_interpreted(tail_ptx, interpreted)
+        for name, value in emulated.items():
+            assert np.array_equal(interpreted[name], value), (name, parents, draft, target, stops, budget)
+        got = round_tail.read_record(interpreted["record"].tolist())
+        want = accept.tree(parents, draft, target, stops, budget)
+        assert (got.status, got.path, got.count, got.ends) == (0, tuple(want.rows), want.count, want.ends)
+        lengths.add(got.count)
+    assert len(lengths) >= 4, f"too few committed path lengths to mean much: {lengths}"
+
+
+def test_the_tails_ptx_writes_the_no_op_inputs_where_its_emulation_does(tail_ptx, tail_emu) -> None:
+    parents, draft, target = [-1, 0, 1], [5, 6, 7], [6, 7, 8]
+    cells = round_tail.tree_cells(parents, draft, [], 10)
+    idle = cells.copy()
+    idle[abi.TREE_ROWS] = 0
+    cases = [
+        (cells, target, [0, 1, 0], 300, round_tail.STATUS_FLAGGED_ROW),
+        (cells, [6, -1, 8], [0, 0, 0], 300, round_tail.STATUS_NON_FINITE),
+        (cells, [6, 7, 2**32], [0, 0, 0], 300, abi.ERR_ID),
+        (idle, target, [0, 0, 0], 300, abi.ERR_SIZE),
+        (cells, target, [0, 0, 0], len(PAGES) * PAGE - 2, round_tail.STATUS_SLOT_OUTSIDE_PAGES),
+    ]
+    for cells_, ids, bad, kvp, status in cases:
+        state = _state(kvp, 10, 5, ())
+        emulated, interpreted = (_tail_buffers(cells_, ids, bad, state) for _ in range(2))
+        _tail_emulated(tail_emu, emulated)
+        _tail_interpreted(tail_ptx, interpreted)
+        for name, value in emulated.items():
+            assert np.array_equal(interpreted[name], value), (name, status)
+        assert round_tail.read_record(interpreted["record"].tolist()).status == status
+
+
+def _plan_interpreted(program: PtxProgram, packed: np.ndarray, run: int, vocab: int, state: np.ndarray):
+    """emulated_plan's results from the PTX: the record, the verify inputs by name (lists) and the cells."""
+    m = Machine()
+    inputs = {
+        "seqlens": np.full(1, -7, dtype=np.int32),
+        "position": np.full(run, -7, dtype=np.int32),
+        "ctx": np.full(1, -7, dtype=np.int32),
+        "masks": np.full(2 * run, -7, dtype=np.int32),
+        "plan": np.full(gdn_tree.PLAN_CAPACITY, 0xA5, dtype=np.uint8),
+        "ids": np.full(run, -7, dtype=np.int32),
+    }
+    at = {name: m.put(value) for name, value in inputs.items()}
+    verify_inputs = struct.pack("<6Q", *at.values())  # the VerifyInputs struct, passed by value
+    cells = np.full(abi.TREE_CELLS, -7, dtype=np.int64)
+    record = np.full(round_plan.RECORD_WORDS, -7, dtype=np.int32)
+    packed = np.ascontiguousarray(packed, dtype=np.float32)
+    k = (packed.shape[1] - 2) // 2
+    m.call(program.entry("round_plan_kernel"), packed, packed.shape[0], k, run, vocab, state, verify_inputs,
+           cells, record)  # fmt: skip
+    read = {name: m.get(at[name], value).tolist() for name, value in inputs.items()}
+    return round_plan.read_record(record.tolist()), read, cells
+
+
+def test_the_plans_ptx_builds_the_tree_and_inputs_its_emulation_builds(plan_ptx, plan_emu) -> None:
+    rng = random.Random(23)
+    statuses = set()
+    for _ in range(24):
+        run = rng.choice((8, 16))
+        vocab = rng.choice((16, VOCAB))
+        packed = random_block(rng, 7, rng.choice((1, 2, 4, 8)), vocab)
+        state = random_request(rng, run, vocab).state()
+        err, want_record, want_inputs, want_cells = emulated_plan(plan_emu, packed, run, vocab, state)
+        assert err == 0
+        got_record, got_inputs, got_cells = _plan_interpreted(plan_ptx, packed, run, vocab, state)
+        assert got_record == want_record
+        assert got_inputs == want_inputs
+        assert got_cells.tolist() == want_cells.tolist()
+        statuses.add(got_record.status)
+    assert 0 in statuses and len(statuses) >= 2, f"the random rounds reached too few outcomes: {statuses}"
