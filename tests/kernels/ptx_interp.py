@@ -8,12 +8,12 @@ refused row 0 of every chain, while g++, clang and the emulation of the same sou
 nvcc's PTX, this interpreter gave the same refusals the GPU gave, and found the construct (the header's note).
 
 `PtxProgram(text)` parses the module's entries; `Machine` holds a flat little-endian byte memory (global
-buffers, shared variables and each launch's local depot at disjoint addresses; generic addresses equal them)
-and runs an entry for one thread, tid 0 of a 1x1 grid. `call` does a launch on numpy arrays: copied in,
-run, copied back. Only what single-thread integer kernels use is implemented: integer and predicate
-arithmetic, byte permutes, bit inserts, the float64 additions, comparisons and minima of a selection, loads
-and stores of every space, branches. Any other opcode or modifier raises `PtxUnsupported` naming it, so a
-test fails loudly instead of interpreting it wrongly. No warps, barriers, atomics or calls.
+buffers, shared variables and each entry's local depot at disjoint addresses; generic addresses equal them)
+and runs an entry for one thread (thread 0 of a one-thread block, any block index). `call` does a launch on
+numpy arrays: copied in, run, copied back. Only what single-thread integer kernels use is implemented: integer
+and predicate arithmetic, byte permutes, bit inserts, the float64 additions, comparisons and minima of a
+selection, loads and stores of every space, branches. Any other opcode or modifier raises `PtxUnsupported`
+naming it, so a test fails loudly instead of interpreting it wrongly. No warps, barriers, atomics or calls.
 """
 
 from __future__ import annotations
@@ -181,6 +181,7 @@ class Machine:
     mem: bytearray = field(init=False)
     top: int = 0x1000  # nothing lives below: a null pointer's access fails
     steps: int = 0  # instructions run, all launches
+    _frames: dict[str, dict[str, int]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.mem = bytearray(self.size)
@@ -215,15 +216,21 @@ class Machine:
             raise MemoryError(f"store of {nbytes} bytes at {addr:#x}, outside allocated memory")
         self.mem[addr : addr + nbytes] = (value & _mask(8 * nbytes)).to_bytes(nbytes, "little")
 
-    def run(self, entry: Entry, args: Sequence[int | bytes], *, max_steps: int = 20_000_000) -> None:
-        """Run `entry` for one thread. `args`: integers (values, or addresses from `put`) for scalar
-        parameters, the bytes of a struct passed by value for the others. Shared variables and the local depot
-        are fresh for the launch and hold 0xCD bytes: on a GPU nothing initialises them."""
+    def run(
+        self, entry: Entry, args: Sequence[int | bytes], *, block: int = 0, blocks: int = 1,
+        max_steps: int = 20_000_000,
+    ) -> None:  # fmt: skip
+        """Run `entry` for one thread, thread 0 of one-thread block `block` of `blocks` (so a kernel that
+        indexes by blockIdx.x * blockDim.x + threadIdx.x runs its element `block`). `args`: integers (values,
+        or addresses from `put`) for scalar parameters, the bytes of a struct passed by value for the others.
+        Shared variables and the local depot hold 0xCD bytes at every launch: on a GPU nothing initialises
+        them."""
         if len(args) != len(entry.params):
             raise ValueError(f"{entry.name}: {len(entry.params)} parameters, {len(args)} given")
-        symbols = {}
-        for _, name, align, nbytes in entry.decls:
-            symbols[name] = self.alloc(nbytes, max(align, 16))
+        if entry.name not in self._frames:  # one place per entry, reused by its launches
+            self._frames[entry.name] = {name: self.alloc(n, max(a, 16)) for _, name, a, n in entry.decls}
+        symbols = self._frames[entry.name]
+        for _, name, _, nbytes in entry.decls:
             self.mem[symbols[name] : symbols[name] + nbytes] = b"\xcd" * nbytes
         params = {}
         for (name, nbytes), value in zip(entry.params, args, strict=True):
@@ -233,7 +240,10 @@ class Machine:
             if len(data) != nbytes:
                 raise ValueError(f"{entry.name}: parameter {name} takes {nbytes} bytes, got {len(data)}")
             params[name] = data
-        self.steps += _Thread(self, entry, symbols, params).run(max_steps)
+        special = {"%tid.x": 0, "%ntid.x": 1, "%ctaid.x": block, "%nctaid.x": blocks}
+        for axis in "yz":
+            special |= {f"%tid.{axis}": 0, f"%ntid.{axis}": 1, f"%ctaid.{axis}": 0, f"%nctaid.{axis}": 1}
+        self.steps += _Thread(self, entry, symbols, params, special).run(max_steps)
 
     def call(self, entry: Entry, *args: int | bytes | np.ndarray) -> None:
         """A launch on arrays: each numpy array argument is copied in, passed as its address and, after the
@@ -247,10 +257,11 @@ class Machine:
 
 class _Thread:
     def __init__(
-        self, machine: Machine, entry: Entry, symbols: dict[str, int], params: dict[str, bytes]
-    ) -> None:
+        self, machine: Machine, entry: Entry, symbols: dict[str, int], params: dict[str, bytes],
+        special: dict[str, int],
+    ) -> None:  # fmt: skip
         self.m, self.entry, self.symbols, self.params = machine, entry, symbols, params
-        self.regs: dict[str, int] = {}
+        self.regs: dict[str, int] = dict(special)  # read-only by convention: nothing writes %tid etc.
 
     def value(self, op: str) -> int:
         if op.startswith("%"):
