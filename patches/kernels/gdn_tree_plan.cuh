@@ -54,9 +54,9 @@ ELPIS_GDN_PLAN_FN int gdn_tree_plan(uint32_t rows, const int32_t* depth, const u
     // Every scratch array is declared and written here, before the masks are read, not where it is first
     // needed: with order/load/store first written after the checks below, nvcc 13.0 at -O2/-O3 compiled this
     // function, inlined into round_tail.cu, into code that returned -2 at every chain's row 0, so the round's
-    // decision refused every round on the H200 (device calls 142-146). A 40-line reduction miscompiles under
-    // NVRTC 12.8 too, not under 13.5. Found and checked on nvcc's PTX by tests/kernels/ptx_interp.py
-    // (tests/kernels/test_round_kernels_ptx.py fails on the old order).
+    // decision refused every round on the H200 (device calls 142-146). NVRTC 12.8 compiles the old order the
+    // same way, NVRTC 13.5 does not; this order is right under all three. Found and checked on the PTX by
+    // tests/kernels/ptx_interp.py (tests/kernels/test_round_kernels_ptx.py fails on the old order).
     int parent[kGdnPlanRows];
     uint64_t parents[kGdnPlanRows];
     int32_t order[kGdnPlanRows], load[kGdnPlanRows], store[kGdnPlanRows];
