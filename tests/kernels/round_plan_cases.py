@@ -3,7 +3,8 @@ of `patches/kernels/round_plan.cu` (its emulated and GPU tests): the tree's size
 candidates (`drafter.unpack_candidates`), the tree (`spec.tree.build_tree`), the verify's inputs
 (`tree_verify.layout_tree`, `gdn_tree.packed_plan`, `TreeGraphs._int_values`' segments) and the acceptor's
 cells (`round_tail.tree_cells`). Plus random candidate blocks that reach the builder's corners: ties,
-duplicates, the chain token among the top-k, -inf, log-probabilities above 0.
+duplicates, the chain token among the top-k, -inf, log-probabilities above 0; and random verified trees for
+`patches/kernels/round_tail.cu`'s tests.
 """
 
 from __future__ import annotations
@@ -82,13 +83,10 @@ def host_plan(packed: np.ndarray, run: int, vocab: int, req: Request) -> Expecte
     return Expected(status, tree, inputs, cells)
 
 
-def emulated_plan(lib, packed: np.ndarray, run: int, vocab: int, state: np.ndarray, *, k: int | None = None):
-    """One call of the kernel's emulated build `lib` on `state` (int64 [STATE_WORDS]): the launch's error
-    code, then the record, the verify inputs by name (lists) and the cells (None, None, None for a refused
-    launch). Each output is poisoned first, so an unwritten one shows."""
-    packed = np.ascontiguousarray(packed, dtype=np.float32)
-    k = (packed.shape[1] - 2) // 2 if k is None else k
-    inputs = {
+def poisoned_verify_inputs(run: int) -> dict[str, np.ndarray]:
+    """The kernel's verify outputs by name (its VerifyInputs struct's order), each poisoned, so an unwritten
+    one shows."""
+    return {
         "seqlens": np.full(1, -7, dtype=np.int32),
         "position": np.full(run, -7, dtype=np.int32),
         "ctx": np.full(1, -7, dtype=np.int32),
@@ -96,6 +94,15 @@ def emulated_plan(lib, packed: np.ndarray, run: int, vocab: int, state: np.ndarr
         "plan": np.full(gdn_tree.PLAN_CAPACITY, 0xA5, dtype=np.uint8),
         "ids": np.full(run, -7, dtype=np.int32),
     }
+
+
+def emulated_plan(lib, packed: np.ndarray, run: int, vocab: int, state: np.ndarray, *, k: int | None = None):
+    """One call of the kernel's emulated build `lib` on `state` (int64 [STATE_WORDS]): the launch's error
+    code, then the record, the verify inputs by name (lists) and the cells (None, None, None for a refused
+    launch). Each output is poisoned first, so an unwritten one shows."""
+    packed = np.ascontiguousarray(packed, dtype=np.float32)
+    k = (packed.shape[1] - 2) // 2 if k is None else k
+    inputs = poisoned_verify_inputs(run)
     cells = np.full(abi.TREE_CELLS, -7, dtype=np.int64)
     record = np.full(round_plan.RECORD_WORDS, -7, dtype=np.int32)
     err = lib.elpis_round_plan(
@@ -147,3 +154,19 @@ def random_request(rng: random.Random, run: int, vocab: int) -> Request:
         stops=tuple(rng.sample(range(vocab), rng.randint(0, 4))),
         done=rng.random() < 0.05,
     )
+
+
+def random_round(rng: random.Random) -> tuple[list[int], list[int], list[int], list[int], int]:
+    """A verified tree for the round's tail: parents, drafts, greedy targets that follow some drafts (so paths
+    of several rows are accepted), stops and a budget, over 12 token ids so stops and matches happen."""
+    rows = rng.randint(1, 16)
+    parents = [-1] + [rng.randrange(r) for r in range(1, rows)]
+    vocab = 12
+    draft = [rng.randrange(vocab) for _ in range(rows)]
+    target = [rng.randrange(vocab) for _ in range(rows)]
+    for r in range(1, rows):
+        if rng.random() < 0.6:
+            target[parents[r]] = draft[r]  # the parent's target is this child's draft: accepted
+    stops = rng.sample(range(vocab), rng.randint(0, 2))
+    budget = rng.randint(1, 20)
+    return parents, draft, target, stops, budget

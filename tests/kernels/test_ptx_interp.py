@@ -58,6 +58,16 @@ extern "C" __global__ void floats(const double* x, const float* y, double* out, 
 }
 """
 
+DIVIDE_KERNEL = r"""
+#include <stdint.h>
+extern "C" __global__ void divide(const uint32_t* a, uint32_t* out) { out[0] = a[0] / a[1]; }
+"""
+
+REACH_KERNEL = r"""
+#include <stdint.h>
+extern "C" __global__ void reach(const uint32_t* a, uint32_t* out, uint32_t i) { out[0] = a[i]; }
+"""
+
 
 def _program(tmp_path: Path, name: str, text: str, arch: str = "sm_86") -> PtxProgram:
     source = tmp_path / f"{name}.cu"
@@ -125,22 +135,14 @@ def test_float64_operations_round_and_order_as_ieee_and_nan_aware(tmp_path: Path
 
 
 def test_what_it_does_not_implement_is_refused_by_name(tmp_path: Path) -> None:
-    program = _program(
-        tmp_path, "division",
-        '#include <stdint.h>\nextern "C" __global__ void divide(const uint32_t* a, uint32_t* out) '
-        "{ out[0] = a[0] / a[1]; }",
-    )  # fmt: skip
+    program = _program(tmp_path, "division", DIVIDE_KERNEL)
     numbers, out = np.array([7, 2], dtype=np.uint32), np.zeros(1, dtype=np.uint32)
     with pytest.raises(PtxUnsupported, match="div"):
         Machine().call(program.entry("divide"), numbers, out)
 
 
 def test_a_load_outside_memory_and_a_wrong_launch_fail(tmp_path: Path) -> None:
-    program = _program(
-        tmp_path, "reach",
-        '#include <stdint.h>\nextern "C" __global__ void reach(const uint32_t* a, uint32_t* out, uint32_t i) '
-        "{ out[0] = a[i]; }",
-    )  # fmt: skip
+    program = _program(tmp_path, "reach", REACH_KERNEL)
     entry = program.entry("reach")
     with pytest.raises(MemoryError):
         Machine().call(entry, np.zeros(2, dtype=np.uint32), np.zeros(1, dtype=np.uint32), 1 << 30)

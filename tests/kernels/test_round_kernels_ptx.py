@@ -23,9 +23,15 @@ from elpis import accept, nvcc
 from elpis.accept import abi
 from elpis.exl3 import gdn_tree, round_plan, round_tail
 from elpis.exl3.tree_verify import PAGE
-from tests.kernels import cuda_emu
 from tests.kernels.ptx_interp import Machine, PtxProgram
-from tests.kernels.round_plan_cases import Request, emulated_plan, random_block, random_request
+from tests.kernels.round_plan_cases import (
+    Request,
+    emulated_plan,
+    poisoned_verify_inputs,
+    random_block,
+    random_request,
+    random_round,
+)
 
 pytestmark = pytest.mark.skipif(
     nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1",
@@ -49,22 +55,6 @@ def tail_ptx(request: pytest.FixtureRequest) -> PtxProgram:
 @pytest.fixture(scope="module", params=nvcc.ARCHS)
 def plan_ptx(request: pytest.FixtureRequest) -> PtxProgram:
     return _ptx(round_plan.SOURCE, request.param)
-
-
-@pytest.fixture(scope="module")
-def tail_emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    built = cuda_emu.build_emulated(
-        round_tail.SOURCE, tmp_path_factory.mktemp("round_tail_emu"), launches=1, needs=("gdn_plan.h",)
-    )
-    return round_tail.bind(built)
-
-
-@pytest.fixture(scope="module")
-def plan_emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    built = cuda_emu.build_emulated(
-        round_plan.SOURCE, tmp_path_factory.mktemp("round_plan_emu"), launches=1, needs=("gdn_plan.h",)
-    )
-    return round_plan.bind(built)
 
 
 def _tail_buffers(cells, ids, bad, state) -> dict[str, np.ndarray]:
@@ -100,32 +90,22 @@ def _tail_interpreted(program: PtxProgram, b: dict[str, np.ndarray]) -> None:
     )  # fmt: skip
 
 
-def _random_round(rng: random.Random) -> tuple[list[int], list[int], list[int], list[int], int]:
-    """A tree whose targets follow some drafts (paths of several rows are accepted), stops and a budget."""
-    rows = rng.randint(1, RUN)
-    parents = [-1] + [rng.randrange(r) for r in range(1, rows)]
-    draft = [rng.randrange(12) for _ in range(rows)]
-    target = [rng.randrange(12) for _ in range(rows)]
-    for r in range(1, rows):
-        if rng.random() < 0.6:
-            target[parents[r]] = draft[r]
-    return parents, draft, target, rng.sample(range(12), rng.randint(0, 2)), rng.randint(1, 20)
-
-
 def _state(kvp: int, remaining: int, anchor: int, stops: tuple[int, ...]) -> np.ndarray:
     return Request(anchor, kvp, remaining, kvp + 1000, RUN, stops).state()
 
 
-def test_the_tails_ptx_decides_as_the_acceptor_and_writes_what_its_emulation_does(tail_ptx, tail_emu) -> None:
+def test_the_tails_ptx_decides_as_the_acceptor_and_writes_what_its_emulation_does(
+    tail_ptx, round_tail_emu
+) -> None:
     rng = random.Random(17)
     lengths = set()
     for _ in range(60):
-        parents, draft, target, stops, budget = _random_round(rng)
+        parents, draft, target, stops, budget = random_round(rng)
         kvp = rng.choice((0, PAGE - 3, 2 * PAGE - 9, 3 * PAGE + 17))
         cells = round_tail.tree_cells(parents, draft, stops, budget)
         state = _state(kvp, budget, draft[0], tuple(stops))
         emulated, interpreted = (_tail_buffers(cells, target, [0] * len(parents), state) for _ in range(2))
-        _tail_emulated(tail_emu, emulated)
+        _tail_emulated(round_tail_emu, emulated)
         _tail_interpreted(tail_ptx, interpreted)
         for name, value in emulated.items():
             assert np.array_equal(interpreted[name], value), (name, parents, draft, target, stops, budget)
@@ -136,7 +116,7 @@ def test_the_tails_ptx_decides_as_the_acceptor_and_writes_what_its_emulation_doe
     assert len(lengths) >= 4, f"too few committed path lengths to mean much: {lengths}"
 
 
-def test_the_tails_ptx_writes_the_no_op_inputs_where_its_emulation_does(tail_ptx, tail_emu) -> None:
+def test_the_tails_ptx_writes_the_no_op_inputs_where_its_emulation_does(tail_ptx, round_tail_emu) -> None:
     parents, draft, target = [-1, 0, 1], [5, 6, 7], [6, 7, 8]
     cells = round_tail.tree_cells(parents, draft, [], 10)
     idle = cells.copy()
@@ -151,7 +131,7 @@ def test_the_tails_ptx_writes_the_no_op_inputs_where_its_emulation_does(tail_ptx
     for cells_, ids, bad, kvp, status in cases:
         state = _state(kvp, 10, 5, ())
         emulated, interpreted = (_tail_buffers(cells_, ids, bad, state) for _ in range(2))
-        _tail_emulated(tail_emu, emulated)
+        _tail_emulated(round_tail_emu, emulated)
         _tail_interpreted(tail_ptx, interpreted)
         for name, value in emulated.items():
             assert np.array_equal(interpreted[name], value), (name, status)
@@ -161,14 +141,7 @@ def test_the_tails_ptx_writes_the_no_op_inputs_where_its_emulation_does(tail_ptx
 def _plan_interpreted(program: PtxProgram, packed: np.ndarray, run: int, vocab: int, state: np.ndarray):
     """emulated_plan's results from the PTX: the record, the verify inputs by name (lists) and the cells."""
     m = Machine()
-    inputs = {
-        "seqlens": np.full(1, -7, dtype=np.int32),
-        "position": np.full(run, -7, dtype=np.int32),
-        "ctx": np.full(1, -7, dtype=np.int32),
-        "masks": np.full(2 * run, -7, dtype=np.int32),
-        "plan": np.full(gdn_tree.PLAN_CAPACITY, 0xA5, dtype=np.uint8),
-        "ids": np.full(run, -7, dtype=np.int32),
-    }
+    inputs = poisoned_verify_inputs(run)
     at = {name: m.put(value) for name, value in inputs.items()}
     verify_inputs = struct.pack("<6Q", *at.values())  # the VerifyInputs struct, passed by value
     cells = np.full(abi.TREE_CELLS, -7, dtype=np.int64)
@@ -181,7 +154,7 @@ def _plan_interpreted(program: PtxProgram, packed: np.ndarray, run: int, vocab: 
     return round_plan.read_record(record.tolist()), read, cells
 
 
-def test_the_plans_ptx_builds_the_tree_and_inputs_its_emulation_builds(plan_ptx, plan_emu) -> None:
+def test_the_plans_ptx_builds_the_tree_and_inputs_its_emulation_builds(plan_ptx, round_plan_emu) -> None:
     rng = random.Random(23)
     statuses = set()
     for _ in range(24):
@@ -189,7 +162,7 @@ def test_the_plans_ptx_builds_the_tree_and_inputs_its_emulation_builds(plan_ptx,
         vocab = rng.choice((16, VOCAB))
         packed = random_block(rng, 7, rng.choice((1, 2, 4, 8)), vocab)
         state = random_request(rng, run, vocab).state()
-        err, want_record, want_inputs, want_cells = emulated_plan(plan_emu, packed, run, vocab, state)
+        err, want_record, want_inputs, want_cells = emulated_plan(round_plan_emu, packed, run, vocab, state)
         assert err == 0
         got_record, got_inputs, got_cells = _plan_interpreted(plan_ptx, packed, run, vocab, state)
         assert got_record == want_record

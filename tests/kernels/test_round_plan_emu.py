@@ -15,18 +15,14 @@ import pytest
 
 from elpis.accept import abi
 from elpis.exl3 import round_plan
-from tests.kernels import cuda_emu
 from tests.kernels.round_plan_cases import Request, emulated_plan, host_plan, random_block, random_request
 
 VOCAB = 248_320
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    built = cuda_emu.build_emulated(
-        round_plan.SOURCE, tmp_path_factory.mktemp("round_plan_emu"), launches=1, needs=("gdn_plan.h",)
-    )
-    return round_plan.bind(built)
+@pytest.fixture
+def lib(round_plan_emu: ctypes.CDLL) -> ctypes.CDLL:
+    return round_plan_emu
 
 
 def _plan(lib, packed: np.ndarray, run: int, vocab: int, req: Request, *, k: int | None = None):

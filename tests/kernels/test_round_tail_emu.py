@@ -19,27 +19,20 @@ from elpis import accept
 from elpis.accept import abi
 from elpis.exl3 import gdn_tree, round_plan, round_tail
 from elpis.exl3.tree_verify import PAGE, commit_moves
-from tests.kernels import cuda_emu
-from tests.kernels.round_plan_cases import Request, emulated_plan
+from tests.kernels.round_plan_cases import Request, emulated_plan, random_round
 
 RUN = 16
 PAGES = [40, 41, 7, 43, 44]  # the sequence's cache pages (not in order: a slot's page is looked up)
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    built = cuda_emu.build_emulated(
-        round_tail.SOURCE, tmp_path_factory.mktemp("round_tail_emu"), launches=1, needs=("gdn_plan.h",)
-    )
-    return round_tail.bind(built)
+@pytest.fixture
+def lib(round_tail_emu: ctypes.CDLL) -> ctypes.CDLL:
+    return round_tail_emu
 
 
-@pytest.fixture(scope="module")
-def plan_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    built = cuda_emu.build_emulated(
-        round_plan.SOURCE, tmp_path_factory.mktemp("round_plan_emu"), launches=1, needs=("gdn_plan.h",)
-    )
-    return round_plan.bind(built)
+@pytest.fixture
+def plan_lib(round_plan_emu: ctypes.CDLL) -> ctypes.CDLL:
+    return round_plan_emu
 
 
 def _decide(
@@ -84,26 +77,11 @@ def _want_inputs(kvp: int, path: list[int], run: int = RUN) -> tuple[np.ndarray,
     return moves, np.frombuffer(plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan)), dtype=np.uint8)
 
 
-def _random_round(rng: random.Random) -> tuple[list[int], list[int], list[int], list[int], int]:
-    """A tree whose targets follow some drafts (so paths of several rows get accepted), stops, a budget."""
-    rows = rng.randint(1, 16)
-    parents = [-1] + [rng.randrange(r) for r in range(1, rows)]
-    vocab = 12  # small, so stops and matches happen
-    draft = [rng.randrange(vocab) for _ in range(rows)]
-    target = [rng.randrange(vocab) for _ in range(rows)]
-    for r in range(1, rows):
-        if rng.random() < 0.6:
-            target[parents[r]] = draft[r]  # the parent's target is this child's draft: accepted
-    stops = rng.sample(range(vocab), rng.randint(0, 2))
-    budget = rng.randint(1, 20)
-    return parents, draft, target, stops, budget
-
-
 def test_the_record_is_the_acceptors_decision_and_the_paths_commit_inputs_are_written(lib) -> None:
     rng = random.Random(5)
     seen_lengths = set()
     for _ in range(200):
-        parents, draft, target, stops, budget = _random_round(rng)
+        parents, draft, target, stops, budget = random_round(rng)
         kvp = rng.choice((0, PAGE - 3, 2 * PAGE - 9, 3 * PAGE + 17))  # the verify's slots straddle pages
         cells = round_tail.tree_cells(parents, draft, stops, budget)
         state = _state(kvp, budget, anchor=draft[0], stops=tuple(stops))

@@ -1,0 +1,25 @@
+"""Fixtures shared by the round kernels' tests: the CPU emulation of each kernel (cuda_emu.py), built once a
+session."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from elpis.exl3 import round_plan, round_tail
+from tests.kernels import cuda_emu
+
+
+@pytest.fixture(scope="session")
+def round_tail_emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """patches/kernels/round_tail.cu built for the CPU, its entries bound."""
+    out = tmp_path_factory.mktemp("round_tail_emu")
+    return round_tail.bind(cuda_emu.build_emulated(round_tail.SOURCE, out, launches=1, needs=("gdn_plan.h",)))
+
+
+@pytest.fixture(scope="session")
+def round_plan_emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """patches/kernels/round_plan.cu built for the CPU, its entries bound."""
+    out = tmp_path_factory.mktemp("round_plan_emu")
+    return round_plan.bind(cuda_emu.build_emulated(round_plan.SOURCE, out, launches=1, needs=("gdn_plan.h",)))
