@@ -50,12 +50,15 @@ def prompt(n: int, seed: int, vocab: int) -> list[int]:
     return make(n, seed, vocab)
 
 
-def spec_generate(backend, decoder, ids: Sequence[int], tokens: int, drafter=None, budget: int = 8):
-    """The product path: the speculation core with the compiled, proven acceptor (chain: draft_top_k=1)."""
+def spec_generate(
+    backend, decoder, ids: Sequence[int], tokens: int, drafter=None, budget: int = 8, draft_top_k: int = 1
+):
+    """The product path: the speculation core with the compiled, proven acceptor (chains by default:
+    draft_top_k=1)."""
     from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
 
     gen = SpeculativeGenerator(
-        backend, decoder, drafter=drafter, tree_budget=budget if drafter else 1, draft_top_k=1
+        backend, decoder, drafter=drafter, tree_budget=budget if drafter else 1, draft_top_k=draft_top_k
     )
     request = GenerationRequest(
         prompt_ids=tuple(ids), max_tokens=tokens, sampling=SamplingParams(), ignore_eos=True
@@ -363,31 +366,48 @@ def test_restart_reuses_disk_prefix(small, tmp_path):
     assert warm["tokens"] == cold["tokens"]
 
 
-@pytest.mark.parametrize("tree", [False, True], ids=["chain-8", "tree-16"])
-def test_24gib_budget_full_model(tree: bool):
+@pytest.mark.parametrize(
+    ("tree", "device_rounds"), [(False, False), (True, False), (True, True)],
+    ids=["chain-8", "tree-16", "tree-16-device-rounds"],
+)  # fmt: skip
+def test_24gib_budget_full_model(tree: bool, device_rounds: bool):
     """The full configuration under a 24 GiB cap: 262,000-token prefill + 128 decoded tokens, in chain mode
     (8-row verifies) and in tree mode (every verify a 16-row tree through the tree kernels, replayed from
-    captured CUDA graphs, which the memory then includes). Needs the full
-    synthetic checkpoints (ELPIS_FULL_TARGET / ELPIS_FULL_DRAFT); `elpis bench engine` records the same
-    run."""
+    captured CUDA graphs, which the memory then includes); and in tree mode with greedy rounds on the GPU
+    (`exl3-device-rounds` with `exl3-embed-gather`: the served generator, its rounds' graphs, state blocks and
+    record slots; staged in session 37, not yet run). Needs the full synthetic checkpoints
+    (ELPIS_FULL_TARGET / ELPIS_FULL_DRAFT); `elpis bench engine` records the same run."""
     target, draft = os.environ.get("ELPIS_FULL_TARGET"), os.environ.get("ELPIS_FULL_DRAFT")
     if not (target and draft):
         pytest.skip("set ELPIS_FULL_TARGET and ELPIS_FULL_DRAFT to the elpis synth --full/--draft outputs")
     budget = 16 if tree else 8
+    # host rounds decide with the test oracle; rounds on the GPU exist only under the served generator, run
+    # here as served (trees of the draft's top-k)
+    generate = (
+        f"spec_generate(b, BenchDecoder({target!r}), ids, 128, drafter=b.drafter, budget={budget}, "
+        "draft_top_k=DEFAULT_DRAFT_TOP_K)"
+        if device_rounds
+        else f"oracle_generate(b, ids, 128, drafter=b.drafter, budget={budget})"
+    )
     script = textwrap.dedent(f"""
-        import json, sys, torch
+        import json, os, sys, torch
         sys.path.insert(0, {str(REPO)!r})
+        if {device_rounds!r}:
+            os.environ.update(ELPIS_PATCH_DEVICE_ROUNDS="1", ELPIS_PATCH_EMBED_GATHER="1")
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(24 * 2**30 / total)
-        from tests.exl3.test_gpu import oracle_generate, prompt
+        from tests.exl3.test_gpu import oracle_generate, prompt, spec_generate
+        from elpis.bench.worker import BenchDecoder
         from elpis.exl3 import load_backend
-        b = load_backend({target!r}, {draft!r}, tree={tree!r})
+        from elpis.spec.generate import DEFAULT_DRAFT_TOP_K
+        b = load_backend({target!r}, {draft!r}, tree={tree!r}, device_rounds={device_rounds!r} or None)
         ids = prompt(262000, 1, b.info.vocab_size)
         loaded = torch.cuda.max_memory_allocated()
-        out, _, rounds = oracle_generate(b, ids, 128, drafter=b.drafter, budget={budget})
+        out, _, rounds = {generate}
         print(json.dumps({{"tokens": len(out), "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
                           "peak_after_load_gib": loaded / 2**30, "rounds": len(rounds), "tree": {tree!r},
-                          "graph_replays": b.graphs.replays if b.graphs else None}}))
+                          "graph_replays": b.graphs.replays if b.graphs else None,
+                          "device_rounds": b.device_rounds.rounds if b.device_rounds else None}}))
     """)
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=900, cwd=REPO
@@ -396,3 +416,5 @@ def test_24gib_budget_full_model(tree: bool):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     print(json.dumps({"test": "24gib", **result}))
     assert result["tokens"] == 128 and result["peak_gib"] < 24.0
+    if device_rounds:  # every round went through the GPU's rounds, not a host fallback
+        assert result["device_rounds"] == result["rounds"] >= 1

@@ -185,13 +185,15 @@ pack_outputs() {
     echo "packed $count files into out.tar" | tee -a "$OUT/log"
   fi
 }
-# gib24_test TITLE [LIMIT] [MODE]: the 24 GiB test at 262,000 tokens (MODE tree-16, the default, with graphs; or
-# chain-8) on /tmp/full, with the patch switches the caller set in the environment, for at most LIMIT s (default:
-# until 10 s before the call's limit); $OUT/gib24_pytest.txt (chain-8: gib24_chain_pytest.txt), its JSON line in
-# the log.
+# gib24_test TITLE [LIMIT] [MODE]: the 24 GiB test at 262,000 tokens (MODE tree-16, the default, with graphs;
+# chain-8; or tree-16-device-rounds, the served generator's greedy rounds on the GPU) on /tmp/full, with the
+# patch switches the caller set in the environment, for at most LIMIT s (default: until 10 s before the call's
+# limit); $OUT/gib24_pytest.txt (chain-8: gib24_chain_pytest.txt; device rounds: gib24_device_rounds_pytest.txt),
+# its JSON line in the log.
 gib24_test() {
   local mode=${3:-tree-16} file=gib24_pytest.txt
-  [ "$mode" = tree-16 ] || file=gib24_chain_pytest.txt
+  [ "$mode" = chain-8 ] && file=gib24_chain_pytest.txt
+  [ "$mode" = tree-16-device-rounds ] && file=gib24_device_rounds_pytest.txt
   echo "=== 24 GiB $mode, $1 ($(left) s left)" | tee -a "$OUT/log"
   ELPIS_FULL_TARGET=/tmp/full/target ELPIS_FULL_DRAFT=/tmp/full/draft \
     timeout -k 3 "${2:-$(( $(left) - 10 ))}" python3 -m pytest -m gpu \
