@@ -51,7 +51,7 @@ import torch
 
 from elpis.accept import abi
 from elpis.backend import BackendError, DeviceRound
-from elpis.exl3 import round_plan, round_tail
+from elpis.exl3 import round_check, round_plan, round_tail
 from elpis.exl3.drafter import block_candidates
 from elpis.spec.faults import DROPPED, REPEATED, STALE
 from elpis.spec.integrity import nonfinite_rows
@@ -203,6 +203,10 @@ class DeviceRounds:
             )
         if graphs.gate is not None:
             raise BackendError("rounds on the GPU queue their own verify: load without the verify gate")
+        try:  # the decision kernel as this machine's CUDA compiler built it, against the host
+            round_check.check_round_tail(round_check.gpu_launch(backend.engine.device))
+        except round_check.RoundKernelMismatch as exc:
+            raise BackendError(str(exc)) from exc
         self.backend = backend
         self.drafts = drafter.graphs
         dev = backend.engine.device
