@@ -44,7 +44,7 @@ class RoundKernelMismatch(RuntimeError):
     """The round's decision kernel wrote something else than the host computes for the same round."""
 
 
-def _buffers(cells: np.ndarray, ids: list[int], bad: list[int], state: np.ndarray) -> Buffers:
+def buffers(cells: np.ndarray, ids: list[int], bad: list[int], state: np.ndarray) -> Buffers:
     """One round's inputs and its outputs, poisoned, in the order of `round_tail.decide`'s operands."""
     return {
         "cells": np.array(cells, dtype=np.int64),
@@ -117,7 +117,7 @@ def _rounds() -> list[tuple[Buffers, Buffers]]:
         kvp = rng.choice((0, PAGE - 3, 2 * PAGE - 9, 3 * PAGE + 17))  # the verify's slots straddle pages
         state = round_plan.state_block(anchor=draft[0], kvp=kvp, remaining=budget, max_context=kvp + 1000,
                                        tree_budget=RUN, stops=stops, epoch=i)  # fmt: skip
-        given = _buffers(round_tail.tree_cells(parents, draft, stops, budget), target, [0] * rows, state)
+        given = buffers(round_tail.tree_cells(parents, draft, stops, budget), target, [0] * rows, state)
         cases.append((given, _expected(given, parents, draft, stops, budget, None)))
     parents, draft, target = [-1, 0, 1], [5, 6, 7], [6, 7, 8]
     cells = round_tail.tree_cells(parents, draft, [], 10)
@@ -129,7 +129,7 @@ def _rounds() -> list[tuple[Buffers, Buffers]]:
         ([6, -1, 8], [0, 0, 0], round_tail.STATUS_NON_FINITE),
         ([6, 7, 2**32], [0, 0, 0], abi.ERR_ID),  # the acceptor's own refusal, with its code
     ):
-        given = _buffers(cells, ids, bad, state)
+        given = buffers(cells, ids, bad, state)
         cases.append((given, _expected(given, parents, draft, [], 10, status)))
     return cases
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -170,3 +171,33 @@ def random_round(rng: random.Random) -> tuple[list[int], list[int], list[int], l
     stops = rng.sample(range(vocab), rng.randint(0, 2))
     budget = rng.randint(1, 20)
     return parents, draft, target, stops, budget
+
+
+def emulated_tail_launch(lib) -> Callable[[dict[str, np.ndarray]], None]:
+    """round_tail.cu's emulated build as a `round_check.Launch` (numpy buffers, `round_check.buffers`)."""
+
+    def launch(b: dict[str, np.ndarray]) -> None:
+        err = lib.elpis_round_tail(
+            b["cells"].ctypes.data, b["ids"].ctypes.data, b["bad"].ctypes.data, len(b["ids"]),
+            b["state"].ctypes.data, b["pages"].ctypes.data, len(b["pages"]), b["record"].ctypes.data,
+            b["moves_out"].ctypes.data, b["plan_out"].ctypes.data, b["cond_index"].ctypes.data,
+            len(b["cond_index"]), b["cond_kvp"].ctypes.data, None,
+        )  # fmt: skip
+        assert err == 0
+
+    return launch
+
+
+def interpreted_tail_launch(program) -> Callable[[dict[str, np.ndarray]], None]:
+    """round_tail.cu's PTX (a `ptx_interp.PtxProgram`) as a `round_check.Launch`, the arguments of
+    elpis_round_tail's launch in the kernel's order."""
+    from tests.kernels.ptx_interp import Machine
+
+    def launch(b: dict[str, np.ndarray]) -> None:
+        Machine().call(
+            program.entry("round_tail_kernel"), b["cells"], b["ids"], b["bad"], len(b["ids"]), b["state"],
+            b["pages"], len(b["pages"]), b["record"], b["moves_out"], b["plan_out"], b["cond_index"],
+            len(b["cond_index"]), b["cond_kvp"],
+        )  # fmt: skip
+
+    return launch

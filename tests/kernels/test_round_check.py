@@ -1,11 +1,11 @@
 """The load-time check of the round's decision kernel (elpis.exl3.round_check), on the CPU: a right build
 passes it (the kernel's CPU emulation, and its PTX as nvcc compiles it, interpreted), a build that writes one
-wrong byte fails it naming the round, and the miscompiled kernel of sessions 36-37 (round_tail.cu built with
-the old gdn_tree_plan.cuh) fails it wherever this nvcc still miscompiles that header."""
+wrong element fails it naming the round and the output, and the miscompiled kernel of sessions 36-37
+(round_tail.cu with gdn_tree_plan.cuh's scratch arrays first written after its checks, the order before the
+fix) is refused wherever this nvcc still miscompiles that order."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 from pathlib import Path
@@ -14,42 +14,37 @@ import pytest
 
 from elpis import nvcc
 from elpis.exl3 import round_check, round_tail
-from tests.kernels.ptx_interp import Machine, PtxProgram
+from tests.kernels.ptx_interp import PtxProgram
+from tests.kernels.round_plan_cases import emulated_tail_launch, interpreted_tail_launch
 
-HERE = Path(__file__).resolve().parent
 needs_nvcc = pytest.mark.skipif(
     nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1",
     reason="nvcc not installed (CI sets ELPIS_REQUIRE_NVCC=1 and has it)",
 )
+HEADER = round_tail.SOURCE.parent / "gdn_tree_plan.cuh"
+# The fix (session 37) hoisted these declarations above the mask checks; the order before it, rebuilt from the
+# current header so that the test keeps meaning "the current header in the old order".
+HOISTED_END = "    const int n = static_cast<int>(rows);\n"
+PARENTS_COPY = "    for (int r = 1; r < n; r++) parents[r] = static_cast<uint64_t>(parent[r]);\n"
+OLD_DECLARATIONS = (
+    "    uint64_t parents[kGdnPlanRows] = {};\n" + PARENTS_COPY + "    int32_t order[kGdnPlanRows];\n"
+    "    int32_t load[kGdnPlanRows];\n    int32_t store[kGdnPlanRows];\n"
+    "    uint32_t taps[kGdnPlanRows][kGdnPlanTaps];\n"
+)
 
 
-def emulated_launch(lib: ctypes.CDLL) -> round_check.Launch:
-    def launch(b: round_check.Buffers) -> None:
-        err = lib.elpis_round_tail(
-            b["cells"].ctypes.data, b["ids"].ctypes.data, b["bad"].ctypes.data, round_check.RUN,
-            b["state"].ctypes.data, b["pages"].ctypes.data, len(b["pages"]), b["record"].ctypes.data,
-            b["moves_out"].ctypes.data, b["plan_out"].ctypes.data, b["cond_index"].ctypes.data,
-            round_check.RUN, b["cond_kvp"].ctypes.data, None,
-        )  # fmt: skip
-        assert err == 0
-
-    return launch
-
-
-def interpreted_launch(program: PtxProgram) -> round_check.Launch:
-    def launch(b: round_check.Buffers) -> None:
-        Machine().call(
-            program.entry("round_tail_kernel"), b["cells"], b["ids"], b["bad"], round_check.RUN, b["state"],
-            b["pages"], len(b["pages"]), b["record"], b["moves_out"], b["plan_out"], b["cond_index"],
-            round_check.RUN, b["cond_kvp"],
-        )  # fmt: skip
-
-    return launch
+def old_order(header: str) -> str:
+    start = header.index("    // Every scratch array is declared and written here")
+    end = header.index(HOISTED_END, start)
+    assert header.count(PARENTS_COPY) == 1, "gdn_tree_plan.cuh changed: update the old order's rebuild"
+    return (header[:start] + "    int parent[kGdnPlanRows];\n" + header[end:]).replace(
+        PARENTS_COPY, OLD_DECLARATIONS
+    )
 
 
 def test_the_kernels_emulation_passes_and_the_rounds_cover_commits_and_refusals(round_tail_emu) -> None:
     statuses, lengths = [], set()
-    launch = emulated_launch(round_tail_emu)
+    launch = emulated_tail_launch(round_tail_emu)
 
     def watched(b: round_check.Buffers) -> None:
         launch(b)
@@ -64,7 +59,7 @@ def test_the_kernels_emulation_passes_and_the_rounds_cover_commits_and_refusals(
 
 @pytest.mark.parametrize("name", ["record", "moves_out", "plan_out", "cond_index", "state"])
 def test_one_wrong_output_fails_the_check_naming_it(round_tail_emu, name: str) -> None:
-    launch = emulated_launch(round_tail_emu)
+    launch = emulated_tail_launch(round_tail_emu)
     rounds = 0
 
     def wrong(b: round_check.Buffers) -> None:
@@ -82,20 +77,19 @@ def test_one_wrong_output_fails_the_check_naming_it(round_tail_emu, name: str) -
 @pytest.mark.parametrize("arch", nvcc.ARCHS)
 def test_the_kernels_ptx_passes(arch: str) -> None:
     program = PtxProgram(nvcc.compile_to(round_tail.SOURCE, "ptx", arch=arch).read_text())
-    assert round_check.check_round_tail(interpreted_launch(program)) >= 20
+    assert round_check.check_round_tail(interpreted_tail_launch(program)) >= 20
 
 
 @needs_nvcc
 def test_the_miscompiled_kernel_of_sessions_36_37_is_refused(tmp_path: Path) -> None:
-    # the kernel's source beside the old header: a quoted include looks in the source's own directory first
+    # the kernel's source beside the old order: a quoted include looks in the source's own directory first
     shutil.copy(round_tail.SOURCE, tmp_path / round_tail.SOURCE.name)
-    shutil.copy(HERE / "data" / "gdn_tree_plan_miscompiled.cuh", tmp_path / "gdn_tree_plan.cuh")
+    (tmp_path / HEADER.name).write_text(old_order(HEADER.read_text()))
     ptx = nvcc.compile_to(tmp_path / round_tail.SOURCE.name, "ptx", arch="sm_86", out_dir=tmp_path)
-    program = PtxProgram(ptx.read_text())
     try:
-        round_check.check_round_tail(interpreted_launch(program))
+        round_check.check_round_tail(interpreted_tail_launch(PtxProgram(ptx.read_text())))
     except round_check.RoundKernelMismatch as refused:
         assert "check round 0: its record is [-6" in str(refused), refused  # the GPU's status on every round
     else:
         version = nvcc.nvcc_version().strip().splitlines()[-1]
-        pytest.skip(f"this nvcc ({version}) builds the old header right: nothing to catch")
+        pytest.skip(f"this nvcc ({version}) builds the old order right: nothing to catch")

@@ -11,7 +11,6 @@ GPU, so this runs there (`.ci/run` sets ELPIS_REQUIRE_NVCC=1).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import random
 import struct
@@ -21,12 +20,14 @@ import pytest
 
 from elpis import accept, nvcc
 from elpis.accept import abi
-from elpis.exl3 import gdn_tree, round_plan, round_tail
+from elpis.exl3 import round_check, round_plan, round_tail
 from elpis.exl3.tree_verify import PAGE
 from tests.kernels.ptx_interp import Machine, PtxProgram
 from tests.kernels.round_plan_cases import (
     Request,
     emulated_plan,
+    emulated_tail_launch,
+    interpreted_tail_launch,
     poisoned_verify_inputs,
     random_block,
     random_request,
@@ -39,7 +40,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 RUN = 16
-PAGES = [40, 41, 7, 43, 44]
 VOCAB = 248_320
 
 
@@ -57,39 +57,6 @@ def plan_ptx(request: pytest.FixtureRequest) -> PtxProgram:
     return _ptx(round_plan.SOURCE, request.param)
 
 
-def _tail_buffers(cells, ids, bad, state) -> dict[str, np.ndarray]:
-    """The tail's inputs and its outputs poisoned, in the kernel's parameter order (scalars aside)."""
-    return {
-        "cells": np.array(cells, dtype=np.int64),
-        "ids": np.array(list(ids) + [0] * (RUN - len(ids)), dtype=np.int64),
-        "bad": np.array(list(bad) + [0] * (RUN - len(bad)), dtype=np.int32),
-        "state": np.array(state, dtype=np.int64),
-        "pages": np.array(PAGES, dtype=np.int32),
-        "record": np.full(round_tail.RECORD_WORDS, -7, dtype=np.int32),
-        "moves": np.full((4, RUN - 1), -7, dtype=np.int64),
-        "plan": np.full(gdn_tree.PLAN_CAPACITY, 0xA5, dtype=np.uint8),
-        "cond_index": np.full(RUN, -7, dtype=np.int64),
-        "cond_kvp": np.full(1, -7, dtype=np.int32),
-    }
-
-
-def _tail_emulated(lib: ctypes.CDLL, b: dict[str, np.ndarray]) -> None:
-    err = lib.elpis_round_tail(
-        b["cells"].ctypes.data, b["ids"].ctypes.data, b["bad"].ctypes.data, RUN, b["state"].ctypes.data,
-        b["pages"].ctypes.data, len(PAGES), b["record"].ctypes.data, b["moves"].ctypes.data,
-        b["plan"].ctypes.data, b["cond_index"].ctypes.data, RUN, b["cond_kvp"].ctypes.data, None,
-    )  # fmt: skip
-    assert err == 0
-
-
-def _tail_interpreted(program: PtxProgram, b: dict[str, np.ndarray]) -> None:
-    # the arguments of elpis_round_tail's launch, in the kernel's order
-    Machine().call(
-        program.entry("round_tail_kernel"), b["cells"], b["ids"], b["bad"], RUN, b["state"], b["pages"],
-        len(PAGES), b["record"], b["moves"], b["plan"], b["cond_index"], RUN, b["cond_kvp"],
-    )  # fmt: skip
-
-
 def _state(kvp: int, remaining: int, anchor: int, stops: tuple[int, ...]) -> np.ndarray:
     return Request(anchor, kvp, remaining, kvp + 1000, RUN, stops).state()
 
@@ -104,9 +71,11 @@ def test_the_tails_ptx_decides_as_the_acceptor_and_writes_what_its_emulation_doe
         kvp = rng.choice((0, PAGE - 3, 2 * PAGE - 9, 3 * PAGE + 17))
         cells = round_tail.tree_cells(parents, draft, stops, budget)
         state = _state(kvp, budget, draft[0], tuple(stops))
-        emulated, interpreted = (_tail_buffers(cells, target, [0] * len(parents), state) for _ in range(2))
-        _tail_emulated(round_tail_emu, emulated)
-        _tail_interpreted(tail_ptx, interpreted)
+        emulated, interpreted = (
+            round_check.buffers(cells, target, [0] * len(parents), state) for _ in range(2)
+        )
+        emulated_tail_launch(round_tail_emu)(emulated)
+        interpreted_tail_launch(tail_ptx)(interpreted)
         for name, value in emulated.items():
             assert np.array_equal(interpreted[name], value), (name, parents, draft, target, stops, budget)
         got = round_tail.read_record(interpreted["record"].tolist())
@@ -126,13 +95,13 @@ def test_the_tails_ptx_writes_the_no_op_inputs_where_its_emulation_does(tail_ptx
         (cells, [6, -1, 8], [0, 0, 0], 300, round_tail.STATUS_NON_FINITE),
         (cells, [6, 7, 2**32], [0, 0, 0], 300, abi.ERR_ID),
         (idle, target, [0, 0, 0], 300, abi.ERR_SIZE),
-        (cells, target, [0, 0, 0], len(PAGES) * PAGE - 2, round_tail.STATUS_SLOT_OUTSIDE_PAGES),
+        (cells, target, [0, 0, 0], len(round_check.PAGES) * PAGE - 2, round_tail.STATUS_SLOT_OUTSIDE_PAGES),
     ]
     for cells_, ids, bad, kvp, status in cases:
         state = _state(kvp, 10, 5, ())
-        emulated, interpreted = (_tail_buffers(cells_, ids, bad, state) for _ in range(2))
-        _tail_emulated(round_tail_emu, emulated)
-        _tail_interpreted(tail_ptx, interpreted)
+        emulated, interpreted = (round_check.buffers(cells_, ids, bad, state) for _ in range(2))
+        emulated_tail_launch(round_tail_emu)(emulated)
+        interpreted_tail_launch(tail_ptx)(interpreted)
         for name, value in emulated.items():
             assert np.array_equal(interpreted[name], value), (name, status)
         assert round_tail.read_record(interpreted["record"].tolist()).status == status
