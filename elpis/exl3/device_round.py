@@ -203,7 +203,8 @@ class DeviceRounds:
             )
         if graphs.gate is not None:
             raise BackendError("rounds on the GPU queue their own verify: load without the verify gate")
-        try:  # the decision kernel as this machine's CUDA compiler built it, against the host
+        try:  # the round's kernels as this machine's CUDA compiler built them, against the host
+            round_check.check_round_plan(round_check.gpu_plan_launch(backend.engine.device))
             round_check.check_round_tail(round_check.gpu_launch(backend.engine.device))
         except round_check.RoundKernelMismatch as exc:
             raise BackendError(str(exc)) from exc

@@ -1,4 +1,4 @@
-"""The round's decision kernel checked against the host on the machine that built it, before any round runs
+"""The round's two kernels checked against the host on the machine that built them, before any round runs
 there (fail closed).
 
 nvcc 13.0 and NVRTC 12.8 compiled an earlier `patches/kernels/gdn_tree_plan.cuh`, inside `round_tail.cu`, into
@@ -9,22 +9,32 @@ compares, byte for byte, what it writes with what the host computes for the same
 - the record: the proven acceptor's decision (`elpis.accept.tree`), the committed tokens, the round's stamps;
 - the commit's inputs: `tree_verify.commit_moves` and `gdn_tree.packed_commit_plan` of the path;
 - the draft's conditioning and the state block, advanced on a commit and left alone on a refusal.
-The rounds include refusals (a flagged row, a non-finite maximum, cells the acceptor refuses). The first
-difference raises `RoundKernelMismatch` naming the round; `elpis.exl3.device_round.DeviceRounds` runs the
-check on the GPU when it is made, so rounds on the GPU are refused with the reason, and host rounds stay.
+The rounds include refusals (a flagged row, a non-finite maximum, cells the acceptor refuses).
+`check_round_plan(launch)` does the same for `round_plan.cu`, which inlines the same header: seeded candidate
+blocks (ties, duplicates, -inf, rows out of order) and requests (idle, out of room or budget), against the
+tree, verify inputs and acceptor cells the host builds from them (`host_plan`, composed from the served
+Python). The first difference raises `RoundKernelMismatch` naming the round;
+`elpis.exl3.device_round.DeviceRounds` runs both checks on the GPU when it is made, so rounds on the GPU are
+refused with the reason, and host rounds stay. The tests use the same reference
+(tests/kernels/round_plan_cases.py).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from elpis import accept
 from elpis.accept import abi
+from elpis.backend import DraftBlock
 from elpis.exl3 import gdn_tree, round_plan, round_tail
-from elpis.exl3.tree_verify import PAGE, commit_moves
+from elpis.exl3.drafter import unpack_candidates
+from elpis.exl3.tree_verify import PAGE, commit_moves, layout_tree
+from elpis.spec.tree import DraftTree, build_tree, tree_shape
 
 RUN = round_tail.MAX_ROWS
 PAGES = (40, 41, 7, 43, 44)  # the sequence's cache pages, out of order: a slot's page is looked up
@@ -165,5 +175,194 @@ def gpu_launch(device: object) -> Launch:
         torch.cuda.synchronize(device)
         for name, value in on.items():
             buffers[name][...] = value.cpu().numpy()
+
+    return launch
+
+
+# ---- the round's plan kernel ------------------------------------------------------------------------------
+
+PLAN_ROUNDS = 16  # seeded candidate blocks and requests; half at 8 verify rows, half at 16
+PLAN_VOCABS = (16, 248_320)  # a tiny vocabulary (duplicates, chain repeats) and Qwen3.8's
+PlanLaunch = Callable[[np.ndarray, int, np.ndarray, Buffers, np.ndarray, np.ndarray], None]
+
+
+@dataclass(frozen=True)
+class Request:
+    anchor: int
+    kvp: int
+    remaining: int
+    max_context: int
+    tree_budget: int
+    stops: tuple[int, ...]
+    done: bool = False
+    epoch: int = 0
+
+    def state(self) -> np.ndarray:
+        return round_plan.state_block(
+            anchor=self.anchor, kvp=self.kvp, remaining=self.remaining, max_context=self.max_context,
+            tree_budget=self.tree_budget, stops=self.stops, done=self.done, epoch=self.epoch,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Expected:
+    """status: 0, round_plan.STATUS_IDLE, or -1 where the host's builder raises (any refusal code)."""
+
+    status: int
+    tree: DraftTree
+    inputs: dict[str, list[int]]  # the verify's inputs by name (round_plan.plan's), plan as its bytes
+    cells: np.ndarray | None  # the acceptor's cells, for a tree to verify
+
+
+def host_plan(packed: np.ndarray, run: int, vocab: int, req: Request) -> Expected:
+    k = (packed.shape[1] - 2) // 2
+    tree = DraftTree((req.anchor,), (-1,), (0,), (0.0,))
+    status = 0
+    room = req.max_context - req.kvp
+    if req.done or req.remaining < 1 or room < 1:
+        status = round_plan.STATUS_IDLE
+    else:
+        rows, depth = tree_shape(req.tree_budget, room, req.remaining)
+        if depth >= 1:
+            used = min(depth, packed.shape[0])
+            try:
+                block = DraftBlock(unpack_candidates(packed[:used].tolist(), k))
+                tree = build_tree(req.anchor, block, rows, max_depth=depth, vocab_size=vocab)
+            except (ValueError, OverflowError):
+                status = -1
+    layout = layout_tree(tree.parents, run)
+    plan = gdn_tree.packed_plan(layout.depth, layout.ancestors)
+    inputs = {
+        "seqlens": [req.kvp],
+        "position": layout.position_ids(req.kvp),
+        "ctx": [req.kvp],
+        "masks": [*layout.depth, *layout.ancestors],
+        "plan": list(plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan))),
+        "ids": [*tree.tokens, *[tree.tokens[0]] * (run - len(tree))],
+    }
+    cells = None
+    if status == 0:
+        cells = round_tail.tree_cells(list(tree.parents), list(tree.tokens), list(req.stops), req.remaining)
+    return Expected(status, tree, inputs, cells)
+
+
+def poisoned_verify_inputs(run: int) -> dict[str, np.ndarray]:
+    """The kernel's verify outputs by name (its VerifyInputs struct's order), each poisoned, so an unwritten
+    one shows."""
+    return {
+        "seqlens": np.full(1, -7, dtype=np.int32),
+        "position": np.full(run, -7, dtype=np.int32),
+        "ctx": np.full(1, -7, dtype=np.int32),
+        "masks": np.full(2 * run, -7, dtype=np.int32),
+        "plan": np.full(gdn_tree.PLAN_CAPACITY, 0xA5, dtype=np.uint8),
+        "ids": np.full(run, -7, dtype=np.int32),
+    }
+
+
+def random_block(rng: random.Random, rows: int, k: int, vocab: int) -> np.ndarray:
+    """A packed candidate block (pack_candidates' layout) with ties, duplicates, -inf, values above 0 and
+    rows out of order."""
+    ids_from = rng.choice((4, 12, vocab))  # a narrow range makes duplicates and chain repeats common
+    step = rng.choice((0.0, 0.5, 1.0))  # 0: continuous log-probabilities; else multiples of it (ties)
+    block = np.zeros((rows, 2 + 2 * k), dtype=np.float32)
+
+    def logprob() -> float:
+        roll = rng.random()
+        if roll < 0.05:
+            return -math.inf
+        if roll < 0.08:
+            return rng.choice((0.0, -0.0, 1e-7, 0.25))  # clamped to 0.0 by the unpacking
+        value = -rng.uniform(0.0, 8.0)
+        return round(value / step) * step if step else value
+
+    for d in range(rows):
+        block[d, 0] = rng.randrange(min(ids_from, vocab))
+        block[d, 1] = logprob()
+        block[d, 2 : 2 + k] = [rng.randrange(min(ids_from, vocab)) for _ in range(k)]
+        lps = [logprob() for _ in range(k)]
+        # the drafter's top-k comes sorted; unsorted rows reach the builder's own sort and a repeated id whose
+        # first copy is -inf (dropped, so the second copy is kept)
+        block[d, 2 + k :] = sorted(lps, reverse=True) if rng.random() < 0.5 else lps
+    return block
+
+
+def random_request(rng: random.Random, run: int, vocab: int) -> Request:
+    kvp = rng.randrange(0, 5000)
+    room = rng.choice((0, 1, 2, 3, 5, 40, 10_000, 10_000))
+    return Request(
+        anchor=rng.randrange(vocab),
+        kvp=kvp,
+        remaining=rng.choice((0, 1, 2, 3, 4, 6, 9, 50, 50)),
+        max_context=kvp + room,
+        tree_budget=rng.randint(1, run),
+        stops=tuple(rng.sample(range(vocab), rng.randint(0, 4))),
+        done=rng.random() < 0.05,
+    )
+
+
+def plan_difference(
+    record: round_plan.PlannedTree, inputs: dict[str, list[int]], cells: np.ndarray, want: Expected
+) -> str | None:
+    """What of the plan kernel's outputs differs from the host's `want`, or None: the status (any refusal
+    code where the host's builder raises), the tree, the verify's inputs, the acceptor's cells (0 rows, which
+    the acceptor refuses, where there is no tree to verify)."""
+    status = record.status if record.status >= 0 else -1
+    if status != want.status:
+        return f"status {record.status}, the host's {want.status}"
+    if (record.rows, record.tokens, record.parents) != (len(want.tree), want.tree.tokens, want.tree.parents):
+        return f"tree {record.tokens} / {record.parents}, the host's {want.tree.tokens} / {want.tree.parents}"
+    for name, value in want.inputs.items():
+        if inputs[name] != value:
+            return f"verify input {name} {inputs[name]}, the host's {value}"
+    if want.cells is None:
+        return None if cells[abi.TREE_ROWS] == 0 else f"cells of {cells[abi.TREE_ROWS]} rows for no tree"
+    if np.array_equal(cells, want.cells):
+        return None
+    return f"cells {cells.tolist()}, the host's {want.cells.tolist()}"
+
+
+def check_round_plan(launch: PlanLaunch) -> int:
+    """Run the seeded plan rounds through `launch` (one build of round_plan.cu: given packed float32
+    candidates, the vocabulary, the state block, it fills the verify inputs, cells and record in place, as
+    `round_plan.plan` does) and compare with `host_plan`. Returns the number of rounds checked; raises
+    RoundKernelMismatch at the first difference."""
+    rng = random.Random(SEED)
+    for number in range(PLAN_ROUNDS):
+        run, vocab = (8, 16)[number % 2], PLAN_VOCABS[(number // 2) % 2]
+        packed = random_block(rng, 7, rng.choice((1, 2, 4, 8)), vocab)
+        req = random_request(rng, run, vocab)
+        want = host_plan(packed, run, vocab, req)
+        inputs = poisoned_verify_inputs(run)
+        cells = np.full(abi.TREE_CELLS, -7, dtype=np.int64)
+        record = np.full(round_plan.RECORD_WORDS, -7, dtype=np.int32)
+        launch(packed, vocab, req.state(), inputs, cells, record)
+        try:
+            got = round_plan.read_record(record.tolist())
+            difference = plan_difference(got, {n: v.tolist() for n, v in inputs.items()}, cells, want)
+        except ValueError as exc:  # a record the kernel should never write
+            difference = str(exc)
+        if difference is not None:
+            raise RoundKernelMismatch(
+                f"the round's plan kernel, as built here, disagrees with the host on plan check round "
+                f"{number}: its {difference}. The CUDA compiler may have miscompiled it; rounds on the GPU "
+                "are refused (bench/results/tree/README.md, sessions 36-37)"
+            )
+    return PLAN_ROUNDS
+
+
+def gpu_plan_launch(device: object) -> PlanLaunch:
+    """A launch of the served round_plan.cu build on `device`: the arrays copied there and back."""
+    import torch
+
+    def launch(packed: np.ndarray, vocab: int, state: np.ndarray, inputs: Buffers, cells: np.ndarray,
+               record: np.ndarray) -> None:  # fmt: skip
+        on = {name: torch.from_numpy(value.copy()).to(device) for name, value in inputs.items()}
+        outputs = torch.from_numpy(cells.copy()).to(device), torch.from_numpy(record.copy()).to(device)
+        block = torch.from_numpy(np.ascontiguousarray(packed, dtype=np.float32)).to(device)
+        round_plan.plan(block, vocab, torch.from_numpy(state.copy()).to(device), on, *outputs)
+        torch.cuda.synchronize(device)
+        for name, value in on.items():
+            inputs[name][...] = value.cpu().numpy()
+        cells[...], record[...] = outputs[0].cpu().numpy(), outputs[1].cpu().numpy()
 
     return launch

@@ -1,100 +1,30 @@
-"""What the host does for the head of a greedy tree round, composed from the served Python, as the reference
-of `patches/kernels/round_plan.cu` (its emulated and GPU tests): the tree's size (`spec.tree.tree_shape`), the
-candidates (`drafter.unpack_candidates`), the tree (`spec.tree.build_tree`), the verify's inputs
-(`tree_verify.layout_tree`, `gdn_tree.packed_plan`, `TreeGraphs._int_values`' segments) and the acceptor's
-cells (`round_tail.tree_cells`). Plus random candidate blocks that reach the builder's corners: ties,
-duplicates, the chain token among the top-k, -inf, log-probabilities above 0; and random verified trees for
-`patches/kernels/round_tail.cu`'s tests.
+"""Cases and launches shared by the round kernels' tests. The host's reference of
+`patches/kernels/round_plan.cu` (`host_plan`: the tree's size, the candidates, the tree, the verify's inputs
+and the acceptor's cells, composed from the served Python) and its seeded cases (`random_block`: ties,
+duplicates, the chain token among the top-k, -inf, log-probabilities above 0; `random_request`) live in
+`elpis.exl3.round_check`, which checks the served builds at load; they are re-exported here. Plus the
+emulated build's launches, and random verified trees for `patches/kernels/round_tail.cu`'s tests.
 """
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 from elpis.accept import abi
-from elpis.backend import DraftBlock
-from elpis.exl3 import gdn_tree, round_plan, round_tail
-from elpis.exl3.drafter import unpack_candidates
-from elpis.exl3.tree_verify import layout_tree
-from elpis.spec.tree import DraftTree, build_tree, tree_shape
+from elpis.exl3 import round_plan
+from elpis.exl3.round_check import (  # noqa: F401  (re-exported for the tests)
+    Expected,
+    Request,
+    host_plan,
+    poisoned_verify_inputs,
+    random_block,
+    random_request,
+)
 
-
-@dataclass(frozen=True)
-class Request:
-    anchor: int
-    kvp: int
-    remaining: int
-    max_context: int
-    tree_budget: int
-    stops: tuple[int, ...]
-    done: bool = False
-    epoch: int = 0
-
-    def state(self) -> np.ndarray:
-        return round_plan.state_block(
-            anchor=self.anchor, kvp=self.kvp, remaining=self.remaining, max_context=self.max_context,
-            tree_budget=self.tree_budget, stops=self.stops, done=self.done, epoch=self.epoch,
-        )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Expected:
-    """status: 0, round_plan.STATUS_IDLE, or -1 where the host's builder raises (any refusal code)."""
-
-    status: int
-    tree: DraftTree
-    inputs: dict[str, list[int]]  # the verify's inputs by name (round_plan.plan's), plan as its bytes
-    cells: np.ndarray | None  # the acceptor's cells, for a tree to verify
-
-
-def host_plan(packed: np.ndarray, run: int, vocab: int, req: Request) -> Expected:
-    k = (packed.shape[1] - 2) // 2
-    tree = DraftTree((req.anchor,), (-1,), (0,), (0.0,))
-    status = 0
-    room = req.max_context - req.kvp
-    if req.done or req.remaining < 1 or room < 1:
-        status = round_plan.STATUS_IDLE
-    else:
-        rows, depth = tree_shape(req.tree_budget, room, req.remaining)
-        if depth >= 1:
-            used = min(depth, packed.shape[0])
-            try:
-                block = DraftBlock(unpack_candidates(packed[:used].tolist(), k))
-                tree = build_tree(req.anchor, block, rows, max_depth=depth, vocab_size=vocab)
-            except (ValueError, OverflowError):
-                status = -1
-    layout = layout_tree(tree.parents, run)
-    plan = gdn_tree.packed_plan(layout.depth, layout.ancestors)
-    inputs = {
-        "seqlens": [req.kvp],
-        "position": layout.position_ids(req.kvp),
-        "ctx": [req.kvp],
-        "masks": [*layout.depth, *layout.ancestors],
-        "plan": list(plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan))),
-        "ids": [*tree.tokens, *[tree.tokens[0]] * (run - len(tree))],
-    }
-    cells = None
-    if status == 0:
-        cells = round_tail.tree_cells(list(tree.parents), list(tree.tokens), list(req.stops), req.remaining)
-    return Expected(status, tree, inputs, cells)
-
-
-def poisoned_verify_inputs(run: int) -> dict[str, np.ndarray]:
-    """The kernel's verify outputs by name (its VerifyInputs struct's order), each poisoned, so an unwritten
-    one shows."""
-    return {
-        "seqlens": np.full(1, -7, dtype=np.int32),
-        "position": np.full(run, -7, dtype=np.int32),
-        "ctx": np.full(1, -7, dtype=np.int32),
-        "masks": np.full(2 * run, -7, dtype=np.int32),
-        "plan": np.full(gdn_tree.PLAN_CAPACITY, 0xA5, dtype=np.uint8),
-        "ids": np.full(run, -7, dtype=np.int32),
-    }
+VERIFY_INPUTS = ("seqlens", "position", "ctx", "masks", "plan", "ids")  # the kernel's VerifyInputs order
 
 
 def emulated_plan(lib, packed: np.ndarray, run: int, vocab: int, state: np.ndarray, *, k: int | None = None):
@@ -114,47 +44,6 @@ def emulated_plan(lib, packed: np.ndarray, run: int, vocab: int, state: np.ndarr
     if err:
         return err, None, None, None
     return 0, round_plan.read_record(record.tolist()), {n: v.tolist() for n, v in inputs.items()}, cells
-
-
-def random_block(rng: random.Random, rows: int, k: int, vocab: int) -> np.ndarray:
-    """A packed candidate block (pack_candidates' layout) with ties, duplicates, -inf, values above 0 and
-    rows out of order."""
-    ids_from = rng.choice((4, 12, vocab))  # a narrow range makes duplicates and chain repeats common
-    step = rng.choice((0.0, 0.5, 1.0))  # 0: continuous log-probabilities; else multiples of it (ties)
-    block = np.zeros((rows, 2 + 2 * k), dtype=np.float32)
-
-    def logprob() -> float:
-        roll = rng.random()
-        if roll < 0.05:
-            return -math.inf
-        if roll < 0.08:
-            return rng.choice((0.0, -0.0, 1e-7, 0.25))  # clamped to 0.0 by the unpacking
-        value = -rng.uniform(0.0, 8.0)
-        return round(value / step) * step if step else value
-
-    for d in range(rows):
-        block[d, 0] = rng.randrange(min(ids_from, vocab))
-        block[d, 1] = logprob()
-        block[d, 2 : 2 + k] = [rng.randrange(min(ids_from, vocab)) for _ in range(k)]
-        lps = [logprob() for _ in range(k)]
-        # the drafter's top-k comes sorted; unsorted rows reach the builder's own sort and a repeated id whose
-        # first copy is -inf (dropped, so the second copy is kept)
-        block[d, 2 + k :] = sorted(lps, reverse=True) if rng.random() < 0.5 else lps
-    return block
-
-
-def random_request(rng: random.Random, run: int, vocab: int) -> Request:
-    kvp = rng.randrange(0, 5000)
-    room = rng.choice((0, 1, 2, 3, 5, 40, 10_000, 10_000))
-    return Request(
-        anchor=rng.randrange(vocab),
-        kvp=kvp,
-        remaining=rng.choice((0, 1, 2, 3, 4, 6, 9, 50, 50)),
-        max_context=kvp + room,
-        tree_budget=rng.randint(1, run),
-        stops=tuple(rng.sample(range(vocab), rng.randint(0, 4))),
-        done=rng.random() < 0.05,
-    )
 
 
 def random_round(rng: random.Random) -> tuple[list[int], list[int], list[int], list[int], int]:
@@ -199,5 +88,41 @@ def interpreted_tail_launch(program) -> Callable[[dict[str, np.ndarray]], None]:
             b["pages"], len(b["pages"]), b["record"], b["moves_out"], b["plan_out"], b["cond_index"],
             len(b["cond_index"]), b["cond_kvp"],
         )  # fmt: skip
+
+    return launch
+
+
+def emulated_plan_launch(lib) -> Callable[..., None]:
+    """round_plan.cu's emulated build as a `round_check.PlanLaunch` (outputs filled in place)."""
+
+    def launch(packed, vocab: int, state, inputs: dict[str, np.ndarray], cells, record) -> None:
+        packed = np.ascontiguousarray(packed, dtype=np.float32)
+        err = lib.elpis_round_plan(
+            packed.ctypes.data, packed.shape[0], (packed.shape[1] - 2) // 2, len(inputs["ids"]), vocab,
+            state.ctypes.data, *(inputs[n].ctypes.data for n in VERIFY_INPUTS), cells.ctypes.data,
+            record.ctypes.data, None,
+        )  # fmt: skip
+        assert err == 0
+
+    return launch
+
+
+def interpreted_plan_launch(program) -> Callable[..., None]:
+    """round_plan.cu's PTX (a `ptx_interp.PtxProgram`) as a `round_check.PlanLaunch`: the verify inputs'
+    addresses passed in their VerifyInputs struct, by value, as elpis_round_plan's launch does."""
+    import struct
+
+    from tests.kernels.ptx_interp import Machine
+
+    def launch(packed, vocab: int, state, inputs: dict[str, np.ndarray], cells, record) -> None:
+        m = Machine()
+        at = {name: m.put(inputs[name]) for name in VERIFY_INPUTS}
+        verify_inputs = struct.pack("<6Q", *at.values())
+        packed = np.ascontiguousarray(packed, dtype=np.float32)
+        k = (packed.shape[1] - 2) // 2
+        m.call(program.entry("round_plan_kernel"), packed, packed.shape[0], k, len(inputs["ids"]), vocab,
+               state.copy(), verify_inputs, cells, record)  # fmt: skip
+        for name in VERIFY_INPUTS:
+            inputs[name][...] = m.get(at[name], inputs[name])
 
     return launch

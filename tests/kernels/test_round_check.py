@@ -1,6 +1,6 @@
-"""The load-time check of the round's decision kernel (elpis.exl3.round_check), on the CPU: a right build
-passes it (the kernel's CPU emulation, and its PTX as nvcc compiles it, interpreted), a build that writes one
-wrong element fails it naming the round and the output, and the miscompiled kernel of sessions 36-37
+"""The load-time checks of the round's kernels (elpis.exl3.round_check), on the CPU: right builds pass them
+(each kernel's CPU emulation, and its PTX as nvcc compiles it, interpreted), a build that writes one wrong
+element fails them naming the round and the output, and the miscompiled decision kernel of sessions 36-37
 (round_tail.cu with gdn_tree_plan.cuh's scratch arrays first written after its checks, the order before the
 fix) is refused wherever this nvcc still miscompiles that order."""
 
@@ -13,9 +13,14 @@ from pathlib import Path
 import pytest
 
 from elpis import nvcc
-from elpis.exl3 import round_check, round_tail
+from elpis.exl3 import round_check, round_plan, round_tail
 from tests.kernels.ptx_interp import PtxProgram
-from tests.kernels.round_plan_cases import emulated_tail_launch, interpreted_tail_launch
+from tests.kernels.round_plan_cases import (
+    emulated_plan_launch,
+    emulated_tail_launch,
+    interpreted_plan_launch,
+    interpreted_tail_launch,
+)
 
 needs_nvcc = pytest.mark.skipif(
     nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1",
@@ -93,3 +98,39 @@ def test_the_miscompiled_kernel_of_sessions_36_37_is_refused(tmp_path: Path) -> 
     else:
         version = nvcc.nvcc_version().strip().splitlines()[-1]
         pytest.skip(f"this nvcc ({version}) builds the old order right: nothing to catch")
+
+
+def test_the_plan_kernels_emulation_passes_over_trees_idle_rounds_and_refusals(round_plan_emu) -> None:
+    statuses = []
+    launch = emulated_plan_launch(round_plan_emu)
+
+    def watched(packed, vocab, state, inputs, cells, record) -> None:
+        launch(packed, vocab, state, inputs, cells, record)
+        statuses.append(int(record[0]))
+
+    assert round_check.check_round_plan(watched) == len(statuses) == round_check.PLAN_ROUNDS
+    assert 0 in statuses and len(set(statuses)) >= 2, statuses
+
+
+@pytest.mark.parametrize("name", ["masks", "plan", "ids", "cells", "record"])
+def test_one_wrong_plan_output_fails_the_check(round_plan_emu, name: str) -> None:
+    launch = emulated_plan_launch(round_plan_emu)
+    rounds = 0
+
+    def wrong(packed, vocab, state, inputs, cells, record) -> None:
+        nonlocal rounds
+        launch(packed, vocab, state, inputs, cells, record)
+        rounds += 1
+        if rounds == 3:
+            target = {"cells": cells, "record": record}.get(name, inputs.get(name))
+            target.reshape(-1)[2] ^= 1  # record word 2: the first tree token
+
+    with pytest.raises(round_check.RoundKernelMismatch, match="plan check round 2: its "):
+        round_check.check_round_plan(wrong)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", nvcc.ARCHS)
+def test_the_plan_kernels_ptx_passes(arch: str) -> None:
+    program = PtxProgram(nvcc.compile_to(round_plan.SOURCE, "ptx", arch=arch).read_text())
+    assert round_check.check_round_plan(interpreted_plan_launch(program)) == round_check.PLAN_ROUNDS

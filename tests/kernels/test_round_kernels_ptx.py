@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import struct
 
 import numpy as np
 import pytest
@@ -22,13 +21,13 @@ from elpis import accept, nvcc
 from elpis.accept import abi
 from elpis.exl3 import round_check, round_plan, round_tail
 from elpis.exl3.tree_verify import PAGE
-from tests.kernels.ptx_interp import Machine, PtxProgram
+from tests.kernels.ptx_interp import PtxProgram
 from tests.kernels.round_plan_cases import (
     Request,
     emulated_plan,
     emulated_tail_launch,
+    interpreted_plan_launch,
     interpreted_tail_launch,
-    poisoned_verify_inputs,
     random_block,
     random_request,
     random_round,
@@ -107,22 +106,6 @@ def test_the_tails_ptx_writes_the_no_op_inputs_where_its_emulation_does(tail_ptx
         assert round_tail.read_record(interpreted["record"].tolist()).status == status
 
 
-def _plan_interpreted(program: PtxProgram, packed: np.ndarray, run: int, vocab: int, state: np.ndarray):
-    """emulated_plan's results from the PTX: the record, the verify inputs by name (lists) and the cells."""
-    m = Machine()
-    inputs = poisoned_verify_inputs(run)
-    at = {name: m.put(value) for name, value in inputs.items()}
-    verify_inputs = struct.pack("<6Q", *at.values())  # the VerifyInputs struct, passed by value
-    cells = np.full(abi.TREE_CELLS, -7, dtype=np.int64)
-    record = np.full(round_plan.RECORD_WORDS, -7, dtype=np.int32)
-    packed = np.ascontiguousarray(packed, dtype=np.float32)
-    k = (packed.shape[1] - 2) // 2
-    m.call(program.entry("round_plan_kernel"), packed, packed.shape[0], k, run, vocab, state, verify_inputs,
-           cells, record)  # fmt: skip
-    read = {name: m.get(at[name], value).tolist() for name, value in inputs.items()}
-    return round_plan.read_record(record.tolist()), read, cells
-
-
 def test_the_plans_ptx_builds_the_tree_and_inputs_its_emulation_builds(plan_ptx, round_plan_emu) -> None:
     rng = random.Random(23)
     statuses = set()
@@ -133,7 +116,12 @@ def test_the_plans_ptx_builds_the_tree_and_inputs_its_emulation_builds(plan_ptx,
         state = random_request(rng, run, vocab).state()
         err, want_record, want_inputs, want_cells = emulated_plan(round_plan_emu, packed, run, vocab, state)
         assert err == 0
-        got_record, got_inputs, got_cells = _plan_interpreted(plan_ptx, packed, run, vocab, state)
+        got_inputs = round_check.poisoned_verify_inputs(run)
+        got_cells = np.full(abi.TREE_CELLS, -7, dtype=np.int64)
+        record = np.full(round_plan.RECORD_WORDS, -7, dtype=np.int32)
+        interpreted_plan_launch(plan_ptx)(packed, vocab, state, got_inputs, got_cells, record)
+        got_record = round_plan.read_record(record.tolist())
+        got_inputs = {name: value.tolist() for name, value in got_inputs.items()}
         assert got_record == want_record
         assert got_inputs == want_inputs
         assert got_cells.tolist() == want_cells.tolist()

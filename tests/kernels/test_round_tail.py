@@ -111,9 +111,12 @@ def test_the_gpu_decides_as_the_proven_acceptor_from_real_logits() -> None:
     assert state.tolist() == counted.tolist()
 
 
-def test_the_served_build_passes_the_check_device_rounds_make_at_load() -> None:
-    """elpis.exl3.round_check on the GPU, as DeviceRounds runs it: the served build against the host on its
-    fixed rounds (a miscompile here refuses rounds on the GPU at load; sessions 36-37)."""
+def test_the_served_builds_pass_the_checks_device_rounds_make_at_load() -> None:
+    """elpis.exl3.round_check on the GPU, as DeviceRounds runs it: the served builds of both round kernels
+    against the host on their fixed rounds (a miscompile here refuses rounds on the GPU at load; sessions
+    36-37)."""
     from elpis.exl3 import round_check
 
-    assert round_check.check_round_tail(round_check.gpu_launch(torch.device("cuda"))) >= 20
+    dev = torch.device("cuda")
+    assert round_check.check_round_plan(round_check.gpu_plan_launch(dev)) == round_check.PLAN_ROUNDS
+    assert round_check.check_round_tail(round_check.gpu_launch(dev)) >= 20
