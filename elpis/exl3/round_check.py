@@ -51,7 +51,7 @@ Launch = Callable[[Buffers], None]
 
 
 class RoundKernelMismatch(RuntimeError):
-    """The round's decision kernel wrote something else than the host computes for the same round."""
+    """A round kernel wrote something else than the host computes for the same round."""
 
 
 def buffers(cells: np.ndarray, ids: list[int], bad: list[int], state: np.ndarray) -> Buffers:
