@@ -111,7 +111,8 @@ def _expected(given: Buffers, parents: list[int], draft: list[int], stops: list[
 
 
 def _rounds() -> list[tuple[Buffers, Buffers]]:
-    """(inputs, expected outputs) of every checked round: decided trees, then refusals."""
+    """(inputs, expected outputs) of every checked round: decided trees, whole chains of every length, then
+    refusals."""
     rng = random.Random(SEED)
     cases = []
     for i in range(ROUNDS):
@@ -129,6 +130,14 @@ def _rounds() -> list[tuple[Buffers, Buffers]]:
                                        tree_budget=RUN, stops=stops, epoch=i)  # fmt: skip
         given = buffers(round_tail.tree_cells(parents, draft, stops, budget), target, [0] * rows, state)
         cases.append((given, _expected(given, parents, draft, stops, budget, None)))
+    for length in range(1, RUN + 1):  # a whole chain accepted up to the budget: every commit plan's length
+        parents = list(range(-1, RUN - 1))
+        target = [100 + r for r in range(RUN)]
+        draft = [7, *target[:-1]]  # row r drafts what row r - 1's target is
+        state = round_plan.state_block(anchor=7, kvp=PAGE - 5, remaining=length, max_context=5000,
+                                       tree_budget=RUN, stops=[], epoch=ROUNDS + length)  # fmt: skip
+        given = buffers(round_tail.tree_cells(parents, draft, [], length), target, [0] * RUN, state)
+        cases.append((given, _expected(given, parents, draft, [], length, None)))
     parents, draft, target = [-1, 0, 1], [5, 6, 7], [6, 7, 8]
     cells = round_tail.tree_cells(parents, draft, [], 10)
     state = round_plan.state_block(
