@@ -157,7 +157,8 @@ def load_backend(
     cache then resumes follow-up turns only at multiples of 8192 tokens (see the note at the top).
     `rows_gemm`: the EXL3 linears of 1-16 rows (every verify and draft block) run elpis's GEMM
     (`elpis.exl3.rows_gemm_patch`) instead of ExLlamaV3's; None: `default_rows_gemm(tree)`. True with the
-    patch switched off is refused.
+    patch switched off is refused, and so is a build whose decode differs from the format's
+    (`elpis.exl3.decode_check`, run before the weights load).
     `gdn_ba`: inside tree verifies, the Gated DeltaNet gate projections b and a run as two launches of elpis's
     kernel (`elpis.exl3.gdn_ba_patch`); None: `default_gdn_ba(tree)`. Tree mode only; True with the patch
     switched off is refused.
@@ -237,6 +238,13 @@ def load_backend(
     if device_rounds:
         has_draft_graphs = draft_dir is not None and draft_graphs
         check_device_rounds(tree and tree_graphs, has_draft_graphs, embed_gather, prelaunch)
+    if rows_gemm:  # before the weights load: elpis's decode as this machine's CUDA compiler built it
+        from elpis.exl3 import decode_check
+
+        try:
+            decode_check.check_decode(decode_check.gpu_decode(torch.device("cuda")))
+        except decode_check.DecodeMismatch as exc:
+            raise RuntimeError(str(exc)) from exc
     engine = load_engine(
         Path(model_dir),
         Path(draft_dir) if draft_dir else None,

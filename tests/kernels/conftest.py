@@ -7,7 +7,7 @@ import ctypes
 
 import pytest
 
-from elpis.exl3 import round_plan, round_tail
+from elpis.exl3 import round_plan, round_tail, rows_gemm
 from tests.kernels import cuda_emu
 
 
@@ -23,3 +23,13 @@ def round_plan_emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     """patches/kernels/round_plan.cu built for the CPU, its entries bound."""
     out = tmp_path_factory.mktemp("round_plan_emu")
     return round_plan.bind(cuda_emu.build_emulated(round_plan.SOURCE, out, launches=1, needs=("gdn_plan.h",)))
+
+
+@pytest.fixture(scope="session")
+def rows_gemm_emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """patches/kernels/exl3_gemm_rows.cu built for the CPU on an emulated 8-multiprocessor GPU, bound."""
+    built = cuda_emu.build_emulated(
+        rows_gemm.SOURCE, tmp_path_factory.mktemp("rows_gemm_emu"), launches=5, needs=("gemm_schedule.h",)
+    )
+    built.emu_set_sms(8)  # before the first call: the kernel caches its resident-block count
+    return rows_gemm.bind(built)

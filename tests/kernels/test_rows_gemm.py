@@ -254,3 +254,14 @@ def test_norm_input_is_exllamav3s_norm_then_the_gemm(layer, rows: int, bf16_weig
     y, frags = rg.norm_input(xf, weight, 1e-6, 1.0, 1.0, [suh])
     assert torch.equal(y.view(torch.int16), stock_y.view(torch.int16))
     assert torch.equal(rg.rows_gemm_frags(frags, rows, k, members[:1])[0], rg.rows_gemm(y, trellis, suh, svh))
+
+
+@pytest.mark.gpu
+def test_the_served_build_passes_the_decode_check_load_backend_makes() -> None:
+    """elpis.exl3.decode_check on the GPU, as load_backend runs it before loading a model with elpis's GEMM:
+    the served build's decode of its seeded 4- and 6-bit trellises, bit for bit the format's."""
+    import torch
+
+    from elpis.exl3 import decode_check
+
+    assert decode_check.check_decode(decode_check.gpu_decode(torch.device("cuda"))) > 0

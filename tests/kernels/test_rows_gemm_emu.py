@@ -15,16 +15,11 @@ import pytest
 
 from elpis.exl3 import rows_gemm as rg
 from elpis.exl3 import trellis_ref as ref
-from tests.kernels import cuda_emu
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    built = cuda_emu.build_emulated(
-        rg.SOURCE, tmp_path_factory.mktemp("rows_gemm_emu"), launches=5, needs=("gemm_schedule.h",)
-    )
-    built.emu_set_sms(8)  # before the first call: the kernel caches its resident-block count
-    return rg.bind(built)
+def lib(rows_gemm_emu: ctypes.CDLL) -> ctypes.CDLL:
+    return rows_gemm_emu
 
 
 def _ptr(a: np.ndarray) -> int:

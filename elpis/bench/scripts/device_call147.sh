@@ -3,8 +3,8 @@
 # on the H200: nvcc 13.0 compiled gdn_tree_plan.cuh's checks, in the tail, into a refusal of row 0 of every chain.
 # Session 37 reproduced it without a GPU (tests/kernels/ptx_interp.py runs nvcc's PTX; the header's note says
 # what changed), and tests/kernels/test_round_kernels_ptx.py now checks the tail's and the plan's PTX in CI.
-# This call runs call 142's GPU tests on the fixed header: the round plan and tail kernels against the host, the
-# zero commit plan, greedy rounds on the GPU end to end on the small model (tests/exl3/test_device_round.py), and
+# This call runs call 142's GPU tests on the fixed header: the round plan and tail kernels against the host (and
+# the load-time checks of both, and of the rows GEMM's decode, on the GPU), the zero commit plan, greedy rounds on the GPU end to end on the small model (tests/exl3/test_device_round.py), and
 # the draft's padded conditioning; the full-size checkpoints are made beside them for call 143 (the host vs
 # device rounds A/B) chained onto this warm machine.
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
@@ -14,8 +14,9 @@ source elpis/bench/scripts/device_common.sh
 build_and_small_synth
 start_full_synth
 nvcc --version 2>&1 | tail -2 | tee -a "$OUT/log"
-gpu_pytest "round plan and tail kernels, zero commit plan" 120 tests/kernels/test_round_plan.py \
-  tests/kernels/test_round_tail.py "tests/kernels/test_gdn_tree.py::test_a_zero_plan_commits_nothing"
+gpu_pytest "round plan and tail kernels, zero commit plan, load-time checks" 150 tests/kernels/test_round_plan.py \
+  tests/kernels/test_round_tail.py "tests/kernels/test_gdn_tree.py::test_a_zero_plan_commits_nothing" \
+  "tests/kernels/test_rows_gemm.py::test_the_served_build_passes_the_decode_check_load_backend_makes"
 ELPIS_SMALL_DIR=/tmp/small gpu_pytest "greedy rounds on the GPU, small model" $(( $(left) - 20 )) \
   tests/exl3/test_device_round.py "tests/exl3/test_draft_graph.py::test_padded_conditioning_keeps_the_committed_rows_bits"
 finish_full_synth
