@@ -26,11 +26,8 @@ import elpis.accept
 from elpis import nvcc
 from elpis.accept import abi, device, identity, table
 from elpis.accept.device import DeviceAcceptor, DeviceTableMismatch
+from tests.nvcc_marks import needs_nvcc
 
-needs_nvcc = pytest.mark.skipif(
-    nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1",
-    reason="nvcc not installed (CI sets ELPIS_REQUIRE_NVCC=1 and has it)",
-)
 CUDA_DEFAULT_STACK_BYTES = 1024  # cudaLimitStackSize's documented default per thread
 HOST_ARCH = "sm_86"  # any target works for the host half of the library; the CUDA build caches it
 # Seeds unlike the table's (elpis.accept.table), so these decisions are new to the library.

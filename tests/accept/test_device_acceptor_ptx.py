@@ -10,8 +10,6 @@ round's decision inlines beside this code (patches/kernels/gdn_tree_plan.cuh, de
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -19,11 +17,9 @@ import elpis.accept
 from elpis import nvcc
 from elpis.accept import abi, device
 from tests.kernels.ptx_interp import Machine, PtxProgram
+from tests.nvcc_marks import needs_nvcc
 
-pytestmark = pytest.mark.skipif(
-    nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1",
-    reason="nvcc not installed (CI sets ELPIS_REQUIRE_NVCC=1 and has it)",
-)
+pytestmark = needs_nvcc
 
 PER_SECTION = 100  # decisions of each table section, spread over it and random
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 import ctypes
 import itertools
 import json
-import os
 import random
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from elpis import accept, nvcc
+from elpis import accept
 from elpis.bend import gdn_plan
 from elpis.exl3 import gdn_tree
 from elpis.exl3 import gdn_tree_ref as ref
@@ -34,11 +33,7 @@ from elpis.reference.model import ReferenceModel
 from elpis.reference.state import DeltaNetState
 from elpis.reference.weights import DeltaNetWeights
 from tests.kernels import cuda_emu
-
-needs_nvcc = pytest.mark.skipif(
-    nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1",
-    reason="nvcc not installed (CI sets ELPIS_REQUIRE_NVCC=1 and has it)",
-)
+from tests.nvcc_marks import needs_nvcc
 
 
 @pytest.fixture(autouse=True)

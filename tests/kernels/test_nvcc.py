@@ -5,17 +5,12 @@ CI has nvcc but no GPU; `.ci/run` sets ELPIS_REQUIRE_NVCC=1 so a missing compile
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from elpis import nvcc
-
-needs_nvcc = pytest.mark.skipif(
-    nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1",
-    reason="nvcc not installed (CI sets ELPIS_REQUIRE_NVCC=1 and has it)",
-)
+from tests.nvcc_marks import needs_nvcc
 
 AMPERE_PROBE = r"""
 #include <cstdint>

@@ -5,7 +5,6 @@ refused by name, not interpreted."""
 from __future__ import annotations
 
 import math
-import os
 import random
 import struct
 from pathlib import Path
@@ -15,11 +14,9 @@ import pytest
 
 from elpis import nvcc
 from tests.kernels.ptx_interp import Machine, PtxProgram, PtxUnsupported
+from tests.nvcc_marks import needs_nvcc
 
-pytestmark = pytest.mark.skipif(
-    nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1",
-    reason="nvcc not installed (CI sets ELPIS_REQUIRE_NVCC=1 and has it)",
-)
+pytestmark = needs_nvcc
 
 INTEGER_KERNEL = r"""
 #include <stdint.h>

@@ -6,7 +6,6 @@ fix) is refused wherever this nvcc still miscompiles that order."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -21,11 +20,8 @@ from tests.kernels.round_plan_cases import (
     interpreted_plan_launch,
     interpreted_tail_launch,
 )
+from tests.nvcc_marks import needs_nvcc
 
-needs_nvcc = pytest.mark.skipif(
-    nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1",
-    reason="nvcc not installed (CI sets ELPIS_REQUIRE_NVCC=1 and has it)",
-)
 HEADER = round_tail.SOURCE.parent / "gdn_tree_plan.cuh"
 # The fix (session 37) hoisted these declarations above the mask checks; the order before it, rebuilt from the
 # current header so that the test keeps meaning "the current header in the old order".

@@ -11,7 +11,6 @@ GPU, so this runs there (`.ci/run` sets ELPIS_REQUIRE_NVCC=1).
 
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
@@ -32,11 +31,9 @@ from tests.kernels.round_plan_cases import (
     random_request,
     random_round,
 )
+from tests.nvcc_marks import needs_nvcc
 
-pytestmark = pytest.mark.skipif(
-    nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1",
-    reason="nvcc not installed (CI sets ELPIS_REQUIRE_NVCC=1 and has it)",
-)
+pytestmark = needs_nvcc
 
 RUN = 16
 VOCAB = 248_320

@@ -20,6 +20,7 @@ from elpis import nvcc
 from elpis.exl3 import tree_attention as ta
 from elpis.exl3 import tree_attention_ref as ref
 from tests.kernels import tree_cases as tc
+from tests.nvcc_marks import nvcc_missing
 
 FIRST = tc.FIRST_SPLIT
 
@@ -43,7 +44,7 @@ def direct_kernel(q, k, v, table, ctx, depth, ancestors):
 
 def test_kernel_builds_for_ampere_and_hopper() -> None:
     """Runs on CPU too: the kernel with the generated schedule compiles for sm_86 and sm_90, Ampere-only."""
-    if nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1":
+    if nvcc_missing():
         pytest.skip("nvcc not installed")
     if not (nvcc.REPO_ROOT / "build" / "kernels" / "verify_schedule.h").is_file():
         pytest.fail("build/kernels/verify_schedule.h missing: run make build")
@@ -66,8 +67,17 @@ def test_staged_build_equals_the_direct_build(ctx: int, rows: int) -> None:
 # Spans that end just before, on and just after split boundaries, for the depths of the trees below: the first
 # ones (128 positions a split), where the splits turn to 256 (4096), to 512 (16384) and to 2048 (65536), at
 # 32K, and between two 2048-position splits (69632).
-INVARIANCE_CTX = [FIRST - 9, FIRST - 1, 2 * FIRST - 4, 1024, 4096 - 6, 16384 - 9, 32768 - 8, 65536 - 7,
-                  69632 - 9]
+INVARIANCE_CTX = [
+    FIRST - 9,
+    FIRST - 1,
+    2 * FIRST - 4,
+    1024,
+    4096 - 6,
+    16384 - 9,
+    32768 - 8,
+    65536 - 7,
+    69632 - 9,
+]
 
 
 @pytest.mark.gpu
@@ -123,9 +133,7 @@ def test_matches_the_float32_emulation(ctx: int) -> None:
     out, lse = case.run(kernel)
     cpu = tc.Case(case.q.cpu(), case.k.cpu(), case.v.cpu(), case.table.cpu(), ctx, case.parents, case.depth,
                   case.ancestors)  # fmt: skip
-    want, want_lse = ref.emulate_fp32(
-        cpu.q, cpu.k, cpu.v, cpu.table, ctx, cpu.ancestors, ta.DEFAULT_SCALE
-    )
+    want, want_lse = ref.emulate_fp32(cpu.q, cpu.k, cpu.v, cpu.table, ctx, cpu.ancestors, ta.DEFAULT_SCALE)
     err = (out.cpu().float() - want.float()).abs().max().item()
     _log({"check": "fp32-emulation", "ctx": ctx, "max_abs_err": err})
     assert err <= 2e-3

@@ -11,7 +11,6 @@ dequantises per layer today) at 32K. Results go to $ELPIS_KERNEL_LOG (JSON lines
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from elpis.exl3 import qcache_ref as qr
 from elpis.exl3 import tree_attention as ta
 from tests.kernels import tree_cases as tc
 from tests.kernels.tree_cases import QuantPool
+from tests.nvcc_marks import nvcc_missing
 
 BITS = 3  # elpis.exl3.engine.KV_BITS: the served cache
 
@@ -33,7 +33,7 @@ def _log(record: dict) -> None:
 
 @pytest.mark.parametrize(("k_bits", "v_bits"), [(3, 3), (8, 2)])
 def test_qcache_build_compiles_for_ampere_and_hopper(k_bits: int, v_bits: int) -> None:
-    if nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1":
+    if nvcc_missing():
         pytest.skip("nvcc not installed")
     if not (nvcc.REPO_ROOT / "build" / "kernels" / "verify_schedule.h").is_file():
         pytest.fail("build/kernels/verify_schedule.h missing: run make build")
@@ -42,7 +42,7 @@ def test_qcache_build_compiles_for_ampere_and_hopper(k_bits: int, v_bits: int) -
 
 
 def test_qcache_build_needs_the_staged_build(tmp_path: Path) -> None:
-    if nvcc.nvcc_path() is None and os.environ.get("ELPIS_REQUIRE_NVCC") != "1":
+    if nvcc_missing():
         pytest.skip("nvcc not installed")
     with pytest.raises(nvcc.NvccError, match="needs ELPIS_TREE_ATTN_STAGED=1"):
         nvcc.compile_to(
