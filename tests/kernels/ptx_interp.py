@@ -442,8 +442,9 @@ def _cvt(t: _Thread, mods: list[str], ops: list[str]) -> None:
         t.set(ops[0], _float_to_integer(_to_float(a, sw), rounding, dk == "s", dw))
     elif "f" in (dk, sk) or rounding is not None:
         raise PtxUnsupported(f"cvt.{'.'.join(mods)}")
-    else:
-        t.set(ops[0], _signed(a, sw) if sk == "s" else a)
+    else:  # to the destination type (a narrower one truncates), extended by its signedness to the register
+        value = (_signed(a, sw) if sk == "s" else a) & _mask(dw)
+        t.set(ops[0], _signed(value, dw) if dk == "s" else value)
 
 
 _CMP: dict[str, Callable[[float, float], bool]] = {

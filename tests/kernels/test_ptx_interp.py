@@ -35,6 +35,9 @@ extern "C" __global__ void integers(const uint32_t* in, uint32_t* out, int64_t* 
     out[6] = static_cast<uint32_t>(sa >> (b & 31u));
     out[7] = __popc(a);
     out[8] = static_cast<uint32_t>(static_cast<int8_t>(a));
+    unsigned short narrowed;  // a u8 conversion into a 16-bit register: truncated, zero-extended
+    asm("cvt.u8.u32 %0, %1;" : "=h"(narrowed) : "r"(a));
+    out[9] = narrowed;
     wide[0] = static_cast<int64_t>(sa) * sb;
     wide[1] = static_cast<int64_t>(static_cast<uint64_t>(a) * b);
 }
@@ -98,13 +101,13 @@ def test_integer_operations_are_cs_and_ptxs(tmp_path: Path) -> None:
     edges = [0, 1, 0x7F, 0x80, 0xFF, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF]
     for _ in range(120):
         a, b, sel = (rng.choice(edges) if rng.random() < 0.3 else rng.getrandbits(32) for _ in range(3))
-        out, wide = np.zeros(9, dtype=np.uint32), np.zeros(2, dtype=np.int64)
+        out, wide = np.zeros(10, dtype=np.uint32), np.zeros(2, dtype=np.int64)
         Machine().call(program.entry("integers"), np.array([a, b, sel], dtype=np.uint32), out, wide)
         sa, sb = _s32(a), _s32(b)
         want = [
             _prmt(a, b, sel), _bfi(a, b, sel & 63, (sel >> 8) & 63), int(sa < sb), max(sa, sb) & 0xFFFFFFFF,
             min(a, b), a >> (b & 31), (sa >> (b & 31)) & 0xFFFFFFFF, bin(a).count("1"),
-            (((a & 0xFF) ^ 0x80) - 0x80) & 0xFFFFFFFF,
+            (((a & 0xFF) ^ 0x80) - 0x80) & 0xFFFFFFFF, a & 0xFF,
         ]  # fmt: skip
         assert out.tolist() == want, (a, b, sel)
         assert wide.tolist() == [sa * sb, a * b - (1 << 64) if a * b >> 63 else a * b], (a, b)
