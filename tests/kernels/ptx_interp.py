@@ -60,6 +60,11 @@ def _type_of(suffix: str) -> tuple[str, int]:
     return kind, _WIDTH[width]
 
 
+def _little(value: int, nbytes: int) -> bytes:
+    """`value`'s low `nbytes` bytes, little-endian (a parameter's or a store's bytes)."""
+    return (value & _mask(8 * nbytes)).to_bytes(nbytes, "little")
+
+
 def _to_float(bits: int, width: int) -> float:
     data = (bits & _mask(width)).to_bytes(width // 8, "little")
     return struct.unpack("<f" if width == 32 else "<d", data)[0]
@@ -206,6 +211,8 @@ class Machine:
         data = bytes(self.mem[addr : addr + like.nbytes])
         return np.frombuffer(data, dtype=like.dtype).reshape(like.shape).copy()
 
+    # An access outside every allocation fails; one that strays into a neighbouring allocation does not (each
+    # allocation is 256-byte aligned, so small overruns mostly land in padding, which holds zeros).
     def load(self, addr: int, nbytes: int) -> int:
         if addr < 0x1000 or addr + nbytes > self.top:
             raise MemoryError(f"load of {nbytes} bytes at {addr:#x}, outside allocated memory")
@@ -214,7 +221,7 @@ class Machine:
     def store(self, addr: int, nbytes: int, value: int) -> None:
         if addr < 0x1000 or addr + nbytes > self.top:
             raise MemoryError(f"store of {nbytes} bytes at {addr:#x}, outside allocated memory")
-        self.mem[addr : addr + nbytes] = (value & _mask(8 * nbytes)).to_bytes(nbytes, "little")
+        self.mem[addr : addr + nbytes] = _little(value, nbytes)
 
     def run(
         self, entry: Entry, args: Sequence[int | bytes], *, block: int = 0, blocks: int = 1,
@@ -234,9 +241,7 @@ class Machine:
             self.mem[symbols[name] : symbols[name] + nbytes] = b"\xcd" * nbytes
         params = {}
         for (name, nbytes), value in zip(entry.params, args, strict=True):
-            if not isinstance(value, bytes):
-                value = (value & _mask(8 * nbytes)).to_bytes(nbytes, "little")
-            data = value
+            data = value if isinstance(value, bytes) else _little(value, nbytes)
             if len(data) != nbytes:
                 raise ValueError(f"{entry.name}: parameter {name} takes {nbytes} bytes, got {len(data)}")
             params[name] = data
