@@ -241,10 +241,7 @@ def load_backend(
     if rows_gemm:  # before the weights load: elpis's decode as this machine's CUDA compiler built it
         from elpis.exl3 import decode_check
 
-        try:
-            decode_check.check_decode(decode_check.gpu_decode(torch.device("cuda")))
-        except decode_check.DecodeMismatch as exc:
-            raise RuntimeError(str(exc)) from exc
+        decode_check.check_decode(decode_check.gpu_decode(torch.device("cuda")))  # DecodeMismatch refuses
     engine = load_engine(
         Path(model_dir),
         Path(draft_dir) if draft_dir else None,

@@ -110,6 +110,19 @@ def _expected(given: Buffers, parents: list[int], draft: list[int], stops: list[
     return want
 
 
+def random_round(rng: random.Random, rows: int) -> tuple[list[int], list[int], list[int], list[int], int]:
+    """A verified tree of `rows` rows for the round's tail: parents, drafts, greedy targets that follow some
+    drafts (so paths of several rows are accepted), stops and a budget, over 12 token ids so stops and
+    matches happen."""
+    parents = [-1] + [rng.randrange(r) for r in range(1, rows)]
+    draft = [rng.randrange(12) for _ in range(rows)]
+    target = [rng.randrange(12) for _ in range(rows)]
+    for r in range(1, rows):
+        if rng.random() < 0.6:
+            target[parents[r]] = draft[r]  # the parent's target is this child's draft: accepted
+    return parents, draft, target, rng.sample(range(12), rng.randint(0, 2)), rng.randint(1, 20)
+
+
 def _rounds() -> list[tuple[Buffers, Buffers]]:
     """(inputs, expected outputs) of every checked round: decided trees, whole chains of every length, then
     refusals."""
@@ -117,14 +130,7 @@ def _rounds() -> list[tuple[Buffers, Buffers]]:
     cases = []
     for i in range(ROUNDS):
         rows = 1 + i % RUN
-        parents = [-1] + [rng.randrange(r) for r in range(1, rows)]
-        draft = [rng.randrange(12) for _ in range(rows)]
-        target = [rng.randrange(12) for _ in range(rows)]
-        for r in range(1, rows):
-            if rng.random() < 0.7:
-                target[parents[r]] = draft[r]  # the parent's target is this child's draft: accepted
-        stops = rng.sample(range(12), rng.randint(0, 2))
-        budget = rng.randint(1, 20)
+        parents, draft, target, stops, budget = random_round(rng, rows)
         kvp = rng.choice((0, PAGE - 3, 2 * PAGE - 9, 3 * PAGE + 17))  # the verify's slots straddle pages
         state = round_plan.state_block(anchor=draft[0], kvp=kvp, remaining=budget, max_context=kvp + 1000,
                                        tree_budget=RUN, stops=stops, epoch=i)  # fmt: skip
@@ -330,6 +336,18 @@ def plan_difference(
     return f"cells {cells.tolist()}, the host's {want.cells.tolist()}"
 
 
+def plan_outputs(
+    launch: PlanLaunch, packed: np.ndarray, run: int, vocab: int, state: np.ndarray
+) -> tuple[list[int], dict[str, list[int]], np.ndarray]:
+    """One launch of a plan kernel build on poisoned outputs (an unwritten one shows): its record's words, the
+    verify inputs by name (lists) and the acceptor's cells."""
+    inputs = poisoned_verify_inputs(run)
+    cells = np.full(abi.TREE_CELLS, -7, dtype=np.int64)
+    record = np.full(round_plan.RECORD_WORDS, -7, dtype=np.int32)
+    launch(packed, vocab, state, inputs, cells, record)
+    return record.tolist(), {name: value.tolist() for name, value in inputs.items()}, cells
+
+
 def check_round_plan(launch: PlanLaunch) -> int:
     """Run the seeded plan rounds through `launch` (one build of round_plan.cu: given packed float32
     candidates, the vocabulary, the state block, it fills the verify inputs, cells and record in place, as
@@ -341,13 +359,9 @@ def check_round_plan(launch: PlanLaunch) -> int:
         packed = random_block(rng, 7, rng.choice((1, 2, 4, 8)), vocab)
         req = random_request(rng, run, vocab)
         want = host_plan(packed, run, vocab, req)
-        inputs = poisoned_verify_inputs(run)
-        cells = np.full(abi.TREE_CELLS, -7, dtype=np.int64)
-        record = np.full(round_plan.RECORD_WORDS, -7, dtype=np.int32)
-        launch(packed, vocab, req.state(), inputs, cells, record)
+        words, inputs, cells = plan_outputs(launch, packed, run, vocab, req.state())
         try:
-            got = round_plan.read_record(record.tolist())
-            difference = plan_difference(got, {n: v.tolist() for n, v in inputs.items()}, cells, want)
+            difference = plan_difference(round_plan.read_record(words), inputs, cells, want)
         except ValueError as exc:  # a record the kernel should never write
             difference = str(exc)
         if difference is not None:

@@ -13,8 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from elpis.accept import abi
-from elpis.exl3 import round_plan
+from elpis.exl3 import round_check, round_plan
 from elpis.exl3.round_check import (  # noqa: F401  (re-exported for the tests)
     Expected,
     Request,
@@ -24,7 +23,22 @@ from elpis.exl3.round_check import (  # noqa: F401  (re-exported for the tests)
     random_request,
 )
 
+
+def random_round(rng: random.Random) -> tuple[list[int], list[int], list[int], list[int], int]:
+    """`round_check.random_round` of 1..16 rows."""
+    return round_check.random_round(rng, rng.randint(1, 16))
+
+
 VERIFY_INPUTS = ("seqlens", "position", "ctx", "masks", "plan", "ids")  # the kernel's VerifyInputs order
+
+
+def _plan_call(lib, packed: np.ndarray, k: int, vocab: int, state, inputs: dict[str, np.ndarray], cells,
+               record) -> int:  # fmt: skip
+    """elpis_round_plan of the emulated build `lib` on numpy arrays: its return code."""
+    return lib.elpis_round_plan(
+        packed.ctypes.data, packed.shape[0], k, len(inputs["ids"]), vocab, state.ctypes.data,
+        *(inputs[n].ctypes.data for n in VERIFY_INPUTS), cells.ctypes.data, record.ctypes.data, None,
+    )  # fmt: skip
 
 
 def emulated_plan(lib, packed: np.ndarray, run: int, vocab: int, state: np.ndarray, *, k: int | None = None):
@@ -33,33 +47,15 @@ def emulated_plan(lib, packed: np.ndarray, run: int, vocab: int, state: np.ndarr
     launch). Each output is poisoned first, so an unwritten one shows."""
     packed = np.ascontiguousarray(packed, dtype=np.float32)
     k = (packed.shape[1] - 2) // 2 if k is None else k
-    inputs = poisoned_verify_inputs(run)
-    cells = np.full(abi.TREE_CELLS, -7, dtype=np.int64)
-    record = np.full(round_plan.RECORD_WORDS, -7, dtype=np.int32)
-    err = lib.elpis_round_plan(
-        packed.ctypes.data, packed.shape[0], k, run, vocab, state.ctypes.data, inputs["seqlens"].ctypes.data,
-        inputs["position"].ctypes.data, inputs["ctx"].ctypes.data, inputs["masks"].ctypes.data,
-        inputs["plan"].ctypes.data, inputs["ids"].ctypes.data, cells.ctypes.data, record.ctypes.data, None,
-    )  # fmt: skip
-    if err:
-        return err, None, None, None
-    return 0, round_plan.read_record(record.tolist()), {n: v.tolist() for n, v in inputs.items()}, cells
+    errors = []
 
+    def launch(packed, vocab, state, inputs, cells, record) -> None:
+        errors.append(_plan_call(lib, packed, k, vocab, state, inputs, cells, record))
 
-def random_round(rng: random.Random) -> tuple[list[int], list[int], list[int], list[int], int]:
-    """A verified tree for the round's tail: parents, drafts, greedy targets that follow some drafts (so paths
-    of several rows are accepted), stops and a budget, over 12 token ids so stops and matches happen."""
-    rows = rng.randint(1, 16)
-    parents = [-1] + [rng.randrange(r) for r in range(1, rows)]
-    vocab = 12
-    draft = [rng.randrange(vocab) for _ in range(rows)]
-    target = [rng.randrange(vocab) for _ in range(rows)]
-    for r in range(1, rows):
-        if rng.random() < 0.6:
-            target[parents[r]] = draft[r]  # the parent's target is this child's draft: accepted
-    stops = rng.sample(range(vocab), rng.randint(0, 2))
-    budget = rng.randint(1, 20)
-    return parents, draft, target, stops, budget
+    words, inputs, cells = round_check.plan_outputs(launch, packed, run, vocab, state)
+    if errors[0]:
+        return errors[0], None, None, None
+    return 0, round_plan.read_record(words), inputs, cells
 
 
 def emulated_tail_launch(lib) -> Callable[[dict[str, np.ndarray]], None]:
@@ -97,12 +93,7 @@ def emulated_plan_launch(lib) -> Callable[..., None]:
 
     def launch(packed, vocab: int, state, inputs: dict[str, np.ndarray], cells, record) -> None:
         packed = np.ascontiguousarray(packed, dtype=np.float32)
-        err = lib.elpis_round_plan(
-            packed.ctypes.data, packed.shape[0], (packed.shape[1] - 2) // 2, len(inputs["ids"]), vocab,
-            state.ctypes.data, *(inputs[n].ctypes.data for n in VERIFY_INPUTS), cells.ctypes.data,
-            record.ctypes.data, None,
-        )  # fmt: skip
-        assert err == 0
+        assert _plan_call(lib, packed, (packed.shape[1] - 2) // 2, vocab, state, inputs, cells, record) == 0
 
     return launch
 

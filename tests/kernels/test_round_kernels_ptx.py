@@ -113,12 +113,9 @@ def test_the_plans_ptx_builds_the_tree_and_inputs_its_emulation_builds(plan_ptx,
         state = random_request(rng, run, vocab).state()
         err, want_record, want_inputs, want_cells = emulated_plan(round_plan_emu, packed, run, vocab, state)
         assert err == 0
-        got_inputs = round_check.poisoned_verify_inputs(run)
-        got_cells = np.full(abi.TREE_CELLS, -7, dtype=np.int64)
-        record = np.full(round_plan.RECORD_WORDS, -7, dtype=np.int32)
-        interpreted_plan_launch(plan_ptx)(packed, vocab, state, got_inputs, got_cells, record)
-        got_record = round_plan.read_record(record.tolist())
-        got_inputs = {name: value.tolist() for name, value in got_inputs.items()}
+        launch = interpreted_plan_launch(plan_ptx)
+        words, got_inputs, got_cells = round_check.plan_outputs(launch, packed, run, vocab, state)
+        got_record = round_plan.read_record(words)
         assert got_record == want_record
         assert got_inputs == want_inputs
         assert got_cells.tolist() == want_cells.tolist()
