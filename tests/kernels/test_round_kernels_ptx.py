@@ -57,6 +57,16 @@ def _state(kvp: int, remaining: int, anchor: int, stops: tuple[int, ...]) -> np.
     return Request(anchor, kvp, remaining, kvp + 1000, RUN, stops).state()
 
 
+def _tail_both_ways(emu, program: PtxProgram, cells, ids, bad, state) -> round_tail.RoundTail:
+    """One round through the tail's emulation and its interpreted PTX: every buffer equal, the record read."""
+    emulated, interpreted = (round_check.buffers(cells, ids, bad, state) for _ in range(2))
+    emulated_tail_launch(emu)(emulated)
+    interpreted_tail_launch(program)(interpreted)
+    for name, value in emulated.items():
+        assert np.array_equal(interpreted[name], value), (name, cells.tolist(), ids, bad)
+    return round_tail.read_record(interpreted["record"].tolist())
+
+
 def test_the_tails_ptx_decides_as_the_acceptor_and_writes_what_its_emulation_does(
     tail_ptx, round_tail_emu
 ) -> None:
@@ -67,14 +77,7 @@ def test_the_tails_ptx_decides_as_the_acceptor_and_writes_what_its_emulation_doe
         kvp = rng.choice((0, PAGE - 3, 2 * PAGE - 9, 3 * PAGE + 17))
         cells = round_tail.tree_cells(parents, draft, stops, budget)
         state = _state(kvp, budget, draft[0], tuple(stops))
-        emulated, interpreted = (
-            round_check.buffers(cells, target, [0] * len(parents), state) for _ in range(2)
-        )
-        emulated_tail_launch(round_tail_emu)(emulated)
-        interpreted_tail_launch(tail_ptx)(interpreted)
-        for name, value in emulated.items():
-            assert np.array_equal(interpreted[name], value), (name, parents, draft, target, stops, budget)
-        got = round_tail.read_record(interpreted["record"].tolist())
+        got = _tail_both_ways(round_tail_emu, tail_ptx, cells, target, [0] * len(parents), state)
         want = accept.tree(parents, draft, target, stops, budget)
         assert (got.status, got.path, got.count, got.ends) == (0, tuple(want.rows), want.count, want.ends)
         lengths.add(got.count)
@@ -95,12 +98,7 @@ def test_the_tails_ptx_writes_the_no_op_inputs_where_its_emulation_does(tail_ptx
     ]
     for cells_, ids, bad, kvp, status in cases:
         state = _state(kvp, 10, 5, ())
-        emulated, interpreted = (round_check.buffers(cells_, ids, bad, state) for _ in range(2))
-        emulated_tail_launch(round_tail_emu)(emulated)
-        interpreted_tail_launch(tail_ptx)(interpreted)
-        for name, value in emulated.items():
-            assert np.array_equal(interpreted[name], value), (name, status)
-        assert round_tail.read_record(interpreted["record"].tolist()).status == status
+        assert _tail_both_ways(round_tail_emu, tail_ptx, cells_, ids, bad, state).status == status
 
 
 def test_the_plans_ptx_builds_the_tree_and_inputs_its_emulation_builds(plan_ptx, round_plan_emu) -> None:
