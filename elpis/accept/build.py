@@ -175,14 +175,9 @@ def _build_into(
         certificates = _prove(root, advance)
         (staging / identity.CERTIFICATES).write_bytes(identity.canonical(certificates))
 
-    with steps.step("generate", "verify-attention schedule header (checked against the interpreter)"):
-        _schedule(root, root / "build" / "kernels", cc)
-
-    with steps.step("generate", "GDN tree plan header (checked against the interpreter)"):
-        _gdn_plan(root, root / "build" / "kernels", cc)
-
-    with steps.step("generate", "GEMM schedule header (checked against the interpreter)"):
-        _gemm_schedule(root, root / "build" / "kernels", cc)
+    for name, mismatch, label in KERNEL_HEADERS:
+        with steps.step("generate", f"{label} (checked against the interpreter)"):
+            _kernel_header(name, mismatch, label, root, root / "build" / "kernels", cc)
 
     with steps.step("generate", "generate C from the implementation modules"):
         generated = _generate(root, work / "generated")
@@ -266,48 +261,32 @@ def _prove(root: Path, advance: Callable[[int], None] | None = None) -> list[dic
     return list(report.certificates)
 
 
-def _schedule(root: Path, kernels_dir: Path, cc: str) -> None:
-    """Compile bend/verify_schedule.bend (proved in the prove step) to build/kernels/verify_schedule.h; the
-    header is written only once a host build of it matches the Bend interpreter on the whole table."""
-    from elpis.bend import schedule
+# The kernel headers compiled from proved Bend programs: (module of elpis.bend, its mismatch error, label).
+# Each `build` writes its header only once a host build of it matches the Bend interpreter on the module's
+# whole table (and, for the GDN plan, every plan replays without breaking the kernel's walk; for the two
+# scalar schedules, the interpreter matches the closed forms inside the law domain).
+KERNEL_HEADERS: tuple[tuple[str, str, str], ...] = (
+    ("schedule", "ScheduleMismatch", "verify-attention schedule header"),
+    ("gdn_plan", "PlanMismatch", "GDN tree plan header"),
+    ("gemm_schedule", "ScheduleMismatch", "GEMM schedule header"),
+    ("gdn_ba_schedule", "ScheduleMismatch", "GDN gate projections' schedule header"),
+)
+
+
+def _kernel_header(name: str, mismatch: str, label: str, root: Path, kernels_dir: Path, cc: str) -> None:
+    """Compile one kernel header (KERNEL_HEADERS) into build/kernels/: a table difference is a `table`
+    failure, any other refusal of the generator a `generate` failure."""
+    import importlib
+
     from elpis.bend.errors import BendError
 
+    module = importlib.import_module(f"elpis.bend.{name}")
     try:
-        schedule.build(kernels_dir, root, cc)
-    except schedule.ScheduleMismatch as exc:
-        raise BuildError("table", f"schedule header: {exc}") from exc
+        module.build(kernels_dir, root, cc)
+    except getattr(module, mismatch) as exc:
+        raise BuildError("table", f"{label}: {exc}") from exc
     except BendError as exc:
-        raise BuildError("generate", f"schedule header: {exc}") from exc
-
-
-def _gdn_plan(root: Path, kernels_dir: Path, cc: str) -> None:
-    """Compile bend/gdn_plan.bend (proved in the prove step) to build/kernels/gdn_plan.h; the header is
-    written only once a host build of it matches the Bend interpreter on every table tree and every plan
-    replays without breaking the kernel's walk."""
-    from elpis.bend import gdn_plan
-    from elpis.bend.errors import BendError
-
-    try:
-        gdn_plan.build(kernels_dir, root, cc)
-    except gdn_plan.PlanMismatch as exc:
-        raise BuildError("table", f"gdn plan header: {exc}") from exc
-    except BendError as exc:
-        raise BuildError("generate", f"gdn plan header: {exc}") from exc
-
-
-def _gemm_schedule(root: Path, kernels_dir: Path, cc: str) -> None:
-    """Compile bend/gemm_schedule.bend (proved in the prove step) to build/kernels/gemm_schedule.h; the
-    header is written only once a host build of it matches the Bend interpreter on the whole table, and the
-    interpreter the closed forms inside the law domain."""
-    from elpis.bend import gemm_schedule
-    from elpis.bend.errors import BendError
-
-    try:
-        gemm_schedule.build(kernels_dir, root, cc)
-    except gemm_schedule.ScheduleMismatch as exc:
-        raise BuildError("table", f"gemm schedule header: {exc}") from exc
-    except BendError as exc:
-        raise BuildError("generate", f"gemm schedule header: {exc}") from exc
+        raise BuildError("generate", f"{label}: {exc}") from exc
 
 
 def _generate(root: Path, out_dir: Path) -> dict[str, Path]:

@@ -53,6 +53,7 @@ from elpis.accept import abi
 from elpis.backend import BackendError, DeviceRound
 from elpis.exl3 import round_check, round_plan, round_tail
 from elpis.exl3.drafter import block_candidates
+from elpis.exl3.prefix import PAGE
 from elpis.spec.faults import DROPPED, REPEATED, STALE
 from elpis.spec.integrity import nonfinite_rows
 from elpis.spec.sampling import greedy_ids
@@ -210,14 +211,17 @@ class DeviceRounds:
             raise BackendError(str(exc)) from exc
         self.backend = backend
         self.drafts = drafter.graphs
-        dev = backend.engine.device
-        run = backend.tree_run()
+        self._buffers(backend.engine.device, backend.tree_run(), pin_memory=True)
+
+    def _buffers(self, dev: torch.device | str, run: int, *, pin_memory: bool) -> None:
+        """The state block, cells, record slots and conditioning inputs on `dev` (host slots pinned on a GPU
+        machine), and the counters of a fresh driver."""
         self.state = torch.zeros((round_plan.STATE_WORDS,), dtype=torch.int64, device=dev)
         self.cells = torch.zeros((abi.TREE_CELLS,), dtype=torch.int64, device=dev)
         # one slot per round in flight, on the device and in pinned memory: a round's records stay on the
         # device until it is read, so a copy that went wrong can be made again
         self.records = torch.zeros((IN_FLIGHT, RECORD_WORDS), dtype=torch.int32, device=dev)
-        self.host_records = torch.zeros((IN_FLIGHT, RECORD_WORDS), dtype=torch.int32, pin_memory=True)
+        self.host_records = torch.zeros((IN_FLIGHT, RECORD_WORDS), dtype=torch.int32, pin_memory=pin_memory)
         self.epoch = 0
         self.numbered = 0  # rounds queued for the request
         self.last_words: list[int] | None = None  # the last round read back, its records
@@ -313,7 +317,10 @@ class DeviceRounds:
         state = self.state
         anchor = state[round_plan.STATE_ANCHOR : round_plan.STATE_ANCHOR + 1]
         at = state[round_plan.STATE_KVP : round_plan.STATE_KVP + 1]
-        chain, logits = self.drafts.block_from(anchor, at, b.pages, self.drafts.width(kvp))
+        # the pages of the block's positions from the highest start (< kvp + 1 + block), as a host draft
+        # block takes them: the verify's pages may reach past the draft's bucket, a narrower table
+        pages = b.pages[: -(-(kvp + 1 + b.block_size) // PAGE)]
+        chain, logits = self.drafts.block_from(anchor, at, pages, self.drafts.width(kvp))
         packed = self._candidates(chain, logits)
         verify_inputs = {
             "seqlens": c.seqlens, "position": c.position_ids.view(-1), "ctx": c.inputs.ctx,

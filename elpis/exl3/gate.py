@@ -144,7 +144,12 @@ KERNEL_SOURCES: dict[str, tuple[str, ...]] = {
         "elpis/exl3/rows_gemm.py",
         "elpis/exl3/rows_gemm_patch.py",
     ),
-    "gdn-ba": ("patches/kernels/gdn_ba_rows.cu", "elpis/exl3/gdn_ba.py", "elpis/exl3/gdn_ba_patch.py"),
+    "gdn-ba": (
+        "patches/kernels/gdn_ba_rows.cu",
+        "bend/gdn_ba_schedule.bend",
+        "elpis/exl3/gdn_ba.py",
+        "elpis/exl3/gdn_ba_patch.py",
+    ),
 }
 CODE_DIGEST_HEX = 12
 ELPIS_DEFAULTS = ("fixed-rows-8", "gdn-state-fp32")

@@ -24,21 +24,31 @@
 // j = s * kSpan + 8t .. +7 in ascending order (fp32 fmaf of the fp16 values: exact products); the 128 thread
 // sums of a span fold by a fixed xor butterfly inside each warp (16, 8, 4, 2, 1) and the 4 warp sums in
 // ascending warp order; launch 2 adds the spans in ascending order. So a tree row gets the bits of a 1-row
-// call on the same hidden state (plain decoding).
+// call on the same hidden state (plain decoding). The spans, each thread's chunk, the butterfly's distances
+// and each column's block and slot come from the proved schedule (bend/gdn_ba_schedule.bend, compiled by
+// `make build` to build/kernels/gdn_ba_schedule.h; laws: proofs/gdn_ba_schedule_proof.bend): every value of
+// k is summed by exactly one (span, thread, place), no span is empty, a chunk is wholly inside k or past it,
+// the butterfly covers the warp, and no function of it takes the row count.
 //
 // Ampere instructions only (16-byte loads, fmaf, shuffles); no atomics, no fast math.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "gdn_ba_schedule.h"
+
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = ELPIS_GDNBA_THREADS;
 constexpr int kWarps = kThreads / 32;
-constexpr int kChunk = 8;                   // fp16 elements per 16-byte load
-constexpr int kSpan = kThreads * kChunk;    // elements of k per block of launch 1
+constexpr int kChunk = ELPIS_GDNBA_CHUNK;   // fp16 elements per 16-byte load
+constexpr int kSpan = ELPIS_GDNBA_SPAN_K;   // elements of k per block of launch 1
 constexpr int kMaxRows = 16;
-constexpr int kColumns = 4;                 // output columns per block of launch 1
+constexpr int kColumns = ELPIS_GDNBA_COLUMNS;  // output columns per block of launch 1
+constexpr uint32_t kButterflySteps = ELPIS_GDNBA_BUTTERFLY_STEPS;
+static_assert(kChunk == 8, "a thread's chunk is one 16-byte load of fp16 values");
+static_assert(kSpan == kThreads * kChunk, "a span is one chunk per thread");
+static_assert((1u << kButterflySteps) == 32u, "the butterfly folds a warp of 32 lanes");
 constexpr int kSumThreads = 128;            // launch 2
 constexpr unsigned kFull = 0xffffffffu;
 
@@ -60,17 +70,17 @@ __global__ void __launch_bounds__(kThreads)
     const int t = threadIdx.x;
     const int lane = t & 31;
     const int warp = t >> 5;
-    const int column0 = blockIdx.x * kColumns;
-    const int span = blockIdx.y;
-    const int j0 = span * kSpan + t * kChunk;
-    const bool here = j0 < k;  // k is a multiple of kChunk: a thread's 8 elements are all in or all out
+    const uint32_t span = blockIdx.y;
+    const uint32_t j0 = elpis_gdnba_chunk_begin(span, t);
+    const bool here = j0 < static_cast<uint32_t>(k);  // k is a multiple of kChunk: the chunk is all in or out
 
     // Every load of the thread first, so they are in flight together.
     uint4 w_raw[kColumns];
     uint4 x_raw[kMaxRows];
 #pragma unroll
     for (int c = 0; c < kColumns; c++) {
-        w_raw[c] = here ? __ldg(reinterpret_cast<const uint4*>(wt + static_cast<size_t>(column0 + c) * k + j0))
+        const uint32_t column = elpis_gdnba_column_at(blockIdx.x, c);
+        w_raw[c] = here ? __ldg(reinterpret_cast<const uint4*>(wt + static_cast<size_t>(column) * k + j0))
                         : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
@@ -94,7 +104,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
                 for (int i = 0; i < kChunk; i++) v = __fmaf_rn(xv[i], w[c][i], v);
 #pragma unroll
-                for (int m = 16; m > 0; m >>= 1) v = __fadd_rn(v, __shfl_xor_sync(kFull, v, m));
+                for (uint32_t i = 0; i < kButterflySteps; i++)
+                    v = __fadd_rn(v, __shfl_xor_sync(kFull, v, elpis_gdnba_butterfly(i)));
                 if (lane == 0) warp_sums[warp][r][c] = v;
             }
         }
@@ -105,7 +116,7 @@ __global__ void __launch_bounds__(kThreads)
         const int c = t % kColumns;
         float v = warp_sums[0][r][c];
         for (int i = 1; i < kWarps; i++) v = __fadd_rn(v, warp_sums[i][r][c]);
-        partials[(static_cast<size_t>(span) * rows + r) * columns + column0 + c] = v;
+        partials[(static_cast<size_t>(span) * rows + r) * columns + elpis_gdnba_column_at(blockIdx.x, c)] = v;
     }
 }
 
@@ -150,10 +161,11 @@ int elpis_gdn_ba_rows(const void* x, int32_t x_stride, const void* wt, int32_t k
         !aligned16(wt)) {
         return -1;
     }
-    const int spans = (k + kSpan - 1) / kSpan;
+    const int spans = static_cast<int>(elpis_gdnba_spans(static_cast<uint32_t>(k)));
     const int columns = 2 * nv;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    gdn_ba_span_kernel<<<dim3(columns / kColumns, spans), kThreads, 0, s>>>(
+    const uint32_t column_blocks = elpis_gdnba_column_block(static_cast<uint32_t>(columns) - 1u) + 1u;
+    gdn_ba_span_kernel<<<dim3(column_blocks, spans), kThreads, 0, s>>>(
         static_cast<const __half*>(x), x_stride, static_cast<const __half*>(wt), k, columns,
         static_cast<int32_t>(rows), partials);
     const cudaError_t err = cudaGetLastError();

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from elpis.bend import gemm_schedule
-from elpis.bend.interp import Interpreter
 from elpis.bend.prove import prove_all
+from elpis.bend.scalar_header import Query
 from elpis.paths import REPO_ROOT
 
 # The statements of proofs/gemm_schedule_proof.bend (their proofs cite every other law there).
@@ -30,10 +30,8 @@ STATEMENTS = {
 
 @pytest.fixture(scope="module")
 def sched() -> dict:
-    interp = Interpreter(gemm_schedule.load_schedule(REPO_ROOT))
     return {
-        name.removeprefix("elpis_gemm_"): interp.function(f"{gemm_schedule.MODULE}::{b}")
-        for name, (b, _, _) in gemm_schedule.ENTRIES.items()
+        name.removeprefix("elpis_gemm_"): f for name, f in gemm_schedule.SPEC.functions(REPO_ROOT).items()
     }
 
 
@@ -150,10 +148,11 @@ def test_table_covers_the_model_shapes() -> None:
     queries = set(gemm_schedule.table_queries())
     for groups in gemm_schedule.MODEL_GROUPS:
         for splits in gemm_schedule.MODEL_SPLITS:
-            assert all(gemm_schedule.Query(1, groups, splits, s) in queries for s in range(splits))
-            assert all(gemm_schedule.Query(2, groups, splits, g) in queries for g in range(groups))
+            ends = (Query(gemm_schedule.SPLIT_END, (groups, splits, s)) for s in range(splits))
+            owners = (Query(gemm_schedule.OWNER, (groups, splits, g)) for g in range(groups))
+            assert all(q in queries for q in ends) and all(q in queries for q in owners)
         for nblocks in gemm_schedule.MODEL_NBLOCKS:
-            assert gemm_schedule.Query(4, groups * nblocks, 264) in queries
+            assert Query(gemm_schedule.BLOCKS, (groups * nblocks, 264)) in queries
 
 
 def test_closed_forms_are_a_balanced_partition() -> None:

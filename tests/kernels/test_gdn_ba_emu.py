@@ -20,7 +20,9 @@ NV = 6  # 2 * NV = 12 columns: three blocks of four
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    built = cuda_emu.build_emulated(gdn_ba.SOURCE, tmp_path_factory.mktemp("gdn_ba_emu"), launches=2)
+    built = cuda_emu.build_emulated(
+        gdn_ba.SOURCE, tmp_path_factory.mktemp("gdn_ba_emu"), launches=2, needs=("gdn_ba_schedule.h",)
+    )
     return gdn_ba.bind(built)
 
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
 import pytest
 import torch
 
 from elpis.accept import abi
-from elpis.exl3 import gdn_tree, round_plan
+from elpis.exl3 import gdn_tree, round_check, round_plan
 from elpis.exl3.drafter import block_candidates
 from tests.kernels.round_plan_cases import host_plan, random_request
 
@@ -53,10 +52,6 @@ def test_the_gpu_plans_the_hosts_tree_and_verify_inputs(run: int) -> None:
         round_plan.plan(packed, VOCAB, state, inputs, cells, record)
         got = round_plan.read_record(record.tolist())
         want = host_plan(packed.cpu().numpy(), run, VOCAB, req)
-        assert got.status == want.status
-        assert (got.tokens, got.parents) == (want.tree.tokens, want.tree.parents)
-        assert {n: t.tolist() for n, t in inputs.items()} == want.inputs
-        if want.cells is not None:
-            assert np.array_equal(cells.cpu().numpy(), want.cells)
-        else:
-            assert cells[abi.TREE_ROWS].item() == 0
+        # the host reports any refusal as -1, the kernel its own code: compared as the load-time check does
+        values = {n: t.tolist() for n, t in inputs.items()}
+        assert round_check.plan_difference(got, values, cells.cpu().numpy(), want) is None

@@ -1,0 +1,282 @@
+"""The driver of rounds on the GPU (`elpis.exl3.device_round.DeviceRounds`: `start`, `round`, `_queue`,
+`_read`, `drain`) run end to end on the CPU: its two decision kernels are their own CUDA sources built for the
+CPU (tests/kernels/cuda_emu.py), and what only a GPU runs (the captured verify, commit and draft graphs, CUDA
+events and streams) is played by stand-ins with the same inputs and outputs. The stand-in model's greedy next
+token of a token t is f(t); its verify puts each row's maximum on f(row's token), and its draft proposes f's
+chain with some tokens wrong. So every round's committed tokens are known: plain decoding's.
+
+What this checks that no other CPU test does: the driver's own bookkeeping (rounds queued ahead across
+context-bucket edges, the pages each graph's table takes, the host's position, discarded rounds, record
+faults across two requests). It found that a draft block queued just below a bucket edge was handed the
+verify's pages, more than the draft's narrower table holds (session 38). The GPU twin is
+tests/exl3/test_device_round.py."""
+
+from __future__ import annotations
+
+import random
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from elpis.exl3 import device_round as dr
+from elpis.exl3 import gdn_tree, round_plan, round_tail
+from elpis.exl3.tree_graph import Captured, bucket_pages, context_bucket, packed_sizes
+from elpis.exl3.tree_verify import PAGE, GraphInputs
+from elpis.exl3.upload import padded_table
+from tests.kernels import cuda_emu
+
+VOCAB, RUN, BLOCK, CACHE = 1000, 16, 8, 270_336
+
+
+def f(t: int) -> int:
+    """The stand-in model's greedy next token."""
+    return (t * 31 + 7) % VOCAB
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    out = tmp_path_factory.mktemp("device_round_driver")
+    plan = cuda_emu.build_emulated(round_plan.SOURCE, out / "plan", launches=1, needs=("gdn_plan.h",))
+    tail = cuda_emu.build_emulated(round_tail.SOURCE, out / "tail", launches=1, needs=("gdn_plan.h",))
+    return round_plan.bind(plan), round_tail.bind(tail)
+
+
+@pytest.fixture
+def cpu_rounds(kernels: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The emulated kernels in place of the GPU builds; events and streams are no-ops on one CPU queue."""
+    plan_lib, tail_lib = kernels
+    monkeypatch.setattr(round_plan, "_library", lambda: plan_lib)
+    monkeypatch.setattr(round_tail, "_library", lambda: tail_lib)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: types.SimpleNamespace(cuda_stream=None))
+    for binding in (round_plan, round_tail):
+        monkeypatch.setattr(binding, "check_tensor", check_cpu_tensor)
+
+    class Event:
+        def record(self) -> None: ...
+        def synchronize(self) -> None: ...
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+
+
+def check_cpu_tensor(
+    name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int | None, ...], *, align: int = 0
+) -> None:
+    """The bindings' argument check (elpis.exl3.tensors.check_tensor) with the CPU for the device."""
+    assert isinstance(t, torch.Tensor) and t.device.type == "cpu", name
+    assert t.dtype == dtype and t.is_contiguous(), (name, t.dtype, dtype)
+    assert t.dim() == len(shape), name
+    assert all(w is None or w == n for w, n in zip(shape, t.shape, strict=True)), name
+    assert not align or t.data_ptr() % align == 0, name
+
+
+class StandInVerify:
+    """A captured verify's replay: logits whose row maximum is f(row's token), and the draft's export."""
+
+    def __init__(self, c: Captured) -> None:
+        self.c = c
+
+    def replay(self) -> None:
+        c = self.c
+        logits = torch.randn(1, RUN, VOCAB + 8) * 0.1
+        for r, t in enumerate(c.ids.tolist()):
+            logits[0, r, f(t)] = 10.0
+        c.out.copy_(logits)
+
+
+class StandInGraphs:
+    """The tree verify's captured graphs, one per context bucket, with the real input buffers' layout."""
+
+    table, gate = True, None
+
+    def __init__(self) -> None:
+        self.keys: dict[int, Captured] = {}
+        self.replays = 0
+        self.commits = 0
+
+    def table_width(self, kvp: int, run: int) -> int:
+        return bucket_pages(kvp + run, CACHE)
+
+    def captured(self, state: object, kvp: int, run: int) -> Captured:
+        bucket = context_bucket(kvp + run, CACHE)
+        if bucket not in self.keys:
+            width = -(-bucket // PAGE)
+            sizes = packed_sizes(width, run, gdn_tree.PLAN_CAPACITY)
+            ints = torch.zeros((sum(p for _, p in sizes),), dtype=torch.int32)
+            parts = torch.split(ints, [p for _, p in sizes])
+            cut = (t[:n] for t, (n, _) in zip(parts, sizes, strict=True))
+            table, seqlens, pos, ctx, masks, plan, ids = cut
+            inputs = GraphInputs(ctx=ctx, masks=masks, plan=plan.view(torch.uint8), max_ctx=bucket)
+            c = Captured(x=None, ids=ids, block_table=table.view(1, width), seqlens=seqlens,
+                         position_ids=pos.view(1, run), inputs=inputs, ints=ints)  # fmt: skip
+            c.out = torch.zeros(1, run, VOCAB + 8)
+            c.export = [torch.zeros(1, run, 4)]
+            c.graph = StandInVerify(c)
+            self.keys[bucket] = c
+        return self.keys[bucket]
+
+    def put_table(self, c: Captured, pages: list[int]) -> None:
+        c.block_table.copy_(torch.tensor([padded_table(pages, c.block_table.shape[1], "verify")]))
+
+    def commit_inputs(self, c: Captured) -> tuple[torch.Tensor, torch.Tensor]:
+        if c.moves is None:
+            c.moves = torch.zeros((4, RUN - 1), dtype=torch.long)
+            c.commit_plan = torch.zeros((gdn_tree.PLAN_CAPACITY,), dtype=torch.uint8)
+        return c.moves, c.commit_plan
+
+    def run_commit(self, c: Captured) -> None:
+        self.commits += 1
+
+
+class StandInDraft:
+    """The DFlash2 draft's captured blocks: f's chain from the anchor, each token wrong with probability
+    `wrong`; its table is as narrow as the draft's own context bucket, as the real one's."""
+
+    table = True
+
+    def __init__(self, wrong: float) -> None:
+        self.wrong = wrong
+        self.conditioned = 0
+
+    def width(self, kvp: int) -> int:
+        return bucket_pages(kvp + 1 + BLOCK, CACHE)
+
+    def block_from(self, anchor: torch.Tensor, kvp: torch.Tensor, pages: list[int], width: int) -> tuple:
+        padded_table(pages, width, "draft graphs")  # what DraftGraphs.block_from's fill does: refuses excess
+        chain, t = [], int(anchor.item())
+        for _ in range(BLOCK - 1):
+            t = f(t) if random.random() >= self.wrong else random.randrange(VOCAB)
+            chain.append(t)
+        logits = torch.randn(BLOCK - 1, VOCAB)
+        for d, t in enumerate(chain):
+            logits[d, t] = 8.0
+        return torch.tensor(chain, dtype=torch.long), logits
+
+    def condition_from(self, export: list, index: torch.Tensor, kvp: torch.Tensor, table: object) -> None:
+        self.conditioned += 1
+
+
+class StandInBackend:
+    """What the driver reads of Exl3Backend: the active sequence, its pages, the graphs and the draft."""
+
+    tree = True
+
+    def __init__(self, prompt: list[int], wrong: float) -> None:
+        self.graphs = StandInGraphs()
+        self.drafter = types.SimpleNamespace(graphs=StandInDraft(wrong))
+        self.info = types.SimpleNamespace(vocab_size=VOCAB, max_context=65_536)
+        self.engine = types.SimpleNamespace(device="cpu")
+        self.block_size = BLOCK
+        self.tokens, self.anchor = list(prompt[:-1]), prompt[-1]
+        self.pages: list[int] = []
+        self.active, self.pending = True, None
+        self.state = types.SimpleNamespace(position=len(self.tokens), slot=0, base_row=lambda: 0)
+
+    def tree_run(self) -> int:
+        return RUN
+
+    def position(self) -> int:
+        return len(self.tokens)
+
+    def ensure_pages(self, tokens: int) -> None:
+        while len(self.pages) * PAGE < tokens:
+            self.pages.append(3 + 2 * len(self.pages))
+
+
+def driver(backend: StandInBackend) -> dr.DeviceRounds:
+    """The driver over the stand-in backend, its buffers on the CPU (its load-time kernel checks are
+    tests/kernels/test_round_check.py's)."""
+    rounds = dr.DeviceRounds.__new__(dr.DeviceRounds)
+    rounds.backend, rounds.drafts = backend, backend.drafter.graphs
+    rounds._buffers("cpu", RUN, pin_memory=False)
+    return rounds
+
+
+def plain(prompt: list[int], n: int) -> list[int]:
+    out, t = [], prompt[-1]
+    for _ in range(n):
+        t = f(t)
+        out.append(t)
+    return out
+
+
+def generate(rounds: dr.DeviceRounds, tokens: int) -> tuple[list[int], list[str]]:
+    """Tokens and faults (discarded rounds and records read again) of one request through `round`."""
+    rounds.start(remaining=tokens, tree_budget=RUN, stops=[], top_k=4)
+    got: list[int] = []
+    faults: list[str] = []
+    while len(got) < tokens:
+        d = rounds.round()
+        faults.extend([d.fault] if d.fault else d.recovered)
+        got.extend(d.tokens)
+        if d.ends:
+            break
+    rounds.drain()
+    return got, faults
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+@pytest.mark.parametrize("wrong", [0.0, 0.3, 0.8])
+@pytest.mark.parametrize("prompt_len", [100, 4066, 4082, 8172])
+def test_rounds_commit_plain_decodings_tokens_across_bucket_edges(prompt_len: int, wrong: float) -> None:
+    """Rounds queued ahead inside a bucket and waiting at its edge (4096, 8192), including starts just below
+    an edge where the verify's pages reach past the draft's table (4082): plain decoding's tokens, and the
+    backend's sequence and position follow them."""
+    random.seed(prompt_len + int(10 * wrong))
+    torch.manual_seed(prompt_len)
+    prompt = [random.randrange(VOCAB) for _ in range(prompt_len)]
+    backend = StandInBackend(prompt, wrong)
+    rounds = driver(backend)
+    got, faults = generate(rounds, 60)
+    assert got == plain(prompt, 60) and not faults
+    assert backend.tokens == prompt + got[:-1] and backend.position() == prompt_len + 59
+    assert rounds.queued_ahead > 0 and backend.graphs.commits == backend.drafter.graphs.conditioned
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+def test_flagged_rounds_are_discarded_and_verified_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    random.seed(5)
+    prompt = [random.randrange(VOCAB) for _ in range(300)]
+    rounds = driver(StandInBackend(prompt, 0.3))
+    checks, calls = rounds._row_checks, [0]
+
+    def every_third_flagged(out: torch.Tensor) -> torch.Tensor:
+        bad = checks(out)
+        calls[0] += 1
+        if calls[0] % 3 == 0:
+            bad[0] = 1
+        return bad
+
+    monkeypatch.setattr(rounds, "_row_checks", every_third_flagged)
+    got, faults = generate(rounds, 60)
+    assert got == plain(prompt, 60)
+    assert faults and set(faults) == {"corrupt"}
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+def test_record_faults_of_a_second_request_are_read_again() -> None:
+    random.seed(9)
+    first = [random.randrange(VOCAB) for _ in range(200)]
+    rounds = driver(StandInBackend(first, 0.5))
+    assert generate(rounds, 30)[0] == plain(first, 30)
+    second = [random.randrange(VOCAB) for _ in range(300)]
+    backend = StandInBackend(second, 0.7)
+    rounds.backend, rounds.drafts = backend, backend.drafter.graphs
+    schedule = {1: "dropped", 2: "repeated", 3: "stale", 5: "dropped", 6: "repeated"}
+    rounds.record_faults = dr.RecordFaults(schedule)
+    got, faults = generate(rounds, 40)
+    assert got == plain(second, 40)
+    assert sorted(faults) == ["dropped", "dropped", "repeated", "repeated", "stale"]
+    assert dict(rounds.record_faults.injected) == {"dropped": 2, "repeated": 2, "stale": 1}
+
+
+def test_the_fix_is_what_the_host_draft_block_does() -> None:
+    """The draft block's pages are those of its positions from the highest start (as DFlash2Drafter.block
+    takes them): the verify's pages at 4082 reach one page past what the draft's table holds."""
+    kvp = 4082
+    verify_pages = -(-(kvp + RUN) // PAGE)
+    draft_pages = -(-(kvp + 1 + BLOCK) // PAGE)
+    assert verify_pages > bucket_pages(kvp + 1 + BLOCK, CACHE) >= draft_pages
+    source = Path(dr.__file__).read_text()
+    assert "b.pages[: -(-(kvp + 1 + b.block_size) // PAGE)]" in source
