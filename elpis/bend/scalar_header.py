@@ -13,9 +13,10 @@ own table of queries and whatever closed forms it checks the interpreter against
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from elpis.bend.check import Program, load
@@ -23,6 +24,11 @@ from elpis.bend.codegen import Generator, template_env
 from elpis.bend.errors import BendError
 from elpis.bend.headers import harness_lines, install_checked, require_same_table, source_digest
 from elpis.bend.interp import Interpreter
+
+
+class ScheduleMismatch(BendError):
+    """The compiled header disagrees with the Bend interpreter (or does not compile), or the interpreter
+    with the closed forms."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,10 @@ class ScalarHeader:
     stem: str  # macro stem: <stem>_FN qualifies the functions, <stem>_<CONSTANT> carries a constant
     entries: Mapping[str, Entry]  # exported C name -> entry, in the order query kinds index them
     constants: Mapping[str, str]  # constant name (lower case) -> the Bend def whose value it carries
-    error: type[BendError]
+    table: Callable[[], list[Query]]  # the queries the header is checked on
+    closed_form: Callable[[Query], int | None]  # what a query must answer inside the law domain, or None
+    error: type[BendError] = ScheduleMismatch
+    _reference: dict[str, tuple[list[Query], list[str]]] = field(default_factory=dict, compare=False)
 
     # -------------------------------------------------------------------------------- the program
     def load(self, root: Path) -> Program:
@@ -192,9 +201,28 @@ class ScalarHeader:
 
         return require_same_table(self.header, want, got, where, self.error)
 
-    def build(self, out_dir: Path, root: Path, check: Callable[[Path], object]) -> Path:
-        """Render the header, `check` it, then move it into `out_dir` atomically."""
-        return install_checked(self.render(root), out_dir, self.header, check)
+    def reference_table(self, root: Path) -> tuple[list[Query], list[str]]:
+        """The table's queries and the interpreter's lines for them, every answer inside the law domain
+        compared with `closed_form`. Cached per content of the Bend program, whichever root it is read from
+        (builds of copies of the repository share it)."""
+        root = Path(root).resolve()
+        source = hashlib.sha256((root / self.module).read_bytes()).hexdigest()
+        if source not in self._reference:
+            queries = self.table()
+            self._reference[source] = queries, self.reference_lines(root, queries, self.closed_form)
+        return self._reference[source]
+
+    def check_header(self, header: Path, root: Path, cc: str | None = None) -> int:
+        """Compare the compiled header with the interpreter on every table query; return the line count."""
+        queries, want = self.reference_table(root)
+        return self.check(header, queries, want, cc)
+
+    def build(self, out_dir: Path, root: Path, cc: str | None = None) -> Path:
+        """Render the header, check it against the interpreter, then move it into `out_dir` atomically."""
+        root = Path(root).resolve()
+        return install_checked(
+            self.render(root), out_dir, self.header, lambda tmp: self.check_header(tmp, root, cc)
+        )
 
     def constants_of(self, header: Path) -> dict[str, int]:
         """The constants as written in a generated header."""
