@@ -99,8 +99,10 @@ __global__ void round_tail_kernel(const int64_t* __restrict__ cells_in, const in
                                   const int32_t* __restrict__ pages, int32_t npages, int32_t* __restrict__ record,
                                   int64_t* __restrict__ moves_out, uint8_t* __restrict__ plan_out,
                                   int64_t* __restrict__ cond_index, int32_t cond_rows, int32_t* __restrict__ cond_kvp) {
-    __shared__ int64_t cells[ELPIS_TREE_CELLS];  // shared, not on the thread's stack: the acceptor's frame
-                                                 // and this one stay within CUDA's default 1 KiB
+    __shared__ int64_t cells[ELPIS_TREE_CELLS];  // shared, not on the thread's stack, which is 1,040 bytes
+                                                 // at -O3 all the same (ptxas -v, sm_86 and sm_90): past
+                                                 // CUDA's default 1 KiB, so the driver raises the limit at
+                                                 // the first launch, the load-time check's (round_check.py)
     __shared__ GdnTreePlan plan;
     for (int i = 0; i < ELPIS_TREE_CELLS; i++) cells[i] = cells_in[i];
     const int64_t kvp = state[kStKvp];

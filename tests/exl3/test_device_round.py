@@ -12,7 +12,9 @@ What they establish:
     counted, and the text is unchanged;
 (d) records that meet a fault on their way back (a copy that never lands, an earlier round's, another
     request's: `RecordFaults`) are each detected, the round's records read again from its device slot, and
-    the text is unchanged: injected == detected, each such round counted as recovered (session 35, staged).
+    the text is unchanged: injected == detected, each such round counted as recovered (session 35, staged);
+(e)-(g) (session 38, staged): a round queued just below a context-bucket edge; the draft block and the
+    draft's conditioning from device inputs (16 padded rows across a page boundary) against their host forms.
 """
 
 from __future__ import annotations
@@ -158,3 +160,87 @@ def test_records_faulted_on_their_way_back_are_read_again_from_the_gpu(backend, 
     assert stats.rounds > 6, "the request ended before every scheduled fault"
     assert injected == Counter(schedule.values())
     assert stats.faults_detected == dict(injected) and stats.rounds_recovered == len(schedule)
+
+
+def test_a_round_queued_just_below_a_bucket_edge_commits_plain_decodings_tokens(backend, decoder):  # noqa: F811
+    """(e) Session 38's fix: a round whose verify reaches the next context bucket (kvp 4081-4087 for the 4096
+    edge) while its draft block does not hands the draft only the pages its narrower table holds."""
+    ids = prompt(4085, 56, backend.info.vocab_size)
+    truth = truth_of(backend, ids)
+    got, stats = generate(backend, decoder, ids)
+    assert got == truth
+    assert stats.rounds >= 1
+
+
+def test_the_draft_block_from_the_state_block_is_the_host_block(backend):
+    """(f) `DraftGraphs.block_from` (anchor and kvp read from device memory, as rounds on the GPU give them)
+    gives the bits of `block` with the same values from the host, on both sides of the 4096 bucket edge."""
+    import torch
+
+    from elpis.exl3.prefix import PAGE
+
+    graphs = backend.drafter.graphs
+    for length in (700, 4090):
+        ids = prompt(length, length + 1, backend.info.vocab_size)
+        backend.begin(ids)
+        try:
+            anchor, kvp = ids[-1], backend.position()
+            backend.ensure_pages(kvp + 1 + backend.block_size)
+            pages = backend.pages[: -(-(kvp + 1 + backend.block_size) // PAGE)]
+            width = graphs.width(kvp)
+            chain, logits = (t.clone() for t in graphs.block(anchor, pages, kvp, width))
+            dev = torch.device(backend.engine.device)
+            anchor_d = torch.tensor([anchor], dtype=torch.long, device=dev)
+            kvp_d = torch.tensor([kvp], dtype=torch.long, device=dev)
+            chain_d, logits_d = (t.clone() for t in graphs.block_from(anchor_d, kvp_d, pages, width))
+            assert torch.equal(chain_d, chain), f"ctx {length}: the chain differs"
+            assert torch.equal(logits_d, logits), f"ctx {length}: the logits differ"
+        finally:
+            backend.finish()
+
+
+def test_conditioning_from_the_device_on_sixteen_padded_rows_is_the_host_conditioning(backend):
+    """(g) `DraftGraphs.condition_from` as rounds on the GPU call it (the committed path padded to 16 rows
+    with its last row, kvp and the verify's block table in device memory) writes the committed rows' draft
+    K/V as the host's `condition` on the path alone, writes nothing before kvp, and here its 16 rows cross a
+    page boundary (kvp 1529: rows 1529..1544 over the page edge at 1536)."""
+    import torch
+
+    from elpis.exl3.prefix import PAGE
+    from tests.exl3.test_draft_graph import _verified_tree
+
+    graphs = backend.drafter.graphs
+    with torch.inference_mode():  # the caches hold inference tensors, as in the backend's commit
+        try:
+            ids = prompt(1530, 57, backend.info.vocab_size)
+            kvp, export, table, tensors = _verified_tree(backend, ids, 89)
+            assert kvp % PAGE + 16 > PAGE, "the padded rows do not cross a page boundary"
+            pages = list(backend.pages)
+            before = [t.clone() for t in tensors]
+            dev = export[0].device
+
+            def restore() -> None:
+                for t, saved in zip(tensors, before, strict=True):
+                    t.copy_(saved)
+
+            def at(saved: list, positions: range) -> list:
+                where = ([pages[p // PAGE] for p in positions], [p % PAGE for p in positions])
+                return [t[where] for t in saved]
+
+            for path in ([0, 1, 2], [0, 4, 5], [0]):
+                restore()
+                graphs.condition(export, path, table, kvp)
+                host = [t.clone() for t in tensors]
+                restore()
+                index = torch.tensor(path + [path[-1]] * (16 - len(path)), dtype=torch.long, device=dev)
+                kvp_d = torch.tensor([kvp], dtype=torch.int32, device=dev)
+                graphs.condition_from(export, index, kvp_d, table.to(dev))
+                device = [t.clone() for t in tensors]
+                kept = range(kvp, kvp + len(path))
+                for a, b in zip(at(host, kept), at(device, kept), strict=True):
+                    assert torch.equal(a, b), f"path {path}: a committed row's draft K/V differ"
+                earlier = range(max(0, kvp - 300), kvp)
+                for a, b in zip(at(before, earlier), at(device, earlier), strict=True):
+                    assert torch.equal(a, b), f"path {path}: the conditioning wrote before kvp"
+        finally:
+            backend.finish()
