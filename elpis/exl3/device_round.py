@@ -10,10 +10,11 @@ request's state block in device memory (anchor, kvp, remaining budget; `round_pl
   the captured draft block (its anchor and kvp copied from the state block) -> its candidates
   (`drafter.block_candidates`: the log-softmax and top-k, on the GPU) -> `round_plan` (the tree, the verify
   key's inputs but the block table, the acceptor's cells) -> the captured verify (its embedding gathered on
-  the GPU: `exl3-embed-gather`) -> the row checks and greedy targets (`sampling.greedy_ids`) -> `round_tail`
-  (the proven acceptor, the commit graph's inputs, the draft's conditioning inputs, the state block
-  advanced) -> the captured commit -> the draft's conditioning on the committed path padded to a fixed row
-  count (`DraftGraphs.condition_from`) -> both records into pinned memory and an event.
+  the GPU: `exl3-embed-gather`) -> the row checks and greedy targets (`sampling.greedy_ids`), in one launch
+  (`verify_epilogue`) -> `round_tail` (the proven acceptor, the commit graph's inputs, the draft's
+  conditioning inputs, the state block advanced) -> the captured commit -> the draft's conditioning on the
+  committed path padded to a fixed row count (`DraftGraphs.condition_from`) -> both records into pinned
+  memory and an event.
 
 `round()` queues the next round before it waits for the oldest one's event, so the GPU runs a round while the
 host reads the one before and emits its tokens. The host chooses only what a captured graph cannot: the draft
@@ -51,12 +52,10 @@ import torch
 
 from elpis.accept import abi
 from elpis.backend import BackendError, DeviceRound
-from elpis.exl3 import round_check, round_plan, round_tail
+from elpis.exl3 import round_check, round_plan, round_tail, verify_epilogue
 from elpis.exl3.drafter import block_candidates
 from elpis.exl3.prefix import PAGE
 from elpis.spec.faults import DROPPED, REPEATED, STALE
-from elpis.spec.integrity import nonfinite_rows
-from elpis.spec.sampling import greedy_ids
 
 if TYPE_CHECKING:
     from elpis.exl3.backend import Exl3Backend
@@ -229,6 +228,8 @@ class DeviceRounds:
         self.record_faults: RecordFaults | None = None
         self.cond_index = torch.zeros((run,), dtype=torch.long, device=dev)  # a path has at most run rows
         self.cond_kvp = torch.zeros((1,), dtype=torch.int32, device=dev)
+        self.ids = torch.zeros((run,), dtype=torch.long, device=dev)  # the verify's greedy targets
+        self.bad = torch.zeros((run,), dtype=torch.int32, device=dev)  # and its row checks
         self.top_k = 0
         self.queued: deque[_Queued] = deque()
         self.next_slot = 0
@@ -337,8 +338,7 @@ class DeviceRounds:
         c.graph.replay()
         b.graphs.replays += 1
         out = c.out[0, :run, : b.info.vocab_size]
-        bad = self._row_checks(out)
-        ids = greedy_ids(out)
+        ids, bad = self._targets(out)
         moves, commit_plan = b.graphs.commit_inputs(c)
         # the sequence's own pages, as the verify's block table holds them: a slot past them is refused
         pages = c.block_table[0, : min(len(b.pages), c.block_table.shape[1])]
@@ -391,7 +391,10 @@ class DeviceRounds:
         """The draft block's candidates as `DFlash2Drafter.propose` packs them, for every block row."""
         return block_candidates(chain, logits, self.top_k).contiguous()
 
-    def _row_checks(self, out: torch.Tensor) -> torch.Tensor:
-        """int32 [run]: 1 for a verified row holding NaN or +inf (`check_rows`' test, on the GPU). The host's
+    def _targets(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every verified row's greedy target (`sampling.greedy_ids`, int64 [run]) and row check (int32 [run]:
+        1 for a row holding NaN or +inf, `check_rows`' test), in one launch (`verify_epilogue.row_results`)
+        into buffers the next round reuses in stream order, after this round's tail has read them. The host's
         digest check has no counterpart: the logits never leave the device."""
-        return nonfinite_rows(out).to(torch.int32)
+        verify_epilogue.row_results(out, self.ids, self.bad)
+        return self.ids, self.bad

@@ -120,21 +120,21 @@ def test_a_flagged_row_is_discarded_on_the_gpu_and_verified_again(backend, decod
     ids = prompt(1200, 53, backend.info.vocab_size)
     truth = truth_of(backend, ids)
     rounds = backend.device_rounds
-    checks = rounds._row_checks
+    targets = rounds._targets
     calls = {"n": 0}
 
     def flag_every_third(out):
-        bad = checks(out)
+        ids, bad = targets(out)
         calls["n"] += 1
         if calls["n"] % 3 == 0:
             bad[0] = 1
-        return bad
+        return ids, bad
 
-    rounds._row_checks = flag_every_third
+    rounds._targets = flag_every_third
     try:
         got, stats = generate(backend, decoder, ids)
     finally:
-        del rounds._row_checks
+        del rounds._targets
     assert got == truth, "a discarded round changed the text"
     flagged = stats.faults_detected.get("corrupt", 0)
     assert flagged >= 3 and stats.rounds_recovered == flagged

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from elpis.exl3 import device_round as dr
-from elpis.exl3 import gdn_tree, round_plan, round_tail
+from elpis.exl3 import gdn_tree, round_plan, round_tail, verify_epilogue
 from elpis.exl3.tree_graph import Captured, bucket_pages, context_bucket, packed_sizes
 from elpis.exl3.tree_verify import PAGE, GraphInputs
 from elpis.exl3.upload import padded_table
@@ -40,17 +40,23 @@ def kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     out = tmp_path_factory.mktemp("device_round_driver")
     plan = cuda_emu.build_emulated(round_plan.SOURCE, out / "plan", launches=1, needs=("gdn_plan.h",))
     tail = cuda_emu.build_emulated(round_tail.SOURCE, out / "tail", launches=1, needs=("gdn_plan.h",))
-    return round_plan.bind(plan), round_tail.bind(tail)
+    # a block of 32 threads (its outputs do not depend on the block: test_verify_epilogue_emu.py), 16x fewer
+    # emulated threads a round than the served 512
+    threads = {"ELPIS_VERIFY_EPILOGUE_THREADS": 32}
+    epilogue = cuda_emu.build_emulated(verify_epilogue.SOURCE, out / "epilogue", launches=1, defines=threads)
+    return round_plan.bind(plan), round_tail.bind(tail), verify_epilogue.bind(epilogue, threads=32)
 
 
 @pytest.fixture
 def cpu_rounds(kernels: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
     """The emulated kernels in place of the GPU builds; events and streams are no-ops on one CPU queue."""
-    plan_lib, tail_lib = kernels
+    plan_lib, tail_lib, epilogue_lib = kernels
     monkeypatch.setattr(round_plan, "_library", lambda: plan_lib)
     monkeypatch.setattr(round_tail, "_library", lambda: tail_lib)
+    monkeypatch.setattr(verify_epilogue, "_library", lambda: epilogue_lib)
+    monkeypatch.setattr(verify_epilogue, "check_logits", lambda logits: None)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: types.SimpleNamespace(cuda_stream=None))
-    for binding in (round_plan, round_tail):
+    for binding in (round_plan, round_tail, verify_epilogue):
         monkeypatch.setattr(binding, "check_tensor", check_cpu_tensor)
 
     class Event:
@@ -239,16 +245,16 @@ def test_flagged_rounds_are_discarded_and_verified_again(monkeypatch: pytest.Mon
     random.seed(5)
     prompt = [random.randrange(VOCAB) for _ in range(300)]
     rounds = driver(StandInBackend(prompt, 0.3))
-    checks, calls = rounds._row_checks, [0]
+    targets, calls = rounds._targets, [0]
 
-    def every_third_flagged(out: torch.Tensor) -> torch.Tensor:
-        bad = checks(out)
+    def every_third_flagged(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, bad = targets(out)
         calls[0] += 1
         if calls[0] % 3 == 0:
             bad[0] = 1
-        return bad
+        return ids, bad
 
-    monkeypatch.setattr(rounds, "_row_checks", every_third_flagged)
+    monkeypatch.setattr(rounds, "_targets", every_third_flagged)
     got, faults = generate(rounds, 60)
     assert got == plain(prompt, 60)
     assert faults and set(faults) == {"corrupt"}

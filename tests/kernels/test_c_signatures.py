@@ -22,6 +22,7 @@ from elpis.exl3 import (
     round_tail,
     rows_gemm,
     tree_attention,
+    verify_epilogue,
     verify_gate,
 )
 
@@ -65,6 +66,7 @@ BINDINGS = [
     *((round_plan.SOURCE, name, args) for name, args in round_plan.ENTRY_ARGS.items()),
     *((embed_gather.SOURCE, name, args) for name, args in embed_gather.ENTRY_ARGS.items()),
     *((verify_gate.SOURCE, name, args) for name, args in verify_gate.ENTRY_ARGS.items()),
+    *((verify_epilogue.SOURCE, name, args) for name, args in verify_epilogue.ENTRY_ARGS.items()),
     *((rows_gemm.SOURCE, name, args) for name, args in rows_gemm.ENTRY_ARGS.items()),
     *((rows_gemm.SOURCE, name, args) for name, (args, _) in rows_gemm.SIZE_ENTRIES.items()),
 ]

@@ -1,0 +1,89 @@
+"""Python entry to the verify's row results in one launch (`patches/kernels/verify_epilogue.cu`).
+
+`row_results(logits, ids, flags)` writes, for every row of a verify's fp32 logits (a row-strided view, read in
+place), the greedy target `elpis.spec.sampling.greedy_ids` gives and the row check
+`elpis.spec.integrity.nonfinite_rows` gives, and with `digests` the row's `integrity.logits_digest`: the same
+integers as those torch compositions (tests/kernels/test_verify_epilogue_emu.py compares them on adversarial
+rows under CPU emulation; tests/kernels/test_verify_epilogue.py on the GPU), from one launch instead of eight.
+Rounds on the GPU (`elpis.exl3.device_round`) use it between the verify and the decision kernel.
+
+The library is built by `elpis.nvcc.load` for the current GPU and called through ctypes with device pointers
+on the current stream; `bind` sets the entries' types on any build (the GPU's, or the CPU emulation).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from elpis import nvcc
+from elpis.exl3.tensors import check_tensor
+from elpis.paths import PATCHES_DIR
+
+if TYPE_CHECKING:
+    import torch
+
+SOURCE = PATCHES_DIR / "kernels" / "verify_epilogue.cu"
+THREADS = 512  # the kernel's block: one per row
+MAX_ROWS = 65535
+
+_U32, _VP = ctypes.c_uint32, ctypes.c_void_p
+# ctypes signatures of the library's C entries (a CPU test checks them against the kernel source)
+ENTRY_ARGS: dict[str, tuple[type, ...]] = {
+    "elpis_verify_epilogue": (_VP, _U32, _U32, _U32, _VP, _VP, _VP, _VP),
+    "elpis_verify_epilogue_threads": (),
+}
+
+
+def bind(lib: ctypes.CDLL, threads: int = THREADS) -> ctypes.CDLL:
+    """Set the argument and result types of every entry of a build (GPU or emulated), and check its block (a
+    test build may be made with fewer threads: ELPIS_VERIFY_EPILOGUE_THREADS)."""
+    nvcc.set_signatures(lib, ENTRY_ARGS)
+    if lib.elpis_verify_epilogue_threads() != threads:
+        got = lib.elpis_verify_epilogue_threads()
+        raise RuntimeError(f"verify epilogue kernel: {got} threads a block, expected {threads}")
+    return lib
+
+
+@lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL:
+    return bind(nvcc.load(SOURCE))
+
+
+def check_logits(logits: torch.Tensor) -> None:
+    """Refuse anything but fp32 CUDA logits [rows, vocab] whose rows are contiguous (any row stride)."""
+    import torch
+
+    if not isinstance(logits, torch.Tensor) or logits.dtype != torch.float32 or logits.dim() != 2:
+        raise ValueError("verify epilogue: logits must be a float32 tensor [rows, vocab]")
+    if not logits.is_cuda:
+        raise ValueError(f"verify epilogue: logits must be on a CUDA device, got {logits.device}")
+    rows, vocab = logits.shape
+    if not 1 <= rows <= MAX_ROWS or vocab < 1 or logits.stride(1) != 1 or logits.stride(0) < vocab:
+        shape, strides = list(logits.shape), list(logits.stride())
+        raise ValueError(f"verify epilogue: logits {shape}, strides {strides}: 1..{MAX_ROWS} contiguous rows")
+
+
+def row_results(
+    logits: torch.Tensor, ids: torch.Tensor, flags: torch.Tensor, digests: torch.Tensor | None = None
+) -> None:
+    """Write ids int64 [rows] (greedy_ids), flags int32 [rows] (nonfinite_rows) and, if given, digests int32
+    [rows] (logits_digest) of `logits`, in stream order on the logits' device."""
+    import torch
+
+    check_logits(logits)
+    rows, vocab = logits.shape
+    check_tensor("ids", ids, torch.long, (rows,))
+    check_tensor("flags", flags, torch.int32, (rows,))
+    if digests is not None:
+        check_tensor("digests", digests, torch.int32, (rows,))
+    if len({t.device for t in (logits, ids, flags, *(() if digests is None else (digests,)))}) != 1:
+        raise ValueError("verify epilogue: operands on several devices")
+    err = _library().elpis_verify_epilogue(
+        logits.data_ptr(), logits.stride(0), vocab, rows, ids.data_ptr(), flags.data_ptr(),
+        None if digests is None else digests.data_ptr(), torch.cuda.current_stream(logits.device).cuda_stream,
+    )  # fmt: skip
+    if err:
+        why = "arguments refused" if err < 0 else f"CUDA error {err}"
+        raise RuntimeError(f"verify epilogue kernel: {why}")

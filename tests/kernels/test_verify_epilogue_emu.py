@@ -1,0 +1,85 @@
+"""The verify epilogue kernel (patches/kernels/verify_epilogue.cu) on the CPU, through the CUDA emulation of
+tests/kernels/cuda_emu.py: on adversarial rows (tests/kernels/verify_epilogue_cases.py) and random ones, its
+ids, flags and digests are exactly torch's greedy_ids, nonfinite_rows and logits_digest, read through a row
+stride; bad arguments are refused. The GPU's own run is tests/kernels/test_verify_epilogue.py."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from elpis.exl3 import verify_epilogue
+from elpis.spec.integrity import logits_digest, nonfinite_rows
+from elpis.spec.sampling import greedy_ids
+from tests.kernels import cuda_emu
+from tests.kernels.verify_epilogue_cases import rows
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    out = tmp_path_factory.mktemp("verify_epilogue")
+    built = cuda_emu.build_emulated(verify_epilogue.SOURCE, out, launches=1)
+    return verify_epilogue.bind(built)
+
+
+@pytest.fixture(scope="module")
+def lib32(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """A build with blocks of 32 threads: another reduction tree."""
+    out = tmp_path_factory.mktemp("verify_epilogue_32")
+    defines = {"ELPIS_VERIFY_EPILOGUE_THREADS": 32}
+    built = cuda_emu.build_emulated(verify_epilogue.SOURCE, out, launches=1, defines=defines)
+    return verify_epilogue.bind(built, threads=32)
+
+
+def run(lib: ctypes.CDLL, logits: torch.Tensor) -> tuple[list[int], list[int], list[int]]:
+    n, vocab = logits.shape
+    ids = torch.full((n,), -7, dtype=torch.long)
+    flags = torch.full((n,), -7, dtype=torch.int32)
+    digests = torch.full((n,), -7, dtype=torch.int32)
+    outputs = (ids.data_ptr(), flags.data_ptr(), digests.data_ptr())
+    err = lib.elpis_verify_epilogue(logits.data_ptr(), logits.stride(0), vocab, n, *outputs, None)
+    assert err == 0
+    return ids.tolist(), flags.tolist(), digests.tolist()
+
+
+@pytest.mark.parametrize(("vocab", "pad"), [(1000, 8), (100, 0), (513, 3), (4096, 64)])
+def test_rows_match_torchs_compositions(lib: ctypes.CDLL, vocab: int, pad: int) -> None:
+    padded = torch.full((24, vocab + pad), float("nan"))  # what lies past a row is never read
+    padded[:, :vocab] = rows(vocab, seed=vocab)
+    logits = padded[:, :vocab]
+    ids, flags, digests = run(lib, logits)
+    assert ids == greedy_ids(logits).tolist()
+    assert flags == nonfinite_rows(logits).to(torch.int32).tolist()
+    assert digests == logits_digest(logits.contiguous()).tolist()
+    assert ids[1] == 3 and ids[2] == ids[3] == ids[4] == ids[5] == -1 and flags[5] == 0 and ids[7] == 2
+
+
+def test_the_outputs_do_not_depend_on_the_block(lib: ctypes.CDLL, lib32: ctypes.CDLL) -> None:
+    """Exact by construction: 512 and 32 threads combine the row in other orders and agree."""
+    for vocab in (100, 1000, 4097):
+        logits = rows(vocab, seed=vocab + 1)
+        assert run(lib, logits) == run(lib32, logits)
+
+
+def test_a_changed_value_changes_the_digest_and_a_moved_maximum_the_id(lib: ctypes.CDLL) -> None:
+    logits = rows(700, seed=3)
+    ids, _, digests = run(lib, logits)
+    other = logits.clone()
+    other[0, 17] = torch.nextafter(other[0, 17], torch.tensor(float("inf")))
+    other[8, 0], other[8, 650] = 0.0, 99.0
+    ids2, _, digests2 = run(lib, other)
+    changed = [r for r in range(len(digests)) if digests2[r] != digests[r]]
+    assert changed == [0, 8], changed
+    assert ids2[8] == 650 and ids[8] == 0
+
+
+def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
+    logits = torch.zeros((2, 10))
+    out = torch.zeros(2, dtype=torch.long)
+    flags = torch.zeros(2, dtype=torch.int32)
+    for stride, vocab, n in ((10, 0, 2), (9, 10, 2), (10, 10, 0), (10, 10, 65536)):
+        args = (logits.data_ptr(), stride, vocab, n, out.data_ptr(), flags.data_ptr(), None, None)
+        assert lib.elpis_verify_epilogue(*args) == -1
+    assert lib.elpis_verify_epilogue(None, 10, 10, 2, out.data_ptr(), flags.data_ptr(), None, None) == -1
