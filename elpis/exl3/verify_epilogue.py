@@ -31,7 +31,7 @@ MAX_ROWS = 65535
 _U32, _VP = ctypes.c_uint32, ctypes.c_void_p
 # ctypes signatures of the library's C entries (a CPU test checks them against the kernel source)
 ENTRY_ARGS: dict[str, tuple[type, ...]] = {
-    "elpis_verify_epilogue": (_VP, _U32, _U32, _U32, _VP, _VP, _VP, _VP),
+    "elpis_verify_epilogue": (_VP, _U32, _U32, _U32, _U32, _VP, _VP, _VP, _VP),
     "elpis_verify_epilogue_threads": (),
 }
 
@@ -52,11 +52,13 @@ def _library() -> ctypes.CDLL:
 
 
 def check_logits(logits: torch.Tensor) -> None:
-    """Refuse anything but fp32 CUDA logits [rows, vocab] whose rows are contiguous (any row stride)."""
+    """Refuse anything but fp16 or fp32 CUDA logits [rows, vocab] with contiguous rows (any row stride)."""
     import torch
 
-    if not isinstance(logits, torch.Tensor) or logits.dtype != torch.float32 or logits.dim() != 2:
-        raise ValueError("verify epilogue: logits must be a float32 tensor [rows, vocab]")
+    # ExLlamaV3's head writes fp16 logits (the verify graph's output); fp32 is what the host's checks take
+    dtypes = (torch.float16, torch.float32)
+    if not isinstance(logits, torch.Tensor) or logits.dtype not in dtypes or logits.dim() != 2:
+        raise ValueError("verify epilogue: logits must be a float16 or float32 tensor [rows, vocab]")
     if not logits.is_cuda:
         raise ValueError(f"verify epilogue: logits must be on a CUDA device, got {logits.device}")
     rows, vocab = logits.shape
@@ -69,11 +71,14 @@ def row_results(
     logits: torch.Tensor, ids: torch.Tensor, flags: torch.Tensor, digests: torch.Tensor | None = None
 ) -> None:
     """Write ids int64 [rows] (greedy_ids), flags int32 [rows] (nonfinite_rows) and, if given, digests int32
-    [rows] (logits_digest) of `logits`, in stream order on the logits' device."""
+    [rows] (logits_digest, fp32 logits only) of `logits`, in stream order on the logits' device."""
     import torch
 
     check_logits(logits)
     rows, vocab = logits.shape
+    fp16 = logits.dtype == torch.float16
+    if fp16 and digests is not None:
+        raise ValueError("verify epilogue: the digest is defined on float32 logits")
     check_tensor("ids", ids, torch.long, (rows,))
     check_tensor("flags", flags, torch.int32, (rows,))
     if digests is not None:
@@ -81,7 +86,7 @@ def row_results(
     if len({t.device for t in (logits, ids, flags, *(() if digests is None else (digests,)))}) != 1:
         raise ValueError("verify epilogue: operands on several devices")
     err = _library().elpis_verify_epilogue(
-        logits.data_ptr(), logits.stride(0), vocab, rows, ids.data_ptr(), flags.data_ptr(),
+        logits.data_ptr(), int(fp16), logits.stride(0), vocab, rows, ids.data_ptr(), flags.data_ptr(),
         None if digests is None else digests.data_ptr(), torch.cuda.current_stream(logits.device).cuda_stream,
     )  # fmt: skip
     if err:

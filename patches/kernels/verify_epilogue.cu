@@ -10,8 +10,11 @@
 // Every output is an integer: the NaN-first maximum with its lowest index and a wrapping integer sum come out
 // the same whatever order the block combines its threads in, so the reduction tree below cannot change them.
 //
-// Inputs: logits fp32 rows of `vocab` values, row r at logits + r * row_stride (the verify's padded output
-// read in place), 1 <= rows, 1 <= vocab <= row_stride. Ampere instructions only (plain loads, shared memory).
+// Inputs: logits fp16 (what ExLlamaV3's head writes, and the verify graph's output) or fp32 rows of `vocab`
+// values, row r at logits + r * row_stride (the verify's output read in place), 1 <= rows, 1 <= vocab <=
+// row_stride. An fp16 logit is compared as its exact fp32 value, as torch compares it; the digest is defined on
+// fp32 logits only. Ampere instructions only (plain loads, shared memory).
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -33,18 +36,22 @@ __device__ __forceinline__ bool before(float v, uint32_t i, float best, uint32_t
     return v > best || (v == best && i < at);
 }
 
+__device__ __forceinline__ float value(const float* row, uint32_t c) { return row[c]; }
+__device__ __forceinline__ float value(const __half* row, uint32_t c) { return __half2float(row[c]); }
+
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    verify_epilogue_kernel(const float* __restrict__ logits, uint32_t row_stride, uint32_t vocab,
+    verify_epilogue_kernel(const T* __restrict__ logits, uint32_t row_stride, uint32_t vocab,
                            int64_t* __restrict__ ids, int32_t* __restrict__ flags, int32_t* __restrict__ digests) {
     __shared__ float best_v[kThreads];
     __shared__ uint32_t best_i[kThreads];
     __shared__ uint32_t sums[kThreads];
     const uint32_t t = threadIdx.x, r = blockIdx.x;
-    const float* row = logits + static_cast<size_t>(r) * row_stride;
+    const T* row = logits + static_cast<size_t>(r) * row_stride;
     float best = -__int_as_float(0x7f800000);  // -inf: any logit of the row comes before it or ties at a lower id
     uint32_t at = kNoIndex, sum = 0u;
     for (uint32_t c = t; c < vocab; c += kThreads) {
-        const float v = row[c];
+        const float v = value(row, c);
         sum += static_cast<uint32_t>(__float_as_int(v));
         if (before(v, c, best, at)) best = v, at = c;
     }
@@ -74,17 +81,24 @@ extern "C" {
 
 int elpis_verify_epilogue_threads(void) { return kThreads; }
 
-// ids int64 [rows], flags int32 [rows] and (unless null) digests int32 [rows] of `rows` logit rows (fp32, `vocab`
-// values each, row r at logits + r * row_stride), on `stream` (a cudaStream_t passed as an address). Returns 0, -1
-// for arguments out of range, or the launch's cudaError_t.
-int elpis_verify_epilogue(const void* logits, uint32_t row_stride, uint32_t vocab, uint32_t rows, void* ids,
-                          void* flags, void* digests, void* stream) {
+// ids int64 [rows], flags int32 [rows] and (unless null; fp32 logits only) digests int32 [rows] of `rows` logit
+// rows (fp16 where `fp16`, else fp32; `vocab` values each, row r at logits + r * row_stride), on `stream` (a
+// cudaStream_t passed as an address). Returns 0, -1 for arguments out of range, or the launch's cudaError_t.
+int elpis_verify_epilogue(const void* logits, uint32_t fp16, uint32_t row_stride, uint32_t vocab, uint32_t rows,
+                          void* ids, void* flags, void* digests, void* stream) {
     if (logits == nullptr || ids == nullptr || flags == nullptr || rows == 0u || rows > 65535u || vocab == 0u ||
-        vocab > row_stride)
+        vocab > row_stride || fp16 > 1u || (fp16 && digests != nullptr))
         return -1;
-    verify_epilogue_kernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const float*>(logits), row_stride, vocab, static_cast<int64_t*>(ids),
-        static_cast<int32_t*>(flags), static_cast<int32_t*>(digests));
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    auto* id = static_cast<int64_t*>(ids);
+    auto* flag = static_cast<int32_t*>(flags);
+    auto* digest = static_cast<int32_t*>(digests);
+    if (fp16)
+        verify_epilogue_kernel<__half><<<rows, kThreads, 0, s>>>(static_cast<const __half*>(logits), row_stride,
+                                                                 vocab, id, flag, digest);
+    else
+        verify_epilogue_kernel<float><<<rows, kThreads, 0, s>>>(static_cast<const float*>(logits), row_stride,
+                                                                vocab, id, flag, digest);
     return static_cast<int>(cudaGetLastError());
 }
 

@@ -43,7 +43,7 @@ def kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     # a block of 32 threads (its outputs do not depend on the block: test_verify_epilogue_emu.py), 16x fewer
     # emulated threads a round than the served 512
     threads = {"ELPIS_VERIFY_EPILOGUE_THREADS": 32}
-    epilogue = cuda_emu.build_emulated(verify_epilogue.SOURCE, out / "epilogue", launches=1, defines=threads)
+    epilogue = cuda_emu.build_emulated(verify_epilogue.SOURCE, out / "epilogue", launches=2, defines=threads)
     return round_plan.bind(plan), round_tail.bind(tail), verify_epilogue.bind(epilogue, threads=32)
 
 
@@ -85,7 +85,7 @@ class StandInVerify:
 
     def replay(self) -> None:
         c = self.c
-        logits = torch.randn(1, RUN, VOCAB + 8) * 0.1
+        logits = torch.randn(1, RUN, VOCAB + 8, dtype=torch.float16) * 0.1
         for r, t in enumerate(c.ids.tolist()):
             logits[0, r, f(t)] = 10.0
         c.out.copy_(logits)
@@ -116,7 +116,7 @@ class StandInGraphs:
             inputs = GraphInputs(ctx=ctx, masks=masks, plan=plan.view(torch.uint8), max_ctx=bucket)
             c = Captured(x=None, ids=ids, block_table=table.view(1, width), seqlens=seqlens,
                          position_ids=pos.view(1, run), inputs=inputs, ints=ints)  # fmt: skip
-            c.out = torch.zeros(1, run, VOCAB + 8)
+            c.out = torch.zeros(1, run, VOCAB + 8, dtype=torch.float16)  # ExLlamaV3's head writes fp16
             c.export = [torch.zeros(1, run, 4)]
             c.graph = StandInVerify(c)
             self.keys[bucket] = c

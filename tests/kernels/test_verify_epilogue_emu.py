@@ -20,7 +20,7 @@ from tests.kernels.verify_epilogue_cases import rows
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     out = tmp_path_factory.mktemp("verify_epilogue")
-    built = cuda_emu.build_emulated(verify_epilogue.SOURCE, out, launches=1)
+    built = cuda_emu.build_emulated(verify_epilogue.SOURCE, out, launches=2)
     return verify_epilogue.bind(built)
 
 
@@ -29,30 +29,35 @@ def lib32(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     """A build with blocks of 32 threads: another reduction tree."""
     out = tmp_path_factory.mktemp("verify_epilogue_32")
     defines = {"ELPIS_VERIFY_EPILOGUE_THREADS": 32}
-    built = cuda_emu.build_emulated(verify_epilogue.SOURCE, out, launches=1, defines=defines)
+    built = cuda_emu.build_emulated(verify_epilogue.SOURCE, out, launches=2, defines=defines)
     return verify_epilogue.bind(built, threads=32)
 
 
 def run(lib: ctypes.CDLL, logits: torch.Tensor) -> tuple[list[int], list[int], list[int]]:
+    """ids, flags and digests (fp32 logits; none of fp16 ones) from one emulated launch."""
     n, vocab = logits.shape
+    fp16 = logits.dtype == torch.float16
     ids = torch.full((n,), -7, dtype=torch.long)
     flags = torch.full((n,), -7, dtype=torch.int32)
     digests = torch.full((n,), -7, dtype=torch.int32)
-    outputs = (ids.data_ptr(), flags.data_ptr(), digests.data_ptr())
-    err = lib.elpis_verify_epilogue(logits.data_ptr(), logits.stride(0), vocab, n, *outputs, None)
+    outputs = (ids.data_ptr(), flags.data_ptr(), None if fp16 else digests.data_ptr())
+    err = lib.elpis_verify_epilogue(logits.data_ptr(), int(fp16), logits.stride(0), vocab, n, *outputs, None)
     assert err == 0
-    return ids.tolist(), flags.tolist(), digests.tolist()
+    return ids.tolist(), flags.tolist(), [] if fp16 else digests.tolist()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(("vocab", "pad"), [(1000, 8), (100, 0), (513, 3), (4096, 64)])
-def test_rows_match_torchs_compositions(lib: ctypes.CDLL, vocab: int, pad: int) -> None:
-    padded = torch.full((24, vocab + pad), float("nan"))  # what lies past a row is never read
-    padded[:, :vocab] = rows(vocab, seed=vocab)
+def test_rows_match_torchs_compositions(lib: ctypes.CDLL, vocab: int, pad: int, dtype: torch.dtype) -> None:
+    """fp16 is what the verify graph holds (ExLlamaV3's head writes it); fp32 what the host's checks take."""
+    padded = torch.full((24, vocab + pad), float("nan"), dtype=dtype)  # what lies past a row is never read
+    padded[:, :vocab] = rows(vocab, seed=vocab).to(dtype)
     logits = padded[:, :vocab]
     ids, flags, digests = run(lib, logits)
     assert ids == greedy_ids(logits).tolist()
     assert flags == nonfinite_rows(logits).to(torch.int32).tolist()
-    assert digests == logits_digest(logits.contiguous()).tolist()
+    if dtype == torch.float32:
+        assert digests == logits_digest(logits.contiguous()).tolist()
     assert ids[1] == 3 and ids[2] == ids[3] == ids[4] == ids[5] == -1 and flags[5] == 0 and ids[7] == 2
 
 
@@ -79,7 +84,11 @@ def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
     logits = torch.zeros((2, 10))
     out = torch.zeros(2, dtype=torch.long)
     flags = torch.zeros(2, dtype=torch.int32)
-    for stride, vocab, n in ((10, 0, 2), (9, 10, 2), (10, 10, 0), (10, 10, 65536)):
-        args = (logits.data_ptr(), stride, vocab, n, out.data_ptr(), flags.data_ptr(), None, None)
+    refused = ((0, 10, 0, 2), (0, 9, 10, 2), (0, 10, 10, 0), (0, 10, 10, 65536), (2, 10, 10, 2))
+    for fp16, stride, vocab, n in refused:
+        args = (logits.data_ptr(), fp16, stride, vocab, n, out.data_ptr(), flags.data_ptr(), None, None)
         assert lib.elpis_verify_epilogue(*args) == -1
-    assert lib.elpis_verify_epilogue(None, 10, 10, 2, out.data_ptr(), flags.data_ptr(), None, None) == -1
+    assert lib.elpis_verify_epilogue(None, 0, 10, 10, 2, out.data_ptr(), flags.data_ptr(), None, None) == -1
+    digest = flags.clone()  # the digest of fp16 logits is not defined
+    args = (logits.half().data_ptr(), 1, 10, 10, 2, out.data_ptr(), flags.data_ptr(), digest.data_ptr(), None)
+    assert lib.elpis_verify_epilogue(*args) == -1
