@@ -207,18 +207,24 @@ def plain(prompt: list[int], n: int) -> list[int]:
     return out
 
 
-def generate(rounds: dr.DeviceRounds, tokens: int) -> tuple[list[int], list[str]]:
-    """Tokens and faults (discarded rounds and records read again) of one request through `round`."""
-    rounds.start(remaining=tokens, tree_budget=RUN, stops=[], top_k=4)
+def generate(
+    rounds: dr.DeviceRounds, tokens: int, *, stops: tuple[int, ...] = (), budget: int = RUN, top_k: int = 4
+) -> tuple[list[int], list[str]]:
+    """Tokens and faults (discarded rounds and records read again) of one request through `round`, which
+    must say that it ended exactly when the tokens or a stop token end it."""
+    rounds.start(remaining=tokens, tree_budget=budget, stops=list(stops), top_k=top_k)
     got: list[int] = []
     faults: list[str] = []
-    while len(got) < tokens:
+    ended = False
+    for _ in range(4 * tokens + 8):
         d = rounds.round()
         faults.extend([d.fault] if d.fault else d.recovered)
         got.extend(d.tokens)
         if d.ends:
+            ended = True
             break
     rounds.drain()
+    assert ended, "the request never ended"
     return got, faults
 
 
@@ -238,6 +244,38 @@ def test_rounds_commit_plain_decodings_tokens_across_bucket_edges(prompt_len: in
     assert got == plain(prompt, 60) and not faults
     assert backend.tokens == prompt + got[:-1] and backend.position() == prompt_len + 59
     assert rounds.queued_ahead > 0 and backend.graphs.commits == backend.drafter.graphs.conditioned
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+@pytest.mark.parametrize("tokens", [1, 2, 7, 9, 17])
+def test_the_request_ends_at_exactly_its_token_budget(tokens: int) -> None:
+    """Rounds commit up to 8 tokens and are queued ahead: the last one still stops at max_tokens."""
+    random.seed(tokens)
+    prompt = [random.randrange(VOCAB) for _ in range(500)]
+    got, _ = generate(driver(StandInBackend(prompt, 0.0)), tokens)
+    assert got == plain(prompt, tokens)
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+@pytest.mark.parametrize("at", [0, 3, 12])
+def test_a_stop_token_ends_the_request_with_it(at: int) -> None:
+    """The stop token is committed and ends the request, whatever row of a round it falls in."""
+    random.seed(100 + at)
+    prompt = [random.randrange(VOCAB) for _ in range(700)]
+    truth = plain(prompt, 40)
+    stop = truth[at]
+    first = truth.index(stop)  # the first time plain decoding makes it
+    got, _ = generate(driver(StandInBackend(prompt, 0.2)), 40, stops=(stop, VOCAB + 5))
+    assert got == truth[: first + 1]
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+@pytest.mark.parametrize(("budget", "top_k"), [(1, 1), (4, 2), (8, 16), (16, 1)])
+def test_other_tree_budgets_and_draft_widths_commit_plain_decodings_tokens(budget: int, top_k: int) -> None:
+    random.seed(budget * 100 + top_k)
+    prompt = [random.randrange(VOCAB) for _ in range(900)]
+    got, _ = generate(driver(StandInBackend(prompt, 0.3)), 30, budget=budget, top_k=top_k)
+    assert got == plain(prompt, 30)
 
 
 @pytest.mark.usefixtures("cpu_rounds")
