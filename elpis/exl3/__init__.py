@@ -284,7 +284,7 @@ def load_backend(
     if tree and tree_graphs and capture_graphs:
         from elpis.exl3.graph_warmup import capture_graphs as capture_all
 
-        backend.warmup = capture_all(backend)
+        backend.warmup = capture_all(backend, device_rounds=bool(device_rounds))
     if device_rounds:
         from elpis.exl3.device_round import DeviceRounds
 

@@ -39,9 +39,12 @@ class WarmupReport:
 
 
 @torch.inference_mode()
-def capture_graphs(backend: Exl3Backend) -> WarmupReport:
+def capture_graphs(backend: Exl3Backend, *, device_rounds: bool = False) -> WarmupReport:
     """Capture every graph key a round of `backend` can reach (its tree run size, contexts up to its
-    max_context), before any request. Keys captured before are replayed once, harmlessly."""
+    max_context), before any request. Keys captured before are replayed once, harmlessly. With
+    `device_rounds`, also each verify key's conditioning from device inputs (`DraftGraphs.condition_from` on
+    the tree run's rows through the key's own block table), which rounds on the GPU replay after each commit:
+    captured lazily, the first such round in a bucket would stop for a capture mid-request."""
     from elpis.exl3 import draft_graph, tree_graph
     from elpis.exl3.backend import MAX_ROWS
     from elpis.exl3.tree_verify import layout_tree
@@ -62,8 +65,9 @@ def capture_graphs(backend: Exl3Backend) -> WarmupReport:
     keys = 2 * len(buckets)
     if keys > tree_graph.MAX_GRAPHS or (blocks is not None and len(buckets) > draft_graph.MAX_GRAPHS):
         raise ValueError(f"{len(buckets)} context buckets do not fit the graph caches' bounds")
-    if conditioning and keys * depth > draft_graph.MAX_CONDITIONS:
-        raise ValueError(f"{keys * depth} conditionings do not fit MAX_CONDITIONS")
+    conditions = keys * depth + (keys if device_rounds else 0)
+    if conditioning and conditions > draft_graph.MAX_CONDITIONS:
+        raise ValueError(f"{conditions} conditionings do not fit MAX_CONDITIONS")
     counts = (graphs.captures, blocks.captures if blocks else 0, blocks.condition_captures if blocks else 0)
     torch.cuda.synchronize(engine.device)
     allocated = torch.cuda.memory_allocated(engine.device)
@@ -90,6 +94,12 @@ def capture_graphs(backend: Exl3Backend) -> WarmupReport:
                     assert blocks is not None
                     for rows in range(1, depth + 1):
                         blocks.condition(export, list(range(rows)), table, kvp)
+                    if device_rounds:  # the key a round on the GPU names: its verify's export and table
+                        c = graphs.captured(state, kvp, run)
+                        assert c is not None and c.export is not None
+                        index = torch.zeros((run,), dtype=torch.long, device=engine.device)
+                        at = torch.tensor([kvp], dtype=torch.int32, device=engine.device)
+                        blocks.condition_from(c.export, index, at, c.block_table)
             kvp = bucket - 1 - depth
             if blocks is not None and kvp >= 0:
                 if blocks.width(kvp) != width:

@@ -13,8 +13,9 @@ What they establish:
 (d) records that meet a fault on their way back (a copy that never lands, an earlier round's, another
     request's: `RecordFaults`) are each detected, the round's records read again from its device slot, and
     the text is unchanged: injected == detected, each such round counted as recovered (session 35, staged);
-(e)-(g) (session 38, staged): a round queued just below a context-bucket edge; the draft block and the
-    draft's conditioning from device inputs (16 padded rows across a page boundary) against their host forms.
+(e)-(h) (session 38, staged): a round queued just below a context-bucket edge; the draft block and the
+    draft's conditioning from device inputs (16 padded rows across a page boundary) against their host forms;
+    graphs captured at load leave a request of rounds on the GPU nothing to capture.
 """
 
 from __future__ import annotations
@@ -244,3 +245,20 @@ def test_conditioning_from_the_device_on_sixteen_padded_rows_is_the_host_conditi
                     assert torch.equal(a, b), f"path {path}: the conditioning wrote before kvp"
         finally:
             backend.finish()
+
+
+def test_graphs_captured_at_load_leave_rounds_on_the_gpu_nothing_to_capture(backend, decoder):  # noqa: F811
+    """(h) `capture_graphs(device_rounds=True)` (what `load_backend` runs with graphs captured at load) also
+    captures each verify key's conditioning from device inputs: a request of rounds on the GPU afterwards
+    captures no graph at all, and its text is still plain decoding's."""
+    from elpis.exl3.graph_warmup import capture_graphs
+
+    report = capture_graphs(backend, device_rounds=True)
+    blocks = backend.drafter.graphs
+    counts = lambda: (backend.graphs.captures, blocks.captures, blocks.condition_captures)  # noqa: E731
+    before = counts()
+    ids = prompt(1500, 58, backend.info.vocab_size)
+    truth = truth_of(backend, ids)
+    got, _ = generate(backend, decoder, ids)
+    assert got == truth
+    assert counts() == before, f"captured during the request: {before} -> {counts()} (warm-up {report})"
