@@ -20,6 +20,7 @@ the build stops at that first failing layer.
 from __future__ import annotations
 
 import filecmp
+import importlib
 import json
 import re
 import shutil
@@ -33,20 +34,20 @@ import pytest
 from elpis.accept import build as build_module
 from elpis.accept import identity, loader, table
 from elpis.accept.build import BuildError, build
-from elpis.bend import codegen, gdn_plan, gemm_schedule, schedule
+from elpis.bend import codegen
 from elpis.paths import BUILD_DIR, REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
 PROVER_INPUTS = ("bend", "proofs")
-# The build's kernel-header steps and the module each runs (render, then the slow interpreter check).
-HEADER_STEPS = {"_schedule": schedule, "_gdn_plan": gdn_plan, "_gemm_schedule": gemm_schedule}
-
-
-def _repository_checked_header(module: Any, root: Path, kernels_dir: Path, cc: str) -> None:
-    """Stands in for a kernel-header step: the header rendered from `root` must be the one the repository
-    build checked against the interpreter (the same text and bend/ give the same verdict); it is installed
-    where the step would install it."""
+def _repository_checked_header(
+    name: str, mismatch: str, label: str, root: Path, kernels_dir: Path, cc: str
+) -> None:
+    """Stands in for the build's kernel-header step (`build._kernel_header`: render, then the slow interpreter
+    check): the header rendered from `root` must be the one the repository build checked against the
+    interpreter (the same text and bend/ give the same verdict); it is installed where the step would install
+    it."""
+    module = importlib.import_module(f"elpis.bend.{name}")
     text = module.render(root)
     checked = BUILD_DIR / "kernels" / module.HEADER
     assert text == checked.read_text(), f"{module.HEADER} differs from {checked}: this build needs its check"
@@ -55,8 +56,7 @@ def _repository_checked_header(module: Any, root: Path, kernels_dir: Path, cc: s
 
 
 def _reuse_checked_headers(monkeypatch: pytest.MonkeyPatch) -> None:
-    for step, module in HEADER_STEPS.items():
-        monkeypatch.setattr(build_module, step, partial(_repository_checked_header, module))
+    monkeypatch.setattr(build_module, "_kernel_header", _repository_checked_header)
 
 
 def _copy_root(target: Path) -> Path:

@@ -13,6 +13,7 @@ from elpis.bend import gdn_ba_schedule as gbs
 from elpis.bend.prove import prove_all
 from elpis.bend.scalar_header import Query
 from elpis.paths import REPO_ROOT
+from tests.bend.conftest import fails_closed_on_template_edit, refuses_edited_header
 
 LAWS = {
     "gdnba_span_is_a_chunk_per_thread",
@@ -77,24 +78,12 @@ def test_the_kernel_takes_its_schedule_from_the_header() -> None:
     ],
 )
 def test_a_wrong_header_is_refused(tmp_path: Path, old: str, new: str) -> None:
-    text = gbs.render()
-    assert text.count(old) == 1, old
-    bad = tmp_path / gbs.HEADER
-    bad.write_text(text.replace(old, new))
-    with pytest.raises(gbs.ScheduleMismatch):
-        gbs.check_header(bad)
+    refuses_edited_header(gbs.SPEC, tmp_path, old, new)
 
 
 def test_a_template_that_breaks_the_header_fails_closed(repo_copy: Path, tmp_path: Path) -> None:
-    template = repo_copy / "codegen" / gbs.TEMPLATE
-    text = template.read_text()
     old = "return n < 32 ? a >> n : 0u;"
-    assert text.count(old) == 1
-    template.write_text(text.replace(old, "return n < 32 ? a >> n : 1u;"))  # a shift past 31 leaves 1
-    out = tmp_path / "kernels"
-    with pytest.raises(gbs.ScheduleMismatch):
-        gbs.build(out, repo_copy)
-    assert not (out / gbs.HEADER).exists()
+    fails_closed_on_template_edit(gbs.SPEC, repo_copy, tmp_path, old, "return n < 32 ? a >> n : 1u;")
 
 
 def test_the_laws_are_proved() -> None:

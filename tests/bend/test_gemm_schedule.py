@@ -14,6 +14,7 @@ from elpis.bend import gemm_schedule
 from elpis.bend.prove import prove_all
 from elpis.bend.scalar_header import Query
 from elpis.paths import REPO_ROOT
+from tests.bend.conftest import fails_closed_on_template_edit, refuses_edited_header
 
 # The statements of proofs/gemm_schedule_proof.bend (their proofs cite every other law there).
 STATEMENTS = {
@@ -77,23 +78,12 @@ def test_header_exports_the_kernel_interface() -> None:
     ],
 )
 def test_a_wrong_header_is_refused(tmp_path: Path, old: str, new: str) -> None:
-    text = gemm_schedule.render()
-    assert text.count(old) == 1, old
-    bad = tmp_path / gemm_schedule.HEADER
-    bad.write_text(text.replace(old, new))
-    with pytest.raises(gemm_schedule.ScheduleMismatch):
-        gemm_schedule.check_header(bad)
+    refuses_edited_header(gemm_schedule.SPEC, tmp_path, old, new)
 
 
 def test_a_template_that_breaks_the_header_fails_closed(repo_copy: Path, tmp_path: Path) -> None:
-    template = repo_copy / "codegen" / gemm_schedule.TEMPLATE
-    text = template.read_text()
-    assert text.count("return n < 32 ? a >> n : 0u;") == 1
-    template.write_text(text.replace("return n < 32 ? a >> n : 0u;", "return n < 32 ? a >> (n + 1u) : 0u;"))
-    out = tmp_path / "kernels"
-    with pytest.raises(gemm_schedule.ScheduleMismatch):
-        gemm_schedule.build(out, repo_copy)
-    assert not (out / gemm_schedule.HEADER).exists()
+    old, new = "return n < 32 ? a >> n : 0u;", "return n < 32 ? a >> (n + 1u) : 0u;"
+    fails_closed_on_template_edit(gemm_schedule.SPEC, repo_copy, tmp_path, old, new)
 
 
 def test_the_laws_are_proved() -> None:
