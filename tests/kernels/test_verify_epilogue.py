@@ -7,10 +7,6 @@ vocabulary). Results go to $ELPIS_KERNEL_LOG (JSON lines) when set.
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -18,20 +14,12 @@ from elpis.exl3 import verify_epilogue
 from elpis.spec.integrity import logits_digest, nonfinite_rows
 from elpis.spec.sampling import greedy_ids
 from tests.kernels.timing import graph_us
+from tests.kernels.tree_cases import log_kernel
 from tests.kernels.verify_epilogue_cases import rows
 
 pytestmark = pytest.mark.gpu
 
 VOCAB = 248_320
-
-
-def _log(record: dict) -> None:
-    line = json.dumps({"test": "verify_epilogue", **record}, sort_keys=True)
-    print(line)
-    path = os.environ.get("ELPIS_KERNEL_LOG")
-    if path:
-        with Path(path).open("a") as fh:
-            fh.write(line + "\n")
 
 
 def _outputs(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -85,5 +73,5 @@ def test_timing_line() -> None:
         "torch": round(graph_us(torch_composition, 20, 15), 2),
         "device": torch.cuda.get_device_name(),
     }
-    _log(record)
+    log_kernel("verify_epilogue", record)
     assert record["elpis"] > 0
