@@ -203,6 +203,11 @@ class DeviceRounds:
             )
         if graphs.gate is not None:
             raise BackendError("rounds on the GPU queue their own verify: load without the verify gate")
+        if not backend.export_layers:
+            raise BackendError(
+                "rounds on the GPU condition the draft on the verify's tap states after each commit: "
+                "the verify exports none"
+            )
         try:  # the round's kernels as this machine's CUDA compiler built them, against the host
             round_check.check_round_plan(round_check.gpu_plan_launch(backend.engine.device))
             round_check.check_round_tail(round_check.gpu_launch(backend.engine.device))
