@@ -106,11 +106,6 @@ def closed_form(q: Query) -> int | None:
     return None
 
 
-def reference_table(root: Path = REPO_ROOT) -> tuple[list[Query], list[str]]:
-    """The table queries and the interpreter's lines (first the constants), checked against `closed_form`."""
-    return SPEC.reference_table(root)
-
-
 def render(root: Path = REPO_ROOT) -> str:
     return SPEC.render(root)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from elpis.bend.check import Program
 from elpis.bend.scalar_header import Entry, Query, ScalarHeader
 from elpis.bend.scalar_header import ScheduleMismatch as ScheduleMismatch  # the build and tests name it here
 from elpis.paths import BUILD_DIR, REPO_ROOT
@@ -61,15 +60,6 @@ MODEL_GROUPS = (40, 48, 136)  # k = 5120, 6144, 17408 in groups of 128
 MODEL_NBLOCKS = (8, 16, 40, 48, 80, 96, 112, 128, 136, 272, 1940)
 # part counts of the model's groups beside the stream-K grids (the kernel's first, k-split design)
 MODEL_SPLITS = (1, 2, 7, 8, 33)
-
-
-def load_schedule(root: Path = REPO_ROOT) -> Program:
-    return SPEC.load(root)
-
-
-def constants(root: Path = REPO_ROOT) -> dict[str, int]:
-    """warps() and group_k() by the interpreter."""
-    return SPEC.constant_values(root)
 
 
 def render(root: Path = REPO_ROOT) -> str:
@@ -160,16 +150,6 @@ def closed_form(q: Query) -> int | None:
         case (4, (a, b)):
             return min(a, max(1, b))
     return None
-
-
-def reference_table(root: Path = REPO_ROOT) -> tuple[list[Query], list[str]]:
-    """The table queries and the interpreter's lines (first the constants), checked against `closed_form`."""
-    return SPEC.reference_table(root)
-
-
-def compiled_table(header: Path, queries: list[Query], cc: str | None = None) -> list[str]:
-    """The table lines printed by a host build of `header` (gcc, C11, warnings as errors)."""
-    return SPEC.compiled_table(header, queries, cc)
 
 
 def check_header(header: Path, root: Path = REPO_ROOT, cc: str | None = None) -> int:

@@ -6,9 +6,9 @@ of every generated name (so headers can share a translation unit), the macro ste
 functions for host and device code, `<STEM>_<NAME>` carries each constant), the exported entries and the
 constants. `render` compiles the program one-to-one with the acceptors' generator (`codegen.Generator`);
 `compiled_table` builds a C harness around a header and prints the constants and one line per `Query`;
-`reference_lines` is what the Bend interpreter answers for the same queries; `check` compares the two through
-`elpis.bend.headers`, and `build` installs the header only once that passed. Each schedule module brings its
-own table of queries and whatever closed forms it checks the interpreter against.
+`reference_table` is what the Bend interpreter answers for the same queries; `check_header` compares the two
+through `elpis.bend.headers`, and `build` installs the header only once that passed. Each schedule module
+brings its own table of queries and whatever closed forms it checks the interpreter against.
 """
 
 from __future__ import annotations
@@ -75,11 +75,12 @@ class ScalarHeader:
 
     def functions(self, root: Path) -> dict[str, Callable[..., int]]:
         """The interpreter's function for each exported C name."""
-        interp = Interpreter(self.load(root))
+        return self._functions(Interpreter(self.load(root)))
+
+    def _functions(self, interp: Interpreter) -> dict[str, Callable[..., int]]:
         return {c: interp.function(self.key(e.bend)) for c, e in self.entries.items()}
 
-    def constant_values(self, root: Path) -> dict[str, int]:
-        interp = Interpreter(self.load(root))
+    def _constant_values(self, interp: Interpreter) -> dict[str, int]:
         return {name: int(interp.function(self.key(b))()) for name, b in self.constants.items()}
 
     # ---------------------------------------------------------------------------------- the header
@@ -122,31 +123,22 @@ class ScalarHeader:
             prototypes=[self._rename(protos[k]) + ";" for k in sorted(protos)],
             functions=[self._rename(bodies[k]) for k in sorted(bodies)],
             entries=entries,
-            **self.constant_values(root),
+            **self._constant_values(Interpreter(prog)),
         )
 
     # ----------------------------------------------------------------------------------- the table
-    def constants_line(self, values: Mapping[str, int]) -> str:
-        return "C " + " ".join(str(values[name]) for name in self.constants)
-
-    @staticmethod
-    def line(q: Query, value: int) -> str:
-        return " ".join(str(v) for v in (q.kind, *q.args, value))
-
-    def reference_lines(
-        self, root: Path, queries: Sequence[Query], expect: Callable[[Query], int | None] = lambda q: None
-    ) -> list[str]:
-        """The interpreter's table (the constants, then a line per query); where `expect` gives a value (a
-        closed form inside the law domain) the interpreter's answer must be it (`error` otherwise)."""
-        f = self.functions(root)
-        kinds = self.kinds()
-        lines = [self.constants_line(self.constant_values(root))]
+    def _reference_lines(self, root: Path, queries: Sequence[Query]) -> list[str]:
+        """The interpreter's table (the constants, then a line per query, as the harness prints them); where
+        `closed_form` gives a value (inside the law domain) the interpreter's answer must be it."""
+        interp = Interpreter(self.load(root))
+        f, kinds, values = self._functions(interp), self.kinds(), self._constant_values(interp)
+        lines = ["C " + " ".join(str(values[name]) for name in self.constants)]
         for q in queries:
             got = int(f[kinds[q.kind]](*q.args))
-            want = expect(q)
+            want = self.closed_form(q)
             if want is not None and got != want:
                 raise self.error(f"{self.module}: {kinds[q.kind]}{q.args} is {got}, the closed form {want}")
-            lines.append(self.line(q, got))
+            lines.append(" ".join(str(v) for v in (q.kind, *q.args, got)))
         return lines
 
     def _harness(self, queries: Sequence[Query]) -> str:
@@ -159,8 +151,7 @@ class ScalarHeader:
         for i, (cname, e) in enumerate(self.entries.items()):
             args = ", ".join(f"q[{1 + a}]" for a in range(e.arity))
             shown = " ".join(["%u"] * e.arity)
-            printed = ", ".join(f"q[{1 + a}]" for a in range(e.arity))
-            call = f'printf("%u {shown} %u\\n", q[0], {printed}, {cname}({args}))'
+            call = f'printf("%u {shown} %u\\n", q[0], {args}, {cname}({args}))'
             cases.append(f"      case {i}: {call}; break;")
         return "\n".join(
             [
@@ -186,10 +177,20 @@ class ScalarHeader:
         """The table lines a host build of `header` prints (gcc, C11, warnings as errors)."""
         return harness_lines(header, self.header, self._harness(queries), self.error, cc=cc, timeout=60)
 
-    def check(
-        self, header: Path, queries: Sequence[Query], want: Sequence[str], cc: str | None = None
-    ) -> int:
-        """Compare the compiled header with the interpreter's lines `want`; return the line count."""
+    def reference_table(self, root: Path) -> tuple[list[Query], list[str]]:
+        """The table's queries and the interpreter's lines for them, every answer inside the law domain
+        compared with `closed_form`. Cached per content of the Bend program, whichever root it is read from
+        (builds of copies of the repository share it)."""
+        root = Path(root).resolve()
+        source = hashlib.sha256((root / self.module).read_bytes()).hexdigest()
+        if source not in self._reference:
+            queries = self.table()
+            self._reference[source] = queries, self._reference_lines(root, queries)
+        return self._reference[source]
+
+    def check_header(self, header: Path, root: Path, cc: str | None = None) -> int:
+        """Compare the compiled header with the interpreter on every table query; return the line count."""
+        queries, want = self.reference_table(root)
         got = self.compiled_table(header, queries, cc)
         kinds = self.kinds()
 
@@ -200,22 +201,6 @@ class ScalarHeader:
             return f"{self.module} at {kinds[q.kind]}{q.args}"
 
         return require_same_table(self.header, want, got, where, self.error)
-
-    def reference_table(self, root: Path) -> tuple[list[Query], list[str]]:
-        """The table's queries and the interpreter's lines for them, every answer inside the law domain
-        compared with `closed_form`. Cached per content of the Bend program, whichever root it is read from
-        (builds of copies of the repository share it)."""
-        root = Path(root).resolve()
-        source = hashlib.sha256((root / self.module).read_bytes()).hexdigest()
-        if source not in self._reference:
-            queries = self.table()
-            self._reference[source] = queries, self.reference_lines(root, queries, self.closed_form)
-        return self._reference[source]
-
-    def check_header(self, header: Path, root: Path, cc: str | None = None) -> int:
-        """Compare the compiled header with the interpreter on every table query; return the line count."""
-        queries, want = self.reference_table(root)
-        return self.check(header, queries, want, cc)
 
     def build(self, out_dir: Path, root: Path, cc: str | None = None) -> Path:
         """Render the header, check it against the interpreter, then move it into `out_dir` atomically."""

@@ -11,6 +11,15 @@ if TYPE_CHECKING:
     import torch
 
 
+# The device type the kernels' operands live on. A CPU test of a binding's caller sets "cpu", where the
+# kernels are their CPU emulation (tests/kernels/cuda_emu.py), so every other check here still runs.
+KERNEL_DEVICE_TYPE = "cuda"
+
+
+def on_kernel_device(t: torch.Tensor) -> bool:
+    return t.device.type == KERNEL_DEVICE_TYPE
+
+
 def check_tensor(
     name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int | None, ...], *, align: int = 0
 ) -> None:
@@ -20,7 +29,7 @@ def check_tensor(
 
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_cuda:
+    if not on_kernel_device(t):
         raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
     if t.dtype != dtype:
         raise ValueError(f"{name} must be {dtype}, got {t.dtype}")

@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from elpis import nvcc
-from elpis.exl3.tensors import check_tensor
+from elpis.exl3.tensors import check_one_device, check_tensor, on_kernel_device
 from elpis.paths import PATCHES_DIR
 
 if TYPE_CHECKING:
@@ -59,10 +59,11 @@ def check_logits(logits: torch.Tensor) -> None:
     dtypes = (torch.float16, torch.float32)
     if not isinstance(logits, torch.Tensor) or logits.dtype not in dtypes or logits.dim() != 2:
         raise ValueError("verify epilogue: logits must be a float16 or float32 tensor [rows, vocab]")
-    if not logits.is_cuda:
+    if not on_kernel_device(logits):
         raise ValueError(f"verify epilogue: logits must be on a CUDA device, got {logits.device}")
     rows, vocab = logits.shape
-    if not 1 <= rows <= MAX_ROWS or vocab < 1 or logits.stride(1) != 1 or logits.stride(0) < vocab:
+    stride = logits.stride(0)
+    if not 1 <= rows <= MAX_ROWS or vocab < 1 or logits.stride(1) != 1 or not vocab <= stride < 2**32:
         shape, strides = list(logits.shape), list(logits.stride())
         raise ValueError(f"verify epilogue: logits {shape}, strides {strides}: 1..{MAX_ROWS} contiguous rows")
 
@@ -83,8 +84,7 @@ def row_results(
     check_tensor("flags", flags, torch.int32, (rows,))
     if digests is not None:
         check_tensor("digests", digests, torch.int32, (rows,))
-    if len({t.device for t in (logits, ids, flags, *(() if digests is None else (digests,)))}) != 1:
-        raise ValueError("verify epilogue: operands on several devices")
+    check_one_device("verify epilogue", (logits, ids, flags, *(() if digests is None else (digests,))))
     err = _library().elpis_verify_epilogue(
         logits.data_ptr(), int(fp16), logits.stride(0), vocab, rows, ids.data_ptr(), flags.data_ptr(),
         None if digests is None else digests.data_ptr(), torch.cuda.current_stream(logits.device).cuda_stream,

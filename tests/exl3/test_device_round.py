@@ -215,7 +215,7 @@ def test_conditioning_from_the_device_on_sixteen_padded_rows_is_the_host_conditi
     import torch
 
     from elpis.exl3.prefix import PAGE
-    from tests.exl3.test_draft_graph import _verified_tree
+    from tests.exl3.test_draft_graph import _verified_tree, cache_rows, restore
 
     graphs = backend.drafter.graphs
     with torch.inference_mode():  # the caches hold inference tensors, as in the backend's commit
@@ -227,19 +227,14 @@ def test_conditioning_from_the_device_on_sixteen_padded_rows_is_the_host_conditi
             before = [t.clone() for t in tensors]
             dev = export[0].device
 
-            def restore() -> None:
-                for t, saved in zip(tensors, before, strict=True):
-                    t.copy_(saved)
-
             def at(saved: list, positions: range) -> list:
-                where = ([pages[p // PAGE] for p in positions], [p % PAGE for p in positions])
-                return [t[where] for t in saved]
+                return cache_rows(saved, pages, positions)
 
             for path in ([0, 1, 2], [0, 4, 5], [0]):
-                restore()
+                restore(tensors, before)
                 graphs.condition(export, path, table, kvp)
                 host = [t.clone() for t in tensors]
-                restore()
+                restore(tensors, before)
                 index = torch.tensor(path + [path[-1]] * (16 - len(path)), dtype=torch.long, device=dev)
                 kvp_d = torch.tensor([kvp], dtype=torch.int32, device=dev)
                 graphs.condition_from(export, index, kvp_d, table.to(dev))

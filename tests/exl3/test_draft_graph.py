@@ -128,6 +128,20 @@ def _condition_eagerly(engine, export, rows: list[int], table, kvp: int) -> None
     update_draft_kv(engine, [t.index_select(1, index) for t in export], table, pinned([kvp], torch.int32))
 
 
+def restore(tensors: list, saved: list) -> None:
+    """Write the cache tensors back to a saved copy."""
+    for t, kept in zip(tensors, saved, strict=True):
+        t.copy_(kept)
+
+
+def cache_rows(saved: list, pages: list[int], positions: range) -> list:
+    """Each cache tensor's rows ([pages, PAGE, ...]) at the sequence's `positions`."""
+    from elpis.exl3.prefix import PAGE
+
+    where = ([pages[p // PAGE] for p in positions], [p % PAGE for p in positions])
+    return [t[where] for t in saved]
+
+
 def test_conditioning_replay_equals_eager(backend):
     import torch
 
@@ -145,21 +159,17 @@ def _check_conditioning_replays(backend) -> None:
         kvp, export, table, tensors = _verified_tree(backend, prompt(900, 900, backend.info.vocab_size), 131)
         before = [t.clone() for t in tensors]
 
-        def restore() -> None:
-            for t, saved in zip(tensors, before, strict=True):
-                t.copy_(saved)
-
         def same_as(reference: list) -> bool:
             return all(torch.equal(t, r) for t, r in zip(tensors, reference, strict=True))
 
         captures = graphs.condition_captures
         for path in ([0, 1, 2], [0, 4, 5], [0]):
-            restore()
+            restore(tensors, before)
             _condition_eagerly(engine, export, path, table, kvp)
             eager = [t.clone() for t in tensors]
             assert not same_as(before), f"path {path}: the eager conditioning wrote nothing"
             for attempt in ("first", "again"):
-                restore()
+                restore(tensors, before)
                 graphs.condition(export, path, table, kvp)
                 assert same_as(eager), f"path {path} ({attempt} call): the draft's cache differs from eager"
         assert graphs.condition_captures == captures + 2, "one capture per accepted-row count"
@@ -192,13 +202,12 @@ def _check_padded_conditioning(backend) -> None:
         before = [t.clone() for t in tensors]
 
         def condition(rows: list[int]) -> list:
-            for t, saved in zip(tensors, before, strict=True):
-                t.copy_(saved)
+            restore(tensors, before)
             _condition_eagerly(engine, export, rows, table, kvp)
             return [t.clone() for t in tensors]
 
         def at(saved: list, positions: range) -> list:
-            return [t[[pages[p // PAGE] for p in positions], [p % PAGE for p in positions]] for t in saved]
+            return cache_rows(saved, pages, positions)
 
         for path, padding in (([0, 1, 2], [5, 6, 7, 3, 4]), ([0, 4, 5], [7, 7, 7, 7, 7]), ([0], [1] * 7)):
             alone, padded = condition(path), condition(path + padding)
