@@ -8,7 +8,7 @@ two synchronisations, with the GPU idle while the host works. Here a round is qu
 request's state block in device memory (anchor, kvp, remaining budget; `round_plan.state_block`):
 
   the captured draft block (its anchor and kvp copied from the state block) -> its candidates
-  (`drafter.block_candidates`: the log-softmax and top-k, on the GPU) -> `round_plan` (the tree, the verify
+  (the drafter's candidates: the log-softmax and top-k, on the GPU) -> `round_plan` (the tree, the verify
   key's inputs but the block table, the acceptor's cells) -> the captured verify (its embedding gathered on
   the GPU: `exl3-embed-gather`) -> the row checks and greedy targets (`sampling.greedy_ids`), in one launch
   (`verify_epilogue`) -> `round_tail` (the proven acceptor, the commit graph's inputs, the draft's
@@ -53,7 +53,6 @@ import torch
 from elpis.accept import abi
 from elpis.backend import BackendError, DeviceRound
 from elpis.exl3 import round_check, round_plan, round_tail, verify_epilogue
-from elpis.exl3.drafter import block_candidates
 from elpis.exl3.prefix import PAGE
 from elpis.spec.faults import DROPPED, REPEATED, STALE
 
@@ -215,6 +214,7 @@ class DeviceRounds:
             raise BackendError(str(exc)) from exc
         self.backend = backend
         self.drafts = drafter.graphs
+        self.block_candidates = drafter.candidates  # the host's drafter's: the same trees either way
         self._buffers(backend.engine.device, backend.tree_run(), pin_memory=True)
 
     def _buffers(self, dev: torch.device | str, run: int, *, pin_memory: bool) -> None:
@@ -394,7 +394,7 @@ class DeviceRounds:
 
     def _candidates(self, chain: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """The draft block's candidates as `DFlash2Drafter.propose` packs them, for every block row."""
-        return block_candidates(chain, logits, self.top_k).contiguous()
+        return self.block_candidates(chain, logits, self.top_k).contiguous()
 
     def _targets(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every verified row's greedy target (`sampling.greedy_ids`, int64 [run]) and row check (int32 [run]:

@@ -7,12 +7,14 @@ Candidates per depth: the selector's chain token first, then the row's most like
 its log-probability under the draft's logits (log-softmax over the whole vocabulary), so a tree builder can
 rank them. The drafter proposes for the backend's current sequence only: `context` must be the backend's
 committed tokens plus the anchor. With `graphs`, the block after the input layer is replayed from a CUDA
-graph per context bucket (`elpis.exl3.draft_graph`).
+graph per context bucket (`elpis.exl3.draft_graph`). The candidates come from one kernel
+(`elpis.exl3.draft_candidates`) where the registry switch exl3-draft-candidates is on, else from torch's
+composition (`block_candidates`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,9 +28,27 @@ if TYPE_CHECKING:
     from elpis.exl3.draft_graph import DraftGraphs
 
 
+Candidates = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def choose_candidates(fused: bool | None = None) -> Candidates:
+    """The function that packs a block's candidates: the one-launch kernel (`fused`, or by default the
+    registry switch exl3-draft-candidates) or torch's composition."""
+    from elpis.exl3 import draft_candidates, patches
+
+    if fused is None:
+        fused = patches.enabled(draft_candidates.PATCH)
+    return draft_candidates.candidates if fused else block_candidates
+
+
 class DFlash2Drafter:
-    def __init__(self, backend: Exl3Backend, *, graphs: bool = False, embed_gather: bool = False) -> None:
+    def __init__(
+        self, backend: Exl3Backend, *, graphs: bool = False, embed_gather: bool = False,
+        fused_candidates: bool | None = None,
+    ) -> None:  # fmt: skip
         self.backend = backend
+        # read once: a registry read per block would be host time on every round
+        self.candidates = choose_candidates(fused_candidates)
         engine = backend.engine
         self.model = engine.draft
         self.config = engine.draft_config
@@ -104,7 +124,7 @@ class DFlash2Drafter:
         if depth == 0:
             return DraftBlock([])
         chain, logits = self.block(anchor)
-        packed = block_candidates(chain[:depth], logits[:depth], top_k)
+        packed = self.candidates(chain[:depth], logits[:depth], top_k)
         host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
         host.copy_(packed, non_blocking=True)
         ready = torch.cuda.Event()

@@ -1,14 +1,15 @@
 """The driver of rounds on the GPU (`elpis.exl3.device_round.DeviceRounds`: `start`, `round`, `_queue`,
-`_read`, `drain`) run end to end on the CPU: its two decision kernels are their own CUDA sources built for the
-CPU (tests/kernels/cuda_emu.py), and what only a GPU runs (the captured verify, commit and draft graphs, CUDA
-events and streams) is played by stand-ins with the same inputs and outputs. The stand-in model's greedy next
-token of a token t is f(t); its verify puts each row's maximum on f(row's token), and its draft proposes f's
-chain with some tokens wrong. So every round's committed tokens are known: plain decoding's.
+`_read`, `drain`) run end to end on the CPU: its kernels (the draft candidates, the plan, the verify epilogue,
+the tail) are their own CUDA sources built for the CPU (tests/kernels/cuda_emu.py), and what only a GPU runs
+(the captured verify, commit and draft graphs, CUDA events and streams) is played by stand-ins with the same
+inputs and outputs. The stand-in model's greedy next token of a token t is f(t); its verify puts each row's
+maximum on f(row's token), and its draft proposes f's chain with some tokens wrong. So every round's committed
+tokens are known: plain decoding's.
 
 What this checks that no other CPU test does: the driver's own bookkeeping (rounds queued ahead across
-context-bucket edges, the pages each graph's table takes, the host's position, discarded rounds, record
-faults across two requests). It found that a draft block queued just below a bucket edge was handed the
-verify's pages, more than the draft's narrower table holds (session 38). The GPU twin is
+context-bucket edges, the pages each graph's table takes, the host's position, discarded rounds, record faults
+across two requests). It found that a draft block queued just below a bucket edge was handed the verify's
+pages, more than the draft's narrower table holds (session 38). The GPU twin is
 tests/exl3/test_device_round.py."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 from elpis.exl3 import device_round as dr
-from elpis.exl3 import gdn_tree, round_plan, round_tail, tensors, verify_epilogue
+from elpis.exl3 import draft_candidates, gdn_tree, round_plan, round_tail, tensors, verify_epilogue
 from elpis.exl3.tree_graph import Captured, bucket_pages, context_bucket, packed_sizes
 from elpis.exl3.tree_verify import PAGE, GraphInputs
 from elpis.exl3.upload import padded_table
@@ -44,13 +45,20 @@ def kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     # emulated threads a round than the served 512
     threads = {"ELPIS_VERIFY_EPILOGUE_THREADS": 32}
     epilogue = cuda_emu.build_emulated(verify_epilogue.SOURCE, out / "epilogue", launches=2, defines=threads)
-    return round_plan.bind(plan), round_tail.bind(tail), verify_epilogue.bind(epilogue, threads=32)
+    threads = {"ELPIS_DRAFT_CANDIDATES_THREADS": 32}
+    source = draft_candidates.SOURCE
+    candidates = cuda_emu.build_emulated(source, out / "candidates", launches=2, defines=threads)
+    return (
+        round_plan.bind(plan), round_tail.bind(tail), verify_epilogue.bind(epilogue, threads=32),
+        draft_candidates.bind(candidates, threads=32),
+    )  # fmt: skip
 
 
 @pytest.fixture
 def cpu_rounds(kernels: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
     """The emulated kernels in place of the GPU builds; events and streams are no-ops on one CPU queue."""
-    plan_lib, tail_lib, epilogue_lib = kernels
+    plan_lib, tail_lib, epilogue_lib, candidates_lib = kernels
+    monkeypatch.setattr(draft_candidates, "_library", lambda: candidates_lib)
     monkeypatch.setattr(round_plan, "_library", lambda: plan_lib)
     monkeypatch.setattr(round_tail, "_library", lambda: tail_lib)
     monkeypatch.setattr(verify_epilogue, "_library", lambda: epilogue_lib)
@@ -144,6 +152,7 @@ class StandInDraft:
         logits = torch.randn(BLOCK - 1, VOCAB)
         for d, t in enumerate(chain):
             logits[d, t] = 8.0
+        logits = logits.half()  # ExLlamaV3's head writes fp16
         return torch.tensor(chain, dtype=torch.long), logits
 
     def condition_from(self, export: list, index: torch.Tensor, kvp: torch.Tensor, table: object) -> None:
@@ -182,6 +191,7 @@ def driver(backend: StandInBackend) -> dr.DeviceRounds:
     tests/kernels/test_round_check.py's)."""
     rounds = dr.DeviceRounds.__new__(dr.DeviceRounds)
     rounds.backend, rounds.drafts = backend, backend.drafter.graphs
+    rounds.block_candidates = draft_candidates.candidates  # the one-launch kernel, emulated
     rounds._buffers("cpu", RUN, pin_memory=False)
     return rounds
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from elpis.exl3 import (
+    draft_candidates,
     embed_gather,
     gdn_ba,
     gdn_tree,
@@ -67,6 +68,7 @@ BINDINGS = [
     *((embed_gather.SOURCE, name, args) for name, args in embed_gather.ENTRY_ARGS.items()),
     *((verify_gate.SOURCE, name, args) for name, args in verify_gate.ENTRY_ARGS.items()),
     *((verify_epilogue.SOURCE, name, args) for name, args in verify_epilogue.ENTRY_ARGS.items()),
+    *((draft_candidates.SOURCE, name, args) for name, args in draft_candidates.ENTRY_ARGS.items()),
     *((rows_gemm.SOURCE, name, args) for name, args in rows_gemm.ENTRY_ARGS.items()),
     *((rows_gemm.SOURCE, name, args) for name, (args, _) in rows_gemm.SIZE_ENTRIES.items()),
 ]

@@ -10,7 +10,8 @@
 # spans, chunks and butterfly now come from the proved schedule header (bit for bit under emulation, the same PTX op
 # sequence), and the GPU's bits against cuBLAS and its row invariance are test_gdn_ba.py's to confirm; and the
 # verify epilogue (each row's greedy target and row check in one launch, now in the device rounds' path) against
-# torch's composition on the GPU.
+# torch's composition on the GPU. Session 39 added the draft candidates kernel's GPU tests (fp64 bound, torch's ids,
+# a timing line beside torch's composition).
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
@@ -21,7 +22,7 @@ nvcc --version 2>&1 | tail -2 | tee -a "$OUT/log"
 gpu_pytest "round plan and tail kernels, zero commit plan, load-time checks" 150 tests/kernels/test_round_plan.py \
   tests/kernels/test_round_tail.py "tests/kernels/test_gdn_tree.py::test_a_zero_plan_commits_nothing" \
   "tests/kernels/test_rows_gemm.py::test_the_served_build_passes_the_decode_check_load_backend_makes" \
-  tests/kernels/test_gdn_ba.py tests/kernels/test_verify_epilogue.py
+  tests/kernels/test_gdn_ba.py tests/kernels/test_verify_epilogue.py tests/kernels/test_draft_candidates.py
 ELPIS_SMALL_DIR=/tmp/small gpu_pytest "greedy rounds on the GPU, small model" $(( $(left) - 20 )) \
   tests/exl3/test_device_round.py "tests/exl3/test_draft_graph.py::test_padded_conditioning_keeps_the_committed_rows_bits"
 finish_full_synth

@@ -1,0 +1,268 @@
+// A draft block's candidates in one launch (issue 9: the round's kernels between the draft and the tree). The
+// tree builder needs per block row the selector's chain token and the k most likely tokens, each with its
+// log-probability under the row's log-softmax over the whole vocabulary (`drafter.pack_candidates`' layout).
+// torch made them in about eight launches (a cast, the log-softmax's max and sum passes, gather, topk's radix
+// passes, cat); its `topk` call alone was 0.14 ms of host time a round (call 124's profile,
+// bench/results/tree/README.md), and rounds on the GPU queue every launch from the host.
+//
+// One block per row reads the row twice (the second read from L2):
+//   pass 1  each thread keeps the 16 best (value, index) keys it sees, sorted, in registers; the block then
+//           takes the k best of all threads' lists in k rounds of a block maximum. The first is the row's
+//           maximum M (NaN when the row holds a NaN).
+//   pass 2  S = sum of exp(x - M) over the row, each thread's sum in index order, then a fixed reduction tree.
+// A log-probability is (x - M) - log(S) in fp32, log_softmax's formula; only S's summation order differs from
+// torch's, so it can differ from torch's in the last bits (tests/kernels/test_draft_candidates_emu.py bounds the
+// error against fp64). The candidates only shape the tree: the acceptor commits the target's own tokens whatever
+// the draft proposes, so these bits never reach the output (elpis/spec/README.md).
+// Order of candidates: a NaN before every number (as torch.topk), then the larger value, then the lower index
+// (torch leaves ties unordered); -0 and +0 are equal. A row with a NaN or +inf, or of -inf only, gets NaN
+// log-probabilities everywhere, as torch's log_softmax gives.
+//
+// Inputs: fp16 (what ExLlamaV3's head writes) or fp32 rows of `vocab` logits, row r at logits + r * row_stride,
+// 16-byte aligned rows (vector loads: the row is read 16 bytes a thread-load so the block keeps enough bytes in
+// flight); chain int64 [rows]; out fp32 [rows, 2 + 2k]: chain id, its log-probability, k ids, k
+// log-probabilities. A chain id outside [0, vocab) gets a NaN log-probability. Ampere instructions only.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+// Threads of a row's block, a power of two (a test build may take fewer: only S's reduction tree changes).
+#ifndef ELPIS_DRAFT_CANDIDATES_THREADS
+#define ELPIS_DRAFT_CANDIDATES_THREADS 512
+#endif
+constexpr uint32_t kThreads = ELPIS_DRAFT_CANDIDATES_THREADS;
+static_assert(kThreads >= 32 && kThreads <= 1024 && (kThreads & (kThreads - 1)) == 0, "a power of two block");
+constexpr uint32_t kWarps = kThreads / 32;
+constexpr int kMaxK = 16;
+constexpr uint32_t kIndexBits = 24;  // ids travel as float32 in the packed row: exact below 2^24
+constexpr uint64_t kIndexMask = (uint64_t(1) << kIndexBits) - 1;
+
+#ifdef ELPIS_CUDA_EMU
+inline uint32_t shfl_xor_u32(uint32_t v, uint32_t m) { return emu_shfl_u32(v, (threadIdx.x & 31u) ^ m); }
+inline __half __ushort_as_half(unsigned short u) {
+    __half h;
+    std::memcpy(&h, &u, 2);
+    return h;
+}
+#else
+__device__ __forceinline__ uint32_t shfl_xor_u32(uint32_t v, uint32_t m) {
+    return __shfl_xor_sync(0xffffffffu, v, m);
+}
+#endif
+
+// Per logit type: its bits, its place in the candidates' order (larger first: NaN above +inf, -0 as +0), and
+// the value back from that place.
+struct F16 {
+    using T = __half;
+    static constexpr uint32_t kPerVector = 8;
+    static constexpr uint64_t kNan = uint64_t(1) << 16;
+    __device__ static uint32_t bits(const T* row, uint32_t c) { return __half_as_ushort(row[c]); }
+    __device__ static uint64_t order(uint32_t b) {
+        if ((b & 0x7fffu) > 0x7c00u) return kNan;
+        if (b == 0x8000u) b = 0u;
+        return (b & 0x8000u) ? (~b & 0xffffu) : (b | 0x8000u);
+    }
+    __device__ static float value(uint64_t order) {
+        if (order == kNan) return __int_as_float(0x7fffffff);
+        const uint32_t o = static_cast<uint32_t>(order);
+        const uint32_t b = (o & 0x8000u) ? (o & 0x7fffu) : (~o & 0xffffu);
+        return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
+    }
+    __device__ static float as_float(uint32_t b) {
+        return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
+    }
+};
+
+struct F32 {
+    using T = float;
+    static constexpr uint32_t kPerVector = 4;
+    static constexpr uint64_t kNan = uint64_t(1) << 32;
+    __device__ static uint32_t bits(const T* row, uint32_t c) {
+        return static_cast<uint32_t>(__float_as_int(row[c]));
+    }
+    __device__ static uint64_t order(uint32_t b) {
+        if ((b & 0x7fffffffu) > 0x7f800000u) return kNan;
+        if (b == 0x80000000u) b = 0u;
+        return (b & 0x80000000u) ? uint64_t(~b) : uint64_t(b | 0x80000000u);
+    }
+    __device__ static float value(uint64_t order) {
+        if (order == kNan) return __int_as_float(0x7fffffff);
+        const uint32_t o = static_cast<uint32_t>(order);
+        return __int_as_float(static_cast<int>((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o));
+    }
+    __device__ static float as_float(uint32_t b) { return __int_as_float(static_cast<int>(b)); }
+};
+
+// The 16 best keys a thread has seen, sorted, largest first; 0 is below every key (every logit's order is at
+// least that of -inf, which is above 0).
+struct Best {
+    uint64_t keys[kMaxK];
+    __device__ void clear() {
+#pragma unroll
+        for (int j = 0; j < kMaxK; j++) keys[j] = 0;
+    }
+    __device__ void insert(uint64_t key) {
+        if (key <= keys[kMaxK - 1]) return;
+        // every slot from the back: the one before it moves down while the key is above it, the key lands in
+        // the first slot it is not above the slot before
+#pragma unroll
+        for (int j = kMaxK - 1; j > 0; j--)
+            keys[j] = key > keys[j - 1] ? keys[j - 1] : (key > keys[j] ? key : keys[j]);
+        keys[0] = key > keys[0] ? key : keys[0];
+    }
+    __device__ void pop() {
+#pragma unroll
+        for (int j = 0; j < kMaxK - 1; j++) keys[j] = keys[j + 1];
+        keys[kMaxK - 1] = 0;
+    }
+};
+
+__device__ __forceinline__ uint64_t make_key(uint64_t order, uint32_t index) {
+    return (order << kIndexBits) | (kIndexMask - index);
+}
+__device__ __forceinline__ uint32_t key_index(uint64_t key) {
+    return static_cast<uint32_t>(kIndexMask - (key & kIndexMask));
+}
+__device__ __forceinline__ uint64_t key_order(uint64_t key) { return key >> kIndexBits; }
+
+__device__ __forceinline__ uint64_t max_key(uint64_t a, uint64_t b) { return a > b ? a : b; }
+__device__ __forceinline__ float shfl_xor_f32(float v, uint32_t m) {
+    return __int_as_float(static_cast<int>(shfl_xor_u32(static_cast<uint32_t>(__float_as_int(v)), m)));
+}
+// A warp's sum by a butterfly: lane i adds s_i + s_(i^d), lane i^d the same two numbers the other way round,
+// so every lane ends with the same bits.
+__device__ __forceinline__ float warp_sum_f32(float v) {
+#pragma unroll
+    for (uint32_t m = 16; m > 0; m >>= 1) v += shfl_xor_f32(v, m);
+    return v;
+}
+__device__ __forceinline__ uint64_t warp_max(uint64_t v) {
+#pragma unroll
+    for (uint32_t m = 16; m > 0; m >>= 1) {
+        const uint32_t lo = shfl_xor_u32(static_cast<uint32_t>(v), m);
+        const uint32_t hi = shfl_xor_u32(static_cast<uint32_t>(v >> 32), m);
+        v = max_key(v, (uint64_t(hi) << 32) | lo);
+    }
+    return v;
+}
+
+// The logits of elements [8c, 8c + 8) (fp16) or [4c, 4c + 4) (fp32) from one 16-byte load, each to `f(bits,
+// index)`.
+template <typename L, typename F>
+__device__ __forceinline__ void each_of_vector(uint4 w, uint32_t c, F&& f) {
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+    const uint32_t base = c * L::kPerVector;
+#pragma unroll
+    for (uint32_t i = 0; i < 4; i++) {
+        if constexpr (L::kPerVector == 8) {
+            f(words[i] & 0xffffu, base + 2 * i);
+            f(words[i] >> 16, base + 2 * i + 1);
+        } else {
+            f(words[i], base + i);
+        }
+    }
+}
+
+// Every logit of the row to `f(bits, index)`: two 16-byte loads in flight per thread, then the tail past the
+// last whole vector.
+template <typename L, typename F>
+__device__ __forceinline__ void each_logit(const typename L::T* row, uint32_t vocab, F&& f) {
+    const uint32_t t = threadIdx.x, vectors = vocab / L::kPerVector;
+    const uint4* vec = reinterpret_cast<const uint4*>(row);
+    for (uint32_t c = t; c < vectors; c += 2 * kThreads) {
+        const bool two = c + kThreads < vectors;
+        const uint4 a = __ldg(vec + c);
+        const uint4 b = two ? __ldg(vec + c + kThreads) : make_uint4(0u, 0u, 0u, 0u);
+        each_of_vector<L>(a, c, f);
+        if (two) each_of_vector<L>(b, c + kThreads, f);
+    }
+    for (uint32_t i = vectors * L::kPerVector + t; i < vocab; i += kThreads) f(L::bits(row, i), i);
+}
+
+template <typename L>
+__global__ void __launch_bounds__(kThreads)
+    draft_candidates_kernel(const typename L::T* __restrict__ logits, uint32_t row_stride, uint32_t vocab,
+                            const int64_t* __restrict__ chain, uint32_t k, float* __restrict__ out) {
+    __shared__ uint64_t warp_best[kWarps];
+    __shared__ uint64_t chosen[kMaxK];
+    __shared__ float warp_sum[kWarps];
+    const uint32_t t = threadIdx.x, lane = t & 31u, warp = t >> 5, r = blockIdx.x;
+    const typename L::T* row = logits + static_cast<size_t>(r) * row_stride;
+
+    Best best;
+    best.clear();
+    each_logit<L>(row, vocab, [&](uint32_t b, uint32_t i) {
+        // the order alone decides for all but equal values, which the index then orders
+        const uint64_t order = L::order(b);
+        if (order >= key_order(best.keys[kMaxK - 1])) best.insert(make_key(order, i));
+    });
+    for (uint32_t q = 0; q < k; q++) {
+        const uint64_t head = warp_max(best.keys[0]);
+        if (lane == 0) warp_best[warp] = head;
+        __syncthreads();
+        if (warp == 0) {
+            const uint64_t w = warp_max(lane < kWarps ? warp_best[lane] : 0);
+            if (lane == 0) chosen[q] = w;
+        }
+        __syncthreads();
+        if (best.keys[0] == chosen[q]) best.pop();  // keys are unique (their index): one thread pops
+    }
+
+    const float m = L::value(key_order(chosen[0]));
+    float sum = 0.0f;
+    each_logit<L>(row, vocab, [&](uint32_t b, uint32_t) { sum += expf(L::as_float(b) - m); });
+    sum = warp_sum_f32(sum);
+    if (lane == 0) warp_sum[warp] = sum;
+    __syncthreads();
+    if (warp == 0) {
+        const float s = warp_sum_f32(lane < kWarps ? warp_sum[lane] : 0.0f);
+        if (lane == 0) warp_sum[0] = s;
+    }
+    __syncthreads();
+    const float log_sum = logf(warp_sum[0]);
+
+    float* o = out + static_cast<size_t>(r) * (2 + 2 * k);
+    if (t < k) {
+        o[2 + t] = static_cast<float>(key_index(chosen[t]));
+        o[2 + k + t] = (L::value(key_order(chosen[t])) - m) - log_sum;
+    }
+    if (t == 0) {
+        const int64_t c = chain[r];
+        const bool inside = c >= 0 && c < static_cast<int64_t>(vocab);
+        o[0] = static_cast<float>(c);
+        const float x = inside ? L::as_float(L::bits(row, static_cast<uint32_t>(c))) : __int_as_float(0x7fffffff);
+        o[1] = (x - m) - log_sum;
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+int elpis_draft_candidates_threads(void) { return static_cast<int>(kThreads); }
+
+// out fp32 [rows, 2 + 2k] (drafter.pack_candidates' layout) from `rows` logit rows (fp16 where `fp16`, else fp32;
+// `vocab` values each, row r at logits + r * row_stride, 16-byte aligned) and chain int64 [rows], on `stream`
+// (a cudaStream_t passed as an address). Returns 0, -1 for arguments out of range, or the launch's cudaError_t.
+int elpis_draft_candidates(const void* logits, uint32_t fp16, uint32_t row_stride, uint32_t vocab, uint32_t rows,
+                           const void* chain, uint32_t k, void* out, void* stream) {
+    const uint32_t per_vector = fp16 ? 8u : 4u;
+    if (logits == nullptr || chain == nullptr || out == nullptr || rows == 0u || rows > 65535u || vocab == 0u ||
+        vocab > row_stride || vocab > kIndexMask || fp16 > 1u || k == 0u || k > uint32_t(kMaxK) || k > vocab ||
+        reinterpret_cast<uintptr_t>(logits) % 16u != 0u || row_stride % per_vector != 0u)
+        return -1;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const auto* ids = static_cast<const int64_t*>(chain);
+    auto* o = static_cast<float*>(out);
+    if (fp16)
+        draft_candidates_kernel<F16><<<rows, kThreads, 0, s>>>(static_cast<const __half*>(logits), row_stride,
+                                                                vocab, ids, k, o);
+    else
+        draft_candidates_kernel<F32><<<rows, kThreads, 0, s>>>(static_cast<const float*>(logits), row_stride,
+                                                                vocab, ids, k, o);
+    return static_cast<int>(cudaGetLastError());
+}
+
+}  // extern "C"

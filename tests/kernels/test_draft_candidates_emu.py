@@ -1,0 +1,171 @@
+"""The draft candidates kernel (patches/kernels/draft_candidates.cu) on the CPU, through the CUDA emulation of
+tests/kernels/cuda_emu.py: on edge rows (tests/kernels/draft_candidates_cases.py) and random ones, fp16 and
+fp32, read through a row stride, its ids are the exact order and its log-probabilities within LP_TOLERANCE of
+fp64's; it agrees with torch's composition (`drafter.block_candidates`) where torch's order is defined; bad
+arguments are refused. The GPU's own run is tests/kernels/test_draft_candidates.py."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+
+import pytest
+import torch
+
+from elpis.exl3 import draft_candidates, tensors
+from elpis.exl3.drafter import block_candidates, choose_candidates
+from tests.kernels import cuda_emu
+from tests.kernels.draft_candidates_cases import LP_TOLERANCE, check_packed, rows
+
+
+def build(tmp_path_factory: pytest.TempPathFactory, threads: int) -> ctypes.CDLL:
+    out = tmp_path_factory.mktemp(f"draft_candidates_{threads}")
+    defines = {"ELPIS_DRAFT_CANDIDATES_THREADS": threads}
+    built = cuda_emu.build_emulated(draft_candidates.SOURCE, out, launches=2, defines=defines)
+    return draft_candidates.bind(built, threads=threads)
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """Blocks of 64 threads: two warps, so the block's merge of warps runs (the served 512 is 16 of them)."""
+    return build(tmp_path_factory, 64)
+
+
+@pytest.fixture(scope="module")
+def lib32(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    return build(tmp_path_factory, 32)
+
+
+@pytest.fixture
+def on_cpu(lib: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The binding's own checks and call, on the emulated kernel."""
+    monkeypatch.setattr(draft_candidates, "_library", lambda: lib)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: type("S", (), {"cuda_stream": None})())
+    monkeypatch.setattr(tensors, "KERNEL_DEVICE_TYPE", "cpu")
+
+
+def chain_of(n: int, vocab: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g, dtype=torch.long)
+
+
+@pytest.mark.usefixtures("on_cpu")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    ("vocab", "pad", "k"), [(1000, 8, 4), (100, 4, 16), (517, 11, 1), (4096, 64, 7), (24, 0, 16)]
+)
+def test_candidates_are_the_exact_order_with_fp64_log_probabilities(
+    vocab: int, pad: int, k: int, dtype: torch.dtype
+) -> None:
+    """Rows read in place through a padded stride (what lies past a row is NaN and never read); fp16 is what
+    ExLlamaV3's head writes. A vocabulary not a multiple of the vector width runs the kernel's tail."""
+    if dtype == torch.float16:
+        pad += (-(vocab + pad)) % 8  # fp16 rows start 16-byte aligned
+    else:
+        pad += (-(vocab + pad)) % 4
+    padded = torch.full((16, vocab + pad), float("nan"), dtype=dtype)
+    padded[:, :vocab] = rows(vocab, seed=vocab + k).to(dtype)
+    logits = padded[:, :vocab]
+    chain = chain_of(16, vocab, vocab)
+    chain[3] = vocab  # outside the vocabulary: a NaN log-probability
+    packed = draft_candidates.candidates(chain, logits, k)
+    assert packed.shape == (16, 2 + 2 * k) and packed.dtype == torch.float32
+    worst = check_packed(packed, logits, chain, k)
+    assert worst <= LP_TOLERANCE, worst
+    print(json.dumps({"draft_candidates_lp_error": worst, "vocab": vocab, "k": k, "dtype": str(dtype)}))
+
+
+@pytest.mark.usefixtures("on_cpu")
+def test_random_rows_match_torchs_composition() -> None:
+    """Where torch's order is defined (distinct values, no NaN), its ids are the kernel's and its
+    log-probabilities within the tolerance; past the vocabulary the k is torch's min(top_k, vocab)."""
+    g = torch.Generator().manual_seed(5)
+    for vocab, k in ((3000, 4), (8, 16), (256, 16)):
+        # distinct multiples of 1/64 below 32 in magnitude: exact, so distinct, in fp16
+        perms = [torch.randperm(vocab, generator=g) for _ in range(7)]
+        logits = ((torch.stack(perms) - vocab // 2) / 64.0).half()
+        chain = chain_of(7, vocab, vocab)
+        got = draft_candidates.candidates(chain, logits, k)
+        want = block_candidates(chain, logits, k)
+        assert got.shape == want.shape
+        kk = min(k, vocab)
+        assert torch.equal(got[:, 2 : 2 + kk], want[:, 2 : 2 + kk])
+        assert torch.equal(got[:, 0], want[:, 0])
+        lp_got, lp_want = (
+            torch.cat((got[:, 1:2], got[:, 2 + kk :]), 1),
+            torch.cat((want[:, 1:2], want[:, 2 + kk :]), 1),
+        )
+        assert ((lp_got - lp_want).abs() / lp_want.abs().clamp(min=1.0)).max().item() <= LP_TOLERANCE
+
+
+def test_the_ids_do_not_depend_on_the_block(
+    lib: ctypes.CDLL, lib32: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only S's reduction tree depends on the block: 64 and 32 threads give the same ids and log-probabilities
+    within the tolerance of each other."""
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: type("S", (), {"cuda_stream": None})())
+    monkeypatch.setattr(tensors, "KERNEL_DEVICE_TYPE", "cpu")
+    logits = rows(1000, seed=2).half()
+    chain = chain_of(16, 1000, 2)
+    monkeypatch.setattr(draft_candidates, "_library", lambda: lib)
+    a = draft_candidates.candidates(chain, logits, 16)
+    monkeypatch.setattr(draft_candidates, "_library", lambda: lib32)
+    b = draft_candidates.candidates(chain, logits, 16)
+    assert torch.equal(a[:, 2:18], b[:, 2:18]) and torch.equal(a[:, 0], b[:, 0])
+    lp_a, lp_b = a[:, 18:], b[:, 18:]
+    finite = torch.isfinite(lp_a)
+    assert torch.equal(finite, torch.isfinite(lp_b))
+    assert torch.equal(lp_a[~finite].nan_to_num(), lp_b[~finite].nan_to_num())  # NaN and -inf alike
+    assert (lp_a[finite] - lp_b[finite]).abs().max().item() <= 1e-5
+
+
+@pytest.mark.usefixtures("on_cpu")
+def test_bad_arguments_are_refused() -> None:
+    logits = torch.zeros((4, 64), dtype=torch.float16)
+    chain = torch.zeros(4, dtype=torch.long)
+    with pytest.raises(ValueError, match="at most 16 candidates"):
+        draft_candidates.candidates(chain, logits, 17)
+    with pytest.raises(ValueError, match="top_k must be at least 1"):
+        draft_candidates.candidates(chain, logits, 0)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        draft_candidates.candidates(chain, torch.zeros((4, 70), dtype=torch.float16)[:, 1:65], 4)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        draft_candidates.candidates(
+            chain, torch.zeros((4, 68), dtype=torch.float16)[:, :64], 4
+        )  # stride 136 B
+    with pytest.raises(ValueError, match="float16 or float32"):
+        draft_candidates.candidates(chain, logits.double(), 4)
+    with pytest.raises(ValueError, match="chain must have shape"):
+        draft_candidates.candidates(chain[:3], logits, 4)
+    with pytest.raises(ValueError, match=r"chain must be torch\.int64"):
+        draft_candidates.candidates(chain.int(), logits, 4)
+    with pytest.raises(ValueError, match="contiguous rows"):
+        draft_candidates.candidates(chain, logits.t()[:4], 4)
+
+
+def test_the_kernel_refuses_what_the_binding_would(lib: ctypes.CDLL) -> None:
+    """The C entry's own checks, for a caller past the binding: each returns -1 and writes nothing."""
+    logits = torch.zeros((2, 64), dtype=torch.float16)
+    chain = torch.zeros(2, dtype=torch.long)
+    out = torch.full((2, 34), 5.0)
+    args = dict(fp16=1, stride=64, vocab=64, rows=2, k=16)
+    for bad in ({"k": 17}, {"k": 0}, {"vocab": 65}, {"stride": 60, "vocab": 60}, {"rows": 0}, {"fp16": 2}):
+        a = {**args, **bad}
+        err = lib.elpis_draft_candidates(logits.data_ptr(), a["fp16"], a["stride"], a["vocab"], a["rows"],
+                                         chain.data_ptr(), a["k"], out.data_ptr(), None)  # fmt: skip
+        assert err == -1, bad
+    assert (
+        lib.elpis_draft_candidates(
+            logits.data_ptr() + 2, 1, 64, 64, 2, chain.data_ptr(), 4, out.data_ptr(), None
+        )
+        == -1
+    )
+    assert torch.all(out == 5.0)
+
+
+def test_the_drafter_takes_the_kernel_as_the_switch_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ELPIS_PATCH_DRAFT_CANDIDATES", "1")
+    assert choose_candidates() is draft_candidates.candidates
+    monkeypatch.setenv("ELPIS_PATCH_DRAFT_CANDIDATES", "0")
+    assert choose_candidates() is block_candidates
+    assert choose_candidates(True) is draft_candidates.candidates
