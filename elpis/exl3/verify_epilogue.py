@@ -52,7 +52,8 @@ def _library() -> ctypes.CDLL:
 
 
 def check_logits(logits: torch.Tensor) -> None:
-    """Refuse anything but fp16 or fp32 CUDA logits [rows, vocab] with contiguous rows (any row stride)."""
+    """Refuse anything but fp16 or fp32 CUDA logits [rows, vocab] with contiguous, 16-byte aligned rows (the
+    kernel reads them 16 bytes a load)."""
     import torch
 
     # ExLlamaV3's head writes fp16 logits (the verify graph's output); fp32 is what the host's checks take
@@ -66,6 +67,9 @@ def check_logits(logits: torch.Tensor) -> None:
     if not 1 <= rows <= MAX_ROWS or vocab < 1 or logits.stride(1) != 1 or not vocab <= stride < 2**32:
         shape, strides = list(logits.shape), list(logits.stride())
         raise ValueError(f"verify epilogue: logits {shape}, strides {strides}: 1..{MAX_ROWS} contiguous rows")
+    if logits.data_ptr() % 16 or (stride * logits.element_size()) % 16:
+        shape, strides = list(logits.shape), list(logits.stride())
+        raise ValueError(f"verify epilogue: logits {shape}, strides {strides}: rows must be 16-byte aligned")
 
 
 def row_results(

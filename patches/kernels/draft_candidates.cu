@@ -26,6 +26,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "row_scan.cuh"
+
 namespace {
 
 // Threads of a row's block, a power of two (a test build may take fewer: only S's reduction tree changes).
@@ -41,25 +43,22 @@ constexpr uint64_t kIndexMask = (uint64_t(1) << kIndexBits) - 1;
 
 #ifdef ELPIS_CUDA_EMU
 inline uint32_t shfl_xor_u32(uint32_t v, uint32_t m) { return emu_shfl_u32(v, (threadIdx.x & 31u) ^ m); }
-inline __half __ushort_as_half(unsigned short u) {
-    __half h;
-    std::memcpy(&h, &u, 2);
-    return h;
-}
 #else
 __device__ __forceinline__ uint32_t shfl_xor_u32(uint32_t v, uint32_t m) {
     return __shfl_xor_sync(0xffffffffu, v, m);
 }
 #endif
 
-// Per logit type: its bits, its place in the candidates' order (larger first: NaN above +inf, -0 as +0), and
-// the value back from that place.
-struct F16 {
-    using T = __half;
-    static constexpr uint32_t kPerVector = 8;
+using row_scan::Logit;
+
+// A logit's place in the candidates' order, from its bits (larger first: NaN above +inf, -0 as +0), and the
+// value back from that place.
+template <typename T>
+struct Order;
+template <>
+struct Order<__half> {
     static constexpr uint64_t kNan = uint64_t(1) << 16;
-    __device__ static uint32_t bits(const T* row, uint32_t c) { return __half_as_ushort(row[c]); }
-    __device__ static uint64_t order(uint32_t b) {
+    __device__ static uint64_t of(uint32_t b) {
         if ((b & 0x7fffu) > 0x7c00u) return kNan;
         if (b == 0x8000u) b = 0u;
         return (b & 0x8000u) ? (~b & 0xffffu) : (b | 0x8000u);
@@ -67,22 +66,13 @@ struct F16 {
     __device__ static float value(uint64_t order) {
         if (order == kNan) return __int_as_float(0x7fffffff);
         const uint32_t o = static_cast<uint32_t>(order);
-        const uint32_t b = (o & 0x8000u) ? (o & 0x7fffu) : (~o & 0xffffu);
-        return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
-    }
-    __device__ static float as_float(uint32_t b) {
-        return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
+        return Logit<__half>::value((o & 0x8000u) ? (o & 0x7fffu) : (~o & 0xffffu));
     }
 };
-
-struct F32 {
-    using T = float;
-    static constexpr uint32_t kPerVector = 4;
+template <>
+struct Order<float> {
     static constexpr uint64_t kNan = uint64_t(1) << 32;
-    __device__ static uint32_t bits(const T* row, uint32_t c) {
-        return static_cast<uint32_t>(__float_as_int(row[c]));
-    }
-    __device__ static uint64_t order(uint32_t b) {
+    __device__ static uint64_t of(uint32_t b) {
         if ((b & 0x7fffffffu) > 0x7f800000u) return kNan;
         if (b == 0x80000000u) b = 0u;
         return (b & 0x80000000u) ? uint64_t(~b) : uint64_t(b | 0x80000000u);
@@ -90,9 +80,8 @@ struct F32 {
     __device__ static float value(uint64_t order) {
         if (order == kNan) return __int_as_float(0x7fffffff);
         const uint32_t o = static_cast<uint32_t>(order);
-        return __int_as_float(static_cast<int>((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o));
+        return Logit<float>::value((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
     }
-    __device__ static float as_float(uint32_t b) { return __int_as_float(static_cast<int>(b)); }
 };
 
 // The 16 best keys a thread has seen, sorted, largest first; 0 is below every key (every logit's order is at
@@ -148,54 +137,21 @@ __device__ __forceinline__ uint64_t warp_max(uint64_t v) {
     return v;
 }
 
-// The logits of elements [8c, 8c + 8) (fp16) or [4c, 4c + 4) (fp32) from one 16-byte load, each to `f(bits,
-// index)`.
-template <typename L, typename F>
-__device__ __forceinline__ void each_of_vector(uint4 w, uint32_t c, F&& f) {
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-    const uint32_t base = c * L::kPerVector;
-#pragma unroll
-    for (uint32_t i = 0; i < 4; i++) {
-        if constexpr (L::kPerVector == 8) {
-            f(words[i] & 0xffffu, base + 2 * i);
-            f(words[i] >> 16, base + 2 * i + 1);
-        } else {
-            f(words[i], base + i);
-        }
-    }
-}
-
-// Every logit of the row to `f(bits, index)`: two 16-byte loads in flight per thread, then the tail past the
-// last whole vector.
-template <typename L, typename F>
-__device__ __forceinline__ void each_logit(const typename L::T* row, uint32_t vocab, F&& f) {
-    const uint32_t t = threadIdx.x, vectors = vocab / L::kPerVector;
-    const uint4* vec = reinterpret_cast<const uint4*>(row);
-    for (uint32_t c = t; c < vectors; c += 2 * kThreads) {
-        const bool two = c + kThreads < vectors;
-        const uint4 a = __ldg(vec + c);
-        const uint4 b = two ? __ldg(vec + c + kThreads) : make_uint4(0u, 0u, 0u, 0u);
-        each_of_vector<L>(a, c, f);
-        if (two) each_of_vector<L>(b, c + kThreads, f);
-    }
-    for (uint32_t i = vectors * L::kPerVector + t; i < vocab; i += kThreads) f(L::bits(row, i), i);
-}
-
-template <typename L>
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    draft_candidates_kernel(const typename L::T* __restrict__ logits, uint32_t row_stride, uint32_t vocab,
+    draft_candidates_kernel(const T* __restrict__ logits, uint32_t row_stride, uint32_t vocab,
                             const int64_t* __restrict__ chain, uint32_t k, float* __restrict__ out) {
     __shared__ uint64_t warp_best[kWarps];
     __shared__ uint64_t chosen[kMaxK];
     __shared__ float warp_sum[kWarps];
     const uint32_t t = threadIdx.x, lane = t & 31u, warp = t >> 5, r = blockIdx.x;
-    const typename L::T* row = logits + static_cast<size_t>(r) * row_stride;
+    const T* row = logits + static_cast<size_t>(r) * row_stride;
 
     Best best;
     best.clear();
-    each_logit<L>(row, vocab, [&](uint32_t b, uint32_t i) {
+    row_scan::each_logit<T, kThreads>(row, vocab, [&](uint32_t b, uint32_t i) {
         // the order alone decides for all but equal values, which the index then orders
-        const uint64_t order = L::order(b);
+        const uint64_t order = Order<T>::of(b);
         if (order >= key_order(best.keys[kMaxK - 1])) best.insert(make_key(order, i));
     });
     for (uint32_t q = 0; q < k; q++) {
@@ -210,9 +166,10 @@ __global__ void __launch_bounds__(kThreads)
         if (best.keys[0] == chosen[q]) best.pop();  // keys are unique (their index): one thread pops
     }
 
-    const float m = L::value(key_order(chosen[0]));
+    const float m = Order<T>::value(key_order(chosen[0]));
     float sum = 0.0f;
-    each_logit<L>(row, vocab, [&](uint32_t b, uint32_t) { sum += expf(L::as_float(b) - m); });
+    row_scan::each_logit<T, kThreads>(row, vocab,
+                                      [&](uint32_t b, uint32_t) { sum += expf(Logit<T>::value(b) - m); });
     sum = warp_sum_f32(sum);
     if (lane == 0) warp_sum[warp] = sum;
     __syncthreads();
@@ -226,13 +183,14 @@ __global__ void __launch_bounds__(kThreads)
     float* o = out + static_cast<size_t>(r) * (2 + 2 * k);
     if (t < k) {
         o[2 + t] = static_cast<float>(key_index(chosen[t]));
-        o[2 + k + t] = (L::value(key_order(chosen[t])) - m) - log_sum;
+        o[2 + k + t] = (Order<T>::value(key_order(chosen[t])) - m) - log_sum;
     }
     if (t == 0) {
         const int64_t c = chain[r];
         const bool inside = c >= 0 && c < static_cast<int64_t>(vocab);
         o[0] = static_cast<float>(c);
-        const float x = inside ? L::as_float(L::bits(row, static_cast<uint32_t>(c))) : __int_as_float(0x7fffffff);
+        const float nan = __int_as_float(0x7fffffff);
+        const float x = inside ? Logit<T>::value(Logit<T>::bits(row, static_cast<uint32_t>(c))) : nan;
         o[1] = (x - m) - log_sum;
     }
 }
@@ -248,7 +206,7 @@ int elpis_draft_candidates_threads(void) { return static_cast<int>(kThreads); }
 // (a cudaStream_t passed as an address). Returns 0, -1 for arguments out of range, or the launch's cudaError_t.
 int elpis_draft_candidates(const void* logits, uint32_t fp16, uint32_t row_stride, uint32_t vocab, uint32_t rows,
                            const void* chain, uint32_t k, void* out, void* stream) {
-    const uint32_t per_vector = fp16 ? 8u : 4u;
+    const uint32_t per_vector = fp16 ? row_scan::Logit<__half>::kPerVector : row_scan::Logit<float>::kPerVector;
     if (logits == nullptr || chain == nullptr || out == nullptr || rows == 0u || rows > 65535u || vocab == 0u ||
         vocab > row_stride || vocab > kIndexMask || fp16 > 1u || k == 0u || k > uint32_t(kMaxK) || k > vocab ||
         reinterpret_cast<uintptr_t>(logits) % 16u != 0u || row_stride % per_vector != 0u)
@@ -257,10 +215,10 @@ int elpis_draft_candidates(const void* logits, uint32_t fp16, uint32_t row_strid
     const auto* ids = static_cast<const int64_t*>(chain);
     auto* o = static_cast<float*>(out);
     if (fp16)
-        draft_candidates_kernel<F16><<<rows, kThreads, 0, s>>>(static_cast<const __half*>(logits), row_stride,
+        draft_candidates_kernel<__half><<<rows, kThreads, 0, s>>>(static_cast<const __half*>(logits), row_stride,
                                                                 vocab, ids, k, o);
     else
-        draft_candidates_kernel<F32><<<rows, kThreads, 0, s>>>(static_cast<const float*>(logits), row_stride,
+        draft_candidates_kernel<float><<<rows, kThreads, 0, s>>>(static_cast<const float*>(logits), row_stride,
                                                                 vocab, ids, k, o);
     return static_cast<int>(cudaGetLastError());
 }

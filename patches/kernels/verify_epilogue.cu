@@ -12,11 +12,14 @@
 //
 // Inputs: logits fp16 (what ExLlamaV3's head writes, and the verify graph's output) or fp32 rows of `vocab`
 // values, row r at logits + r * row_stride (the verify's output read in place), 1 <= rows, 1 <= vocab <=
-// row_stride. An fp16 logit is compared as its exact fp32 value, as torch compares it; the digest is defined on
-// fp32 logits only. Ampere instructions only (plain loads, shared memory).
+// row_stride, rows 16-byte aligned (row_scan.cuh reads them 16 bytes a load). An fp16 logit is compared as its
+// exact fp32 value, as torch compares it; the digest is defined on fp32 logits only. Ampere instructions only
+// (plain loads, shared memory).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include "row_scan.cuh"
 
 namespace {
 
@@ -24,7 +27,7 @@ namespace {
 #ifndef ELPIS_VERIFY_EPILOGUE_THREADS
 #define ELPIS_VERIFY_EPILOGUE_THREADS 512
 #endif
-constexpr int kThreads = ELPIS_VERIFY_EPILOGUE_THREADS;
+constexpr uint32_t kThreads = ELPIS_VERIFY_EPILOGUE_THREADS;
 static_assert(kThreads >= 32 && kThreads <= 1024 && (kThreads & (kThreads - 1)) == 0, "a power of two block");
 constexpr uint32_t kNoIndex = 0xffffffffu;
 
@@ -35,9 +38,6 @@ __device__ __forceinline__ bool before(float v, uint32_t i, float best, uint32_t
     if (v_nan || best_nan) return v_nan && (!best_nan || i < at);
     return v > best || (v == best && i < at);
 }
-
-__device__ __forceinline__ float value(const float* row, uint32_t c) { return row[c]; }
-__device__ __forceinline__ float value(const __half* row, uint32_t c) { return __half2float(row[c]); }
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -50,11 +50,11 @@ __global__ void __launch_bounds__(kThreads)
     const T* row = logits + static_cast<size_t>(r) * row_stride;
     float best = -__int_as_float(0x7f800000);  // -inf: any logit of the row comes before it or ties at a lower id
     uint32_t at = kNoIndex, sum = 0u;
-    for (uint32_t c = t; c < vocab; c += kThreads) {
-        const float v = value(row, c);
+    row_scan::each_logit<T, kThreads>(row, vocab, [&](uint32_t b, uint32_t c) {
+        const float v = row_scan::Logit<T>::value(b);
         sum += static_cast<uint32_t>(__float_as_int(v));
         if (before(v, c, best, at)) best = v, at = c;
-    }
+    });
     best_v[t] = best, best_i[t] = at, sums[t] = sum;
     __syncthreads();
     for (uint32_t half = kThreads / 2; half > 0; half >>= 1) {
@@ -83,11 +83,13 @@ int elpis_verify_epilogue_threads(void) { return kThreads; }
 
 // ids int64 [rows], flags int32 [rows] and (unless null; fp32 logits only) digests int32 [rows] of `rows` logit
 // rows (fp16 where `fp16`, else fp32; `vocab` values each, row r at logits + r * row_stride), on `stream` (a
-// cudaStream_t passed as an address). Returns 0, -1 for arguments out of range, or the launch's cudaError_t.
+// cudaStream_t passed as an address; rows 16-byte aligned). Returns 0, -1 for arguments out of range, or the
+// launch's cudaError_t.
 int elpis_verify_epilogue(const void* logits, uint32_t fp16, uint32_t row_stride, uint32_t vocab, uint32_t rows,
                           void* ids, void* flags, void* digests, void* stream) {
     if (logits == nullptr || ids == nullptr || flags == nullptr || rows == 0u || rows > 65535u || vocab == 0u ||
-        vocab > row_stride || fp16 > 1u || (fp16 && digests != nullptr))
+        vocab > row_stride || fp16 > 1u || (fp16 && digests != nullptr) || reinterpret_cast<uintptr_t>(logits) % 16u ||
+        (row_stride * (fp16 ? 2u : 4u)) % 16u != 0u)
         return -1;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     auto* id = static_cast<int64_t*>(ids);

@@ -10,7 +10,7 @@ import ctypes
 import pytest
 import torch
 
-from elpis.exl3 import verify_epilogue
+from elpis.exl3 import tensors, verify_epilogue
 from elpis.spec.integrity import logits_digest, nonfinite_rows
 from elpis.spec.sampling import greedy_ids
 from tests.kernels import cuda_emu
@@ -47,7 +47,7 @@ def run(lib: ctypes.CDLL, logits: torch.Tensor) -> tuple[list[int], list[int], l
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("vocab", "pad"), [(1000, 8), (100, 0), (513, 3), (4096, 64)])
+@pytest.mark.parametrize(("vocab", "pad"), [(1000, 8), (100, 4), (513, 7), (4096, 64)])
 def test_rows_match_torchs_compositions(lib: ctypes.CDLL, vocab: int, pad: int, dtype: torch.dtype) -> None:
     """fp16 is what the verify graph holds (ExLlamaV3's head writes it); fp32 what the host's checks take."""
     padded = torch.full((24, vocab + pad), float("nan"), dtype=dtype)  # what lies past a row is never read
@@ -63,7 +63,7 @@ def test_rows_match_torchs_compositions(lib: ctypes.CDLL, vocab: int, pad: int, 
 
 def test_the_outputs_do_not_depend_on_the_block(lib: ctypes.CDLL, lib32: ctypes.CDLL) -> None:
     """Exact by construction: 512 and 32 threads combine the row in other orders and agree."""
-    for vocab in (100, 1000, 4097):
+    for vocab in (100, 1000, 4100):
         logits = rows(vocab, seed=vocab + 1)
         assert run(lib, logits) == run(lib32, logits)
 
@@ -81,14 +81,29 @@ def test_a_changed_value_changes_the_digest_and_a_moved_maximum_the_id(lib: ctyp
 
 
 def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
-    logits = torch.zeros((2, 10))
+    logits = torch.zeros((2, 16))
     out = torch.zeros(2, dtype=torch.long)
     flags = torch.zeros(2, dtype=torch.int32)
-    refused = ((0, 10, 0, 2), (0, 9, 10, 2), (0, 10, 10, 0), (0, 10, 10, 65536), (2, 10, 10, 2))
+
+    def call(fp16: int, stride: int, vocab: int, n: int, at: int = 0, digest: torch.Tensor | None = None) -> int:
+        d = None if digest is None else digest.data_ptr()
+        args = (logits.data_ptr() + at, fp16, stride, vocab, n, out.data_ptr(), flags.data_ptr(), d, None)
+        return lib.elpis_verify_epilogue(*args)
+
+    assert call(0, 16, 16, 2) == 0  # the control: each refusal below changes one thing
+    refused = ((0, 16, 0, 2), (0, 12, 16, 2), (0, 16, 16, 0), (0, 16, 16, 65536), (2, 16, 16, 2))
     for fp16, stride, vocab, n in refused:
-        args = (logits.data_ptr(), fp16, stride, vocab, n, out.data_ptr(), flags.data_ptr(), None, None)
-        assert lib.elpis_verify_epilogue(*args) == -1
-    assert lib.elpis_verify_epilogue(None, 0, 10, 10, 2, out.data_ptr(), flags.data_ptr(), None, None) == -1
-    digest = flags.clone()  # the digest of fp16 logits is not defined
-    args = (logits.half().data_ptr(), 1, 10, 10, 2, out.data_ptr(), flags.data_ptr(), digest.data_ptr(), None)
-    assert lib.elpis_verify_epilogue(*args) == -1
+        assert call(fp16, stride, vocab, n) == -1, (fp16, stride, vocab, n)
+    assert call(0, 10, 10, 2) == -1  # rows 40 bytes apart: not 16-byte aligned
+    assert call(0, 16, 12, 2, at=4) == -1  # a row start off 16 bytes
+    assert lib.elpis_verify_epilogue(None, 0, 16, 16, 2, out.data_ptr(), flags.data_ptr(), None, None) == -1
+    assert call(1, 16, 16, 2, digest=flags.clone()) == -1  # the digest of fp16 logits is not defined
+
+
+def test_the_binding_refuses_rows_off_16_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel reads rows 16 bytes a load: the binding names a misaligned row start or stride."""
+    monkeypatch.setattr(tensors, "KERNEL_DEVICE_TYPE", "cpu")
+    ids, flags = torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.int32)
+    for bad in (torch.zeros((2, 100), dtype=torch.float16), torch.zeros((2, 72), dtype=torch.float16)[:, 1:65]):
+        with pytest.raises(ValueError, match="16-byte aligned"):
+            verify_epilogue.row_results(bad, ids, flags)
