@@ -85,8 +85,8 @@ def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
     out = torch.zeros(2, dtype=torch.long)
     flags = torch.zeros(2, dtype=torch.int32)
 
-    def call(fp16: int, stride: int, vocab: int, n: int, at: int = 0, digest: torch.Tensor | None = None) -> int:
-        d = None if digest is None else digest.data_ptr()
+    def call(fp16: int, stride: int, vocab: int, n: int, at: int = 0, digest: object = None) -> int:
+        d = None if digest is None else digest.data_ptr()  # type: ignore[attr-defined]
         args = (logits.data_ptr() + at, fp16, stride, vocab, n, out.data_ptr(), flags.data_ptr(), d, None)
         return lib.elpis_verify_epilogue(*args)
 
@@ -104,6 +104,7 @@ def test_the_binding_refuses_rows_off_16_bytes(monkeypatch: pytest.MonkeyPatch) 
     """The kernel reads rows 16 bytes a load: the binding names a misaligned row start or stride."""
     monkeypatch.setattr(tensors, "KERNEL_DEVICE_TYPE", "cpu")
     ids, flags = torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.int32)
-    for bad in (torch.zeros((2, 100), dtype=torch.float16), torch.zeros((2, 72), dtype=torch.float16)[:, 1:65]):
+    half = torch.float16
+    for bad in (torch.zeros((2, 100), dtype=half), torch.zeros((2, 72), dtype=half)[:, 1:65]):
         with pytest.raises(ValueError, match="16-byte aligned"):
             verify_epilogue.row_results(bad, ids, flags)
