@@ -212,6 +212,16 @@ class DeviceRounds:
             round_check.check_round_tail(round_check.gpu_launch(backend.engine.device))
         except round_check.RoundKernelMismatch as exc:
             raise BackendError(str(exc)) from exc
+        # the epilogue reads the captured verifies' logits in place, 16 bytes a load: refuse at load a head
+        # whose rows that rule does not fit, rather than in the first round
+        vocab = backend.info.vocab_size
+        try:
+            for c in graphs.graphs.values():
+                if c.out is not None:
+                    verify_epilogue.check_logits(c.out[0, :, :vocab])
+        except ValueError as exc:
+            raise BackendError(f"rounds on the GPU: {exc}") from exc
+        verify_epilogue.load()
         self.backend = backend
         self.drafts = drafter.graphs
         self.block_candidates = drafter.candidates  # the host's drafter's: the same trees either way

@@ -56,6 +56,12 @@ def _library() -> ctypes.CDLL:
     return bind(nvcc.load(SOURCE))
 
 
+def load() -> None:
+    """Build (or find built) and bind the kernel now: a drafter that will use it calls this when it is made,
+    so a build, or its failure, comes at load rather than inside the first request."""
+    _library()
+
+
 def check_logits(logits: torch.Tensor) -> None:
     """Refuse anything but fp16 or fp32 CUDA logits [rows, vocab] with contiguous, 16-byte aligned rows (the
     kernel reads them 16 bytes a load)."""
@@ -75,7 +81,9 @@ def check_logits(logits: torch.Tensor) -> None:
             f"draft candidates: logits {shape}, strides {strides}: "
             f"1..{MAX_ROWS} contiguous rows of 1..{MAX_VOCAB} values"
         )
-    if logits.data_ptr() % 16 or (stride * size) % 16 or stride >= 2**32:
+    if stride >= 2**32:
+        raise ValueError(f"draft candidates: logits {shape}, strides {strides}: a row stride past uint32")
+    if logits.data_ptr() % 16 or (stride * size) % 16:
         raise ValueError(f"draft candidates: logits {shape}, strides {strides}: rows must be 16-byte aligned")
 
 

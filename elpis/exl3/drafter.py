@@ -38,7 +38,10 @@ def choose_candidates(fused: bool | None = None) -> Candidates:
 
     if fused is None:
         fused = patches.enabled(draft_candidates.PATCH)
-    return draft_candidates.candidates if fused else block_candidates
+    if not fused:
+        return block_candidates
+    draft_candidates.load()
+    return draft_candidates.candidates
 
 
 class DFlash2Drafter:

@@ -51,6 +51,12 @@ def _library() -> ctypes.CDLL:
     return bind(nvcc.load(SOURCE))
 
 
+def load() -> None:
+    """Build (or find built) and bind the kernel now, so rounds on the GPU meet a build, or its failure, when
+    they are made rather than in their first round."""
+    _library()
+
+
 def check_logits(logits: torch.Tensor) -> None:
     """Refuse anything but fp16 or fp32 CUDA logits [rows, vocab] with contiguous, 16-byte aligned rows (the
     kernel reads them 16 bytes a load)."""

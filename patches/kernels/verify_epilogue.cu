@@ -14,7 +14,7 @@
 // values, row r at logits + r * row_stride (the verify's output read in place), 1 <= rows, 1 <= vocab <=
 // row_stride, rows 16-byte aligned (row_scan.cuh reads them 16 bytes a load). An fp16 logit is compared as its
 // exact fp32 value, as torch compares it; the digest is defined on fp32 logits only. Ampere instructions only
-// (plain loads, shared memory).
+// (16-byte read-only loads, warp-free shared-memory reduction).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>

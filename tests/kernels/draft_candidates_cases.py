@@ -80,3 +80,16 @@ def check_packed(packed: torch.Tensor, logits: torch.Tensor, chain: torch.Tensor
         err = (lps[finite] - want[finite]).abs() / want[finite].abs().clamp(min=1.0)
         worst = max(worst, err.max().item() if err.numel() else 0.0)
     return worst
+
+
+def one_threads_row(vocab: int, threads: int, per_vector: int, seed: int) -> torch.Tensor:
+    """float32 [1, vocab]: random values, and the 16 largest where thread 0 of a block of `threads` reads them
+    (its vectors 0, threads, 2 * threads, ... of `per_vector` logits): its own 16-key list must hold all of
+    them, in an order other than the index order."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((1, vocab), generator=g, dtype=torch.float32)
+    vectors = range(0, vocab // per_vector, threads)
+    mine = [c * per_vector + j for c in vectors for j in range(per_vector)][:16]
+    assert len(mine) == 16 and max(mine) < vocab, "the row is too short for 16 of thread 0's logits"
+    x[0, mine] = 20.0 + torch.randperm(16, generator=g).float() / 4.0
+    return x

@@ -12,7 +12,7 @@ import torch
 
 from elpis.exl3 import draft_candidates
 from elpis.exl3.drafter import block_candidates
-from tests.kernels.draft_candidates_cases import LP_TOLERANCE, check_packed, rows
+from tests.kernels.draft_candidates_cases import LP_TOLERANCE, check_packed, one_threads_row, rows
 from tests.kernels.timing import graph_us
 from tests.kernels.tree_cases import log_kernel
 
@@ -37,6 +37,15 @@ def test_candidates_on_the_gpu(vocab: int, pad: int, k: int, dtype: torch.dtype)
         "draft_candidates", {"check": "fp64", "vocab": vocab, "k": k, "dtype": str(dtype), "lp_error": worst}
     )
     assert worst <= LP_TOLERANCE, worst
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_the_top_16_all_in_one_threads_list_on_the_gpu(dtype: torch.dtype) -> None:
+    per_vector = 8 if dtype == torch.float16 else 4
+    logits = one_threads_row(VOCAB, draft_candidates.THREADS, per_vector, seed=per_vector).to(dtype)
+    chain = torch.zeros(1, dtype=torch.long)
+    packed = draft_candidates.candidates(chain.cuda(), logits.cuda(), 16).cpu()
+    assert check_packed(packed, logits, chain, 16) <= LP_TOLERANCE
 
 
 def test_distinct_rows_match_torchs_composition_on_the_gpu() -> None:

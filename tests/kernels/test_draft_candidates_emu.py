@@ -15,7 +15,7 @@ import torch
 from elpis.exl3 import draft_candidates, tensors
 from elpis.exl3.drafter import block_candidates, choose_candidates
 from tests.kernels import cuda_emu
-from tests.kernels.draft_candidates_cases import LP_TOLERANCE, check_packed, rows
+from tests.kernels.draft_candidates_cases import LP_TOLERANCE, check_packed, one_threads_row, rows
 
 
 def build(tmp_path_factory: pytest.TempPathFactory, threads: int) -> ctypes.CDLL:
@@ -67,12 +67,23 @@ def test_candidates_are_the_exact_order_with_fp64_log_probabilities(
     padded[:, :vocab] = rows(vocab, seed=vocab + k).to(dtype)
     logits = padded[:, :vocab]
     chain = chain_of(16, vocab, vocab)
-    chain[3] = vocab  # outside the vocabulary: a NaN log-probability
+    chain[3], chain[5] = vocab, -1  # outside the vocabulary: NaN log-probabilities
     packed = draft_candidates.candidates(chain, logits, k)
     assert packed.shape == (16, 2 + 2 * k) and packed.dtype == torch.float32
     worst = check_packed(packed, logits, chain, k)
     assert worst <= LP_TOLERANCE, worst
     print(json.dumps({"draft_candidates_lp_error": worst, "vocab": vocab, "k": k, "dtype": str(dtype)}))
+
+
+@pytest.mark.usefixtures("on_cpu")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_top_16_all_in_one_threads_list(dtype: torch.dtype) -> None:
+    """One thread sees the row's 16 largest logits: its own list must keep all 16 (one of 8 or 12 entries, a
+    mutant's, loses some)."""
+    per_vector = 8 if dtype == torch.float16 else 4
+    logits = one_threads_row(4096, 64, per_vector, seed=per_vector).to(dtype)
+    chain = torch.zeros(1, dtype=torch.long)
+    assert check_packed(draft_candidates.candidates(chain, logits, 16), logits, chain, 16) <= LP_TOLERANCE
 
 
 @pytest.mark.usefixtures("on_cpu")
@@ -149,7 +160,9 @@ def test_the_kernel_refuses_what_the_binding_would(lib: ctypes.CDLL) -> None:
     chain = torch.zeros(2, dtype=torch.long)
     out = torch.full((2, 34), 5.0)
     args = dict(fp16=1, stride=64, vocab=64, rows=2, k=16)
-    for bad in ({"k": 17}, {"k": 0}, {"vocab": 65}, {"stride": 60, "vocab": 60}, {"rows": 0}, {"fp16": 2}):
+    too_wide = {"vocab": 1 << 24, "stride": 1 << 24}  # ids past float32's exact integers; nothing is read
+    for bad in ({"k": 17}, {"k": 0}, {"vocab": 65}, {"stride": 60, "vocab": 60}, {"rows": 0}, {"rows": 65536},
+                {"fp16": 2}, too_wide):  # fmt: skip
         a = {**args, **bad}
         err = lib.elpis_draft_candidates(logits.data_ptr(), a["fp16"], a["stride"], a["vocab"], a["rows"],
                                          chain.data_ptr(), a["k"], out.data_ptr(), None)  # fmt: skip
@@ -163,9 +176,14 @@ def test_the_kernel_refuses_what_the_binding_would(lib: ctypes.CDLL) -> None:
     assert torch.all(out == 5.0)
 
 
-def test_the_drafter_takes_the_kernel_as_the_switch_says(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_drafter_takes_the_kernel_as_the_switch_says(
+    lib: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taking the kernel builds it there and then (a build failure at load, not in the first request)."""
+    loads = []
+    monkeypatch.setattr(draft_candidates, "_library", lambda: loads.append(1) or lib)
     monkeypatch.setenv("ELPIS_PATCH_DRAFT_CANDIDATES", "1")
-    assert choose_candidates() is draft_candidates.candidates
+    assert choose_candidates() is draft_candidates.candidates and len(loads) == 1
     monkeypatch.setenv("ELPIS_PATCH_DRAFT_CANDIDATES", "0")
-    assert choose_candidates() is block_candidates
-    assert choose_candidates(True) is draft_candidates.candidates
+    assert choose_candidates() is block_candidates and len(loads) == 1
+    assert choose_candidates(True) is draft_candidates.candidates and len(loads) == 2

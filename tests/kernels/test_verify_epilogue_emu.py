@@ -95,6 +95,7 @@ def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
     for fp16, stride, vocab, n in refused:
         assert call(fp16, stride, vocab, n) == -1, (fp16, stride, vocab, n)
     assert call(0, 10, 10, 2) == -1  # rows 40 bytes apart: not 16-byte aligned
+    assert call(1, 12, 12, 2) == -1  # fp16 rows 24 bytes apart
     assert call(0, 16, 12, 2, at=4) == -1  # a row start off 16 bytes
     assert lib.elpis_verify_epilogue(None, 0, 16, 16, 2, out.data_ptr(), flags.data_ptr(), None, None) == -1
     assert call(1, 16, 16, 2, digest=flags.clone()) == -1  # the digest of fp16 logits is not defined
