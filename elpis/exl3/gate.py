@@ -111,6 +111,10 @@ NEUTRAL_PATCHES: dict[str, str] = {
     "greedy targets, the verify's inputs the host's values for the same tree, rows row-invariant, so "
     "plain decoding's text (CPU emulation of both kernels; the GPU checks are test_round_plan.py's, "
     "test_round_tail.py's and test_device_round.py's)",
+    "exl3-draft-candidates": "changes only the draft's candidates (their log-probabilities' last bits, the "
+    "order of tied ones), which shape the tree: the acceptor commits the target's greedy tokens whatever the "
+    "draft proposes, so no output of the target changes (CPU emulation; the GPU check is "
+    "test_draft_candidates.py's)",
     "exl3-embed-gather": "the captured graphs gather the embedding rows ExLlamaV3's host lookup returns, "
     "widened to fp32 exactly (CPU emulation; the GPU checks are test_embed_gather.py's)",
     "exl3-gdn-qkv-channel-major": "the GDN qkv GEMM writes the bits ExLlamaV3's bf16 cast and copy of its "
