@@ -161,6 +161,15 @@ def set_signatures(
     return lib
 
 
+def check_block(lib: ctypes.CDLL, entry: str, threads: int, who: str) -> ctypes.CDLL:
+    """Refuse a build whose block (C entry `entry`, no arguments, returning its threads) is not `threads`: a
+    test build may be made with another block, and the bindings size nothing by it but must know which."""
+    got = getattr(lib, entry)()
+    if got != threads:
+        raise RuntimeError(f"{who} kernel: {got} threads a block, expected {threads}")
+    return lib
+
+
 def load(source: Path, **kwargs: object) -> ctypes.CDLL:
     """Build `source` for the current device and load it."""
     arch = kwargs.pop("arch", None) or device_arch()

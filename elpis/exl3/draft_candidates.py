@@ -45,10 +45,7 @@ def bind(lib: ctypes.CDLL, threads: int = THREADS) -> ctypes.CDLL:
     """Set the argument and result types of every entry of a build (GPU or emulated), and check its block (a
     test build may be made with fewer threads: ELPIS_DRAFT_CANDIDATES_THREADS)."""
     nvcc.set_signatures(lib, ENTRY_ARGS)
-    if lib.elpis_draft_candidates_threads() != threads:
-        got = lib.elpis_draft_candidates_threads()
-        raise RuntimeError(f"draft candidates kernel: {got} threads a block, expected {threads}")
-    return lib
+    return nvcc.check_block(lib, "elpis_draft_candidates_threads", threads, "draft candidates")
 
 
 @lru_cache(maxsize=1)

@@ -40,10 +40,7 @@ def bind(lib: ctypes.CDLL, threads: int = THREADS) -> ctypes.CDLL:
     """Set the argument and result types of every entry of a build (GPU or emulated), and check its block (a
     test build may be made with fewer threads: ELPIS_VERIFY_EPILOGUE_THREADS)."""
     nvcc.set_signatures(lib, ENTRY_ARGS)
-    if lib.elpis_verify_epilogue_threads() != threads:
-        got = lib.elpis_verify_epilogue_threads()
-        raise RuntimeError(f"verify epilogue kernel: {got} threads a block, expected {threads}")
-    return lib
+    return nvcc.check_block(lib, "elpis_verify_epilogue_threads", threads, "verify epilogue")
 
 
 @lru_cache(maxsize=1)

@@ -187,3 +187,8 @@ def test_the_drafter_takes_the_kernel_as_the_switch_says(
     monkeypatch.setenv("ELPIS_PATCH_DRAFT_CANDIDATES", "0")
     assert choose_candidates() is block_candidates and len(loads) == 1
     assert choose_candidates(True) is draft_candidates.candidates and len(loads) == 2
+
+
+def test_a_build_of_another_block_is_refused(lib32: ctypes.CDLL) -> None:
+    with pytest.raises(RuntimeError, match="32 threads a block, expected 512"):
+        draft_candidates.bind(lib32)
