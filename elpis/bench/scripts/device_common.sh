@@ -172,6 +172,7 @@ gpu_pytest() {
   ELPIS_KERNEL_LOG="$OUT/log" ELPIS_TREE_LOG="$OUT/log" timeout -k 3 "$limit" python3 -m pytest -m gpu -q \
     -p no:cacheprovider -rfEs --tb=short "$@" >> "$OUT/pytest.txt" 2>&1
   rc=$?
+  LAST_PYTEST_RC=$rc  # for a script that runs a later step only when these tests passed
   echo "$title: exit $rc" | tee -a "$OUT/log"
   tail -40 "$OUT/pytest.txt" | grep -E "passed|failed|^FAILED|^E |\"24gib\"" | tail -8 | tee -a "$OUT/log"
 }
