@@ -5,11 +5,16 @@
 // passes, cat); its `topk` call alone was 0.14 ms of host time a round (call 124's profile,
 // bench/results/tree/README.md), and rounds on the GPU queue every launch from the host.
 //
-// One block per row reads the row twice (the second read from L2):
-//   pass 1  each thread keeps the 16 best (value, index) keys it sees, sorted, in registers; the block then
-//           takes the k best of all threads' lists in k rounds of a block maximum. The first is the row's
+// One block per row reads the row three times (the later reads from L2):
+//   pass 0  each thread's largest (value, index) key; the block's k-th largest of these is a floor: the k
+//           thread maxima at or above it are k keys of the row, so none of the row's k best is below it.
+//   pass 1  each thread keeps the 16 best keys at or above the floor it sees, sorted, in registers; the block
+//           then takes the k best of all threads' lists in k rounds of a block maximum. The first is the row's
 //           maximum M (NaN when the row holds a NaN).
 //   pass 2  S = sum of exp(x - M) over the row, each thread's sum in index order, then a fixed reduction tree.
+// Without the floor (session 39's first form, call 149 on the H200: 268 us a block of 7 rows against torch's
+// 144) nearly every logit made some lane of its warp insert into its list early in the row, so every warp
+// paid for a 16-slot insertion per logit; above the floor an insertion is rare.
 // A log-probability is (x - M) - log(S) in fp32, log_softmax's formula; only S's summation order differs from
 // torch's, so it can differ from torch's in the last bits (tests/kernels/test_draft_candidates_emu.py bounds the
 // error against fp64). The candidates only shape the tree: the acceptor commits the target's own tokens whatever
@@ -137,6 +142,23 @@ __device__ __forceinline__ uint64_t warp_max(uint64_t v) {
     return v;
 }
 
+// The block's k best keys of all threads' lists into chosen[0..k), largest first, in k rounds of a block
+// maximum (each round's winner pops it: keys are unique, by their index). Every thread reads chosen after it.
+__device__ __forceinline__ void block_top(Best& best, uint32_t k, uint64_t* warp_best, uint64_t* chosen) {
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    for (uint32_t q = 0; q < k; q++) {
+        const uint64_t head = warp_max(best.keys[0]);
+        if (lane == 0) warp_best[warp] = head;
+        __syncthreads();
+        if (warp == 0) {
+            const uint64_t w = warp_max(lane < kWarps ? warp_best[lane] : 0);
+            if (lane == 0) chosen[q] = w;
+        }
+        __syncthreads();
+        if (best.keys[0] == chosen[q]) best.pop();
+    }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     draft_candidates_kernel(const T* __restrict__ logits, uint32_t row_stride, uint32_t vocab,
@@ -147,24 +169,26 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t t = threadIdx.x, lane = t & 31u, warp = t >> 5, r = blockIdx.x;
     const T* row = logits + static_cast<size_t>(r) * row_stride;
 
+    // pass 0: each thread's largest key; the k-th largest of them is a floor no key of the row's k best is
+    // below (the k thread maxima at or above it are k keys of the row)
     Best best;
     best.clear();
     row_scan::each_logit<T, kThreads>(row, vocab, [&](uint32_t b, uint32_t i) {
-        // the order alone decides for all but equal values, which the index then orders
-        const uint64_t order = Order<T>::of(b);
-        if (order >= key_order(best.keys[kMaxK - 1])) best.insert(make_key(order, i));
+        best.keys[0] = max_key(best.keys[0], make_key(Order<T>::of(b), i));
     });
-    for (uint32_t q = 0; q < k; q++) {
-        const uint64_t head = warp_max(best.keys[0]);
-        if (lane == 0) warp_best[warp] = head;
-        __syncthreads();
-        if (warp == 0) {
-            const uint64_t w = warp_max(lane < kWarps ? warp_best[lane] : 0);
-            if (lane == 0) chosen[q] = w;
+    block_top(best, k, warp_best, chosen);
+    const uint64_t floor = chosen[k - 1], floor_order = key_order(floor);
+    // pass 1: each thread's 16 best keys at or above the floor (few: a thread inserts rarely, so its warp
+    // seldom waits on the insertion), then the block's k best of all lists
+    best.clear();
+    row_scan::each_logit<T, kThreads>(row, vocab, [&](uint32_t b, uint32_t i) {
+        const uint64_t order = Order<T>::of(b);
+        if (order >= floor_order) {
+            const uint64_t key = make_key(order, i);
+            if (key >= floor) best.insert(key);
         }
-        __syncthreads();
-        if (best.keys[0] == chosen[q]) best.pop();  // keys are unique (their index): one thread pops
-    }
+    });
+    block_top(best, k, warp_best, chosen);
 
     const float m = Order<T>::value(key_order(chosen[0]));
     float sum = 0.0f;
