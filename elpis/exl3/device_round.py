@@ -1,6 +1,7 @@
 """Greedy tree rounds whose decisions run on the GPU (issue 9, item 2), with no host synchronisation inside a
-round and the host one round behind. Staged, not yet served: its GPU test (tests/exl3/test_device_round.py)
-has not run.
+round and the host one round behind. Not served by default (switch exl3-device-rounds, off): its GPU tests
+(tests/exl3/test_device_round.py) and the 24 GiB test pass on the H200 (session 39), but host vs device A/Bs
+showed no gain on random weights.
 
 A host round (`elpis.spec.generate`) reads the draft's candidates back, builds the tree, fills the verify's
 inputs, reads the verify's row checks and greedy tokens back, runs the acceptor and fills the commit's inputs:
