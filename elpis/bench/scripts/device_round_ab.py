@@ -10,9 +10,14 @@ draft is rejected and a round commits one token, so a round's time is a step's. 
 and its MAD pooled over the pairs, and the noise rule of `elpis.bench.report` (NOISE_MADS x the larger MAD).
 The two arms' tokens must be identical (both are plain decoding's). Prints one line "DEVROUNDAB {json}" per
 context and writes every line's document to `--out`.
+With `--profile-rounds N`, one more request per arm and context runs under the CUDA profiler for N rounds
+after the warm-up: its GPU milliseconds per round (span, busy as the union of kernel intervals, idle, kernels
+launched) and every kernel's time per round by name, then the names whose time differs most between the arms
+(device minus host), one line "DEVROUNDPROF {json}" per context, written beside the A/B in `--out`. It answers
+where a device round's time goes against a host round's: idle gaps the host left, or kernels it added.
 Usage (repo root):
   python3 elpis/bench/scripts/device_round_ab.py MODEL DRAFT --out FILE.json [--contexts 1024,8192]
-      [--tokens 40] [--pairs 3] [--budget 16]
+      [--tokens 40] [--pairs 3] [--budget 16] [--profile-rounds 16]
 """
 
 from __future__ import annotations
@@ -27,6 +32,56 @@ from pathlib import Path
 from typing import Any
 
 WARMUP_ROUNDS = 4  # rounds of each request left out of its times (captures, caches)
+DIFF_KERNELS = 12  # kernel names listed by their difference between the arms
+
+
+def profiled_rounds(
+    backend: Any, decoder: Any, prompt: list[int], rounds: int, budget: int
+) -> dict[str, Any]:
+    """One greedy request whose rounds WARMUP_ROUNDS .. WARMUP_ROUNDS + `rounds` run under the CUDA profiler:
+    per round, the window's span, busy and idle GPU ms and kernel count (`phases.summarize`), and every
+    kernel's ms per round by name. A round on the GPU is queued one round ahead of the step that reports it,
+    so the window's edges may hold part of a neighbouring round; over 16 rounds that is a few per cent."""
+    import tempfile
+
+    import torch
+
+    from elpis.bench.phases import short_name, summarize
+    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+
+    gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=budget, draft_top_k=4)
+    request = GenerationRequest(prompt_ids=tuple(prompt), max_tokens=WARMUP_ROUNDS + rounds + 4,
+                                sampling=SamplingParams(), ignore_eos=True)  # fmt: skip
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+    for step, _ in enumerate(gen.generate(request)):
+        if step == WARMUP_ROUNDS:
+            torch.cuda.synchronize()
+            profiler.start()
+        elif step == WARMUP_ROUNDS + rounds:
+            torch.cuda.synchronize()
+            profiler.stop()
+    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
+        profiler.export_chrome_trace(trace.name)
+        events = json.loads(Path(trace.name).read_text())["traceEvents"]
+    summary = summarize(events, rounds, "round")
+    by_name: dict[str, float] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            name = short_name(e["name"])
+            by_name[name] = by_name.get(name, 0.0) + float(e.get("dur", 0)) * 1e-3 / rounds
+    keys = ("span_ms", "busy_ms", "idle_ms", "kernels")
+    return {**{k: summary[k] for k in keys}, "kernels": summary["kernels"] / rounds, "by_name": by_name}
+
+
+def profile_difference(host: dict[str, Any], device: dict[str, Any]) -> dict[str, Any]:
+    """Both arms' span, busy and idle ms per round, and the kernel names whose ms per round differ most."""
+    names = set(host["by_name"]) | set(device["by_name"])
+    diff = {n: device["by_name"].get(n, 0.0) - host["by_name"].get(n, 0.0) for n in names}
+    top = sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:DIFF_KERNELS]
+    return {
+        arm: {k: round(doc[k], 4) for k in ("span_ms", "busy_ms", "idle_ms", "kernels")}
+        for arm, doc in (("host", host), ("device", device))
+    } | {"kernel_ms_device_minus_host": {n: round(d, 4) for n, d in top}}
 
 
 def rounds_of(
@@ -57,6 +112,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--budget", type=int, default=16)
+    parser.add_argument("--profile-rounds", type=int, default=0)
     args = parser.parse_args()
     os.environ["ELPIS_PATCH_EMBED_GATHER"] = "1"
     os.environ["ELPIS_PATCH_DEVICE_ROUNDS"] = "1"
@@ -102,6 +158,17 @@ def main() -> None:
         }  # fmt: skip
         docs.append(doc)
         print("DEVROUNDAB " + json.dumps(doc), flush=True)
+        if args.profile_rounds:
+            profiles = {}
+            for arm in ("host", "device"):
+                backend.device_rounds = device if arm == "device" else None
+                try:
+                    profiles[arm] = profiled_rounds(backend, decoder, base, args.profile_rounds, args.budget)
+                finally:
+                    backend.device_rounds = device
+            prof = {"context": context, "rounds": args.profile_rounds} | profile_difference(**profiles)
+            docs.append(prof)
+            print("DEVROUNDPROF " + json.dumps(prof), flush=True)
     args.out.write_text(json.dumps(docs, indent=1) + "\n")
 
 
