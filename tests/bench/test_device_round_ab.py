@@ -1,4 +1,4 @@
-"""The arithmetic of `device_round_ab.py`'s profile lines (host against device rounds), on hand-made profiles."""
+"""The arithmetic of `device_round_ab.py`'s profile lines (host against device rounds), on toy profiles."""
 
 from __future__ import annotations
 
