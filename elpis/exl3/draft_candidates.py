@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from elpis import nvcc
-from elpis.exl3.tensors import check_one_device, check_tensor, on_kernel_device
+from elpis.exl3.tensors import check_logit_rows, check_one_device, check_tensor
 from elpis.paths import PATCHES_DIR
 
 if TYPE_CHECKING:
@@ -60,28 +60,9 @@ def load() -> None:
 
 
 def check_logits(logits: torch.Tensor) -> None:
-    """Refuse anything but fp16 or fp32 CUDA logits [rows, vocab] with contiguous, 16-byte aligned rows (the
-    kernel reads them 16 bytes a load)."""
-    import torch
-
-    if not isinstance(logits, torch.Tensor) or logits.dtype not in (torch.float16, torch.float32):
-        raise ValueError("draft candidates: logits must be a float16 or float32 tensor [rows, vocab]")
-    if logits.dim() != 2:
-        raise ValueError(f"draft candidates: logits must be [rows, vocab], got {list(logits.shape)}")
-    if not on_kernel_device(logits):
-        raise ValueError(f"draft candidates: logits must be on a CUDA device, got {logits.device}")
-    rows, vocab = logits.shape
-    stride, size = logits.stride(0), logits.element_size()
-    shape, strides = list(logits.shape), list(logits.stride())
-    if not 1 <= rows <= MAX_ROWS or not 1 <= vocab <= MAX_VOCAB or logits.stride(1) != 1 or stride < vocab:
-        raise ValueError(
-            f"draft candidates: logits {shape}, strides {strides}: "
-            f"1..{MAX_ROWS} contiguous rows of 1..{MAX_VOCAB} values"
-        )
-    if stride >= 2**32:
-        raise ValueError(f"draft candidates: logits {shape}, strides {strides}: a row stride past uint32")
-    if logits.data_ptr() % 16 or (stride * size) % 16:
-        raise ValueError(f"draft candidates: logits {shape}, strides {strides}: rows must be 16-byte aligned")
+    """Refuse logits the kernel cannot read (`tensors.check_logit_rows`), or ids past float32's exact
+    integers."""
+    check_logit_rows("draft candidates", logits, max_rows=MAX_ROWS, max_vocab=MAX_VOCAB)
 
 
 def candidates(chain: torch.Tensor, logits: torch.Tensor, top_k: int) -> torch.Tensor:

@@ -45,13 +45,10 @@ def choose_candidates(fused: bool | None = None) -> Candidates:
 
 
 class DFlash2Drafter:
-    def __init__(
-        self, backend: Exl3Backend, *, graphs: bool = False, embed_gather: bool = False,
-        fused_candidates: bool | None = None,
-    ) -> None:  # fmt: skip
+    def __init__(self, backend: Exl3Backend, *, graphs: bool = False, embed_gather: bool = False) -> None:
         self.backend = backend
         # read once: a registry read per block would be host time on every round
-        self.candidates = choose_candidates(fused_candidates)
+        self.candidates = choose_candidates()
         engine = backend.engine
         self.model = engine.draft
         self.config = engine.draft_config

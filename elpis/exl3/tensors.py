@@ -47,3 +47,27 @@ def check_one_device(who: str, tensors: Iterable[torch.Tensor]) -> None:
     devices = {t.device for t in tensors}
     if len(devices) != 1:
         raise ValueError(f"{who} operands on several devices: {sorted(map(str, devices))}")
+
+
+def check_logit_rows(who: str, logits: torch.Tensor, *, max_rows: int, max_vocab: int) -> None:
+    """Refuse, naming `who`, anything but fp16 or fp32 logits [rows, vocab] on the kernels' device whose rows
+    are contiguous and 16-byte aligned: the rule of patches/kernels/row_scan.cuh, which the per-row kernels
+    (verify_epilogue.cu, draft_candidates.cu) read rows by, 16 bytes a load, with a uint32 row stride."""
+    import torch
+
+    if not isinstance(logits, torch.Tensor) or logits.dtype not in (torch.float16, torch.float32):
+        raise ValueError(f"{who}: logits must be a float16 or float32 tensor [rows, vocab]")
+    if logits.dim() != 2:
+        raise ValueError(f"{who}: logits must be [rows, vocab], got {list(logits.shape)}")
+    if not on_kernel_device(logits):
+        raise ValueError(f"{who}: logits must be on a CUDA device, got {logits.device}")
+    rows, vocab = logits.shape
+    stride = logits.stride(0)
+    shape, strides = list(logits.shape), list(logits.stride())
+    if not 1 <= rows <= max_rows or not 1 <= vocab <= max_vocab or logits.stride(1) != 1 or stride < vocab:
+        rule = f"1..{max_rows} contiguous rows of 1..{max_vocab} values"
+        raise ValueError(f"{who}: logits {shape}, strides {strides}: {rule}")
+    if stride >= 2**32:
+        raise ValueError(f"{who}: logits {shape}, strides {strides}: a row stride past uint32")
+    if logits.data_ptr() % 16 or (stride * logits.element_size()) % 16:
+        raise ValueError(f"{who}: logits {shape}, strides {strides}: rows must be 16-byte aligned")

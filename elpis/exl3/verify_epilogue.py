@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from elpis import nvcc
-from elpis.exl3.tensors import check_one_device, check_tensor, on_kernel_device
+from elpis.exl3.tensors import check_logit_rows, check_one_device, check_tensor
 from elpis.paths import PATCHES_DIR
 
 if TYPE_CHECKING:
@@ -55,24 +55,9 @@ def load() -> None:
 
 
 def check_logits(logits: torch.Tensor) -> None:
-    """Refuse anything but fp16 or fp32 CUDA logits [rows, vocab] with contiguous, 16-byte aligned rows (the
-    kernel reads them 16 bytes a load)."""
-    import torch
-
-    # ExLlamaV3's head writes fp16 logits (the verify graph's output); fp32 is what the host's checks take
-    dtypes = (torch.float16, torch.float32)
-    if not isinstance(logits, torch.Tensor) or logits.dtype not in dtypes or logits.dim() != 2:
-        raise ValueError("verify epilogue: logits must be a float16 or float32 tensor [rows, vocab]")
-    if not on_kernel_device(logits):
-        raise ValueError(f"verify epilogue: logits must be on a CUDA device, got {logits.device}")
-    rows, vocab = logits.shape
-    stride = logits.stride(0)
-    if not 1 <= rows <= MAX_ROWS or vocab < 1 or logits.stride(1) != 1 or not vocab <= stride < 2**32:
-        shape, strides = list(logits.shape), list(logits.stride())
-        raise ValueError(f"verify epilogue: logits {shape}, strides {strides}: 1..{MAX_ROWS} contiguous rows")
-    if logits.data_ptr() % 16 or (stride * logits.element_size()) % 16:
-        shape, strides = list(logits.shape), list(logits.stride())
-        raise ValueError(f"verify epilogue: logits {shape}, strides {strides}: rows must be 16-byte aligned")
+    """Refuse logits the kernel cannot read (`tensors.check_logit_rows`). ExLlamaV3's head writes fp16 logits
+    (the verify graph's output); fp32 is what the host's checks take."""
+    check_logit_rows("verify epilogue", logits, max_rows=MAX_ROWS, max_vocab=2**32 - 1)
 
 
 def row_results(
