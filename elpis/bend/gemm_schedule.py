@@ -16,14 +16,8 @@ is a ScheduleMismatch (fail closed).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from elpis.bend.scalar_header import Entry, Query, ScalarHeader
 from elpis.bend.scalar_header import ScheduleMismatch as ScheduleMismatch  # the build and tests name it here
-from elpis.paths import BUILD_DIR, REPO_ROOT
-
-KERNELS_BUILD_DIR = BUILD_DIR / "kernels"
-
 
 SPEC = ScalarHeader(
     module="bend/gemm_schedule.bend",
@@ -46,8 +40,7 @@ SPEC = ScalarHeader(
     table=lambda: table_queries(),
     closed_form=lambda q: closed_form(q),
 )
-MODULE, TEMPLATE, HEADER = SPEC.module, SPEC.template, SPEC.header
-ENTRIES = SPEC.entries
+MODULE, HEADER = SPEC.module, SPEC.header
 # Query kinds of the table, in order: split_begin, split_end, owner, ktile, blocks.
 SPLIT_BEGIN, SPLIT_END, OWNER, KTILE, BLOCKS = range(5)
 
@@ -61,10 +54,6 @@ MODEL_NBLOCKS = (8, 16, 40, 48, 80, 96, 112, 128, 136, 272, 1940)
 # part counts of the model's groups beside the stream-K grids (the kernel's first, k-split design)
 MODEL_SPLITS = (1, 2, 7, 8, 33)
 
-
-def render(root: Path = REPO_ROOT) -> str:
-    """The header text, compiled from the Bend program."""
-    return SPEC.render(root)
 
 
 # ====================================================================== the table
@@ -152,16 +141,5 @@ def closed_form(q: Query) -> int | None:
     return None
 
 
-def check_header(header: Path, root: Path = REPO_ROOT, cc: str | None = None) -> int:
-    """Compare the compiled header with the interpreter on every table query; return the line count."""
-    return SPEC.check_header(header, root, cc)
-
-
-def build(out_dir: Path = KERNELS_BUILD_DIR, root: Path = REPO_ROOT, cc: str | None = None) -> Path:
-    """Render the header, check it against the interpreter, then move it into `out_dir` atomically."""
-    return SPEC.build(out_dir, root, cc)
-
-
-def constants_of(header: Path) -> dict[str, int]:
-    """ELPIS_GEMM_WARPS and ELPIS_GEMM_GROUP_K as written in a generated header."""
-    return SPEC.constants_of(header)
+# the spec's driver, as this module's own (the build calls `build`; tests call all four)
+render, check_header, build, constants_of = SPEC.render, SPEC.check_header, SPEC.build, SPEC.constants_of

@@ -7,8 +7,10 @@ functions for host and device code, `<STEM>_<NAME>` carries each constant), the 
 constants. `render` compiles the program one-to-one with the acceptors' generator (`codegen.Generator`);
 `compiled_table` builds a C harness around a header and prints the constants and one line per `Query`;
 `reference_table` is what the Bend interpreter answers for the same queries; `check_header` compares the two
-through `elpis.bend.headers`, and `build` installs the header only once that passed. Each schedule module
-brings its own table of queries and whatever closed forms it checks the interpreter against.
+through `elpis.bend.headers`, and `build` installs the header only once that passed (by default under
+build/kernels/, from this repository). Each schedule module brings its own table of queries and whatever
+closed forms it checks the interpreter against, and exports its spec's `render`, `check_header`, `build` and
+`constants_of` as its own (the build calls `<module>.build`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from elpis.bend.codegen import Generator, template_env
 from elpis.bend.errors import BendError
 from elpis.bend.headers import harness_lines, install_checked, require_same_table, source_digest
 from elpis.bend.interp import Interpreter
+from elpis.paths import BUILD_DIR, REPO_ROOT
+
+KERNELS_BUILD_DIR = BUILD_DIR / "kernels"
 
 
 class ScheduleMismatch(BendError):
@@ -95,7 +100,7 @@ class ScalarHeader:
     def _c_name(self, bend_name: str) -> str:
         return f"{self.prefix}{Path(self.module).stem}_{bend_name}"
 
-    def render(self, root: Path) -> str:
+    def render(self, root: Path = REPO_ROOT) -> str:
         """The header text, compiled from the Bend program through the template."""
         root = Path(root).resolve()
         prog = self.load(root)
@@ -188,7 +193,7 @@ class ScalarHeader:
             self._reference[source] = queries, self._reference_lines(root, queries)
         return self._reference[source]
 
-    def check_header(self, header: Path, root: Path, cc: str | None = None) -> int:
+    def check_header(self, header: Path, root: Path = REPO_ROOT, cc: str | None = None) -> int:
         """Compare the compiled header with the interpreter on every table query; return the line count."""
         queries, want = self.reference_table(root)
         got = self.compiled_table(header, queries, cc)
@@ -202,7 +207,7 @@ class ScalarHeader:
 
         return require_same_table(self.header, want, got, where, self.error)
 
-    def build(self, out_dir: Path, root: Path, cc: str | None = None) -> Path:
+    def build(self, out_dir: Path = KERNELS_BUILD_DIR, root: Path = REPO_ROOT, cc: str | None = None) -> Path:
         """Render the header, check it against the interpreter, then move it into `out_dir` atomically."""
         root = Path(root).resolve()
         return install_checked(
