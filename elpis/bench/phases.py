@@ -306,8 +306,11 @@ def _union(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def summarize(events: list[dict[str, Any]], per: int, unit: str) -> dict[str, Any]:
-    """Per-`unit` GPU milliseconds from a Chrome trace: phases, kernel families, busy and idle time."""
+def summarize(
+    events: list[dict[str, Any]], per: int, unit: str, top: int | None = TOP_KERNELS
+) -> dict[str, Any]:
+    """Per-`unit` GPU milliseconds from a Chrome trace: phases, kernel families, busy and idle time, and each
+    phase's `top` most expensive kernels by name (None: all of them)."""
     if per < 1:
         raise ValueError(f"a profile window needs at least one {unit}, got {per}")
     kernels = [
@@ -350,9 +353,7 @@ def summarize(events: list[dict[str, Any]], per: int, unit: str) -> dict[str, An
                 # the phase's most expensive kernels by name: [ms, launches] per unit
                 "top_kernels": {
                     name: [total * scale, count / per]
-                    for name, (total, count) in sorted(by_name[phase].items(), key=lambda kv: -kv[1][0])[
-                        :TOP_KERNELS
-                    ]
+                    for name, (total, count) in sorted(by_name[phase].items(), key=lambda kv: -kv[1][0])[:top]
                 },
             }
             for phase, fam in sorted(phases.items())

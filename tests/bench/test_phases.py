@@ -55,6 +55,14 @@ def test_summary_attributes_kernels_to_ranges_and_measures_gaps():
     assert out["phases"]["mlp"]["top_kernels"]["exl3_gemm_kernel"] == pytest.approx([0.03, 1.0])
 
 
+def test_summary_lists_every_kernel_name_when_asked():
+    events = [_kernel(f"k{i}", 10 * i, 1 + i) for i in range(phases.TOP_KERNELS + 3)]
+    some = phases.summarize(events, per=1, unit="round")["phases"]["other"]["top_kernels"]
+    assert len(some) == phases.TOP_KERNELS
+    every = phases.summarize(events, per=1, unit="round", top=None)["phases"]["other"]["top_kernels"]
+    assert len(every) == phases.TOP_KERNELS + 3 and next(iter(every)) == f"k{phases.TOP_KERNELS + 2}"
+
+
 def test_short_kernel_names_drop_templates_and_arguments():
     assert phases.short_name("void exl3_gemm_kernel<4, 256>(half const*, int)") == "exl3_gemm_kernel"
     assert (

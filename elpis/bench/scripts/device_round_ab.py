@@ -46,14 +46,11 @@ def profiled_rounds(
 
     import torch
 
-    from elpis.bench.phases import short_name, summarize
-    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+    from elpis.bench.phases import summarize
 
-    gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=budget, draft_top_k=4)
-    request = GenerationRequest(prompt_ids=tuple(prompt), max_tokens=WARMUP_ROUNDS + rounds + 4,
-                                sampling=SamplingParams(), ignore_eos=True)  # fmt: skip
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
-    for step, _ in enumerate(gen.generate(request)):
+    steps = greedy_steps(backend, decoder, prompt, WARMUP_ROUNDS + rounds + 4, budget)
+    for step, _ in enumerate(steps):
         if step == WARMUP_ROUNDS:
             torch.cuda.synchronize()
             profiler.start()
@@ -63,14 +60,13 @@ def profiled_rounds(
     with tempfile.NamedTemporaryFile(suffix=".json") as trace:
         profiler.export_chrome_trace(trace.name)
         events = json.loads(Path(trace.name).read_text())["traceEvents"]
-    summary = summarize(events, rounds, "round")
-    by_name: dict[str, float] = {}
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-            name = short_name(e["name"])
-            by_name[name] = by_name.get(name, 0.0) + float(e.get("dur", 0)) * 1e-3 / rounds
-    keys = ("span_ms", "busy_ms", "idle_ms", "kernels")
-    return {**{k: summary[k] for k in keys}, "kernels": summary["kernels"] / rounds, "by_name": by_name}
+    summary = summarize(events, rounds, "round", top=None)
+    by_name: dict[str, float] = {}  # every kernel's ms per round, whatever phase (none are labelled here)
+    for phase in summary["phases"].values():
+        for name, (ms, _) in phase["top_kernels"].items():
+            by_name[name] = by_name.get(name, 0.0) + ms
+    times = {k: summary[k] for k in ("span_ms", "busy_ms", "idle_ms")}
+    return times | {"kernels": summary["kernels"] / rounds, "by_name": by_name}
 
 
 def profile_difference(host: dict[str, Any], device: dict[str, Any]) -> dict[str, Any]:
@@ -84,19 +80,25 @@ def profile_difference(host: dict[str, Any], device: dict[str, Any]) -> dict[str
     } | {"kernel_ms_device_minus_host": {n: round(d, 4) for n, d in top}}
 
 
-def rounds_of(
-    backend: Any, decoder: Any, prompt: list[int], tokens: int, budget: int
-) -> tuple[list[int], list[float]]:
-    """One greedy request through the speculation core: its tokens and each round's seconds after the
-    warm-up rounds (a step is a round)."""
+def greedy_steps(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget: int) -> Any:
+    """The steps of one greedy request of `tokens` tokens through the speculation core (trees of the draft's
+    top-4, `budget` rows)."""
     from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
 
     gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=budget, draft_top_k=4)
     request = GenerationRequest(prompt_ids=tuple(prompt), max_tokens=tokens, sampling=SamplingParams(),
                                 ignore_eos=True)  # fmt: skip
+    return gen.generate(request)
+
+
+def rounds_of(
+    backend: Any, decoder: Any, prompt: list[int], tokens: int, budget: int
+) -> tuple[list[int], list[float]]:
+    """One greedy request through the speculation core: its tokens and each round's seconds after the
+    warm-up rounds (a step is a round)."""
     out: list[int] = []
     stamps = [time.perf_counter()]
-    for step in gen.generate(request):
+    for step in greedy_steps(backend, decoder, prompt, tokens, budget):
         stamps.append(time.perf_counter())
         out += step.token_ids
     seconds = [b - a for a, b in itertools.pairwise(stamps[1:])]  # the first step holds the prefill
