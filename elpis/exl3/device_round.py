@@ -54,7 +54,7 @@ import torch
 from elpis.accept import abi
 from elpis.backend import BackendError, DeviceRound
 from elpis.exl3 import round_check, round_plan, round_tail, verify_epilogue
-from elpis.exl3.prefix import PAGE
+from elpis.exl3.draft_graph import block_pages
 from elpis.spec.faults import DROPPED, REPEATED, STALE
 
 if TYPE_CHECKING:
@@ -334,9 +334,8 @@ class DeviceRounds:
         state = self.state
         anchor = state[round_plan.STATE_ANCHOR : round_plan.STATE_ANCHOR + 1]
         at = state[round_plan.STATE_KVP : round_plan.STATE_KVP + 1]
-        # the pages of the block's positions from the highest start (< kvp + 1 + block), as a host draft
-        # block takes them: the verify's pages may reach past the draft's bucket, a narrower table
-        pages = b.pages[: -(-(kvp + 1 + b.block_size) // PAGE)]
+        # the pages of the block from the highest start, as a host draft block takes them
+        pages = block_pages(b.pages, kvp, b.block_size)
         chain, logits = self.drafts.block_from(anchor, at, pages, self.drafts.width(kvp))
         packed = self._candidates(chain, logits)
         verify_inputs = {

@@ -48,6 +48,7 @@ from torch import Tensor
 
 from elpis.exl3.capture import forward_after_input
 from elpis.exl3.embed_gather import check_ids
+from elpis.exl3.prefix import PAGE
 from elpis.exl3.upload import Staged, padded_table, static_input
 
 if TYPE_CHECKING:
@@ -57,6 +58,13 @@ MAX_GRAPHS = 9  # captured draft blocks kept: one per context bucket of the full
 # captured conditionings kept: accepted-row counts (1-8) of each verify key (`elpis.exl3.graph_warmup`
 # captures them at load for both state rows of every bucket)
 MAX_CONDITIONS = 160
+
+
+def block_pages(pages: Sequence[int], kvp: int, block: int) -> Sequence[int]:
+    """The sequence's pages that a draft block of `block` rows from kvp reads and writes (positions below
+    kvp + 1 + block): a verify may have allocated pages past the block's context bucket, which the block's
+    table, one bucket narrower, does not hold."""
+    return pages[: -(-(kvp + 1 + block) // PAGE)]
 
 
 def update_draft_kv(engine: Any, hidden: Sequence[Tensor], block_table: Tensor, seqlens: Tensor) -> None:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from elpis.backend import DraftBlock
-from elpis.exl3.prefix import PAGE
 from elpis.exl3.upload import pinned
 
 if TYPE_CHECKING:
@@ -86,9 +85,9 @@ class DFlash2Drafter:
         block = self.depth + 1
         backend.ensure_pages(kvp + block)
         if self.graphs is not None:
-            # the pages of the block's positions (< kvp + 1 + block): a verify may have allocated pages past
-            # the block's context bucket, which its table does not hold
-            pages = backend.pages[: -(-(kvp + 1 + block) // PAGE)]
+            from elpis.exl3.draft_graph import block_pages
+
+            pages = block_pages(backend.pages, kvp, block)
             return self.graphs.block(anchor, pages, kvp, self.graphs.width(kvp))
         width = stock_table_width(kvp + 1 + block)
         params: dict[str, Any] = {

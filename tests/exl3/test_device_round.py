@@ -185,7 +185,7 @@ def test_the_draft_block_from_the_state_block_is_the_host_block(backend):
 def _check_block_from(backend) -> None:
     import torch
 
-    from elpis.exl3.prefix import PAGE
+    from elpis.exl3.draft_graph import block_pages
 
     graphs = backend.drafter.graphs
     for length in (700, 4090):
@@ -194,7 +194,7 @@ def _check_block_from(backend) -> None:
         try:
             anchor, kvp = ids[-1], backend.position()
             backend.ensure_pages(kvp + 1 + backend.block_size)
-            pages = backend.pages[: -(-(kvp + 1 + backend.block_size) // PAGE)]
+            pages = block_pages(backend.pages, kvp, backend.block_size)
             width = graphs.width(kvp)
             chain, logits = (t.clone() for t in graphs.block(anchor, pages, kvp, width))
             dev = torch.device(backend.engine.device)

@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from elpis.exl3 import device_round as dr
-from elpis.exl3 import draft_candidates, gdn_tree, round_plan, round_tail, tensors, verify_epilogue
+from elpis.exl3 import draft_candidates, drafter, gdn_tree, round_plan, round_tail, tensors, verify_epilogue
+from elpis.exl3.draft_graph import block_pages
 from elpis.exl3.tree_graph import Captured, bucket_pages, context_bucket, packed_sizes
 from elpis.exl3.tree_verify import PAGE, GraphInputs
 from elpis.exl3.upload import padded_table
@@ -313,11 +314,14 @@ def test_record_faults_of_a_second_request_are_read_again() -> None:
 
 
 def test_the_fix_is_what_the_host_draft_block_does() -> None:
-    """The draft block's pages are those of its positions from the highest start (as DFlash2Drafter.block
-    takes them): the verify's pages at 4082 reach one page past what the draft's table holds."""
+    """The draft block's pages are those of its positions from the highest start, taken by the one function
+    DFlash2Drafter.block takes them with: the verify's pages at 4082 reach one page past what the draft's
+    table holds, the block's pages do not."""
     kvp = 4082
     verify_pages = -(-(kvp + RUN) // PAGE)
     draft_pages = -(-(kvp + 1 + BLOCK) // PAGE)
     assert verify_pages > bucket_pages(kvp + 1 + BLOCK, CACHE) >= draft_pages
-    source = Path(dr.__file__).read_text()
-    assert "b.pages[: -(-(kvp + 1 + b.block_size) // PAGE)]" in source
+    pages = list(range(verify_pages))
+    assert block_pages(pages, kvp, BLOCK) == pages[:draft_pages]
+    assert "block_pages(b.pages, kvp, b.block_size)" in Path(dr.__file__).read_text()
+    assert "block_pages(backend.pages, kvp, block)" in Path(drafter.__file__).read_text()

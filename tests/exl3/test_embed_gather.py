@@ -122,8 +122,7 @@ def test_gathered_verifies_equal_the_eager_tree_mode(backend):
 def test_gathered_draft_blocks_equal_host_filled_ones(backend):
     import torch
 
-    from elpis.exl3.draft_graph import DraftGraphs
-    from elpis.exl3.tree_verify import PAGE
+    from elpis.exl3.draft_graph import DraftGraphs, block_pages
 
     graphs = backend.drafter.graphs
     host = DraftGraphs(backend.engine)  # the same engine, the input filled on the host as before
@@ -143,7 +142,7 @@ def test_gathered_draft_blocks_equal_host_filled_ones(backend):
                 assert torch.equal(x[None], expected_x), (
                     f"ctx {length}, anchor {anchor}: the gathered input differs"
                 )
-                pages = backend.pages[: -(-(kvp + 1 + graphs.block_size) // PAGE)]
+                pages = block_pages(backend.pages, kvp, graphs.block_size)
                 ref_chain, ref_logits = host.warm_up(anchor, pages, kvp, width)
                 assert torch.equal(chain, ref_chain) and torch.equal(logits, ref_logits), (
                     f"ctx {length}, anchor {anchor}: the draft differs from a host-filled block"
