@@ -1,4 +1,5 @@
-"""Python entry to a draft block's candidates in one launch (`patches/kernels/draft_candidates.cu`).
+"""Python entry to a draft block's candidates from one kernel pair (`patches/kernels/draft_candidates.cu`: a block
+per span of each row, then a block per row merging its spans).
 
 `candidates(chain, logits, top_k)` returns what `drafter.block_candidates` returns, in
 `drafter.pack_candidates`' layout: per row the selector's chain token and its log-probability under the row's
@@ -28,15 +29,16 @@ if TYPE_CHECKING:
 
 PATCH = "exl3-draft-candidates"
 SOURCE = PATCHES_DIR / "kernels" / "draft_candidates.cu"
-THREADS = 512  # the kernel's block: one per row
+THREADS = 256  # the kernel's block: one per span of a row, and one per row for the merge
 MAX_ROWS = 65535
 MAX_K = 16  # the kernel's per-thread lists
 MAX_VOCAB = (1 << 24) - 1  # ids travel as float32 in the packed rows
 
-_U32, _VP = ctypes.c_uint32, ctypes.c_void_p
+_U32, _U64, _VP = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p
 # ctypes signatures of the library's C entries (a CPU test checks them against the kernel source)
 ENTRY_ARGS: dict[str, tuple[type, ...]] = {
-    "elpis_draft_candidates": (_VP, _U32, _U32, _U32, _U32, _VP, _U32, _VP, _VP),
+    "elpis_draft_candidates": (_VP, _U32, _U32, _U32, _U32, _VP, _U32, _VP, _U64, _VP, _VP),
+    "elpis_draft_candidates_spans": (_U32, _U32),
     "elpis_draft_candidates_threads": (),
 }
 
@@ -79,10 +81,14 @@ def candidates(chain: torch.Tensor, logits: torch.Tensor, top_k: int) -> torch.T
         raise ValueError(f"draft candidates: at most {MAX_K} candidates a row, asked for {k}")
     check_tensor("chain", chain, torch.long, (rows,))
     check_one_device("draft candidates", (logits, chain))
+    lib, fp16 = _library(), int(logits.dtype == torch.float16)
     out = torch.empty((rows, 2 + 2 * k), dtype=torch.float32, device=logits.device)
-    err = _library().elpis_draft_candidates(
-        logits.data_ptr(), int(logits.dtype == torch.float16), logits.stride(0), vocab, rows,
-        chain.data_ptr(), k, out.data_ptr(), torch.cuda.current_stream(logits.device).cuda_stream,
+    # the spans' k best keys (8 bytes each) and sums (4 bytes), in 8-byte words
+    words = (rows * lib.elpis_draft_candidates_spans(fp16, vocab) * (8 * k + 4) + 7) // 8
+    workspace = torch.empty(words, dtype=torch.int64, device=logits.device)
+    err = lib.elpis_draft_candidates(
+        logits.data_ptr(), fp16, logits.stride(0), vocab, rows, chain.data_ptr(), k, workspace.data_ptr(),
+        8 * words, out.data_ptr(), torch.cuda.current_stream(logits.device).cuda_stream,
     )  # fmt: skip
     if err:
         why = "arguments refused" if err < 0 else f"CUDA error {err}"

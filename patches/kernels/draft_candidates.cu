@@ -1,32 +1,35 @@
-// A draft block's candidates in one launch (issue 9: the round's kernels between the draft and the tree). The
+// A draft block's candidates in two launches (issue 9: the round's kernels between the draft and the tree). The
 // tree builder needs per block row the selector's chain token and the k most likely tokens, each with its
 // log-probability under the row's log-softmax over the whole vocabulary (`drafter.pack_candidates`' layout).
 // torch made them in about eight launches (a cast, the log-softmax's max and sum passes, gather, topk's radix
 // passes, cat); its `topk` call alone was 0.14 ms of host time a round (call 124's profile,
 // bench/results/tree/README.md), and rounds on the GPU queue every launch from the host.
 //
-// One block per row reads the row three times (the later reads from L2):
+// A row is cut into spans of kSpanVectors 16-byte vectors (at most kMaxSpans a row), one block a span, so that a
+// block of 7 rows covers the GPU instead of 7 multiprocessors (session 39's one block a row: 268 us against
+// torch's 144 on the H200, call 149). A span's block reads its logits twice (the second read from L2):
 //   pass 0  each thread's largest (value, index) key; the block's k-th largest of these is a floor: the k
-//           thread maxima at or above it are k keys of the row, so none of the row's k best is below it.
-//   pass 1  each thread keeps the 16 best keys at or above the floor it sees, sorted, in registers; the block
-//           then takes the k best of all threads' lists in k rounds of a block maximum. The first is the row's
-//           maximum M (NaN when the row holds a NaN).
-//   pass 2  S = sum of exp(x - M) over the row, each thread's sum in index order, then a fixed reduction tree.
-// Without the floor (session 39's first form, call 149 on the H200: 268 us a block of 7 rows against torch's
-// 144) nearly every logit made some lane of its warp insert into its list early in the row, so every warp
-// paid for a 16-slot insertion per logit; above the floor an insertion is rare.
-// A log-probability is (x - M) - log(S) in fp32, log_softmax's formula; only S's summation order differs from
-// torch's, so it can differ from torch's in the last bits (tests/kernels/test_draft_candidates_emu.py bounds the
-// error against fp64). The candidates only shape the tree: the acceptor commits the target's own tokens whatever
-// the draft proposes, so these bits never reach the output (elpis/spec/README.md).
+//           thread maxima at or above it are k keys of the span, so none of the span's k best is below it.
+//           The largest is the span's maximum m (NaN when it holds a NaN).
+//   pass 1  each thread keeps the 16 best keys at or above the floor it sees, sorted, in registers (above the
+//           floor an insertion is rare, so a warp seldom waits on one), and sums exp(x - m) in index order;
+//           the block then takes the span's k best of all threads' lists in k rounds of a block maximum, and
+//           its sum S_s by a fixed reduction tree.
+// The merge launch, one block a row, takes the row's k best of its spans' k best (the row's k best are among
+// them: every key is unique), the row's maximum M (the best key's), and S = sum over spans in a fixed order of
+// S_s * exp(m_s - M) (a span of -inf only adds nothing). A log-probability is (x - M) - log(S) in fp32,
+// log_softmax's formula; only S's summation differs from torch's, so it can differ from torch's in the last bits
+// (tests/kernels/test_draft_candidates_emu.py bounds the error against fp64). The candidates only shape the
+// tree: the acceptor commits the target's own tokens whatever the draft proposes, so these bits never reach the
+// output (elpis/spec/README.md).
 // Order of candidates: a NaN before every number (as torch.topk), then the larger value, then the lower index
 // (torch leaves ties unordered); -0 and +0 are equal. A row with a NaN or +inf, or of -inf only, gets NaN
 // log-probabilities everywhere, as torch's log_softmax gives.
 //
 // Inputs: fp16 (what ExLlamaV3's head writes) or fp32 rows of `vocab` logits, row r at logits + r * row_stride,
-// 16-byte aligned rows (vector loads: the row is read 16 bytes a thread-load so the block keeps enough bytes in
-// flight); chain int64 [rows]; out fp32 [rows, 2 + 2k]: chain id, its log-probability, k ids, k
-// log-probabilities. A chain id outside [0, vocab) gets a NaN log-probability. Ampere instructions only.
+// 16-byte aligned rows (vector loads); chain int64 [rows]; a workspace of the spans' keys and sums
+// (elpis_draft_candidates_spans gives the spans a row); out fp32 [rows, 2 + 2k]: chain id, its log-probability, k
+// ids, k log-probabilities. A chain id outside [0, vocab) gets a NaN log-probability. Ampere instructions only.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -35,12 +38,23 @@
 
 namespace {
 
-// Threads of a row's block, a power of two (a test build may take fewer: only S's reduction tree changes).
+// Threads of a block, a power of two (a test build may take fewer: only the sums' reduction trees change).
 #ifndef ELPIS_DRAFT_CANDIDATES_THREADS
-#define ELPIS_DRAFT_CANDIDATES_THREADS 512
+#define ELPIS_DRAFT_CANDIDATES_THREADS 256
+#endif
+// 16-byte vectors a span, and the most spans a row (a longer row gets longer spans). A test build takes short
+// spans so that small vocabularies are cut into several.
+#ifndef ELPIS_DRAFT_CANDIDATES_SPAN_VECTORS
+#define ELPIS_DRAFT_CANDIDATES_SPAN_VECTORS 1024
+#endif
+#ifndef ELPIS_DRAFT_CANDIDATES_MAX_SPANS
+#define ELPIS_DRAFT_CANDIDATES_MAX_SPANS 64
 #endif
 constexpr uint32_t kThreads = ELPIS_DRAFT_CANDIDATES_THREADS;
 static_assert(kThreads >= 32 && kThreads <= 1024 && (kThreads & (kThreads - 1)) == 0, "a power of two block");
+constexpr uint32_t kSpanVectors = ELPIS_DRAFT_CANDIDATES_SPAN_VECTORS;
+constexpr uint32_t kMaxSpans = ELPIS_DRAFT_CANDIDATES_MAX_SPANS;
+static_assert(kSpanVectors >= 1 && kMaxSpans >= 1 && kMaxSpans <= 1024, "spans");
 constexpr uint32_t kWarps = kThreads / 32;
 constexpr int kMaxK = 16;
 constexpr uint32_t kIndexBits = 24;  // ids travel as float32 in the packed row: exact below 2^24
@@ -159,29 +173,63 @@ __device__ __forceinline__ void block_top(Best& best, uint32_t k, uint64_t* warp
     }
 }
 
+// A row's spans: `count` spans of `vectors` 16-byte vectors each (the last may be shorter; each holds at least
+// one, unless the row is shorter than a vector), the row's single values past its last vector in the last span.
+struct Spans {
+    uint32_t count, vectors;
+};
+__host__ __device__ inline Spans spans_of(uint32_t vocab, uint32_t per_vector) {
+    const uint32_t total = vocab / per_vector;
+    if (total == 0u) return Spans{1u, 1u};
+    uint32_t per = kSpanVectors;
+    if ((total + per - 1u) / per > kMaxSpans) per = (total + kMaxSpans - 1u) / kMaxSpans;
+    return Spans{(total + per - 1u) / per, per};
+}
+
+// A block's sum of one float a thread, by a fixed tree (warp butterflies, then warp 0 over the warps' sums);
+// every thread gets the same bits.
+__device__ __forceinline__ float block_sum(float v, float* warp_sum) {
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    v = warp_sum_f32(v);
+    if (lane == 0) warp_sum[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        const float s = warp_sum_f32(lane < kWarps ? warp_sum[lane] : 0.0f);
+        if (lane == 0) warp_sum[kWarps] = s;
+    }
+    __syncthreads();
+    return warp_sum[kWarps];
+}
+
+// Block (span s, row r): the span's k best keys into keys[(r * spans + s) * k ..] and its sum of exp(x - m) into
+// sums[r * spans + s].
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    draft_candidates_kernel(const T* __restrict__ logits, uint32_t row_stride, uint32_t vocab,
-                            const int64_t* __restrict__ chain, uint32_t k, float* __restrict__ out) {
+    draft_candidates_span_kernel(const T* __restrict__ logits, uint32_t row_stride, uint32_t vocab, uint32_t k,
+                                 Spans spans, uint64_t* __restrict__ keys, float* __restrict__ sums) {
     __shared__ uint64_t warp_best[kWarps];
     __shared__ uint64_t chosen[kMaxK];
-    __shared__ float warp_sum[kWarps];
-    const uint32_t t = threadIdx.x, lane = t & 31u, warp = t >> 5, r = blockIdx.x;
+    __shared__ float warp_sum[kWarps + 1];
+    const uint32_t s = blockIdx.x, r = blockIdx.y;
     const T* row = logits + static_cast<size_t>(r) * row_stride;
+    const uint32_t total = vocab / Logit<T>::kPerVector, first = s * spans.vectors;
+    const uint32_t end = min(first + spans.vectors, total);
+    const uint32_t tail = s + 1u == spans.count ? total * Logit<T>::kPerVector : vocab;
 
-    // pass 0: each thread's largest key; the k-th largest of them is a floor no key of the row's k best is
-    // below (the k thread maxima at or above it are k keys of the row)
+    // pass 0: each thread's largest key; the k-th largest of them is the floor, the largest the span's maximum
     Best best;
     best.clear();
-    row_scan::each_logit<T, kThreads>(row, vocab, [&](uint32_t b, uint32_t i) {
+    row_scan::each_logit_span<T, kThreads>(row, first, end, tail, vocab, [&](uint32_t b, uint32_t i) {
         best.keys[0] = max_key(best.keys[0], make_key(Order<T>::of(b), i));
     });
     block_top(best, k, warp_best, chosen);
     const uint64_t floor = chosen[k - 1], floor_order = key_order(floor);
-    // pass 1: each thread's 16 best keys at or above the floor (few: a thread inserts rarely, so its warp
-    // seldom waits on the insertion), then the block's k best of all lists
+    const float m = Order<T>::value(key_order(chosen[0]));
+    // pass 1: each thread's 16 best keys at or above the floor, and its sum of exp(x - m) in index order
     best.clear();
-    row_scan::each_logit<T, kThreads>(row, vocab, [&](uint32_t b, uint32_t i) {
+    float sum = 0.0f;
+    row_scan::each_logit_span<T, kThreads>(row, first, end, tail, vocab, [&](uint32_t b, uint32_t i) {
+        sum += expf(Logit<T>::value(b) - m);
         const uint64_t order = Order<T>::of(b);
         if (order >= floor_order) {
             const uint64_t key = make_key(order, i);
@@ -189,21 +237,41 @@ __global__ void __launch_bounds__(kThreads)
         }
     });
     block_top(best, k, warp_best, chosen);
+    sum = block_sum(sum, warp_sum);
+    const size_t at = static_cast<size_t>(r) * spans.count + s;
+    if (threadIdx.x < k) keys[at * k + threadIdx.x] = chosen[threadIdx.x];
+    if (threadIdx.x == 0) sums[at] = sum;
+}
 
+// Block r: the row's candidates from its spans' keys and sums.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    draft_candidates_merge_kernel(const T* __restrict__ logits, uint32_t row_stride, uint32_t vocab,
+                                  const int64_t* __restrict__ chain, uint32_t k, uint32_t spans,
+                                  const uint64_t* __restrict__ keys, const float* __restrict__ sums,
+                                  float* __restrict__ out) {
+    __shared__ uint64_t warp_best[kWarps];
+    __shared__ uint64_t chosen[kMaxK];
+    __shared__ float warp_sum[kWarps + 1];
+    const uint32_t t = threadIdx.x, r = blockIdx.x;
+    const uint64_t* row_keys = keys + static_cast<size_t>(r) * spans * k;
+    const float* row_sums = sums + static_cast<size_t>(r) * spans;
+
+    Best best;
+    best.clear();
+    for (uint32_t i = t; i < spans * k; i += kThreads) best.insert(row_keys[i]);
+    block_top(best, k, warp_best, chosen);
     const float m = Order<T>::value(key_order(chosen[0]));
-    float sum = 0.0f;
-    row_scan::each_logit<T, kThreads>(row, vocab,
-                                      [&](uint32_t b, uint32_t) { sum += expf(Logit<T>::value(b) - m); });
-    sum = warp_sum_f32(sum);
-    if (lane == 0) warp_sum[warp] = sum;
-    __syncthreads();
-    if (warp == 0) {
-        const float s = warp_sum_f32(lane < kWarps ? warp_sum[lane] : 0.0f);
-        if (lane == 0) warp_sum[0] = s;
+    // S: each thread its spans t, t + kThreads, ... in order, then the block's tree. A span of -inf only (its
+    // maximum -inf, its own sum NaN) adds nothing; where every span is, S is 0 and every log-probability NaN.
+    float part = 0.0f;
+    for (uint32_t s = t; s < spans; s += kThreads) {
+        const float ms = Order<T>::value(key_order(row_keys[s * k]));
+        if (ms != -INFINITY) part += row_sums[s] * expf(ms - m);
     }
-    __syncthreads();
-    const float log_sum = logf(warp_sum[0]);
+    const float log_sum = logf(block_sum(part, warp_sum));
 
+    const T* row = logits + static_cast<size_t>(r) * row_stride;
     float* o = out + static_cast<size_t>(r) * (2 + 2 * k);
     if (t < k) {
         o[2 + t] = static_cast<float>(key_index(chosen[t]));
@@ -219,31 +287,55 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+__host__ __device__ inline uint32_t per_vector_of(uint32_t fp16) {
+    return fp16 ? row_scan::Logit<__half>::kPerVector : row_scan::Logit<float>::kPerVector;
+}
+
 }  // namespace
 
 extern "C" {
 
 int elpis_draft_candidates_threads(void) { return static_cast<int>(kThreads); }
 
+// The spans a row of `vocab` logits is cut into (fp16 where `fp16`, else fp32): the workspace takes
+// rows * spans * (8 k + 4) bytes.
+int elpis_draft_candidates_spans(uint32_t fp16, uint32_t vocab) {
+    return static_cast<int>(spans_of(vocab, per_vector_of(fp16)).count);
+}
+
 // out fp32 [rows, 2 + 2k] (drafter.pack_candidates' layout) from `rows` logit rows (fp16 where `fp16`, else fp32;
 // `vocab` values each, row r at logits + r * row_stride, 16-byte aligned) and chain int64 [rows], on `stream`
-// (a cudaStream_t passed as an address). Returns 0, -1 for arguments out of range, or the launch's cudaError_t.
+// (a cudaStream_t passed as an address), through `workspace` (8-byte aligned, `workspace_bytes` long, at least
+// what elpis_draft_candidates_spans says). Returns 0, -1 for arguments out of range, or the launch's cudaError_t.
 int elpis_draft_candidates(const void* logits, uint32_t fp16, uint32_t row_stride, uint32_t vocab, uint32_t rows,
-                           const void* chain, uint32_t k, void* out, void* stream) {
-    const uint32_t per_vector = fp16 ? row_scan::Logit<__half>::kPerVector : row_scan::Logit<float>::kPerVector;
-    if (logits == nullptr || chain == nullptr || out == nullptr || rows == 0u || rows > 65535u || vocab == 0u ||
-        vocab > row_stride || vocab > kIndexMask || fp16 > 1u || k == 0u || k > uint32_t(kMaxK) || k > vocab ||
-        reinterpret_cast<uintptr_t>(logits) % 16u != 0u || row_stride % per_vector != 0u)
+                           const void* chain, uint32_t k, void* workspace, uint64_t workspace_bytes, void* out,
+                           void* stream) {
+    const uint32_t per_vector = per_vector_of(fp16);
+    if (logits == nullptr || chain == nullptr || out == nullptr || workspace == nullptr || rows == 0u ||
+        rows > 65535u || vocab == 0u || vocab > row_stride || vocab > kIndexMask || fp16 > 1u || k == 0u ||
+        k > uint32_t(kMaxK) || k > vocab || reinterpret_cast<uintptr_t>(logits) % 16u != 0u ||
+        row_stride % per_vector != 0u || reinterpret_cast<uintptr_t>(workspace) % 8u != 0u)
         return -1;
-    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const Spans spans = spans_of(vocab, per_vector);
+    const uint64_t span_rows = uint64_t(rows) * spans.count;
+    if (workspace_bytes < span_rows * (8u * k + 4u)) return -1;
+    auto* keys = static_cast<uint64_t*>(workspace);
+    auto* sums = reinterpret_cast<float*>(keys + span_rows * k);
+    const cudaStream_t st = static_cast<cudaStream_t>(stream);
     const auto* ids = static_cast<const int64_t*>(chain);
     auto* o = static_cast<float*>(out);
-    if (fp16)
-        draft_candidates_kernel<__half><<<rows, kThreads, 0, s>>>(static_cast<const __half*>(logits), row_stride,
-                                                                vocab, ids, k, o);
-    else
-        draft_candidates_kernel<float><<<rows, kThreads, 0, s>>>(static_cast<const float*>(logits), row_stride,
-                                                                vocab, ids, k, o);
+    const dim3 grid(spans.count, rows);
+    if (fp16) {
+        const auto* x = static_cast<const __half*>(logits);
+        draft_candidates_span_kernel<__half><<<grid, kThreads, 0, st>>>(x, row_stride, vocab, k, spans, keys, sums);
+        draft_candidates_merge_kernel<__half><<<rows, kThreads, 0, st>>>(x, row_stride, vocab, ids, k, spans.count,
+                                                                        keys, sums, o);
+    } else {
+        const auto* x = static_cast<const float*>(logits);
+        draft_candidates_span_kernel<float><<<grid, kThreads, 0, st>>>(x, row_stride, vocab, k, spans, keys, sums);
+        draft_candidates_merge_kernel<float><<<rows, kThreads, 0, st>>>(x, row_stride, vocab, ids, k, spans.count,
+                                                                       keys, sums, o);
+    }
     return static_cast<int>(cudaGetLastError());
 }
 

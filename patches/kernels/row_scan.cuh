@@ -1,7 +1,7 @@
-// Every logit of one row of a head's output, for kernels that give each row one block (verify_epilogue.cu,
-// draft_candidates.cu). A row of the model's vocabulary is 485 KiB of fp16 read by a single multiprocessor, so
-// the block must keep many bytes in flight: each thread reads 16-byte vectors, two loads before it uses either
-// (2-byte loads, one at a time, leave a block latency-bound at a few GB/s). Rows must start 16-byte aligned.
+// The logits of one row of a head's output, or of a span of it, for kernels that read a row with one block
+// (verify_epilogue.cu) or with several (draft_candidates.cu, one block a span). A block must keep many bytes in
+// flight: each thread reads 16-byte vectors, two loads before it uses either (2-byte loads, one at a time, leave a
+// block latency-bound at a few GB/s). Rows must start 16-byte aligned.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -54,21 +54,30 @@ __device__ __forceinline__ void each_of_vector(uint4 w, uint32_t c, F& f) {
     }
 }
 
-// f(bits, index) of every logit of the row at `row` (16-byte aligned, `vocab` values) that thread threadIdx.x
-// of kThreads takes: vectors t, t + kThreads, ... ascending, then the values past the last whole vector. Each
-// thread sees its logits in ascending index order.
+// f(bits, index) of the logits a thread of kThreads takes from part of a row at `row` (16-byte aligned): the
+// whole vectors [first, end), thread threadIdx.x taking vectors first + t, first + t + kThreads, ... ascending,
+// then the single values [tail, vocab). Each thread sees its logits in ascending index order.
 template <typename T, uint32_t kThreads, typename F>
-__device__ __forceinline__ void each_logit(const T* row, uint32_t vocab, F&& f) {
-    const uint32_t t = threadIdx.x, vectors = vocab / Logit<T>::kPerVector;
+__device__ __forceinline__ void each_logit_span(const T* row, uint32_t first, uint32_t end, uint32_t tail,
+                                                uint32_t vocab, F&& f) {
+    const uint32_t t = threadIdx.x;
     const uint4* vec = reinterpret_cast<const uint4*>(row);
-    for (uint32_t c = t; c < vectors; c += 2 * kThreads) {
-        const bool two = c + kThreads < vectors;
+    for (uint32_t c = first + t; c < end; c += 2 * kThreads) {
+        const bool two = c + kThreads < end;
         const uint4 a = __ldg(vec + c);
         const uint4 b = two ? __ldg(vec + c + kThreads) : make_uint4(0u, 0u, 0u, 0u);
         each_of_vector<T>(a, c, f);
         if (two) each_of_vector<T>(b, c + kThreads, f);
     }
-    for (uint32_t i = vectors * Logit<T>::kPerVector + t; i < vocab; i += kThreads) f(Logit<T>::bits(row, i), i);
+    for (uint32_t i = tail + t; i < vocab; i += kThreads) f(Logit<T>::bits(row, i), i);
+}
+
+// f(bits, index) of every logit of the row at `row` (16-byte aligned, `vocab` values) that thread threadIdx.x
+// of kThreads takes: vectors t, t + kThreads, ... ascending, then the values past the last whole vector.
+template <typename T, uint32_t kThreads, typename F>
+__device__ __forceinline__ void each_logit(const T* row, uint32_t vocab, F&& f) {
+    const uint32_t vectors = vocab / Logit<T>::kPerVector;
+    each_logit_span<T, kThreads>(row, 0u, vectors, vectors * Logit<T>::kPerVector, vocab, f);
 }
 
 }  // namespace row_scan

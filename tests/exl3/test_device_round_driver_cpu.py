@@ -48,7 +48,7 @@ def kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     epilogue = cuda_emu.build_emulated(verify_epilogue.SOURCE, out / "epilogue", launches=2, defines=threads)
     threads = {"ELPIS_DRAFT_CANDIDATES_THREADS": 32}
     source = draft_candidates.SOURCE
-    candidates = cuda_emu.build_emulated(source, out / "candidates", launches=2, defines=threads)
+    candidates = cuda_emu.build_emulated(source, out / "candidates", launches=4, defines=threads)
     return (
         round_plan.bind(plan), round_tail.bind(tail), verify_epilogue.bind(epilogue, threads=32),
         draft_candidates.bind(candidates, threads=32),
@@ -192,7 +192,7 @@ def driver(backend: StandInBackend) -> dr.DeviceRounds:
     tests/kernels/test_round_check.py's)."""
     rounds = dr.DeviceRounds.__new__(dr.DeviceRounds)
     rounds.backend, rounds.drafts = backend, backend.drafter.graphs
-    rounds.block_candidates = draft_candidates.candidates  # the one-launch kernel, emulated
+    rounds.block_candidates = draft_candidates.candidates  # the candidates kernels, emulated
     rounds._buffers("cpu", RUN, pin_memory=False)
     return rounds
 

@@ -1,8 +1,9 @@
-"""The draft candidates kernel (patches/kernels/draft_candidates.cu) on the CPU, through the CUDA emulation of
+"""The draft candidates kernels (patches/kernels/draft_candidates.cu) on the CPU, through the CUDA emulation of
 tests/kernels/cuda_emu.py: on edge rows (tests/kernels/draft_candidates_cases.py) and random ones, fp16 and
-fp32, read through a row stride, its ids are the exact order and its log-probabilities within LP_TOLERANCE of
-fp64's; it agrees with torch's composition (`drafter.block_candidates`) where torch's order is defined; bad
-arguments are refused. The GPU's own run is tests/kernels/test_draft_candidates.py."""
+fp32, read through a row stride, cut into many spans, into a few long ones (the cap on spans) and into one, the
+ids are the exact order and the log-probabilities within LP_TOLERANCE of fp64's; they agree with torch's
+composition (`drafter.block_candidates`) where torch's order is defined; bad arguments are refused. The GPU's
+own run is tests/kernels/test_draft_candidates.py."""
 
 from __future__ import annotations
 
@@ -18,22 +19,37 @@ from tests.kernels import cuda_emu
 from tests.kernels.draft_candidates_cases import LP_TOLERANCE, check_packed, one_threads_row, rows
 
 
-def build(tmp_path_factory: pytest.TempPathFactory, threads: int) -> ctypes.CDLL:
-    out = tmp_path_factory.mktemp(f"draft_candidates_{threads}")
-    defines = {"ELPIS_DRAFT_CANDIDATES_THREADS": threads}
-    built = cuda_emu.build_emulated(draft_candidates.SOURCE, out, launches=2, defines=defines)
+def build(
+    tmp_path_factory: pytest.TempPathFactory, threads: int, span_vectors: int = 1024, max_spans: int = 64
+) -> ctypes.CDLL:
+    out = tmp_path_factory.mktemp(f"draft_candidates_{threads}_{span_vectors}_{max_spans}")
+    defines = {
+        "ELPIS_DRAFT_CANDIDATES_THREADS": threads,
+        "ELPIS_DRAFT_CANDIDATES_SPAN_VECTORS": span_vectors,
+        "ELPIS_DRAFT_CANDIDATES_MAX_SPANS": max_spans,
+    }
+    built = cuda_emu.build_emulated(draft_candidates.SOURCE, out, launches=4, defines=defines)
     return draft_candidates.bind(built, threads=threads)
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """Blocks of 64 threads: two warps, so the block's merge of warps runs (the served 512 is 16 of them)."""
-    return build(tmp_path_factory, 64)
+    """Blocks of 64 threads (two warps, so the blocks' merges of warps run; the served 256 is 8 of them) and
+    spans of 16 vectors, so a row of a few hundred logits is cut into several (a span of the model's row is 1,024
+    vectors, 31 spans)."""
+    return build(tmp_path_factory, 64, span_vectors=16)
 
 
 @pytest.fixture(scope="module")
 def lib32(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """One warp, and one span for any row of the tests: a single block sees the whole row."""
     return build(tmp_path_factory, 32)
+
+
+@pytest.fixture(scope="module")
+def lib_capped(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """At most 3 spans a row: longer rows get longer spans than the 16 vectors asked for."""
+    return build(tmp_path_factory, 64, span_vectors=16, max_spans=3)
 
 
 @pytest.fixture
@@ -52,13 +68,16 @@ def chain_of(n: int, vocab: int, seed: int) -> torch.Tensor:
 @pytest.mark.usefixtures("on_cpu")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(
-    ("vocab", "pad", "k"), [(1000, 8, 4), (100, 4, 16), (517, 11, 1), (4096, 64, 7), (24, 0, 16)]
+    ("vocab", "pad", "k"),
+    [(1000, 8, 4), (100, 4, 16), (517, 11, 1), (4096, 64, 7), (24, 0, 16), (520, 0, 16)],
 )
 def test_candidates_are_the_exact_order_with_fp64_log_probabilities(
     vocab: int, pad: int, k: int, dtype: torch.dtype
 ) -> None:
     """Rows read in place through a padded stride (what lies past a row is NaN and never read); fp16 is what
-    ExLlamaV3's head writes. A vocabulary not a multiple of the vector width runs the kernel's tail."""
+    ExLlamaV3's head writes. Spans of 16 vectors: 1 to 32 a row; a vocabulary not a multiple of the vector width
+    runs the last span's tail; 520 fp16 logits leave a last span of 8, fewer than k; rows of -inf spans among
+    finite ones (rows 6 and 10), a NaN or +inf in one span (rows 2-4)."""
     if dtype == torch.float16:
         pad += (-(vocab + pad)) % 8  # fp16 rows start 16-byte aligned
     else:
@@ -77,11 +96,15 @@ def test_candidates_are_the_exact_order_with_fp64_log_probabilities(
 
 @pytest.mark.usefixtures("on_cpu")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_the_top_16_all_in_one_threads_list(dtype: torch.dtype) -> None:
-    """One thread sees the row's 16 largest logits: its own list must keep all 16 (one of 8 or 12 entries, a
-    mutant's, loses some)."""
+def test_the_top_16_all_in_one_threads_list(
+    dtype: torch.dtype, lib32: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One thread of a row's one span sees the row's 16 largest logits: its own list must keep all 16 (one of 8
+    or 12 entries, a mutant's, loses some)."""
+    monkeypatch.setattr(draft_candidates, "_library", lambda: lib32)
+    assert lib32.elpis_draft_candidates_spans(int(dtype == torch.float16), 4096) == 1
     per_vector = 8 if dtype == torch.float16 else 4
-    logits = one_threads_row(4096, 64, per_vector, seed=per_vector).to(dtype)
+    logits = one_threads_row(4096, 32, per_vector, seed=per_vector).to(dtype)
     chain = torch.zeros(1, dtype=torch.long)
     assert check_packed(draft_candidates.candidates(chain, logits, 16), logits, chain, 16) <= LP_TOLERANCE
 
@@ -110,20 +133,34 @@ def test_random_rows_match_torchs_composition() -> None:
 
 
 @pytest.mark.usefixtures("on_cpu")
-def test_the_ids_do_not_depend_on_the_block(lib32: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only S's reduction tree depends on the block: 64 and 32 threads give the same ids and log-probabilities
-    within the tolerance of each other."""
+def test_the_ids_do_not_depend_on_the_spans_or_the_block(
+    lib: ctypes.CDLL, lib32: ctypes.CDLL, lib_capped: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only S's summation depends on how a row is cut and on the block: 8 spans of 64 threads, 3 long spans (the
+    cap) and one span of 32 threads give the same ids and log-probabilities within 1e-5 of each other."""
     logits = rows(1000, seed=2).half()
     chain = chain_of(16, 1000, 2)
-    a = draft_candidates.candidates(chain, logits, 16)  # on_cpu's build of 64 threads
-    monkeypatch.setattr(draft_candidates, "_library", lambda: lib32)
-    b = draft_candidates.candidates(chain, logits, 16)
-    assert torch.equal(a[:, 2:18], b[:, 2:18]) and torch.equal(a[:, 0], b[:, 0])
-    lp_a, lp_b = a[:, 18:], b[:, 18:]
-    finite = torch.isfinite(lp_a)
-    assert torch.equal(finite, torch.isfinite(lp_b))
-    assert torch.equal(lp_a[~finite].nan_to_num(), lp_b[~finite].nan_to_num())  # NaN and -inf alike
-    assert (lp_a[finite] - lp_b[finite]).abs().max().item() <= 1e-5
+    assert [b.elpis_draft_candidates_spans(1, 1000) for b in (lib, lib_capped, lib32)] == [8, 3, 1]
+    a = draft_candidates.candidates(chain, logits, 16)  # on_cpu's build
+    for other in (lib_capped, lib32):
+        monkeypatch.setattr(draft_candidates, "_library", lambda other=other: other)
+        b = draft_candidates.candidates(chain, logits, 16)
+        assert torch.equal(a[:, 2:18], b[:, 2:18]) and torch.equal(a[:, 0], b[:, 0])
+        lp_a, lp_b = a[:, 18:], b[:, 18:]
+        finite = torch.isfinite(lp_a)
+        assert torch.equal(finite, torch.isfinite(lp_b))
+        assert torch.equal(lp_a[~finite].nan_to_num(), lp_b[~finite].nan_to_num())  # NaN and -inf alike
+        assert (lp_a[finite] - lp_b[finite]).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("fp16", "vocab", "spans"),
+    [(1, 248_320, 31), (0, 248_320, 61), (1, 8192, 1), (1, 8200, 2), (1, 7, 1), (0, (1 << 24) - 1, 64)],
+)
+def test_the_spans_of_a_row(lib32: ctypes.CDLL, fp16: int, vocab: int, spans: int) -> None:
+    """The served geometry (spans of 1,024 vectors, at most 64 a row): the model's row of fp16 logits is 31
+    spans (7 block rows: 217 blocks), a row shorter than a vector one span, the widest row 64 longer spans."""
+    assert lib32.elpis_draft_candidates_spans(fp16, vocab) == spans
 
 
 @pytest.mark.usefixtures("on_cpu")
@@ -155,21 +192,29 @@ def test_the_kernel_refuses_what_the_binding_would(lib: ctypes.CDLL) -> None:
     logits = torch.zeros((2, 64), dtype=torch.float16)
     chain = torch.zeros(2, dtype=torch.long)
     out = torch.full((2, 34), 5.0)
-    args = dict(fp16=1, stride=64, vocab=64, rows=2, k=16)
+    workspace = torch.zeros(1024, dtype=torch.int64)
+    assert lib.elpis_draft_candidates_spans(1, 64) == 1  # so 2 rows x 1 span x (8 x 16 + 4) bytes are needed
+    args = dict(fp16=1, stride=64, vocab=64, rows=2, k=16, ws=workspace.data_ptr(), ws_bytes=264)
     too_wide = {"vocab": 1 << 24, "stride": 1 << 24}  # ids past float32's exact integers; nothing is read
     for bad in ({"k": 17}, {"k": 0}, {"vocab": 65}, {"stride": 60, "vocab": 60}, {"rows": 0}, {"rows": 65536},
-                {"fp16": 2}, too_wide):  # fmt: skip
+                {"fp16": 2}, too_wide, {"ws_bytes": 263}, {"ws": workspace.data_ptr() + 4},
+                {"ws": None}):  # fmt: skip
         a = {**args, **bad}
         err = lib.elpis_draft_candidates(logits.data_ptr(), a["fp16"], a["stride"], a["vocab"], a["rows"],
-                                         chain.data_ptr(), a["k"], out.data_ptr(), None)  # fmt: skip
+                                         chain.data_ptr(), a["k"], a["ws"], a["ws_bytes"], out.data_ptr(),
+                                         None)  # fmt: skip
         assert err == -1, bad
     assert (
         lib.elpis_draft_candidates(
-            logits.data_ptr() + 2, 1, 64, 64, 2, chain.data_ptr(), 4, out.data_ptr(), None
+            logits.data_ptr() + 2, 1, 64, 64, 2, chain.data_ptr(), 4, workspace.data_ptr(), 8192, out.data_ptr(),
+            None,
         )
         == -1
     )
-    assert torch.all(out == 5.0)
+    assert torch.all(out == 5.0) and torch.all(workspace == 0)
+    assert lib.elpis_draft_candidates(
+        logits.data_ptr(), 1, 64, 64, 2, chain.data_ptr(), 16, workspace.data_ptr(), 264, out.data_ptr(), None
+    ) == 0  # the least workspace the geometry needs is enough
 
 
 def test_the_drafter_takes_the_kernel_as_the_switch_says(
@@ -186,5 +231,5 @@ def test_the_drafter_takes_the_kernel_as_the_switch_says(
 
 
 def test_a_build_of_another_block_is_refused(lib32: ctypes.CDLL) -> None:
-    with pytest.raises(RuntimeError, match="32 threads a block, expected 512"):
+    with pytest.raises(RuntimeError, match="32 threads a block, expected 256"):
         draft_candidates.bind(lib32)
