@@ -1,5 +1,5 @@
-"""Python entry to a draft block's candidates from one kernel pair (`patches/kernels/draft_candidates.cu`: a block
-per span of each row, then a block per row merging its spans).
+"""Python entry to a draft block's candidates from two launches (`patches/kernels/draft_candidates.cu`: a
+block per span of each row, then a block per row merging its spans).
 
 `candidates(chain, logits, top_k)` returns what `drafter.block_candidates` returns, in
 `drafter.pack_candidates`' layout: per row the selector's chain token and its log-probability under the row's

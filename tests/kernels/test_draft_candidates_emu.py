@@ -1,9 +1,9 @@
-"""The draft candidates kernels (patches/kernels/draft_candidates.cu) on the CPU, through the CUDA emulation of
-tests/kernels/cuda_emu.py: on edge rows (tests/kernels/draft_candidates_cases.py) and random ones, fp16 and
-fp32, read through a row stride, cut into many spans, into a few long ones (the cap on spans) and into one, the
-ids are the exact order and the log-probabilities within LP_TOLERANCE of fp64's; they agree with torch's
-composition (`drafter.block_candidates`) where torch's order is defined; bad arguments are refused. The GPU's
-own run is tests/kernels/test_draft_candidates.py."""
+"""The draft candidates kernels (patches/kernels/draft_candidates.cu) on the CPU, through the CUDA emulation
+of tests/kernels/cuda_emu.py: on edge rows (tests/kernels/draft_candidates_cases.py) and random ones, fp16
+and fp32, read through a row stride, cut into many spans, into a few long ones (the cap on spans) and into
+one, the ids are the exact order and the log-probabilities within LP_TOLERANCE of fp64's; they agree with
+torch's composition (`drafter.block_candidates`) where torch's order is defined; bad arguments are refused.
+The GPU's own run is tests/kernels/test_draft_candidates.py."""
 
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ def build(
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """Blocks of 64 threads (two warps, so the blocks' merges of warps run; the served 256 is 8 of them) and
-    spans of 16 vectors, so a row of a few hundred logits is cut into several (a span of the model's row is 1,024
-    vectors, 31 spans)."""
+    """Blocks of 64 threads (two warps, so the blocks' merges of warps run; the served 256 is 8 of them)
+    and spans of 16 vectors, so a row of a few hundred logits is cut into several (a span of the model's
+    row is 1,024 vectors, 31 spans)."""
     return build(tmp_path_factory, 64, span_vectors=16)
 
 
@@ -75,9 +75,9 @@ def test_candidates_are_the_exact_order_with_fp64_log_probabilities(
     vocab: int, pad: int, k: int, dtype: torch.dtype
 ) -> None:
     """Rows read in place through a padded stride (what lies past a row is NaN and never read); fp16 is what
-    ExLlamaV3's head writes. Spans of 16 vectors: 1 to 32 a row; a vocabulary not a multiple of the vector width
-    runs the last span's tail; 520 fp16 logits leave a last span of 8, fewer than k; rows of -inf spans among
-    finite ones (rows 6 and 10), a NaN or +inf in one span (rows 2-4)."""
+    ExLlamaV3's head writes. Spans of 16 vectors: 1 to 32 a row; a vocabulary not a multiple of the vector
+    width runs the last span's tail; 520 fp16 logits leave a last span of 8, fewer than k; rows of -inf
+    spans among finite ones (rows 6 and 10), a NaN or +inf in one span (rows 2-4)."""
     if dtype == torch.float16:
         pad += (-(vocab + pad)) % 8  # fp16 rows start 16-byte aligned
     else:
@@ -99,8 +99,8 @@ def test_candidates_are_the_exact_order_with_fp64_log_probabilities(
 def test_the_top_16_all_in_one_threads_list(
     dtype: torch.dtype, lib32: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One thread of a row's one span sees the row's 16 largest logits: its own list must keep all 16 (one of 8
-    or 12 entries, a mutant's, loses some)."""
+    """One thread of a row's one span sees the row's 16 largest logits: its own list must keep all 16 (one
+    of 8 or 12 entries, a mutant's, loses some)."""
     monkeypatch.setattr(draft_candidates, "_library", lambda: lib32)
     assert lib32.elpis_draft_candidates_spans(int(dtype == torch.float16), 4096) == 1
     per_vector = 8 if dtype == torch.float16 else 4
@@ -136,8 +136,9 @@ def test_random_rows_match_torchs_composition() -> None:
 def test_the_ids_do_not_depend_on_the_spans_or_the_block(
     lib: ctypes.CDLL, lib32: ctypes.CDLL, lib_capped: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Only S's summation depends on how a row is cut and on the block: 8 spans of 64 threads, 3 long spans (the
-    cap) and one span of 32 threads give the same ids and log-probabilities within 1e-5 of each other."""
+    """Only S's summation depends on how a row is cut and on the block: 8 spans of 64 threads, 3 long spans
+    (the cap) and one span of 32 threads give the same ids and log-probabilities within 1e-5 of each
+    other."""
     logits = rows(1000, seed=2).half()
     chain = chain_of(16, 1000, 2)
     assert [b.elpis_draft_candidates_spans(1, 1000) for b in (lib, lib_capped, lib32)] == [8, 3, 1]
@@ -196,25 +197,19 @@ def test_the_kernel_refuses_what_the_binding_would(lib: ctypes.CDLL) -> None:
     assert lib.elpis_draft_candidates_spans(1, 64) == 1  # so 2 rows x 1 span x (8 x 16 + 4) bytes are needed
     args = dict(fp16=1, stride=64, vocab=64, rows=2, k=16, ws=workspace.data_ptr(), ws_bytes=264)
     too_wide = {"vocab": 1 << 24, "stride": 1 << 24}  # ids past float32's exact integers; nothing is read
-    for bad in ({"k": 17}, {"k": 0}, {"vocab": 65}, {"stride": 60, "vocab": 60}, {"rows": 0}, {"rows": 65536},
-                {"fp16": 2}, too_wide, {"ws_bytes": 263}, {"ws": workspace.data_ptr() + 4},
-                {"ws": None}):  # fmt: skip
+
+    def call(**bad: object) -> int:
         a = {**args, **bad}
-        err = lib.elpis_draft_candidates(logits.data_ptr(), a["fp16"], a["stride"], a["vocab"], a["rows"],
-                                         chain.data_ptr(), a["k"], a["ws"], a["ws_bytes"], out.data_ptr(),
-                                         None)  # fmt: skip
-        assert err == -1, bad
-    assert (
-        lib.elpis_draft_candidates(
-            logits.data_ptr() + 2, 1, 64, 64, 2, chain.data_ptr(), 4, workspace.data_ptr(), 8192, out.data_ptr(),
-            None,
-        )
-        == -1
-    )
+        return lib.elpis_draft_candidates(logits.data_ptr() + a.get("misalign", 0), a["fp16"], a["stride"],
+                                          a["vocab"], a["rows"], chain.data_ptr(), a["k"], a["ws"],
+                                          a["ws_bytes"], out.data_ptr(), None)  # fmt: skip
+
+    for bad in ({"k": 17}, {"k": 0}, {"vocab": 65}, {"stride": 60, "vocab": 60}, {"rows": 0}, {"rows": 65536},
+                {"fp16": 2}, too_wide, {"ws_bytes": 263}, {"ws": workspace.data_ptr() + 4}, {"ws": None},
+                {"misalign": 2}):  # fmt: skip
+        assert call(**bad) == -1, bad
     assert torch.all(out == 5.0) and torch.all(workspace == 0)
-    assert lib.elpis_draft_candidates(
-        logits.data_ptr(), 1, 64, 64, 2, chain.data_ptr(), 16, workspace.data_ptr(), 264, out.data_ptr(), None
-    ) == 0  # the least workspace the geometry needs is enough
+    assert call() == 0  # the least workspace the geometry needs is enough
 
 
 def test_the_drafter_takes_the_kernel_as_the_switch_says(
