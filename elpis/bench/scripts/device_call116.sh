@@ -24,6 +24,6 @@ gpu_pytest "gdn tree kernel, tree verify and graphs" 150 tests/kernels/test_gdn_
   tests/exl3/test_tree_graph.py
 gpu_pytest "rows GEMM kernel and patch" 150 tests/kernels/test_rows_gemm.py tests/exl3/test_rows_gemm_patch.py
 [ -n "$SYNTH" ] && wait_synth
-switch_ab round-fused "MLP act and norm input launches" ELPIS_PATCH_MLP_ACT_INPUT ELPIS_PATCH_NORM_INPUT
+engine_switch_ab round-fused "MLP act and norm input launches" ELPIS_PATCH_MLP_ACT_INPUT ELPIS_PATCH_NORM_INPUT
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
 pack_outputs

@@ -18,7 +18,7 @@ start_build_and_synths
 wait_build
 gpu_pytest "rows GEMM kernel and patch" 170 tests/kernels/test_rows_gemm.py tests/exl3/test_rows_gemm_patch.py
 wait_synth
-switch_ab round-norm "MLP act and norm input launches" ELPIS_PATCH_MLP_ACT_INPUT ELPIS_PATCH_NORM_INPUT
+engine_switch_ab round-norm "MLP act and norm input launches" ELPIS_PATCH_MLP_ACT_INPUT ELPIS_PATCH_NORM_INPUT
 echo "=== host gaps ($(left) s left)" | tee -a "$OUT/log"
 timeout -k 5 $(( $(left) > 150 ? 140 : $(left) - 10 )) python3 elpis/bench/scripts/host_gaps.py /tmp/full/target \
   /tmp/full/draft --contexts 1024,8192 --rounds 12 2>&1 | grep -E "^HOSTGAPS|Error|error" \

@@ -16,7 +16,7 @@ ELPIS_PATCH_EMBED_GATHER=1 gpu_pytest "embedding gather, tree and draft graphs, 
   tests/exl3/test_embed_gather.py tests/exl3/test_tree_graph.py tests/exl3/test_draft_graph.py \
   tests/exl3/test_verify_gate.py
 wait_synth
-switch_ab round-embed "embedding gather" ELPIS_PATCH_EMBED_GATHER
+engine_switch_ab round-embed "embedding gather" ELPIS_PATCH_EMBED_GATHER
 echo "=== host gaps, gather on, 1K and 8K, no profiler ($(left) s left)" | tee -a "$OUT/log"
 ELPIS_PATCH_EMBED_GATHER=1 timeout -k 5 $(( $(left) - 10 )) python3 elpis/bench/scripts/host_gaps.py \
   /tmp/full/target /tmp/full/draft --contexts 1024,8192 --threads 1 --rounds 24 --profile 0 2>&1 \

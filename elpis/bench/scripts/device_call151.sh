@@ -1,11 +1,14 @@
 #!/bin/bash
-# Call 151 (staged in session 39 for the next session): why rounds on the GPU gained nothing in calls 149-150,
-# and the draft candidates' floor pass timed.
-# 1. The draft candidates kernel's GPU tests with its timing line (call 149 timed the first form at 268 us a
-#    block of 7 rows against torch's 144; the floor pass is untimed), beside the verify epilogue's.
-# 2. device_round_ab.py at 1K and 8K, 2 timed pairs, then one profiled request of 16 rounds per arm: GPU span,
-#    busy, idle and kernels per round, and the kernels whose time differs most (device minus host).
-# 3. If time is left, the same A/B with the draft candidates switch on (both arms take it).
+# Call 151 (session 40): the draft candidates' span kernels timed, why rounds on the GPU gained nothing in calls
+# 149-150, and in-process A/Bs of switches that keep every bit.
+# 1. The draft candidates kernels' GPU tests with their timing line (call 149 timed the one-block-a-row form at
+#    268 us a block of 7 rows against torch's 144; session 40 cut each row into 31 spans), beside the verify
+#    epilogue's.
+# 2. switch_ab.py, exl3-draft-candidates off against on (two backends in one process), 1K, 3 pairs: the round.
+# 3. device_round_ab.py at 1K, 2 timed pairs and one profiled request of 16 rounds per arm: GPU span, busy, idle
+#    and kernels per round of host and device rounds, and the kernels whose time differs most.
+# 4. switch_ab.py with the four same-bits switches that were each within noise alone (exl3-gdn-qkv-channel-major,
+#    exl3-norm-input, exl3-mlp-act-input, exl3-embed-gather), 1K and 8K, 3 pairs, 16 profiled rounds an arm.
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
@@ -14,14 +17,24 @@ start_build_and_full_synth
 join_build
 gpu_pytest "draft candidates and verify epilogue" 120 tests/kernels/test_draft_candidates.py \
   tests/kernels/test_verify_epilogue.py
+candidates_ok=$LAST_PYTEST_RC
 wait_synth
-for cand in 0 1; do
-  [ "$(left)" -gt 120 ] || break
-  echo "=== device rounds A/B with profiles, candidates switch $cand ($(left) s left)" | tee -a "$OUT/log"
-  ELPIS_PATCH_DRAFT_CANDIDATES=$cand timeout -k 5 $(( $(left) - 10 )) python3 elpis/bench/scripts/device_round_ab.py \
-    /tmp/full/target /tmp/full/draft --out "$OUT/device-round-prof-cand$cand.json" --contexts 1024,8192 \
-    --tokens 40 --pairs 2 --profile-rounds 16 > "$OUT/device-round-prof-cand$cand.txt" 2>&1
-  echo "A/B with profiles, candidates $cand: exit $?" | tee -a "$OUT/log"
-  grep -E "DEVROUNDAB|DEVROUNDPROF|Error|error" "$OUT/device-round-prof-cand$cand.txt" | tail -6 | tee -a "$OUT/log"
-done
+# ab NAME MARGIN SCRIPT ARGS...: one in-process A/B, stopped MARGIN s before the call's limit; its lines in the log
+ab() {
+  local name=$1 margin=$2 script=$3
+  shift 3
+  [ "$(left)" -gt $(( margin + 60 )) ] || { echo "$name: skipped ($(left) s left)" | tee -a "$OUT/log"; return; }
+  echo "=== $name ($(left) s left)" | tee -a "$OUT/log"
+  timeout -k 5 $(( $(left) - margin )) python3 "elpis/bench/scripts/$script" /tmp/full/target /tmp/full/draft \
+    --out "$OUT/$name.json" "$@" > "$OUT/$name.txt" 2>&1
+  echo "$name: exit $?" | tee -a "$OUT/log"
+  grep -E "^(SWITCHAB|SWITCHPROF|DEVROUNDAB|DEVROUNDPROF) |Error|error" "$OUT/$name.txt" | tail -6 | cut -c1-1500 \
+    | tee -a "$OUT/log"
+}
+if [ "$candidates_ok" = 0 ]; then
+  ab switch-ab-candidates-call151 250 switch_ab.py --switches exl3-draft-candidates --contexts 1024 --pairs 3
+fi
+ab device-round-prof-call151 170 device_round_ab.py --contexts 1024 --pairs 2 --profile-rounds 16
+ab switch-ab-same-bits-call151 10 switch_ab.py --contexts 1024,8192 --pairs 3 --profile-rounds 16 \
+  --switches exl3-gdn-qkv-channel-major,exl3-norm-input,exl3-mlp-act-input,exl3-embed-gather
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"

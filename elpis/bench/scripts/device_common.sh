@@ -110,10 +110,11 @@ engine_bench() {
   echo "bench $stem: exit $?" | tee -a "$OUT/log"
   grep -E "^\| [0-9]+K" "$OUT/$stem.md" 2>/dev/null | head -8 | tee -a "$OUT/log"
 }
-# switch_ab STEM TITLE VAR...: alternating `elpis bench engine` runs of elpis-tree16 with the switch variables
+# engine_switch_ab STEM TITLE VAR...: alternating `elpis bench engine` runs of elpis-tree16 with the switch variables
 # VAR... all 0, 1, 0, 1 (stock beside it in the first run), $OUT/STEM-{off,on}-{1,2}.*, for ab_pooled.py (arm A
-# the "on" runs); a run starts only with more than a minute left; the variables are unset afterwards.
-switch_ab() {
+# the "on" runs); a run starts only with more than a minute left; the variables are unset afterwards. Separate
+# processes, one backend each; switch_ab.py compares two backends in one process, alternating requests.
+engine_switch_ab() {
   local stem=$1 title=$2 run state systems var
   shift 2
   for run in off-1 on-1 off-2 on-2; do

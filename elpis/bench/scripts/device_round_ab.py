@@ -1,6 +1,6 @@
 """A/B (GPU machine, after `elpis build` and the full-size synth in /tmp/full): greedy tree rounds decided on
 the host against rounds decided on the GPU (`elpis.exl3.device_round`, registry switch exl3-device-rounds),
-in one process on one backend.
+in one process on one backend (`elpis.bench.rounds_ab`).
 
 Loads the served configuration with the embedding gather and device rounds switched on (both needed by the
 device rounds; the host rounds run with the gather too, so the arms differ only in who decides), then for each
@@ -23,86 +23,13 @@ Usage (repo root):
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
-import statistics
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-WARMUP_ROUNDS = 4  # rounds of each request left out of its times (captures, caches)
-DIFF_KERNELS = 12  # kernel names listed by their difference between the arms
-
-
-def profiled_rounds(
-    backend: Any, decoder: Any, prompt: list[int], rounds: int, budget: int
-) -> dict[str, Any]:
-    """One greedy request whose rounds WARMUP_ROUNDS .. WARMUP_ROUNDS + `rounds` run under the CUDA profiler:
-    per round, the window's span, busy and idle GPU ms and kernel count (`phases.summarize`), and every
-    kernel's ms per round by name. A round on the GPU is queued one round ahead of the step that reports it,
-    so the window's edges may hold part of a neighbouring round; over 16 rounds that is a few per cent."""
-    import tempfile
-
-    import torch
-
-    from elpis.bench.phases import summarize
-
-    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
-    steps = greedy_steps(backend, decoder, prompt, WARMUP_ROUNDS + rounds + 4, budget)
-    for step, _ in enumerate(steps):
-        if step == WARMUP_ROUNDS:
-            torch.cuda.synchronize()
-            profiler.start()
-        elif step == WARMUP_ROUNDS + rounds:
-            torch.cuda.synchronize()
-            profiler.stop()
-    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
-        profiler.export_chrome_trace(trace.name)
-        events = json.loads(Path(trace.name).read_text())["traceEvents"]
-    summary = summarize(events, rounds, "round", top=None)
-    by_name: dict[str, float] = {}  # every kernel's ms per round, whatever phase (none are labelled here)
-    for phase in summary["phases"].values():
-        for name, (ms, _) in phase["top_kernels"].items():
-            by_name[name] = by_name.get(name, 0.0) + ms
-    times = {k: summary[k] for k in ("span_ms", "busy_ms", "idle_ms")}
-    return times | {"kernels": summary["kernels"] / rounds, "by_name": by_name}
-
-
-def profile_difference(host: dict[str, Any], device: dict[str, Any]) -> dict[str, Any]:
-    """Both arms' span, busy and idle ms per round, and the kernel names whose ms per round differ most."""
-    names = set(host["by_name"]) | set(device["by_name"])
-    diff = {n: device["by_name"].get(n, 0.0) - host["by_name"].get(n, 0.0) for n in names}
-    top = sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:DIFF_KERNELS]
-    return {
-        arm: {k: round(doc[k], 4) for k in ("span_ms", "busy_ms", "idle_ms", "kernels")}
-        for arm, doc in (("host", host), ("device", device))
-    } | {"kernel_ms_device_minus_host": {n: round(d, 4) for n, d in top}}
-
-
-def greedy_steps(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget: int) -> Any:
-    """The steps of one greedy request of `tokens` tokens through the speculation core (trees of the draft's
-    top-4, `budget` rows)."""
-    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
-
-    gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=budget, draft_top_k=4)
-    request = GenerationRequest(prompt_ids=tuple(prompt), max_tokens=tokens, sampling=SamplingParams(),
-                                ignore_eos=True)  # fmt: skip
-    return gen.generate(request)
-
-
-def rounds_of(
-    backend: Any, decoder: Any, prompt: list[int], tokens: int, budget: int
-) -> tuple[list[int], list[float]]:
-    """One greedy request through the speculation core: its tokens and each round's seconds after the
-    warm-up rounds (a step is a round)."""
-    out: list[int] = []
-    stamps = [time.perf_counter()]
-    for step in greedy_steps(backend, decoder, prompt, tokens, budget):
-        stamps.append(time.perf_counter())
-        out += step.token_ids
-    seconds = [b - a for a, b in itertools.pairwise(stamps[1:])]  # the first step holds the prefill
-    return out, seconds[WARMUP_ROUNDS:]
+from elpis.bench.rounds_ab import alternate, compare, profile_difference, profiled_rounds, rounds_of
 
 
 def main() -> None:
@@ -119,7 +46,6 @@ def main() -> None:
     os.environ["ELPIS_PATCH_EMBED_GATHER"] = "1"
     os.environ["ELPIS_PATCH_DEVICE_ROUNDS"] = "1"
 
-    from elpis.bench.report import mad_ms, noise_ms
     from elpis.bench.worker import BenchDecoder
     from elpis.bench.workload import prompt as make_prompt
     from elpis.exl3 import load_backend
@@ -129,46 +55,32 @@ def main() -> None:
     backend.prefix.enabled = False  # every request prefills: no pair reuses another's pages
     decoder = BenchDecoder(args.model)
     device = backend.device_rounds
+
+    def on(arm: str, serve: Callable[..., Any], prompt: list[int], *more: int) -> Any:
+        """`serve(backend, decoder, prompt, *more)` as the arm: host rounds detach the device rounds."""
+        backend.device_rounds = device if arm == "device" else None
+        try:
+            return serve(backend, decoder, prompt, *more)
+        finally:
+            backend.device_rounds = device
+
     docs = []
     for context in (int(c) for c in args.contexts.split(",")):
         base = make_prompt(context + 1, seed=context, vocab=backend.info.vocab_size)
-        arms: dict[str, list[float]] = {"host": [], "device": []}
-        tokens: dict[str, list[int]] = {}
         rounds_before = device.rounds
-        for pair in range(args.pairs + 1):  # the first pair warms both arms up and is not timed
-            for arm in ("host", "device") if pair % 2 else ("device", "host"):
-                backend.device_rounds = device if arm == "device" else None
-                try:
-                    out, seconds = rounds_of(backend, decoder, base, args.tokens, args.budget)
-                finally:
-                    backend.device_rounds = device
-                if tokens.setdefault(arm, out) != out:
-                    raise SystemExit(f"{arm} rounds at {context}: two requests gave different tokens")
-                if pair:
-                    arms[arm] += seconds
-        if tokens["host"] != tokens["device"]:
-            raise SystemExit(f"context {context}: rounds on the GPU gave other tokens than host rounds")
-        medians = {arm: statistics.median(s) * 1000 for arm, s in arms.items()}
-        mads = {arm: mad_ms(s) for arm, s in arms.items()}
-        gain = medians["host"] - medians["device"]
-        noise = noise_ms(*mads.values())
-        doc = {
-            "context": context, "rounds_per_arm": {a: len(s) for a, s in arms.items()},
-            "round_median_ms": medians, "round_mad_ms": mads, "gain_ms": gain, "noise_ms": noise,
-            "verdict": "faster" if gain > noise else "slower" if -gain > noise else "within noise",
-            "device_rounds_run": device.rounds - rounds_before, "tokens_equal": True,
-        }  # fmt: skip
+        seconds = alternate(
+            ("host", "device"), args.pairs,
+            lambda arm, base=base: on(arm, rounds_of, base, args.tokens, args.budget), f"context {context}",
+        )  # fmt: skip
+        doc = {"context": context} | compare(seconds, "host", "device")
+        doc["device_rounds_run"] = device.rounds - rounds_before
         docs.append(doc)
         print("DEVROUNDAB " + json.dumps(doc), flush=True)
         if args.profile_rounds:
-            profiles = {}
-            for arm in ("host", "device"):
-                backend.device_rounds = device if arm == "device" else None
-                try:
-                    profiles[arm] = profiled_rounds(backend, decoder, base, args.profile_rounds, args.budget)
-                finally:
-                    backend.device_rounds = device
-            prof = {"context": context, "rounds": args.profile_rounds} | profile_difference(**profiles)
+            rounds, arms = args.profile_rounds, ("host", "device")
+            profiles = {arm: on(arm, profiled_rounds, base, rounds, args.budget) for arm in arms}
+            prof = {"context": context, "rounds": rounds}
+            prof |= profile_difference(profiles, "host", "device")
             docs.append(prof)
             print("DEVROUNDPROF " + json.dumps(prof), flush=True)
     args.out.write_text(json.dumps(docs, indent=1) + "\n")

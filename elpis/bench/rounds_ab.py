@@ -1,0 +1,132 @@
+"""In-process A/B of greedy speculative rounds between two arms (GPU scripts `device_round_ab.py`: rounds
+decided on the host against rounds on the GPU; `switch_ab.py`: registry switches off against on).
+
+Both arms serve the same requests in one process, alternating (A B, B A, ...), so clock, thermal and machine
+drift fall on both alike. With random weights every draft is rejected and a round commits one token, so a
+round's time is a step's. Per arm: the median round time and its MAD pooled over the pairs, and the noise
+rule of `elpis.bench.report` (NOISE_MADS x the larger MAD). Both arms must give identical tokens (plain
+decoding's). `profiled_rounds` runs one request under the CUDA profiler: GPU span, busy (union of kernel
+intervals), idle and kernels per round, and each kernel's time per round by name, and `profile_difference`
+lists the kernels whose time differs most between two arms.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+WARMUP_ROUNDS = 4  # rounds of each request left out of its times (captures, caches)
+DIFF_KERNELS = 12  # kernel names listed by their difference between the arms
+
+
+def greedy_steps(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget: int) -> Any:
+    """The steps of one greedy request of `tokens` tokens through the speculation core (trees of the draft's
+    top-4, `budget` rows)."""
+    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+
+    gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=budget, draft_top_k=4)
+    request = GenerationRequest(prompt_ids=tuple(prompt), max_tokens=tokens, sampling=SamplingParams(),
+                                ignore_eos=True)  # fmt: skip
+    return gen.generate(request)
+
+
+def rounds_of(
+    backend: Any, decoder: Any, prompt: list[int], tokens: int, budget: int
+) -> tuple[list[int], list[float]]:
+    """One greedy request through the speculation core: its tokens and each round's seconds after the
+    warm-up rounds (a step is a round)."""
+    out: list[int] = []
+    stamps = [time.perf_counter()]
+    for step in greedy_steps(backend, decoder, prompt, tokens, budget):
+        stamps.append(time.perf_counter())
+        out += step.token_ids
+    seconds = [b - a for a, b in itertools.pairwise(stamps[1:])]  # the first step holds the prefill
+    return out, seconds[WARMUP_ROUNDS:]
+
+
+def alternate(
+    names: tuple[str, str], pairs: int, run: Callable[[str], tuple[list[int], list[float]]], what: str
+) -> dict[str, list[float]]:
+    """`pairs` timed pairs of requests after one untimed pair that warms both arms up, the arms' order
+    alternating; `run(arm)` serves one request and returns its tokens and round seconds. Every request of both
+    arms must give the same tokens."""
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    tokens: dict[str, list[int]] = {}
+    for pair in range(pairs + 1):
+        for name in names if pair % 2 else names[::-1]:
+            out, times = run(name)
+            if tokens.setdefault(name, out) != out:
+                raise SystemExit(f"{what}, arm {name}: two requests gave different tokens")
+            if pair:
+                seconds[name] += times
+    if tokens[names[0]] != tokens[names[1]]:
+        raise SystemExit(f"{what}: arm {names[1]} gave other tokens than arm {names[0]}")
+    return seconds
+
+
+def compare(seconds: dict[str, list[float]], base: str, other: str) -> dict[str, Any]:
+    """Median round ms and MAD of each arm, `other`'s gain over `base` and the noise rule's verdict."""
+    from elpis.bench.report import mad_ms, noise_ms
+
+    medians = {arm: statistics.median(s) * 1000 for arm, s in seconds.items()}
+    mads = {arm: mad_ms(s) for arm, s in seconds.items()}
+    gain = medians[base] - medians[other]
+    noise = noise_ms(*mads.values())
+    return {
+        "rounds_per_arm": {a: len(s) for a, s in seconds.items()}, "round_median_ms": medians,
+        "round_mad_ms": mads, "gain_ms": gain, "noise_ms": noise,
+        "verdict": "faster" if gain > noise else "slower" if -gain > noise else "within noise",
+        "tokens_equal": True,
+    }  # fmt: skip
+
+
+def profiled_rounds(
+    backend: Any, decoder: Any, prompt: list[int], rounds: int, budget: int
+) -> dict[str, Any]:
+    """One greedy request whose rounds WARMUP_ROUNDS .. WARMUP_ROUNDS + `rounds` run under the CUDA profiler:
+    per round, the window's span, busy and idle GPU ms and kernel count (`phases.summarize`), and every
+    kernel's ms per round by name. A round on the GPU is queued one round ahead of the step that reports it,
+    so the window's edges may hold part of a neighbouring round; over 16 rounds that is a few per cent."""
+    import tempfile
+
+    import torch
+
+    from elpis.bench.phases import summarize
+
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+    steps = greedy_steps(backend, decoder, prompt, WARMUP_ROUNDS + rounds + 4, budget)
+    for step, _ in enumerate(steps):
+        if step == WARMUP_ROUNDS:
+            torch.cuda.synchronize()
+            profiler.start()
+        elif step == WARMUP_ROUNDS + rounds:
+            torch.cuda.synchronize()
+            profiler.stop()
+    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
+        profiler.export_chrome_trace(trace.name)
+        events = json.loads(Path(trace.name).read_text())["traceEvents"]
+    summary = summarize(events, rounds, "round", top=None)
+    by_name: dict[str, float] = {}  # every kernel's ms per round, whatever phase (none are labelled here)
+    for phase in summary["phases"].values():
+        for name, (ms, _) in phase["top_kernels"].items():
+            by_name[name] = by_name.get(name, 0.0) + ms
+    times = {k: summary[k] for k in ("span_ms", "busy_ms", "idle_ms")}
+    return times | {"kernels": summary["kernels"] / rounds, "by_name": by_name}
+
+
+def profile_difference(profiles: dict[str, dict[str, Any]], base: str, other: str) -> dict[str, Any]:
+    """Both arms' span, busy and idle ms and kernels per round, and the kernel names whose ms per round differ
+    most (`other` minus `base`)."""
+    a, b = profiles[base], profiles[other]
+    names = set(a["by_name"]) | set(b["by_name"])
+    diff = {n: b["by_name"].get(n, 0.0) - a["by_name"].get(n, 0.0) for n in names}
+    top = sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:DIFF_KERNELS]
+    return {
+        arm: {k: round(profiles[arm][k], 4) for k in ("span_ms", "busy_ms", "idle_ms", "kernels")}
+        for arm in (base, other)
+    } | {f"kernel_ms_{other}_minus_{base}": {n: round(d, 4) for n, d in top}}

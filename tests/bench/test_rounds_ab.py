@@ -1,0 +1,88 @@
+"""The arithmetic and bookkeeping of the in-process round A/Bs (`elpis.bench.rounds_ab`, used by
+`device_round_ab.py` and `switch_ab.py`), on toy arms and profiles."""
+
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+
+import elpis.exl3
+from elpis.bench import rounds_ab as ab
+from elpis.bench.scripts import switch_ab
+
+
+def arm(span: float, busy: float, by_name: dict[str, float]) -> dict:
+    return {"span_ms": span, "busy_ms": busy, "idle_ms": span - busy, "kernels": 900.0, "by_name": by_name}
+
+
+def test_the_difference_lists_the_kernels_an_arm_adds_or_drops_largest_first() -> None:
+    host = arm(17.2, 15.5, {"rows_gemm_kernel": 11.3, "topk": 0.1, "argmax": 0.04})
+    names = {f"k{i}": 0.001 * i for i in range(20)}
+    device = arm(17.2, 16.9, {"rows_gemm_kernel": 11.3, "topk": 0.1, "round_tail_kernel": 0.03,
+                              "gdn_tree_kernel": 0.5, **names})  # fmt: skip
+    got = ab.profile_difference({"host": host, "device": device}, "host", "device")
+    assert got["host"]["idle_ms"] == pytest.approx(1.7) and got["device"]["idle_ms"] == pytest.approx(0.3)
+    diff = got["kernel_ms_device_minus_host"]
+    assert len(diff) == ab.DIFF_KERNELS
+    assert list(diff)[:3] == ["gdn_tree_kernel", "argmax", "round_tail_kernel"]
+    assert diff["argmax"] == pytest.approx(-0.04) and "rows_gemm_kernel" not in diff
+
+
+def test_pairs_alternate_the_arms_and_leave_the_warm_up_pair_out() -> None:
+    served: list[str] = []
+
+    def run(name: str) -> tuple[list[int], list[float]]:
+        served.append(name)
+        return [1, 2, 3], [0.010 if name == "off" else 0.008] * 2
+
+    seconds = ab.alternate(("off", "on"), 3, run, "toy")
+    assert served == ["on", "off", "off", "on", "on", "off", "off", "on"]
+    assert seconds == {"off": [0.010] * 6, "on": [0.008] * 6}
+
+
+def test_arms_that_disagree_on_tokens_stop_the_ab() -> None:
+    with pytest.raises(SystemExit, match="arm on gave other tokens than arm off"):
+        ab.alternate(("off", "on"), 1, lambda name: ([1] if name == "off" else [2], [0.01]), "toy")
+    calls = iter(range(10))
+    with pytest.raises(SystemExit, match="arm on: two requests gave different tokens"):
+        ab.alternate(("off", "on"), 2, lambda name: ([next(calls)] if name == "on" else [0], [0.01]), "toy")
+
+
+def test_the_verdict_follows_the_noise_rule() -> None:
+    steady = [0.0100, 0.0101, 0.0099, 0.0100, 0.0102, 0.0098]
+    faster = [s - 0.002 for s in steady]
+    doc = ab.compare({"off": steady, "on": faster}, "off", "on")
+    assert doc["gain_ms"] == pytest.approx(2.0) and doc["verdict"] == "faster"
+    assert doc["rounds_per_arm"] == {"off": 6, "on": 6}
+    assert ab.compare({"off": steady, "on": steady}, "off", "on")["verdict"] == "within noise"
+    assert ab.compare({"off": faster, "on": steady}, "off", "on")["verdict"] == "slower"
+
+
+def test_switch_ab_names_registry_switches_only() -> None:
+    env = switch_ab.switch_env(["exl3-norm-input", "exl3-draft-candidates"])
+    assert env == {
+        "exl3-norm-input": "ELPIS_PATCH_NORM_INPUT",
+        "exl3-draft-candidates": "ELPIS_PATCH_DRAFT_CANDIDATES",
+    }
+    with pytest.raises(SystemExit, match="not registry patches: exl3-no-such"):
+        switch_ab.switch_env(["exl3-norm-input", "exl3-no-such"])
+
+
+def test_an_arm_loads_with_its_switches_and_leaves_the_environment_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = []
+
+    def fake_load(*args: object, **kwargs: object) -> types.SimpleNamespace:
+        seen.append((os.environ.get("ELPIS_PATCH_NORM_INPUT"), os.environ.get("ELPIS_PATCH_MLP_ACT_INPUT")))
+        return types.SimpleNamespace(prefix=types.SimpleNamespace(enabled=True))
+
+    monkeypatch.setattr(elpis.exl3, "load_backend", fake_load)
+    monkeypatch.setenv("ELPIS_PATCH_NORM_INPUT", "0")
+    monkeypatch.delenv("ELPIS_PATCH_MLP_ACT_INPUT", raising=False)
+    env = switch_ab.switch_env(["exl3-norm-input", "exl3-mlp-act-input"])
+    backend = switch_ab.load_arm("model", "draft", env, "1")
+    assert seen == [("1", "1")] and backend.prefix.enabled is False
+    assert os.environ["ELPIS_PATCH_NORM_INPUT"] == "0" and "ELPIS_PATCH_MLP_ACT_INPUT" not in os.environ
