@@ -11,7 +11,7 @@ request's state block in device memory (anchor, kvp, remaining budget; `round_pl
   the captured draft block (its anchor and kvp copied from the state block) -> its candidates
   (the drafter's candidates: the log-softmax and top-k, on the GPU) -> `round_plan` (the tree, the verify
   key's inputs but the block table, the acceptor's cells) -> the captured verify (its embedding gathered on
-  the GPU: `exl3-embed-gather`) -> the row checks and greedy targets (`sampling.greedy_ids`), in one launch
+  the GPU: `exl3-embed-gather`) -> the row checks and greedy targets (`sampling.greedy_ids`), in two launches
   (`verify_epilogue`) -> `round_tail` (the proven acceptor, the commit graph's inputs, the draft's
   conditioning inputs, the state block advanced) -> the captured commit -> the draft's conditioning on the
   committed path padded to a fixed row count (`DraftGraphs.condition_from`) -> both records into pinned
@@ -408,7 +408,7 @@ class DeviceRounds:
 
     def _targets(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Every verified row's greedy target (`sampling.greedy_ids`, int64 [run]) and row check (int32 [run]:
-        1 for a row holding NaN or +inf, `check_rows`' test), in one launch (`verify_epilogue.row_results`)
+        1 for a row holding NaN or +inf, `check_rows`' test), in two launches (`verify_epilogue.row_results`)
         into buffers the next round reuses in stream order, after this round's tail has read them. The host's
         digest check has no counterpart: the logits never leave the device."""
         verify_epilogue.row_results(out, self.ids, self.bad)

@@ -1,10 +1,12 @@
-"""Python entry to the verify's row results in one launch (`patches/kernels/verify_epilogue.cu`).
+"""Python entry to the verify's row results (`patches/kernels/verify_epilogue.cu`: a block per span of each
+row, then a block per row merging its spans).
 
 `row_results(logits, ids, flags)` writes, for every row of a verify's fp32 logits (a row-strided view, read in
 place), the greedy target `elpis.spec.sampling.greedy_ids` gives and the row check
 `elpis.spec.integrity.nonfinite_rows` gives, and with `digests` the row's `integrity.logits_digest`: the same
 integers as those torch compositions (tests/kernels/test_verify_epilogue_emu.py compares them on adversarial
-rows under CPU emulation; tests/kernels/test_verify_epilogue.py on the GPU), from one launch instead of eight.
+rows under CPU emulation; tests/kernels/test_verify_epilogue.py on the GPU), from two launches instead of
+eight.
 Rounds on the GPU (`elpis.exl3.device_round`) use it between the verify and the decision kernel.
 
 The library is built by `elpis.nvcc.load` for the current GPU and called through ctypes with device pointers
@@ -25,13 +27,14 @@ if TYPE_CHECKING:
     import torch
 
 SOURCE = PATCHES_DIR / "kernels" / "verify_epilogue.cu"
-THREADS = 512  # the kernel's block: one per row
+THREADS = 256  # the kernels' block: one per span of a row, and one per row for the merge
 MAX_ROWS = 65535
 
-_U32, _VP = ctypes.c_uint32, ctypes.c_void_p
+_U32, _U64, _VP = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p
 # ctypes signatures of the library's C entries (a CPU test checks them against the kernel source)
 ENTRY_ARGS: dict[str, tuple[type, ...]] = {
-    "elpis_verify_epilogue": (_VP, _U32, _U32, _U32, _U32, _VP, _VP, _VP, _VP),
+    "elpis_verify_epilogue": (_VP, _U32, _U32, _U32, _U32, _VP, _VP, _VP, _VP, _U64, _VP),
+    "elpis_verify_epilogue_spans": (_U32, _U32),
     "elpis_verify_epilogue_threads": (),
 }
 
@@ -77,9 +80,14 @@ def row_results(
     if digests is not None:
         check_tensor("digests", digests, torch.int32, (rows,))
     check_one_device("verify epilogue", (logits, ids, flags, *(() if digests is None else (digests,))))
-    err = _library().elpis_verify_epilogue(
+    lib = _library()
+    # each span's best value, its index and its sum: 12 bytes, in 4-byte words
+    words = 3 * rows * lib.elpis_verify_epilogue_spans(int(fp16), vocab)
+    workspace = torch.empty(words, dtype=torch.int32, device=logits.device)
+    err = lib.elpis_verify_epilogue(
         logits.data_ptr(), int(fp16), logits.stride(0), vocab, rows, ids.data_ptr(), flags.data_ptr(),
-        None if digests is None else digests.data_ptr(), torch.cuda.current_stream(logits.device).cuda_stream,
+        None if digests is None else digests.data_ptr(), workspace.data_ptr(), 4 * words,
+        torch.cuda.current_stream(logits.device).cuda_stream,
     )  # fmt: skip
     if err:
         why = "arguments refused" if err < 0 else f"CUDA error {err}"

@@ -173,17 +173,9 @@ __device__ __forceinline__ void block_top(Best& best, uint32_t k, uint64_t* warp
     }
 }
 
-// A row's spans: `count` spans of `vectors` 16-byte vectors each (the last may be shorter; each holds at least
-// one, unless the row is shorter than a vector), the row's single values past its last vector in the last span.
-struct Spans {
-    uint32_t count, vectors;
-};
+using row_scan::Spans;
 __host__ __device__ inline Spans spans_of(uint32_t vocab, uint32_t per_vector) {
-    const uint32_t total = vocab / per_vector;
-    if (total == 0u) return Spans{1u, 1u};
-    uint32_t per = kSpanVectors;
-    if ((total + per - 1u) / per > kMaxSpans) per = (total + kMaxSpans - 1u) / kMaxSpans;
-    return Spans{(total + per - 1u) / per, per};
+    return row_scan::spans_of(vocab, per_vector, kSpanVectors, kMaxSpans);
 }
 
 // A block's sum of one float a thread, by a fixed tree (warp butterflies, then warp 0 over the warps' sums);
@@ -212,14 +204,11 @@ __global__ void __launch_bounds__(kThreads)
     __shared__ float warp_sum[kWarps + 1];
     const uint32_t s = blockIdx.x, r = blockIdx.y;
     const T* row = logits + static_cast<size_t>(r) * row_stride;
-    const uint32_t total = vocab / Logit<T>::kPerVector, first = s * spans.vectors;
-    const uint32_t end = min(first + spans.vectors, total);
-    const uint32_t tail = s + 1u == spans.count ? total * Logit<T>::kPerVector : vocab;
 
     // pass 0: each thread's largest key; the k-th largest of them is the floor, the largest the span's maximum
     Best best;
     best.clear();
-    row_scan::each_logit_span<T, kThreads>(row, first, end, tail, vocab, [&](uint32_t b, uint32_t i) {
+    row_scan::each_logit_of_span<T, kThreads>(row, vocab, spans, s, [&](uint32_t b, uint32_t i) {
         best.keys[0] = max_key(best.keys[0], make_key(Order<T>::of(b), i));
     });
     block_top(best, k, warp_best, chosen);
@@ -228,7 +217,7 @@ __global__ void __launch_bounds__(kThreads)
     // pass 1: each thread's 16 best keys at or above the floor, and its sum of exp(x - m) in index order
     best.clear();
     float sum = 0.0f;
-    row_scan::each_logit_span<T, kThreads>(row, first, end, tail, vocab, [&](uint32_t b, uint32_t i) {
+    row_scan::each_logit_of_span<T, kThreads>(row, vocab, spans, s, [&](uint32_t b, uint32_t i) {
         sum += expf(Logit<T>::value(b) - m);
         const uint64_t order = Order<T>::of(b);
         if (order >= floor_order) {

@@ -1,7 +1,8 @@
-// The logits of one row of a head's output, or of a span of it, for kernels that read a row with one block
-// (verify_epilogue.cu) or with several (draft_candidates.cu, one block a span). A block must keep many bytes in
-// flight: each thread reads 16-byte vectors, two loads before it uses either (2-byte loads, one at a time, leave a
-// block latency-bound at a few GB/s). Rows must start 16-byte aligned.
+// The logits of a span of one row of a head's output, for kernels that read a row with several blocks, one a span
+// (verify_epilogue.cu, draft_candidates.cu): one block reading a whole row of the model's vocabulary, 485 KiB of
+// fp16, kept one multiprocessor busy while the others idled. A block must also keep many bytes in flight: each
+// thread reads 16-byte vectors, two loads before it uses either (2-byte loads, one at a time, leave a block
+// latency-bound at a few GB/s). Rows must start 16-byte aligned.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -54,6 +55,21 @@ __device__ __forceinline__ void each_of_vector(uint4 w, uint32_t c, F& f) {
     }
 }
 
+// A row cut into `count` spans of `vectors` 16-byte vectors each (the last may be shorter; each holds at least one
+// vector, unless the row is shorter than a vector), the row's single values past its last vector in the last span:
+// spans of `span_vectors`, or longer ones where that would make more than `max_spans`.
+struct Spans {
+    uint32_t count, vectors;
+};
+__host__ __device__ inline Spans spans_of(uint32_t vocab, uint32_t per_vector, uint32_t span_vectors,
+                                          uint32_t max_spans) {
+    const uint32_t total = vocab / per_vector;
+    if (total == 0u) return Spans{1u, 1u};
+    uint32_t per = span_vectors;
+    if ((total + per - 1u) / per > max_spans) per = (total + max_spans - 1u) / max_spans;
+    return Spans{(total + per - 1u) / per, per};
+}
+
 // f(bits, index) of the logits a thread of kThreads takes from part of a row at `row` (16-byte aligned): the
 // whole vectors [first, end), thread threadIdx.x taking vectors first + t, first + t + kThreads, ... ascending,
 // then the single values [tail, vocab). Each thread sees its logits in ascending index order.
@@ -72,12 +88,15 @@ __device__ __forceinline__ void each_logit_span(const T* row, uint32_t first, ui
     for (uint32_t i = tail + t; i < vocab; i += kThreads) f(Logit<T>::bits(row, i), i);
 }
 
-// f(bits, index) of every logit of the row at `row` (16-byte aligned, `vocab` values) that thread threadIdx.x
-// of kThreads takes: vectors t, t + kThreads, ... ascending, then the values past the last whole vector.
+// f(bits, index) of the logits thread threadIdx.x of kThreads takes from span s of a row cut into `spans`
+// (`vocab` values in all, 16-byte aligned): its vectors ascending, then (last span) the values past the last
+// vector. Each thread sees its logits in ascending index order.
 template <typename T, uint32_t kThreads, typename F>
-__device__ __forceinline__ void each_logit(const T* row, uint32_t vocab, F&& f) {
-    const uint32_t vectors = vocab / Logit<T>::kPerVector;
-    each_logit_span<T, kThreads>(row, 0u, vectors, vectors * Logit<T>::kPerVector, vocab, f);
+__device__ __forceinline__ void each_logit_of_span(const T* row, uint32_t vocab, Spans spans, uint32_t s, F&& f) {
+    const uint32_t total = vocab / Logit<T>::kPerVector, first = s * spans.vectors;
+    const uint32_t end = min(first + spans.vectors, total);
+    const uint32_t tail = s + 1u == spans.count ? total * Logit<T>::kPerVector : vocab;
+    each_logit_span<T, kThreads>(row, first, end, tail, vocab, f);
 }
 
 }  // namespace row_scan

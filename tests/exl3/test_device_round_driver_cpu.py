@@ -42,10 +42,10 @@ def kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     out = tmp_path_factory.mktemp("device_round_driver")
     plan = cuda_emu.build_emulated(round_plan.SOURCE, out / "plan", launches=1, needs=("gdn_plan.h",))
     tail = cuda_emu.build_emulated(round_tail.SOURCE, out / "tail", launches=1, needs=("gdn_plan.h",))
-    # a block of 32 threads (its outputs do not depend on the block: test_verify_epilogue_emu.py), 16x fewer
-    # emulated threads a round than the served 512
+    # blocks of 32 threads (the outputs do not depend on the block: test_verify_epilogue_emu.py and
+    # test_draft_candidates_emu.py), 8x fewer emulated threads a round than the served 256
     threads = {"ELPIS_VERIFY_EPILOGUE_THREADS": 32}
-    epilogue = cuda_emu.build_emulated(verify_epilogue.SOURCE, out / "epilogue", launches=2, defines=threads)
+    epilogue = cuda_emu.build_emulated(verify_epilogue.SOURCE, out / "epilogue", launches=3, defines=threads)
     threads = {"ELPIS_DRAFT_CANDIDATES_THREADS": 32}
     source = draft_candidates.SOURCE
     candidates = cuda_emu.build_emulated(source, out / "candidates", launches=4, defines=threads)

@@ -1,7 +1,8 @@
-"""The verify epilogue kernel (patches/kernels/verify_epilogue.cu) on the CPU, through the CUDA emulation of
-tests/kernels/cuda_emu.py: on adversarial rows (tests/kernels/verify_epilogue_cases.py) and random ones, its
+"""The verify epilogue kernels (patches/kernels/verify_epilogue.cu) on the CPU, through the CUDA emulation of
+tests/kernels/cuda_emu.py: on adversarial rows (tests/kernels/verify_epilogue_cases.py) and random ones, their
 ids, flags and digests are exactly torch's greedy_ids, nonfinite_rows and logits_digest, read through a row
-stride; bad arguments are refused. The GPU's own run is tests/kernels/test_verify_epilogue.py."""
+stride, with rows cut into many spans, a few capped ones or one; bad arguments are refused. The GPU's own run
+is tests/kernels/test_verify_epilogue.py."""
 
 from __future__ import annotations
 
@@ -17,39 +18,59 @@ from tests.kernels import cuda_emu
 from tests.kernels.verify_epilogue_cases import rows
 
 
+def build(
+    tmp_path_factory: pytest.TempPathFactory, threads: int, span_vectors: int = 1024, max_spans: int = 64
+) -> ctypes.CDLL:
+    out = tmp_path_factory.mktemp(f"verify_epilogue_{threads}_{span_vectors}_{max_spans}")
+    defines = {
+        "ELPIS_VERIFY_EPILOGUE_THREADS": threads,
+        "ELPIS_VERIFY_EPILOGUE_SPAN_VECTORS": span_vectors,
+        "ELPIS_VERIFY_EPILOGUE_MAX_SPANS": max_spans,
+    }
+    built = cuda_emu.build_emulated(verify_epilogue.SOURCE, out, launches=3, defines=defines)
+    return verify_epilogue.bind(built, threads=threads)
+
+
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    out = tmp_path_factory.mktemp("verify_epilogue")
-    built = cuda_emu.build_emulated(verify_epilogue.SOURCE, out, launches=2)
-    return verify_epilogue.bind(built)
+    """Spans of 8 vectors: a row of a few hundred logits is cut into several (the model's into 31)."""
+    return build(tmp_path_factory, 64, span_vectors=8)
 
 
 @pytest.fixture(scope="module")
 def lib32(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """A build with blocks of 32 threads: another reduction tree."""
-    out = tmp_path_factory.mktemp("verify_epilogue_32")
-    defines = {"ELPIS_VERIFY_EPILOGUE_THREADS": 32}
-    built = cuda_emu.build_emulated(verify_epilogue.SOURCE, out, launches=2, defines=defines)
-    return verify_epilogue.bind(built, threads=32)
+    """Blocks of 32 threads, one span for any row of the tests: other reduction trees, no merge of spans."""
+    return build(tmp_path_factory, 32)
+
+
+@pytest.fixture(scope="module")
+def lib_capped(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """At most 3 spans a row: longer spans than the 8 vectors asked for."""
+    return build(tmp_path_factory, 64, span_vectors=8, max_spans=3)
 
 
 def run(lib: ctypes.CDLL, logits: torch.Tensor) -> tuple[list[int], list[int], list[int]]:
-    """ids, flags and digests (fp32 logits; none of fp16 ones) from one emulated launch."""
+    """ids, flags and digests (fp32 logits; none of fp16 ones) from one emulated call."""
     n, vocab = logits.shape
     fp16 = logits.dtype == torch.float16
     ids = torch.full((n,), -7, dtype=torch.long)
     flags = torch.full((n,), -7, dtype=torch.int32)
     digests = torch.full((n,), -7, dtype=torch.int32)
     outputs = (ids.data_ptr(), flags.data_ptr(), None if fp16 else digests.data_ptr())
-    err = lib.elpis_verify_epilogue(logits.data_ptr(), int(fp16), logits.stride(0), vocab, n, *outputs, None)
+    words = 3 * n * lib.elpis_verify_epilogue_spans(int(fp16), vocab)
+    workspace = torch.zeros(words, dtype=torch.int32)
+    err = lib.elpis_verify_epilogue(logits.data_ptr(), int(fp16), logits.stride(0), vocab, n, *outputs,
+                                    workspace.data_ptr(), 4 * words, None)  # fmt: skip
     assert err == 0
     return ids.tolist(), flags.tolist(), [] if fp16 else digests.tolist()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize(("vocab", "pad"), [(1000, 8), (100, 4), (513, 7), (4096, 64)])
+@pytest.mark.parametrize(("vocab", "pad"), [(1000, 8), (100, 4), (513, 7), (4096, 64), (9, 7)])
 def test_rows_match_torchs_compositions(lib: ctypes.CDLL, vocab: int, pad: int, dtype: torch.dtype) -> None:
-    """fp16 is what the verify graph holds (ExLlamaV3's head writes it); fp32 what the host's checks take."""
+    """fp16 is what the verify graph holds (ExLlamaV3's head writes it); fp32 what the host's checks take.
+    Spans of 8 vectors: 1 to 128 a row, the tail past the last vector in the last span (9 logits: one or two
+    vectors and one value)."""
     padded = torch.full((24, vocab + pad), float("nan"), dtype=dtype)  # what lies past a row is never read
     padded[:, :vocab] = rows(vocab, seed=vocab).to(dtype)
     logits = padded[:, :vocab]
@@ -61,11 +82,24 @@ def test_rows_match_torchs_compositions(lib: ctypes.CDLL, vocab: int, pad: int, 
     assert ids[1] == 3 and ids[2] == ids[3] == ids[4] == ids[5] == -1 and flags[5] == 0 and ids[7] == 2
 
 
-def test_the_outputs_do_not_depend_on_the_block(lib: ctypes.CDLL, lib32: ctypes.CDLL) -> None:
-    """Exact by construction: 512 and 32 threads combine the row in other orders and agree."""
+def test_the_outputs_do_not_depend_on_the_spans_or_the_block(
+    lib: ctypes.CDLL, lib32: ctypes.CDLL, lib_capped: ctypes.CDLL
+) -> None:
+    """Exact by construction: spans of 8 vectors, 3 capped spans and one span of 32 threads combine the row in
+    other orders and agree."""
     for vocab in (100, 1000, 4100):
         logits = rows(vocab, seed=vocab + 1)
-        assert run(lib, logits) == run(lib32, logits)
+        assert lib_capped.elpis_verify_epilogue_spans(0, vocab) == 3
+        assert run(lib, logits) == run(lib32, logits) == run(lib_capped, logits)
+
+
+@pytest.mark.parametrize(
+    ("fp16", "vocab", "spans"), [(1, 248_320, 31), (0, 248_320, 61), (1, 8, 1), (0, 3, 1)]
+)
+def test_the_spans_of_a_row(lib32: ctypes.CDLL, fp16: int, vocab: int, spans: int) -> None:
+    """The served geometry: spans of 1,024 vectors; the model's fp16 row in 31 (16 verify rows: 496
+    blocks)."""
+    assert lib32.elpis_verify_epilogue_spans(fp16, vocab) == spans
 
 
 def test_a_changed_value_changes_the_digest_and_a_moved_maximum_the_id(lib: ctypes.CDLL) -> None:
@@ -85,19 +119,31 @@ def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
     out = torch.zeros(2, dtype=torch.long)
     flags = torch.zeros(2, dtype=torch.int32)
 
-    def call(fp16: int, stride: int, vocab: int, n: int, at: int = 0, digest: object = None) -> int:
-        d = None if digest is None else digest.data_ptr()  # type: ignore[attr-defined]
-        args = (logits.data_ptr() + at, fp16, stride, vocab, n, out.data_ptr(), flags.data_ptr(), d, None)
-        return lib.elpis_verify_epilogue(*args)
+    workspace = torch.zeros(64, dtype=torch.int32)
 
+    def call(
+        fp16: int, stride: int, vocab: int, n: int, at: int = 0, digest: object = None, ws_at: int = 0,
+        ws_bytes: int = 24,
+    ) -> int:  # fmt: skip
+        d = None if digest is None else digest.data_ptr()  # type: ignore[attr-defined]
+        ws = workspace.data_ptr() + ws_at
+        row_args = (logits.data_ptr() + at, fp16, stride, vocab, n)
+        return lib.elpis_verify_epilogue(*row_args, out.data_ptr(), flags.data_ptr(), d, ws, ws_bytes, None)
+
+    assert lib.elpis_verify_epilogue_spans(0, 16) == 1  # 2 rows x 1 span x 12 bytes
     assert call(0, 16, 16, 2) == 0  # the control: each refusal below changes one thing
+    assert call(0, 16, 16, 2, ws_bytes=23) == -1  # a workspace short of the spans' results
+    assert call(0, 16, 16, 2, ws_at=2) == -1  # off 4 bytes
     refused = ((0, 16, 0, 2), (0, 12, 16, 2), (0, 16, 16, 0), (0, 16, 16, 65536), (2, 16, 16, 2))
     for fp16, stride, vocab, n in refused:
         assert call(fp16, stride, vocab, n) == -1, (fp16, stride, vocab, n)
     assert call(0, 10, 10, 2) == -1  # rows 40 bytes apart: not 16-byte aligned
     assert call(1, 12, 12, 2) == -1  # fp16 rows 24 bytes apart
     assert call(0, 16, 12, 2, at=4) == -1  # a row start off 16 bytes
-    assert lib.elpis_verify_epilogue(None, 0, 16, 16, 2, out.data_ptr(), flags.data_ptr(), None, None) == -1
+    ws = workspace.data_ptr()
+    outputs = (out.data_ptr(), flags.data_ptr(), None)
+    assert lib.elpis_verify_epilogue(None, 0, 16, 16, 2, *outputs, ws, 24, None) == -1
+    assert lib.elpis_verify_epilogue(logits.data_ptr(), 0, 16, 16, 2, *outputs, None, 24, None) == -1
     assert call(1, 16, 16, 2, digest=flags.clone()) == -1  # the digest of fp16 logits is not defined
 
 
