@@ -44,12 +44,25 @@ ELPIS_GDN_PLAN_FN int gdn_plan_top_bit(uint32_t a) {
     return top;
 }
 
-// The plan for a tree given as tree_masks (depth, ancestor bitmasks) of `rows` logical rows, logical row r
-// reading input row in_row[r] (null: r). Returns 0 or a negative code: -1 rows out of range, -2 bad masks
-// (not a tree rooted at row 0 with parents before children), -3 in_row out of range, -4 stack bound exceeded
-// (cannot happen for a valid tree of <= 16 rows).
-ELPIS_GDN_PLAN_FN int gdn_tree_plan(uint32_t rows, const int32_t* depth, const uint32_t* ancestors,
-                                    const int32_t* in_row, GdnTreePlan* plan) {
+// A checked tree a plan is made for (gdn_tree_plan_begin), and the parts each row's plan computes from it
+// (gdn_tree_plan_visit, gdn_tree_plan_tap), so that the round's plan kernels can give every row's part a GPU
+// thread of its own (round_plan.cu); gdn_tree_plan runs the parts in order.
+struct GdnPlanTree {
+    int32_t rows;
+    int32_t in_row[kGdnPlanRows];   // input row (of qkv/beta/g) of each logical row
+    uint64_t parents[kGdnPlanRows];
+    uint64_t sizes[kGdnPlanRows];   // elpis_gdn_plan_sizes
+};
+struct GdnPlanParts {
+    uint64_t visit[kGdnPlanRows][3];             // elpis_gdn_plan_visit: visit index, load code, store code
+    uint32_t taps[kGdnPlanRows][kGdnPlanTaps];   // elpis_gdn_plan_tap
+};
+
+// The tree given as tree_masks (depth, ancestor bitmasks) of `rows` logical rows, logical row r reading input
+// row in_row[r] (null: r), checked, with what every row's part reads. Returns 0 or a negative code: -1 rows out
+// of range, -2 bad masks (not a tree rooted at row 0 with parents before children), -3 in_row out of range.
+ELPIS_GDN_PLAN_FN int gdn_tree_plan_begin(uint32_t rows, const int32_t* depth, const uint32_t* ancestors,
+                                          const int32_t* in_row, GdnPlanTree* tree) {
     if (rows == 0 || rows > static_cast<uint32_t>(kGdnPlanRows)) return -1;
     // Every scratch array is declared and written here, before the masks are read, not where it is first
     // needed: with order/load/store first written after the checks below, nvcc 13.0 at -O2/-O3 compiled this
@@ -58,14 +71,11 @@ ELPIS_GDN_PLAN_FN int gdn_tree_plan(uint32_t rows, const int32_t* depth, const u
     // same way, NVRTC 13.5 does not; this order is right under all three. Found and checked on the PTX by
     // tests/kernels/ptx_interp.py (tests/kernels/test_round_kernels_ptx.py fails on the old order).
     int parent[kGdnPlanRows];
-    uint64_t parents[kGdnPlanRows];
-    int32_t order[kGdnPlanRows], load[kGdnPlanRows], store[kGdnPlanRows];
-    uint32_t taps[kGdnPlanRows][kGdnPlanTaps];
     for (int r = 0; r < kGdnPlanRows; r++) {
         parent[r] = -1;
-        parents[r] = 0;
-        order[r] = load[r] = store[r] = -1;
-        for (int j = 0; j < kGdnPlanTaps; j++) taps[r][j] = 0;
+        tree->parents[r] = 0;
+        tree->sizes[r] = 0;
+        tree->in_row[r] = r;
     }
     const int n = static_cast<int>(rows);
     for (int r = 0; r < n; r++) {
@@ -85,12 +95,33 @@ ELPIS_GDN_PLAN_FN int gdn_tree_plan(uint32_t rows, const int32_t* depth, const u
         if (in_row != nullptr && (in_row[r] < 0 || in_row[r] >= kGdnPlanRows)) return -3;
     }
     // The plan itself is the proved Bend program bend/gdn_plan.bend, compiled to gdn_plan.h.
-    for (int r = 1; r < n; r++) parents[r] = static_cast<uint64_t>(parent[r]);
-    const int max_stack = elpis_gdn_plan(rows, parents, order, load, store, taps);
+    for (int r = 1; r < n; r++) tree->parents[r] = static_cast<uint64_t>(parent[r]);
+    for (int r = 0; r < n; r++) tree->in_row[r] = in_row != nullptr ? in_row[r] : r;
+    tree->rows = n;
+    elpis_gdn_plan_sizes(rows, tree->parents, tree->sizes);
+    return 0;
+}
+
+// Row r's visit, and its tap j, of a checked tree's plan.
+ELPIS_GDN_PLAN_FN void gdn_tree_plan_visit(const GdnPlanTree* tree, uint32_t r, GdnPlanParts* parts) {
+    elpis_gdn_plan_visit(static_cast<uint32_t>(tree->rows), tree->parents, tree->sizes, r, parts->visit[r]);
+}
+ELPIS_GDN_PLAN_FN void gdn_tree_plan_tap(const GdnPlanTree* tree, uint32_t r, uint32_t j, GdnPlanParts* parts) {
+    parts->taps[r][j] = elpis_gdn_plan_tap(static_cast<uint32_t>(tree->rows), tree->parents, r, j);
+}
+
+// The plan from every row's parts. Returns 0 or -2 (a tap or visit out of range) / -4 (stack bound exceeded:
+// cannot happen for a valid tree of <= 16 rows).
+ELPIS_GDN_PLAN_FN int gdn_tree_plan_end(const GdnPlanTree* tree, const GdnPlanParts* parts, GdnTreePlan* plan) {
+    int32_t order[kGdnPlanRows], load[kGdnPlanRows], store[kGdnPlanRows];
+    for (int r = 0; r < kGdnPlanRows; r++) order[r] = load[r] = store[r] = -1;
+    const int n = tree->rows;
+    const uint32_t rows = static_cast<uint32_t>(n);
+    const int max_stack = elpis_gdn_plan_order(rows, parts->visit, order, load, store);
     if (max_stack == -4 || max_stack > kGdnPlanSlots) return -4;
     if (max_stack < 0) return -2;
     plan->rows = n;
-    for (int r = 0; r < n; r++) plan->in_row[r] = static_cast<int8_t>(in_row != nullptr ? in_row[r] : r);
+    for (int r = 0; r < n; r++) plan->in_row[r] = static_cast<int8_t>(tree->in_row[r]);
     for (int v = 0; v < n; v++) {
         if (load[v] >= kGdnPlanSlots || store[v] >= kGdnPlanSlots) return -4;
         plan->order[v] = static_cast<int8_t>(order[v]);
@@ -99,7 +130,7 @@ ELPIS_GDN_PLAN_FN int gdn_tree_plan(uint32_t rows, const int32_t* depth, const u
     }
     for (int r = 0; r < n; r++) {
         for (int j = 0; j < kGdnPlanTaps; j++) {
-            const uint32_t code = taps[r][j];
+            const uint32_t code = parts->taps[r][j];
             if (code < ELPIS_GDN_PLAN_WINDOW) {
                 if (code >= rows) return -2;
                 plan->src[r][j] = plan->in_row[code];
@@ -112,6 +143,23 @@ ELPIS_GDN_PLAN_FN int gdn_tree_plan(uint32_t rows, const int32_t* depth, const u
     }
     plan->max_stack = static_cast<int8_t>(max_stack);
     return 0;
+}
+
+// The plan for a tree given as tree_masks (depth, ancestor bitmasks) of `rows` logical rows, logical row r
+// reading input row in_row[r] (null: r): the parts above in order. Returns 0 or a negative code: -1 rows out of
+// range, -2 bad masks (not a tree rooted at row 0 with parents before children), -3 in_row out of range, -4
+// stack bound exceeded (cannot happen for a valid tree of <= 16 rows).
+ELPIS_GDN_PLAN_FN int gdn_tree_plan(uint32_t rows, const int32_t* depth, const uint32_t* ancestors,
+                                    const int32_t* in_row, GdnTreePlan* plan) {
+    GdnPlanTree tree;
+    const int begun = gdn_tree_plan_begin(rows, depth, ancestors, in_row, &tree);
+    if (begun != 0) return begun;
+    GdnPlanParts parts;
+    for (uint32_t r = 0; r < rows; r++) {
+        gdn_tree_plan_visit(&tree, r, &parts);
+        for (uint32_t j = 0; j < static_cast<uint32_t>(kGdnPlanTaps); j++) gdn_tree_plan_tap(&tree, r, j, &parts);
+    }
+    return gdn_tree_plan_end(&tree, &parts, plan);
 }
 
 // The plan of a commit along `path` (n input rows, root first): the path as a chain, logical row i reading

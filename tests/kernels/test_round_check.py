@@ -22,25 +22,9 @@ from tests.kernels.round_plan_cases import (
 )
 from tests.nvcc_marks import needs_nvcc
 
-HEADER = round_tail.SOURCE.parent / "gdn_tree_plan.cuh"
-# The fix (session 37) hoisted these declarations above the mask checks; the order before it, rebuilt from the
-# current header so that the test keeps meaning "the current header in the old order".
-HOISTED_END = "    const int n = static_cast<int>(rows);\n"
-PARENTS_COPY = "    for (int r = 1; r < n; r++) parents[r] = static_cast<uint64_t>(parent[r]);\n"
-OLD_DECLARATIONS = (
-    "    uint64_t parents[kGdnPlanRows] = {};\n" + PARENTS_COPY + "    int32_t order[kGdnPlanRows];\n"
-    "    int32_t load[kGdnPlanRows];\n    int32_t store[kGdnPlanRows];\n"
-    "    uint32_t taps[kGdnPlanRows][kGdnPlanTaps];\n"
-)
-
-
-def old_order(header: str) -> str:
-    start = header.index("    // Every scratch array is declared and written here")
-    end = header.index(HOISTED_END, start)
-    assert header.count(PARENTS_COPY) == 1, "gdn_tree_plan.cuh changed: update the old order's rebuild"
-    return (header[:start] + "    int parent[kGdnPlanRows];\n" + header[end:]).replace(
-        PARENTS_COPY, OLD_DECLARATIONS
-    )
+# The header in the order nvcc 13.0 miscompiled (the scratch arrays first written after the mask checks), kept
+# as it was when session 37 fixed it; round_tail.cu includes it in place of the served one.
+SESSION36_HEADER = Path(__file__).parent / "data" / "gdn_tree_plan_session36.cuh"
 
 
 def test_the_kernels_emulation_passes_and_the_rounds_cover_commits_and_refusals(round_tail_emu) -> None:
@@ -85,7 +69,7 @@ def test_the_kernels_ptx_passes(arch: str) -> None:
 def test_the_miscompiled_kernel_of_sessions_36_37_is_refused(tmp_path: Path) -> None:
     # the kernel's source beside the old order: a quoted include looks in the source's own directory first
     shutil.copy(round_tail.SOURCE, tmp_path / round_tail.SOURCE.name)
-    (tmp_path / HEADER.name).write_text(old_order(HEADER.read_text()))
+    shutil.copy(SESSION36_HEADER, tmp_path / "gdn_tree_plan.cuh")
     ptx = nvcc.compile_to(tmp_path / round_tail.SOURCE.name, "ptx", arch="sm_86", out_dir=tmp_path)
     try:
         round_check.check_round_tail(interpreted_tail_launch(PtxProgram(ptx.read_text())))
