@@ -53,12 +53,14 @@ STATUS_MESSAGES = {
     -5: "internal: the kernel's own checks failed",
 }
 
-_I32, _U32, _VP = ctypes.c_int32, ctypes.c_uint32, ctypes.c_void_p
+_I32, _U32, _U64, _VP = ctypes.c_int32, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p
 ENTRY_ARGS: dict[str, tuple[type, ...]] = {
-    "elpis_round_plan": (_VP, _U32, _U32, _U32, _U32, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _VP, _VP),
+    # packed, block rows, k, run, vocab, state, six verify inputs, cells, record, scratch, its bytes, stream
+    "elpis_round_plan": (_VP, _U32, _U32, _U32, _U32, _VP, *(_VP,) * 6, _VP, _VP, _VP, _U64, _VP),
     "elpis_round_plan_record_words": (),
     "elpis_round_plan_state_words": (),
     "elpis_round_plan_plan_capacity": (),
+    "elpis_round_plan_scratch_bytes": (),
 }
 
 
@@ -152,11 +154,15 @@ def plan(
     check_tensor("cells", cells, torch.int64, (abi.TREE_CELLS,))
     check_tensor("record", record, torch.int32, (RECORD_WORDS,))
     check_one_device("round plan", (packed, state, cells, record, *inputs.values()))
-    err = _library().elpis_round_plan(
+    lib = _library()
+    # what the first of the kernel's three launches leaves for the other two, in 8-byte words
+    words = (lib.elpis_round_plan_scratch_bytes() + 7) // 8
+    scratch = torch.empty(words, dtype=torch.int64, device=packed.device)
+    err = lib.elpis_round_plan(
         packed.data_ptr(), block_rows, k, run, vocab, state.data_ptr(), inputs["seqlens"].data_ptr(),
         inputs["position"].data_ptr(), inputs["ctx"].data_ptr(), inputs["masks"].data_ptr(),
         inputs["plan"].data_ptr(), inputs["ids"].data_ptr(), cells.data_ptr(), record.data_ptr(),
-        torch.cuda.current_stream(packed.device).cuda_stream,
+        scratch.data_ptr(), 8 * scratch.numel(), torch.cuda.current_stream(packed.device).cuda_stream,
     )  # fmt: skip
     if err:
         raise RuntimeError(f"round plan kernel: {'arguments refused' if err < 0 else f'CUDA error {err}'}")

@@ -29,8 +29,15 @@
 // A refusal where Python raises (a candidate id that float32 cannot carry or outside the vocabulary, a state
 // out of range) and an idle round (no room, no budget, or the state's `done` set) write the status into the
 // record and 0 into the cells' row count, which the acceptor refuses: round_tail then commits nothing. The
-// verify's inputs are then those of the anchor alone. One thread decides; nothing here is arithmetic on
-// floats but the scores' double-precision sums and comparisons.
+// verify's inputs are then those of the anchor alone. Nothing here is arithmetic on floats but the scores'
+// double-precision sums and comparisons.
+//
+// Three launches, each thread deciding alone (so each is a single-thread kernel, which tests/kernels/ptx_interp.py
+// runs on nvcc's PTX): round_plan_kernel (one thread) builds the tree, its masks and the Gated DeltaNet plan's
+// checked tree into a scratch block in device memory; round_plan_rows_kernel (one thread a block, a block per
+// (row, part)) computes each row's visit and each of its taps, the plan's parts, which one thread took 0.5 ms of
+// a 0.64 ms launch for (H100, device call 151); round_plan_finish_kernel (one thread) assembles the plan and
+// writes the verify's inputs, the cells and the record.
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -102,9 +109,18 @@ struct Work {
     int64_t mask_cells[ELPIS_MASKS_CELLS];
     uint8_t depth8[kMaxRows];
     uint16_t anc16[kMaxRows];
+};
+
+// What the first launch leaves for the other two, in device memory (the caller's scratch).
+struct PlanScratch {
+    int32_t status;       // the round's status so far
+    int32_t prepared;     // 0: the masks and the plan's tree are made, the rows' parts to run; else kInternal
+    int64_t kvp;          // the verify's kvp (0 for a refused state)
+    Tree tree;
     int32_t depth[kMaxRows];
     uint32_t ancestors[kMaxRows];
-    GdnTreePlan plan;
+    GdnPlanTree plan_tree;
+    GdnPlanParts parts;
 };
 
 // Python's int() of a float id already checked finite and below 2^24: truncation toward zero.
@@ -232,29 +248,38 @@ struct VerifyInputs {
     int32_t* ids;        // [run] tokens, padding rows the anchor
 };
 
-// Step 4: the tree padded to `run` rows, its masks, plan and the verify's other inputs.
-__device__ int32_t write_verify_inputs(Work* w, int32_t run, int64_t kvp, const VerifyInputs& out) {
+// Step 4, first part: the tree padded to `run` rows, its masks, and the checked tree of its Gated DeltaNet plan.
+// Returns 0 or kInternal.
+__device__ int32_t prepare_plan(Work* w, int32_t run, PlanScratch* sc) {
     const Tree& tree = w->tree;
     int64_t* cells = w->mask_cells;
     cells[ELPIS_MASKS_ROWS] = run;
     for (int32_t r = 0; r < kMaxRows; r++)
         cells[ELPIS_MASKS_PARENTS + r] = r < tree.rows ? tree.parents[r] : 0;  // padding: leaves under the root
     if (elpis_dev_masks_row(cells, w->depth8, w->anc16) != 0) return kInternal;
-    for (int32_t r = 0; r < run; r++) {
-        w->depth[r] = w->depth8[r];
-        w->ancestors[r] = w->anc16[r];
+    for (int32_t r = 0; r < kMaxRows; r++) {
+        sc->depth[r] = r < run ? w->depth8[r] : 0;
+        sc->ancestors[r] = r < run ? w->anc16[r] : 0u;
     }
-    w->plan = GdnTreePlan{};
-    if (gdn_tree_plan(static_cast<uint32_t>(run), w->depth, w->ancestors, nullptr, &w->plan) != 0) return kInternal;
-    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&w->plan);
+    if (gdn_tree_plan_begin(static_cast<uint32_t>(run), sc->depth, sc->ancestors, nullptr, &sc->plan_tree) != 0)
+        return kInternal;
+    return 0;
+}
+
+// Step 4, last part: the plan from its rows' parts, and the verify's inputs. Returns 0 or kInternal.
+__device__ int32_t write_verify_inputs(const PlanScratch* sc, int32_t run, const VerifyInputs& out) {
+    const Tree& tree = sc->tree;
+    GdnTreePlan plan{};
+    if (sc->prepared != 0 || gdn_tree_plan_end(&sc->plan_tree, &sc->parts, &plan) != 0) return kInternal;
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&plan);
     for (int32_t i = 0; i < kPlanCapacity; i++)
         out.plan[i] = i < static_cast<int32_t>(sizeof(GdnTreePlan)) ? bytes[i] : 0;
-    out.seqlens[0] = static_cast<int32_t>(kvp);
-    out.ctx[0] = static_cast<int32_t>(kvp);
+    out.seqlens[0] = static_cast<int32_t>(sc->kvp);
+    out.ctx[0] = static_cast<int32_t>(sc->kvp);
     for (int32_t r = 0; r < run; r++) {
-        out.position[r] = static_cast<int32_t>(kvp + w->depth[r]);
-        out.masks[r] = w->depth[r];
-        out.masks[run + r] = static_cast<int32_t>(w->ancestors[r]);
+        out.position[r] = static_cast<int32_t>(sc->kvp + sc->depth[r]);
+        out.masks[r] = sc->depth[r];
+        out.masks[run + r] = static_cast<int32_t>(sc->ancestors[r]);
         out.ids[r] = static_cast<int32_t>(r < tree.rows ? tree.tokens[r] : tree.tokens[0]);
     }
     return 0;
@@ -267,9 +292,9 @@ __device__ bool state_ok(const int64_t* st, int32_t run) {
            nstops <= ELPIS_MAX_STOPS;
 }
 
+// Launch 1 (one thread): steps 1-3 and step 4's masks and the plan's checked tree, into the scratch block.
 __global__ void round_plan_kernel(const float* __restrict__ packed, int32_t block_rows, int32_t k, int32_t run,
-                                  int64_t vocab, const int64_t* __restrict__ state, VerifyInputs out,
-                                  int64_t* __restrict__ cells, int32_t* __restrict__ record) {
+                                  int64_t vocab, const int64_t* __restrict__ state, PlanScratch* __restrict__ sc) {
     __shared__ Work work;
     Tree& tree = work.tree;
     int64_t st[kStateWords];
@@ -298,12 +323,38 @@ __global__ void round_plan_kernel(const float* __restrict__ packed, int32_t bloc
         tree.rows = 1;
         tree.tokens[0] = anchor >= 0 && anchor < vocab ? anchor : 0;
     }
-    const int64_t kvp_in = status == kBadState ? 0 : kvp;
-    if (write_verify_inputs(&work, run, kvp_in, out) != 0 && status == 0) status = kInternal;
+    sc->status = status;
+    sc->kvp = status == kBadState ? 0 : kvp;
+    sc->tree = tree;
+    sc->prepared = prepare_plan(&work, run, sc);
+}
+
+// Launch 2 (one thread a block, blocks (row, part) numbered row * (1 + taps) + part): part 0 the row's visit,
+// part 1 + j its tap j.
+__global__ void round_plan_rows_kernel(PlanScratch* __restrict__ sc) {
+    __shared__ GdnPlanTree plan_tree;
+    const uint32_t r = blockIdx.x / (1u + kGdnPlanTaps), part = blockIdx.x % (1u + kGdnPlanTaps);
+    if (sc->prepared != 0 || r >= static_cast<uint32_t>(sc->plan_tree.rows)) return;
+    plan_tree = sc->plan_tree;
+    if (part == 0)
+        gdn_tree_plan_visit(&plan_tree, r, &sc->parts);
+    else
+        gdn_tree_plan_tap(&plan_tree, r, part - 1u, &sc->parts);
+}
+
+// Launch 3 (one thread): the plan, the verify's inputs, the acceptor's cells and the record.
+__global__ void round_plan_finish_kernel(int32_t run, const int64_t* __restrict__ state,
+                                         const PlanScratch* __restrict__ sc, VerifyInputs out,
+                                         int64_t* __restrict__ cells, int32_t* __restrict__ record) {
+    int64_t st[kStateWords];
+    for (int i = 0; i < kStateWords; i++) st[i] = state[i];
+    const Tree& tree = sc->tree;
+    int32_t status = sc->status;
+    if (write_verify_inputs(sc, run, out) != 0 && status == 0) status = kInternal;
     // the acceptor's cells: a refused or idle round gets 0 rows, which elpis_check_tree refuses
     for (int i = 0; i < ELPIS_TREE_CELLS; i++) cells[i] = 0;
     cells[ELPIS_TREE_ROWS] = status == 0 ? tree.rows : 0;
-    cells[ELPIS_TREE_BUDGET] = remaining;
+    cells[ELPIS_TREE_BUDGET] = st[kStRemaining];
     cells[ELPIS_TREE_NSTOPS] = st[kStNStops];
     for (int i = 0; i < ELPIS_MAX_STOPS; i++) cells[ELPIS_TREE_STOPS + i] = i < st[kStNStops] ? st[kStStops + i] : 0;
     for (int r = 0; r < tree.rows; r++) {
@@ -326,23 +377,30 @@ extern "C" {
 int elpis_round_plan_record_words(void) { return kRecordWords; }
 int elpis_round_plan_state_words(void) { return kStateWords; }
 int elpis_round_plan_plan_capacity(void) { return kPlanCapacity; }
+int elpis_round_plan_scratch_bytes(void) { return static_cast<int>(sizeof(PlanScratch)); }
 
 // Plan the round on `stream` (a cudaStream_t passed as an address). Device pointers: packed float32
 // [block_rows][2 + 2k], state int64 [kStateWords], seqlens and ctx int32 [1], position and ids int32 [run],
-// masks int32 [2 run], plan uint8 [256], cells int64 [ELPIS_TREE_CELLS], record int32 [kRecordWords].
-// Returns 0, -1 for arguments out of range, or the launch's cudaError_t.
+// masks int32 [2 run], plan uint8 [256], cells int64 [ELPIS_TREE_CELLS], record int32 [kRecordWords], scratch
+// (8-byte aligned, scratch_bytes long, at least elpis_round_plan_scratch_bytes()). Returns 0, -1 for arguments
+// out of range, or the launches' cudaError_t.
 int elpis_round_plan(const float* packed, uint32_t block_rows, uint32_t k, uint32_t run, uint32_t vocab,
                      const int64_t* state, int32_t* seqlens, int32_t* position, int32_t* ctx, int32_t* masks,
-                     uint8_t* plan, int32_t* ids, int64_t* cells, int32_t* record, void* stream) {
+                     uint8_t* plan, int32_t* ids, int64_t* cells, int32_t* record, void* scratch,
+                     uint64_t scratch_bytes, void* stream) {
     if (block_rows == 0 || block_rows > static_cast<uint32_t>(kMaxDepth) || k == 0 ||
         k > static_cast<uint32_t>(kMaxK) || run == 0 || run > static_cast<uint32_t>(kMaxRows) || vocab == 0 ||
-        vocab > static_cast<uint32_t>(kExactIds)) {
+        vocab > static_cast<uint32_t>(kExactIds) || scratch == nullptr ||
+        reinterpret_cast<uintptr_t>(scratch) % 8u != 0u || scratch_bytes < sizeof(PlanScratch)) {
         return -1;
     }
     const VerifyInputs out{seqlens, position, ctx, masks, plan, ids};
-    round_plan_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
-        packed, static_cast<int32_t>(block_rows), static_cast<int32_t>(k), static_cast<int32_t>(run), vocab, state,
-        out, cells, record);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    auto* sc = static_cast<PlanScratch*>(scratch);
+    round_plan_kernel<<<1, 1, 0, s>>>(packed, static_cast<int32_t>(block_rows), static_cast<int32_t>(k),
+                                      static_cast<int32_t>(run), vocab, state, sc);
+    round_plan_rows_kernel<<<run * (1u + kGdnPlanTaps), 1, 0, s>>>(sc);
+    round_plan_finish_kernel<<<1, 1, 0, s>>>(static_cast<int32_t>(run), state, sc, out, cells, record);
     return static_cast<int>(cudaGetLastError());
 }
 

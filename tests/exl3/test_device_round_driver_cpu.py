@@ -40,7 +40,7 @@ def f(t: int) -> int:
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     out = tmp_path_factory.mktemp("device_round_driver")
-    plan = cuda_emu.build_emulated(round_plan.SOURCE, out / "plan", launches=1, needs=("gdn_plan.h",))
+    plan = cuda_emu.build_emulated(round_plan.SOURCE, out / "plan", launches=3, needs=("gdn_plan.h",))
     tail = cuda_emu.build_emulated(round_tail.SOURCE, out / "tail", launches=1, needs=("gdn_plan.h",))
     # blocks of 32 threads (the outputs do not depend on the block: test_verify_epilogue_emu.py and
     # test_draft_candidates_emu.py), 8x fewer emulated threads a round than the served 256

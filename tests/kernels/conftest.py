@@ -22,7 +22,7 @@ def round_tail_emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
 def round_plan_emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     """patches/kernels/round_plan.cu built for the CPU, its entries bound."""
     out = tmp_path_factory.mktemp("round_plan_emu")
-    return round_plan.bind(cuda_emu.build_emulated(round_plan.SOURCE, out, launches=1, needs=("gdn_plan.h",)))
+    return round_plan.bind(cuda_emu.build_emulated(round_plan.SOURCE, out, launches=3, needs=("gdn_plan.h",)))
 
 
 @pytest.fixture(scope="session")

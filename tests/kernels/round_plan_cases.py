@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from elpis.exl3 import round_check, round_plan
+from elpis.exl3 import gdn_tree, round_check, round_plan
 from elpis.exl3.round_check import (  # noqa: F401  (re-exported for the tests)
     Expected,
     Request,
@@ -30,14 +30,19 @@ def random_round(rng: random.Random) -> tuple[list[int], list[int], list[int], l
 
 
 VERIFY_INPUTS = ("seqlens", "position", "ctx", "masks", "plan", "ids")  # the kernel's VerifyInputs order
+# The interpreted launches' scratch block: at least the kernel's PlanScratch (elpis_round_plan_scratch_bytes;
+# test_round_plan_emu.py checks the bound on the emulated build)
+SCRATCH_BYTES = 4096
 
 
 def _plan_call(lib, packed: np.ndarray, k: int, vocab: int, state, inputs: dict[str, np.ndarray], cells,
                record) -> int:  # fmt: skip
     """elpis_round_plan of the emulated build `lib` on numpy arrays: its return code."""
+    scratch = np.zeros((lib.elpis_round_plan_scratch_bytes() + 7) // 8, dtype=np.int64)
     return lib.elpis_round_plan(
         packed.ctypes.data, packed.shape[0], k, len(inputs["ids"]), vocab, state.ctypes.data,
-        *(inputs[n].ctypes.data for n in VERIFY_INPUTS), cells.ctypes.data, record.ctypes.data, None,
+        *(inputs[n].ctypes.data for n in VERIFY_INPUTS), cells.ctypes.data, record.ctypes.data,
+        scratch.ctypes.data, scratch.nbytes, None,
     )  # fmt: skip
 
 
@@ -110,9 +115,20 @@ def interpreted_plan_launch(program) -> Callable[..., None]:
         at = {name: m.put(inputs[name]) for name in VERIFY_INPUTS}
         verify_inputs = struct.pack("<6Q", *at.values())
         packed = np.ascontiguousarray(packed, dtype=np.float32)
-        k = (packed.shape[1] - 2) // 2
-        m.call(program.entry("round_plan_kernel"), packed, packed.shape[0], k, len(inputs["ids"]), vocab,
-               state.copy(), verify_inputs, cells, record)  # fmt: skip
+        k, run = (packed.shape[1] - 2) // 2, len(inputs["ids"])
+        state_at = m.put(state.copy())
+        # the scratch block the three launches share, poisoned as device memory would be
+        scratch = m.put(np.full(SCRATCH_BYTES, 0xCD, dtype=np.uint8))
+        m.run(program.entry("round_plan_kernel"), [m.put(packed), packed.shape[0], k, run, vocab, state_at,
+                                                   scratch])  # fmt: skip
+        blocks = run * (1 + gdn_tree.TAPS)  # a block a (row, part): the visit, then each tap
+        for block in range(blocks):
+            m.run(program.entry("round_plan_rows_kernel"), [scratch], block=block, blocks=blocks)
+        cells_at, record_at = m.put(cells), m.put(record)
+        m.run(program.entry("round_plan_finish_kernel"), [run, state_at, scratch, verify_inputs, cells_at,
+                                                          record_at])  # fmt: skip
+        cells[...] = m.get(cells_at, cells)
+        record[...] = m.get(record_at, record)
         for name in VERIFY_INPUTS:
             inputs[name][...] = m.get(at[name], inputs[name])
 

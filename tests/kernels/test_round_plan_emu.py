@@ -15,7 +15,14 @@ import pytest
 
 from elpis.accept import abi
 from elpis.exl3 import round_check, round_plan
-from tests.kernels.round_plan_cases import Request, emulated_plan, host_plan, random_block, random_request
+from tests.kernels.round_plan_cases import (
+    SCRATCH_BYTES,
+    Request,
+    emulated_plan,
+    host_plan,
+    random_block,
+    random_request,
+)
 
 VOCAB = 248_320
 
@@ -138,28 +145,30 @@ def test_a_state_out_of_range_is_refused(lib, req: Request) -> None:
 
 
 @pytest.mark.parametrize(
-    ("block_rows", "k", "run", "vocab"),
-    [(0, 4, 8, VOCAB), (16, 4, 8, VOCAB), (7, 0, 8, VOCAB), (7, 17, 8, VOCAB), (7, 4, 0, VOCAB),
-     (7, 4, 17, VOCAB), (7, 4, 8, 0), (7, 4, 8, (1 << 24) + 1)],
+    ("block_rows", "k", "run", "vocab", "scratch"),
+    [(0, 4, 8, VOCAB, 0), (16, 4, 8, VOCAB, 0), (7, 0, 8, VOCAB, 0), (7, 17, 8, VOCAB, 0),
+     (7, 4, 0, VOCAB, 0), (7, 4, 17, VOCAB, 0), (7, 4, 8, 0, 0), (7, 4, 8, (1 << 24) + 1, 0),
+     (7, 4, 8, VOCAB, -8), (7, 4, 8, VOCAB, 4), (7, 4, 8, VOCAB, None)],
 )  # fmt: skip
-def test_arguments_out_of_range_are_refused(lib, block_rows: int, k: int, run: int, vocab: int) -> None:
+def test_arguments_out_of_range_are_refused(
+    lib, block_rows: int, k: int, run: int, vocab: int, scratch: int | None
+) -> None:
+    """Each case changes one thing of a call that runs (the last argument: the scratch block's size short by 8
+    bytes, its address off 8 bytes, or none)."""
     packed = np.zeros((max(block_rows, 1), 2 + 2 * max(k, 1)), dtype=np.float32)
     state = Request(1, 10, 5, 1000, 1, ()).state()
     out = [np.zeros(n, dtype=t) for n, t in ((1, np.int32), (17, np.int32), (1, np.int32), (34, np.int32),
                                               (256, np.uint8), (17, np.int32))]  # fmt: skip
     cells = np.zeros(abi.TREE_CELLS, dtype=np.int64)
     record = np.zeros(round_plan.RECORD_WORDS, dtype=np.int32)
-    err = lib.elpis_round_plan(
-        packed.ctypes.data,
-        block_rows,
-        k,
-        run,
-        vocab,
-        state.ctypes.data,
-        *[o.ctypes.data for o in out],
-        cells.ctypes.data,
-        record.ctypes.data,
-        None,
-    )
-    assert err == -1
+    need = lib.elpis_round_plan_scratch_bytes()
+    assert need <= SCRATCH_BYTES  # the interpreted launches' scratch holds the kernel's
+    block = np.zeros(need // 8 + 2, dtype=np.int64)
+    at = None if scratch is None else block.ctypes.data + (4 if scratch == 4 else 0)
+    size = need - 8 if scratch == -8 else need
+    args = (packed.ctypes.data, block_rows, k, run, vocab, state.ctypes.data, *[o.ctypes.data for o in out])
+    assert lib.elpis_round_plan(*args, cells.ctypes.data, record.ctypes.data, at, size, None) == -1
     assert not record.any()  # nothing launched
+    if (block_rows, k, run, vocab) == (7, 4, 8, VOCAB):  # the same call with the scratch it needs runs
+        outputs = (cells.ctypes.data, record.ctypes.data, block.ctypes.data)
+        assert lib.elpis_round_plan(*args, *outputs, need, None) == 0
