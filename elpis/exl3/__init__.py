@@ -233,10 +233,11 @@ def load_backend(
             )
     if gdn_ba and not tree:
         raise ValueError("gdn_ba acts inside tree verifies only: it needs tree=True")
+    has_draft_graphs = draft_dir is not None and draft_graphs
     if device_rounds is None:
-        device_rounds = default_device_rounds()
+        applies = tree and tree_graphs and has_draft_graphs and embed_gather and not prelaunch
+        device_rounds = default_device_rounds(applies)
     if device_rounds:
-        has_draft_graphs = draft_dir is not None and draft_graphs
         check_device_rounds(tree and tree_graphs, has_draft_graphs, embed_gather, prelaunch)
     if rows_gemm:  # before the weights load: elpis's decode as this machine's CUDA compiler built it
         from elpis.exl3 import decode_check
@@ -292,13 +293,16 @@ def load_backend(
     return backend
 
 
-def default_device_rounds() -> bool:
-    """Whether greedy rounds run on the GPU (`elpis.exl3.device_round`) when the caller does not say: as the
-    registry switch exl3-device-rounds says."""
+def default_device_rounds(applicable: bool = True) -> bool:
+    """Whether greedy rounds run on the GPU (`elpis.exl3.device_round`) when the caller does not say: where
+    they apply (tree mode with tree and draft graphs, the embedding gather, no verify gate:
+    `check_device_rounds`' list), as the registry switch exl3-device-rounds says; so a configuration they do
+    not apply to (chain mode, no draft) loads with host rounds, as rows-gemm's default follows tree mode. A
+    caller that asks for them (device_rounds=True) where they do not apply is refused."""
     from elpis.exl3 import patches
     from elpis.exl3.device_round import PATCH
 
-    return patches.enabled(PATCH)
+    return applicable and patches.enabled(PATCH)
 
 
 def check_device_rounds(tree_graphs: bool, draft_graphs: bool, embed_gather: bool, prelaunch: bool) -> None:
