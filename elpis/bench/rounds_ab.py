@@ -12,6 +12,7 @@ lists the kernels whose time differs most between two arms.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import statistics
@@ -22,6 +23,21 @@ from typing import Any
 
 WARMUP_ROUNDS = 4  # rounds of each request left out of its times (captures, caches)
 DIFF_KERNELS = 12  # kernel names listed by their difference between the arms
+
+
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The arguments both A/B scripts take: the checkpoints, the output file, the contexts, each request's
+    tokens, the timed pairs, the tree's rows and the profiled rounds (0: none); a script adds its own."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("model", type=Path)
+    parser.add_argument("draft", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--contexts", default="1024,8192")
+    parser.add_argument("--tokens", type=int, default=40)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--budget", type=int, default=16)
+    parser.add_argument("--profile-rounds", type=int, default=0)
+    return parser
 
 
 def greedy_steps(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget: int) -> Any:

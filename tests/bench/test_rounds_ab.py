@@ -86,3 +86,11 @@ def test_an_arm_loads_with_its_switches_and_leaves_the_environment_as_it_was(
     backend = switch_ab.load_arm("model", "draft", env, "1")
     assert seen == [("1", "1")] and backend.prefix.enabled is False
     assert os.environ["ELPIS_PATCH_NORM_INPUT"] == "0" and "ELPIS_PATCH_MLP_ACT_INPUT" not in os.environ
+
+
+def test_both_scripts_take_the_shared_arguments() -> None:
+    args = ab.arguments("toy").parse_args(["m", "d", "--out", "o.json", "--contexts", "1024", "--pairs", "2"])
+    got = (args.contexts, args.pairs, args.tokens, args.budget, args.profile_rounds)
+    assert got == ("1024", 2, 40, 16, 0)
+    with pytest.raises(SystemExit):
+        ab.arguments("toy").parse_args(["m", "d"])  # --out is required

@@ -17,13 +17,19 @@ Usage (repo root):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-from elpis.bench.rounds_ab import alternate, compare, profile_difference, profiled_rounds, rounds_of
+from elpis.bench.rounds_ab import (
+    alternate,
+    arguments,
+    compare,
+    profile_difference,
+    profiled_rounds,
+    rounds_of,
+)
 
 ARMS = ("off", "on")
 
@@ -58,16 +64,8 @@ def load_arm(model: Path, draft: Path, env: dict[str, str], value: str) -> Any:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", type=Path)
-    parser.add_argument("draft", type=Path)
+    parser = arguments(__doc__.splitlines()[0])
     parser.add_argument("--switches", required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--contexts", default="1024,8192")
-    parser.add_argument("--tokens", type=int, default=40)
-    parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--budget", type=int, default=16)
-    parser.add_argument("--profile-rounds", type=int, default=0)
     args = parser.parse_args()
     env = switch_env(args.switches.split(","))
 
