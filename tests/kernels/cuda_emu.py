@@ -18,6 +18,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -280,3 +281,24 @@ def build_emulated(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return ctypes.CDLL(str(lib_path))
+
+
+def build_span_kernels(
+    tmp_path_factory: pytest.TempPathFactory,
+    binding: Any,
+    prefix: str,
+    *,
+    launches: int,
+    threads: int,
+    span_vectors: int = 1024,
+    max_spans: int = 64,
+) -> ctypes.CDLL:
+    """An emulated build of the kernel file of `binding` (its SOURCE and bind: elpis.exl3.draft_candidates,
+    elpis.exl3.verify_epilogue, whose kernels read logit rows in spans, row_scan.cuh), bound, with its block
+    (`prefix`_THREADS), its span in 16-byte vectors (`prefix`_SPAN_VECTORS) and its most spans a row
+    (`prefix`_MAX_SPANS); the served build's are 256, 1024 and 64."""
+    source = Path(binding.SOURCE)
+    out = tmp_path_factory.mktemp(f"{source.stem}_{threads}_{span_vectors}_{max_spans}")
+    names = ("THREADS", "SPAN_VECTORS", "MAX_SPANS")
+    defines = {f"{prefix}_{n}": v for n, v in zip(names, (threads, span_vectors, max_spans), strict=True)}
+    return binding.bind(build_emulated(source, out, launches=launches, defines=defines), threads=threads)

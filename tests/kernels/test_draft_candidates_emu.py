@@ -19,17 +19,9 @@ from tests.kernels import cuda_emu
 from tests.kernels.draft_candidates_cases import LP_TOLERANCE, check_packed, one_threads_row, rows
 
 
-def build(
-    tmp_path_factory: pytest.TempPathFactory, threads: int, span_vectors: int = 1024, max_spans: int = 64
-) -> ctypes.CDLL:
-    out = tmp_path_factory.mktemp(f"draft_candidates_{threads}_{span_vectors}_{max_spans}")
-    defines = {
-        "ELPIS_DRAFT_CANDIDATES_THREADS": threads,
-        "ELPIS_DRAFT_CANDIDATES_SPAN_VECTORS": span_vectors,
-        "ELPIS_DRAFT_CANDIDATES_MAX_SPANS": max_spans,
-    }
-    built = cuda_emu.build_emulated(draft_candidates.SOURCE, out, launches=4, defines=defines)
-    return draft_candidates.bind(built, threads=threads)
+def build(factory: pytest.TempPathFactory, threads: int, **spans: int) -> ctypes.CDLL:
+    binding, prefix = draft_candidates, "ELPIS_DRAFT_CANDIDATES"
+    return cuda_emu.build_span_kernels(factory, binding, prefix, launches=4, threads=threads, **spans)
 
 
 @pytest.fixture(scope="module")

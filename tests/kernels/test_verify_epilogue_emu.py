@@ -18,17 +18,9 @@ from tests.kernels import cuda_emu
 from tests.kernels.verify_epilogue_cases import rows
 
 
-def build(
-    tmp_path_factory: pytest.TempPathFactory, threads: int, span_vectors: int = 1024, max_spans: int = 64
-) -> ctypes.CDLL:
-    out = tmp_path_factory.mktemp(f"verify_epilogue_{threads}_{span_vectors}_{max_spans}")
-    defines = {
-        "ELPIS_VERIFY_EPILOGUE_THREADS": threads,
-        "ELPIS_VERIFY_EPILOGUE_SPAN_VECTORS": span_vectors,
-        "ELPIS_VERIFY_EPILOGUE_MAX_SPANS": max_spans,
-    }
-    built = cuda_emu.build_emulated(verify_epilogue.SOURCE, out, launches=3, defines=defines)
-    return verify_epilogue.bind(built, threads=threads)
+def build(factory: pytest.TempPathFactory, threads: int, **spans: int) -> ctypes.CDLL:
+    prefix = "ELPIS_VERIFY_EPILOGUE"
+    return cuda_emu.build_span_kernels(factory, verify_epilogue, prefix, launches=3, threads=threads, **spans)
 
 
 @pytest.fixture(scope="module")
