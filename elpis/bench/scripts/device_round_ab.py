@@ -27,18 +27,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from elpis.bench.rounds_ab import (
-    alternate,
-    arguments,
-    compare,
-    profile_difference,
-    profiled_rounds,
-    rounds_of,
-)
+from elpis.bench import rounds_ab as ab
 
 
 def main() -> None:
-    parser = arguments(__doc__.splitlines()[0])
+    parser = ab.arguments(__doc__.splitlines()[0])
     args = parser.parse_args()
     os.environ["ELPIS_PATCH_EMBED_GATHER"] = "1"
     os.environ["ELPIS_PATCH_DEVICE_ROUNDS"] = "1"
@@ -65,19 +58,20 @@ def main() -> None:
     for context in (int(c) for c in args.contexts.split(",")):
         base = make_prompt(context + 1, seed=context, vocab=backend.info.vocab_size)
         rounds_before = device.rounds
-        seconds = alternate(
+        seconds = ab.alternate(
             ("host", "device"), args.pairs,
-            lambda arm, base=base: on(arm, rounds_of, base, args.tokens, args.budget), f"context {context}",
+            lambda arm, base=base: on(arm, ab.rounds_of, base, args.tokens, args.budget),
+            f"context {context}",
         )  # fmt: skip
-        doc = {"context": context} | compare(seconds, "host", "device")
+        doc = {"context": context} | ab.compare(seconds, "host", "device")
         doc["device_rounds_run"] = device.rounds - rounds_before
         docs.append(doc)
         print("DEVROUNDAB " + json.dumps(doc), flush=True)
         if args.profile_rounds:
             rounds, arms = args.profile_rounds, ("host", "device")
-            profiles = {arm: on(arm, profiled_rounds, base, rounds, args.budget) for arm in arms}
+            profiles = {arm: on(arm, ab.profiled_rounds, base, rounds, args.budget) for arm in arms}
             prof = {"context": context, "rounds": rounds}
-            prof |= profile_difference(profiles, "host", "device")
+            prof |= ab.profile_difference(profiles, "host", "device")
             docs.append(prof)
             print("DEVROUNDPROF " + json.dumps(prof), flush=True)
     args.out.write_text(json.dumps(docs, indent=1) + "\n")

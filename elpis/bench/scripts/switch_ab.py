@@ -22,14 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from elpis.bench.rounds_ab import (
-    alternate,
-    arguments,
-    compare,
-    profile_difference,
-    profiled_rounds,
-    rounds_of,
-)
+from elpis.bench import rounds_ab as ab
 
 ARMS = ("off", "on")
 
@@ -64,7 +57,7 @@ def load_arm(model: Path, draft: Path, env: dict[str, str], value: str) -> Any:
 
 
 def main() -> None:
-    parser = arguments(__doc__.splitlines()[0])
+    parser = ab.arguments(__doc__.splitlines()[0])
     parser.add_argument("--switches", required=True)
     args = parser.parse_args()
     env = switch_env(args.switches.split(","))
@@ -77,18 +70,18 @@ def main() -> None:
     docs = []
     for context in (int(c) for c in args.contexts.split(",")):
         base = make_prompt(context + 1, seed=context, vocab=backends["off"].info.vocab_size)
-        seconds = alternate(
+        seconds = ab.alternate(
             ARMS, args.pairs,
-            lambda arm, base=base: rounds_of(backends[arm], decoder, base, args.tokens, args.budget),
+            lambda arm, base=base: ab.rounds_of(backends[arm], decoder, base, args.tokens, args.budget),
             f"context {context}",
         )  # fmt: skip
-        doc = {"context": context, "switches": list(env)} | compare(seconds, "off", "on")
+        doc = {"context": context, "switches": list(env)} | ab.compare(seconds, "off", "on")
         docs.append(doc)
         print("SWITCHAB " + json.dumps(doc), flush=True)
         if args.profile_rounds:
             rounds, budget = args.profile_rounds, args.budget
-            profiles = {arm: profiled_rounds(backends[arm], decoder, base, rounds, budget) for arm in ARMS}
-            prof = {"context": context, "rounds": rounds} | profile_difference(profiles, *ARMS)
+            profiles = {arm: ab.profiled_rounds(backends[arm], decoder, base, rounds, budget) for arm in ARMS}
+            prof = {"context": context, "rounds": rounds} | ab.profile_difference(profiles, *ARMS)
             docs.append(prof)
             print("SWITCHPROF " + json.dumps(prof), flush=True)
     args.out.write_text(json.dumps(docs, indent=1) + "\n")
