@@ -276,10 +276,6 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-__host__ __device__ inline uint32_t per_vector_of(uint32_t fp16) {
-    return fp16 ? row_scan::Logit<__half>::kPerVector : row_scan::Logit<float>::kPerVector;
-}
-
 }  // namespace
 
 extern "C" {
@@ -289,7 +285,7 @@ int elpis_draft_candidates_threads(void) { return static_cast<int>(kThreads); }
 // The spans a row of `vocab` logits is cut into (fp16 where `fp16`, else fp32): the workspace takes
 // rows * spans * (8 k + 4) bytes.
 int elpis_draft_candidates_spans(uint32_t fp16, uint32_t vocab) {
-    return static_cast<int>(spans_of(vocab, per_vector_of(fp16)).count);
+    return static_cast<int>(spans_of(vocab, row_scan::per_vector(fp16)).count);
 }
 
 // out fp32 [rows, 2 + 2k] (drafter.pack_candidates' layout) from `rows` logit rows (fp16 where `fp16`, else fp32;
@@ -299,7 +295,7 @@ int elpis_draft_candidates_spans(uint32_t fp16, uint32_t vocab) {
 int elpis_draft_candidates(const void* logits, uint32_t fp16, uint32_t row_stride, uint32_t vocab, uint32_t rows,
                            const void* chain, uint32_t k, void* workspace, uint64_t workspace_bytes, void* out,
                            void* stream) {
-    const uint32_t per_vector = per_vector_of(fp16);
+    const uint32_t per_vector = row_scan::per_vector(fp16);
     if (logits == nullptr || chain == nullptr || out == nullptr || workspace == nullptr || rows == 0u ||
         rows > 65535u || vocab == 0u || vocab > row_stride || vocab > kIndexMask || fp16 > 1u || k == 0u ||
         k > uint32_t(kMaxK) || k > vocab || reinterpret_cast<uintptr_t>(logits) % 16u != 0u ||

@@ -70,12 +70,20 @@ __host__ __device__ inline Spans spans_of(uint32_t vocab, uint32_t per_vector, u
     return Spans{(total + per - 1u) / per, per};
 }
 
-// f(bits, index) of the logits a thread of kThreads takes from part of a row at `row` (16-byte aligned): the
-// whole vectors [first, end), thread threadIdx.x taking vectors first + t, first + t + kThreads, ... ascending,
-// then the single values [tail, vocab). Each thread sees its logits in ascending index order.
+// The logits in a 16-byte vector of fp16 rows (`fp16`) or fp32 ones.
+__host__ __device__ inline uint32_t per_vector(uint32_t fp16) {
+    return fp16 ? Logit<__half>::kPerVector : Logit<float>::kPerVector;
+}
+
+// f(bits, index) of the logits thread threadIdx.x of kThreads takes from span s of a row at `row` (16-byte
+// aligned) cut into `spans` (`vocab` values in all): the span's vectors t, t + kThreads, ... ascending, two loads
+// in flight, then (last span) the single values past the last vector. Each thread sees its logits in ascending
+// index order.
 template <typename T, uint32_t kThreads, typename F>
-__device__ __forceinline__ void each_logit_span(const T* row, uint32_t first, uint32_t end, uint32_t tail,
-                                                uint32_t vocab, F&& f) {
+__device__ __forceinline__ void each_logit_of_span(const T* row, uint32_t vocab, Spans spans, uint32_t s, F&& f) {
+    const uint32_t total = vocab / Logit<T>::kPerVector, first = s * spans.vectors;
+    const uint32_t end = min(first + spans.vectors, total);
+    const uint32_t tail = s + 1u == spans.count ? total * Logit<T>::kPerVector : vocab;
     const uint32_t t = threadIdx.x;
     const uint4* vec = reinterpret_cast<const uint4*>(row);
     for (uint32_t c = first + t; c < end; c += 2 * kThreads) {
@@ -86,17 +94,6 @@ __device__ __forceinline__ void each_logit_span(const T* row, uint32_t first, ui
         if (two) each_of_vector<T>(b, c + kThreads, f);
     }
     for (uint32_t i = tail + t; i < vocab; i += kThreads) f(Logit<T>::bits(row, i), i);
-}
-
-// f(bits, index) of the logits thread threadIdx.x of kThreads takes from span s of a row cut into `spans`
-// (`vocab` values in all, 16-byte aligned): its vectors ascending, then (last span) the values past the last
-// vector. Each thread sees its logits in ascending index order.
-template <typename T, uint32_t kThreads, typename F>
-__device__ __forceinline__ void each_logit_of_span(const T* row, uint32_t vocab, Spans spans, uint32_t s, F&& f) {
-    const uint32_t total = vocab / Logit<T>::kPerVector, first = s * spans.vectors;
-    const uint32_t end = min(first + spans.vectors, total);
-    const uint32_t tail = s + 1u == spans.count ? total * Logit<T>::kPerVector : vocab;
-    each_logit_span<T, kThreads>(row, first, end, tail, vocab, f);
 }
 
 }  // namespace row_scan

@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __host__ __device__ inline row_scan::Spans spans_of(uint32_t vocab, uint32_t fp16) {
-    return row_scan::spans_of(vocab, fp16 ? 8u : 4u, kSpanVectors, kMaxSpans);
+    return row_scan::spans_of(vocab, row_scan::per_vector(fp16), kSpanVectors, kMaxSpans);
 }
 
 }  // namespace
@@ -149,7 +149,7 @@ int elpis_verify_epilogue(const void* logits, uint32_t fp16, uint32_t row_stride
                           void* stream) {
     if (logits == nullptr || ids == nullptr || flags == nullptr || workspace == nullptr || rows == 0u ||
         rows > 65535u || vocab == 0u || vocab > row_stride || fp16 > 1u || (fp16 && digests != nullptr) ||
-        reinterpret_cast<uintptr_t>(logits) % 16u || (row_stride * (fp16 ? 2u : 4u)) % 16u != 0u ||
+        reinterpret_cast<uintptr_t>(logits) % 16u || row_stride % row_scan::per_vector(fp16) != 0u ||
         reinterpret_cast<uintptr_t>(workspace) % 4u != 0u)
         return -1;
     const row_scan::Spans spans = spans_of(vocab, fp16);
