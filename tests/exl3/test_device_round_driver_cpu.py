@@ -44,15 +44,10 @@ def kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     tail = cuda_emu.build_emulated(round_tail.SOURCE, out / "tail", launches=1, needs=("gdn_plan.h",))
     # blocks of 32 threads (the outputs do not depend on the block: test_verify_epilogue_emu.py and
     # test_draft_candidates_emu.py), 8x fewer emulated threads a round than the served 256
-    threads = {"ELPIS_VERIFY_EPILOGUE_THREADS": 32}
-    epilogue = cuda_emu.build_emulated(verify_epilogue.SOURCE, out / "epilogue", launches=3, defines=threads)
-    threads = {"ELPIS_DRAFT_CANDIDATES_THREADS": 32}
-    source = draft_candidates.SOURCE
-    candidates = cuda_emu.build_emulated(source, out / "candidates", launches=4, defines=threads)
-    return (
-        round_plan.bind(plan), round_tail.bind(tail), verify_epilogue.bind(epilogue, threads=32),
-        draft_candidates.bind(candidates, threads=32),
-    )  # fmt: skip
+    f, spans = tmp_path_factory, cuda_emu.build_span_kernels
+    epilogue = spans(f, verify_epilogue, "ELPIS_VERIFY_EPILOGUE", launches=3, threads=32)
+    candidates = spans(f, draft_candidates, "ELPIS_DRAFT_CANDIDATES", launches=4, threads=32)
+    return round_plan.bind(plan), round_tail.bind(tail), epilogue, candidates
 
 
 @pytest.fixture
