@@ -183,10 +183,10 @@ def load_backend(
     Qwen3.8), instead of the host looking them up and uploading them before each replay
     (`elpis.exl3.embed_gather`); the same values. None: `default_embed_gather`. True with the patch
     switched off is refused.
-    `device_rounds` (tree mode, tree and draft graphs, the embedding gather; GPU tests pass, no gain shown):
+    `device_rounds` (tree mode, tree and draft graphs, the embedding gather; faster than host rounds):
     greedy requests run their rounds' tree, acceptance and commit on the GPU (`elpis.exl3.device_round`),
-    one host synchronisation a round. None: the registry switch exl3-device-rounds (off). True with the
-    switch off, or without what it needs, is refused.
+    one host synchronisation a round. None: the registry switch exl3-device-rounds (off), where they apply
+    (`default_device_rounds`). True with the switch off, or without what it needs, is refused.
     """
     import torch
 
