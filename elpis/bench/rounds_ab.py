@@ -7,7 +7,8 @@ round's time is a step's. Per arm: the median round time and its MAD pooled over
 rule of `elpis.bench.report` (NOISE_MADS x the larger MAD). Both arms must give identical tokens (plain
 decoding's). `profiled_rounds` runs one request under the CUDA profiler: GPU span, busy (union of kernel
 intervals), idle and kernels per round, and each kernel's time per round by name, and `profile_difference`
-lists the kernels whose time differs most between two arms.
+lists the kernels whose time differs most between two arms. `host_time` measures the host's own time per
+round where the rounds run on the GPU (a round's wall time less the host's waits on the GPU).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import itertools
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,30 @@ def rounds_of(
         out += step.token_ids
     seconds = [b - a for a, b in itertools.pairwise(stamps[1:])]  # the first step holds the prefill
     return out, seconds[WARMUP_ROUNDS:]
+
+
+def host_time(
+    steps: Iterable[Any], waited: Callable[[], float], clock: Callable[[], float] = time.perf_counter
+) -> dict[str, Any]:
+    """Issue 9's host time per round (Python and launches) for rounds on the GPU: each step's wall time less
+    the seconds the host spent blocked on the GPU during it (`waited()`, a running total such as
+    `DeviceRounds.wait_seconds`), after the warm-up rounds; the first step holds the prefill and is left out
+    like `rounds_of` leaves it out. Medians and the 90th percentile in ms."""
+    stamps = [(clock(), waited())]
+    for _ in steps:
+        stamps.append((clock(), waited()))
+    spans = list(itertools.pairwise(stamps[1:]))[WARMUP_ROUNDS:]
+    if not spans:
+        raise ValueError("no rounds after the warm-up: ask for more tokens")
+    wall = [(b[0] - a[0]) * 1000 for a, b in spans]
+    wait = [(b[1] - a[1]) * 1000 for a, b in spans]
+    host = sorted(w - x for w, x in zip(wall, wait, strict=True))
+    median = statistics.median
+    p90 = host[min(len(host) - 1, (9 * len(host)) // 10)]
+    return {
+        "rounds": len(host), "round_ms_median": median(wall), "wait_ms_median": median(wait),
+        "host_ms_median": median(host), "host_ms_p90": p90,
+    }  # fmt: skip
 
 
 def alternate(

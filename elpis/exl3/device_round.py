@@ -45,6 +45,7 @@ proposes, so that matters for the acceptance rate, not the text.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -253,6 +254,9 @@ class DeviceRounds:
         self.settled = 0  # the host's position: every round read back so far is in it
         self.rounds = 0  # rounds read back, discarded ones included
         self.queued_ahead = 0  # rounds queued before the previous one was read back
+        # seconds the host spent blocked on rounds' events: a round's wall time less this is the host's own
+        # (Python and launches, issue 9's host time per round)
+        self.wait_seconds = 0.0
 
     # -- a request ------------------------------------------------------------------------------------------
     def start(self, *, remaining: int, tree_budget: int, stops: Sequence[int], top_k: int) -> None:
@@ -375,7 +379,9 @@ class DeviceRounds:
     def _read(self, q: _Queued) -> DeviceRoundResult:
         """Wait for a queued round and settle the host's side of it: the tokens whose K/V were kept and the
         position. A round not committed changes nothing."""
+        waiting = time.perf_counter()
         q.event.synchronize()
+        self.wait_seconds += time.perf_counter() - waiting
         host = self.host_records[q.slot]
         if self.record_faults is not None:
             self.record_faults.damage(q.number, host, q.before, self.last_words, self.other_request)

@@ -94,3 +94,26 @@ def test_both_scripts_take_the_shared_arguments() -> None:
     assert got == ("1024", 2, 40, 16, 0)
     with pytest.raises(SystemExit):
         ab.arguments("toy").parse_args(["m", "d"])  # --out is required
+
+
+def test_host_time_is_each_rounds_wall_less_its_waits_after_the_warm_up() -> None:
+    # step i takes 10 + i ms of wall clock, of which the host waited on the GPU 9.8 ms (9.5 in the last)
+    clock = {"now": 0.0, "waited": 0.0}
+    walls = [0.5] + [0.010 + 0.001 * i for i in range(10)]  # the first step holds the prefill
+    waits = [0.4] + [0.0098] * 9 + [0.0095]
+
+    def steps():
+        for wall, wait in zip(walls, waits, strict=True):
+            clock["now"] += wall
+            clock["waited"] += wait
+            yield object()
+
+    got = ab.host_time(steps(), lambda: clock["waited"], clock=lambda: clock["now"])
+    timed = slice(1 + ab.WARMUP_ROUNDS, None)
+    host = sorted(w - x for w, x in zip(walls[timed], waits[timed], strict=True))
+    assert got["rounds"] == 10 - ab.WARMUP_ROUNDS
+    assert got["host_ms_median"] == pytest.approx(1000 * (host[2] + host[3]) / 2)
+    assert got["host_ms_p90"] == pytest.approx(1000 * host[-1])
+    assert got["wait_ms_median"] == pytest.approx(9.8)
+    with pytest.raises(ValueError, match="no rounds after the warm-up"):
+        ab.host_time(iter(range(ab.WARMUP_ROUNDS)), lambda: 0.0)

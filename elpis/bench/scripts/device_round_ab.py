@@ -8,8 +8,9 @@ context: `--pairs` pairs of requests of `--tokens` greedy tokens after a warm-up
 rounds: the backend's `device_rounds` detached, so the generator runs its host loop). Random weights: every
 draft is rejected and a round commits one token, so a round's time is a step's. Per arm: the median round time
 and its MAD pooled over the pairs, and the noise rule of `elpis.bench.report` (NOISE_MADS x the larger MAD).
-The two arms' tokens must be identical (both are plain decoding's). Prints one line "DEVROUNDAB {json}" per
-context and writes every line's document to `--out`.
+The two arms' tokens must be identical (both are plain decoding's). Then one more request with rounds on
+the GPU measures the host's own time per round (`rounds_ab.host_time`: wall less the waits on the GPU).
+Prints one line "DEVROUNDAB {json}" per context and writes every line's document to `--out`.
 With `--profile-rounds N`, one more request per arm and context runs under the CUDA profiler for N rounds
 after the warm-up: its GPU milliseconds per round (span, busy as the union of kernel intervals, idle, kernels
 launched) and every kernel's time per round by name, then the names whose time differs most between the arms
@@ -65,6 +66,9 @@ def main() -> None:
         )  # fmt: skip
         doc = {"context": context} | ab.compare(seconds, "host", "device")
         doc["device_rounds_run"] = device.rounds - rounds_before
+        # one more request on the GPU's rounds: the host's own time per round (issue 9: <= 0.2 ms)
+        steps = on("device", ab.greedy_steps, base, args.tokens, args.budget)
+        doc["device_host_time"] = ab.host_time(steps, lambda: device.wait_seconds)
         docs.append(doc)
         print("DEVROUNDAB " + json.dumps(doc), flush=True)
         if args.profile_rounds:
