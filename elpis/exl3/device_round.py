@@ -244,10 +244,8 @@ class DeviceRounds:
         self.last_words: list[int] | None = None  # the last round read back, its records
         self.other_request: list[int] | None = None  # the previous request's last records
         self.record_faults: RecordFaults | None = None
-        self.cond_index = torch.zeros((run,), dtype=torch.long, device=dev)  # a path has at most run rows
         self.cond_kvp = torch.zeros((1,), dtype=torch.int32, device=dev)
-        self.ids = torch.zeros((run,), dtype=torch.long, device=dev)  # the verify's greedy targets
-        self.bad = torch.zeros((run,), dtype=torch.int32, device=dev)  # and its row checks
+        self._run_buffers(dev, run)
         self.top_k = 0
         self.queued: deque[_Queued] = deque()
         self.next_slot = 0
@@ -257,6 +255,13 @@ class DeviceRounds:
         # seconds the host spent blocked on rounds' events: a round's wall time less this is the host's own
         # (Python and launches, issue 9's host time per round)
         self.wait_seconds = 0.0
+
+    def _run_buffers(self, dev: torch.device | str, run: int) -> None:
+        """The buffers of the captured verifies' row count: the conditioning's rows (a path has at most
+        `run`), the verify's greedy targets and its row checks."""
+        self.cond_index = torch.zeros((run,), dtype=torch.long, device=dev)
+        self.ids = torch.zeros((run,), dtype=torch.long, device=dev)
+        self.bad = torch.zeros((run,), dtype=torch.int32, device=dev)
 
     # -- a request ------------------------------------------------------------------------------------------
     def start(self, *, remaining: int, tree_budget: int, stops: Sequence[int], top_k: int) -> None:
@@ -276,6 +281,8 @@ class DeviceRounds:
         if b.info.vocab_size > round_plan.EXACT_FLOAT32_IDS:
             raise ValueError("rounds on the GPU carry candidate ids in float32: the vocabulary is too large")
         self.top_k = top_k
+        if self.ids.shape[0] != b.tree_run():  # the backend's row count changed since the last request
+            self._run_buffers(self.ids.device, b.tree_run())
         if self.last_words is not None:
             self.other_request = self.last_words
         self.last_words, self.numbered = None, 0

@@ -39,17 +39,20 @@ class WarmupReport:
 
 
 @torch.inference_mode()
-def capture_graphs(backend: Exl3Backend, *, device_rounds: bool = False) -> WarmupReport:
+def capture_graphs(backend: Exl3Backend, *, device_rounds: bool | None = None) -> WarmupReport:
     """Capture every graph key a round of `backend` can reach (its tree run size, contexts up to its
     max_context), before any request. Keys captured before are replayed once, harmlessly. With
-    `device_rounds`, also each verify key's conditioning from device inputs (`DraftGraphs.condition_from` on
-    the tree run's rows through the key's own block table), which rounds on the GPU replay after each commit:
-    captured lazily, the first such round in a bucket would stop for a capture mid-request."""
+    `device_rounds` (None: whether the backend has rounds on the GPU attached), also each verify key's
+    conditioning from device inputs (`DraftGraphs.condition_from` on the tree run's rows through the key's
+    own block table), which rounds on the GPU replay after each commit: captured lazily, the first such round
+    in a bucket would stop for a capture mid-request."""
     from elpis.exl3 import draft_graph, tree_graph
     from elpis.exl3.backend import MAX_ROWS
     from elpis.exl3.tree_verify import layout_tree
     from elpis.exl3.upload import padded_table
 
+    if device_rounds is None:
+        device_rounds = backend.device_rounds is not None
     graphs = backend.graphs
     if graphs is None:
         raise ValueError("capture_graphs needs tree graphs (load_backend(tree=True, tree_graphs=True))")

@@ -76,7 +76,7 @@ class StandInVerify:
 
     def replay(self) -> None:
         c = self.c
-        logits = torch.randn(1, RUN, VOCAB + 8, dtype=torch.float16) * 0.1
+        logits = torch.randn(1, c.out.shape[1], VOCAB + 8, dtype=torch.float16) * 0.1
         for r, t in enumerate(c.ids.tolist()):
             logits[0, r, f(t)] = 10.0
         c.out.copy_(logits)
@@ -118,7 +118,7 @@ class StandInGraphs:
 
     def commit_inputs(self, c: Captured) -> tuple[torch.Tensor, torch.Tensor]:
         if c.moves is None:
-            c.moves = torch.zeros((4, RUN - 1), dtype=torch.long)
+            c.moves = torch.zeros((4, c.ids.shape[0] - 1), dtype=torch.long)
             c.commit_plan = torch.zeros((gdn_tree.PLAN_CAPACITY,), dtype=torch.uint8)
         return c.moves, c.commit_plan
 
@@ -320,3 +320,19 @@ def test_the_fix_is_what_the_host_draft_block_does() -> None:
     assert block_pages(pages, kvp, BLOCK) == pages[:draft_pages]
     assert "block_pages(b.pages, kvp, b.block_size)" in Path(dr.__file__).read_text()
     assert "block_pages(backend.pages, kvp, block)" in Path(drafter.__file__).read_text()
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+def test_a_request_after_the_backends_row_count_changed_takes_the_new_count() -> None:
+    """The driver is made at the backend's row count; a later request on a backend whose verifies take 8 rows
+    (tests and tools change it between requests) sizes the verify's targets and the conditioning's rows to
+    8, not the 16 it was made with (GPU call 156 found the epilogue refusing [16] targets for [8] rows)."""
+    random.seed(21)
+    prompt = [random.randrange(VOCAB) for _ in range(400)]
+    backend = StandInBackend(prompt, 0.3)
+    rounds = driver(backend)
+    assert rounds.ids.shape == (RUN,)
+    backend.tree_run = lambda: 8  # type: ignore[method-assign]
+    got, _ = generate(rounds, 30, budget=8)
+    assert got == plain(prompt, 30)
+    assert rounds.ids.shape == rounds.bad.shape == rounds.cond_index.shape == (8,)
