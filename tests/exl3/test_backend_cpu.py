@@ -292,23 +292,27 @@ def test_no_tree_verify_while_suspended(wrap_targets):
         assert [getattr(o, o.name)()[0] for o in owners] == ["wrapper"] * 5
 
 
-def test_device_rounds_are_off_by_default_and_refused_without_what_they_need(monkeypatch):
-    """Off by default until the whole GPU suite has run with them on (bench/results/tree/README.md, session
-    40); switched on, the default applies only where they can run, and asking for them elsewhere is
-    refused."""
-    from elpis.exl3 import check_device_rounds, default_device_rounds
+def test_device_rounds_are_on_by_default_where_they_apply_and_refused_without_what_they_need(monkeypatch):
+    """On by default since session 41 (faster than host rounds beyond noise, the whole GPU suite passing with
+    them and the embedding gather on: bench/results/tree/README.md), with the gather they need; the default
+    applies only where they can run, asking for them elsewhere is refused, and switched off they are refused
+    too."""
+    from elpis.exl3 import check_device_rounds, default_device_rounds, default_embed_gather
     from elpis.exl3.device_round import PATCH
+    from elpis.exl3.embed_gather import PATCH as GATHER
 
     registry = {p.id: p for p in patches.load_registry()}
     switch = registry[PATCH].switch
     monkeypatch.delenv(switch, raising=False)
-    assert registry[PATCH].default is False  # faster since session 40; the whole GPU suite with it on is owed
+    monkeypatch.delenv(registry[GATHER].switch, raising=False)
+    assert registry[PATCH].default is True and registry[GATHER].default is True
+    assert default_device_rounds() is True and default_embed_gather(True) is True
+    assert default_device_rounds(False) is False  # on, but not where they do not apply
+    monkeypatch.setenv(switch, "0")
     assert default_device_rounds() is False
     with pytest.raises(ValueError, match=f"the registry switch {PATCH}"):
         check_device_rounds(True, True, True, False)
     monkeypatch.setenv(switch, "1")
-    assert default_device_rounds() is True
-    assert default_device_rounds(False) is False  # switched on, but not where they do not apply
     check_device_rounds(True, True, True, False)  # everything it needs
     for args, missing in (
         ((False, True, True, False), "tree mode with tree graphs"),
