@@ -92,9 +92,6 @@ inline uint32_t hfma2_bits(uint32_t x, uint32_t a, uint32_t b) {
     return r;
 }
 inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { emu_mma_m16n8k16(d, a, b0, b1); }
-inline void mma_16832_u8(uint32_t (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, uint32_t c) {
-    emu_mma_m16n8k32_u8(d, a, b0, b1, c);
-}
 inline uint32_t atomic_inc(uint32_t* p) { return (*p)++; }
 inline uint32_t load_words(const uint32_t* p) { return *p; }
 inline uint2 load_frag(const uint2* p) { return *p; }
@@ -122,14 +119,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// mma.sync m16n8k32 on unsigned bytes (int8 tensor cores, sm_80 and later: the RTX 3090 has it), every C
-// element `c`.
-__device__ __forceinline__ void mma_16832_u8(uint32_t (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                             uint32_t c) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c));
 }
 __device__ __forceinline__ uint32_t atomic_inc(uint32_t* p) { return atomicAdd(p, 1u); }
 // The trellis is read once per GEMM: stream it past L1.
@@ -194,59 +183,20 @@ __device__ __forceinline__ void states8_6(uint32_t p, uint32_t a, uint32_t b, ui
 
 // mul1 codebook, two states to an fp16 pair (low half: s0): fp16(1024 + bytesum(s * 0x83DCD12D)) * 1/147.7
 // - 10.39 with the format's fp16 constants (0x1eee, 0xc931), one rounding.
-// From the two fp16 bit patterns 0x6400 + bytesum (fp16 1024 + bytesum) to the pair.
-__device__ __forceinline__ uint32_t codebook_pair(uint32_t h0, uint32_t h1) {
-    return hfma2_bits(prmt(h0, h1, 0x5410u), 0x1eee1eeeu, 0xc931c931u);
-}
 __device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
-    return codebook_pair(dp4a_u32(s0 * 0x83DCD12Du, 0x01010101u, 0x6400u),
-                         dp4a_u32(s1 * 0x83DCD12Du, 0x01010101u, 0x6400u));
-}
-
-// The byte sums of the codebook on the int8 tensor cores instead of dp4a (ELPIS_GEMM_BYTESUM_MMA=1): one
-// m16n8k32 takes four products from every lane as its A fragment (lane g*4+q: rows g and g+8, byte groups q
-// and 4+q) and a B of zeros and ones that routes byte group sigma(n) to output column n, sigma(2q) = q and
-// sigma(2q+1) = 4+q, so each lane gets the sums of its own four products back (D's column 2q and 2q+1 of rows
-// g and g+8), plus c = 0x6400 as dp4a adds it. The same integers as dp4a: the decoded weights are the same
-// bits. Why: dp4a and the multiply share the integer FMA pipe, which the main loop keeps busy (device call
-// 84); the tensor pipe is mostly idle at 8-16 rows.
-#ifndef ELPIS_GEMM_BYTESUM_MMA
-#define ELPIS_GEMM_BYTESUM_MMA 0
-#endif
-// This lane's B fragment of the routing: (k 4q..4q+3, column g) and (k 16+4q..16+4q+3, column g).
-__device__ __forceinline__ uint2 bytesum_routing(uint32_t lane) {
-    const uint32_t g = lane >> 2, q = lane & 3u, ones = 0x01010101u;
-    return make_uint2((g & 1u) == 0u && q == g / 2u ? ones : 0u, (g & 1u) == 1u && q == g / 2u ? ones : 0u);
-}
-// 0x6400 + bytesum(p[i]) for a lane's four products (a warp-wide exchange: every lane calls it).
-__device__ __forceinline__ void bytesums4(const uint32_t (&p)[4], uint2 routing, uint32_t (&h)[4]) {
-    uint32_t d[4];
-    mma_16832_u8(d, p, routing.x, routing.y, 0x6400u);
-    h[0] = d[0], h[1] = d[2], h[2] = d[1], h[3] = d[3];  // D: (g, 2q) p[0], (g, 2q+1) p[2], (g+8, ..) p[1], p[3]
+    const uint32_t h0 = dp4a_u32(s0 * 0x83DCD12Du, 0x01010101u, 0x6400u);
+    const uint32_t h1 = dp4a_u32(s1 * 0x83DCD12Du, 0x01010101u, 0x6400u);
+    return hfma2_bits(prmt(h0, h1, 0x5410u), 0x1eee1eeeu, 0xc931c931u);
 }
 
 // A lane's A fragment of one 16x16 weight tile (rows: output columns, columns: k): registers 0-3 hold
 // (n g, k 2q..2q+1), (n g+8, k 2q..), (n g, k 2q+8..), (n g+8, k 2q+8..); positions 8L+j sit at
 // k = 2q + (j&1) + 8((j>>1)&1), n = g + 8(j>>2).
-__device__ __forceinline__ void decode_states(const uint32_t (&w)[8], uint32_t lane, uint32_t (&a)[4]) {
-#if ELPIS_GEMM_BYTESUM_MMA
-    const uint2 routing = bytesum_routing(lane);
-    uint32_t p0[4], p1[4], h0[4], h1[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) p0[j] = w[j] * 0x83DCD12Du, p1[j] = w[4 + j] * 0x83DCD12Du;
-    bytesums4(p0, routing, h0);
-    bytesums4(p1, routing, h1);
-    a[0] = codebook_pair(h0[0], h0[1]);
-    a[1] = codebook_pair(h1[0], h1[1]);
-    a[2] = codebook_pair(h0[2], h0[3]);
-    a[3] = codebook_pair(h1[2], h1[3]);
-#else
-    (void)lane;
+__device__ __forceinline__ void decode_states(const uint32_t (&w)[8], uint32_t (&a)[4]) {
     a[0] = decode_pair(w[0], w[1]);
     a[1] = decode_pair(w[4], w[5]);
     a[2] = decode_pair(w[2], w[3]);
     a[3] = decode_pair(w[6], w[7]);
-#endif
 }
 
 // Offset of the first word lane `lane` loads of a tile (lane_words(kBits) consecutive words).
@@ -266,7 +216,7 @@ __device__ __forceinline__ void decode_tile(const uint32_t (&words)[lane_words(k
         const uint32_t prev = shfl_u32(words[1], (lane + 31u) & 31u);
         states8_6(prev, words[0], words[1], (lane & 1u) * 16u, w);
     }
-    decode_states(w, lane, a);
+    decode_states(w, a);
 }
 
 // In-place 128-point Sylvester transform (unnormalised) of the values 4*lane + j held by a warp.

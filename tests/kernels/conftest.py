@@ -33,14 +33,3 @@ def rows_gemm_emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     )
     built.emu_set_sms(8)  # before the first call: the kernel caches its resident-block count
     return rows_gemm.bind(built)
-
-
-@pytest.fixture(scope="session")
-def rows_gemm_bytesum_mma_emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """The same kernel with the codebook's byte sums on the int8 tensor cores (ELPIS_GEMM_BYTESUM_MMA=1)."""
-    out = tmp_path_factory.mktemp("rows_gemm_mma_emu")
-    built = cuda_emu.build_emulated(
-        rows_gemm.SOURCE, out, launches=5, needs=("gemm_schedule.h",), defines={"ELPIS_GEMM_BYTESUM_MMA": 1}
-    )
-    built.emu_set_sms(8)
-    return rows_gemm.bind(built)

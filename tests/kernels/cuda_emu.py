@@ -92,34 +92,6 @@ inline unsigned emu_shfl_u32(unsigned v, unsigned src) {
     std::memcpy(&r, &buf[src & 31u], 4);
     return r;
 }
-// mma.sync m16n8k32 .u8.u8.s32 for one warp (PTX fragment layout, g = lane / 4, t = lane % 4): A [16][32]
-// bytes, lane posts (g, 4t..4t+3), (g+8, 4t..), (g, 16+4t..), (g+8, 16+4t..); B [32][8], lane posts
-// (4t..4t+3, g), (16+4t.., g); D (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) = c + the exact integer sums.
-static uint8_t emu_imma_a[2][32][16][32], emu_imma_b[2][32][32][8];  // [phase][warp]
-static thread_local unsigned emu_imma_phase;
-inline void emu_mma_m16n8k32_u8(uint32_t (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                uint32_t c) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    uint8_t (&A)[16][32] = emu_imma_a[emu_imma_phase][warp];
-    uint8_t (&B)[32][8] = emu_imma_b[emu_imma_phase][warp];
-    emu_imma_phase ^= 1u;
-    for (int i = 0; i < 4; i++) {
-        A[g][4 * t + i] = uint8_t(a[0] >> (8 * i));
-        A[g + 8][4 * t + i] = uint8_t(a[1] >> (8 * i));
-        A[g][16 + 4 * t + i] = uint8_t(a[2] >> (8 * i));
-        A[g + 8][16 + 4 * t + i] = uint8_t(a[3] >> (8 * i));
-        B[4 * t + i][g] = uint8_t(b0 >> (8 * i));
-        B[16 + 4 * t + i][g] = uint8_t(b1 >> (8 * i));
-    }
-    emu_warp_barrier[warp]->arrive_and_wait();
-    for (int e = 0; e < 4; e++) {
-        const int m = g + (e >= 2 ? 8 : 0), n = 2 * t + (e & 1);
-        int32_t acc = int32_t(c);
-        for (int k = 0; k < 32; k++) acc += int32_t(A[m][k]) * int32_t(B[k][n]);
-        d[e] = uint32_t(acc);
-    }
-}
-inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }

@@ -265,30 +265,3 @@ def test_the_served_build_passes_the_decode_check_load_backend_makes() -> None:
     from elpis.exl3 import decode_check
 
     assert decode_check.check_decode(decode_check.gpu_decode(torch.device("cuda"))) > 0
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 8, 16])
-def test_byte_sums_on_tensor_cores_give_the_served_builds_bits(layer, rows: int) -> None:
-    """ELPIS_GEMM_BYTESUM_MMA=1 (the codebook's byte sums on the int8 tensor cores): ExLlamaV3's decode bit
-    for bit, and every output of a group call (4-bit members) and of the 6-bit head's shape the served
-    build's."""
-    import torch
-    from exllamav3.ext import exllamav3_ext as ext
-
-    from elpis import nvcc
-    from elpis.bench.scripts.rows_gemm_check import random_linear
-
-    lib = rg.bind(nvcc.load(rg.SOURCE, defines={"ELPIS_GEMM_BYTESUM_MMA": 1}))
-    trellis, _, _, g = layer
-    k, n = trellis.shape[0] * 16, trellis.shape[1] * 16
-    stock = torch.empty((k, n), dtype=torch.half, device="cuda")
-    ext.reconstruct(stock, trellis, 4, False, True)
-    assert torch.equal(rg.decode(trellis, lib=lib).view(torch.int16), stock.view(torch.int16))
-    for k, widths, bits in ((5120, (10240, 6144), 4), (5120, (2048,), 6)):
-        linears = [random_linear(k, n, g, copies=1, bits=bits) for n in widths]
-        members = [rg.Member(t[0], suh, svh, torch.half) for t, suh, svh in linears]
-        x = torch.randn((rows, k), generator=g, device="cuda").half()
-        served, tensor = rg.rows_gemm_group(x, members), rg.rows_gemm_group(x, members, lib)
-        for a, b in zip(served, tensor, strict=True):
-            assert torch.equal(a.view(torch.int16), b.view(torch.int16))

@@ -372,31 +372,3 @@ def test_norm_input_refuses_what_it_does_not_compute(lib: ctypes.CDLL) -> None:
     assert _norm_input(lib, np.zeros((17, 5120), np.float32), weight, [layer], None)[0]  # 17 rows
     small = Linear(4096, 128, seed=34)  # ExLlamaV3 norms k <= 4096 in one pass, which this kernel does not
     assert _norm_input(lib, np.zeros((2, 4096), np.float16), np.zeros(4096, np.float16), [small], None)[0]
-
-
-# ---- ELPIS_GEMM_BYTESUM_MMA: the codebook's byte sums on the int8 tensor cores -----------------------------
-
-
-@pytest.mark.parametrize("bits", [4, 6])
-def test_byte_sums_on_tensor_cores_decode_the_formats_bits(
-    rows_gemm_bytesum_mma_emu: ctypes.CDLL, bits: int
-) -> None:
-    # every 16-bit state (4,096 tiles' worth of random words cover each lane's routing many times over)
-    rng = np.random.default_rng(40 + bits)
-    trellis = rng.integers(0, 1 << 16, size=(8, 16, 16 * bits)).astype(np.uint16)
-    d = np.zeros((128, 256), dtype=np.float16)
-    assert rows_gemm_bytesum_mma_emu.elpis_rows_gemm_decode(_ptr(trellis), _ptr(d), 128, 256, bits, None) == 0
-    assert np.array_equal(d.view(np.uint16), ref.decoded(trellis, bits).view(np.uint16))
-
-
-@pytest.mark.parametrize(("rows", "bits"), [(1, 4), (8, 4), (16, 4), (5, 6), (16, 6)])
-def test_byte_sums_on_tensor_cores_give_the_served_builds_bits(
-    lib: ctypes.CDLL, rows_gemm_bytesum_mma_emu: ctypes.CDLL, rows: int, bits: int
-) -> None:
-    # a group of two members with shared n-blocks: the whole GEMM, not only the decode, bit for bit
-    layers = [Linear(384, 256, seed=60 + bits, bits=bits), Linear(384, 128, seed=61, bits=bits)]
-    x = np.random.default_rng(rows).standard_normal((rows, 384)).astype(np.float16)
-    served = run_group(lib, x, layers, [False, True])
-    tensor = run_group(rows_gemm_bytesum_mma_emu, x, layers, [False, True])
-    for a, b in zip(served, tensor, strict=True):
-        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
