@@ -19,18 +19,6 @@ gpu_pytest "draft candidates and verify epilogue" 120 tests/kernels/test_draft_c
   tests/kernels/test_verify_epilogue.py
 candidates_ok=$LAST_PYTEST_RC
 wait_synth
-# ab NAME MARGIN SCRIPT ARGS...: one in-process A/B, stopped MARGIN s before the call's limit; its lines in the log
-ab() {
-  local name=$1 margin=$2 script=$3
-  shift 3
-  [ "$(left)" -gt $(( margin + 60 )) ] || { echo "$name: skipped ($(left) s left)" | tee -a "$OUT/log"; return; }
-  echo "=== $name ($(left) s left)" | tee -a "$OUT/log"
-  timeout -k 5 $(( $(left) - margin )) python3 "elpis/bench/scripts/$script" /tmp/full/target /tmp/full/draft \
-    --out "$OUT/$name.json" "$@" > "$OUT/$name.txt" 2>&1
-  echo "$name: exit $?" | tee -a "$OUT/log"
-  grep -E "^(SWITCHAB|SWITCHPROF|DEVROUNDAB|DEVROUNDPROF) |Error|error" "$OUT/$name.txt" | tail -6 | cut -c1-1500 \
-    | tee -a "$OUT/log"
-}
 if [ "$candidates_ok" = 0 ]; then
   ab switch-ab-candidates-call151 250 switch_ab.py --switches exl3-draft-candidates --contexts 1024 --pairs 3
 fi

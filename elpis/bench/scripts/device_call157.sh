@@ -9,12 +9,7 @@ LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
 build_and_full_synth
-echo "=== device rounds A/B and host time ($(left) s left)" | tee -a "$OUT/log"
-timeout -k 5 $(( $(left) - 260 )) python3 elpis/bench/scripts/device_round_ab.py /tmp/full/target \
-  /tmp/full/draft --out "$OUT/device-round-ab.json" --contexts 1024,8192 --tokens 40 --pairs 3 \
-  > "$OUT/device-round-ab.txt" 2>&1
-echo "device rounds A/B: exit $?" | tee -a "$OUT/log"
-grep -E "DEVROUNDAB|Error|error" "$OUT/device-round-ab.txt" | tail -6 | tee -a "$OUT/log"
+ab device-round-ab 260 device_round_ab.py --contexts 1024,8192 --tokens 40 --pairs 3
 export BENCH_MARGIN=10 ELPIS_PATCH_DEVICE_ROUNDS=1 ELPIS_PATCH_EMBED_GATHER=1
 [ "$(left)" -gt 140 ] && engine_bench round-1k8k-device 1 stock,elpis-tree16 8 2 "elpis tree-16, rounds on the GPU"
 rm -f "$OUT"/*.png

@@ -254,3 +254,16 @@ bench_rest() {
   grep -E "^\| (stock|elpis)|^- (stock|elpis)" "$OUT/$stem.md" | tee -a "$OUT/log"
   rm -f "$OUT"/*.png
 }
+# ab NAME MARGIN SCRIPT ARGS...: one in-process A/B script (switch_ab.py, device_round_ab.py) on /tmp/full, stopped
+# MARGIN s before the call's limit, its JSON and output as $OUT/NAME.{json,txt}; its result lines in the log
+ab() {
+  local name=$1 margin=$2 script=$3
+  shift 3
+  [ "$(left)" -gt $(( margin + 60 )) ] || { echo "$name: skipped ($(left) s left)" | tee -a "$OUT/log"; return; }
+  echo "=== $name ($(left) s left)" | tee -a "$OUT/log"
+  timeout -k 5 $(( $(left) - margin )) python3 "elpis/bench/scripts/$script" /tmp/full/target /tmp/full/draft \
+    --out "$OUT/$name.json" "$@" > "$OUT/$name.txt" 2>&1
+  echo "$name: exit $?" | tee -a "$OUT/log"
+  grep -E "^(SWITCHAB|SWITCHPROF|DEVROUNDAB|DEVROUNDPROF) |Error|error" "$OUT/$name.txt" | tail -6 | cut -c1-1500 \
+    | tee -a "$OUT/log"
+}
