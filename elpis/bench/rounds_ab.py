@@ -90,6 +90,15 @@ def host_time(
     }  # fmt: skip
 
 
+def device_host_time(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget: int) -> dict | None:
+    """`host_time` of one greedy request on `backend`'s rounds on the GPU, or None where it has none attached
+    (host rounds: the host's waits are inside its own loop, not counted by `DeviceRounds`)."""
+    device = getattr(backend, "device_rounds", None)
+    if device is None:
+        return None
+    return host_time(greedy_steps(backend, decoder, prompt, tokens, budget), lambda: device.wait_seconds)
+
+
 def alternate(
     names: tuple[str, str], pairs: int, run: Callable[[str], tuple[list[int], list[float]]], what: str
 ) -> dict[str, list[float]]:

@@ -117,3 +117,21 @@ def test_host_time_is_each_rounds_wall_less_its_waits_after_the_warm_up() -> Non
     assert got["wait_ms_median"] == pytest.approx(9.8)
     with pytest.raises(ValueError, match="no rounds after the warm-up"):
         ab.host_time(iter(range(ab.WARMUP_ROUNDS)), lambda: 0.0)
+
+
+def test_host_time_is_measured_only_on_rounds_on_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    host_rounds = types.SimpleNamespace(device_rounds=None)
+    assert ab.device_host_time(host_rounds, None, [1], 40, 16) is None
+    device = types.SimpleNamespace(wait_seconds=0.0)
+
+    def steps(backend, decoder, prompt, tokens, budget):  # each round: the host waits 9 ms of it
+        assert (backend.device_rounds, prompt, tokens, budget) == (device, [1], 40, 16)
+        for _ in range(tokens):
+            device.wait_seconds += 0.009
+            yield object()
+
+    monkeypatch.setattr(ab, "greedy_steps", steps)
+    got = ab.device_host_time(types.SimpleNamespace(device_rounds=device), None, [1], 40, 16)
+    assert got is not None and got["rounds"] == 40 - 1 - ab.WARMUP_ROUNDS
+    assert got["wait_ms_median"] == pytest.approx(9.0)
+    assert got["host_ms_median"] == pytest.approx(got["round_ms_median"] - 9.0)

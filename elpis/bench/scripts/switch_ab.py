@@ -7,9 +7,9 @@ the registry's defaults in both. The arms then serve the same greedy requests al
 them is the switches alone: same machine, same clocks, same process. Switches that keep every bit (the
 same-bits patches, and the draft candidates, which shape only the tree) must give identical tokens, which is
 checked. Prints one line "SWITCHAB {json}" per context (median round ms and MAD per arm, the gain of "on" and
-the noise rule's verdict), and with `--profile-rounds N` one line "SWITCHPROF {json}" (GPU span, busy, idle
-and kernels per round of each arm, and the kernels whose time differs most); every line's document goes to
-`--out`.
+the noise rule's verdict, and each arm's host time per round where its rounds run on the GPU), and with
+`--profile-rounds N` one line "SWITCHPROF {json}" (GPU span, busy, idle and kernels per round of each arm, and
+the kernels whose time differs most); every line's document goes to `--out`.
 Usage (repo root):
   python3 elpis/bench/scripts/switch_ab.py MODEL DRAFT --switches ID[,ID...] --out FILE.json
       [--contexts 1024,8192] [--tokens 40] [--pairs 3] [--budget 16] [--profile-rounds 16]
@@ -76,6 +76,10 @@ def main() -> None:
             f"context {context}",
         )  # fmt: skip
         doc = {"context": context, "switches": list(env)} | ab.compare(seconds, "off", "on")
+        # each arm's host time per round where its rounds run on the GPU (None: host rounds)
+        doc["host_time"] = {
+            arm: ab.device_host_time(backends[arm], decoder, base, args.tokens, args.budget) for arm in ARMS
+        }
         docs.append(doc)
         print("SWITCHAB " + json.dumps(doc), flush=True)
         if args.profile_rounds:
