@@ -185,8 +185,9 @@ def load_backend(
     switched off is refused.
     `device_rounds` (tree mode, tree and draft graphs, the embedding gather; faster than host rounds):
     greedy requests run their rounds' tree, acceptance and commit on the GPU (`elpis.exl3.device_round`),
-    one host synchronisation a round. None: the registry switch exl3-device-rounds (off), where they apply
-    (`default_device_rounds`). True with the switch off, or without what it needs, is refused.
+    one host synchronisation a round. None: the registry switch exl3-device-rounds (on since session 41),
+    where they apply (`default_device_rounds`). True with the switch off, or without what it needs, is
+    refused.
     """
     import torch
 

@@ -1,8 +1,8 @@
 """Greedy tree rounds whose decisions run on the GPU (issue 9, item 2), with no host synchronisation inside a
-round and the host one round behind. Not served by default (switch exl3-device-rounds, off): its GPU tests
-(tests/exl3/test_device_round.py) and the 24 GiB test pass, and since session 40 (the round's plan in three
-launches) it is ~0.6 ms a round faster than host rounds at 1K and 8K; the whole GPU suite with it on is owed
-before the default flips (elpis/bench/scripts/device_call156.sh).
+round and the host one round behind. Served by default since session 41 (switch exl3-device-rounds, on) for
+greedy requests where it applies: its GPU tests (tests/exl3/test_device_round.py), the 24 GiB test and the
+whole GPU suite pass with it on, and it is 0.5-0.8 ms a round faster than host rounds at 1K and 8K (H100,
+calls 153-154 and 157).
 
 A host round (`elpis.spec.generate`) reads the draft's candidates back, builds the tree, fills the verify's
 inputs, reads the verify's row checks and greedy tokens back, runs the acceptor and fills the commit's inputs:
