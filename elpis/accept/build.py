@@ -270,6 +270,7 @@ KERNEL_HEADERS: tuple[tuple[str, str, str], ...] = (
     ("gdn_plan", "PlanMismatch", "GDN tree plan header"),
     ("gemm_schedule", "ScheduleMismatch", "GEMM schedule header"),
     ("gdn_ba_schedule", "ScheduleMismatch", "GDN gate projections' schedule header"),
+    ("row_spans", "ScheduleMismatch", "logit rows' span header"),
 )
 
 

@@ -5,7 +5,8 @@
 // passes, cat); its `topk` call alone was 0.14 ms of host time a round (call 124's profile,
 // bench/results/tree/README.md), and rounds on the GPU queue every launch from the host.
 //
-// A row is cut into spans of kSpanVectors 16-byte vectors (at most kMaxSpans a row), one block a span, so that a
+// A row is cut into spans of 2^kSpanShift 16-byte vectors (at most 2^kSpanCap a row: the proved partition of
+// bend/row_spans.bend, row_scan.cuh), one block a span, so that a
 // block of 7 rows covers the GPU instead of 7 multiprocessors (session 39's one block a row: 268 us against
 // torch's 144 on the H200, call 149). A span's block reads its logits twice (the second read from L2):
 //   pass 0  each thread's largest (value, index) key; the block's k-th largest of these is a floor: the k
@@ -52,9 +53,9 @@ namespace {
 #endif
 constexpr uint32_t kThreads = ELPIS_DRAFT_CANDIDATES_THREADS;
 static_assert(kThreads >= 32 && kThreads <= 1024 && (kThreads & (kThreads - 1)) == 0, "a power of two block");
-constexpr uint32_t kSpanVectors = ELPIS_DRAFT_CANDIDATES_SPAN_VECTORS;
-constexpr uint32_t kMaxSpans = ELPIS_DRAFT_CANDIDATES_MAX_SPANS;
-static_assert(kSpanVectors >= 1 && kMaxSpans >= 1 && kMaxSpans <= 1024, "spans");
+// log2 of the span's vectors and of the most spans a row (powers of two inside the row spans' proved domain)
+constexpr uint32_t kSpanShift = row_scan::log2_in_domain<ELPIS_DRAFT_CANDIDATES_SPAN_VECTORS, ELPIS_ROWSPANS_MAX_BASE>();
+constexpr uint32_t kSpanCap = row_scan::log2_in_domain<ELPIS_DRAFT_CANDIDATES_MAX_SPANS, ELPIS_ROWSPANS_MAX_CAP>();
 constexpr uint32_t kWarps = kThreads / 32;
 constexpr int kMaxK = 16;
 constexpr uint32_t kIndexBits = 24;  // ids travel as float32 in the packed row: exact below 2^24
@@ -174,8 +175,8 @@ __device__ __forceinline__ void block_top(Best& best, uint32_t k, uint64_t* warp
 }
 
 using row_scan::Spans;
-__host__ __device__ inline Spans spans_of(uint32_t vocab, uint32_t per_vector) {
-    return row_scan::spans_of(vocab, per_vector, kSpanVectors, kMaxSpans);
+__host__ __device__ inline Spans spans_of(uint32_t vocab, uint32_t fp16) {
+    return row_scan::spans_of(vocab, fp16, kSpanShift, kSpanCap);
 }
 
 // A block's sum of one float a thread, by a fixed tree (warp butterflies, then warp 0 over the warps' sums);
@@ -283,9 +284,9 @@ extern "C" {
 int elpis_draft_candidates_threads(void) { return static_cast<int>(kThreads); }
 
 // The spans a row of `vocab` logits is cut into (fp16 where `fp16`, else fp32): the workspace takes
-// rows * spans * (8 k + 4) bytes.
+// rows * spans * (8 k + 4) bytes. -1 for a row longer than the spans' proved domain.
 int elpis_draft_candidates_spans(uint32_t fp16, uint32_t vocab) {
-    return static_cast<int>(spans_of(vocab, row_scan::per_vector(fp16)).count);
+    return row_scan::rows_fit(vocab, fp16) ? static_cast<int>(spans_of(vocab, fp16).count) : -1;
 }
 
 // out fp32 [rows, 2 + 2k] (drafter.pack_candidates' layout) from `rows` logit rows (fp16 where `fp16`, else fp32;
@@ -297,11 +298,12 @@ int elpis_draft_candidates(const void* logits, uint32_t fp16, uint32_t row_strid
                            void* stream) {
     const uint32_t per_vector = row_scan::per_vector(fp16);
     if (logits == nullptr || chain == nullptr || out == nullptr || workspace == nullptr || rows == 0u ||
-        rows > 65535u || vocab == 0u || vocab > row_stride || vocab > kIndexMask || fp16 > 1u || k == 0u ||
+        rows > 65535u || vocab == 0u || vocab > row_stride || vocab > kIndexMask || fp16 > 1u ||
+        !row_scan::rows_fit(vocab, fp16) || k == 0u ||
         k > uint32_t(kMaxK) || k > vocab || reinterpret_cast<uintptr_t>(logits) % 16u != 0u ||
         row_stride % per_vector != 0u || reinterpret_cast<uintptr_t>(workspace) % 8u != 0u)
         return -1;
-    const Spans spans = spans_of(vocab, per_vector);
+    const Spans spans = spans_of(vocab, fp16);
     const uint64_t span_rows = uint64_t(rows) * spans.count;
     if (workspace_bytes < span_rows * (8u * k + 4u)) return -1;
     auto* keys = static_cast<uint64_t*>(workspace);

@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "row_spans.h"
+
 namespace row_scan {
 
 #ifdef ELPIS_CUDA_EMU
@@ -39,6 +41,9 @@ struct Logit<float> {
     __device__ static float value(uint32_t b) { return __int_as_float(static_cast<int>(b)); }
 };
 
+// The widths the row spans' schedule counts vectors in (its law rowspans_vector_widths: 2^3 fp16, 2^2 fp32).
+static_assert(Logit<__half>::kPerVector == 8u && Logit<float>::kPerVector == 4u, "16-byte vectors");
+
 // f(bits, index) of the logits [c * kPerVector, (c + 1) * kPerVector) from one vector, in index order.
 template <typename T, typename F>
 __device__ __forceinline__ void each_of_vector(uint4 w, uint32_t c, F& f) {
@@ -55,19 +60,32 @@ __device__ __forceinline__ void each_of_vector(uint4 w, uint32_t c, F& f) {
     }
 }
 
-// A row cut into `count` spans of `vectors` 16-byte vectors each (the last may be shorter; each holds at least one
-// vector, unless the row is shorter than a vector), the row's single values past its last vector in the last span:
-// spans of `span_vectors`, or longer ones where that would make more than `max_spans`.
+// A row cut into `count` spans of `vectors` 16-byte vectors each (the last may be shorter; none is empty, unless the
+// row is shorter than a vector), the row's single values past its last vector in the last span: spans of 2^base
+// vectors, or longer ones (a power of two) where those would be more than 2^cap. The partition is the proved
+// schedule of bend/row_spans.bend (build/kernels/row_spans.h; laws: every vector in exactly one span, at most 2^cap
+// spans): span s is vectors [s * vectors, min((s + 1) * vectors, total)), which each_logit_of_span reads. Host code
+// only: the kernels take the spans as launch arguments. `total` must be below ELPIS_ROWSPANS_MAX_TOTAL (the
+// entries refuse longer rows: rows_fit).
 struct Spans {
     uint32_t count, vectors;
 };
-__host__ __device__ inline Spans spans_of(uint32_t vocab, uint32_t per_vector, uint32_t span_vectors,
-                                          uint32_t max_spans) {
-    const uint32_t total = vocab / per_vector;
-    if (total == 0u) return Spans{1u, 1u};
-    uint32_t per = span_vectors;
-    if ((total + per - 1u) / per > max_spans) per = (total + max_spans - 1u) / max_spans;
-    return Spans{(total + per - 1u) / per, per};
+__host__ __device__ inline Spans spans_of(uint32_t vocab, uint32_t fp16, uint32_t base, uint32_t cap) {
+    const uint32_t total = elpis_rowspans_vectors(vocab, fp16);
+    const uint32_t shift = elpis_rowspans_span_shift(total, base, cap);
+    return Spans{elpis_rowspans_span_count(total, shift), 1u << shift};
+}
+// Whether a row of `vocab` logits is inside the schedule's proved domain.
+__host__ __device__ inline bool rows_fit(uint32_t vocab, uint32_t fp16) {
+    return elpis_rowspans_vectors(vocab, fp16) < ELPIS_ROWSPANS_MAX_TOTAL;
+}
+// log2 of a kernel's span length or most spans a row, a power of two inside the schedule's domain (compile time).
+constexpr uint32_t exact_log2(uint32_t x) { return x <= 1u ? 0u : 1u + exact_log2(x >> 1); }
+template <uint32_t kValue, uint32_t kMaxLog2>
+constexpr uint32_t log2_in_domain() {
+    static_assert(kValue >= 1u && (kValue & (kValue - 1u)) == 0u, "a power of two");
+    static_assert(exact_log2(kValue) <= kMaxLog2, "inside the row spans' proved domain");
+    return exact_log2(kValue);
 }
 
 // The logits in a 16-byte vector of fp16 rows (`fp16`) or fp32 ones.

@@ -1,8 +1,9 @@
 // A verify's row results in one launch (issue 9: host time per round and the kernels between the verify and the
 // commit). After a tree verify, rounds on the GPU (elpis/exl3/device_round.py) need per row the greedy target and
 // the row check; torch made them from the logits in eight launches (amax, compare and negate, cast; argmax,
-// gather, isfinite, where). Here the row is read once, cut into spans of kSpanVectors 16-byte vectors (at most
-// kMaxSpans a row; 31 a row of the model's fp16 vocabulary), one block a span, so a verify's 16 rows cover the GPU
+// gather, isfinite, where). Here the row is read once, cut into spans of 2^kSpanShift 16-byte vectors (at most
+// 2^kSpanCap a row, the proved partition of bend/row_spans.bend; 31 a row of the model's fp16 vocabulary), one
+// block a span, so a verify's 16 rows cover the GPU
 // instead of 16 multiprocessors; a merge block per row combines its spans and writes, exactly as that
 // composition:
 //   ids[r]     elpis.spec.sampling.greedy_ids: the argmax, lowest id on ties, -1 where the row's maximum is not
@@ -42,8 +43,9 @@ namespace {
 #endif
 constexpr uint32_t kThreads = ELPIS_VERIFY_EPILOGUE_THREADS;
 static_assert(kThreads >= 32 && kThreads <= 1024 && (kThreads & (kThreads - 1)) == 0, "a power of two block");
-constexpr uint32_t kSpanVectors = ELPIS_VERIFY_EPILOGUE_SPAN_VECTORS, kMaxSpans = ELPIS_VERIFY_EPILOGUE_MAX_SPANS;
-static_assert(kSpanVectors >= 1 && kMaxSpans >= 1, "spans");
+// log2 of the span's vectors and of the most spans a row (powers of two inside the row spans' proved domain)
+constexpr uint32_t kSpanShift = row_scan::log2_in_domain<ELPIS_VERIFY_EPILOGUE_SPAN_VECTORS, ELPIS_ROWSPANS_MAX_BASE>();
+constexpr uint32_t kSpanCap = row_scan::log2_in_domain<ELPIS_VERIFY_EPILOGUE_MAX_SPANS, ELPIS_ROWSPANS_MAX_CAP>();
 constexpr uint32_t kNoIndex = 0xffffffffu;
 
 // Whether (v, i) comes before (best, at) in the order the argmax keeps: a NaN before any number (the lower
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __host__ __device__ inline row_scan::Spans spans_of(uint32_t vocab, uint32_t fp16) {
-    return row_scan::spans_of(vocab, row_scan::per_vector(fp16), kSpanVectors, kMaxSpans);
+    return row_scan::spans_of(vocab, fp16, kSpanShift, kSpanCap);
 }
 
 }  // namespace
@@ -134,9 +136,9 @@ extern "C" {
 int elpis_verify_epilogue_threads(void) { return kThreads; }
 
 // The spans a row of `vocab` logits is cut into (fp16 where `fp16`, else fp32): the workspace takes
-// rows * spans * 12 bytes.
+// rows * spans * 12 bytes. -1 for a row longer than the spans' proved domain.
 int elpis_verify_epilogue_spans(uint32_t fp16, uint32_t vocab) {
-    return static_cast<int>(spans_of(vocab, fp16).count);
+    return row_scan::rows_fit(vocab, fp16) ? static_cast<int>(spans_of(vocab, fp16).count) : -1;
 }
 
 // ids int64 [rows], flags int32 [rows] and (unless null; fp32 logits only) digests int32 [rows] of `rows` logit
@@ -148,7 +150,8 @@ int elpis_verify_epilogue(const void* logits, uint32_t fp16, uint32_t row_stride
                           void* ids, void* flags, void* digests, void* workspace, uint64_t workspace_bytes,
                           void* stream) {
     if (logits == nullptr || ids == nullptr || flags == nullptr || workspace == nullptr || rows == 0u ||
-        rows > 65535u || vocab == 0u || vocab > row_stride || fp16 > 1u || (fp16 && digests != nullptr) ||
+        rows > 65535u || vocab == 0u || vocab > row_stride || fp16 > 1u || !row_scan::rows_fit(vocab, fp16) ||
+        (fp16 && digests != nullptr) ||
         reinterpret_cast<uintptr_t>(logits) % 16u || row_stride % row_scan::per_vector(fp16) != 0u ||
         reinterpret_cast<uintptr_t>(workspace) % 4u != 0u)
         return -1;

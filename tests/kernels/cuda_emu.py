@@ -301,4 +301,5 @@ def build_span_kernels(
     out = tmp_path_factory.mktemp(f"{source.stem}_{threads}_{span_vectors}_{max_spans}")
     names = ("THREADS", "SPAN_VECTORS", "MAX_SPANS")
     defines = {f"{prefix}_{n}": v for n, v in zip(names, (threads, span_vectors, max_spans), strict=True)}
-    return binding.bind(build_emulated(source, out, launches=launches, defines=defines), threads=threads)
+    built = build_emulated(source, out, launches=launches, needs=("row_spans.h",), defines=defines)
+    return binding.bind(built, threads=threads)

@@ -37,8 +37,8 @@ def lib32(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
 
 @pytest.fixture(scope="module")
 def lib_capped(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """At most 3 spans a row: longer spans than the 8 vectors asked for."""
-    return build(tmp_path_factory, 64, span_vectors=8, max_spans=3)
+    """At most 4 spans a row: longer spans (a power of two) than the 8 vectors asked for."""
+    return build(tmp_path_factory, 64, span_vectors=8, max_spans=4)
 
 
 def run(lib: ctypes.CDLL, logits: torch.Tensor) -> tuple[list[int], list[int], list[int]]:
@@ -77,11 +77,11 @@ def test_rows_match_torchs_compositions(lib: ctypes.CDLL, vocab: int, pad: int, 
 def test_the_outputs_do_not_depend_on_the_spans_or_the_block(
     lib: ctypes.CDLL, lib32: ctypes.CDLL, lib_capped: ctypes.CDLL
 ) -> None:
-    """Exact by construction: spans of 8 vectors, 3 capped spans and one span of 32 threads combine the row in
-    other orders and agree."""
-    for vocab in (100, 1000, 4100):
+    """Exact by construction: spans of 8 vectors, at most 4 capped spans and one span of 32 threads combine
+    the row in other orders and agree."""
+    for vocab, capped in ((100, 4), (1000, 4), (4100, 3)):
         logits = rows(vocab, seed=vocab + 1)
-        assert lib_capped.elpis_verify_epilogue_spans(0, vocab) == 3
+        assert lib_capped.elpis_verify_epilogue_spans(0, vocab) == capped
         assert run(lib, logits) == run(lib32, logits) == run(lib_capped, logits)
 
 
@@ -137,6 +137,11 @@ def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
     assert lib.elpis_verify_epilogue(None, 0, 16, 16, 2, *outputs, ws, 24, None) == -1
     assert lib.elpis_verify_epilogue(logits.data_ptr(), 0, 16, 16, 2, *outputs, None, 24, None) == -1
     assert call(1, 16, 16, 2, digest=flags.clone()) == -1  # the digest of fp16 logits is not defined
+    # rows past the proved spans' domain (2^24 vectors): refused before anything is read
+    longest = 4 * ((1 << 24) - 1)
+    assert lib.elpis_verify_epilogue_spans(0, longest) > 0
+    assert lib.elpis_verify_epilogue_spans(0, longest + 4) == -1
+    assert call(0, longest + 4, longest + 4, 1) == -1
 
 
 def test_the_binding_refuses_rows_off_16_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
