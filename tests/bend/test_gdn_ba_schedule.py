@@ -13,7 +13,12 @@ from elpis.bend import gdn_ba_schedule as gbs
 from elpis.bend.prove import prove_all
 from elpis.bend.scalar_header import Query
 from elpis.paths import REPO_ROOT
-from tests.bend.conftest import fails_closed_on_template_edit, refuses_edited_header
+from tests.bend.conftest import (
+    exported_parameters,
+    fails_closed_on_template_edit,
+    fails_its_law,
+    refuses_edited_header,
+)
 
 LAWS = {
     "gdnba_span_is_a_chunk_per_thread",
@@ -45,16 +50,8 @@ def test_header_is_written_only_when_it_matches(tmp_path: Path) -> None:
 
 
 def test_header_exports_the_kernel_interface_and_no_row_count() -> None:
-    text = gbs.render()
-    for name, entry in gbs.SPEC.entries.items():
-        params = ", ".join(["uint32_t [a-z]+"] * entry.arity)
-        assert re.search(rf"ELPIS_GDNBA_FN uint32_t {name}\({params}\)", text), name
-    assert "#define ELPIS_GDNBA_FN __host__ __device__ static inline" in text
-    names = set(re.findall(r"\b(?:bend|elpis)_[a-z0-9_]+(?=\()", text))
-    assert names and all(n.startswith(("elpis_gdnbas_", "elpis_gdnba_")) for n in names), names
     # No function takes the row count: a row's summation order cannot depend on it.
-    params = set(re.findall(r"uint32_t ([a-z_]+)[,)]", text.split("exported entry points")[1]))
-    assert params == {"k", "s", "t", "j", "step", "c", "block", "slot"}
+    assert exported_parameters(gbs.SPEC) == {"k", "s", "t", "j", "step", "c", "block", "slot"}
 
 
 def test_the_kernel_takes_its_schedule_from_the_header() -> None:
@@ -72,8 +69,10 @@ def test_the_kernel_takes_its_schedule_from_the_header() -> None:
     [
         ("UINT64_C(10);", "UINT64_C(9);"),  # spans of 512 values
         ("(v_c & UINT32_C(3));", "(v_c & UINT32_C(7));"),  # a column's slot past the block
-        ("UINT32_C(1))))), elpis_gdnbas_gdn_ba_schedule_span_shift())", "UINT32_C(0))))), "
-         "elpis_gdnbas_gdn_ba_schedule_span_shift())"),  # floor instead of ceiling: the last span dropped
+        (
+            "UINT32_C(1))))), elpis_gdnbas_gdn_ba_schedule_span_shift())",
+            "UINT32_C(0))))), elpis_gdnbas_gdn_ba_schedule_span_shift())",
+        ),  # floor instead of ceiling: the last span dropped
         ("#define ELPIS_GDNBA_COLUMNS 4u", "#define ELPIS_GDNBA_COLUMNS 8u"),
     ],
 )
@@ -120,13 +119,7 @@ def test_the_laws_are_proved() -> None:
     ],
 )
 def test_a_wrong_schedule_fails_its_laws(repo_copy: Path, old: str, new: str, law: str) -> None:
-    path = repo_copy / gbs.MODULE
-    text = path.read_text()
-    assert text.count(old) == 1, old
-    path.write_text(text.replace(old, new))
-    report = prove_all(repo_copy, jobs=1, only={law})
-    assert not report.ok
-    assert len(report.failures) == 1 and law in report.failures[0]
+    fails_its_law(repo_copy, gbs.MODULE, old, new, law)
 
 
 def test_the_model_shape(sched: dict) -> None:

@@ -14,7 +14,7 @@ from elpis.bend import gemm_schedule
 from elpis.bend.prove import prove_all
 from elpis.bend.scalar_header import Query
 from elpis.paths import REPO_ROOT
-from tests.bend.conftest import fails_closed_on_template_edit, refuses_edited_header
+from tests.bend.conftest import fails_closed_on_template_edit, fails_its_law, refuses_edited_header
 
 # The statements of proofs/gemm_schedule_proof.bend (their proofs cite every other law there).
 STATEMENTS = {
@@ -125,13 +125,7 @@ def test_the_laws_are_proved() -> None:
     ],
 )
 def test_a_wrong_schedule_fails_its_laws(repo_copy: Path, old: str, new: str, law: str) -> None:
-    path = repo_copy / gemm_schedule.MODULE
-    text = path.read_text()
-    assert text.count(old) == 1, old
-    path.write_text(text.replace(old, new))
-    report = prove_all(repo_copy, jobs=1, only={law})
-    assert not report.ok
-    assert len(report.failures) == 1 and law in report.failures[0]
+    fails_its_law(repo_copy, gemm_schedule.MODULE, old, new, law)
 
 
 def test_table_covers_the_model_shapes() -> None:

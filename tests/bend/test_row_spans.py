@@ -4,7 +4,6 @@ their spans from it, and on the model's rows every vector is in exactly one span
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,12 @@ from elpis.bend import row_spans as rs
 from elpis.bend.prove import prove_all
 from elpis.bend.scalar_header import Query
 from elpis.paths import REPO_ROOT
-from tests.bend.conftest import fails_closed_on_template_edit, refuses_edited_header
+from tests.bend.conftest import (
+    exported_parameters,
+    fails_closed_on_template_edit,
+    fails_its_law,
+    refuses_edited_header,
+)
 
 LAWS = {
     "rowspans_count_within_cap",
@@ -44,16 +48,8 @@ def test_header_is_written_only_when_it_matches(tmp_path: Path) -> None:
 
 
 def test_header_exports_the_kernels_interface_and_no_row_count() -> None:
-    text = rs.render()
-    for name, entry in rs.SPEC.entries.items():
-        params = ", ".join(["uint32_t [a-z0-9]+"] * entry.arity)
-        assert re.search(rf"ELPIS_ROWSPANS_FN uint32_t {name}\({params}\)", text), name
-    assert "#define ELPIS_ROWSPANS_FN __host__ __device__ static inline" in text
-    names = set(re.findall(r"\b(?:bend|elpis)_[a-z0-9_]+(?=\()", text))
-    assert names and all(n.startswith(("elpis_rowspanss_", "elpis_rowspans_")) for n in names), names
     # No function takes the row count or a row's index: every row of a launch has the same spans.
-    params = set(re.findall(r"uint32_t ([a-z0-9_]+)[,)]", text.split("exported entry points")[1]))
-    assert params == {"fp16", "vocab", "total", "base", "cap", "shift", "s", "v"}
+    assert exported_parameters(rs.SPEC) == {"fp16", "vocab", "total", "base", "cap", "shift", "s", "v"}
 
 
 def test_the_kernels_take_their_spans_from_the_header() -> None:
@@ -124,13 +120,7 @@ def test_the_laws_are_proved() -> None:
     ],
 )
 def test_a_wrong_partition_fails_its_laws(repo_copy: Path, old: str, new: str, law: str) -> None:
-    path = repo_copy / rs.MODULE
-    text = path.read_text()
-    assert text.count(old) == 1, old
-    path.write_text(text.replace(old, new))
-    report = prove_all(repo_copy, jobs=1, only={law})
-    assert not report.ok
-    assert len(report.failures) == 1 and law in report.failures[0]
+    fails_its_law(repo_copy, rs.MODULE, old, new, law)
 
 
 @pytest.mark.parametrize(("fp16", "want"), [(1, 31), (0, 61)])
