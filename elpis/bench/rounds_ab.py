@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -39,6 +40,16 @@ def arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=int, default=16)
     parser.add_argument("--profile-rounds", type=int, default=0)
     return parser
+
+
+def load_with_device_rounds(model: Path, draft: Path) -> Any:
+    """The served tree-16 configuration with rounds on the GPU and the embedding gather they need switched
+    on, whatever the registry's defaults say (the switches stay set for the process)."""
+    os.environ["ELPIS_PATCH_EMBED_GATHER"] = "1"
+    os.environ["ELPIS_PATCH_DEVICE_ROUNDS"] = "1"
+    from elpis.exl3 import load_backend
+
+    return load_backend(model, draft, max_context=262_144, model_id="bench", tree=True, device_rounds=True)
 
 
 def greedy_steps(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget: int) -> Any:

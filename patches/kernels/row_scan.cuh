@@ -88,10 +88,8 @@ constexpr uint32_t log2_in_domain() {
     return exact_log2(kValue);
 }
 
-// The logits in a 16-byte vector of fp16 rows (`fp16`) or fp32 ones.
-__host__ __device__ inline uint32_t per_vector(uint32_t fp16) {
-    return fp16 ? Logit<__half>::kPerVector : Logit<float>::kPerVector;
-}
+// The logits in a 16-byte vector of fp16 rows (`fp16`) or fp32 ones: the schedule's vector width.
+__host__ __device__ inline uint32_t per_vector(uint32_t fp16) { return 1u << elpis_rowspans_vector_shift(fp16); }
 
 // f(bits, index) of the logits thread threadIdx.x of kThreads takes from span s of a row at `row` (16-byte
 // aligned) cut into `spans` (`vocab` values in all): the span's vectors t, t + kThreads, ... ascending, two loads

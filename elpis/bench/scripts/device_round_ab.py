@@ -24,7 +24,6 @@ Usage (repo root):
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -34,15 +33,10 @@ from elpis.bench import rounds_ab as ab
 def main() -> None:
     parser = ab.arguments(__doc__.splitlines()[0])
     args = parser.parse_args()
-    os.environ["ELPIS_PATCH_EMBED_GATHER"] = "1"
-    os.environ["ELPIS_PATCH_DEVICE_ROUNDS"] = "1"
-
     from elpis.bench.worker import BenchDecoder
     from elpis.bench.workload import prompt as make_prompt
-    from elpis.exl3 import load_backend
 
-    backend = load_backend(args.model, args.draft, max_context=262_144, model_id="bench", tree=True,
-                           device_rounds=True)  # fmt: skip
+    backend = ab.load_with_device_rounds(args.model, args.draft)
     backend.prefix.enabled = False  # every request prefills: no pair reuses another's pages
     decoder = BenchDecoder(args.model)
     device = backend.device_rounds

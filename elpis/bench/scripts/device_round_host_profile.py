@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
 import pstats
 from pathlib import Path
 
@@ -18,15 +17,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
-    os.environ["ELPIS_PATCH_EMBED_GATHER"] = "1"
-    os.environ["ELPIS_PATCH_DEVICE_ROUNDS"] = "1"
     from elpis.bench import rounds_ab as ab
     from elpis.bench.worker import BenchDecoder
     from elpis.bench.workload import prompt as make_prompt
-    from elpis.exl3 import load_backend
 
-    backend = load_backend(args.model, args.draft, max_context=262_144, model_id="bench", tree=True,
-                           device_rounds=True)  # fmt: skip
+    backend = ab.load_with_device_rounds(args.model, args.draft)
     decoder = BenchDecoder(args.model)
     base = make_prompt(1025, seed=1024, vocab=backend.info.vocab_size)
     for _ in ab.greedy_steps(backend, decoder, base, args.tokens, 16):  # warm-up request
