@@ -82,12 +82,9 @@ def candidates(chain: torch.Tensor, logits: torch.Tensor, top_k: int) -> torch.T
     check_tensor("chain", chain, torch.long, (rows,))
     check_one_device("draft candidates", (logits, chain))
     lib, fp16 = _library(), int(logits.dtype == torch.float16)
-    spans = lib.elpis_draft_candidates_spans(fp16, vocab)
-    if spans < 1:
-        raise ValueError(f"draft candidates: a row of {vocab} logits is past the proved row spans' domain")
     out = torch.empty((rows, 2 + 2 * k), dtype=torch.float32, device=logits.device)
     # the spans' k best keys (8 bytes each) and sums (4 bytes), in 8-byte words
-    words = (rows * spans * (8 * k + 4) + 7) // 8
+    words = (rows * lib.elpis_draft_candidates_spans(fp16, vocab) * (8 * k + 4) + 7) // 8
     workspace = torch.empty(words, dtype=torch.int64, device=logits.device)
     err = lib.elpis_draft_candidates(
         logits.data_ptr(), fp16, logits.stride(0), vocab, rows, chain.data_ptr(), k, workspace.data_ptr(),

@@ -52,8 +52,11 @@ def check_one_device(who: str, tensors: Iterable[torch.Tensor]) -> None:
 def check_logit_rows(who: str, logits: torch.Tensor, *, max_rows: int, max_vocab: int) -> None:
     """Refuse, naming `who`, anything but fp16 or fp32 logits [rows, vocab] on the kernels' device whose rows
     are contiguous and 16-byte aligned: the rule of patches/kernels/row_scan.cuh, which the per-row kernels
-    (verify_epilogue.cu, draft_candidates.cu) read rows by, 16 bytes a load, with a uint32 row stride."""
+    (verify_epilogue.cu, draft_candidates.cu) read rows by, 16 bytes a load, with a uint32 row stride, in the
+    spans of the proved schedule bend/row_spans.bend (rows of fewer than 2^24 vectors)."""
     import torch
+
+    from elpis.bend.row_spans import MAX_TOTAL
 
     if not isinstance(logits, torch.Tensor) or logits.dtype not in (torch.float16, torch.float32):
         raise ValueError(f"{who}: logits must be a float16 or float32 tensor [rows, vocab]")
@@ -67,6 +70,8 @@ def check_logit_rows(who: str, logits: torch.Tensor, *, max_rows: int, max_vocab
     if not 1 <= rows <= max_rows or not 1 <= vocab <= max_vocab or logits.stride(1) != 1 or stride < vocab:
         rule = f"1..{max_rows} contiguous rows of 1..{max_vocab} values"
         raise ValueError(f"{who}: logits {shape}, strides {strides}: {rule}")
+    if vocab >> (3 if logits.dtype == torch.float16 else 2) >= MAX_TOTAL:  # 8 fp16 or 4 fp32 a vector
+        raise ValueError(f"{who}: a row of {vocab} logits is past the proved row spans' domain")
     if stride >= 2**32:
         raise ValueError(f"{who}: logits {shape}, strides {strides}: a row stride past uint32")
     if logits.data_ptr() % 16 or (stride * logits.element_size()) % 16:

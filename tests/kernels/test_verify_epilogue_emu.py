@@ -152,3 +152,15 @@ def test_the_binding_refuses_rows_off_16_bytes(monkeypatch: pytest.MonkeyPatch) 
     for bad in (torch.zeros((2, 100), dtype=half), torch.zeros((2, 72), dtype=half)[:, 1:65]):
         with pytest.raises(ValueError, match="16-byte aligned"):
             verify_epilogue.row_results(bad, ids, flags)
+
+
+def test_the_binding_refuses_rows_past_the_proved_spans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows of 2^24 vectors or more are outside the proved row spans' domain: the binding names it before the
+    launch (the C entry refuses them too). Meta tensors: the shape is checked, nothing is allocated."""
+    monkeypatch.setattr(tensors, "KERNEL_DEVICE_TYPE", "meta")
+    ids = torch.zeros(1, dtype=torch.long, device="meta")
+    flags = torch.zeros(1, dtype=torch.int32, device="meta")
+    for dtype, vocab in ((torch.float32, 4 << 24), (torch.float16, 8 << 24)):
+        with pytest.raises(ValueError, match="past the proved row spans' domain"):
+            verify_epilogue.row_results(torch.empty((1, vocab), dtype=dtype, device="meta"), ids, flags)
+
