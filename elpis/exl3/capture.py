@@ -46,3 +46,29 @@ def forward_after_input(model: Any, x: torch.Tensor, params: dict[str, Any]) -> 
             return model.forward_ls(x, params)
     finally:
         model.fwd_modules = modules
+
+
+@contextmanager
+def kept_graph(pool: Any) -> Iterator[torch.cuda.CUDAGraph]:
+    """`torch.cuda.graph` into `pool`, on a graph that keeps its `cudaGraph_t` (rounds on the GPU compose the
+    captured verifies, commits, draft blocks and conditionings as child graphs: `elpis.exl3.round_graph`),
+    instantiated at once as a plain capture is, so its replays are what they were."""
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph, pool=pool):
+        yield graph
+    graph.instantiate()
+
+
+def capture_piece(fn: Any, pool: Any, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+    """A kept graph of the launches `fn()` queues, captured on `stream` into `pool` without the device
+    synchronisation of `torch.cuda.graph`: capturing runs nothing, so the rounds in flight on the serving
+    stream go on, and what the piece allocates comes from `pool`. Only this thread's unsafe calls fail it."""
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            fn()
+        finally:
+            graph.capture_end()
+    graph.instantiate()
+    return graph

@@ -55,12 +55,13 @@ import torch
 
 from elpis.accept import abi
 from elpis.backend import BackendError, DeviceRound
-from elpis.exl3 import round_check, round_plan, round_tail, verify_epilogue
+from elpis.exl3 import round_check, round_graph, round_plan, round_tail, verify_epilogue
 from elpis.exl3.draft_graph import block_pages
 from elpis.spec.faults import DROPPED, REPEATED, STALE
 
 if TYPE_CHECKING:
     from elpis.exl3.backend import Exl3Backend
+    from elpis.exl3.tree_graph import Captured
 
 
 PATCH = "exl3-device-rounds"  # the registry switch (patches/registry.json), read by load_backend
@@ -193,7 +194,9 @@ class DeviceRounds:
     """Rounds on the GPU for the active sequence of one tree-mode backend with captured verifies, captured
     draft blocks and the embedding gather (each required: without them the host must see the tree)."""
 
-    def __init__(self, backend: Exl3Backend) -> None:
+    def __init__(self, backend: Exl3Backend, *, round_graphs: bool | None = None) -> None:
+        """`round_graphs`: each round key's rounds as one composed graph launch (`elpis.exl3.round_graph`);
+        None: the registry switch exl3-round-graph."""
         graphs, drafter = backend.graphs, backend.drafter
         if not backend.tree or graphs is None or graphs.table is None:
             raise BackendError(
@@ -229,6 +232,12 @@ class DeviceRounds:
         self.drafts = drafter.graphs
         self.block_candidates = drafter.candidates  # the host's drafter's: the same trees either way
         self._buffers(backend.engine.device, backend.tree_run(), pin_memory=True)
+        if round_graphs is None:
+            from elpis.exl3 import patches
+
+            round_graphs = patches.enabled(round_graph.PATCH)
+        if round_graphs:
+            self.round_graphs = round_graph.RoundGraphs(round_graph.CudaComposer(backend.engine.device))
 
     def _buffers(self, dev: torch.device | str, run: int, *, pin_memory: bool) -> None:
         """The state block, cells, record slots and conditioning inputs on `dev` (host slots pinned on a GPU
@@ -255,6 +264,7 @@ class DeviceRounds:
         # seconds the host spent blocked on rounds' events: a round's wall time less this is the host's own
         # (Python and launches, issue 9's host time per round)
         self.wait_seconds = 0.0
+        self.round_graphs: round_graph.RoundGraphs | None = None  # composed rounds (`elpis.exl3.round_graph`)
 
     def _run_buffers(self, dev: torch.device | str, run: int) -> None:
         """The buffers of the captured verifies' row count: the conditioning's rows (a path has at most
@@ -283,6 +293,8 @@ class DeviceRounds:
         self.top_k = top_k
         if self.ids.shape[0] != b.tree_run():  # the backend's row count changed since the last request
             self._run_buffers(self.ids.device, b.tree_run())
+            if self.round_graphs is not None:  # their pieces address the old buffers (nothing in flight)
+                self.round_graphs.clear()
         if self.last_words is not None:
             self.other_request = self.last_words
         self.last_words, self.numbered = None, 0
@@ -298,6 +310,8 @@ class DeviceRounds:
         """Wait for the rounds still in flight and drop their records (the request ended before them)."""
         while self.queued:
             self.queued.popleft().event.synchronize()
+        if self.round_graphs is not None:
+            self.round_graphs.release(self.numbered)
 
     # -- rounds ---------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -332,7 +346,8 @@ class DeviceRounds:
 
     def _queue(self, kvp: int) -> None:
         """Queue one round from the state block; `kvp` is the highest position it can start at (the keys and
-        pages are those of every position it can start at)."""
+        pages are those of every position it can start at): its composed graph when the round key has one
+        (`elpis.exl3.round_graph`), else piece by piece, composing the key's graph after."""
         b = self.backend
         assert b.graphs is not None
         run = b.tree_run()
@@ -343,45 +358,121 @@ class DeviceRounds:
                 f"no captured verify of {run} rows at position {kvp}: rounds on the GPU replay the verifies "
                 "captured at load (elpis.exl3.graph_warmup)"
             )
-        state = self.state
-        anchor = state[round_plan.STATE_ANCHOR : round_plan.STATE_ANCHOR + 1]
-        at = state[round_plan.STATE_KVP : round_plan.STATE_KVP + 1]
+        slot = self.next_slot
+        self.next_slot = (slot + 1) % IN_FLIGHT
         # the pages of the block from the highest start, as a host draft block takes them
-        pages = block_pages(b.pages, kvp, b.block_size)
-        chain, logits = self.drafts.block_from(anchor, at, pages, self.drafts.width(kvp))
+        draft_pages = block_pages(b.pages, kvp, b.block_size)
+        width = self.drafts.width(kvp)
+        # the sequence's own pages, as the verify's block table holds them: the tail refuses a slot past them
+        npages = min(len(b.pages), c.block_table.shape[1])
+        host = self.host_records[slot]
+        host[ROUND_WORD] = NOT_ARRIVED  # its previous round was read: the slot is the host's to mark
+        before = host.tolist() if self.record_faults is not None else []  # what a drill's dropped copy leaves
+        key = self._graph_key(c, width, slot, npages)
+        graph = None if key is None or self.round_graphs is None else self.round_graphs.get(key)
+        if graph is not None:
+            assert self.round_graphs is not None
+            self.drafts.put_table(graph.draft, draft_pages)
+            b.graphs.put_table(c, b.pages)
+            self.round_graphs.launch(graph)
+            # the composed graph replays the draft block's, the verify's, the commit's and the conditioning's
+            self.drafts.replays += 1
+            self.drafts.condition_replays += 1
+            b.graphs.replays += 2
+        else:
+            self._queue_pieces(c, width, draft_pages, slot, npages)
+            if self.round_graphs is not None:
+                key = self._graph_key(c, width, slot, npages)  # the pieces are captured now
+                if key is not None:
+                    self._compose(key, c, width, slot, npages)
+        event = torch.cuda.Event()
+        event.record()
+        self.queued.append(_Queued(self.numbered, slot, event, before))
+        self.numbered += 1
+
+    def _queue_pieces(
+        self, c: Captured, width: int, draft_pages: Sequence[int], slot: int, npages: int
+    ) -> None:
+        """The round's pieces one by one (a key's first rounds capture the graphs they replay)."""
+        b = self.backend
+        assert b.graphs is not None and c.graph is not None and c.export is not None
+        anchor, at = self._state_views()
+        chain, logits = self.drafts.block_from(anchor, at, draft_pages, width)
+        self._plan(chain, logits, c, slot)
+        b.graphs.put_table(c, b.pages)
+        c.graph.replay()
+        b.graphs.replays += 1
+        self._tail(c, slot, npages)
+        b.graphs.run_commit(c)
+        # through the verify's block table, as a host commit conditions
+        self.drafts.condition_from(c.export, self.cond_index, self.cond_kvp, c.block_table)
+        self._copy_records(slot)
+
+    def _state_views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The state block's anchor and kvp (int64 [1] views): the draft block's inputs."""
+        state = self.state
+        return (state[round_plan.STATE_ANCHOR : round_plan.STATE_ANCHOR + 1],
+                state[round_plan.STATE_KVP : round_plan.STATE_KVP + 1])  # fmt: skip
+
+    def _plan(self, chain: torch.Tensor, logits: torch.Tensor, c: Captured, slot: int) -> None:
+        """The draft block's candidates, then the round plan into the verify key's inputs and the cells."""
         packed = self._candidates(chain, logits)
         verify_inputs = {
             "seqlens": c.seqlens, "position": c.position_ids.view(-1), "ctx": c.inputs.ctx,
             "masks": c.inputs.masks, "plan": c.inputs.plan, "ids": c.ids,
         }  # fmt: skip
-        slot = self.next_slot
-        self.next_slot = (slot + 1) % IN_FLIGHT
-        records = self.records[slot]
-        plan_record = records[: round_plan.RECORD_WORDS]
-        tail_record = records[round_plan.RECORD_WORDS :]
-        round_plan.plan(packed, b.info.vocab_size, state, verify_inputs, self.cells, plan_record)
-        b.graphs.put_table(c, b.pages)
-        assert c.graph is not None and c.out is not None and c.export is not None
-        c.graph.replay()
-        b.graphs.replays += 1
-        out = c.out[0, :run, : b.info.vocab_size]
+        record = self.records[slot][: round_plan.RECORD_WORDS]
+        round_plan.plan(packed, self.backend.info.vocab_size, self.state, verify_inputs, self.cells, record)
+
+    def _tail(self, c: Captured, slot: int, npages: int) -> None:
+        """The verify's row checks and greedy targets, then the round tail (the acceptor, the commit's and the
+        conditioning's inputs, the state block advanced)."""
+        b = self.backend
+        assert b.graphs is not None and c.out is not None
+        out = c.out[0, : b.tree_run(), : b.info.vocab_size]
         ids, bad = self._targets(out)
         moves, commit_plan = b.graphs.commit_inputs(c)
-        # the sequence's own pages, as the verify's block table holds them: a slot past them is refused
-        pages = c.block_table[0, : min(len(b.pages), c.block_table.shape[1])]
-        outputs = (tail_record, moves, commit_plan, self.cond_index, self.cond_kvp)
-        round_tail.decide(self.cells, ids, bad, state, pages, *outputs)
-        b.graphs.run_commit(c)
-        # through the verify's block table, as a host commit conditions
-        self.drafts.condition_from(c.export, self.cond_index, self.cond_kvp, c.block_table)
-        host = self.host_records[slot]
-        host[ROUND_WORD] = NOT_ARRIVED  # its previous round was read: the slot is the host's to mark
-        before = host.tolist() if self.record_faults is not None else []  # what a drill's dropped copy leaves
-        host.copy_(records, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self.queued.append(_Queued(self.numbered, slot, event, before))
-        self.numbered += 1
+        pages = c.block_table[0, :npages]
+        outputs = (self.records[slot][round_plan.RECORD_WORDS :], moves, commit_plan, self.cond_index,
+                   self.cond_kvp)  # fmt: skip
+        round_tail.decide(self.cells, ids, bad, self.state, pages, *outputs)
+
+    def _copy_records(self, slot: int) -> None:
+        self.host_records[slot].copy_(self.records[slot], non_blocking=True)
+
+    def _graph_key(self, c: Captured, width: int, slot: int, npages: int) -> tuple | None:
+        """The round key of a composed graph (what the pieces' captures bake in), or None where rounds are
+        not composed: the switch off, a piece not yet captured, or a test's stand-in in place of the
+        candidates or the targets (a Python hook runs each round, which a graph would not)."""
+        if self.round_graphs is None or "_candidates" in self.__dict__ or "_targets" in self.__dict__:
+            return None
+        dc = self.drafts.captured_block(width)
+        if dc is None or c.commit_graph is None or c.export is None:
+            return None
+        cond = self.drafts.captured_condition_from(c.export, self.cond_index.shape[0], c.block_table.shape[1])
+        if cond is None:
+            return None
+        return (id(c), id(dc), id(cond), slot, npages, self.top_k)
+
+    def _compose(self, key: tuple, c: Captured, width: int, slot: int, npages: int) -> None:
+        """Compose the round key's graph from the pieces `_queue_pieces` ran (each captured by now)."""
+        assert self.round_graphs is not None and c.export is not None
+        dc = self.drafts.captured_block(width)
+        cond = self.drafts.captured_condition_from(c.export, self.cond_index.shape[0], c.block_table.shape[1])
+        assert dc is not None and cond is not None
+        anchor, at = self._state_views()
+        steps = (
+            lambda: self.drafts.inputs_from(dc, anchor, at),
+            dc.graph,
+            lambda: self._plan(dc.chain, dc.logits, c, slot),
+            c.graph,
+            lambda: self._tail(c, slot, npages),
+            c.commit_graph,
+            lambda: self.drafts.condition_inputs_from(cond, self.cond_index, self.cond_kvp, c.block_table),
+            cond.graph,
+            lambda: self._copy_records(slot),
+        )
+        self.round_graphs.compose(key, steps, dc, c, self.numbered)
 
     def _read(self, q: _Queued) -> DeviceRoundResult:
         """Wait for a queued round and settle the host's side of it: the tokens whose K/V were kept and the
@@ -393,6 +484,8 @@ class DeviceRounds:
         if self.record_faults is not None:
             self.record_faults.damage(q.number, host, q.before, self.last_words, self.other_request)
         words, recovered = checked_records(host, self.records[q.slot], self.epoch, q.number)
+        if self.round_graphs is not None:
+            self.round_graphs.release(q.number)
         self.last_words = words
         result = DeviceRoundResult(
             round_plan.read_record(words[: round_plan.RECORD_WORDS]),

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from elpis.exl3.capture import forward_after_input
+from elpis.exl3.capture import forward_after_input, kept_graph
 from elpis.exl3.embed_gather import check_ids
 from elpis.exl3.prefix import PAGE
 from elpis.exl3.upload import Staged, padded_table, static_input
@@ -174,13 +174,28 @@ class DraftGraphs:
             raise RuntimeError("draft graphs: an anchor on the device needs the embedding gather")
 
         def fill(c: DraftCaptured) -> None:
-            if c.table_upload is None:
-                c.table_upload = Staged(c.block_table)
-            c.table_upload.put(padded_table(pages, c.block_table.shape[1], "draft graphs"))
-            c.anchor.copy_(anchor)
-            c.seqlens.copy_(kvp)  # int64 -> int32
+            self.put_table(c, pages)
+            self.inputs_from(c, anchor, kvp)
 
         return self._block(width, fill)
+
+    def captured_block(self, width: int) -> DraftCaptured | None:
+        """The captured key of a draft block of `width` table pages (None before its first block)."""
+        c = self.graphs.get(width)
+        return c if c is not None and c.graph is not None else None
+
+    def put_table(self, c: DraftCaptured, pages: Sequence[int]) -> None:
+        """The sequence's pages into the key's block table alone, in stream order (`block_from`; a round
+        graph runs `inputs_from` itself)."""
+        if c.table_upload is None:
+            c.table_upload = Staged(c.block_table)
+        c.table_upload.put(padded_table(pages, c.block_table.shape[1], "draft graphs"))
+
+    @staticmethod
+    def inputs_from(c: DraftCaptured, anchor: Tensor, kvp: Tensor) -> None:
+        """The anchor and kvp (int64 [1] each, in device memory) into the key's buffers, in stream order."""
+        c.anchor.copy_(anchor)
+        c.seqlens.copy_(kvp)  # int64 -> int32
 
     def _block(self, width: int, fill: Callable[[DraftCaptured], None]) -> tuple[Tensor, Tensor]:
         """The key's replay after `fill` writes its inputs; on the key's first call its eager warm-up on the
@@ -239,10 +254,23 @@ class DraftGraphs:
         if table.dim() != 2 or table.shape[0] != 1 or table.dtype != torch.int32 or not table.is_cuda:
             raise ValueError("draft graphs: the block table must be a device int32 tensor [1, width]")
         key, c, fresh = self._condition_key(("device",), int(index.shape[0]), int(table.shape[1]), export)
+        self.condition_inputs_from(c, index, kvp, table)
+        self._run_condition(key, c, export, fresh)
+
+    @staticmethod
+    def condition_inputs_from(c: ConditionCaptured, index: Tensor, kvp: Tensor, table: Tensor) -> None:
+        """`condition_from`'s device inputs into the key's buffers, in stream order."""
         c.block_table.copy_(table)
         c.index.copy_(index)
         c.seqlens.copy_(kvp)
-        self._run_condition(key, c, export, fresh)
+
+    def captured_condition_from(
+        self, export: Sequence[Tensor], rows: int, width: int
+    ) -> ConditionCaptured | None:
+        """The captured key of `condition_from` with `rows` rows through a table of `width` pages from
+        `export` (None before its first call)."""
+        c = self.conditions.get(self._condition_name(("device",), rows, width, export))
+        return c if c is not None and c.graph is not None else None
 
     def _condition_key(
         self, tag: tuple, rows: int, width: int, export: Sequence[Tensor]
@@ -250,8 +278,7 @@ class DraftGraphs:
         """The conditioning key of `rows` rows through a table of `width` pages from the export tensors as the
         graph reads them (where, and in what shape, layout and type), behind `tag`; its buffers, made on the
         key's first call (then True)."""
-        sources = tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in export)
-        key = (*tag, rows, width, sources)
+        key = self._condition_name(tag, rows, width, export)
         c = self.conditions.get(key)
         if c is not None:
             return key, c, False
@@ -263,12 +290,16 @@ class DraftGraphs:
         )
         return key, c, True
 
+    @staticmethod
+    def _condition_name(tag: tuple, rows: int, width: int, export: Sequence[Tensor]) -> tuple:
+        sources = tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in export)
+        return (*tag, rows, width, sources)
+
     def _run_condition(self, key: tuple, c: ConditionCaptured, export: Sequence[Tensor], fresh: bool) -> None:
         """The key's replay; on its first call the conditioning eagerly, then its capture."""
         if fresh:
             self._condition(c, export)  # this call's conditioning; the capture records the same operations
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._condition_pool):
+            with kept_graph(self._condition_pool) as graph:
                 self._condition(c, export)
             c.graph = graph
             self.condition_captures += 1
@@ -345,8 +376,7 @@ class DraftGraphs:
         return chain[0, 1:], logits[0, :, : engine.vocab_size]
 
     def _capture(self, c: DraftCaptured) -> None:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._block_pool):
+        with kept_graph(self._block_pool) as graph:
             chain, logits = self._run(c)
         c.graph, c.chain, c.logits = graph, chain, logits
         self.captures += 1

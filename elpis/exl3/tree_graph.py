@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from elpis.exl3.capture import forward_after_input
+from elpis.exl3.capture import forward_after_input, kept_graph
 from elpis.exl3.embed_gather import check_ids
 from elpis.exl3.tree_verify import (
     PAGE,
@@ -392,8 +392,7 @@ class TreeGraphs:
         on the key's first commit the operations eagerly and then their capture."""
         if c.commit_graph is None:
             self._commit_ops(c)  # this commit, eagerly; the capture below records the same operations
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.commit_pool):
+            with kept_graph(self.commit_pool) as graph:
                 self._commit_ops(c)
             c.commit_graph = graph
             self.captures += 1
@@ -532,8 +531,7 @@ class TreeGraphs:
     def _capture(self, c: Captured, state: Any, layout: TreeLayout, kvp: int, key: tuple) -> None:
         call = TreeCall(layout, kvp, key[2], key[3], graph=c.inputs)
         params = self._params(c, state, layout.run)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool), tree_forward(call):
+        with kept_graph(self.pool) as graph, tree_forward(call):
             out = self._layers(c, params)
         c.graph, c.call, c.out, c.export = graph, call, out, params.get("export_states")
         self.captures += 1

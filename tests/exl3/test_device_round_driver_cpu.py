@@ -123,36 +123,125 @@ class StandInGraphs:
         return c.moves, c.commit_plan
 
     def run_commit(self, c: Captured) -> None:
-        self.commits += 1
+        if c.commit_graph is None:
+            c.commit_graph = StandInCommit(self)
+        c.commit_graph.replay()
 
 
 class StandInDraft:
-    """The DFlash2 draft's captured blocks: f's chain from the anchor, each token wrong with probability
-    `wrong`; its table is as narrow as the draft's own context bucket, as the real one's."""
+    """The DFlash2 draft's captured blocks, one key per table width with its own buffers: f's chain from the
+    anchor, each token wrong with probability `wrong`; its table is as narrow as the draft's own context
+    bucket, as the real one's. Conditionings are keyed by (rows, width) and counted."""
 
     table = True
 
     def __init__(self, wrong: float) -> None:
         self.wrong = wrong
         self.conditioned = 0
+        self.graphs: dict[int, types.SimpleNamespace] = {}
+        self.conditions: dict[tuple[int, int], types.SimpleNamespace] = {}
+        self.replays = self.condition_replays = 0
 
     def width(self, kvp: int) -> int:
         return bucket_pages(kvp + 1 + BLOCK, CACHE)
 
     def block_from(self, anchor: torch.Tensor, kvp: torch.Tensor, pages: list[int], width: int) -> tuple:
-        padded_table(pages, width, "draft graphs")  # what DraftGraphs.block_from's fill does: refuses excess
-        chain, t = [], int(anchor.item())
+        c = self.graphs.get(width)
+        if c is None:
+            c = types.SimpleNamespace(
+                block_table=torch.zeros((1, width), dtype=torch.int32),
+                anchor=torch.zeros(1, dtype=torch.long), seqlens=torch.zeros(1, dtype=torch.int32),
+                chain=torch.zeros(BLOCK - 1, dtype=torch.long),
+                logits=torch.zeros(BLOCK - 1, VOCAB, dtype=torch.float16),  # ExLlamaV3's head writes fp16
+            )  # fmt: skip
+            c.graph = StandInBlock(self, c)
+            self.graphs[width] = c
+        self.put_table(c, pages)
+        self.inputs_from(c, anchor, kvp)
+        c.graph.replay()
+        return c.chain, c.logits
+
+    def captured_block(self, width: int) -> types.SimpleNamespace | None:
+        return self.graphs.get(width)
+
+    def put_table(self, c: types.SimpleNamespace, pages: list[int]) -> None:
+        width = c.block_table.shape[1]  # what DraftGraphs.put_table does: refuses pages past the table
+        c.block_table.copy_(torch.tensor([padded_table(pages, width, "draft graphs")]))
+
+    @staticmethod
+    def inputs_from(c: types.SimpleNamespace, anchor: torch.Tensor, kvp: torch.Tensor) -> None:
+        c.anchor.copy_(anchor)
+        c.seqlens.copy_(kvp)
+
+    def condition_from(
+        self, export: list, index: torch.Tensor, kvp: torch.Tensor, table: torch.Tensor
+    ) -> None:
+        key = (index.shape[0], table.shape[1])
+        if key not in self.conditions:
+            self.conditions[key] = types.SimpleNamespace(graph=StandInCondition(self))
+        self.condition_inputs_from(self.conditions[key], index, kvp, table)
+        self.conditions[key].graph.replay()
+
+    def captured_condition_from(self, export: list, rows: int, width: int) -> types.SimpleNamespace | None:
+        return self.conditions.get((rows, width))
+
+    @staticmethod
+    def condition_inputs_from(c: types.SimpleNamespace, index: torch.Tensor, kvp: torch.Tensor,
+                              table: torch.Tensor) -> None:  # fmt: skip
+        c.index, c.kvp, c.table = index.clone(), kvp.clone(), table.clone()
+
+
+class StandInBlock:
+    """A draft block key's replay: the chain and logits from the anchor in the key's buffer."""
+
+    def __init__(self, draft: StandInDraft, c: types.SimpleNamespace) -> None:
+        self.draft, self.c = draft, c
+
+    def replay(self) -> None:
+        chain, t = [], int(self.c.anchor.item())
         for _ in range(BLOCK - 1):
-            t = f(t) if random.random() >= self.wrong else random.randrange(VOCAB)
+            t = f(t) if random.random() >= self.draft.wrong else random.randrange(VOCAB)
             chain.append(t)
         logits = torch.randn(BLOCK - 1, VOCAB)
         for d, t in enumerate(chain):
             logits[d, t] = 8.0
-        logits = logits.half()  # ExLlamaV3's head writes fp16
-        return torch.tensor(chain, dtype=torch.long), logits
+        self.c.chain.copy_(torch.tensor(chain, dtype=torch.long))
+        self.c.logits.copy_(logits.half())
 
-    def condition_from(self, export: list, index: torch.Tensor, kvp: torch.Tensor, table: object) -> None:
-        self.conditioned += 1
+
+class StandInCondition:
+    def __init__(self, draft: StandInDraft) -> None:
+        self.draft = draft
+
+    def replay(self) -> None:
+        self.draft.conditioned += 1
+
+
+class StandInCommit:
+    def __init__(self, graphs: StandInGraphs) -> None:
+        self.graphs = graphs
+
+    def replay(self) -> None:
+        self.graphs.commits += 1
+
+
+class StandInComposer:
+    """`round_graph.Composer` on one CPU queue: a captured piece is its function, run again at each launch;
+    a composed graph runs its pieces (functions and stand-in graphs) in order."""
+
+    def __init__(self) -> None:
+        self.captured = 0
+
+    def capture(self, fn: object) -> object:
+        self.captured += 1
+        return fn
+
+    def compose(self, pieces: list) -> types.SimpleNamespace:
+        def launch() -> None:
+            for p in pieces:
+                p() if callable(p) else p.replay()
+
+        return types.SimpleNamespace(launch=launch)
 
 
 class StandInBackend:
@@ -336,3 +425,77 @@ def test_a_request_after_the_backends_row_count_changed_takes_the_new_count() ->
     got, _ = generate(rounds, 30, budget=8)
     assert got == plain(prompt, 30)
     assert rounds.ids.shape == rounds.bad.shape == rounds.cond_index.shape == (8,)
+
+
+def recorded(rounds: dr.DeviceRounds, tokens: int) -> tuple[list[int], list[list[int]]]:
+    """`generate`'s tokens, and each round's records as read back (the request's epoch left out)."""
+    records: list[list[int]] = []
+    read = rounds._read
+
+    def recording(q: dr._Queued) -> dr.DeviceRoundResult:
+        result = read(q)
+        assert rounds.last_words is not None
+        words = list(rounds.last_words)
+        words[dr.EPOCH_WORD] = 0
+        records.append(words)
+        return result
+
+    rounds._read = recording  # type: ignore[method-assign]
+    try:
+        got, faults = generate(rounds, tokens)
+    finally:
+        del rounds._read
+    assert not faults
+    return got, records
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+@pytest.mark.parametrize("prompt_len", [300, 4082, 8150])
+def test_composed_rounds_are_the_pieces_rounds(prompt_len: int) -> None:
+    """Rounds of composed graphs (`round_graph.RoundGraphs`, here over stand-in pieces) queue the pieces of
+    each key's first rounds in the same order with the same inputs: every round's records are those of the
+    rounds queued piece by piece, across page and bucket edges (4096, 8192), where the keys change; a key's
+    rounds after its first two (one a record slot) are launches; an LRU of two keeps at most two composed
+    graphs, and those it evicts are dropped once no round in flight may have launched them."""
+    from elpis.exl3.round_graph import RoundGraphs
+
+    def serve(graphs: RoundGraphs | None) -> tuple[list[int], list[list[int]], dr.DeviceRounds]:
+        random.seed(prompt_len)
+        torch.manual_seed(prompt_len)
+        prompt = [random.randrange(VOCAB) for _ in range(prompt_len)]
+        rounds = driver(StandInBackend(prompt, 0.3))
+        rounds.round_graphs = graphs
+        got, records = recorded(rounds, 70)
+        assert got == plain(prompt, 70)
+        return got, records, rounds
+
+    _, pieces, _ = serve(None)
+    graphs = RoundGraphs(StandInComposer(), limit=2)
+    _, composed, rounds = serve(graphs)
+    assert composed == pieces
+    assert graphs.launches >= len(composed) // 2 and graphs.composed >= 2
+    assert len(graphs.graphs) <= 2 and not graphs.retired  # generate drained the rounds
+    backend = rounds.backend
+    # every round queued (the last ones past the request's end too) committed and conditioned once
+    assert backend.graphs.commits == backend.drafter.graphs.conditioned == rounds.numbered
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+def test_a_stand_in_for_a_piece_keeps_rounds_piece_by_piece() -> None:
+    """A Python function in place of the candidates or the targets runs each round: no graph is composed."""
+    from elpis.exl3.round_graph import RoundGraphs
+
+    random.seed(3)
+    prompt = [random.randrange(VOCAB) for _ in range(500)]
+    rounds = driver(StandInBackend(prompt, 0.3))
+    rounds.round_graphs = RoundGraphs(StandInComposer())
+    targets, calls = rounds._targets, [0]
+
+    def counted(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        calls[0] += 1
+        return targets(out)
+
+    rounds._targets = counted  # type: ignore[method-assign]
+    got, _ = generate(rounds, 30)
+    assert got == plain(prompt, 30)
+    assert calls[0] == rounds.numbered and rounds.round_graphs.composed == 0  # each round queued ran it

@@ -264,6 +264,6 @@ ab() {
   timeout -k 5 $(( $(left) - margin )) python3 "elpis/bench/scripts/$script" /tmp/full/target /tmp/full/draft \
     --out "$OUT/$name.json" "$@" > "$OUT/$name.txt" 2>&1
   echo "$name: exit $?" | tee -a "$OUT/log"
-  grep -E "^(SWITCHAB|SWITCHPROF|DEVROUNDAB|DEVROUNDPROF) |Error|error" "$OUT/$name.txt" | tail -6 | cut -c1-1500 \
+  grep -E "^(SWITCHAB|SWITCHPROF|DEVROUNDAB|DEVROUNDPROF|ROUNDGRAPHAB|ROUNDGRAPHPROF) |Error|error" "$OUT/$name.txt" | tail -6 | cut -c1-1500 \
     | tee -a "$OUT/log"
 }

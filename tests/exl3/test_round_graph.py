@@ -1,0 +1,160 @@
+"""GPU tests of rounds on the GPU as one composed graph launch a round key (`elpis.exl3.round_graph`, switch
+exl3-round-graph) on the synthetic checkpoint of ELPIS_SMALL_DIR. Staged in session 42.
+
+What they establish:
+(a) composed rounds give bit for bit the records of the same rounds queued piece by piece (the tree each
+    round verified, what it committed, where), and plain decoding's tokens; a second request launches only
+    composed graphs;
+(b) a request crossing a page edge and a context-bucket edge (4096: new verify, draft-block and conditioning
+    keys, a new page count) composes the new keys and still gives plain decoding's tokens;
+(c) records faulted on their way back are detected and read again from the device as with pieces;
+(d) a test's Python stand-in in place of a piece runs the rounds piece by piece (a graph would replay what
+    the stand-in did once).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.exl3.test_gpu import decoder, prompt  # noqa: F401  (decoder: a fixture)
+from tests.exl3.test_tree_verify import plain, tree_generate
+
+pytestmark = pytest.mark.gpu
+
+TOKENS = 40
+SWITCHES = {"ELPIS_PATCH_EMBED_GATHER": "1", "ELPIS_PATCH_DEVICE_ROUNDS": "1", "ELPIS_PATCH_ROUND_GRAPH": "1"}
+
+
+@pytest.fixture(scope="module")
+def backend(small):
+    mp = pytest.MonkeyPatch()
+    for name, value in SWITCHES.items():
+        mp.setenv(name, value)
+    from elpis.exl3 import load_backend
+
+    try:
+        b = load_backend(
+            small / "target", small / "draft", max_context=65536, model_id="small", host_cache_gib=1.0,
+            tree=True, tree_graphs=True, capture_graphs=False, device_rounds=True,
+        )  # fmt: skip
+        b.prefix.enabled = False
+        yield b
+    finally:
+        mp.undo()
+
+
+def generate(backend, decoder, ids):  # noqa: F811
+    """A greedy request through the product path: its tokens, its stats and each round's records as read
+    back (the request's epoch left out)."""
+    from elpis.exl3.device_round import EPOCH_WORD
+    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+
+    rounds = backend.device_rounds
+    records: list[list[int]] = []
+    read = rounds._read
+
+    def recording(q):
+        result = read(q)
+        words = list(rounds.last_words)
+        words[EPOCH_WORD] = 0
+        records.append(words)
+        return result
+
+    rounds._read = recording
+    try:
+        gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=16, draft_top_k=4)
+        request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=TOKENS, sampling=SamplingParams(),
+                                    ignore_eos=True)  # fmt: skip
+        steps = list(gen.generate(request))
+    finally:
+        del rounds._read
+    return [t for step in steps for t in step.token_ids], steps[-1].stats, records
+
+
+def truth_of(backend, ids) -> list[int]:
+    out, _ = tree_generate(backend, ids, TOKENS, plain)
+    return out
+
+
+def test_the_switch_gives_rounds_their_graphs(backend):
+    assert backend.device_rounds.round_graphs is not None
+
+
+def test_composed_rounds_give_the_pieces_records_bit_for_bit(backend, decoder):  # noqa: F811
+    ids = prompt(1500, 61, backend.info.vocab_size)
+    truth = truth_of(backend, ids)
+    rounds = backend.device_rounds
+    graphs = rounds.round_graphs
+    rounds.round_graphs = None
+    try:
+        pieces, _, pieces_records = generate(backend, decoder, ids)
+    finally:
+        rounds.round_graphs = graphs
+    composed_before = graphs.composed
+    first, _, first_records = generate(backend, decoder, ids)
+    assert graphs.composed > composed_before, "no round key was composed"
+    launches = graphs.launches
+    second, stats, second_records = generate(backend, decoder, ids)
+    assert pieces == truth and first == truth and second == truth
+    assert first_records == pieces_records, "a composed round's records differ from the pieces'"
+    assert second_records == pieces_records
+    # every round queued (those past the request's end too) was a launch
+    assert graphs.launches - launches == backend.device_rounds.numbered >= stats.rounds, "rounds in pieces"
+
+
+def test_composed_rounds_across_a_page_and_a_bucket_edge(backend, decoder):  # noqa: F811
+    ids = prompt(4080, 62, backend.info.vocab_size)
+    truth = truth_of(backend, ids)
+    graphs = backend.device_rounds.round_graphs
+    composed, launches = graphs.composed, graphs.launches
+    got, stats, _ = generate(backend, decoder, ids)
+    assert got == truth
+    assert graphs.composed - composed >= 4, "the keys on both sides of the edge were not composed"
+    assert graphs.launches > launches
+    assert stats.rounds >= TOKENS // 2
+
+
+def test_records_faulted_on_their_way_back_are_read_again_with_composed_rounds(backend, decoder):  # noqa: F811
+    from collections import Counter
+
+    from elpis.exl3.device_round import RecordFaults
+
+    ids = prompt(1300, 63, backend.info.vocab_size)
+    truth = truth_of(backend, ids)
+    rounds = backend.device_rounds
+    generate(backend, decoder, prompt(900, 64, backend.info.vocab_size))  # stale replays this one
+    generate(backend, decoder, ids)  # composes this prompt's keys
+    launches = rounds.round_graphs.launches
+    schedule = {1: "dropped", 2: "repeated", 3: "stale", 5: "dropped", 6: "repeated"}
+    rounds.record_faults = RecordFaults(schedule)
+    try:
+        got, stats, _ = generate(backend, decoder, ids)
+        injected = rounds.record_faults.injected
+    finally:
+        rounds.record_faults = None
+    assert got == truth
+    assert injected == Counter(schedule.values())
+    assert stats.faults_detected == dict(injected) and stats.rounds_recovered == len(schedule)
+    assert rounds.round_graphs.launches - launches == rounds.numbered >= stats.rounds
+
+
+def test_a_stand_in_for_a_piece_runs_the_rounds_piece_by_piece(backend, decoder):  # noqa: F811
+    ids = prompt(1200, 65, backend.info.vocab_size)
+    truth = truth_of(backend, ids)
+    rounds = backend.device_rounds
+    generate(backend, decoder, ids)  # composes this prompt's keys
+    launches = rounds.round_graphs.launches
+    targets = rounds._targets
+    calls = {"n": 0}
+
+    def counted(out):
+        calls["n"] += 1
+        return targets(out)
+
+    rounds._targets = counted
+    try:
+        got, stats, _ = generate(backend, decoder, ids)
+    finally:
+        del rounds._targets
+    assert got == truth
+    assert calls["n"] >= stats.rounds and rounds.round_graphs.launches == launches
