@@ -1,6 +1,8 @@
 """Where the host's time goes in greedy rounds on the GPU (GPU machine, after `elpis build` and the full-size
-synth in /tmp/full): one request's rounds under cProfile, the functions by their own and cumulative time per
-round. Usage: python3 elpis/bench/scripts/device_round_host_profile.py MODEL DRAFT [--tokens 40] [--top 30]"""
+synth in /tmp/full): one request's rounds after its prefill and warm-up rounds under cProfile, the functions
+by their own and cumulative time. Rounds as the registry says (composed round graphs or pieces), or as
+`--round-graph on|off` says. Usage: python3 elpis/bench/scripts/device_round_host_profile.py MODEL DRAFT
+[--context 1024] [--tokens 40] [--top 30] [--round-graph on|off]"""
 
 from __future__ import annotations
 
@@ -14,25 +16,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path)
     parser.add_argument("draft", type=Path)
+    parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--round-graph", choices=("on", "off"))
     args = parser.parse_args()
     from elpis.bench import rounds_ab as ab
     from elpis.bench.worker import BenchDecoder
     from elpis.bench.workload import prompt as make_prompt
+    from elpis.exl3.round_graph import CudaComposer, RoundGraphs
 
     backend = ab.load_with_device_rounds(args.model, args.draft)
+    rounds = backend.device_rounds
+    if args.round_graph == "off":
+        rounds.round_graphs = None
+    elif args.round_graph == "on" and rounds.round_graphs is None:
+        rounds.round_graphs = RoundGraphs(CudaComposer(backend.engine.device))
     decoder = BenchDecoder(args.model)
-    base = make_prompt(1025, seed=1024, vocab=backend.info.vocab_size)
-    for _ in ab.greedy_steps(backend, decoder, base, args.tokens, 16):  # warm-up request
+    base = make_prompt(args.context + 1, seed=args.context, vocab=backend.info.vocab_size)
+    for _ in ab.greedy_steps(backend, decoder, base, args.tokens, 16):  # warm-up request (captures, composes)
         pass
     profiler = cProfile.Profile()
     steps = 0
-    profiler.enable()
-    for _ in ab.greedy_steps(backend, decoder, base, args.tokens, 16):
-        steps += 1
+    for step, _ in enumerate(ab.greedy_steps(backend, decoder, base, args.tokens, 16)):
+        if step == ab.WARMUP_ROUNDS:  # after the prefill (step 0) and the warm-up rounds
+            profiler.enable()
+        steps += step >= ab.WARMUP_ROUNDS
     profiler.disable()
-    print(f"HOSTPROF {steps} steps (the first holds the prefill)")
+    graphs = "composed" if rounds.round_graphs is not None else "pieces"
+    print(f"HOSTPROF context {args.context}, {graphs}: {steps} rounds profiled")
     stats = pstats.Stats(profiler)
     stats.sort_stats("tottime").print_stats(args.top)
     stats.sort_stats("cumulative").print_stats(args.top)
