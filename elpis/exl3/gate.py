@@ -111,6 +111,9 @@ NEUTRAL_PATCHES: dict[str, str] = {
     "greedy targets, the verify's inputs the host's values for the same tree, rows row-invariant, so "
     "plain decoding's text (CPU emulation of both kernels; the GPU checks are test_round_plan.py's, "
     "test_round_tail.py's and test_device_round.py's)",
+    "exl3-round-graph": "a round on the GPU as one launch of a graph composed of its pieces' graphs: the "
+    "same kernels on the same addresses in the same order, so the pieces' bits (a GPU test compares every "
+    "round's records: test_round_graph.py)",
     "exl3-draft-candidates": "changes only the draft's candidates (their log-probabilities' last bits, the "
     "order of tied ones), which shape the tree: the acceptor commits the target's greedy tokens whatever the "
     "draft proposes, so no output of the target changes (CPU emulation; the GPU check is "
