@@ -231,6 +231,7 @@ class StandInComposer:
 
     def __init__(self) -> None:
         self.captured = 0
+        self.restarts = 0
 
     def capture(self, fn: object) -> object:
         self.captured += 1
@@ -242,6 +243,9 @@ class StandInComposer:
                 p() if callable(p) else p.replay()
 
         return types.SimpleNamespace(launch=launch)
+
+    def restart(self) -> None:
+        self.restarts += 1
 
 
 class StandInBackend:
@@ -425,6 +429,32 @@ def test_a_request_after_the_backends_row_count_changed_takes_the_new_count() ->
     got, _ = generate(rounds, 30, budget=8)
     assert got == plain(prompt, 30)
     assert rounds.ids.shape == rounds.bad.shape == rounds.cond_index.shape == (8,)
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+def test_composed_rounds_after_the_row_count_changed_start_afresh() -> None:
+    """The composed graphs address the old count's buffers: a request at a new count drops them all, tells
+    the composer to start afresh (on the GPU a new memory pool: PyTorch refuses to capture into a pool whose
+    graphs are all gone, call 162) and composes the new count's rounds."""
+    from elpis.exl3.round_graph import RoundGraphs
+
+    random.seed(22)
+    prompt = [random.randrange(VOCAB) for _ in range(400)]
+    backend = StandInBackend(prompt, 0.3)
+    rounds = driver(backend)
+    composer = StandInComposer()
+    rounds.round_graphs = RoundGraphs(composer)
+    assert generate(rounds, 30)[0] == plain(prompt, 30)
+    composed = rounds.round_graphs.composed
+    assert composed and not composer.restarts
+    second = [random.randrange(VOCAB) for _ in range(300)]
+    backend = StandInBackend(second, 0.3)
+    backend.tree_run = lambda: 8  # type: ignore[method-assign]
+    rounds.backend, rounds.drafts = backend, backend.drafter.graphs
+    got, _ = generate(rounds, 30, budget=8)
+    assert got == plain(second, 30)
+    assert composer.restarts == 1 and rounds.round_graphs.composed > composed
+    assert rounds.round_graphs.launches > 0
 
 
 def recorded(rounds: dr.DeviceRounds, tokens: int) -> tuple[list[int], list[list[int]]]:

@@ -1,5 +1,5 @@
 """GPU tests of rounds on the GPU as one composed graph launch a round key (`elpis.exl3.round_graph`, switch
-exl3-round-graph) on the synthetic checkpoint of ELPIS_SMALL_DIR. Staged in session 42.
+exl3-round-graph) on the synthetic checkpoint of ELPIS_SMALL_DIR. (a)-(d) pass on the GPU (call 160).
 
 What they establish:
 (a) composed rounds give bit for bit the records of the same rounds queued piece by piece (the tree each
@@ -9,7 +9,8 @@ What they establish:
     keys, a new page count) composes the new keys and still gives plain decoding's tokens;
 (c) records faulted on their way back are detected and read again from the device as with pieces;
 (d) a test's Python stand-in in place of a piece runs the rounds piece by piece (a graph would replay what
-    the stand-in did once).
+    the stand-in did once);
+(e) (session 42, staged after call 162) a request after the backend's row count changed composes again.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def generate(backend, decoder, ids):  # noqa: F811
 
     rounds._read = recording
     try:
-        gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=16, draft_top_k=4)
+        gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=backend.tree_run(),
+                                   draft_top_k=4)  # fmt: skip
         request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=TOKENS, sampling=SamplingParams(),
                                     ignore_eos=True)  # fmt: skip
         steps = list(gen.generate(request))
@@ -158,3 +160,24 @@ def test_a_stand_in_for_a_piece_runs_the_rounds_piece_by_piece(backend, decoder)
         del rounds._targets
     assert got == truth
     assert calls["n"] >= stats.rounds and rounds.round_graphs.launches == launches
+
+
+def test_composed_rounds_after_the_row_count_changed(backend, decoder):  # noqa: F811
+    """(e) A request after the backend's row count changed (the bench and tests switch `fixed_rows`) drops
+    every composed graph, which addressed the old count's buffers, and composes again in a new pool: PyTorch
+    refuses a capture into a pool whose graphs are all gone (call 162 met its internal assert through
+    test_gdn_ba_patch.py::test_product_path_with_the_patch). Both counts' rounds are plain decoding's."""
+    ids = prompt(1100, 66, backend.info.vocab_size)
+    rounds = backend.device_rounds
+    graphs = rounds.round_graphs
+    rows = backend.fixed_rows
+    try:
+        for run in (8, 16, 8):
+            backend.fixed_rows = run
+            truth = truth_of(backend, ids)
+            composed = graphs.composed
+            got, _, _ = generate(backend, decoder, ids)
+            assert got == truth, f"{run} rows"
+            assert graphs.composed > composed, f"{run} rows: nothing composed after the change"
+    finally:
+        backend.fixed_rows = rows

@@ -18,6 +18,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.ran: list[str] = []
+        self.restarts = 0
 
     def capture(self, fn):
         return fn
@@ -28,6 +29,9 @@ class Recorder:
                 p() if callable(p) else p.replay()
 
         return types.SimpleNamespace(launch=launch)
+
+    def restart(self) -> None:
+        self.restarts += 1
 
 
 class Graph:
@@ -64,6 +68,7 @@ def test_evicted_graphs_live_until_no_round_in_flight_may_run_them() -> None:
     assert list(graphs.graphs) == ["b", "d"]
     graphs.clear()
     assert not graphs.graphs and not graphs.retired
+    assert graphs.composer.restarts == 1, "every piece dropped, and the composer not told to start afresh"
 
 
 def test_round_graphs_keep_at_least_one() -> None:
