@@ -1,0 +1,22 @@
+#!/bin/bash
+# Call 163 (staged in session 42 for the next session): the round graphs' fix for a backend whose row count
+# changed (a new pool after every composed graph was dropped: call 162 met PyTorch's allocator assert in
+# test_gdn_ba_patch.py::test_product_path_with_the_patch), its new GPU test, and the tests/exl3 files call
+# 161-162 did not run with round graphs on by default; then the pieces-vs-graph A/B again at 8K, where call 160
+# measured 1.73 ms of host time a round and call 161's cProfile about 0.4.
+# Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
+LIMIT=${LIMIT:-590}
+T0=$(date +%s)
+source elpis/bench/scripts/device_common.sh
+start_build_and_synths
+join_build
+export ELPIS_SMALL_DIR=/tmp/small
+unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH
+gpu_pytest "round graphs after a row-count change, defaults" 200 \
+  tests/exl3/test_round_graph.py::test_composed_rounds_after_the_row_count_changed \
+  tests/exl3/test_gdn_ba_patch.py::test_product_path_with_the_patch
+gpu_pytest "the rest of tests/exl3, defaults" 200 tests/exl3/test_rows_gemm_patch.py \
+  tests/exl3/test_prefill_groups.py tests/exl3/test_slice_pointers.py tests/exl3/test_upload.py
+wait_synth
+ab round-graph-ab-call163 10 round_graph_ab.py --contexts 8192,1024 --pairs 3
+echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
