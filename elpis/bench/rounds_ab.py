@@ -78,26 +78,33 @@ def rounds_of(
 
 
 def host_time(
-    steps: Iterable[Any], waited: Callable[[], float], clock: Callable[[], float] = time.perf_counter
+    steps: Iterable[Any],
+    waited: Callable[[], float],
+    clock: Callable[[], float] = time.perf_counter,
+    uploads: Callable[[], float] = lambda: 0.0,
 ) -> dict[str, Any]:
     """Issue 9's host time per round (Python and launches) for rounds on the GPU: each step's wall time less
     the seconds the host spent blocked on the GPU during it (`waited()`, a running total such as
     `DeviceRounds.wait_seconds`), after the warm-up rounds; the first step holds the prefill and is left out
-    like `rounds_of` leaves it out. Medians and the 90th percentile in ms."""
-    stamps = [(clock(), waited())]
+    like `rounds_of` leaves it out. Medians and the 90th percentile in ms. `uploads()`, a running total such
+    as `Staged.wait_seconds` (the staged uploads' waits for their previous copies: also on the GPU, and on the
+    round's path), is reported apart and left in the host time."""
+    stamps = [(clock(), waited(), uploads())]
     for _ in steps:
-        stamps.append((clock(), waited()))
+        stamps.append((clock(), waited(), uploads()))
     spans = list(itertools.pairwise(stamps[1:]))[WARMUP_ROUNDS:]
     if not spans:
         raise ValueError("no rounds after the warm-up: ask for more tokens")
     wall = [(b[0] - a[0]) * 1000 for a, b in spans]
     wait = [(b[1] - a[1]) * 1000 for a, b in spans]
+    upload = sorted((b[2] - a[2]) * 1000 for a, b in spans)
     host = sorted(w - x for w, x in zip(wall, wait, strict=True))
     median = statistics.median
     p90 = host[min(len(host) - 1, (9 * len(host)) // 10)]
     return {
         "rounds": len(host), "round_ms_median": median(wall), "wait_ms_median": median(wait),
-        "host_ms_median": median(host), "host_ms_p90": p90,
+        "host_ms_median": median(host), "host_ms_p90": p90, "upload_wait_ms_median": median(upload),
+        "upload_wait_ms_max": upload[-1],
     }  # fmt: skip
 
 
@@ -107,7 +114,10 @@ def device_host_time(backend: Any, decoder: Any, prompt: list[int], tokens: int,
     device = getattr(backend, "device_rounds", None)
     if device is None:
         return None
-    return host_time(greedy_steps(backend, decoder, prompt, tokens, budget), lambda: device.wait_seconds)
+    from elpis.exl3.upload import Staged
+
+    steps = greedy_steps(backend, decoder, prompt, tokens, budget)
+    return host_time(steps, lambda: device.wait_seconds, uploads=lambda: Staged.wait_seconds)
 
 
 def alternate(

@@ -9,6 +9,7 @@ alive until the copy has run, so the host tensor may be dropped at once.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -65,7 +66,12 @@ class Staged:
     machine, against ~0.05 ms for a reused twin with its event wait and record (device call 120,
     `upload_costs.py`); a round makes about ten uploads on the host's path. Reusing a twin is safe once the
     copy that last read it has run: `put` waits on an event recorded after those copies (in a round they ran
-    long before, so the wait returns at once)."""
+    long before, so the wait returns at once).
+
+    `Staged.wait_seconds` sums, over every instance in the process, the host's time blocked in those waits
+    (the host-time measurement of rounds on the GPU reports it apart: `elpis.bench.rounds_ab.host_time`)."""
+
+    wait_seconds = 0.0
 
     def __init__(self, *buffers: torch.Tensor) -> None:
         for b in buffers:
@@ -84,7 +90,9 @@ class Staged:
         if len(values) != len(self.buffers):
             raise ValueError(f"{len(values)} values for {len(self.buffers)} staged buffers")
         if self.queued:
+            start = time.perf_counter()
             self.event.synchronize()
+            Staged.wait_seconds += time.perf_counter() - start
         for twin, view, value in zip(self.twins, self.views, values, strict=True):
             if value is None:
                 continue

@@ -135,3 +135,22 @@ def test_host_time_is_measured_only_on_rounds_on_the_gpu(monkeypatch: pytest.Mon
     assert got is not None and got["rounds"] == 40 - 1 - ab.WARMUP_ROUNDS
     assert got["wait_ms_median"] == pytest.approx(9.0)
     assert got["host_ms_median"] == pytest.approx(got["round_ms_median"] - 9.0)
+
+
+def test_the_staged_uploads_waits_are_reported_apart_and_stay_in_the_host_time() -> None:
+    """Waits of the staged uploads for their previous copies block the host on the GPU too; they are on the
+    round's path, so they stay in the host time, and are reported apart so a host time they make up shows."""
+    clock = {"now": 0.0, "waited": 0.0, "uploads": 0.0}
+
+    def steps():
+        for i in range(12):
+            clock["now"] += 0.018
+            clock["waited"] += 0.016
+            clock["uploads"] += 0.003 if i == 9 else 0.001
+            yield object()
+
+    got = ab.host_time(steps(), lambda: clock["waited"], clock=lambda: clock["now"],
+                       uploads=lambda: clock["uploads"])  # fmt: skip
+    assert got["host_ms_median"] == pytest.approx(2.0)
+    assert got["upload_wait_ms_median"] == pytest.approx(1.0)
+    assert got["upload_wait_ms_max"] == pytest.approx(3.0)
