@@ -52,6 +52,16 @@ def load_with_device_rounds(model: Path, draft: Path) -> Any:
     return load_backend(model, draft, max_context=262_144, model_id="bench", tree=True, device_rounds=True)
 
 
+def load_ab(model: Path, draft: Path) -> tuple[Any, Any]:
+    """`load_with_device_rounds`, with the prefix cache off (every request prefills: no request of an A/B
+    reuses another's pages), and the model's decoder for the speculation loop's text path."""
+    from elpis.bench.worker import BenchDecoder
+
+    backend = load_with_device_rounds(model, draft)
+    backend.prefix.enabled = False
+    return backend, BenchDecoder(model)
+
+
 def greedy_steps(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget: int) -> Any:
     """The steps of one greedy request of `tokens` tokens through the speculation core (trees of the draft's
     top-4, `budget` rows)."""
@@ -118,6 +128,40 @@ def device_host_time(backend: Any, decoder: Any, prompt: list[int], tokens: int,
 
     steps = greedy_steps(backend, decoder, prompt, tokens, budget)
     return host_time(steps, lambda: device.wait_seconds, uploads=lambda: Staged.wait_seconds)
+
+
+def arm_runner(
+    backend: Any, decoder: Any, attach: Callable[[str], None], restore: Callable[[], None]
+) -> Callable[..., Any]:
+    """`on(arm, serve, prompt, *more)`: `serve(backend, decoder, prompt, *more)` with `attach(arm)` done first
+    and `restore()` after (the A/B scripts' arms are what they attach to one backend)."""
+
+    def on(arm: str, serve: Callable[..., Any], prompt: list[int], *more: int) -> Any:
+        attach(arm)
+        try:
+            return serve(backend, decoder, prompt, *more)
+        finally:
+            restore()
+
+    return on
+
+
+def compare_arms(
+    on: Callable[..., Any], arms: tuple[str, str], prompt: list[int], args: argparse.Namespace, what: str
+) -> dict[str, Any]:
+    """`alternate` over the two arms' requests of `prompt` (`on` from `arm_runner`), then `compare`."""
+    seconds = alternate(
+        arms, args.pairs, lambda arm: on(arm, rounds_of, prompt, args.tokens, args.budget), what
+    )
+    return compare(seconds, *arms)
+
+
+def profile_arms(
+    on: Callable[..., Any], arms: tuple[str, str], prompt: list[int], args: argparse.Namespace
+) -> dict[str, Any]:
+    """One `profiled_rounds` request an arm (`args.profile_rounds` rounds), and `profile_difference`."""
+    profiles = {arm: on(arm, profiled_rounds, prompt, args.profile_rounds, args.budget) for arm in arms}
+    return {"rounds": args.profile_rounds} | profile_difference(profiles, *arms)
 
 
 def alternate(

@@ -154,3 +154,36 @@ def test_the_staged_uploads_waits_are_reported_apart_and_stay_in_the_host_time()
     assert got["host_ms_median"] == pytest.approx(2.0)
     assert got["upload_wait_ms_median"] == pytest.approx(1.0)
     assert got["upload_wait_ms_max"] == pytest.approx(3.0)
+
+
+def test_an_arm_is_attached_for_its_request_and_restored_after_even_when_it_fails() -> None:
+    state = {"arm": "base"}
+    seen = []
+
+    def serve(backend, decoder, prompt, *more):
+        seen.append((state["arm"], backend, decoder, prompt, more))
+        if prompt == [0]:
+            raise RuntimeError("the request failed")
+        return "done"
+
+    on = ab.arm_runner("B", "D", lambda arm: state.update(arm=arm), lambda: state.update(arm="base"))
+    assert on("x", serve, [1], 40, 16) == "done" and state["arm"] == "base"
+    with pytest.raises(RuntimeError):
+        on("y", serve, [0])
+    assert state["arm"] == "base"
+    assert seen == [("x", "B", "D", [1], (40, 16)), ("y", "B", "D", [0], ())]
+
+
+def test_compare_arms_alternates_both_arms_over_the_pairs() -> None:
+    args = types.SimpleNamespace(pairs=2, tokens=5, budget=16)
+    order = []
+
+    def on(arm, serve, prompt, tokens, budget):
+        assert serve is ab.rounds_of and (prompt, tokens, budget) == ([7], 5, 16)
+        order.append(arm)
+        return [1, 2, 3], [0.010 if arm == "a" else 0.008] * 4
+
+    got = ab.compare_arms(on, ("a", "b"), [7], args, "test")
+    assert order == ["b", "a", "a", "b", "b", "a"]  # one warm-up pair, then two timed pairs, alternating
+    assert got["rounds_per_arm"] == {"a": 8, "b": 8}
+    assert got["gain_ms"] == pytest.approx(2.0) and got["verdict"] == "faster"

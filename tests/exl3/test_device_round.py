@@ -28,7 +28,7 @@ from tests.exl3.test_tree_verify import plain, tree_generate
 pytestmark = pytest.mark.gpu
 
 TOKENS = 40
-SWITCHES = {"ELPIS_PATCH_EMBED_GATHER": "1", "ELPIS_PATCH_DEVICE_ROUNDS": "1"}
+SWITCHES = {"ELPIS_PATCH_EMBED_GATHER": "1", "ELPIS_PATCH_DEVICE_ROUNDS": "1", "ELPIS_PATCH_ROUND_GRAPH": "1"}
 
 
 @pytest.fixture(scope="module")

@@ -17,31 +17,13 @@ from __future__ import annotations
 
 import pytest
 
+from tests.exl3.test_device_round import backend  # noqa: F401  (a fixture: rounds on the GPU, round graphs)
 from tests.exl3.test_gpu import decoder, prompt  # noqa: F401  (decoder: a fixture)
 from tests.exl3.test_tree_verify import plain, tree_generate
 
 pytestmark = pytest.mark.gpu
 
 TOKENS = 40
-SWITCHES = {"ELPIS_PATCH_EMBED_GATHER": "1", "ELPIS_PATCH_DEVICE_ROUNDS": "1", "ELPIS_PATCH_ROUND_GRAPH": "1"}
-
-
-@pytest.fixture(scope="module")
-def backend(small):
-    mp = pytest.MonkeyPatch()
-    for name, value in SWITCHES.items():
-        mp.setenv(name, value)
-    from elpis.exl3 import load_backend
-
-    try:
-        b = load_backend(
-            small / "target", small / "draft", max_context=65536, model_id="small", host_cache_gib=1.0,
-            tree=True, tree_graphs=True, capture_graphs=False, device_rounds=True,
-        )  # fmt: skip
-        b.prefix.enabled = False
-        yield b
-    finally:
-        mp.undo()
 
 
 def generate(backend, decoder, ids):  # noqa: F811
@@ -73,12 +55,12 @@ def generate(backend, decoder, ids):  # noqa: F811
     return [t for step in steps for t in step.token_ids], steps[-1].stats, records
 
 
-def truth_of(backend, ids) -> list[int]:
+def truth_of(backend, ids) -> list[int]:  # noqa: F811
     out, _ = tree_generate(backend, ids, TOKENS, plain)
     return out
 
 
-def test_the_switch_gives_rounds_their_graphs(backend):
+def test_the_switch_gives_rounds_their_graphs(backend):  # noqa: F811
     assert backend.device_rounds.round_graphs is not None
 
 

@@ -5,33 +5,12 @@ driver. Composing real graphs is the GPU's: tests/exl3/test_round_graph.py."""
 from __future__ import annotations
 
 import ctypes
-import types
 
 import pytest
 
 from elpis.exl3 import graph_compose
 from elpis.exl3.round_graph import RoundGraphs
-
-
-class Recorder:
-    """A composer whose pieces are the steps themselves and whose graphs run them in order."""
-
-    def __init__(self) -> None:
-        self.ran: list[str] = []
-        self.restarts = 0
-
-    def capture(self, fn):
-        return fn
-
-    def compose(self, pieces):
-        def launch() -> None:
-            for p in pieces:
-                p() if callable(p) else p.replay()
-
-        return types.SimpleNamespace(launch=launch)
-
-    def restart(self) -> None:
-        self.restarts += 1
+from tests.exl3.test_device_round_driver_cpu import StandInComposer
 
 
 class Graph:
@@ -43,9 +22,8 @@ class Graph:
 
 
 def test_a_composed_graph_runs_its_pieces_in_order() -> None:
-    composer = Recorder()
-    log = composer.ran
-    graphs = RoundGraphs(composer)
+    log: list[str] = []
+    graphs = RoundGraphs(StandInComposer())
     steps = (lambda: log.append("a"), Graph(log, "B"), lambda: log.append("c"))
     g = graphs.compose("k", steps, draft=None, verify=None, number=0)
     graphs.launch(g)
@@ -54,7 +32,7 @@ def test_a_composed_graph_runs_its_pieces_in_order() -> None:
 
 
 def test_evicted_graphs_live_until_no_round_in_flight_may_run_them() -> None:
-    graphs = RoundGraphs(Recorder(), limit=2)
+    graphs = RoundGraphs(StandInComposer(), limit=2)
     for number, key in enumerate("abc"):
         graphs.compose(key, (), draft=None, verify=None, number=number)
     assert list(graphs.graphs) == ["b", "c"] and graphs.get("a") is None
@@ -73,7 +51,7 @@ def test_evicted_graphs_live_until_no_round_in_flight_may_run_them() -> None:
 
 def test_round_graphs_keep_at_least_one() -> None:
     with pytest.raises(ValueError, match="at least one"):
-        RoundGraphs(Recorder(), limit=0)
+        RoundGraphs(StandInComposer(), limit=0)
 
 
 @pytest.mark.parametrize("children", [[], [0], [1, None]])

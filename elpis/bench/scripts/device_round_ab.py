@@ -24,8 +24,6 @@ Usage (repo root):
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
 
 from elpis.bench import rounds_ab as ab
 
@@ -33,42 +31,28 @@ from elpis.bench import rounds_ab as ab
 def main() -> None:
     parser = ab.arguments(__doc__.splitlines()[0])
     args = parser.parse_args()
-    from elpis.bench.worker import BenchDecoder
     from elpis.bench.workload import prompt as make_prompt
 
-    backend = ab.load_with_device_rounds(args.model, args.draft)
-    backend.prefix.enabled = False  # every request prefills: no pair reuses another's pages
-    decoder = BenchDecoder(args.model)
+    backend, decoder = ab.load_ab(args.model, args.draft)
     device = backend.device_rounds
 
-    def on(arm: str, serve: Callable[..., Any], prompt: list[int], *more: int) -> Any:
-        """`serve(backend, decoder, prompt, *more)` as the arm: host rounds detach the device rounds."""
+    def attach(arm: str) -> None:  # host rounds: the device rounds detached, so the generator runs its loop
         backend.device_rounds = device if arm == "device" else None
-        try:
-            return serve(backend, decoder, prompt, *more)
-        finally:
-            backend.device_rounds = device
 
+    on = ab.arm_runner(backend, decoder, attach, lambda: attach("device"))
+    arms = ("host", "device")
     docs = []
     for context in (int(c) for c in args.contexts.split(",")):
         base = make_prompt(context + 1, seed=context, vocab=backend.info.vocab_size)
         rounds_before = device.rounds
-        seconds = ab.alternate(
-            ("host", "device"), args.pairs,
-            lambda arm, base=base: on(arm, ab.rounds_of, base, args.tokens, args.budget),
-            f"context {context}",
-        )  # fmt: skip
-        doc = {"context": context} | ab.compare(seconds, "host", "device")
+        doc = {"context": context} | ab.compare_arms(on, arms, base, args, f"context {context}")
         doc["device_rounds_run"] = device.rounds - rounds_before
         # one more request on the GPU's rounds: the host's own time per round (issue 9: <= 0.2 ms)
         doc["device_host_time"] = ab.device_host_time(backend, decoder, base, args.tokens, args.budget)
         docs.append(doc)
         print("DEVROUNDAB " + json.dumps(doc), flush=True)
         if args.profile_rounds:
-            rounds, arms = args.profile_rounds, ("host", "device")
-            profiles = {arm: on(arm, ab.profiled_rounds, base, rounds, args.budget) for arm in arms}
-            prof = {"context": context, "rounds": rounds}
-            prof |= ab.profile_difference(profiles, "host", "device")
+            prof = {"context": context} | ab.profile_arms(on, arms, base, args)
             docs.append(prof)
             print("DEVROUNDPROF " + json.dumps(prof), flush=True)
     args.out.write_text(json.dumps(docs, indent=1) + "\n")

@@ -17,8 +17,6 @@ Usage (repo root):
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
 
 from elpis.bench import rounds_ab as ab
 
@@ -26,45 +24,30 @@ from elpis.bench import rounds_ab as ab
 def main() -> None:
     parser = ab.arguments(__doc__.splitlines()[0])
     args = parser.parse_args()
-    from elpis.bench.worker import BenchDecoder
     from elpis.bench.workload import prompt as make_prompt
     from elpis.exl3.round_graph import CudaComposer, RoundGraphs
 
-    backend = ab.load_with_device_rounds(args.model, args.draft)
-    backend.prefix.enabled = False  # every request prefills: no pair reuses another's pages
-    decoder = BenchDecoder(args.model)
+    backend, decoder = ab.load_ab(args.model, args.draft)
     rounds = backend.device_rounds
     graphs = rounds.round_graphs or RoundGraphs(CudaComposer(backend.engine.device))
 
-    def on(arm: str, serve: Callable[..., Any], prompt: list[int], *more: int) -> Any:
+    def attach(arm: str) -> None:
         rounds.round_graphs = graphs if arm == "graph" else None
-        try:
-            return serve(backend, decoder, prompt, *more)
-        finally:
-            rounds.round_graphs = graphs
 
+    on = ab.arm_runner(backend, decoder, attach, lambda: attach("graph"))
+    arms = ("pieces", "graph")
     docs = []
     for context in (int(c) for c in args.contexts.split(",")):
         base = make_prompt(context + 1, seed=context, vocab=backend.info.vocab_size)
         launches = graphs.launches
-        seconds = ab.alternate(
-            ("pieces", "graph"), args.pairs,
-            lambda arm, base=base: on(arm, ab.rounds_of, base, args.tokens, args.budget),
-            f"context {context}",
-        )  # fmt: skip
-        doc = {"context": context} | ab.compare(seconds, "pieces", "graph")
+        doc = {"context": context} | ab.compare_arms(on, arms, base, args, f"context {context}")
         doc["graph_launches"] = graphs.launches - launches
-        doc["host_time"] = {
-            arm: on(arm, ab.device_host_time, base, args.tokens, args.budget) for arm in ("pieces", "graph")
-        }
+        doc["host_time"] = {arm: on(arm, ab.device_host_time, base, args.tokens, args.budget) for arm in arms}
         doc["composed"], doc["compose_ms_total"] = graphs.composed, graphs.compose_seconds * 1000
         docs.append(doc)
         print("ROUNDGRAPHAB " + json.dumps(doc), flush=True)
         if args.profile_rounds:
-            n, arms = args.profile_rounds, ("pieces", "graph")
-            profiles = {arm: on(arm, ab.profiled_rounds, base, n, args.budget) for arm in arms}
-            prof = {"context": context, "rounds": args.profile_rounds}
-            prof |= ab.profile_difference(profiles, "pieces", "graph")
+            prof = {"context": context} | ab.profile_arms(on, arms, base, args)
             docs.append(prof)
             print("ROUNDGRAPHPROF " + json.dumps(prof), flush=True)
     args.out.write_text(json.dumps(docs, indent=1) + "\n")
