@@ -18,6 +18,10 @@ request's state block in device memory (anchor, kvp, remaining budget; `round_pl
   committed path padded to a fixed row count (`DraftGraphs.condition_from`) -> both records into pinned
   memory and an event.
 
+Since session 42 a round key's rounds after its first are one launch of a graph composed of those pieces
+(`elpis.exl3.round_graph`, switch exl3-round-graph, on): the same kernels on the same addresses, with only the
+two block tables' uploads (where their pages changed) and the launch left to the host.
+
 `round()` queues the next round before it waits for the oldest one's event, so the GPU runs a round while the
 host reads the one before and emits its tokens. The host chooses only what a captured graph cannot: the draft
 block's and the verify's keys (their context buckets) and the block tables. A round commits at most a draft
