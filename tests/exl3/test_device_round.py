@@ -1,5 +1,7 @@
 """GPU tests of greedy rounds on the GPU (`load_backend(device_rounds=True)`, `elpis.exl3.device_round`) on
-the synthetic checkpoint of ELPIS_SMALL_DIR. Staged in session 34 (no device was lent): not yet run.
+the synthetic checkpoint of ELPIS_SMALL_DIR, with round graphs on (exl3-round-graph: rounds of a key after its
+first are one composed graph launch; the tests that put a Python hook in place of a piece run in pieces).
+Staged in session 34; passing on the GPU since session 39 (calls 149-161).
 
 What they establish:
 (a) the product path (the generator runs every greedy round through the backend's device rounds, each queued
