@@ -65,6 +65,7 @@ from elpis.spec.faults import DROPPED, REPEATED, STALE
 
 if TYPE_CHECKING:
     from elpis.exl3.backend import Exl3Backend
+    from elpis.exl3.draft_graph import ConditionCaptured, DraftCaptured
     from elpis.exl3.tree_graph import Captured
 
 
@@ -372,8 +373,10 @@ class DeviceRounds:
         host = self.host_records[slot]
         host[ROUND_WORD] = NOT_ARRIVED  # its previous round was read: the slot is the host's to mark
         before = host.tolist() if self.record_faults is not None else []  # what a drill's dropped copy leaves
-        key = self._graph_key(c, width, slot, npages)
-        graph = None if key is None or self.round_graphs is None else self.round_graphs.get(key)
+        keys = self._captured_keys(c, width)
+        graph = None
+        if keys is not None and self.round_graphs is not None:
+            graph = self.round_graphs.get(self._graph_key(c, keys, slot, npages))
         if graph is not None:
             assert self.round_graphs is not None
             self.drafts.put_table(graph.draft, draft_pages)
@@ -385,10 +388,9 @@ class DeviceRounds:
             b.graphs.replays += 2
         else:
             self._queue_pieces(c, width, draft_pages, slot, npages)
-            if self.round_graphs is not None:
-                key = self._graph_key(c, width, slot, npages)  # the pieces are captured now
-                if key is not None:
-                    self._compose(key, c, width, slot, npages)
+            keys = self._captured_keys(c, width)  # the pieces are captured now
+            if keys is not None:
+                self._compose(c, keys, slot, npages)
         event = torch.cuda.Event()
         event.record()
         self.queued.append(_Queued(self.numbered, slot, event, before))
@@ -444,26 +446,32 @@ class DeviceRounds:
     def _copy_records(self, slot: int) -> None:
         self.host_records[slot].copy_(self.records[slot], non_blocking=True)
 
-    def _graph_key(self, c: Captured, width: int, slot: int, npages: int) -> tuple | None:
-        """The round key of a composed graph (what the pieces' captures bake in), or None where rounds are
-        not composed: the switch off, a piece not yet captured, or a test's stand-in in place of the
-        candidates or the targets (a Python hook runs each round, which a graph would not)."""
+    def _captured_keys(self, c: Captured, width: int) -> tuple[DraftCaptured, ConditionCaptured] | None:
+        """The draft block's and the conditioning's captured keys a composed round of verify key `c` replays,
+        or None where rounds are not composed: the switch off, a piece not yet captured, or a test's stand-in
+        in place of the candidates or the targets (a Python hook runs each round, which a graph would not)."""
         if self.round_graphs is None or "_candidates" in self.__dict__ or "_targets" in self.__dict__:
             return None
         dc = self.drafts.captured_block(width)
         if dc is None or c.commit_graph is None or c.export is None:
             return None
         cond = self.drafts.captured_condition_from(c.export, self.cond_index.shape[0], c.block_table.shape[1])
-        if cond is None:
-            return None
+        return None if cond is None else (dc, cond)
+
+    def _graph_key(
+        self, c: Captured, keys: tuple[DraftCaptured, ConditionCaptured], slot: int, npages: int
+    ) -> tuple:
+        """The round key of a composed graph: what the pieces' captures bake in (the captured keys are held
+        by the graph, so their identities stay unique while it lives)."""
+        dc, cond = keys
         return (id(c), id(dc), id(cond), slot, npages, self.top_k)
 
-    def _compose(self, key: tuple, c: Captured, width: int, slot: int, npages: int) -> None:
+    def _compose(
+        self, c: Captured, keys: tuple[DraftCaptured, ConditionCaptured], slot: int, npages: int
+    ) -> None:
         """Compose the round key's graph from the pieces `_queue_pieces` ran (each captured by now)."""
-        assert self.round_graphs is not None and c.export is not None
-        dc = self.drafts.captured_block(width)
-        cond = self.drafts.captured_condition_from(c.export, self.cond_index.shape[0], c.block_table.shape[1])
-        assert dc is not None and cond is not None
+        assert self.round_graphs is not None
+        dc, cond = keys
         anchor, at = self._state_views()
         steps = (
             lambda: self.drafts.inputs_from(dc, anchor, at),
@@ -476,7 +484,8 @@ class DeviceRounds:
             cond.graph,
             lambda: self._copy_records(slot),
         )
-        self.round_graphs.compose(key, steps, dc, c, self.numbered)
+        key = self._graph_key(c, keys, slot, npages)
+        self.round_graphs.compose(key, steps, (dc, c, cond), self.numbered)
 
     def _read(self, q: _Queued) -> DeviceRoundResult:
         """Wait for a queued round and settle the host's side of it: the tokens whose K/V were kept and the

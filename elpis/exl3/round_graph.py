@@ -91,12 +91,14 @@ class CudaComposer:
 
 @dataclass
 class RoundGraph:
-    """One key's composed round, and what it needs kept: the pieces it was composed of (their graphs and the
-    memory they address) and the two captured keys whose block tables the host puts before each launch."""
+    """One key's composed round, and what it needs kept: the pieces it was composed of (their graphs) and the
+    three captured keys whose buffers the pieces address (the draft block's and the verify's block tables the
+    host also puts before each launch). Held here, an evicted key's buffers are not freed under the graph."""
 
     launchable: Launchable
     draft: Any  # DraftCaptured
     verify: Any  # Captured
+    condition: Any  # ConditionCaptured
     pieces: tuple[Any, ...]
 
 
@@ -121,14 +123,18 @@ class RoundGraphs:
         return g
 
     def compose(
-        self, key: Hashable, steps: Sequence[Callable[[], None] | Any], draft: Any, verify: Any, number: int
+        self,
+        key: Hashable,
+        steps: Sequence[Callable[[], None] | Any],
+        keys: tuple[Any, Any, Any],
+        number: int,
     ) -> RoundGraph:
         """Compose `steps` (functions, whose launches are captured as pieces, and graphs, taken as they are)
-        under `key`; `number` is the round being queued, the last that may have launched a graph this
-        evicts."""
+        under `key`; `keys` are the captured (draft block, verify, conditioning) keys the steps address;
+        `number` is the round being queued, the last that may have launched a graph this evicts."""
         start = time.perf_counter()
         pieces = tuple(self.composer.capture(s) if callable(s) else s for s in steps)
-        graph = RoundGraph(self.composer.compose(pieces), draft, verify, pieces)
+        graph = RoundGraph(self.composer.compose(pieces), *keys, pieces)
         self.graphs[key] = graph
         while len(self.graphs) > self.limit:
             _, old = self.graphs.popitem(last=False)

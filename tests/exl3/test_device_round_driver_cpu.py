@@ -506,6 +506,10 @@ def test_composed_rounds_are_the_pieces_rounds(prompt_len: int) -> None:
     assert graphs.launches >= len(composed) // 2 and graphs.composed >= 2
     assert len(graphs.graphs) <= 2 and not graphs.retired  # generate drained the rounds
     backend = rounds.backend
+    conditions = list(backend.drafter.graphs.conditions.values())
+    for g in graphs.graphs.values():  # each holds the three captured keys its pieces address
+        assert g.condition is not None and any(g.condition is c for c in conditions)
+        assert g.draft is not None and g.verify is not None
     # every round queued (the last ones past the request's end too) committed and conditioned once
     assert backend.graphs.commits == backend.drafter.graphs.conditioned == rounds.numbered
 

@@ -25,7 +25,7 @@ def test_a_composed_graph_runs_its_pieces_in_order() -> None:
     log: list[str] = []
     graphs = RoundGraphs(StandInComposer())
     steps = (lambda: log.append("a"), Graph(log, "B"), lambda: log.append("c"))
-    g = graphs.compose("k", steps, draft=None, verify=None, number=0)
+    g = graphs.compose("k", steps, keys=(None, None, None), number=0)
     graphs.launch(g)
     graphs.launch(graphs.get("k"))
     assert log == ["a", "B", "c", "a", "B", "c"] and graphs.launches == 2 and graphs.composed == 1
@@ -34,7 +34,7 @@ def test_a_composed_graph_runs_its_pieces_in_order() -> None:
 def test_evicted_graphs_live_until_no_round_in_flight_may_run_them() -> None:
     graphs = RoundGraphs(StandInComposer(), limit=2)
     for number, key in enumerate("abc"):
-        graphs.compose(key, (), draft=None, verify=None, number=number)
+        graphs.compose(key, (), keys=(None, None, None), number=number)
     assert list(graphs.graphs) == ["b", "c"] and graphs.get("a") is None
     assert [n for n, _ in graphs.retired] == [2]  # evicted while round 2 was being queued
     graphs.release(1)
@@ -42,7 +42,7 @@ def test_evicted_graphs_live_until_no_round_in_flight_may_run_them() -> None:
     graphs.release(2)
     assert not graphs.retired
     graphs.get("b")  # used: "c" is now the least recent
-    graphs.compose("d", (), draft=None, verify=None, number=3)
+    graphs.compose("d", (), keys=(None, None, None), number=3)
     assert list(graphs.graphs) == ["b", "d"]
     graphs.clear()
     assert not graphs.graphs and not graphs.retired
