@@ -49,7 +49,7 @@ from torch import Tensor
 from elpis.exl3.capture import forward_after_input, kept_graph
 from elpis.exl3.embed_gather import check_ids
 from elpis.exl3.prefix import PAGE
-from elpis.exl3.upload import Staged, padded_table, static_input
+from elpis.exl3.upload import Staged, TableUpload, padded_table, static_input
 
 if TYPE_CHECKING:
     from elpis.exl3.embed_gather import HostTable
@@ -91,10 +91,8 @@ class DraftCaptured:
     chain: torch.Tensor | None = None  # int64 [block - 1]: the selector's walk after the anchor
     logits: torch.Tensor | None = None  # [block - 1, vocab]: the head's logits of the block rows
     uploads: Staged | None = None  # (block_table, seqlens, anchor), with x first where the host fills it
-    table_upload: Staged | None = None  # (block_table,), for blocks whose anchor and kvp are on the device
-    # the padded table `put_table` last uploaded, while `_fill` has not written the table since: a put of the
-    # same pages skips its copy
-    table_pages: tuple[int, ...] | None = None
+    table_upload: TableUpload | None = None  # the block table alone, for blocks whose anchor and kvp are on
+    # the device (`put_table`)
 
 
 @dataclass
@@ -190,13 +188,9 @@ class DraftGraphs:
     def put_table(self, c: DraftCaptured, pages: Sequence[int]) -> None:
         """The sequence's pages into the key's block table alone, in stream order (`block_from`; a round
         graph runs `inputs_from` itself)."""
-        table = tuple(padded_table(pages, c.block_table.shape[1], "draft graphs"))
-        if table == c.table_pages:
-            return  # the key's table holds these pages: `_fill` has not written it since
         if c.table_upload is None:
-            c.table_upload = Staged(c.block_table)
-        c.table_upload.put(table)
-        c.table_pages = table
+            c.table_upload = TableUpload(c.block_table, "draft graphs")
+        c.table_upload.put(pages)
 
     @staticmethod
     def inputs_from(c: DraftCaptured, anchor: Tensor, kvp: Tensor) -> None:
@@ -339,7 +333,8 @@ class DraftGraphs:
     def _fill(self, c: DraftCaptured, anchor: int, pages: Sequence[int], kvp: int) -> None:
         """This block's values into the key's buffers, in stream order (no synchronisation)."""
         table = padded_table(pages, c.block_table.shape[1], "draft graphs")
-        c.table_pages = None  # the upload below writes the table with the rest
+        if c.table_upload is not None:  # the upload below writes the table with the rest
+            c.table_upload.forget()
         if self.table is not None:
             check_ids([anchor], self.table.vocab)  # the graph's first kernel gathers its row from c.anchor
             if c.uploads is None:

@@ -61,7 +61,7 @@ from elpis.exl3.tree_verify import (
     layout_tree,
     tree_forward,
 )
-from elpis.exl3.upload import Staged, fill, padded_table, static_input
+from elpis.exl3.upload import Staged, TableUpload, fill, padded_table, static_input
 
 if TYPE_CHECKING:
     from elpis.exl3.embed_gather import HostTable
@@ -157,10 +157,7 @@ class Captured:
     commit_graph: torch.cuda.CUDAGraph | None = None
     uploads: Staged | None = None  # the verify's inputs: (x, ints), or (ints,) where the graph gathers x
     commit_uploads: Staged | None = None  # (moves, commit_plan)
-    table_upload: Staged | None = None  # (block_table,), for rounds on the GPU (`put_table`)
-    # the padded table `put_table` last uploaded, while no other upload has written the key's integer inputs
-    # since (`_fill` and `arm` forget it): a put of the same pages skips its copy
-    table_pages: tuple[int, ...] | None = None
+    table_upload: TableUpload | None = None  # the block table alone, for rounds on the GPU (`put_table`)
     staging: Staging | None = None  # pinned inputs of verifies queued behind the gate (`TreeGraphs.arm`)
 
 
@@ -319,7 +316,8 @@ class TreeGraphs:
                 torch.empty(c.ints.shape, dtype=c.ints.dtype, pin_memory=True),
             )
         table = padded_table(pages, c.block_table.shape[1], "tree graphs")
-        c.table_pages = None  # both input sets below write the key's table
+        if c.table_upload is not None:  # both input sets below write the key's table
+            c.table_upload.forget()
         s.harmless_ints.numpy()[:] = self._int_values(table, harmless_layout(run), kvp, [0] * run)
         harmless = [(c.ints, s.harmless_ints)]
         real = [(c.ints, s.ints)]
@@ -412,13 +410,9 @@ class TreeGraphs:
     def put_table(self, c: Captured, pages: Sequence[int]) -> None:
         """The sequence's pages into the key's block table alone, in stream order (a round on the GPU writes
         the verify's other inputs itself)."""
-        table = tuple(padded_table(pages, c.block_table.shape[1], "tree graphs"))
-        if table == c.table_pages:
-            return  # the key's table holds these pages: no upload has written it since
         if c.table_upload is None:
-            c.table_upload = Staged(c.block_table)
-        c.table_upload.put(table)
-        c.table_pages = table
+            c.table_upload = TableUpload(c.block_table, "tree graphs")
+        c.table_upload.put(pages)
 
     def _commit_ops(self, c: Captured) -> None:
         from elpis.exl3.gdn_tree import gdn_tree_commit_graph
@@ -475,7 +469,8 @@ class TreeGraphs:
         output, and every integer input in one upload (the layout of `_buffers`)."""
         table = padded_table(pages, c.block_table.shape[1], "tree graphs")
         ints = self._int_values(table, layout, kvp, ids)
-        c.table_pages = None  # the upload below writes the table with the rest
+        if c.table_upload is not None:  # the upload below writes the table with the rest
+            c.table_upload.forget()
         if self.table is not None:
             check_ids(ids, self.table.vocab)
             if c.uploads is None:

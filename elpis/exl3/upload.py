@@ -110,3 +110,26 @@ class Staged:
                 dst.copy_(twin, non_blocking=True)
         self.event.record()
         self.queued = True
+
+
+class TableUpload:
+    """A captured key's block table uploaded alone (rounds on the GPU put the tables, their kernels write the
+    other inputs), through a `Staged` made at the first put. A put of the pages the table already holds is
+    skipped; whatever else writes the table (an upload of all the key's inputs) calls `forget` first."""
+
+    def __init__(self, table: torch.Tensor, who: str) -> None:
+        self.table, self.who = table, who
+        self.staged: Staged | None = None
+        self.pages: tuple[int, ...] | None = None  # what the last put uploaded, while nothing else wrote it
+
+    def put(self, pages: Sequence[int]) -> None:
+        padded = tuple(padded_table(pages, self.table.shape[1], self.who))
+        if padded == self.pages:
+            return
+        if self.staged is None:
+            self.staged = Staged(self.table)
+        self.staged.put(padded)
+        self.pages = padded
+
+    def forget(self) -> None:
+        self.pages = None

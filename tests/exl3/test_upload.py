@@ -63,3 +63,32 @@ def test_staged_uploads_reuse_their_twins_and_never_overwrite_a_pending_copy():
         staged.put(torch.zeros((1, 4, 8), dtype=torch.half), None, None)
     with pytest.raises(ValueError, match="2 values for 3 staged buffers"):
         staged.put(None, None)
+
+
+def test_a_table_upload_skips_the_pages_its_table_holds_until_told_to_forget(monkeypatch) -> None:
+    """`TableUpload` (the block tables rounds on the GPU put before each launch): a put of the pages it last
+    uploaded copies nothing, other pages are uploaded padded to the table's width, and after `forget` (another
+    upload wrote the table) the same pages are uploaded again. Pages past the width are refused."""
+    import torch
+
+    from elpis.exl3 import upload
+
+    puts: list[tuple[int, ...]] = []
+
+    class Recorded:
+        def __init__(self, table: torch.Tensor) -> None:
+            self.table = table
+
+        def put(self, values) -> None:
+            puts.append(tuple(values))
+
+    monkeypatch.setattr(upload, "Staged", Recorded)
+    t = upload.TableUpload(torch.zeros((1, 4), dtype=torch.int32), "test")
+    t.put([3, 5])
+    t.put([3, 5])
+    t.put([3, 5, 7])
+    t.forget()
+    t.put([3, 5, 7])
+    assert puts == [(3, 5, 0, 0), (3, 5, 7, 0), (3, 5, 7, 0)]
+    with pytest.raises(RuntimeError, match="do not fit"):
+        t.put([1, 2, 3, 4, 5])
