@@ -44,6 +44,11 @@ MODEL_VOCAB = 248_320
 U32_MAX = 2**32 - 1
 
 
+def vectors_of(vocab: int, fp16: bool) -> int:
+    """The 16-byte vectors of a row of `vocab` logits by the closed form: 8 fp16 or 4 fp32 a vector."""
+    return vocab >> (3 if fp16 else 2)
+
+
 def shift_of(total: int, base: int, cap: int) -> int:
     """The span shift by its closed form: base, or bit_length(total - 1) - cap where that is larger."""
     return base if total == 0 else max(base, (total - 1).bit_length() - cap)
@@ -85,7 +90,7 @@ def closed_form(q: Query) -> int | None:
         case (0, (f,)):
             return 3 if f else 2
         case (1, (v, f)):
-            return v >> (3 if f else 2)
+            return vectors_of(v, bool(f))
         case (2, (t, b, c)) if t < MAX_TOTAL and b <= MAX_BASE and c <= MAX_CAP:
             return shift_of(t, b, c)
         case (3, (t, s)) if t < MAX_TOTAL and s < 32:

@@ -56,7 +56,7 @@ def check_logit_rows(who: str, logits: torch.Tensor, *, max_rows: int, max_vocab
     spans of the proved schedule bend/row_spans.bend (rows of fewer than 2^24 vectors)."""
     import torch
 
-    from elpis.bend.row_spans import MAX_TOTAL
+    from elpis.bend.row_spans import MAX_TOTAL, vectors_of
 
     if not isinstance(logits, torch.Tensor) or logits.dtype not in (torch.float16, torch.float32):
         raise ValueError(f"{who}: logits must be a float16 or float32 tensor [rows, vocab]")
@@ -70,7 +70,7 @@ def check_logit_rows(who: str, logits: torch.Tensor, *, max_rows: int, max_vocab
     if not 1 <= rows <= max_rows or not 1 <= vocab <= max_vocab or logits.stride(1) != 1 or stride < vocab:
         rule = f"1..{max_rows} contiguous rows of 1..{max_vocab} values"
         raise ValueError(f"{who}: logits {shape}, strides {strides}: {rule}")
-    if vocab >> (3 if logits.dtype == torch.float16 else 2) >= MAX_TOTAL:  # 8 fp16 or 4 fp32 a vector
+    if vectors_of(vocab, logits.dtype == torch.float16) >= MAX_TOTAL:
         raise ValueError(f"{who}: a row of {vocab} logits is past the proved row spans' domain")
     if stride >= 2**32:
         raise ValueError(f"{who}: logits {shape}, strides {strides}: a row stride past uint32")
