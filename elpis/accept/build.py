@@ -263,7 +263,7 @@ def _prove(root: Path, advance: Callable[[int], None] | None = None) -> list[dic
 
 # The kernel headers compiled from proved Bend programs: (module of elpis.bend, its mismatch error, label).
 # Each `build` writes its header only once a host build of it matches the Bend interpreter on the module's
-# whole table (and, for the GDN plan, every plan replays without breaking the kernel's walk; for the two
+# whole table (and, for the GDN plan, every plan replays without breaking the kernel's walk; for the
 # scalar schedules, the interpreter matches the closed forms inside the law domain).
 KERNEL_HEADERS: tuple[tuple[str, str, str], ...] = (
     ("schedule", "ScheduleMismatch", "verify-attention schedule header"),
@@ -271,6 +271,7 @@ KERNEL_HEADERS: tuple[tuple[str, str, str], ...] = (
     ("gemm_schedule", "ScheduleMismatch", "GEMM schedule header"),
     ("gdn_ba_schedule", "ScheduleMismatch", "GDN gate projections' schedule header"),
     ("row_spans", "ScheduleMismatch", "logit rows' span header"),
+    ("row_scan_schedule", "ScheduleMismatch", "schedule inside a logit row's span header"),
 )
 
 
