@@ -16,6 +16,8 @@
 //           floor an insertion is rare, so a warp seldom waits on one), and sums exp(x - m) in index order;
 //           the block then takes the span's k best of all threads' lists in k rounds of a block maximum, and
 //           its sum S_s by a fixed reduction tree.
+// Which thread reads which logits, and the order of the blocks' maxima and sums (warp butterflies, then warp 0 over
+// the warps), is the proved schedule bend/row_scan_schedule.bend (row_scan.cuh): it depends on the block size alone.
 // The merge launch, one block a row, takes the row's k best of its spans' k best (the row's k best are among
 // them: every key is unique), the row's maximum M (the best key's), and S = sum over spans in a fixed order of
 // S_s * exp(m_s - M) (a span of -inf only adds nothing). A log-probability is (x - M) - log(S) in fp32,
@@ -53,10 +55,13 @@ namespace {
 #endif
 constexpr uint32_t kThreads = ELPIS_DRAFT_CANDIDATES_THREADS;
 static_assert(kThreads >= 32 && kThreads <= 1024 && (kThreads & (kThreads - 1)) == 0, "a power of two block");
+// log2 of the block: whole warps, at most 32 of them (inside the row scan schedule's proved domain)
+constexpr uint32_t kThreadShift = row_scan::kBlockShift<kThreads>;
+static_assert(kThreadShift >= ELPIS_ROWSCAN_WARP_SHIFT, "whole warps");
 // log2 of the span's vectors and of the most spans a row (powers of two inside the row spans' proved domain)
 constexpr uint32_t kSpanShift = row_scan::log2_in_domain<ELPIS_DRAFT_CANDIDATES_SPAN_VECTORS, ELPIS_ROWSPANS_MAX_BASE>();
 constexpr uint32_t kSpanCap = row_scan::log2_in_domain<ELPIS_DRAFT_CANDIDATES_MAX_SPANS, ELPIS_ROWSPANS_MAX_CAP>();
-constexpr uint32_t kWarps = kThreads / 32;
+constexpr uint32_t kWarps = kThreads >> ELPIS_ROWSCAN_WARP_SHIFT;  // the schedule's elpis_rowscan_warps(kThreadShift)
 constexpr int kMaxK = 16;
 constexpr uint32_t kIndexBits = 24;  // ids travel as float32 in the packed row: exact below 2^24
 constexpr uint64_t kIndexMask = (uint64_t(1) << kIndexBits) - 1;
@@ -140,27 +145,25 @@ __device__ __forceinline__ uint64_t max_key(uint64_t a, uint64_t b) { return a >
 __device__ __forceinline__ float shfl_xor_f32(float v, uint32_t m) {
     return __int_as_float(static_cast<int>(shfl_xor_u32(static_cast<uint32_t>(__float_as_int(v)), m)));
 }
-// A warp's sum by a butterfly: lane i adds s_i + s_(i^d), lane i^d the same two numbers the other way round,
-// so every lane ends with the same bits.
+// A warp's sum by the schedule's butterfly: lane i adds s_i + s_(i^d), lane i^d the same two numbers the other way
+// round, so every lane ends with the same bits.
 __device__ __forceinline__ float warp_sum_f32(float v) {
-#pragma unroll
-    for (uint32_t m = 16; m > 0; m >>= 1) v += shfl_xor_f32(v, m);
+    row_scan::each_butterfly_xor([&](uint32_t m) { v += shfl_xor_f32(v, m); });
     return v;
 }
 __device__ __forceinline__ uint64_t warp_max(uint64_t v) {
-#pragma unroll
-    for (uint32_t m = 16; m > 0; m >>= 1) {
+    row_scan::each_butterfly_xor([&](uint32_t m) {
         const uint32_t lo = shfl_xor_u32(static_cast<uint32_t>(v), m);
         const uint32_t hi = shfl_xor_u32(static_cast<uint32_t>(v >> 32), m);
         v = max_key(v, (uint64_t(hi) << 32) | lo);
-    }
+    });
     return v;
 }
 
 // The block's k best keys of all threads' lists into chosen[0..k), largest first, in k rounds of a block
 // maximum (each round's winner pops it: keys are unique, by their index). Every thread reads chosen after it.
 __device__ __forceinline__ void block_top(Best& best, uint32_t k, uint64_t* warp_best, uint64_t* chosen) {
-    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const uint32_t lane = elpis_rowscan_lane_of(threadIdx.x), warp = elpis_rowscan_warp_of(threadIdx.x);
     for (uint32_t q = 0; q < k; q++) {
         const uint64_t head = warp_max(best.keys[0]);
         if (lane == 0) warp_best[warp] = head;
@@ -182,7 +185,7 @@ __host__ __device__ inline Spans spans_of(uint32_t vocab, uint32_t fp16) {
 // A block's sum of one float a thread, by a fixed tree (warp butterflies, then warp 0 over the warps' sums);
 // every thread gets the same bits.
 __device__ __forceinline__ float block_sum(float v, float* warp_sum) {
-    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const uint32_t lane = elpis_rowscan_lane_of(threadIdx.x), warp = elpis_rowscan_warp_of(threadIdx.x);
     v = warp_sum_f32(v);
     if (lane == 0) warp_sum[warp] = v;
     __syncthreads();
@@ -249,16 +252,17 @@ __global__ void __launch_bounds__(kThreads)
 
     Best best;
     best.clear();
-    for (uint32_t i = t; i < spans * k; i += kThreads) best.insert(row_keys[i]);
+    row_scan::each_of_stride<kThreads>(0u, spans * k, [&](uint32_t i) { best.insert(row_keys[i]); });
     block_top(best, k, warp_best, chosen);
     const float m = Order<T>::value(key_order(chosen[0]));
-    // S: each thread its spans t, t + kThreads, ... in order, then the block's tree. A span of -inf only (its
-    // maximum -inf, its own sum NaN) adds nothing; where every span is, S is 0 and every log-probability NaN.
+    // S: each thread its spans t, t + kThreads, ... in order (the schedule's stride), then the block's tree. A span
+    // of -inf only (its maximum -inf, its own sum NaN) adds nothing; where every span is, S is 0 and every
+    // log-probability NaN.
     float part = 0.0f;
-    for (uint32_t s = t; s < spans; s += kThreads) {
+    row_scan::each_of_stride<kThreads>(0u, spans, [&](uint32_t s) {
         const float ms = Order<T>::value(key_order(row_keys[s * k]));
         if (ms != -INFINITY) part += row_sums[s] * expf(ms - m);
-    }
+    });
     const float log_sum = logf(block_sum(part, warp_sum));
 
     const T* row = logits + static_cast<size_t>(r) * row_stride;

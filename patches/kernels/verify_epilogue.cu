@@ -13,7 +13,8 @@
 //              2^32.
 // Every output is an integer: the NaN-first maximum with its lowest index and a wrapping integer sum come out
 // the same whatever order the threads and spans are combined in, so neither the reduction trees nor the spans can
-// change them.
+// change them. The order is fixed all the same: each thread reads and the block combines by the proved schedule
+// bend/row_scan_schedule.bend (row_scan.cuh: the strides and the halving tree).
 //
 // Inputs: logits fp16 (what ExLlamaV3's head writes, and the verify graph's output) or fp32 rows of `vocab`
 // values, row r at logits + r * row_stride (the verify's output read in place), 1 <= rows, 1 <= vocab <=
@@ -43,6 +44,7 @@ namespace {
 #endif
 constexpr uint32_t kThreads = ELPIS_VERIFY_EPILOGUE_THREADS;
 static_assert(kThreads >= 32 && kThreads <= 1024 && (kThreads & (kThreads - 1)) == 0, "a power of two block");
+static_assert(row_scan::kBlockShift<kThreads> <= ELPIS_ROWSCAN_MAX_THREAD_SHIFT, "the row scan schedule's domain");
 // log2 of the span's vectors and of the most spans a row (powers of two inside the row spans' proved domain)
 constexpr uint32_t kSpanShift = row_scan::log2_in_domain<ELPIS_VERIFY_EPILOGUE_SPAN_VECTORS, ELPIS_ROWSPANS_MAX_BASE>();
 constexpr uint32_t kSpanCap = row_scan::log2_in_domain<ELPIS_VERIFY_EPILOGUE_MAX_SPANS, ELPIS_ROWSPANS_MAX_CAP>();
@@ -56,19 +58,16 @@ __device__ __forceinline__ bool before(float v, uint32_t i, float best, uint32_t
     return v > best || (v == best && i < at);
 }
 
-// The block's best (value, index) and wrapping sum, into thread 0's slots of the shared arrays, by a tree.
+// The block's best (value, index) and wrapping sum, into thread 0's slots of the shared arrays, by the schedule's
+// halving tree (slot t folds in its partner's slot p).
 __device__ __forceinline__ void block_best(float* best_v, uint32_t* best_i, uint32_t* sums) {
-    const uint32_t t = threadIdx.x;
     __syncthreads();
-    for (uint32_t half = kThreads / 2; half > 0; half >>= 1) {
-        if (t < half) {
-            const float v = best_v[t + half];
-            const uint32_t i = best_i[t + half];
-            if (before(v, i, best_v[t], best_i[t])) best_v[t] = v, best_i[t] = i;
-            sums[t] += sums[t + half];
-        }
-        __syncthreads();
-    }
+    row_scan::halving_tree<kThreads>([&](uint32_t t, uint32_t p) {
+        const float v = best_v[p];
+        const uint32_t i = best_i[p];
+        if (before(v, i, best_v[t], best_i[t])) best_v[t] = v, best_i[t] = i;
+        sums[t] += sums[p];
+    });
 }
 
 // Block (span s, row r): the span's best (value, index) and sum into slot r * spans + s of the workspace.
@@ -109,11 +108,11 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t t = threadIdx.x, r = blockIdx.x;
     float best = -__int_as_float(0x7f800000);
     uint32_t at = kNoIndex, sum = 0u;
-    for (uint32_t s = t; s < spans; s += kThreads) {
+    row_scan::each_of_stride<kThreads>(0u, spans, [&](uint32_t s) {
         const size_t slot = static_cast<size_t>(r) * spans + s;
         if (before(span_v[slot], span_i[slot], best, at)) best = span_v[slot], at = span_i[slot];
         sum += span_sum[slot];
-    }
+    });
     best_v[t] = best, best_i[t] = at, sums[t] = sum;
     block_best(best_v, best_i, sums);
     if (t == 0) {

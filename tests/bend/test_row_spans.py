@@ -56,8 +56,9 @@ def test_the_kernels_take_their_spans_from_the_header() -> None:
     kernels = REPO_ROOT / "patches" / "kernels"
     scan = (kernels / "row_scan.cuh").read_text()
     assert '#include "row_spans.h"' in scan
-    for used in ("vectors", "span_shift", "span_count"):
+    for used in ("vectors", "span_shift", "span_count", "span_begin", "span_end"):
         assert f"elpis_rowspans_{used}(" in scan, used
+    assert "s * spans.vectors" not in scan, "a span's vectors come from the schedule"
     assert "ELPIS_ROWSPANS_MAX_TOTAL" in scan
     for name in ("verify_epilogue.cu", "draft_candidates.cu"):
         source = (kernels / name).read_text()

@@ -301,5 +301,6 @@ def build_span_kernels(
     out = tmp_path_factory.mktemp(f"{source.stem}_{threads}_{span_vectors}_{max_spans}")
     names = ("THREADS", "SPAN_VECTORS", "MAX_SPANS")
     defines = {f"{prefix}_{n}": v for n, v in zip(names, (threads, span_vectors, max_spans), strict=True)}
-    built = build_emulated(source, out, launches=launches, needs=("row_spans.h",), defines=defines)
+    needs = ("row_spans.h", "row_scan_schedule.h")
+    built = build_emulated(source, out, launches=launches, needs=needs, defines=defines)
     return binding.bind(built, threads=threads)
