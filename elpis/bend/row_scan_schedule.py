@@ -138,8 +138,8 @@ def closed_form(q: Query) -> int | None:
             return (first + t + ((j << shift) & U32_MAX)) & U32_MAX
         case (1, (first, end, t, shift)) if first <= end < MAX_END and shift <= MAX_THREAD_SHIFT:
             return steps_of(first, end, t, shift)
-        case (2, (vocab, fp16, s, count)):
-            return singles_of(vocab, bool(fp16)) if (s + 1) & U32_MAX == count else vocab
+        case (2, (vocab, fp16, s, spans)):
+            return singles_of(vocab, bool(fp16)) if (s + 1) & U32_MAX == spans else vocab
         case (3, (shift,)):
             return shift
         case (4, (t, shift, level)) if shift <= MAX_THREAD_SHIFT and level < 31:
