@@ -20,7 +20,8 @@ start_build_and_synths
 join_build
 export ELPIS_SMALL_DIR=/tmp/small
 unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH
-gpu_pytest "round tail and row-scan kernels" 90 tests/kernels/test_round_tail.py ${ROW_SCAN_TESTS:-}
+gpu_pytest "round tail and row-scan kernels" 150 tests/kernels/test_round_tail.py \
+  tests/kernels/test_verify_epilogue.py tests/kernels/test_draft_candidates.py
 gpu_pytest "round graphs (page count on the device, a row-count change), defaults" 300 \
   tests/exl3/test_round_graph.py tests/exl3/test_gdn_ba_patch.py::test_product_path_with_the_patch \
   tests/exl3/test_device_round.py
