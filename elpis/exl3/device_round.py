@@ -368,15 +368,13 @@ class DeviceRounds:
         # the pages of the block from the highest start, as a host draft block takes them
         draft_pages = block_pages(b.pages, kvp, b.block_size)
         width = self.drafts.width(kvp)
-        # the sequence's own pages, as the verify's block table holds them: the tail refuses a slot past them
-        npages = min(len(b.pages), c.block_table.shape[1])
         host = self.host_records[slot]
         host[ROUND_WORD] = NOT_ARRIVED  # its previous round was read: the slot is the host's to mark
         before = host.tolist() if self.record_faults is not None else []  # what a drill's dropped copy leaves
         keys = self._captured_keys(c, width)
         graph = None
         if keys is not None and self.round_graphs is not None:
-            graph = self.round_graphs.get(self._graph_key(c, keys, slot, npages))
+            graph = self.round_graphs.get(self._graph_key(c, keys, slot))
         if graph is not None:
             assert self.round_graphs is not None
             self.drafts.put_table(graph.draft, draft_pages)
@@ -387,18 +385,16 @@ class DeviceRounds:
             self.drafts.condition_replays += 1
             b.graphs.replays += 2
         else:
-            self._queue_pieces(c, width, draft_pages, slot, npages)
+            self._queue_pieces(c, width, draft_pages, slot)
             keys = self._captured_keys(c, width)  # the pieces are captured now
             if keys is not None:
-                self._compose(c, keys, slot, npages)
+                self._compose(c, keys, slot)
         event = torch.cuda.Event()
         event.record()
         self.queued.append(_Queued(self.numbered, slot, event, before))
         self.numbered += 1
 
-    def _queue_pieces(
-        self, c: Captured, width: int, draft_pages: Sequence[int], slot: int, npages: int
-    ) -> None:
+    def _queue_pieces(self, c: Captured, width: int, draft_pages: Sequence[int], slot: int) -> None:
         """The round's pieces one by one (a key's first rounds capture the graphs they replay)."""
         b = self.backend
         assert b.graphs is not None and c.graph is not None and c.export is not None
@@ -408,7 +404,7 @@ class DeviceRounds:
         b.graphs.put_table(c, b.pages)
         c.graph.replay()
         b.graphs.replays += 1
-        self._tail(c, slot, npages)
+        self._tail(c, slot)
         b.graphs.run_commit(c)
         # through the verify's block table, as a host commit conditions
         self.drafts.condition_from(c.export, self.cond_index, self.cond_kvp, c.block_table)
@@ -430,18 +426,19 @@ class DeviceRounds:
         record = self.records[slot][: round_plan.RECORD_WORDS]
         round_plan.plan(packed, self.backend.info.vocab_size, self.state, verify_inputs, self.cells, record)
 
-    def _tail(self, c: Captured, slot: int, npages: int) -> None:
+    def _tail(self, c: Captured, slot: int) -> None:
         """The verify's row checks and greedy targets, then the round tail (the acceptor, the commit's and the
-        conditioning's inputs, the state block advanced)."""
+        conditioning's inputs, the state block advanced). The tail refuses a K/V slot past the sequence's
+        pages, whose count `put_table` uploads beside the block table: read on the device, so one composed
+        graph serves every page count of its key."""
         b = self.backend
-        assert b.graphs is not None and c.out is not None
+        assert b.graphs is not None and c.out is not None and c.page_count is not None
         out = c.out[0, : b.tree_run(), : b.info.vocab_size]
         ids, bad = self._targets(out)
         moves, commit_plan = b.graphs.commit_inputs(c)
-        pages = c.block_table[0, :npages]
         outputs = (self.records[slot][round_plan.RECORD_WORDS :], moves, commit_plan, self.cond_index,
                    self.cond_kvp)  # fmt: skip
-        round_tail.decide(self.cells, ids, bad, self.state, pages, *outputs)
+        round_tail.decide(self.cells, ids, bad, self.state, c.block_table[0], c.page_count, *outputs)
 
     def _copy_records(self, slot: int) -> None:
         self.host_records[slot].copy_(self.records[slot], non_blocking=True)
@@ -458,17 +455,14 @@ class DeviceRounds:
         cond = self.drafts.captured_condition_from(c.export, self.cond_index.shape[0], c.block_table.shape[1])
         return None if cond is None else (dc, cond)
 
-    def _graph_key(
-        self, c: Captured, keys: tuple[DraftCaptured, ConditionCaptured], slot: int, npages: int
-    ) -> tuple:
+    def _graph_key(self, c: Captured, keys: tuple[DraftCaptured, ConditionCaptured], slot: int) -> tuple:
         """The round key of a composed graph: what the pieces' captures bake in (the captured keys are held
-        by the graph, so their identities stay unique while it lives)."""
+        by the graph, so their identities stay unique while it lives). Not the page count: the tail reads it
+        from device memory."""
         dc, cond = keys
-        return (id(c), id(dc), id(cond), slot, npages, self.top_k)
+        return (id(c), id(dc), id(cond), slot, self.top_k)
 
-    def _compose(
-        self, c: Captured, keys: tuple[DraftCaptured, ConditionCaptured], slot: int, npages: int
-    ) -> None:
+    def _compose(self, c: Captured, keys: tuple[DraftCaptured, ConditionCaptured], slot: int) -> None:
         """Compose the round key's graph from the pieces `_queue_pieces` ran (each captured by now)."""
         assert self.round_graphs is not None
         dc, cond = keys
@@ -478,13 +472,13 @@ class DeviceRounds:
             dc.graph,
             lambda: self._plan(dc.chain, dc.logits, c, slot),
             c.graph,
-            lambda: self._tail(c, slot, npages),
+            lambda: self._tail(c, slot),
             c.commit_graph,
             lambda: self.drafts.condition_inputs_from(cond, self.cond_index, self.cond_kvp, c.block_table),
             cond.graph,
             lambda: self._copy_records(slot),
         )
-        key = self._graph_key(c, keys, slot, npages)
+        key = self._graph_key(c, keys, slot)
         self.round_graphs.compose(key, steps, (dc, c, cond), self.numbered)
 
     def _read(self, q: _Queued) -> DeviceRoundResult:

@@ -38,12 +38,14 @@ from elpis.spec.tree import DraftTree, build_tree, tree_shape
 
 RUN = round_tail.MAX_ROWS
 PAGES = (40, 41, 7, 43, 44)  # the sequence's cache pages, out of order: a slot's page is looked up
+TABLE_WIDTH = 8  # the block table row holding them, padded (the kernel reads their count from device memory)
 ROUNDS = 24  # decided rounds; each a different tree, path length and page straddle
 SEED = 37
 
 # the decision first, then what it implies, then the inputs, which the kernel must leave alone
 COMPARED = (
     "record", "moves_out", "plan_out", "cond_index", "cond_kvp", "state", "cells", "ids", "bad", "pages",
+    "page_count",
 )  # fmt: skip
 
 Buffers = dict[str, np.ndarray]
@@ -61,7 +63,8 @@ def buffers(cells: np.ndarray, ids: list[int], bad: list[int], state: np.ndarray
         "ids": np.array(list(ids) + [0] * (RUN - len(ids)), dtype=np.int64),
         "bad": np.array(list(bad) + [0] * (RUN - len(bad)), dtype=np.int32),
         "state": np.array(state, dtype=np.int64),
-        "pages": np.array(PAGES, dtype=np.int32),
+        "pages": np.array(PAGES + (0,) * (TABLE_WIDTH - len(PAGES)), dtype=np.int32),
+        "page_count": np.array([len(PAGES)], dtype=np.int32),
         "record": np.full(round_tail.RECORD_WORDS, -7, dtype=np.int32),
         "moves_out": np.full((4, RUN - 1), -7, dtype=np.int64),
         "plan_out": np.full(gdn_tree.PLAN_CAPACITY, 0xA5, dtype=np.uint8),
@@ -92,7 +95,10 @@ def _expected(given: Buffers, parents: list[int], draft: list[int], stops: list[
     record[round_tail.REC_EPOCH] = int(state[round_plan.STATE_EPOCH])
     record[round_tail.REC_ROUND] = int(state[round_plan.STATE_ROUND])
     want["record"] = record
-    moves = commit_moves(kvp, path, RUN, list(PAGES))
+    if status == round_tail.STATUS_SLOT_OUTSIDE_PAGES:
+        moves = [0] * (4 * (RUN - 1))  # the last slot, which a no-op's self-copies take, is outside too
+    else:
+        moves = commit_moves(kvp, path, RUN, list(PAGES))
     want["moves_out"] = np.array(moves, dtype=np.int64).reshape(4, RUN - 1)
     plan = gdn_tree.packed_commit_plan(tuple(path)) if path else b""
     want["plan_out"] = np.frombuffer(plan + bytes(gdn_tree.PLAN_CAPACITY - len(plan)), dtype=np.uint8)
@@ -156,6 +162,14 @@ def _rounds() -> list[tuple[Buffers, Buffers]]:
     ):
         given = buffers(cells, ids, bad, state)
         cases.append((given, _expected(given, parents, draft, [], 10, status)))
+    # slots past the sequence's pages, which the table's padding (page 0) would take if the kernel ignored the
+    # count; and counts the table cannot hold
+    outside = round_plan.state_block(anchor=5, kvp=len(PAGES) * PAGE - 2, remaining=10, max_context=5000,
+                                     tree_budget=RUN, stops=[])  # fmt: skip
+    for at, count in ((outside, len(PAGES)), (state, 0), (state, TABLE_WIDTH + 1)):
+        given = buffers(cells, target, [0, 0, 0], at)
+        given["page_count"][0] = count
+        cases.append((given, _expected(given, parents, draft, [], 10, round_tail.STATUS_SLOT_OUTSIDE_PAGES)))
     return cases
 
 
@@ -185,8 +199,9 @@ def gpu_launch(device: object) -> Launch:
 
     def launch(buffers: Buffers) -> None:
         on = {name: torch.from_numpy(value.copy()).to(device) for name, value in buffers.items()}
-        round_tail.decide(on["cells"], on["ids"], on["bad"], on["state"], on["pages"], on["record"],
-                          on["moves_out"], on["plan_out"], on["cond_index"], on["cond_kvp"])  # fmt: skip
+        round_tail.decide(on["cells"], on["ids"], on["bad"], on["state"], on["pages"], on["page_count"],
+                          on["record"], on["moves_out"], on["plan_out"], on["cond_index"],
+                          on["cond_kvp"])  # fmt: skip
         torch.cuda.synchronize(device)
         for name, value in on.items():
             buffers[name][...] = value.cpu().numpy()

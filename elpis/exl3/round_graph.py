@@ -13,7 +13,8 @@ put the two block tables and launch it.
 The composed graph runs the same kernels on the same addresses in the same order as the pieces, so its bits
 are theirs. A key is everything a piece's capture bakes in: the verify's, the draft block's and the
 conditioning's captured keys (held here, so that their memory and identities stay while the graph lives), the
-record slot, the sequence's page count (the tail refuses slots past the pages) and the draft's top-k. The
+record slot and the draft's top-k. Not the sequence's page count: the tail reads it from device memory,
+uploaded with the verify's block table, so a key serves every page count of its context bucket. The
 composed graphs live in a small LRU; one evicted while a round that may have launched it is in flight is
 retired and dropped only once that round has been read back.
 """

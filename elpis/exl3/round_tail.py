@@ -43,7 +43,7 @@ STATUS_FLAGGED_ROW, STATUS_NON_FINITE, STATUS_SLOT_OUTSIDE_PAGES = 1, 2, 3
 
 _I32, _U32, _VP = ctypes.c_int32, ctypes.c_uint32, ctypes.c_void_p
 ENTRY_ARGS: dict[str, tuple[type, ...]] = {
-    "elpis_round_tail": (_VP, _VP, _VP, _U32, _VP, _VP, _U32, _VP, _VP, _VP, _VP, _U32, _VP, _VP),
+    "elpis_round_tail": (_VP, _VP, _VP, _U32, _VP, _VP, _U32, _VP, _VP, _VP, _VP, _VP, _U32, _VP, _VP),
     "elpis_round_tail_record_words": (),
 }
 
@@ -116,6 +116,7 @@ def decide(
     bad: torch.Tensor,
     state: torch.Tensor,
     pages: torch.Tensor,
+    page_count: torch.Tensor,
     record: torch.Tensor,
     moves_out: torch.Tensor,
     plan_out: torch.Tensor,
@@ -126,7 +127,10 @@ def decide(
 ) -> None:
     """Launch the kernel (the served build, or `library`: another build of SOURCE bound by `bind`) on the
     current stream: cells int64 [TREE_CELLS], ids int64 [run], bad int32 [run],
-    state int64 [round_plan.STATE_WORDS] (advanced on a commit), pages int32 [pages], record int32
+    state int64 [round_plan.STATE_WORDS] (advanced on a commit), pages int32 [width] (the verify key's block
+    table row: the sequence's pages, then padding), page_count int32 [1] (how many of `pages` are the
+    sequence's, read on the device: a captured round serves every count; outside 1..width the round commits
+    nothing, status 3), record int32
     [RECORD_WORDS], moves_out int64 [4, run - 1], plan_out uint8 [PLAN_CAPACITY], cond_index int64 [run..16]
     and cond_kvp int32 [1] (the draft's conditioning: the path padded with its last row, and the kvp it was
     verified at); every one on one device."""
@@ -142,6 +146,7 @@ def decide(
     check_tensor("bad", bad, torch.int32, (run,))
     check_tensor("state", state, torch.int64, (round_plan.STATE_WORDS,))
     check_tensor("pages", pages, torch.int32, (None,))
+    check_tensor("page_count", page_count, torch.int32, (1,))
     check_tensor("record", record, torch.int32, (RECORD_WORDS,))
     check_tensor("moves_out", moves_out, torch.int64, (4, run - 1))
     check_tensor("plan_out", plan_out, torch.uint8, (gdn_tree.PLAN_CAPACITY,))
@@ -149,12 +154,13 @@ def decide(
     if not run <= cond_index.shape[0] <= MAX_ROWS:
         raise ValueError(f"round tail: cond_index holds {cond_index.shape[0]} rows, a path up to {run}")
     check_tensor("cond_kvp", cond_kvp, torch.int32, (1,))
-    operands = (cells, ids, bad, state, pages, record, moves_out, plan_out, cond_index, cond_kvp)
+    operands = (cells, ids, bad, state, pages, page_count, record, moves_out, plan_out, cond_index, cond_kvp)
     check_one_device("round tail", operands)
     err = (_library() if library is None else library).elpis_round_tail(
         cells.data_ptr(), ids.data_ptr(), bad.data_ptr(), run, state.data_ptr(), pages.data_ptr(),
-        pages.shape[0], record.data_ptr(), moves_out.data_ptr(), plan_out.data_ptr(), cond_index.data_ptr(),
-        cond_index.shape[0], cond_kvp.data_ptr(), torch.cuda.current_stream(ids.device).cuda_stream,
+        pages.shape[0], page_count.data_ptr(), record.data_ptr(), moves_out.data_ptr(), plan_out.data_ptr(),
+        cond_index.data_ptr(), cond_index.shape[0], cond_kvp.data_ptr(),
+        torch.cuda.current_stream(ids.device).cuda_stream,
     )  # fmt: skip
     if err:
         raise RuntimeError(f"round tail kernel: {'arguments refused' if err < 0 else f'CUDA error {err}'}")

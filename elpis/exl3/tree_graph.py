@@ -158,6 +158,7 @@ class Captured:
     uploads: Staged | None = None  # the verify's inputs: (x, ints), or (ints,) where the graph gathers x
     commit_uploads: Staged | None = None  # (moves, commit_plan)
     table_upload: TableUpload | None = None  # the block table alone, for rounds on the GPU (`put_table`)
+    page_count: torch.Tensor | None = None  # int32 [1]: the sequence's columns of the table (`put_table`)
     staging: Staging | None = None  # pinned inputs of verifies queued behind the gate (`TreeGraphs.arm`)
 
 
@@ -408,10 +409,12 @@ class TreeGraphs:
         return c if c is not None and c.graph is not None else None
 
     def put_table(self, c: Captured, pages: Sequence[int]) -> None:
-        """The sequence's pages into the key's block table alone, in stream order (a round on the GPU writes
-        the verify's other inputs itself)."""
+        """The sequence's pages into the key's block table alone, and their count into `c.page_count`, in
+        stream order (a round on the GPU writes the verify's other inputs itself; its tail reads the
+        count)."""
         if c.table_upload is None:
-            c.table_upload = TableUpload(c.block_table, "tree graphs")
+            c.page_count = torch.zeros((1,), dtype=torch.int32, device=self.device)
+            c.table_upload = TableUpload(c.block_table, "tree graphs", c.page_count)
         c.table_upload.put(pages)
 
     def _commit_ops(self, c: Captured) -> None:

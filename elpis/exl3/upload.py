@@ -115,20 +115,34 @@ class Staged:
 class TableUpload:
     """A captured key's block table uploaded alone (rounds on the GPU put the tables, their kernels write the
     other inputs), through a `Staged` made at the first put. A put of the pages the table already holds is
-    skipped; whatever else writes the table (an upload of all the key's inputs) calls `forget` first."""
+    skipped; whatever else writes the table (an upload of all the key's inputs) calls `forget` first.
 
-    def __init__(self, table: torch.Tensor, who: str) -> None:
-        self.table, self.who = table, who
+    With `count` (int32 [1]), each put also uploads how many of the table's columns are the sequence's pages
+    (at most its width): a kernel captured once then reads the count from device memory, where an argument
+    would be baked into the graph (the round's tail, `elpis.exl3.round_tail`)."""
+
+    def __init__(self, table: torch.Tensor, who: str, count: torch.Tensor | None = None) -> None:
+        if count is not None and (count.shape != (1,) or count.dtype != torch.int32):
+            got = f"{count.dtype} {list(count.shape)}"
+            raise ValueError(f"{who}: a table's page count is int32 [1], got {got}")
+        self.table, self.who, self.count = table, who, count
         self.staged: Staged | None = None
-        self.pages: tuple[int, ...] | None = None  # what the last put uploaded, while nothing else wrote it
+        # what the last put uploaded (the padded table, then the count), while nothing else wrote them
+        self.pages: tuple[int, ...] | None = None
 
     def put(self, pages: Sequence[int]) -> None:
-        padded = tuple(padded_table(pages, self.table.shape[1], self.who))
+        width = self.table.shape[1]
+        padded = tuple(padded_table(pages, width, self.who))
+        if self.count is not None:
+            padded += (min(len(pages), width),)
         if padded == self.pages:
             return
         if self.staged is None:
-            self.staged = Staged(self.table)
-        self.staged.put(padded)
+            self.staged = Staged(self.table) if self.count is None else Staged(self.table, self.count)
+        if self.count is None:
+            self.staged.put(padded)
+        else:
+            self.staged.put(padded[:width], padded[width:])
         self.pages = padded
 
     def forget(self) -> None:

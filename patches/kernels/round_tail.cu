@@ -12,8 +12,11 @@
 //              ties; -1 where the row's maximum is not finite), int64 [run];
 //   bad        the row checks, int32 [run]: nonzero for a row holding NaN or +inf or whose digest changed;
 //   state      the request's state block (round_state.cuh), read for kvp and advanced on a commit;
-//   pages      the sequence's cache pages, int32 [npages] (the K/V slots' pages, as TreeGraphs.commit takes
-//              them).
+//   pages      the verify key's block table row, int32 [width]: the sequence's cache pages first (the K/V
+//              slots' pages, as TreeGraphs.commit takes them), then padding;
+//   page_count int32 [1]: how many of `pages` are the sequence's. It is read from device memory, not passed
+//              as an argument, so a captured round (elpis.exl3.round_graph) serves every page count of its
+//              table: the host uploads it with the table. A count outside 1..width commits nothing (status 3).
 // Only the tree's rows are checked and decided: the padding rows past them are never read by a real row.
 // One thread decides with the proven acceptor (elpis_check_tree: the generated code, as device code, with
 // the checks the CPU glue runs; ext/accept_device.cuh) and writes, for the committed path:
@@ -96,7 +99,8 @@ __device__ bool write_moves(const uint8_t* path, int32_t count, int64_t kvp, int
 
 __global__ void round_tail_kernel(const int64_t* __restrict__ cells_in, const int64_t* __restrict__ ids,
                                   const int32_t* __restrict__ bad, int32_t run, int64_t* __restrict__ state,
-                                  const int32_t* __restrict__ pages, int32_t npages, int32_t* __restrict__ record,
+                                  const int32_t* __restrict__ pages, int32_t width,
+                                  const int32_t* __restrict__ page_count, int32_t* __restrict__ record,
                                   int64_t* __restrict__ moves_out, uint8_t* __restrict__ plan_out,
                                   int64_t* __restrict__ cond_index, int32_t cond_rows, int32_t* __restrict__ cond_kvp) {
     __shared__ int64_t cells[ELPIS_TREE_CELLS];  // shared, not on the thread's stack, which is 1,040 bytes
@@ -107,6 +111,9 @@ __global__ void round_tail_kernel(const int64_t* __restrict__ cells_in, const in
     for (int i = 0; i < ELPIS_TREE_CELLS; i++) cells[i] = cells_in[i];
     const int64_t kvp = state[kStKvp];
     const int64_t rows = cells[ELPIS_TREE_ROWS];
+    // a count the table cannot hold leaves no page: every slot is outside, so nothing is committed
+    const int32_t counted = page_count[0];
+    const int32_t npages = counted >= 1 && counted <= width ? counted : 0;
     int32_t status = 0;
     uint8_t path[kMaxRows];
     int32_t count = 0, ends = 0, end = -1;
@@ -182,19 +189,20 @@ int elpis_round_tail_record_words(void) { return kRecordWords; }
 
 // Decide the round, write the commit's inputs and advance the state, on `stream` (a cudaStream_t passed as an
 // address). Device pointers: cells int64 [ELPIS_TREE_CELLS], ids int64 [run], bad int32 [run], state int64
-// [kStateWords], pages int32 [npages], record int32 [kRecordWords], moves_out int64 [4][run - 1], plan_out
-// uint8 [kPlanCapacity], cond_index int64 [cond_rows] (run <= cond_rows <= 16: a path has at most run rows),
-// cond_kvp int32 [1]. Returns 0, -1 for arguments out of range, or the launch's cudaError_t.
+// [kStateWords], pages int32 [width], page_count int32 [1], record int32 [kRecordWords], moves_out int64
+// [4][run - 1], plan_out uint8 [kPlanCapacity], cond_index int64 [cond_rows] (run <= cond_rows <= 16: a path has
+// at most run rows), cond_kvp int32 [1]. Returns 0, -1 for arguments out of range, or the launch's cudaError_t.
 int elpis_round_tail(const int64_t* cells, const int64_t* ids, const int32_t* bad, uint32_t run, int64_t* state,
-                     const int32_t* pages, uint32_t npages, int32_t* record, int64_t* moves_out, uint8_t* plan_out,
-                     int64_t* cond_index, uint32_t cond_rows, int32_t* cond_kvp, void* stream) {
-    if (run == 0 || run > static_cast<uint32_t>(kMaxRows) || npages == 0 || npages > (1u << 22) || cond_rows < run ||
+                     const int32_t* pages, uint32_t width, const int32_t* page_count, int32_t* record,
+                     int64_t* moves_out, uint8_t* plan_out, int64_t* cond_index, uint32_t cond_rows,
+                     int32_t* cond_kvp, void* stream) {
+    if (run == 0 || run > static_cast<uint32_t>(kMaxRows) || width == 0 || width > (1u << 22) || cond_rows < run ||
         cond_rows > static_cast<uint32_t>(kMaxRows)) {
         return -1;
     }
     round_tail_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
-        cells, ids, bad, static_cast<int32_t>(run), state, pages, static_cast<int32_t>(npages), record, moves_out,
-        plan_out, cond_index, static_cast<int32_t>(cond_rows), cond_kvp);
+        cells, ids, bad, static_cast<int32_t>(run), state, pages, static_cast<int32_t>(width), page_count, record,
+        moves_out, plan_out, cond_index, static_cast<int32_t>(cond_rows), cond_kvp);
     return static_cast<int>(cudaGetLastError());
 }
 

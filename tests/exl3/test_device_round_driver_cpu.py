@@ -114,7 +114,12 @@ class StandInGraphs:
         return self.keys[bucket]
 
     def put_table(self, c: Captured, pages: list[int]) -> None:
-        c.block_table.copy_(torch.tensor([padded_table(pages, c.block_table.shape[1], "verify")]))
+        """TreeGraphs.put_table's: the padded table and the sequence's page count (the tail reads it)."""
+        width = c.block_table.shape[1]
+        c.block_table.copy_(torch.tensor([padded_table(pages, width, "verify")]))
+        if c.page_count is None:
+            c.page_count = torch.zeros((1,), dtype=torch.int32)
+        c.page_count.fill_(min(len(pages), width))
 
     def commit_inputs(self, c: Captured) -> tuple[torch.Tensor, torch.Tensor]:
         if c.moves is None:
@@ -512,6 +517,40 @@ def test_composed_rounds_are_the_pieces_rounds(prompt_len: int) -> None:
         assert g.draft is not None and g.verify is not None
     # every round queued (the last ones past the request's end too) committed and conditioned once
     assert backend.graphs.commits == backend.drafter.graphs.conditioned == rounds.numbered
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+@pytest.mark.parametrize("prompt_len", [490, 1010])
+def test_a_page_edge_inside_a_bucket_composes_nothing_new(prompt_len: int) -> None:
+    """The round tail reads the sequence's page count from device memory (`put_table` uploads it with the
+    table), so a request whose pages grow inside one context bucket (512, 1024: edges below MIN_BUCKET) keeps
+    its two composed graphs (one a record slot) and gives the pieces' records; a second request on the same
+    keys, of another length and so another page count, composes nothing and launches every round."""
+    from elpis.exl3.round_graph import RoundGraphs
+
+    def serve(rounds: dr.DeviceRounds, length: int, keys: StandInBackend | None = None) -> list[list[int]]:
+        random.seed(length)
+        torch.manual_seed(length)
+        prompt = [random.randrange(VOCAB) for _ in range(length)]
+        backend = StandInBackend(prompt, 0.3)
+        if keys is not None:  # the captured keys of an earlier request's backend
+            backend.graphs, backend.drafter = keys.graphs, keys.drafter
+        rounds.backend, rounds.drafts = backend, backend.drafter.graphs
+        got, records = recorded(rounds, 70)
+        assert got == plain(prompt, 70)
+        assert len(backend.pages) > -(-length // PAGE)  # the request crossed a page edge
+        return records
+
+    pieces = driver(StandInBackend([1], 0.3))
+    pieces.round_graphs = None
+    rounds = driver(StandInBackend([1], 0.3))
+    graphs = rounds.round_graphs = RoundGraphs(StandInComposer(), limit=8)
+    assert serve(rounds, prompt_len) == serve(pieces, prompt_len)
+    assert graphs.composed == 2
+    first, launches = rounds.backend, graphs.launches
+    serve(rounds, prompt_len + 240, keys=first)
+    # numbered counts this request's rounds
+    assert graphs.composed == 2 and graphs.launches - launches == rounds.numbered > 0
 
 
 @pytest.mark.usefixtures("cpu_rounds")

@@ -6,11 +6,12 @@ What they establish:
     round verified, what it committed, where), and plain decoding's tokens; a second request launches only
     composed graphs;
 (b) a request crossing a page edge and a context-bucket edge (4096: new verify, draft-block and conditioning
-    keys, a new page count) composes the new keys and still gives plain decoding's tokens;
+    keys) composes the new keys and still gives plain decoding's tokens;
 (c) records faulted on their way back are detected and read again from the device as with pieces;
 (d) a test's Python stand-in in place of a piece runs the rounds piece by piece (a graph would replay what
     the stand-in did once);
-(e) (session 42, staged after call 162) a request after the backend's row count changed composes again.
+(e) (session 42, staged after call 162) a request after the backend's row count changed composes again;
+(f) (session 43) a request of another page count in the same bucket, crossing a page edge, composes nothing.
 """
 
 from __future__ import annotations
@@ -96,6 +97,29 @@ def test_composed_rounds_across_a_page_and_a_bucket_edge(backend, decoder):  # n
     assert graphs.composed - composed >= 4, "the keys on both sides of the edge were not composed"
     assert graphs.launches > launches
     assert stats.rounds >= TOKENS // 2
+
+
+def test_a_page_edge_inside_a_bucket_composes_nothing_new(backend, decoder):  # noqa: F811
+    """(f) (session 43) The round tail reads the sequence's page count from device memory, uploaded with the
+    verify's block table: a request of another page count inside the same context bucket (4096) launches the
+    keys an earlier request composed, crossing a page edge (1792), and its records are the pieces' bit for
+    bit (the tail refuses nothing the pieces accept)."""
+    generate(backend, decoder, prompt(1500, 67, backend.info.vocab_size))  # composes the 4096 bucket's keys
+    ids = prompt(1770, 68, backend.info.vocab_size)
+    truth = truth_of(backend, ids)
+    rounds = backend.device_rounds
+    graphs = rounds.round_graphs
+    rounds.round_graphs = None
+    try:
+        pieces, _, pieces_records = generate(backend, decoder, ids)
+    finally:
+        rounds.round_graphs = graphs
+    composed, launches = graphs.composed, graphs.launches
+    got, _, records = generate(backend, decoder, ids)
+    assert pieces == truth and got == truth
+    assert records == pieces_records, "a composed round's records differ from the pieces'"
+    assert graphs.composed == composed, "a new page count composed a new graph"
+    assert graphs.launches - launches == rounds.numbered
 
 
 def test_records_faulted_on_their_way_back_are_read_again_with_composed_rounds(backend, decoder):  # noqa: F811

@@ -92,3 +92,34 @@ def test_a_table_upload_skips_the_pages_its_table_holds_until_told_to_forget(mon
     assert puts == [(3, 5, 0, 0), (3, 5, 7, 0), (3, 5, 7, 0)]
     with pytest.raises(RuntimeError, match="do not fit"):
         t.put([1, 2, 3, 4, 5])
+
+
+def test_a_table_upload_with_a_count_uploads_the_pages_count_beside_them(monkeypatch) -> None:
+    """With a count buffer (the round tail reads the sequence's page count from device memory), each put
+    uploads the padded table and the count, at most the table's width, in one staged put; the same pages skip
+    both, and a count buffer that is not int32 [1] is refused."""
+    import torch
+
+    from elpis.exl3 import upload
+
+    puts: list[tuple[tuple[int, ...], ...]] = []
+
+    class Recorded:
+        def __init__(self, *buffers: torch.Tensor) -> None:
+            self.buffers = buffers
+
+        def put(self, *values) -> None:
+            assert len(values) == len(self.buffers) == 2
+            puts.append(tuple(tuple(v) for v in values))
+
+    monkeypatch.setattr(upload, "Staged", Recorded)
+    count = torch.zeros((1,), dtype=torch.int32)
+    t = upload.TableUpload(torch.zeros((1, 4), dtype=torch.int32), "test", count)
+    t.put([3, 5])
+    t.put([3, 5])
+    t.put([3, 5, 7])
+    t.put([3, 5, 7, 0, 0])  # unused pages past the width: the count stops at the width
+    assert puts == [((3, 5, 0, 0), (2,)), ((3, 5, 7, 0), (3,)), ((3, 5, 7, 0), (4,))]
+    for bad in (torch.zeros((2,), dtype=torch.int32), torch.zeros((1,), dtype=torch.int64)):
+        with pytest.raises(ValueError, match="a table's page count is int32"):
+            upload.TableUpload(torch.zeros((1, 4), dtype=torch.int32), "test", bad)

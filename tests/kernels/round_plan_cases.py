@@ -69,7 +69,8 @@ def emulated_tail_launch(lib) -> Callable[[dict[str, np.ndarray]], None]:
     def launch(b: dict[str, np.ndarray]) -> None:
         err = lib.elpis_round_tail(
             b["cells"].ctypes.data, b["ids"].ctypes.data, b["bad"].ctypes.data, len(b["ids"]),
-            b["state"].ctypes.data, b["pages"].ctypes.data, len(b["pages"]), b["record"].ctypes.data,
+            b["state"].ctypes.data, b["pages"].ctypes.data, len(b["pages"]), b["page_count"].ctypes.data,
+            b["record"].ctypes.data,
             b["moves_out"].ctypes.data, b["plan_out"].ctypes.data, b["cond_index"].ctypes.data,
             len(b["cond_index"]), b["cond_kvp"].ctypes.data, None,
         )  # fmt: skip
@@ -86,8 +87,8 @@ def interpreted_tail_launch(program) -> Callable[[dict[str, np.ndarray]], None]:
     def launch(b: dict[str, np.ndarray]) -> None:
         Machine().call(
             program.entry("round_tail_kernel"), b["cells"], b["ids"], b["bad"], len(b["ids"]), b["state"],
-            b["pages"], len(b["pages"]), b["record"], b["moves_out"], b["plan_out"], b["cond_index"],
-            len(b["cond_index"]), b["cond_kvp"],
+            b["pages"], len(b["pages"]), b["page_count"], b["record"], b["moves_out"], b["plan_out"],
+            b["cond_index"], len(b["cond_index"]), b["cond_kvp"],
         )  # fmt: skip
 
     return launch

@@ -33,7 +33,8 @@ def decide_round(cells, ids, bad, state, library=None):
     record = torch.full((round_tail.RECORD_WORDS,), -7, dtype=torch.int32, device=dev)
     moves_out = torch.full((4, RUN - 1), -7, dtype=torch.int64, device=dev)
     plan_out = torch.full((gdn_tree.PLAN_CAPACITY,), 0xA5, dtype=torch.uint8, device=dev)
-    pages = torch.tensor(PAGES, dtype=torch.int32, device=dev)
+    pages = torch.tensor([*PAGES, 0, 0], dtype=torch.int32, device=dev)  # a table row: pages, then padding
+    page_count = torch.tensor([len(PAGES)], dtype=torch.int32, device=dev)
     padded = torch.zeros(RUN, dtype=torch.int64, device=dev)
     padded[: len(ids)] = ids
     bad_run = torch.zeros(RUN, dtype=torch.int32, device=dev)
@@ -42,7 +43,7 @@ def decide_round(cells, ids, bad, state, library=None):
     cond_index = torch.full((RUN,), -7, dtype=torch.int64, device=dev)
     cond_kvp = torch.full((1,), -7, dtype=torch.int32, device=dev)
     outs = (record, moves_out, plan_out, cond_index, cond_kvp)
-    round_tail.decide(cells_dev, padded, bad_run, state, pages, *outs, library=library)
+    round_tail.decide(cells_dev, padded, bad_run, state, pages, page_count, *outs, library=library)
     cond = (cond_index.tolist(), cond_kvp.item())
     return round_tail.read_record(record.tolist()), moves_out.cpu(), plan_out.cpu(), cond
 

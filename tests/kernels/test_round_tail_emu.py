@@ -36,14 +36,17 @@ def plan_lib(round_plan_emu: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def _decide(
-    lib, cells, ids, bad, state, *, run: int = RUN, pages: list[int] = PAGES, cond: list | None = None
+    lib, cells, ids, bad, state, *, run: int = RUN, pages: list[int] = PAGES, cond: list | None = None,
+    page_count: int | None = None,
 ):
     """The record, the written moves and plan, and the state after the kernel (outputs poisoned first); the
-    conditioning's index and kvp into `cond` when given."""
+    conditioning's index and kvp into `cond` when given. `pages` go into a block table row padded with page 0
+    (as a verify key's), whose first `page_count` (default: all of `pages`) are the sequence's."""
     ids = np.ascontiguousarray(list(ids) + [0] * (run - len(ids)), dtype=np.int64)
     bad = np.ascontiguousarray(list(bad) + [0] * (run - len(bad)), dtype=np.int32)
     state = np.array(state, dtype=np.int64)
-    pages_arr = np.array(pages, dtype=np.int32)
+    pages_arr = np.array(list(pages) + [0] * 3, dtype=np.int32)
+    count = np.array([len(pages) if page_count is None else page_count], dtype=np.int32)
     record = np.full(round_tail.RECORD_WORDS, -7, dtype=np.int32)
     moves_out = np.full((4, run - 1), -7, dtype=np.int64)
     plan_out = np.full(gdn_tree.PLAN_CAPACITY, 0xA5, dtype=np.uint8)
@@ -51,8 +54,8 @@ def _decide(
     cond_kvp = np.full(1, -7, dtype=np.int32)
     err = lib.elpis_round_tail(
         cells.ctypes.data, ids.ctypes.data, bad.ctypes.data, run, state.ctypes.data, pages_arr.ctypes.data,
-        len(pages), record.ctypes.data, moves_out.ctypes.data, plan_out.ctypes.data, cond_index.ctypes.data,
-        run, cond_kvp.ctypes.data, None,
+        len(pages_arr), count.ctypes.data, record.ctypes.data, moves_out.ctypes.data, plan_out.ctypes.data,
+        cond_index.ctypes.data, run, cond_kvp.ctypes.data, None,
     )  # fmt: skip
     assert err == 0
     if cond is not None:
@@ -168,17 +171,33 @@ def test_a_slot_outside_the_pages_commits_nothing(lib) -> None:
     assert not moves_out.any() and not plan_out.any() and after.tolist() == _counted(state).tolist()
 
 
+@pytest.mark.parametrize("count", [0, -1, 2, len(PAGES) + 4, 2**31 - 1])
+def test_the_page_count_in_device_memory_bounds_the_slots(lib, count: int) -> None:
+    # slots on the table's third page: inside the table (even its padding), outside a count of 2 or of a count
+    # the table (8 columns) cannot hold; count 3 and the whole table commit
+    kvp = 2 * PAGE + 5
+    cells = round_tail.tree_cells([-1, 0, 0, 2], [5, 6, 7, 8], [], 10)
+    state = _state(kvp)
+    got, moves_out, plan_out, after = _decide(lib, cells, [7, 1, 8, 2], [0] * 4, state, page_count=count)
+    assert (got.status, got.count) == (round_tail.STATUS_SLOT_OUTSIDE_PAGES, 0)
+    assert not moves_out.any() and not plan_out.any() and after.tolist() == _counted(state).tolist()
+    for committing in (3, len(PAGES) + 3):
+        got, *_ = _decide(lib, cells, [7, 1, 8, 2], [0] * 4, state, page_count=committing)
+        assert (got.status, got.count) == (0, 3), committing
+
+
 def test_bad_arguments_are_refused(lib) -> None:
     cells = round_tail.tree_cells([-1], [1], [], 1)
     ids, bad = np.zeros(17, dtype=np.int64), np.zeros(17, dtype=np.int32)
     state, pages = _state(0), np.array(PAGES, dtype=np.int32)
+    count = np.array([len(PAGES)], dtype=np.int32)
     out = np.zeros(8192, dtype=np.int64)
 
-    def call(run: int, npages: int, cond_rows: int = 16) -> int:
+    def call(run: int, width: int, cond_rows: int = 16) -> int:
         return lib.elpis_round_tail(
             cells.ctypes.data, ids.ctypes.data, bad.ctypes.data, run, state.ctypes.data, pages.ctypes.data,
-            npages, out.ctypes.data, out.ctypes.data, out.ctypes.data, out.ctypes.data, cond_rows,
-            out.ctypes.data, None,
+            width, count.ctypes.data, out.ctypes.data, out.ctypes.data, out.ctypes.data, out.ctypes.data,
+            cond_rows, out.ctypes.data, None,
         )  # fmt: skip
 
     assert call(0, 5) == -1 and call(17, 5) == -1 and call(8, 0) == -1
