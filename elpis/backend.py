@@ -112,6 +112,11 @@ class DeviceRounds(Protocol):
     read-back per round (elpis.exl3.device_round). The generator uses it for greedy requests without
     logprobs when the backend has one."""
 
+    def serves(self) -> bool:
+        """Whether the backend's current mode runs its speculative rounds here (a backend switched to chain
+        verifies, as the bench's chain system does on a tree load, runs them on the host)."""
+        ...
+
     def start(self, *, remaining: int, tree_budget: int, stops: Sequence[int], top_k: int) -> None:
         """Take over the backend's begun sequence: `remaining` tokens to generate at most."""
         ...

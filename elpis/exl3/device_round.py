@@ -279,6 +279,11 @@ class DeviceRounds:
         self.bad = torch.zeros((run,), dtype=torch.int32, device=dev)
 
     # -- a request ------------------------------------------------------------------------------------------
+    def serves(self) -> bool:
+        """Rounds here are tree rounds: a backend switched to chain verifies (`tree` off) runs its rounds on
+        the host."""
+        return bool(self.backend.tree)
+
     def start(self, *, remaining: int, tree_budget: int, stops: Sequence[int], top_k: int) -> None:
         """Take over the backend's active sequence (begun, nothing pending) for rounds on the GPU."""
         self.drain()

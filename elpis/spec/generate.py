@@ -207,7 +207,7 @@ class SpeculativeGenerator:
         backend = self.backend
         device = getattr(backend, "device_rounds", None)
         if (device is not None and self.drafter is not None and request.sampling.greedy
-                and request.top_logprobs is None):
+                and request.top_logprobs is None and device.serves()):
             device.start(remaining=request.max_tokens, tree_budget=self.tree_budget, stops=stops,
                          top_k=self.draft_top_k)
             return lambda remaining, room: self._device_round(device, stats)

@@ -36,7 +36,11 @@ class HostDeviceRounds:
         self.transit = transit or {}
         self.attempts = 0
         self.started = False
+        self.serving = True  # False: the backend's mode keeps rounds on the host (`serves`)
         self.sequence: list[int] = []  # the prompt and every committed token (the wrapper's begin() sets it)
+
+    def serves(self) -> bool:
+        return self.serving
 
     def start(self, *, remaining: int, tree_budget: int, stops: Sequence[int], top_k: int) -> None:
         self.remaining, self.tree_budget, self.stops, self.top_k = remaining, tree_budget, tuple(stops), top_k
@@ -174,3 +178,18 @@ def test_an_impossible_device_round_is_refused(tiny_models, run) -> None:
     backend.device_rounds.round = lambda: DeviceRound(2, (1, 2, 3), False)  # more tokens than rows
     with pytest.raises(BackendError, match="committed 3 tokens from a tree of 2 rows"):
         run(backend, model.tokenizer, request, drafter, tree_budget=8)
+
+
+def test_a_backend_whose_rounds_are_not_served_here_keeps_host_rounds(tiny_models, run) -> None:
+    """A greedy request on a backend whose device rounds say they do not serve its mode (an Exl3Backend
+    switched to chain verifies: the bench's chain system on a tree load) runs host rounds, with plain
+    decoding's output."""
+    model = tiny_models[0]
+    request = _request(model)
+    plain = run(model.backend(), model.tokenizer, request)
+    drafter = NgramDrafter(max_ngram=3)
+    backend = WithDeviceRounds(model.backend(), drafter)
+    backend.device_rounds.serving = False
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+    assert got.same_output(plain) and got.stats.rounds >= 1
+    assert not backend.device_rounds.started and backend.device_rounds.attempts == 0
