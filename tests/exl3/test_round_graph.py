@@ -61,6 +61,18 @@ def truth_of(backend, ids) -> list[int]:  # noqa: F811
     return out
 
 
+def in_pieces(backend, decoder, ids):  # noqa: F811
+    """`generate`'s tokens and records with the rounds queued piece by piece (no round graphs)."""
+    rounds = backend.device_rounds
+    graphs = rounds.round_graphs
+    rounds.round_graphs = None
+    try:
+        tokens, _, records = generate(backend, decoder, ids)
+    finally:
+        rounds.round_graphs = graphs
+    return tokens, records
+
+
 def test_the_switch_gives_rounds_their_graphs(backend):  # noqa: F811
     assert backend.device_rounds.round_graphs is not None
 
@@ -68,13 +80,8 @@ def test_the_switch_gives_rounds_their_graphs(backend):  # noqa: F811
 def test_composed_rounds_give_the_pieces_records_bit_for_bit(backend, decoder):  # noqa: F811
     ids = prompt(1500, 61, backend.info.vocab_size)
     truth = truth_of(backend, ids)
-    rounds = backend.device_rounds
-    graphs = rounds.round_graphs
-    rounds.round_graphs = None
-    try:
-        pieces, _, pieces_records = generate(backend, decoder, ids)
-    finally:
-        rounds.round_graphs = graphs
+    graphs = backend.device_rounds.round_graphs
+    pieces, pieces_records = in_pieces(backend, decoder, ids)
     composed_before = graphs.composed
     first, _, first_records = generate(backend, decoder, ids)
     assert graphs.composed > composed_before, "no round key was composed"
@@ -109,11 +116,7 @@ def test_a_page_edge_inside_a_bucket_composes_nothing_new(backend, decoder):  # 
     truth = truth_of(backend, ids)
     rounds = backend.device_rounds
     graphs = rounds.round_graphs
-    rounds.round_graphs = None
-    try:
-        pieces, _, pieces_records = generate(backend, decoder, ids)
-    finally:
-        rounds.round_graphs = graphs
+    pieces, pieces_records = in_pieces(backend, decoder, ids)
     composed, launches = graphs.composed, graphs.launches
     got, _, records = generate(backend, decoder, ids)
     assert pieces == truth and got == truth
