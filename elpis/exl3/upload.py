@@ -125,25 +125,21 @@ class TableUpload:
         if count is not None and (count.shape != (1,) or count.dtype != torch.int32):
             got = f"{count.dtype} {list(count.shape)}"
             raise ValueError(f"{who}: a table's page count is int32 [1], got {got}")
-        self.table, self.who, self.count = table, who, count
+        self.table, self.who = table, who
+        self.buffers = (table,) if count is None else (table, count)
         self.staged: Staged | None = None
-        # what the last put uploaded (the padded table, then the count), while nothing else wrote them
-        self.pages: tuple[int, ...] | None = None
+        # what the last put uploaded, a value per buffer, while nothing else wrote them
+        self.uploaded: tuple[tuple[int, ...], ...] | None = None
 
     def put(self, pages: Sequence[int]) -> None:
         width = self.table.shape[1]
-        padded = tuple(padded_table(pages, width, self.who))
-        if self.count is not None:
-            padded += (min(len(pages), width),)
-        if padded == self.pages:
+        values = (tuple(padded_table(pages, width, self.who)), (min(len(pages), width),))[: len(self.buffers)]
+        if values == self.uploaded:
             return
         if self.staged is None:
-            self.staged = Staged(self.table) if self.count is None else Staged(self.table, self.count)
-        if self.count is None:
-            self.staged.put(padded)
-        else:
-            self.staged.put(padded[:width], padded[width:])
-        self.pages = padded
+            self.staged = Staged(*self.buffers)
+        self.staged.put(*values)
+        self.uploaded = values
 
     def forget(self) -> None:
-        self.pages = None
+        self.uploaded = None
