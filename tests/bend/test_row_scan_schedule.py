@@ -1,7 +1,9 @@
 """The schedule inside a logit row's span (bend/row_scan_schedule.bend): the generated header matches the Bend
 interpreter (and a wrong header is refused), its laws are proved and a wrong schedule fails them, the two span
 kernels take their strides and reductions from it, and over the whole domain of block sizes the halving tree
-and the butterfly (replayed by the interpreter's functions) combine every partial exactly once."""
+and the butterfly (replayed by the interpreter's functions) combine every partial exactly once. The induction
+over the levels is the kernel's (section 6 of the proof module); a wrong model of the levels or a wrong
+schedule fails it, and the models it is about are checked against the sets by the interpreter."""
 
 from __future__ import annotations
 
@@ -45,7 +47,32 @@ LAWS = {
     "rowscan_butterfly_ends_everywhere",
     "rowscan_thread_is_a_warps_lane",
     "rowscan_warps_fit_one_warp",
+    "rowscan_tree_holder_is_a_slot",
+    "rowscan_tree_live_before",
+    "rowscan_tree_level_disjoint",
+    "rowscan_tree_has_slot_0",
+    "rowscan_tree_ends_with_the_block",
+    "rowscan_butterfly_partner_is_a_lane",
+    "rowscan_butterfly_level_disjoint",
+    "rowscan_counts_add",
+    "rowscan_eq_of_is_eq",
+    "rowscan_butterfly_same_start",
+    "rowscan_commuting_same_operands",
 }
+# proved by the kernel: the inductions on the levels run (the proof module's sections 6 and 7) and their steps
+INDUCTION = {
+    "rowscan_tree_live_is_active",
+    "rowscan_tree_counts_its_set",
+    "rowscan_tree_slot_0_counts_the_block",
+    "rowscan_tree_slot_0_live_at_end",
+    "rowscan_butterfly_counts_its_set",
+    "rowscan_butterfly_counts_every_lane",
+    "rowscan_butterfly_shared_set_same_bits",
+    "rowscan_butterfly_same_bits_step",
+    "rowscan_butterfly_ends_with_the_same_bits",
+}
+LAWS |= INDUCTION
+CITED = {"and_left", "and_right", "u32_flip"}  # the kernel proofs' equational glue from other proof modules
 # ~10-25 s each of z3 time: proved by every `make build`
 SLOW = {"rowscan_stride_inside", "rowscan_stride_covers", "rowscan_stride_stops_at_end"}
 KERNELS = REPO_ROOT / "patches" / "kernels"
@@ -120,7 +147,20 @@ def test_a_template_that_breaks_the_header_fails_closed(repo_copy: Path, tmp_pat
 def test_the_fast_laws_are_proved() -> None:
     report = prove_all(REPO_ROOT, jobs=1, only=LAWS - SLOW)
     assert report.ok, report.failures
-    assert {c["law"] for c in report.certificates} == LAWS - SLOW  # the slow three: every `make build`
+    # the slow three: every `make build`; with them the glue the kernel proofs cite
+    assert {c["law"] for c in report.certificates} == (LAWS - SLOW) | CITED
+    by_law = {c["law"]: c for c in report.certificates}
+    assert {law for law, c in by_law.items() if c["method"] == "kernel"} == INDUCTION | CITED
+
+    def cites(law: str) -> set[str]:
+        return {key.split("::")[1] for key in by_law[law]["uses"]}
+
+    # the inductions chain the one-level laws
+    tree = {"rowscan_tree_starts_alone", "rowscan_tree_level_combines", "rowscan_tree_partner_retires"}
+    assert tree <= cites("rowscan_tree_counts_its_set")
+    lanes = {"rowscan_butterfly_starts_alone", "rowscan_butterfly_level_combines"}
+    assert lanes <= cites("rowscan_butterfly_counts_its_set")
+    assert "rowscan_butterfly_same_operands" in cites("rowscan_butterfly_same_bits_step")
 
 
 @pytest.mark.parametrize(
@@ -155,6 +195,111 @@ def test_the_fast_laws_are_proved() -> None:
 )
 def test_a_wrong_schedule_fails_its_laws(repo_copy: Path, old: str, new: str, law: str) -> None:
     fails_its_law(repo_copy, rss.MODULE, old, new, law)
+
+
+SPEC_MODULE = "bend/row_scan_schedule_spec.bend"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "law"),
+    [
+        (  # the model of the tree reads the slot past the partner
+            "tree_count(d, u, S.tree_partner(t, shift, level), shift) : U32)",
+            "tree_count(d, u, (S.tree_partner(t, shift, level) + 1 : U32), shift) : U32)",
+            "rowscan_tree_counts_its_set",
+        ),
+        (  # a level of the tree that double-counts: a combining slot adds its own count twice
+            "(tree_count(d, u, t, shift) + tree_count(d, u, S.tree_partner",
+            "((tree_count(d, u, t, shift) + tree_count(d, u, t, shift) : U32) + "
+            "tree_count(d, u, S.tree_partner",
+            "rowscan_tree_counts_its_set",
+        ),
+        (  # the model of the butterfly combines with the next level's partner
+            "lane_count(d, (i .^. S.butterfly_xor(level_of(d)) : U32), j)",
+            "lane_count(d, (i .^. S.butterfly_xor((level_of(d) + 1 : U32)) : U32), j)",
+            "rowscan_butterfly_counts_its_set",
+        ),
+        (  # a combine that is not commutative: lanes that share a set may hold other bits
+            "  g(Nat.min(a, b), Nat.max(a, b))",
+            "  g(a, b)",
+            "rowscan_butterfly_shared_set_same_bits",
+        ),
+    ],
+)
+def test_a_wrong_model_of_the_levels_fails_its_law(repo_copy: Path, old: str, new: str, law: str) -> None:
+    path = repo_copy / SPEC_MODULE
+    text = path.read_text()
+    assert text.count(old) == 1, old
+    path.write_text(text.replace(old, new))
+    report = prove_all(repo_copy, jobs=1, only={law})
+    assert not report.ok and any(f"law {law}:" in f for f in report.failures), report.failures
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "law", "false"),
+    [
+        (  # the tree's partner one slot late: a level folds a slot that is not its partner's
+            "  (t + tree_half(shift, level) : U32)",
+            "  ((t + tree_half(shift, level) : U32) + 1 : U32)",
+            "rowscan_tree_counts_its_set",
+            "rowscan_tree_level_combines",
+        ),
+        (  # the butterfly's distances 16, 16, 4, 4, 1: a level that double-counts
+            "  ((1 << U32.to_nat(warp_shift()) : U32) >> U32.to_nat((level + 1 : U32)) : U32)",
+            "  ((1 << U32.to_nat(warp_shift()) : U32) >> U32.to_nat((level .|. 1 : U32)) : U32)",
+            "rowscan_butterfly_counts_its_set",
+            "rowscan_butterfly_level_disjoint",
+        ),
+    ],
+)
+def test_a_wrong_schedule_fails_the_induction(repo_copy: Path, old: str, new: str, law: str, false: str):
+    """The same models over a wrong program: a one-level law the induction cites is false (z3 finds the
+    counterexample), and the induction that rests on it fails with it."""
+    path = repo_copy / rss.MODULE
+    text = path.read_text()
+    assert text.count(old) == 1, old
+    path.write_text(text.replace(old, new))
+    report = prove_all(repo_copy, jobs=1, only={law})
+    assert any(f"law {law}: its proof cites" in f and false in f for f in report.failures), report.failures
+    assert any(f"law {false}: false: counterexample" in f for f in report.failures), report.failures
+
+
+def test_the_models_of_the_levels_count_their_sets(interp) -> None:
+    """The induction's hypotheses hold where the kernels run, so its laws are not vacuous (the prover's own
+    check takes level_of and levels_within of a symbolic level count as unknown functions); and by the
+    interpreter the models agree with the sets: every slot and partial of blocks of 1 to 16 threads after
+    every level, slot 0 of blocks up to 64 after the last, every pair of lanes after every butterfly level."""
+    names = ("level_of", "levels_within", "tree_count", "tree_holds", "lane_count", "lane_holds")
+    spec = {name: interp.function(f"{SPEC_MODULE}::{name}") for name in (*names, "lane_value")}
+    for shift in range(rss.MAX_THREAD_SHIFT + 1):
+        assert spec["levels_within"](shift, shift) and spec["level_of"](shift) == shift
+        assert not spec["levels_within"](shift + 1, shift)
+        assert spec["tree_holds"](0, 0, shift, shift)  # slot 0 is live after the last level
+    for shift in range(5):
+        threads = 1 << shift
+        for done in range(shift + 1):
+            for t in range(threads):
+                live = spec["tree_holds"](t, t, shift, done)
+                assert live == (t < threads >> done)
+                if live:
+                    counts = [spec["tree_count"](done, u, t, shift) for u in range(threads + 2)]
+                    assert counts == [int(spec["tree_holds"](u, t, shift, done)) for u in range(threads + 2)]
+    for shift in range(7):
+        counts = [spec["tree_count"](shift, u, 0, shift) for u in range((1 << shift) + 2)]
+        assert counts == [1] * (1 << shift) + [0, 0]
+    for done in range(rss.WARP_SHIFT + 1):
+        assert spec["levels_within"](done, rss.WARP_SHIFT)
+        for i in range(32):
+            assert [spec["lane_count"](done, i, j) for j in range(32)] == [
+                int(spec["lane_holds"](i, j, done)) for j in range(32)
+            ]
+
+    # a commutative combine (g's arguments ordered): every lane ends with the same bits, for any g
+    def g(a: int, b: int) -> int:
+        return (3 * a + b) % 2**64
+
+    ends = [spec["lane_value"](g, lambda i: i * i + 7, rss.WARP_SHIFT, i) for i in range(32)]
+    assert len(set(ends)) == 1
 
 
 def test_the_tree_folds_every_partial_once_for_every_block(sched: dict) -> None:
