@@ -11,7 +11,7 @@ source elpis/bench/scripts/device_common.sh
 gpu_line
 full_model_ready
 unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH
-for ctx in 8192 1024; do
+for ctx in ${HOSTPROF_CONTEXTS:-8192 1024}; do
   echo "=== host profile at $ctx ($(left) s left)" | tee -a "$OUT/log"
   timeout -k 3 120 python3 elpis/bench/scripts/device_round_host_profile.py /tmp/full/target /tmp/full/draft \
     --context $ctx --tokens 60 --top 45 --round-graph on > "$OUT/hostprof-$ctx-call171.txt" 2>&1
