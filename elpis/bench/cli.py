@@ -5,8 +5,8 @@ workload against any OpenAI-compatible server (`gsm8k`, implemented in `elpis.be
 own process (stock first, then elpis under `--cap-gib`, default 24), after measuring the card's copy
 bandwidth and bf16 matmul rate, and writes `bench/results/<stem>.{json,md,png}`.
 `--systems stock,elpis,elpis-tree8,elpis-tree16` adds issue 8's tree comparison (checkpoints 1K..128K unless
-given): the elpis systems share one worker process and one backend loaded in tree mode, taking turns at each
-checkpoint.
+given): each tree system runs in a worker process of its own, on a backend loaded in tree mode with its row
+count (chain `elpis` shares the first of them, taking turns at each checkpoint).
 """
 
 from __future__ import annotations
@@ -241,15 +241,23 @@ def run_workers(
 
 
 def worker_groups(systems: list[str]) -> list[list[str]]:
-    """stock alone; the elpis systems together (one backend, `elpis` first so its TTFT is the prefill's),
-    at the place of the first of them."""
+    """stock alone; each elpis tree system in a process of its own, loaded with its row count (the graphs
+    captured at load, which rounds on the GPU replay, are one row count's, and the caches hold one row count's
+    keys: a tree-8 system beside tree-16 on one load evicted tree-16's, device call 172); chain `elpis` with
+    the first of them (one backend, `elpis` first so its TTFT is the prefill's), or alone. Each group runs at
+    the place of the first of its systems."""
     elpis = [s for s in ELPIS_SYSTEMS if s in systems]
+    trees = [s for s in elpis if s != "elpis"]
+    by_system = {s: [s] for s in trees}
+    if "elpis" in elpis:
+        first = trees[0] if trees else "elpis"
+        by_system[first] = ["elpis", *by_system.get(first, [])]
+        by_system["elpis"] = by_system[first]
     groups: list[list[str]] = []
     for system in systems:
-        if system == "stock":
-            groups.append(["stock"])
-        elif elpis not in groups:
-            groups.append(elpis)
+        group = ["stock"] if system == "stock" else by_system[system]
+        if group not in groups:
+            groups.append(group)
     return groups
 
 

@@ -202,8 +202,13 @@ def variant(name: str, tree_top_k: int) -> Variant:
 class ElpisSystem:
     def __init__(self, args: argparse.Namespace, variants: list[Variant]) -> None:
         from elpis.exl3 import load_backend
+        from elpis.exl3.tree_verify import TREE_ROWS, tree_run
 
         self.tree_loaded = any(v.tree for v in variants)
+        runs = {tree_run(v.budget) for v in variants if v.tree}
+        if len(runs) > 1:  # `worker_groups` gives each tree system a process of its own
+            raise ValueError(f"one load serves one tree row count (its captured graphs), got {sorted(runs)}")
+        self.tree_rows = runs.pop() if runs else TREE_ROWS  # the loaded row count in tree mode
         given = getattr(args, "host_threads", None)
         threads = {} if given is None else {"host_threads": given}  # else load_backend's default
         self.backend = load_backend(
@@ -214,6 +219,7 @@ class ElpisSystem:
             fixed_rows=workload.CHAIN_ROWS,
             host_cache_gib=8.0,
             tree=self.tree_loaded,
+            tree_rows=self.tree_rows,
             tree_graphs=not getattr(args, "tree_eager", False),
             draft_graphs=not getattr(args, "draft_eager", False),
             prefill_chunk=getattr(args, "prefill_chunk", DEFAULT_PREFILL_CHUNK),
@@ -223,8 +229,6 @@ class ElpisSystem:
         self.vocab = self.backend.info.vocab_size
         self.loop = args.elpis_loop
         self.variant = variants[0]
-        # row counts whose verify keys are captured for rounds on the GPU (the load captures its own)
-        self.captured_runs = {self.backend.tree_run()} if self.tree_loaded else set()
 
     def _mode(self, draft: bool) -> None:
         """Put the backend in the current variant's mode (between sequences only)."""
@@ -232,30 +236,13 @@ class ElpisSystem:
 
         if self.variant.tree:
             self.backend.tree, self.backend.fixed_rows = True, tree_run(self.variant.budget)
-            self._capture_rows()
         else:  # plain steps of the chain system run unpadded, as in a chain-mode load
             self.backend.tree = False
             self.backend.fixed_rows = workload.CHAIN_ROWS if draft else None
 
-    def _capture_rows(self) -> None:
-        """Rounds on the GPU replay only verifies captured before the request (a capture mid-round would stop
-        it), and the load captured its own row count's: a tree variant of another row count (tree-8 on a
-        tree-16 load) has its keys captured once, here, before its first request and outside the timing."""
-        from elpis.exl3.graph_warmup import capture_graphs
-
-        run = self.backend.tree_run()
-        if self.backend.device_rounds is None or run in self.captured_runs:
-            return
-        report = capture_graphs(self.backend)
-        print(f"captured the {run}-row keys for rounds on the GPU: {report.tree} verifies and commits, "
-              f"{report.conditions} conditionings, {report.seconds:.1f} s", flush=True)  # fmt: skip
-        self.captured_runs.add(run)
-
     def _restore(self) -> None:
-        from elpis.exl3.tree_verify import TREE_ROWS
-
         self.backend.tree = self.tree_loaded
-        self.backend.fixed_rows = TREE_ROWS if self.tree_loaded else workload.CHAIN_ROWS  # as loaded
+        self.backend.fixed_rows = self.tree_rows if self.tree_loaded else workload.CHAIN_ROWS  # as loaded
 
     def captures(self) -> int:
         """CUDA graphs captured so far (verify forwards, draft blocks and conditionings): a capture inside a
@@ -694,7 +681,7 @@ def plain_measured(args: argparse.Namespace, name: str) -> bool:
 
 
 def parse_systems(text: str) -> list[str]:
-    """`stock`, or elpis systems (measured on one backend, in this order)."""
+    """`stock`, or elpis systems (measured on one backend, in this order; at most one tree row count)."""
     names = [s for s in text.split(",") if s]
     if names == ["stock"]:
         return names
@@ -711,7 +698,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--system",
         type=parse_systems,
         required=True,
-        help="stock, or elpis systems sharing one backend (elpis,elpis-tree8,elpis-tree16)",
+        help="stock, or elpis systems sharing one backend (elpis,elpis-tree16; one tree row count)",
     )
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--draft", type=Path, required=True)

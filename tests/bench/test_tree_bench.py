@@ -293,14 +293,30 @@ def test_profile_systems(capsys):
         assert message in capsys.readouterr().err
 
 
-def test_worker_groups_share_one_elpis_process():
+def test_worker_groups_give_each_tree_row_count_its_own_load():
+    # a load captures one row count's graphs, which rounds on the GPU replay: tree-8 beside tree-16 on one
+    # load evicted tree-16's keys (device call 172); chain elpis rides with the first tree system
     assert cli.worker_groups(["stock", "elpis", "elpis-tree8", "elpis-tree16"]) == [
         ["stock"],
-        ["elpis", "elpis-tree8", "elpis-tree16"],
+        ["elpis", "elpis-tree8"],
+        ["elpis-tree16"],
     ]
-    # the elpis group runs where its first system was named, chain elpis first (it pays the prefill)
+    # a group runs where its first system was named, chain elpis first (it pays the prefill)
     assert cli.worker_groups(["elpis-tree16", "stock", "elpis"]) == [["elpis", "elpis-tree16"], ["stock"]]
+    assert cli.worker_groups(["elpis-tree16", "stock", "elpis-tree8"]) == [
+        ["elpis-tree16"],
+        ["stock"],
+        ["elpis-tree8"],
+    ]
     assert cli.worker_groups(["stock", "elpis"]) == [["stock"], ["elpis"]]
+
+
+def test_one_elpis_load_refuses_two_tree_row_counts():
+    from elpis.bench.worker import ElpisSystem, variant
+
+    variants = [variant("elpis-tree8", 4), variant("elpis-tree16", 4)]
+    with pytest.raises(ValueError, match="one tree row count"):
+        ElpisSystem(argparse.Namespace(), variants)
 
 
 def test_worker_commands(tmp_path):
