@@ -1,0 +1,33 @@
+#!/bin/bash
+# Call 173 (staged in session 44 for the next session; a fresh machine). Call 172 found a second fault in the
+# bench: tree-8's keys, captured beside tree-16's on one load, evicted tree-16's (the tree graphs keep 20), so
+# tree-16's first round on the GPU found no captured verify. Now each tree system has a worker process and a
+# load of its own row count (`cli.worker_groups`, b55d7aa). This call:
+# 1. `elpis bench engine` of stock, elpis chain-8, tree-8 and tree-16 at 1K and 8K (three worker processes):
+#    passes when every system completes; gives issue 9's 16-row against 8-row round in one run, each on a load
+#    of its own row count;
+# 2. the host profile at 8K under composed rounds (call 164: 0.23 ms a round against 0.12 at 1K);
+# 3. with the time left, the second A/B of `exl3-draft-candidates` at 1K (call 164: gain 0.16, noise 0.12).
+# Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
+LIMIT=${LIMIT:-590}
+T0=$(date +%s)
+source elpis/bench/scripts/device_common.sh
+build_and_full_synth
+unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH
+stem=systems-1k8k-call173
+echo "=== bench $stem ($(left) s left)" | tee -a "$OUT/log"
+timeout -k 5 $(( $(left) - 130 )) python3 -m elpis.cli bench engine --model /tmp/full/target --draft /tmp/full/draft \
+  --systems stock,elpis,elpis-tree8,elpis-tree16 --checkpoints 1024,8192 --rounds 12 --warmup 3 --final-tokens 0 \
+  --time-limit $(( $(left) - 140 )) --out-dir "$OUT" --stem "$stem" \
+  --title "stock beside elpis chain-8, tree-8 and tree-16, each tree on a load of its row count, rounds and plain" \
+  > "$OUT/$stem.txt" 2>&1
+echo "bench $stem: exit $?" | tee -a "$OUT/log"
+grep -E "^\| (stock|elpis)|^\| [0-9]+K|note|Error" "$OUT/$stem.md" "$OUT/$stem.txt" 2>/dev/null | head -40 \
+  | tee -a "$OUT/log"
+echo "=== host profile at 8192 ($(left) s left)" | tee -a "$OUT/log"
+timeout -k 3 80 python3 elpis/bench/scripts/device_round_host_profile.py /tmp/full/target /tmp/full/draft \
+  --context 8192 --tokens 60 --top 45 --round-graph on > "$OUT/hostprof-8192-call173.txt" 2>&1
+echo "host profile 8192: exit $?" | tee -a "$OUT/log"
+grep -E "HOSTPROF|function calls" "$OUT/hostprof-8192-call173.txt" | tee -a "$OUT/log"
+ab switch-ab-candidates-call173 10 switch_ab.py --switches exl3-draft-candidates --contexts 1024 --pairs 3
+echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
