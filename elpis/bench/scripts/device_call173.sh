@@ -14,16 +14,8 @@ T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
 build_and_full_synth
 unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH
-stem=systems-1k8k-call173
-echo "=== bench $stem ($(left) s left)" | tee -a "$OUT/log"
-timeout -k 5 $(( $(left) - 130 )) python3 -m elpis.cli bench engine --model /tmp/full/target --draft /tmp/full/draft \
-  --systems stock,elpis,elpis-tree8,elpis-tree16 --checkpoints 1024,8192 --rounds 12 --warmup 3 --final-tokens 0 \
-  --time-limit $(( $(left) - 140 )) --out-dir "$OUT" --stem "$stem" \
-  --title "stock beside elpis chain-8, tree-8 and tree-16, each tree on a load of its row count, rounds and plain" \
-  > "$OUT/$stem.txt" 2>&1
-echo "bench $stem: exit $?" | tee -a "$OUT/log"
-grep -E "^\| (stock|elpis)|^\| [0-9]+K|note|Error" "$OUT/$stem.md" "$OUT/$stem.txt" 2>/dev/null | head -40 \
-  | tee -a "$OUT/log"
+systems_bench systems-1k8k-call173 130 \
+  "stock beside elpis chain-8, tree-8 and tree-16, each tree on a load of its row count, rounds and plain"
 echo "=== host profile at 8192 ($(left) s left)" | tee -a "$OUT/log"
 timeout -k 3 80 python3 elpis/bench/scripts/device_round_host_profile.py /tmp/full/target /tmp/full/draft \
   --context 8192 --tokens 60 --top 45 --round-graph on > "$OUT/hostprof-8192-call173.txt" 2>&1
