@@ -246,13 +246,11 @@ def worker_groups(systems: list[str]) -> list[list[str]]:
     keys: a tree-8 system beside tree-16 on one load evicted tree-16's, device call 172); chain `elpis` with
     the first of them (one backend, `elpis` first so its TTFT is the prefill's), or alone. Each group runs at
     the place of the first of its systems."""
-    elpis = [s for s in ELPIS_SYSTEMS if s in systems]
-    trees = [s for s in elpis if s != "elpis"]
-    by_system = {s: [s] for s in trees}
-    if "elpis" in elpis:
-        first = trees[0] if trees else "elpis"
-        by_system[first] = ["elpis", *by_system.get(first, [])]
-        by_system["elpis"] = by_system[first]
+    by_system = {s: [s] for s in ELPIS_SYSTEMS if s != "elpis" and s in systems}  # the tree systems
+    if "elpis" in systems:
+        with_chain = next(iter(by_system.values()), [])
+        with_chain.insert(0, "elpis")
+        by_system["elpis"] = with_chain
     groups: list[list[str]] = []
     for system in systems:
         group = ["stock"] if system == "stock" else by_system[system]

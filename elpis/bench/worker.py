@@ -232,10 +232,8 @@ class ElpisSystem:
 
     def _mode(self, draft: bool) -> None:
         """Put the backend in the current variant's mode (between sequences only)."""
-        from elpis.exl3.tree_verify import tree_run
-
-        if self.variant.tree:
-            self.backend.tree, self.backend.fixed_rows = True, tree_run(self.variant.budget)
+        if self.variant.tree:  # the load's row count: one a load (`__init__`)
+            self.backend.tree, self.backend.fixed_rows = True, self.tree_rows
         else:  # plain steps of the chain system run unpadded, as in a chain-mode load
             self.backend.tree = False
             self.backend.fixed_rows = workload.CHAIN_ROWS if draft else None
