@@ -200,6 +200,19 @@ def run_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+# Seconds kept for each later worker group: a load of a warm model (11-32 s on an H100), its warm-ups and two
+# checkpoints took about 85 s for two groups together in call 173.
+LATER_GROUP_RESERVE = 90.0
+
+
+def group_budget(time_left: float, later_groups: int) -> float:
+    """A worker group's seconds: all but a reserve for each later group, and never less than an even share.
+    The first process pays one-time costs (call 173: stock's first load 99.6 s; 42 s on a warm machine, call
+    164), and a group that finishes early leaves its time to the next, so an even split starved the first."""
+    even = time_left / (later_groups + 1)
+    return max(even, time_left - LATER_GROUP_RESERVE * later_groups)
+
+
 def run_workers(
     args: argparse.Namespace,
     systems: list[str],
@@ -215,7 +228,7 @@ def run_workers(
     groups = worker_groups(systems)
     for i, group in enumerate(groups):
         now = time.time()
-        budget = (end - now) / (len(groups) - i)
+        budget = group_budget(end - now, len(groups) - i - 1)
         if budget < 60:
             for system in group:
                 doc["systems"][system] = {"errors": [f"not run: {budget:.0f} s left"], "checkpoints": []}

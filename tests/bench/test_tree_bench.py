@@ -381,6 +381,17 @@ def test_run_workers_reports_every_system_of_a_failed_group(tmp_path):
     assert not list(tmp_path.glob("*.raw.json"))  # the raw file is consumed
 
 
+def test_group_budget_keeps_a_reserve_for_each_later_group():
+    """Call 173: 387 s split evenly over stock, elpis+tree8 and tree16 gave stock 129 s, less than its first
+    load (99.6 s) and warm-ups needed; now it gets all but the later groups' reserves, at least an even
+    share."""
+    reserve = cli.LATER_GROUP_RESERVE
+    assert cli.group_budget(387.0, 2) == pytest.approx(387.0 - 2 * reserve)
+    assert cli.group_budget(387.0, 0) == 387.0  # the last group takes what is left
+    assert cli.group_budget(150.0, 2) == pytest.approx(50.0)  # too little for the reserves: an even share
+    assert cli.group_budget(387.0, 2) > 387.0 / 3
+
+
 def test_run_workers_out_of_time(tmp_path):
     args = engine_args("--out-dir", str(tmp_path))
     doc: dict = {"systems": {}}

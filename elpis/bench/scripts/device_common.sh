@@ -97,14 +97,14 @@ start_build_and_synths() {
   start_build_and_full_synth
   timeout -k 2 60 python3 -m elpis.cli synth --small /tmp/small 2>&1 | tail -1 | tee -a "$OUT/log"
 }
-# systems_bench STEM TAIL TITLE: `elpis bench engine` of stock, elpis chain-8, tree-8 and tree-16 on /tmp/full at 1K
-# and 8K, rounds and plain decode, ending TAIL s before the call's limit; $OUT/STEM.{json,md,png,txt}, its rows and
-# notes in the log.
+# systems_bench STEM TAIL TITLE [SYSTEMS]: `elpis bench engine` of SYSTEMS (default stock, elpis chain-8, tree-8 and
+# tree-16) on /tmp/full at 1K and 8K, rounds and plain decode, ending TAIL s before the call's limit;
+# $OUT/STEM.{json,md,png,txt}, its rows and notes in the log.
 systems_bench() {
-  local stem=$1 tail=$2 title=$3
+  local stem=$1 tail=$2 title=$3 systems=${4:-stock,elpis,elpis-tree8,elpis-tree16}
   echo "=== bench $stem ($(left) s left)" | tee -a "$OUT/log"
   timeout -k 5 $(( $(left) - tail )) python3 -m elpis.cli bench engine --model /tmp/full/target --draft /tmp/full/draft \
-    --systems stock,elpis,elpis-tree8,elpis-tree16 --checkpoints 1024,8192 --rounds 12 --warmup 3 --final-tokens 0 \
+    --systems "$systems" --checkpoints 1024,8192 --rounds 12 --warmup 3 --final-tokens 0 \
     --time-limit $(( $(left) - tail - 10 )) --out-dir "$OUT" --stem "$stem" --title "$title" > "$OUT/$stem.txt" 2>&1
   echo "bench $stem: exit $?" | tee -a "$OUT/log"
   grep -E "^\| (stock|elpis)|^\| [0-9]+K|note|Error" "$OUT/$stem.md" "$OUT/$stem.txt" 2>/dev/null | head -40 \
