@@ -8,8 +8,13 @@ longer list. Bounded variables are then enumerated over every length 0..L; unbou
 symbolic (`SOpaque`). The shapes together cover every input, so "unsat in every shape" proves the
 law outright.
 
-Per shape: assert the hypotheses, check they are satisfiable (the vacuity check: a law whose
-hypotheses hold in no shape at all fails), then assert the negated claim and require unsat.
+Per shape: assert the hypotheses, check they are satisfiable (a law whose hypotheses hold in no shape
+at all is vacuous and fails), then assert the negated claim and require unsat.
+
+Vacuity. A shape can keep a recursion abstract (an uninterpreted function), so "satisfiable" may hold
+only for values the real def never takes. A proved law therefore also needs a witness the interpreter
+confirms (`vacuity.py`): z3's model of the hypotheses is run, shape by shape until one runs true; when
+every one is refuted, the pinning search of `vacuity.py` runs over the satisfiable shapes. None is a failure.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import z3
 
@@ -25,6 +32,9 @@ from elpis.bend.check import Program
 from elpis.bend.core import NAT, U32, FunT, LawInfo, ListT, Opaque, free_vars
 from elpis.bend.errors import BendError
 from elpis.bend.symexec import SData, SNat, SOpaque, Sorts, SymExec, is_false
+
+if TYPE_CHECKING:
+    from elpis.bend.vacuity import Witness
 
 MAX_BOUND = 32
 MAX_SHAPES = 500_000
@@ -43,7 +53,7 @@ class SmtOutcome:
     ok: bool
     message: str
     certificate: dict
-    witness: dict | None = None  # a model of the hypotheses (vacuity witness) or a counterexample
+    witness: dict | None = None  # the confirmed vacuity witness (as certified) or a counterexample
     shapes: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -88,7 +98,7 @@ class LawSmt:
         others = sorted({v for h in hyps for v in _hyp_vars(h)} & set(found))
         for values in itertools.product(*[range(found[o] + 1) for o in others]):
             ex = SymExec(self.prog, self.sorts)
-            env = self._values(ex, dict(zip(others, values, strict=True)))
+            env = symbolic_values(ex, self.law, dict(zip(others, values, strict=True)))
             ty = self._var_ty(name)
             if ty == NAT:
                 e = z3.Int(f"{name}_beyond")
@@ -104,19 +114,6 @@ class LawSmt:
     def _var_ty(self, name: str):
         return next(c.ty for c in self.law.values if c.name == name)
 
-    def _values(self, ex: SymExec, lengths: dict[str, int]) -> dict[str, object]:
-        """Fresh values; a variable in `lengths` is a list of that length or that Nat value."""
-        env: dict[str, object] = {}
-        for c in self.law.values:
-            if c.name in lengths and c.ty == NAT:
-                env[c.name] = lengths[c.name]
-            elif c.name in lengths:
-                items = [ex.fresh(f"{c.source}{i}", c.ty.elem) for i in range(lengths[c.name])]
-                env[c.name] = ex.list_of(items, c.ty)
-            else:
-                env[c.name] = ex.fresh(c.source, c.ty)
-        return env
-
     def _hyp_value(self, ex: SymExec, clause, env: dict[str, object]) -> object:
         eq = clause.hyp.eq
         return ex.equal(ex.eval(eq.lhs, env), ex.eval(eq.rhs, env), eq.ty)
@@ -124,7 +121,11 @@ class LawSmt:
     # ------------------------------------------------------------ discharge
     def run(self, deadline: float | None = None) -> SmtOutcome:
         """Prove the law; with a deadline (perf_counter seconds), give up there with "unknown"."""
+        from elpis.bend.vacuity import WitnessSearch  # not at the top: vacuity uses this module
+
         start = time.perf_counter()
+        self._witnesses = WitnessSearch(self.prog, self.law, self.sorts)
+        self._witness: Witness | None = None  # the first model of the hypotheses the interpreter confirms
         bounded = self.bounds()
         names = sorted(bounded)
         total = 1
@@ -135,8 +136,7 @@ class LawSmt:
                 f"{self.law.loc}: law {self.law.name}: {total} shapes is too many for the SMT layer"
             )
         shape_certs = []
-        satisfiable = 0
-        witness = None
+        satisfiable: list[dict[str, int]] = []
         self._pruned: dict[tuple, bool] = {}
         for lengths in itertools.product(*[range(bounded[n] + 1) for n in names]):
             shape = dict(zip(names, lengths, strict=True))
@@ -150,13 +150,26 @@ class LawSmt:
             cert, verdict, model_values = result
             shape_certs.append(cert)
             if cert["hypotheses"] == "sat":
-                satisfiable += 1
-                witness = witness or model_values
+                satisfiable.append(shape)
             if verdict != "unsat":
                 return self._outcome(False, verdict, shape_certs, start, model_values, bounded)
-        if satisfiable == 0:
+        if not satisfiable:
             return self._outcome(False, "vacuous", shape_certs, start, None, bounded)
-        return self._outcome(True, "unsat", shape_certs, start, witness, bounded)
+        return self._witnessed(satisfiable, shape_certs, start, bounded)
+
+    def _witnessed(
+        self, satisfiable: list[dict[str, int]], certs: list[dict], start: float, bounded: dict[str, int]
+    ) -> SmtOutcome:
+        """The proved law's outcome: it passes only with values its hypotheses hold for when run.
+
+        Every satisfiable shape's model was refuted (each kept a recursion abstract) when none is confirmed
+        yet: search those shapes with the recursions' Nats pinned small, as for kernel laws.
+        """
+        try:
+            witness = self._witness or self._witnesses.run(satisfiable)
+        except BendError as err:
+            return self._outcome(False, "unwitnessed", certs, start, str(err), bounded)
+        return self._outcome(True, "unsat", certs, start, self._witnesses.record(witness), bounded)
 
     def _ruled_out(self, shape: dict[str, int]) -> bool:
         """Is some hypothesis false by evaluation alone for this shape? (memoised per hypothesis)"""
@@ -165,7 +178,7 @@ class LawSmt:
             key = (i, tuple(shape[n] for n in mentioned))
             if key not in self._pruned:
                 ex = SymExec(self.prog, self.sorts)
-                env = self._values(ex, {n: shape[n] for n in mentioned})
+                env = symbolic_values(ex, self.law, {n: shape[n] for n in mentioned})
                 self._pruned[key] = is_false(self._hyp_value(ex, h, env))
             if self._pruned[key]:
                 return True
@@ -173,17 +186,18 @@ class LawSmt:
 
     def _query(self, shape: dict[str, int]):
         ex = SymExec(self.prog, self.sorts)
-        env = self._values(ex, shape)
+        env = symbolic_values(ex, self.law, shape)
         hyps = [self._hyp_value(ex, h, env) for h in self.law.hyps]
         if any(is_false(h) for h in hyps):
             return None
         pins = self._pins(ex, env)
         if pins:  # evaluate again with the forced leaves made concrete (same fresh names, same order)
             ex = SymExec(self.prog, self.sorts, pins)
-            env = self._values(ex, shape)
+            env = symbolic_values(ex, self.law, shape)
             hyps = [self._hyp_value(ex, h, env) for h in self.law.hyps]
             if any(is_false(h) for h in hyps):
                 return None
+        hyp_abstracted = set(ex.abstracted)  # before the goal adds its own
         goal = ex.equal(ex.eval(self.law.goal.lhs, env), ex.eval(self.law.goal.rhs, env), self.law.goal.ty)
         t0 = time.perf_counter()
         solver = z3.Solver()
@@ -193,7 +207,8 @@ class LawSmt:
         solver.add(*ex.side)
         solver.add(*[h if not isinstance(h, bool) else z3.BoolVal(h) for h in hyps])
         hyp_result = solver.check()
-        model_values = self._decode(solver.model(), env) if hyp_result == z3.sat else None
+        hyp_model = solver.model() if hyp_result == z3.sat and self._witness is None else None
+        model_values = None
         solver.add(z3.Not(goal) if not isinstance(goal, bool) else z3.BoolVal(not goal))
         smt2 = solver.to_smt2()
         result = solver.check()
@@ -213,6 +228,8 @@ class LawSmt:
             "seconds": round(time.perf_counter() - t0, 4),
             "resource_units": resource_count(solver) - units_before,
         }
+        if hyp_model is not None:  # after the timing: the shape's seconds are z3's
+            self._witness = self._witnesses.check_model(hyp_model, env, hyp_abstracted)
         return cert, verdict, model_values
 
     def _pins(self, ex: SymExec, env: dict[str, object]) -> dict[str, object]:
@@ -261,9 +278,12 @@ class LawSmt:
             "seconds": round(seconds, 3),
         }
         if ok:
+            cert["vacuity_witness"] = values
             msg = f"proved by z3 over {len(certs)} shape(s)"
         elif verdict == "vacuous":
             msg = "its hypotheses are unsatisfiable (vacuous law)"
+        elif verdict == "unwitnessed":
+            msg, values = values, None  # the witness search's failure (not a witness)
         elif verdict == "sat":
             msg = f"false: counterexample {values}"
         elif isinstance(values, dict) and "abstracted" in values:
@@ -274,6 +294,24 @@ class LawSmt:
         else:
             msg = f"z3 answered {verdict} (no proof)"
         return SmtOutcome(ok, msg, cert, values, len(certs), seconds)
+
+
+def symbolic_values(
+    ex: SymExec, law: LawInfo, shape: dict[str, int], skip: Collection[str] = ()
+) -> dict[str, object]:
+    """Fresh values for the law's variables but `skip`; one in `shape` is a list that long or that Nat."""
+    env: dict[str, object] = {}
+    for c in law.values:
+        if c.name in skip:
+            continue
+        if c.name in shape and c.ty == NAT:
+            env[c.name] = shape[c.name]
+        elif c.name in shape:
+            items = [ex.fresh(f"{c.source}{i}", c.ty.elem) for i in range(shape[c.name])]
+            env[c.name] = ex.list_of(items, c.ty)
+        else:
+            env[c.name] = ex.fresh(c.source, c.ty)
+    return env
 
 
 def _leaf_name(v: object) -> str | None:

@@ -1,9 +1,11 @@
-"""Vacuity check for kernel-proved laws: find values that satisfy every hypothesis, and check them by running.
+"""Vacuity check: find values that satisfy every hypothesis of a law, and check them by running.
 
-(SMT-proved laws get theirs inside `smt.py`, shape by shape.) A hypothesis under binders,
-`@x..: A.. -> {f(x..) == rhs : T}` with f a template variable applied to exactly its binders and not
-mentioned in rhs, is satisfiable by definition (take f to be rhs); it is used that way. The other
-hypotheses are handed to z3 with every list variable tried at small lengths.
+Kernel-proved laws are searched here, every list variable tried at small lengths. SMT-proved laws
+(`smt.py`) hand over their satisfiable shapes' models of the hypotheses until one runs true
+(`WitnessSearch.check_model`); when every one is refuted, those shapes are searched (`WitnessSearch.run`).
+A hypothesis under binders (kernel laws only), `@x..: A.. -> {f(x..) == rhs : T}` with f a template
+variable applied to exactly its binders and not mentioned in rhs, is satisfiable by definition (take f
+to be rhs); it is used that way. The other hypotheses are handed to z3.
 
 A z3 model is only a candidate: symbolic evaluation keeps a recursion on a Nat of unknown size abstract
 (an uninterpreted function), and z3 may give that function values the real def never takes. So the model
@@ -27,7 +29,7 @@ from elpis.bend.check import Program
 from elpis.bend.core import BOOL, NAT, CApply, Clause, Core, CVar, FunT, LawInfo, ListT, Prim, Ty, free_vars
 from elpis.bend.errors import BendError
 from elpis.bend.interp import Data, Interpreter
-from elpis.bend.smt import QUERY_TIMEOUT_MS
+from elpis.bend.smt import QUERY_TIMEOUT_MS, symbolic_values
 from elpis.bend.symexec import SData, SNat, SOpaque, Sorts, SymExec, is_false
 
 SMALL = 2  # list lengths tried: 0..SMALL
@@ -72,19 +74,12 @@ class Attempt:
 
 def vacuity_witness(prog: Program, law: LawInfo) -> dict:
     """The certificate's record: the witness (as JSON) and how it was checked."""
-    witness = find_witness(prog, law)
-    defined = _definitions(law)[0]
-    shown = {
-        c.source: "<defined by its quantified hypothesis>"
-        if c.name in defined
-        else _json(witness.values[c.name])
-        for c in law.values
-    }
-    return {"checked": CHECKED, "values": shown}
+    search = WitnessSearch(prog, law)
+    return search.record(search.run())
 
 
 def find_witness(prog: Program, law: LawInfo) -> Witness:
-    return _Search(prog, law).run()
+    return WitnessSearch(prog, law).run()
 
 
 class _Tracing(SymExec):
@@ -110,25 +105,49 @@ class _Tracing(SymExec):
         return super()._abstract(key, args)
 
 
-class _Search:
-    def __init__(self, prog: Program, law: LawInfo) -> None:
+class WitnessSearch:
+    """Witnesses of one law's hypotheses, each run by the interpreter before it counts."""
+
+    def __init__(self, prog: Program, law: LawInfo, sorts: Sorts | None = None) -> None:
         self.prog = prog
         self.law = law
         self.definitions, self.plain = _definitions(law)
-        self.sorts = Sorts(prog)
+        self.sorts = sorts or Sorts(prog)  # those of the models handed in: constructors are compared
         self.interp = Interpreter(prog)
         self.attempts = 0  # symbolic evaluations, each with at most one z3 query
         self.abstracted: set[str] = set()  # defs some query took as unknown functions
         self.refuted = 0  # models the interpreter refuted
 
-    def run(self) -> Witness:
-        lists = [c for c in self.law.values if isinstance(c.ty, ListT)]
-        for lengths in itertools.product(range(SMALL + 1), repeat=len(lists)):
-            shape = {c.name: n for c, n in zip(lists, lengths, strict=True)}
+    def run(self, shapes: list[dict[str, int]] | None = None) -> Witness:
+        """Search the given shapes (list lengths, Nat values; SMT laws), else every list at 0..SMALL."""
+        for shape in self._small_shapes() if shapes is None else shapes:
             found = self._shape(shape)
             if found is not None:
                 return found
-        raise BendError(self._failure())
+        raise BendError(self._failure(shapes))
+
+    def check_model(self, model: z3.ModelRef, env: dict[str, object], abstracted: set[str]) -> Witness | None:
+        """A model of the hypotheses (for the symbolic values `env`) as a witness, if it runs true; a model
+        refuted with nothing `abstracted` is raised (see `_run_model`)."""
+        self.abstracted |= abstracted
+        attempt = Attempt("sat", set(abstracted))
+        self._run_model(attempt, model, env)
+        return Witness(attempt.values) if attempt.checked else None
+
+    def record(self, witness: Witness) -> dict:
+        """The certificate's record: the witness (as JSON) and how it was checked."""
+        shown = {
+            c.source: "<defined by its quantified hypothesis>"
+            if c.name in self.definitions
+            else _json(witness.values[c.name])
+            for c in self.law.values
+        }
+        return {"checked": CHECKED, "values": shown}
+
+    def _small_shapes(self) -> Iterator[dict[str, int]]:
+        lists = [c for c in self.law.values if isinstance(c.ty, ListT)]
+        for lengths in itertools.product(range(SMALL + 1), repeat=len(lists)):
+            yield {c.name: n for c, n in zip(lists, lengths, strict=True)}
 
     def _shape(self, shape: dict[str, int]) -> Witness | None:
         first = self._attempt(shape, {})
@@ -198,14 +217,7 @@ class _Search:
             )
 
     def _symbolic_env(self, ex: SymExec, shape: dict[str, int]) -> dict[str, object]:
-        env: dict[str, object] = {}
-        for c in self.law.values:
-            if c.name not in self.definitions:
-                env[c.name] = ex.fresh(c.source, c.ty)
-        for c in self.law.values:
-            if c.name in shape:
-                items = [ex.fresh(f"{c.source}{i}", c.ty.elem) for i in range(shape[c.name])]
-                env[c.name] = ex.list_of(items, c.ty)
+        env = symbolic_values(ex, self.law, shape, skip=self.definitions)
         for name, (params, body) in self.definitions.items():
             env[name] = ex.lambda_(params, body, env)
         return env
@@ -247,11 +259,16 @@ class _Search:
             return {}
         return {c.source: _json(values[c.name]) for c in self.law.values if c.name in values}
 
-    def _failure(self) -> str:
-        msg = (
-            f"{self.law.loc}: law {self.law.name}: vacuity check failed: no values with lists of length "
-            f"<= {SMALL} satisfy its hypotheses when run by the interpreter"
-        )
+    def _failure(self, shapes: list[dict[str, int]] | None) -> str:
+        run = "when run by the interpreter"
+        if shapes is None:
+            found = f"no values with lists of length <= {SMALL} satisfy its hypotheses {run}"
+        else:  # an SMT law: not vacuous for z3, whose models needed some def to be an unknown function
+            found = (
+                f"z3 finds its hypotheses satisfiable in {len(shapes)} shape(s), "
+                f"but they hold for no values there {run}"
+            )
+        msg = f"{self.law.loc}: law {self.law.name}: vacuity check failed: {found}"
         if self.abstracted:
             msg += (
                 f" (with the Nats that {', '.join(sorted(self.abstracted))} recurse on at 0..{NAT_SMALL}; "
