@@ -92,13 +92,15 @@ def test_unsatisfiable_for_the_real_recursion_fails(tmp_path):
     assert not report.ok and "vacuity check failed" in report.failures[0]
 
 
-def test_satisfiable_recursion_gets_a_checked_witness(tmp_path):
-    """double(n) == 6: z3 with double unknown picks some n; the witness recorded is n = 3, run and checked."""
-    root = _synthetic(tmp_path, "double_is_six", "6n")
+@pytest.mark.parametrize(("kernel", "method"), [(True, "kernel"), (False, "smt")])
+def test_satisfiable_recursion_gets_a_checked_witness(tmp_path, kernel, method):
+    """double(n) == 6, with a kernel proof or by z3: z3's model, with double unknown, is refuted; pinning n
+    finds n = 3, the witness recorded, run and checked."""
+    root = _synthetic(tmp_path, f"double_is_six_{method}", "6n", kernel=kernel)
     report = prove_all(root, jobs=1)
     assert report.ok, report.failures
     (cert,) = report.certificates
-    assert cert["method"] == "kernel"
+    assert cert["method"] == method
     assert cert["vacuity_witness"]["checked"] == "interpreter"
     assert cert["vacuity_witness"]["values"]["n"] == 3
     prog = load_program(root)
@@ -175,17 +177,6 @@ def test_z3_law_unsatisfiable_for_the_real_recursion_fails(tmp_path):
     assert "odd_double_z3" in failure and "vacuous" not in failure
     assert "vacuity check failed: z3 finds its hypotheses satisfiable in 1 shape(s)" in failure
     assert "when run by the interpreter" in failure and "double recurse on" in failure
-
-
-def test_z3_law_with_a_satisfiable_recursion_gets_a_checked_witness(tmp_path):
-    """double(n) == 6 (no proof): z3's model, with double unknown, is refuted; pinning n finds n = 3."""
-    root = _synthetic(tmp_path, "double_is_six_z3", "6n", kernel=False)
-    report = prove_all(root, jobs=1)
-    assert report.ok, report.failures
-    (cert,) = report.certificates
-    assert cert["method"] == "smt"
-    assert cert["vacuity_witness"]["checked"] == "interpreter"
-    assert cert["vacuity_witness"]["values"]["n"] == 3
 
 
 def test_z3_law_model_is_checked_before_the_search(program, monkeypatch):
