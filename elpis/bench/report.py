@@ -339,6 +339,9 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"{_fmt(r.get('draft_ms'), '.2f')} | {_fmt(r.get('round_tok_per_j'), '.2f')} | "
                 f"{_fmt(r.get('plain_tok_per_j'), '.2f')} |"
             )
+    if any(system in TREE_BUDGETS for system in doc.get("table", {})):
+        lines += ["", "A tree system's row here shows its prefill; its rounds are in the token-tree table "
+                  "below."]
     if doc.get("ratios"):
         lines += [
             "",

@@ -424,6 +424,12 @@ def test_a_tree_system_that_paid_its_prefill_shows_it_in_the_main_table(arith):
     assert "round_ms" not in first  # 16-row rounds belong to the tree table
     assert built["ratios_system"] == "elpis-tree16" and built["ratios"][0]["ttft_s"] == 0.5 / 0.25
     md = report.markdown(built)
+    assert "its rounds are in the token-tree table below" in md
+    chain_only = tree_doc()
+    for name in ("elpis-tree8", "elpis-tree16"):
+        del chain_only["systems"][name]
+    assert "token-tree table" not in report.markdown(report.build(chain_only, arith))
+    md = report.markdown(built)
     assert "| elpis-tree16 | 1K | 0.25 | 4096 |" in md and "Stock time / elpis-tree16 time" in md
 
 
