@@ -12,10 +12,7 @@
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-start_build_and_synths
-join_build
-export ELPIS_SMALL_DIR=/tmp/small
-unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH ELPIS_PATCH_DRAFT_CANDIDATES
+defaults_on_small_model
 gpu_pytest "exl3 on the small model, registry defaults (draft candidates on)" 200 tests/exl3 --durations=5
 finish_full_synth
 gib24_test "registry defaults (draft candidates on)" 140 tree-16-device-rounds
