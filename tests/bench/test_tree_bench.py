@@ -429,7 +429,6 @@ def test_a_tree_system_that_paid_its_prefill_shows_it_in_the_main_table(arith):
     for name in ("elpis-tree8", "elpis-tree16"):
         del chain_only["systems"][name]
     assert "token-tree table" not in report.markdown(report.build(chain_only, arith))
-    md = report.markdown(built)
     assert "| elpis-tree16 | 1K | 0.25 | 4096 |" in md and "Stock time / elpis-tree16 time" in md
 
 
