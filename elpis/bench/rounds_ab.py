@@ -8,12 +8,14 @@ rule of `elpis.bench.report` (NOISE_MADS x the larger MAD). Both arms must give 
 decoding's). `profiled_rounds` runs one request under the CUDA profiler: GPU span, busy (union of kernel
 intervals), idle and kernels per round, and each kernel's time per round by name, and `profile_difference`
 lists the kernels whose time differs most between two arms. `host_time` measures the host's own time per
-round where the rounds run on the GPU (a round's wall time less the host's waits on the GPU).
+round where the rounds run on the GPU (a round's wall time less the host's waits on the GPU), and which rounds
+Python's cyclic collector ran in (`CollectorTime`).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import os
@@ -87,47 +89,89 @@ def rounds_of(
     return out, seconds[WARMUP_ROUNDS:]
 
 
+class CollectorTime:
+    """Seconds Python's cyclic collector has run while installed (a `gc.callbacks` hook, as a context
+    manager) and its collections by generation: a collection inside a round is host time that no profile of
+    the round's own functions shows."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._began = 0.0
+
+    def _hook(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = self.clock()
+        else:
+            self.seconds += self.clock() - self._began
+            self.collections[info["generation"]] += 1
+
+    def __enter__(self) -> CollectorTime:
+        gc.callbacks.append(self._hook)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._hook)
+
+
 def host_time(
     steps: Iterable[Any],
     waited: Callable[[], float],
     clock: Callable[[], float] = time.perf_counter,
     uploads: Callable[[], float] = lambda: 0.0,
+    collector: Callable[[], float] = lambda: 0.0,
 ) -> dict[str, Any]:
     """Issue 9's host time per round (Python and launches) for rounds on the GPU: each step's wall time less
     the seconds the host spent blocked on the GPU during it (`waited()`, a running total such as
     `DeviceRounds.wait_seconds`), after the warm-up rounds; the first step holds the prefill and is left out
-    like `rounds_of` leaves it out. Medians and the 90th percentile in ms. `uploads()`, a running total such
-    as `Staged.wait_seconds` (the staged uploads' waits for their previous copies: also on the GPU, and on the
-    round's path), is reported apart and left in the host time."""
-    stamps = [(clock(), waited(), uploads())]
+    like `rounds_of` leaves it out. Medians and the 90th percentile in ms, and each round's host time in
+    order. `uploads()`, a running total such as `Staged.wait_seconds` (the staged uploads' waits for their
+    previous copies: also on the GPU, and on the round's path), is reported apart and left in the host time.
+    `collector()`, a running total such as `CollectorTime.seconds`, marks the rounds the cyclic collector ran
+    in: its time stays in the host time, and the 90th percentile of the other rounds is reported beside it."""
+    stamps = [(clock(), waited(), uploads(), collector())]
     for _ in steps:
-        stamps.append((clock(), waited(), uploads()))
+        stamps.append((clock(), waited(), uploads(), collector()))
     spans = list(itertools.pairwise(stamps[1:]))[WARMUP_ROUNDS:]
     if not spans:
         raise ValueError("no rounds after the warm-up: ask for more tokens")
     wall = [(b[0] - a[0]) * 1000 for a, b in spans]
     wait = [(b[1] - a[1]) * 1000 for a, b in spans]
     upload = sorted((b[2] - a[2]) * 1000 for a, b in spans)
-    host = sorted(w - x for w, x in zip(wall, wait, strict=True))
+    collected = [(b[3] - a[3]) * 1000 for a, b in spans]
+    in_order = [w - x for w, x in zip(wall, wait, strict=True)]
+    host = sorted(in_order)
+    quiet = sorted(h for h, c in zip(in_order, collected, strict=True) if c == 0)
     median = statistics.median
-    p90 = host[min(len(host) - 1, (9 * len(host)) // 10)]
     return {
         "rounds": len(host), "round_ms_median": median(wall), "wait_ms_median": median(wait),
-        "host_ms_median": median(host), "host_ms_p90": p90, "upload_wait_ms_median": median(upload),
-        "upload_wait_ms_max": upload[-1],
+        "host_ms_median": median(host), "host_ms_p90": _p90(host), "upload_wait_ms_median": median(upload),
+        "upload_wait_ms_max": upload[-1], "gc_ms_total": sum(collected),
+        "rounds_with_gc": sum(c > 0 for c in collected),
+        "host_ms_p90_without_gc": _p90(quiet) if quiet else None,
+        "host_ms_rounds": [round(h, 4) for h in in_order],
     }  # fmt: skip
 
 
+def _p90(ascending: list[float]) -> float:
+    return ascending[min(len(ascending) - 1, (9 * len(ascending)) // 10)]
+
+
 def device_host_time(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget: int) -> dict | None:
-    """`host_time` of one greedy request on `backend`'s rounds on the GPU, or None where it has none attached
-    (host rounds: the host's waits are inside its own loop, not counted by `DeviceRounds`)."""
+    """`host_time` of one greedy request on `backend`'s rounds on the GPU, with the cyclic collector's time
+    and its collections by generation during it, or None where it has none attached (host rounds: the host's
+    waits are inside its own loop, not counted by `DeviceRounds`)."""
     device = getattr(backend, "device_rounds", None)
     if device is None:
         return None
     from elpis.exl3.upload import Staged
 
     steps = greedy_steps(backend, decoder, prompt, tokens, budget)
-    return host_time(steps, lambda: device.wait_seconds, uploads=lambda: Staged.wait_seconds)
+    with CollectorTime() as collector:
+        got = host_time(steps, lambda: device.wait_seconds, uploads=lambda: Staged.wait_seconds,
+                        collector=lambda: collector.seconds)  # fmt: skip
+    return got | {"gc_collections": collector.collections}
 
 
 def arm_runner(

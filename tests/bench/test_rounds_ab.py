@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import types
 
@@ -154,6 +155,56 @@ def test_the_staged_uploads_waits_are_reported_apart_and_stay_in_the_host_time()
     assert got["host_ms_median"] == pytest.approx(2.0)
     assert got["upload_wait_ms_median"] == pytest.approx(1.0)
     assert got["upload_wait_ms_max"] == pytest.approx(3.0)
+
+
+def test_rounds_the_collector_ran_in_are_marked_and_left_out_of_the_quiet_p90() -> None:
+    """A collection inside a round stays in its host time; the rounds it ran in are counted, and the 90th
+    percentile of the other rounds is reported beside the overall one."""
+    clock = {"now": 0.0, "waited": 0.0, "collector": 0.0}
+    slow = {7, 11}  # rounds (steps) in which the collector ran for 0.4 ms
+
+    def steps():
+        for i in range(20):
+            clock["now"] += 0.0102 + (0.0004 if i in slow else 0.0)
+            clock["waited"] += 0.010
+            clock["collector"] += 0.0004 if i in slow else 0.0
+            yield object()
+
+    got = ab.host_time(steps(), lambda: clock["waited"], clock=lambda: clock["now"],
+                       collector=lambda: clock["collector"])  # fmt: skip
+    assert got["rounds"] == 19 - ab.WARMUP_ROUNDS == len(got["host_ms_rounds"])
+    assert got["rounds_with_gc"] == 2
+    assert got["gc_ms_total"] == pytest.approx(0.8)
+    assert got["host_ms_p90"] == pytest.approx(0.6)
+    assert got["host_ms_p90_without_gc"] == pytest.approx(0.2)
+    # in order: step i is round i - 1 - WARMUP_ROUNDS
+    slow_rounds = [i for i, h in enumerate(got["host_ms_rounds"]) if h > 0.5]
+    assert slow_rounds == [step - 1 - ab.WARMUP_ROUNDS for step in sorted(slow)]
+
+
+def test_every_round_with_a_collection_leaves_no_quiet_p90() -> None:
+    clock = {"now": 0.0, "collector": 0.0}
+
+    def steps():
+        for _ in range(10):
+            clock["now"] += 0.001
+            clock["collector"] += 0.0001
+            yield object()
+
+    got = ab.host_time(steps(), lambda: 0.0, clock=lambda: clock["now"], collector=lambda: clock["collector"])
+    assert got["rounds_with_gc"] == got["rounds"] and got["host_ms_p90_without_gc"] is None
+
+
+def test_the_collector_time_counts_real_collections_only_while_installed() -> None:
+    with ab.CollectorTime() as collector:
+        assert collector.seconds == 0.0
+        gc.collect()
+        gc.collect(0)
+    assert collector.collections[2] >= 1 and collector.collections[0] >= 1
+    assert collector.seconds > 0.0
+    seen = (collector.seconds, list(collector.collections))
+    gc.collect()
+    assert (collector.seconds, collector.collections) == seen  # uninstalled: no longer counted
 
 
 def test_an_arm_is_attached_for_its_request_and_restored_after_even_when_it_fails() -> None:
