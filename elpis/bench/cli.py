@@ -178,7 +178,7 @@ def run_engine(args: argparse.Namespace) -> int:
         return 2
     start = time.time()
     end = start + args.time_limit
-    facts = hardware.gpu_facts()
+    facts = hardware.machine_facts()
     stem = args.stem or f"engine-{time.strftime('%Y-%m-%d')}-{facts.get('gpu', 'gpu').replace(' ', '_')}"
     args.out_dir.mkdir(parents=True, exist_ok=True)
     arith = workload.arithmetic(geometry.read_config(args.model), geometry.read_config(args.draft))
@@ -390,7 +390,7 @@ def run_profile(args: argparse.Namespace) -> int:
         print("elpis bench profile needs a CUDA GPU", file=sys.stderr)
         return 2
     end = time.time() + args.time_limit
-    facts = hardware.gpu_facts()
+    facts = hardware.machine_facts()
     stem = args.stem or f"profile-{time.strftime('%Y-%m-%d')}-{facts.get('gpu', 'gpu').replace(' ', '_')}"
     args.out_dir.mkdir(parents=True, exist_ok=True)
     doc: dict = {

@@ -58,7 +58,34 @@ def _nvml():
         return None
 
 
-def gpu_facts(device: int = 0) -> dict[str, Any]:
+def cpu_facts(cpuinfo: str, cpus: int | None, usable: int | None, load: float | None) -> dict[str, Any]:
+    """The host CPU as /proc/cpuinfo's text describes it (its first model name, the mean of its current
+    clocks), with the logical CPUs, those this process may run on and the 1-minute load average: the host's
+    time per round follows the host CPU, which differs between lent machines and within a run."""
+    models = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
+    clocks = [float(line.split(":", 1)[1]) for line in cpuinfo.splitlines() if line.startswith("cpu MHz")]
+    return {
+        "cpu": models[0] if models else platform.processor() or None,
+        "cpu_count": cpus, "cpu_usable": usable,
+        "cpu_mhz_mean_now": round(sum(clocks) / len(clocks), 1) if clocks else None,
+        "load_avg_1m": load,
+    }  # fmt: skip
+
+
+def host_facts() -> dict[str, Any]:
+    """`cpu_facts` of this machine, now."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpuinfo = f.read()
+    except OSError:
+        cpuinfo = ""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+    return cpu_facts(cpuinfo, os.cpu_count(), usable, load)
+
+
+def machine_facts(device: int = 0) -> dict[str, Any]:
+    """Software versions, the GPU (name, SMs, memory, driver, clocks, power limit) and the host CPU."""
     facts: dict[str, Any] = {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -89,7 +116,7 @@ def gpu_facts(device: int = 0) -> dict[str, Any]:
                 facts[f"clock_{name}_now_mhz"] = nvml.nvmlDeviceGetClockInfo(h, clock)
         with contextlib.suppress(Exception):
             facts["power_limit_w"] = nvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000
-    return facts
+    return facts | host_facts()
 
 
 def measure_copy_bandwidth(gib: float = 4.0, reps: int = 10) -> dict[str, float]:

@@ -315,6 +315,9 @@ def markdown(doc: dict[str, Any]) -> str:
         f"SM clock max {facts.get('clock_sm_max_mhz')} MHz, "
         f"memory clock max {facts.get('clock_mem_max_mhz')} MHz), torch {facts.get('torch')}, CUDA "
         f"{facts.get('cuda')}, exllamav3 {facts.get('exllamav3')}, git {facts.get('git_revision')}.",
+        f"Host CPU {facts.get('cpu')} ({facts.get('cpu_usable')} of {facts.get('cpu_count')} usable, "
+        f"{_fmt(facts.get('cpu_mhz_mean_now'), '.0f')} MHz mean now, "
+        f"load {_fmt(facts.get('load_avg_1m'), '.2f')}).",
         f"Model: {doc.get('model_note', '')}",
         f"Measured ceilings: copy {_fmt(ceil.get('copy', {}).get('bytes_per_s', 0) / 1e12, '.2f')} TB/s "
         "(read+write), "
@@ -340,8 +343,10 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"{_fmt(r.get('plain_tok_per_j'), '.2f')} |"
             )
     if any(system in TREE_BUDGETS for system in doc.get("table", {})):
-        lines += ["", "A tree system's row here shows its prefill; its rounds are in the token-tree table "
-                  "below."]
+        lines += [
+            "",
+            "A tree system's row here shows its prefill; its rounds are in the token-tree table below.",
+        ]
     if doc.get("ratios"):
         lines += [
             "",

@@ -479,7 +479,7 @@ def load_system(args: argparse.Namespace, out: ResultFile):
     if args.cap_gib:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * GiB / total))
-    facts = hardware.gpu_facts()
+    facts = hardware.machine_facts()
     t0 = time.perf_counter()
     if args.system == ["stock"]:
         system = StockSystem(args)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 
 import pytest
 
-from elpis.bench import report, workload
+from elpis.bench import hardware, report, workload
 from elpis.exl3 import geometry
 
 
@@ -62,7 +63,13 @@ def doc() -> dict:
     ]
     return {
         "title": "test",
-        "facts": {"gpu": "X"},
+        "facts": {
+            "gpu": "X",
+            "cpu": "Test CPU 9000",
+            "cpu_count": 32,
+            "cpu_usable": 16,
+            "cpu_mhz_mean_now": 2450.0,
+        },
         "model_note": "synthetic",
         "ceilings": {"copy": {"bytes_per_s": 4.3e12}, "matmul": {"flop_per_s": 7.9e14}},
         "systems": {
@@ -103,7 +110,28 @@ def test_report_files(arith, tmp_path):
     assert frac == pytest.approx(arith.round_bytes(1024, True) / 4.3e12 / 0.026)
     md = paths[1].read_text()
     assert "| stock | 1K |" in md and "under a 24.0 GiB cap" in md and "deadline reached" in md
+    assert "Host CPU Test CPU 9000 (16 of 32 usable, 2450 MHz mean now, load -)" in md  # no load recorded
     assert paths[2].stat().st_size > 1000
+
+
+CPUINFO = """processor\t: 0
+model name\t: Test CPU 9000 @ 2.0GHz
+cpu MHz\t\t: 2000.000
+processor\t: 1
+model name\t: Test CPU 9000 @ 2.0GHz
+cpu MHz\t\t: 3000.500
+"""
+
+
+def test_the_host_cpu_is_recorded_from_cpuinfo():
+    got = hardware.cpu_facts(CPUINFO, 2, 1, 0.5)
+    assert got == {"cpu": "Test CPU 9000 @ 2.0GHz", "cpu_count": 2, "cpu_usable": 1,
+                   "cpu_mhz_mean_now": 2500.2, "load_avg_1m": 0.5}  # fmt: skip
+    # no model line and no clocks (some VMs and arm hosts)
+    bare = hardware.cpu_facts("processor\t: 0\n", None, None, None)
+    assert bare["cpu_mhz_mean_now"] is None and bare["cpu_count"] is None
+    here = hardware.host_facts()
+    assert here["cpu_count"] == os.cpu_count() and 1 <= here["cpu_usable"] <= here["cpu_count"]
 
 
 def test_bench_cli_modes():

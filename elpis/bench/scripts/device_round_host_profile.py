@@ -45,6 +45,7 @@ def main() -> None:
 def profile_context(
     backend: Any, decoder: Any, context: int, tokens: int, top: int, modes: list[str]
 ) -> None:
+    from elpis.bench import hardware
     from elpis.bench import rounds_ab as ab
     from elpis.bench.workload import prompt as make_prompt
 
@@ -58,7 +59,7 @@ def profile_context(
         if mode == "freeze":
             gc.freeze()
         got = ab.device_host_time(backend, decoder, base, tokens, 16)
-        print(f"HOSTTIME context {context}, {graphs}, collector {mode}: {got}")
+        print(f"HOSTTIME context {context}, {graphs}, collector {mode}: {got} host {hardware.host_facts()}")
     gc.unfreeze()
     profiler = cProfile.Profile()
     steps = 0
