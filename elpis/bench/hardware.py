@@ -72,8 +72,30 @@ def cpu_facts(cpuinfo: str, cpus: int | None, usable: int | None, load: float | 
     }  # fmt: skip
 
 
+def python_loop_us(reps: int = 5, calls: int = 20_000) -> float:
+    """Median microseconds of a fixed pure-Python workload (`calls` small function calls with an attribute and
+    a dict lookup each, like a round's host path): host times measured on two machines compare through it,
+    since /proc/cpuinfo's model and clock do not show a shared or throttled core."""
+
+    class Holder:
+        value = 1
+
+    def step(holder: Holder, table: dict[int, int], i: int) -> int:
+        return holder.value + table.get(i & 7, 0)
+
+    table = {i: i for i in range(8)}
+    holder = Holder()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for i in range(calls):
+            step(holder, table, i)
+        times.append((time.perf_counter() - start) * 1e6)
+    return round(sorted(times)[reps // 2], 1)
+
+
 def host_facts() -> dict[str, Any]:
-    """`cpu_facts` of this machine, now."""
+    """`cpu_facts` of this machine, now, with `python_loop_us`."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             cpuinfo = f.read()
@@ -81,7 +103,7 @@ def host_facts() -> dict[str, Any]:
         cpuinfo = ""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
-    return cpu_facts(cpuinfo, os.cpu_count(), usable, load)
+    return cpu_facts(cpuinfo, os.cpu_count(), usable, load) | {"python_loop_us": python_loop_us()}
 
 
 def machine_facts(device: int = 0) -> dict[str, Any]:

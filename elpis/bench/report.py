@@ -317,7 +317,8 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{facts.get('cuda')}, exllamav3 {facts.get('exllamav3')}, git {facts.get('git_revision')}.",
         f"Host CPU {facts.get('cpu')} ({facts.get('cpu_usable')} of {facts.get('cpu_count')} usable, "
         f"{_fmt(facts.get('cpu_mhz_mean_now'), '.0f')} MHz mean now, "
-        f"load {_fmt(facts.get('load_avg_1m'), '.2f')}).",
+        f"load {_fmt(facts.get('load_avg_1m'), '.2f')}, "
+        f"Python loop {_fmt(facts.get('python_loop_us'), '.0f')} µs).",
         f"Model: {doc.get('model_note', '')}",
         f"Measured ceilings: copy {_fmt(ceil.get('copy', {}).get('bytes_per_s', 0) / 1e12, '.2f')} TB/s "
         "(read+write), "

@@ -110,7 +110,8 @@ def test_report_files(arith, tmp_path):
     assert frac == pytest.approx(arith.round_bytes(1024, True) / 4.3e12 / 0.026)
     md = paths[1].read_text()
     assert "| stock | 1K |" in md and "under a 24.0 GiB cap" in md and "deadline reached" in md
-    assert "Host CPU Test CPU 9000 (16 of 32 usable, 2450 MHz mean now, load -)" in md  # no load recorded
+    # no load and no Python loop recorded
+    assert "Host CPU Test CPU 9000 (16 of 32 usable, 2450 MHz mean now, load -, Python loop - µs)" in md
     assert paths[2].stat().st_size > 1000
 
 
@@ -132,6 +133,12 @@ def test_the_host_cpu_is_recorded_from_cpuinfo():
     assert bare["cpu_mhz_mean_now"] is None and bare["cpu_count"] is None
     here = hardware.host_facts()
     assert here["cpu_count"] == os.cpu_count() and 1 <= here["cpu_usable"] <= here["cpu_count"]
+    assert here["python_loop_us"] > 0
+
+
+def test_the_python_loop_time_grows_with_its_calls():
+    short, long = hardware.python_loop_us(reps=3, calls=2_000), hardware.python_loop_us(reps=3, calls=200_000)
+    assert 0 < short < long
 
 
 def test_bench_cli_modes():
