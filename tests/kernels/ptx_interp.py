@@ -67,7 +67,7 @@ def _little(value: int, nbytes: int) -> bytes:
 
 def _to_float(bits: int, width: int) -> float:
     data = (bits & _mask(width)).to_bytes(width // 8, "little")
-    return struct.unpack("<f" if width == 32 else "<d", data)[0]
+    return struct.unpack({16: "<e", 32: "<f", 64: "<d"}[width], data)[0]
 
 
 def _from_float(value: float, width: int) -> int:
@@ -105,6 +105,7 @@ class Instruction:
     ops: list[str]
     guard: str | None  # the predicate register, or None
     negated: bool
+    line: int = 0  # 1-based line in the PTX text, for reports
 
 
 @dataclass
@@ -146,6 +147,10 @@ class PtxProgram:
         while lines[i] != "}":
             line = lines[i].split("//", 1)[0].strip()
             i += 1
+            if line.startswith("{") and line.endswith("}"):  # a one-line scope: nvcc's inline asm
+                line = line[1:-1].strip()
+                if line.startswith(".reg"):
+                    raise PtxUnsupported(f"scoped register declaration {line!r}")
             if not line or line.split(None, 1)[0] in (".reg", ".pragma", ".loc"):
                 continue
             if line.endswith(":"):
@@ -166,7 +171,7 @@ class PtxProgram:
             parts = line.split(None, 1)
             opcode, *mods = parts[0].split(".")
             operands = _split_operands(parts[1]) if len(parts) > 1 else []
-            code.append(Instruction(opcode, mods, operands, guard, negated))
+            code.append(Instruction(opcode, mods, operands, guard, negated, i))
         self.entries[name] = Entry(name, params, decls, code, labels)
         return i + 1
 
@@ -176,6 +181,18 @@ class PtxProgram:
         if len(found) != 1:
             raise KeyError(f"{len(found)} entries match {contains!r}: {sorted(self.entries)}")
         return found[0]
+
+
+def _extent(frame: dict[str, int], decls: list[tuple[str, str, int, int]]) -> tuple[int, int]:
+    """[low, high) of a frame's variables (allocated one after another), empty for none."""
+    if not decls:
+        return (0, 0)
+    return (min(frame[d[1]] for d in decls), max(frame[d[1]] + d[3] for d in decls))
+
+
+def _extent_all(frames: list[dict[str, int]], decls: list[tuple[str, str, int, int]]) -> tuple[int, int]:
+    spans = [_extent(f, decls) for f in frames if decls]
+    return (min(lo for lo, _ in spans), max(hi for _, hi in spans)) if spans else (0, 0)
 
 
 @dataclass
@@ -223,6 +240,27 @@ class Machine:
             raise MemoryError(f"store of {nbytes} bytes at {addr:#x}, outside allocated memory")
         self.mem[addr : addr + nbytes] = _little(value, nbytes)
 
+    def _params(self, entry: Entry, args: Sequence[int | bytes]) -> dict[str, bytes]:
+        if len(args) != len(entry.params):
+            raise ValueError(f"{entry.name}: {len(entry.params)} parameters, {len(args)} given")
+        params = {}
+        for (name, nbytes), value in zip(entry.params, args, strict=True):
+            data = value if isinstance(value, bytes) else _little(value, nbytes)
+            if len(data) != nbytes:
+                raise ValueError(f"{entry.name}: parameter {name} takes {nbytes} bytes, got {len(data)}")
+            params[name] = data
+        return params
+
+    def _frame(self, key: str, decls: list[tuple[str, str, int, int]]) -> dict[str, int]:
+        """The variables' addresses (one place per key, reused by every launch), each refilled with 0xCD
+        bytes: on a GPU nothing initialises shared variables or the local depot."""
+        if key not in self._frames:
+            self._frames[key] = {name: self.alloc(n, max(a, 16)) for _, name, a, n in decls}
+        frame = self._frames[key]
+        for _, name, _, nbytes in decls:
+            self.mem[frame[name] : frame[name] + nbytes] = b"\xcd" * nbytes
+        return frame
+
     def run(
         self, entry: Entry, args: Sequence[int | bytes], *, block: int = 0, blocks: int = 1,
         max_steps: int = 20_000_000,
@@ -230,25 +268,47 @@ class Machine:
         """Run `entry` for one thread, thread 0 of one-thread block `block` of `blocks` (so a kernel that
         indexes by blockIdx.x * blockDim.x + threadIdx.x runs its element `block`). `args`: integers (values,
         or addresses from `put`) for scalar parameters, the bytes of a struct passed by value for the others.
-        Shared variables and the local depot hold 0xCD bytes at every launch: on a GPU nothing initialises
-        them."""
-        if len(args) != len(entry.params):
-            raise ValueError(f"{entry.name}: {len(entry.params)} parameters, {len(args)} given")
-        if entry.name not in self._frames:  # one place per entry, reused by its launches
-            self._frames[entry.name] = {name: self.alloc(n, max(a, 16)) for _, name, a, n in entry.decls}
-        symbols = self._frames[entry.name]
-        for _, name, _, nbytes in entry.decls:
-            self.mem[symbols[name] : symbols[name] + nbytes] = b"\xcd" * nbytes
-        params = {}
-        for (name, nbytes), value in zip(entry.params, args, strict=True):
-            data = value if isinstance(value, bytes) else _little(value, nbytes)
-            if len(data) != nbytes:
-                raise ValueError(f"{entry.name}: parameter {name} takes {nbytes} bytes, got {len(data)}")
-            params[name] = data
+        Shared variables and the local depot hold 0xCD bytes at every launch."""
+        params = self._params(entry, args)
+        symbols = self._frame(entry.name, entry.decls)
         special = {"%tid.x": 0, "%ntid.x": 1, "%ctaid.x": block, "%nctaid.x": blocks}
         for axis in "yz":
             special |= {f"%tid.{axis}": 0, f"%ntid.{axis}": 1, f"%ctaid.{axis}": 0, f"%nctaid.{axis}": 1}
         self.steps += _Thread(self, entry, symbols, params, special).run(max_steps)
+
+    def run_block(
+        self, entry: Entry, args: Sequence[int | bytes], *, threads: int, block: tuple[int, int] = (0, 0),
+        grid: tuple[int, int] = (1, 1), max_steps: int = 2_000_000,
+    ) -> BlockReport:  # fmt: skip
+        """Run every thread of block `block` (x, y) of a `grid` of blocks of `threads` threads (a 1-D block):
+        barriers, warp shuffles and the race detector (`_Block`, `_Scheduler`). `args` as for `run`; each
+        thread has its own local depot. Raises SyncFault where the threads do not meet as PTX requires;
+        `max_steps` bounds each thread."""
+        if not 1 <= threads <= 1024:
+            raise ValueError(f"a block of {threads} threads")
+        params = self._params(entry, args)
+        shared_decls = [d for d in entry.decls if d[0] == "shared"]
+        local_decls = [d for d in entry.decls if d[0] == "local"]
+        shared = self._frame(f"{entry.name}/shared", shared_decls)
+        frames = [self._frame(f"{entry.name}/local/{t}", local_decls) for t in range(threads)]
+        block_state = _Block(threads, _extent(shared, shared_decls), _extent_all(frames, local_decls))
+        special = {"%ntid.x": threads, "%ctaid.x": block[0], "%nctaid.x": grid[0], "%ctaid.y": block[1],
+                   "%nctaid.y": grid[1], "%tid.y": 0, "%ntid.y": 1, "%tid.z": 0, "%ntid.z": 1, "%ctaid.z": 0,
+                   "%nctaid.z": 1}  # fmt: skip
+        threads_ = [
+            _Thread(
+                self,
+                entry,
+                shared | frames[t],
+                params,
+                special | {"%tid.x": t, "%laneid": t % 32},
+                block_state,
+            )
+            for t in range(threads)
+        ]
+        report = _Scheduler(threads_, block_state, max_steps).run()
+        self.steps += report.steps
+        return report
 
     def call(self, entry: Entry, *args: int | bytes | np.ndarray) -> None:
         """A launch on arrays: each numpy array argument is copied in, passed as its address and, after the
@@ -260,17 +320,27 @@ class Machine:
                 a[...] = self.get(addr, a)
 
 
+_SYNC = frozenset({"bar", "barrier", "shfl"})  # instructions a block resolves across its threads
+# Special registers whose value is the hardware's placement, not the program's: refused, never guessed.
+_PLACEMENT = ("%warpid", "%nwarpid", "%smid", "%nsmid", "%gridid", "%clock", "%globaltimer", "%lanemask")
+
+
 class _Thread:
     def __init__(
         self, machine: Machine, entry: Entry, symbols: dict[str, int], params: dict[str, bytes],
-        special: dict[str, int],
+        special: dict[str, int], block: _Block | None = None,
     ) -> None:  # fmt: skip
         self.m, self.entry, self.symbols, self.params = machine, entry, symbols, params
         self.regs: dict[str, int] = dict(special)  # read-only by convention: nothing writes %tid etc.
+        self.tid = special.get("%tid.x", 0)
+        self.block = block  # None: a one-thread launch, which refuses every instruction of _SYNC
+        self.pc = self.steps = 0
 
     def value(self, op: str) -> int:
         if op.startswith("%"):
             if op not in self.regs:
+                if op.startswith(_PLACEMENT):
+                    raise PtxUnsupported(f"special register {op}")
                 raise RuntimeError(f"{self.entry.name}: {op} read before any write")
             return self.regs[op]
         if op in self.symbols:
@@ -296,30 +366,286 @@ class _Thread:
             raise PtxUnsupported(f"address {op!r}")
         return (self.value(m.group(1)) + int(m.group(2) or "0", 0)) & _mask(64)
 
+    def note(self, addr: int, nbytes: int, write: bool) -> None:
+        """A load's or store's bytes, for the block's race detector (a one-thread launch has none)."""
+        if self.block is not None:
+            self.block.note(self.tid, self.entry.code[self.pc - 1].line, addr, nbytes, write)
+
     def run(self, max_steps: int) -> int:
+        """Run a one-thread launch to its end; the instructions run."""
+        self.advance(max_steps)
+        return self.steps
+
+    def advance(self, max_steps: int) -> Instruction | None:
+        """Run until the thread exits (None) or, in a block, until its next instruction synchronises with
+        other threads (returned, not run: the block runs it for all of them at once)."""
         code, labels = self.entry.code, self.entry.labels
-        pc = steps = 0
         while True:
-            if pc >= len(code):
+            if self.pc >= len(code):
                 raise RuntimeError(f"{self.entry.name}: ran past its end")
-            ins = code[pc]
-            steps += 1
-            if steps > max_steps:
+            ins = code[self.pc]
+            if self.block is not None and ins.opcode in _SYNC:
+                return ins
+            self.steps += 1
+            if self.steps > max_steps:
                 raise RuntimeError(f"{self.entry.name}: over {max_steps} instructions")
-            pc += 1
+            self.pc += 1
             if ins.guard is not None and bool(self.regs[ins.guard]) == ins.negated:
                 continue
             if ins.opcode == "bra":
-                pc = labels[ins.ops[0]]
-            elif ins.opcode == "ret":
-                return steps
+                self.pc = labels[ins.ops[0]]
+            elif ins.opcode in ("ret", "exit"):
+                return None
             elif ins.opcode in ("membar", "fence"):
-                continue  # one thread: its accesses are in order
+                continue  # accesses run in program order here; ordering between threads is the barrier's
             else:
                 handler = _HANDLERS.get(ins.opcode)
                 if handler is None:
                     raise PtxUnsupported(f"opcode {ins.opcode}.{'.'.join(ins.mods)}")
                 handler(self, ins.mods, ins.ops)
+
+
+# ---- a block of threads: barriers, warp shuffles and the race detector -------------------------------------
+
+
+class SyncFault(RuntimeError):
+    """A block's threads do not meet at a barrier or a shuffle as PTX requires (diverged or deadlocked)."""
+
+
+@dataclass(frozen=True)
+class Access:
+    thread: int  # threadIdx.x
+    line: int  # the PTX line of the load or store
+    write: bool
+
+
+@dataclass(frozen=True)
+class Race:
+    """Two threads' accesses to one byte, at least one a write, with no barrier between them."""
+
+    address: int
+    space: str  # "shared" or "global"
+    first: Access
+    second: Access
+
+    def __str__(self) -> str:
+        kinds = "/".join("write" if a.write else "read" for a in (self.first, self.second))
+        return (f"{kinds} race on {self.space} byte {self.address:#x}: thread {self.first.thread} at line "
+                f"{self.first.line}, thread {self.second.thread} at line {self.second.line}")  # fmt: skip
+
+
+@dataclass
+class BlockReport:
+    """What the detector saw in one block's run."""
+
+    threads: int
+    steps: int = 0  # instructions run, all threads
+    barriers: int = 0  # barriers every thread of the block reached
+    shuffles: int = 0  # warp shuffles resolved (one a warp's group of lanes)
+    races: list[Race] = field(default_factory=list)  # one example per pair of lines
+    racing_bytes: int = 0  # every racing access, counted once a byte and access
+    unwritten_reads: list[tuple[Access, int]] = field(
+        default_factory=list
+    )  # shared bytes read before any write
+
+
+class _Block:
+    """The accesses of the current barrier interval, a byte at a time. Within one interval a byte written by
+    one thread and read or written by another is a race: with no barrier between them nothing orders the two,
+    so the result would depend on the warps' schedule (the scheduler here runs one order only)."""
+
+    def __init__(self, threads: int, shared: tuple[int, int], private: tuple[int, int]) -> None:
+        self.report = BlockReport(threads)
+        self.shared, self.private = (
+            shared,
+            private,
+        )  # [low, high) of the shared variables and the local depots
+        self.writer: dict[int, Access] = {}
+        self.reader: dict[int, Access] = {}  # the interval's first reader of a byte
+        self.other_reader: dict[int, Access] = {}  # a reader other than the first, if any
+        self.written: set[int] = set()  # shared bytes written this launch
+        self._seen: set[tuple[int, int]] = set()  # (line, line) pairs already reported
+        self._unwritten_lines: set[int] = set()
+
+    def space(self, addr: int) -> str | None:
+        if self.shared[0] <= addr < self.shared[1]:
+            return "shared"
+        return None if self.private[0] <= addr < self.private[1] else "global"
+
+    def note(self, thread: int, line: int, addr: int, nbytes: int, write: bool) -> None:
+        space = self.space(addr)
+        if space is None:  # a thread's own local depot: no other thread can reach it
+            return
+        me = Access(thread, line, write)
+        for b in range(addr, addr + nbytes):
+            w = self.writer.get(b)
+            if w is not None and w.thread != thread:
+                self._race(b, space, w, me)
+            if write:
+                r = self.reader.get(b)
+                if r is not None and r.thread != thread:
+                    self._race(b, space, r, me)
+                elif b in self.other_reader:
+                    self._race(b, space, self.other_reader[b], me)
+                self.writer[b] = me
+                if space == "shared":
+                    self.written.add(b)
+            else:
+                r = self.reader.setdefault(b, me)
+                if r.thread != thread:
+                    self.other_reader.setdefault(b, me)
+                if space == "shared" and b not in self.written and line not in self._unwritten_lines:
+                    self._unwritten_lines.add(line)
+                    self.report.unwritten_reads.append((me, b))
+
+    def _race(self, addr: int, space: str, first: Access, second: Access) -> None:
+        self.report.racing_bytes += 1
+        if (first.line, second.line) not in self._seen:
+            self._seen.add((first.line, second.line))
+            self.report.races.append(Race(addr, space, first, second))
+
+    def barrier(self) -> None:
+        """Every thread passed a barrier: the accesses before it are ordered before those after it."""
+        self.writer.clear()
+        self.reader.clear()
+        self.other_reader.clear()
+        self.report.barriers += 1
+
+
+_SHUFFLE_MODES = ("up", "down", "bfly", "idx")
+
+
+def _shuffle_source(mode: str, lane: int, b: int, c: int) -> tuple[int, bool]:
+    """(source lane, in range) of a lane's shfl.sync, as the PTX ISA's pseudocode computes them."""
+    bval, cval, segmask = b & 31, c & 31, (c >> 8) & 31
+    max_lane, min_lane = (lane & segmask) | (cval & ~segmask & 31), lane & segmask
+    if mode == "up":
+        j = lane - bval
+        ok = j >= max_lane
+    elif mode == "down":
+        j = lane + bval
+        ok = j <= max_lane
+    elif mode == "bfly":
+        j = lane ^ bval
+        ok = j <= max_lane
+    else:
+        j = min_lane | (bval & ~segmask & 31)
+        ok = j <= max_lane
+    return (j if ok else lane), ok
+
+
+def _where(ins: Instruction | None) -> str:
+    return "its exit" if ins is None else f"line {ins.line} ({ins.opcode}.{'.'.join(ins.mods)})"
+
+
+class _Scheduler:
+    """Runs every thread of a block until it exits or stops at a barrier or shuffle, then resolves those: a
+    shuffle once every lane its mask names is at it, a barrier once every thread is. For code without races
+    (which the block's detector checks) any order of the threads between these points gives the same result,
+    so running them one after another in thread order is exact."""
+
+    def __init__(self, threads: list[_Thread], block: _Block, max_steps: int) -> None:
+        self.threads, self.block, self.max_steps = threads, block, max_steps
+        self.at: list[Instruction | None] = [None] * len(threads)  # where a stopped thread waits
+        self.exited = [False] * len(threads)
+
+    def run(self) -> BlockReport:
+        pending = list(range(len(self.threads)))
+        while True:
+            for t in pending:
+                self.at[t] = self.threads[t].advance(self.max_steps)
+                self.exited[t] = self.at[t] is None
+            pending = self._shuffles()
+            if pending:
+                continue
+            if all(self.exited):
+                break
+            pending = self._barrier()
+        self.block.report.steps = sum(th.steps for th in self.threads)
+        return self.block.report
+
+    def _shuffles(self) -> list[int]:
+        resumed: list[int] = []
+        done: set[int] = set()
+        for t, ins in enumerate(self.at):
+            if ins is not None and ins.opcode == "shfl" and t not in done:
+                group = self._shuffle(t, ins)
+                done.update(group)
+                resumed += group
+        for t in resumed:
+            self.at[t] = None
+        return resumed
+
+    def _shuffle(self, t: int, ins: Instruction) -> list[int]:
+        """Run the shuffle thread t waits at for every lane of its mask: each lane reads its source lane's
+        operand as it is at the shuffle, before any lane's destination is written."""
+        if ins.guard is not None or len(ins.mods) != 3 or ins.mods[0] != "sync" or ins.mods[2] != "b32":
+            raise PtxUnsupported(f"line {ins.line}: {'@' if ins.guard else ''}shfl.{'.'.join(ins.mods)}")
+        mode = ins.mods[1]
+        if mode not in _SHUFFLE_MODES or len(ins.ops) != 5:
+            raise PtxUnsupported(f"line {ins.line}: shfl.{'.'.join(ins.mods)}")
+        dest, a, b, c, mask_op = ins.ops
+        base = t - t % 32
+        mask = self.threads[t].value(mask_op) & 0xFFFFFFFF
+        lanes = [base + lane for lane in range(32) if mask >> lane & 1]
+        if t not in lanes:
+            raise SyncFault(f"line {ins.line}: thread {t} runs a shuffle whose mask {mask:#x} leaves it out")
+        for u in lanes:
+            if u >= len(self.threads):
+                raise SyncFault(f"line {ins.line}: mask {mask:#x} names thread {u}, past the block")
+            if self.exited[u]:
+                continue  # PTX waits for the mask's threads that have not exited
+            if self.at[u] is not ins:
+                where = _where(self.at[u])
+                why = f"thread {t} shuffles with mask {mask:#x}, thread {u} of its warp is at {where}"
+                raise SyncFault(f"line {ins.line}: {why}")
+            if self.threads[u].value(mask_op) & 0xFFFFFFFF != mask:
+                raise SyncFault(f"line {ins.line}: threads {t} and {u} shuffle with different masks")
+        group = [u for u in lanes if not self.exited[u]]
+        sources = {u: self.threads[u].value(a) for u in group}
+        results = {}
+        for u in group:
+            th = self.threads[u]
+            j, ok = _shuffle_source(mode, u - base, th.value(b), th.value(c))
+            if base + j not in sources:
+                raise SyncFault(f"line {ins.line}: thread {u} reads lane {j}, which is not at the shuffle")
+            results[u] = (sources[base + j], ok)
+        value_reg, _, pred_reg = dest.partition("|")
+        for u in group:
+            th = self.threads[u]
+            th.set(value_reg, results[u][0])
+            if pred_reg:
+                th.set(pred_reg, int(results[u][1]))
+            th.pc += 1
+            th.steps += 1
+        self.block.report.shuffles += 1
+        return group
+
+    def _barrier(self) -> list[int]:
+        live = [t for t in range(len(self.threads)) if not self.exited[t]]
+        first = self.at[live[0]]
+        assert first is not None
+        if first.opcode not in ("bar", "barrier"):  # a shuffle would have resolved or faulted
+            raise SyncFault(f"thread {live[0]} waits at {_where(first)}")
+        form_ok = first.mods in (["sync"], ["sync", "aligned"]) and len(first.ops) == 1
+        if first.guard is not None or not form_ok:  # arrive, red, a thread count: not modelled
+            raise PtxUnsupported(f"line {first.line}: {first.opcode}.{'.'.join(first.mods)} {first.ops}")
+        apart = [t for t in live if self.at[t] is not first]
+        if apart:
+            raise SyncFault(f"thread {live[0]} waits at {_where(first)}, thread {apart[0]} at "
+                            f"{_where(self.at[apart[0]])}")  # fmt: skip
+        if len(live) != len(self.threads):
+            gone = self.exited.index(True)
+            why = "whether an exited thread counts as arrived is not modelled"
+            raise PtxUnsupported(f"line {first.line}: a barrier after thread {gone} exited ({why})")
+        if len({self.threads[t].value(first.ops[0]) for t in live}) != 1:
+            raise SyncFault(f"line {first.line}: threads name different barriers")
+        self.block.barrier()
+        for t in live:
+            self.threads[t].pc += 1
+            self.threads[t].steps += 1
+            self.at[t] = None
+        return live
 
 
 # ---- instruction semantics (PTX ISA 9.0) -------------------------------------------------------------------
@@ -391,6 +717,18 @@ def _mul(t: _Thread, mods: list[str], ops: list[str]) -> None:
     t.set(ops[0], (a * b) >> shifts[mods[0]])
 
 
+def _mad(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    """mad.lo / .hi / .wide on integers: the product's part, plus c (at the destination's width)."""
+    kind, width = _type_of(mods[-1])
+    if kind not in ("s", "u") or len(mods) != 2 or mods[0] not in ("lo", "hi", "wide"):
+        raise PtxUnsupported(f"mad.{'.'.join(mods)}")
+    a, b = t.value(ops[1]) & _mask(width), t.value(ops[2]) & _mask(width)
+    if kind == "s":
+        a, b = _signed(a, width), _signed(b, width)
+    product = (a * b) >> (width if mods[0] == "hi" else 0)
+    t.set(ops[0], product + t.value(ops[3]))
+
+
 def _not(t: _Thread, mods: list[str], ops: list[str]) -> None:
     _, width = _type_of(mods[-1])
     t.set(ops[0], ~t.value(ops[1]) & _mask(width))
@@ -441,8 +779,8 @@ def _cvt(t: _Thread, mods: list[str], ops: list[str]) -> None:
         raise PtxUnsupported(f"cvt.{'.'.join(mods)}")
     (dk, dw), (sk, sw) = _type_of(mods[-2]), _type_of(mods[-1])
     a = t.value(ops[1]) & _mask(sw)
-    if (dk, sk, dw, sw, rounding) == ("f", "f", 64, 32, None):  # widening is exact
-        t.set(ops[0], _from_float(_to_float(a, 32), 64))
+    if (dk, sk, rounding) == ("f", "f", None) and dw > sw:  # widening is exact (a NaN's payload: numpy's)
+        t.set(ops[0], _from_float(_to_float(a, sw), dw))
     elif sk == "f" and dk in ("s", "u") and rounding in _TO_INTEGER:
         t.set(ops[0], _float_to_integer(_to_float(a, sw), rounding, dk == "s", dw))
     elif "f" in (dk, sk) or rounding is not None:
@@ -464,6 +802,10 @@ def _setp(t: _Thread, mods: list[str], ops: list[str]) -> None:
         raise PtxUnsupported(f"setp.{'.'.join(mods)} {ops[0]}")
     cmp, (kind, width) = mods[0], _type_of(mods[1])
     a, b = t.value(ops[1]) & _mask(width), t.value(ops[2]) & _mask(width)
+    if kind == "f" and cmp in ("nan", "num"):  # whether either operand is a NaN; whether neither is
+        either = math.isnan(_to_float(a, width)) or math.isnan(_to_float(b, width))
+        t.set(ops[0], int(either == (cmp == "nan")))
+        return
     if kind == "f":  # an ordered test is false on a NaN, an unordered one (suffix u) true
         unordered = cmp.endswith("u")
         test = _CMP.get(cmp[:-1] if unordered else cmp)
@@ -545,6 +887,7 @@ def _ld(t: _Thread, mods: list[str], ops: list[str]) -> None:
         addr = t.address(ops[1])
         if addr % nbytes:
             raise RuntimeError(f"misaligned {bits}-bit load at {addr:#x}")
+        t.note(addr, lanes * nbytes, write=False)
         words = [t.m.load(addr + i * nbytes, nbytes) for i in range(lanes)]
     for dest, word in zip(dests, words, strict=True):
         t.set(dest, _signed(word, bits) if kind == "s" else word)
@@ -558,6 +901,7 @@ def _st(t: _Thread, mods: list[str], ops: list[str]) -> None:
     addr = t.address(ops[0])
     if addr % nbytes:
         raise RuntimeError(f"misaligned {bits}-bit store at {addr:#x}")
+    t.note(addr, lanes * nbytes, write=True)
     for i, v in enumerate(values):
         t.m.store(addr + i * nbytes, nbytes, t.value(v))
 
@@ -573,6 +917,7 @@ _HANDLERS: dict[str, _Handler] = {
     "max": _binary("max", _extreme(max)),
     "min": _binary("min", _extreme(min)),
     "mul": _mul,
+    "mad": _mad,
     "not": _not,
     "neg": _neg,
     "mov": _mov,
