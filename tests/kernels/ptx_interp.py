@@ -37,6 +37,7 @@ _ENTRY = re.compile(r"^(?:\.visible\s+)?\.entry\s+(\S+)\($")
 _PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+([^\s\[,]+)(?:\[(\d+)\])?,?$")
 _SPACE_DECL = re.compile(r"^\.(local|shared)\s+\.align\s+(\d+)\s+\.b8\s+(\S+)\[(\d+)\];$")
 _ADDRESS = re.compile(r"\[([^+\]]+)(?:\+(-?(?:0x[0-9a-fA-F]+|\d+)))?\]")
+_BLOCK_DIRECTIVE = re.compile(r"\.(maxntid|reqntid|minnctapersm|maxnreg)\s+([\d,\s]+)")
 _HINTS = {"nc", "ca", "cg", "cs", "lu", "cv", "wb", "wt", "volatile", "relaxed", "weak"}
 _SPACES = {"global", "shared", "local", "param", "const"}
 
@@ -115,6 +116,7 @@ class Entry:
     decls: list[tuple[str, str, int, int]]  # (space, name, alignment, bytes)
     code: list[Instruction]
     labels: dict[str, int]
+    max_threads: int = 1024  # the block size .maxntid or .reqntid allows
 
 
 class PtxProgram:
@@ -140,9 +142,16 @@ class PtxProgram:
                 raise PtxUnsupported(f"parameter {lines[i].strip()!r}")
             params.append((pm.group(2), _type_of(pm.group(1))[1] // 8 * int(pm.group(3) or 1)))
             i += 1
-        if lines[i + 1].strip() != "{":
-            raise PtxUnsupported(f"entry {name}: no body")
-        i += 2
+        i += 1
+        max_threads = 1024
+        while lines[i].strip() != "{":  # performance directives between the parameters and the body
+            dm = _BLOCK_DIRECTIVE.fullmatch(lines[i].strip())
+            if dm is None:
+                raise PtxUnsupported(f"entry {name}: {lines[i].strip()!r} before its body")
+            if dm.group(1) in ("maxntid", "reqntid"):
+                max_threads = math.prod(int(x) for x in dm.group(2).split(","))
+            i += 1
+        i += 1
         decls, code, labels = [], [], {}
         while lines[i] != "}":
             line = lines[i].split("//", 1)[0].strip()
@@ -172,7 +181,7 @@ class PtxProgram:
             opcode, *mods = parts[0].split(".")
             operands = _split_operands(parts[1]) if len(parts) > 1 else []
             code.append(Instruction(opcode, mods, operands, guard, negated, i))
-        self.entries[name] = Entry(name, params, decls, code, labels)
+        self.entries[name] = Entry(name, params, decls, code, labels, max_threads)
         return i + 1
 
     def entry(self, contains: str) -> Entry:
@@ -284,8 +293,8 @@ class Machine:
         barriers, warp shuffles and the race detector (`_Block`, `_Scheduler`). `args` as for `run`; each
         thread has its own local depot. Raises SyncFault where the threads do not meet as PTX requires;
         `max_steps` bounds each thread."""
-        if not 1 <= threads <= 1024:
-            raise ValueError(f"a block of {threads} threads")
+        if not 1 <= threads <= entry.max_threads:
+            raise ValueError(f"{entry.name}: a block of {threads} threads (at most {entry.max_threads})")
         params = self._params(entry, args)
         shared_decls = [d for d in entry.decls if d[0] == "shared"]
         local_decls = [d for d in entry.decls if d[0] == "local"]
