@@ -23,6 +23,7 @@ import re
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 
@@ -211,6 +212,7 @@ class Machine:
     size: int = 1 << 22
     mem: bytearray = field(init=False)
     top: int = 0x1000  # nothing lives below: a null pointer's access fails
+    approximate: bool = False  # whether approximate instructions (ex2.approx, ...) run, approximately
     steps: int = 0  # instructions run, all launches
     _frames: dict[str, dict[str, int]] = field(init=False, default_factory=dict)
 
@@ -344,6 +346,7 @@ class _Thread:
         self.tid = special.get("%tid.x", 0)
         self.block = block  # None: a one-thread launch, which refuses every instruction of _SYNC
         self.pc = self.steps = 0
+        self.unrounded_products: dict[str, int] = {}  # register: the bits an unrounded mul.f32 left there
 
     def value(self, op: str) -> int:
         if op.startswith("%"):
@@ -667,6 +670,8 @@ def _float_binary(op: str, a: float, b: float) -> float:
         return a + b
     if op == "sub":
         return a - b
+    if op == "mul":
+        return a * b
     if op in ("min", "max"):  # a NaN operand gives the other; -0 counts below +0
         if math.isnan(a) or math.isnan(b):
             return b if math.isnan(a) else a
@@ -682,10 +687,7 @@ def _binary(name: str, fn: Callable[[int, int, str, int], int]) -> _Handler:
         kind, width = _type_of(mods[-1])
         a, b = t.value(ops[1]) & _mask(width), t.value(ops[2]) & _mask(width)
         if kind == "f":
-            if any(m not in ("rn", mods[-1]) for m in mods):  # the default rounding only: no ftz, sat
-                raise PtxUnsupported(f"{name}.{'.'.join(mods)}")
-            # float32: rounded once from float64, which holds over 2 x 24 + 2 bits, so correctly rounded
-            t.set(ops[0], _from_float(_float_binary(name, _to_float(a, width), _to_float(b, width)), width))
+            _float_op(t, name, mods, ops, a, b, width)
         elif kind == "pred":
             t.set(ops[0], fn(int(bool(a)), int(bool(b)), kind, 1))
         else:
@@ -694,6 +696,26 @@ def _binary(name: str, fn: Callable[[int, int, str, int], int]) -> _Handler:
             t.set(ops[0], fn(a, b, kind, width))
 
     return run
+
+
+def _float_op(t: _Thread, name: str, mods: list[str], ops: list[str], a: int, b: int, width: int) -> None:
+    """add, sub, mul, min, max on floats, rounded to nearest even: float32 is rounded once from float64,
+    which holds over 2 x 24 + 2 bits, so correctly rounded. Without a rounding modifier ptxas may fuse a mul
+    into the add or sub that reads it (an fma, rounded once): such an add is refused unless the machine is
+    `approximate`, as its bits are not the PTX's to fix."""
+    if any(m not in ("rn", mods[-1]) for m in mods):  # the default rounding only: no ftz, sat
+        raise PtxUnsupported(f"{name}.{'.'.join(mods)}")
+    unrounded = mods == [mods[-1]]
+    if unrounded and name in ("add", "sub") and not t.m.approximate:
+        products = t.unrounded_products
+        fused = [op for op in ops[1:3] if op in products and products[op] == t.regs[op]]
+        if fused:
+            why = f"of the unrounded product {fused[0]}: ptxas may fuse them"
+            raise PtxUnsupported(f"{name}.{mods[-1]} {why}")
+    out = _from_float(_float_binary(name, _to_float(a, width), _to_float(b, width)), width)
+    t.set(ops[0], out)
+    if unrounded and name == "mul":
+        t.unrounded_products[ops[0]] = t.regs[ops[0]]
 
 
 def _shift_left(a: int, b: int, kind: str, width: int) -> int:
@@ -715,6 +737,9 @@ def _extreme(pick: Callable[[int, int], int]) -> Callable[[int, int, str, int], 
 
 def _mul(t: _Thread, mods: list[str], ops: list[str]) -> None:
     kind, width = _type_of(mods[-1])
+    if kind == "f":
+        _float_op(t, "mul", mods, ops, t.value(ops[1]) & _mask(width), t.value(ops[2]) & _mask(width), width)
+        return
     if kind not in ("s", "u") or len(mods) != 2:
         raise PtxUnsupported(f"mul.{'.'.join(mods)}")
     a, b = t.value(ops[1]) & _mask(width), t.value(ops[2]) & _mask(width)
@@ -788,6 +813,12 @@ def _cvt(t: _Thread, mods: list[str], ops: list[str]) -> None:
         raise PtxUnsupported(f"cvt.{'.'.join(mods)}")
     (dk, dw), (sk, sw) = _type_of(mods[-2]), _type_of(mods[-1])
     a = t.value(ops[1]) & _mask(sw)
+    if (dk, dw) == ("f", 32) and sk in ("s", "u") and rounding in ("rn", "rz", "rm", "rp"):
+        _float_from_integer(t, mods, ops)
+        return
+    if mods == ["sat", "f32", "f32"]:
+        _saturate(t, mods, ops)
+        return
     if (dk, sk, rounding) == ("f", "f", None) and dw > sw:  # widening is exact (a NaN's payload: numpy's)
         t.set(ops[0], _from_float(_to_float(a, sw), dw))
     elif sk == "f" and dk in ("s", "u") and rounding in _TO_INTEGER:
@@ -797,6 +828,81 @@ def _cvt(t: _Thread, mods: list[str], ops: list[str]) -> None:
     else:  # to the destination type (a narrower one truncates), extended by its signedness to the register
         value = (_signed(a, sw) if sk == "s" else a) & _mask(dw)
         t.set(ops[0], _signed(value, dw) if dk == "s" else value)
+
+
+_F32_MAX = Fraction(2**24 - 1) * 2**104
+
+
+def _round_f32(q: Fraction, mode: str) -> int:
+    """The float32 bits of the exact nonzero rational q rounded by `mode` (rn: to nearest even; rz, rm, rp:
+    toward zero, minus and plus infinity), subnormals included."""
+    negative, a = q < 0, abs(q)
+    e = a.numerator.bit_length() - a.denominator.bit_length()  # 2^e <= a < 2^(e + 1), after the correction
+    if Fraction(2) ** e > a:
+        e -= 1
+    quantum = Fraction(2) ** (max(e, -126) - 23)  # a subnormal's is the smallest normal's
+    n = a / quantum
+    whole, rest = n.numerator // n.denominator, n - n.numerator // n.denominator
+    away = {"rn": rest > Fraction(1, 2) or (rest == Fraction(1, 2) and whole % 2 == 1), "rz": False,
+            "rm": negative and rest > 0, "rp": not negative and rest > 0}[mode]  # fmt: skip
+    value = (whole + away) * quantum
+    if value > _F32_MAX:  # past the largest float: infinity, or the largest where rounding goes toward it
+        to_inf = mode == "rn" or (mode == "rm" and negative) or (mode == "rp" and not negative)
+        bits = 0x7F800000 if to_inf else 0x7F7FFFFF
+    else:
+        bits = _from_float(float(value), 32)  # exact: value is a float32
+    return bits | (0x80000000 if negative else 0)
+
+
+def _fma(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    """fma.rn/rz/rm/rp.f32: a * b + c rounded once, computed exactly in rationals."""
+    if len(mods) != 2 or mods[0] not in ("rn", "rz", "rm", "rp") or mods[1] != "f32":
+        raise PtxUnsupported(f"fma.{'.'.join(mods)}")
+    a, b, c = (_to_float(t.value(op), 32) for op in ops[1:4])
+    if not all(math.isfinite(x) for x in (a, b, c)):  # infinities and NaN: float64 gives IEEE's result
+        t.set(ops[0], _from_float(a * b + c, 32))
+        return
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    if exact != 0:
+        t.set(ops[0], _round_f32(exact, mods[0]))
+        return
+    product_negative = (math.copysign(1.0, a) < 0) != (math.copysign(1.0, b) < 0)
+    c_negative = math.copysign(1.0, c) < 0
+    # two zeros of one sign keep it; an exact cancellation is +0, -0 rounding toward minus infinity
+    same_zeros = a * b == 0 and c == 0 and product_negative == c_negative
+    negative = c_negative if same_zeros else mods[0] == "rm"
+    t.set(ops[0], 0x80000000 if negative else 0)
+
+
+def _ex2(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    """ex2.approx(.ftz).f32, only on an `approximate` machine: 2^x correctly rounded, which is one of the
+    results PTX allows (its maximum error is 2 ulp), not necessarily the GPU's."""
+    if not t.m.approximate:
+        raise PtxUnsupported(f"ex2.{'.'.join(mods)}: approximate (Machine(approximate=True) opts in)")
+    if mods not in (["approx", "ftz", "f32"], ["approx", "f32"]):
+        raise PtxUnsupported(f"ex2.{'.'.join(mods)}")
+    x = _to_float(t.value(ops[1]), 32)
+    if "ftz" in mods and x != 0 and abs(x) < 2.0**-126:
+        x = 0.0
+    y = x if math.isnan(x) else 2.0**x if x < 1024 else math.inf
+    bits = _from_float(y, 32)
+    if "ftz" in mods and (bits & 0x7F800000) == 0:  # a subnormal result flushes to zero
+        bits &= 0x80000000
+    t.set(ops[0], bits)
+
+
+def _float_from_integer(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    """cvt.rn/rz/rm/rp.f32 from an integer register, rounded exactly."""
+    (sk, sw), value = _type_of(mods[-1]), t.value(ops[1]) & _mask(_type_of(mods[-1])[1])
+    if sk == "s":
+        value = _signed(value, sw)
+    t.set(ops[0], _round_f32(Fraction(value), mods[0]) if value else 0)
+
+
+def _saturate(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    """cvt.sat.f32.f32: clamped to [0, 1], NaN to 0 (exact)."""
+    x = _to_float(t.value(ops[1]), 32)
+    t.set(ops[0], _from_float(0.0 if math.isnan(x) else min(max(x, 0.0), 1.0), 32))
 
 
 _CMP: dict[str, Callable[[float, float], bool]] = {
@@ -927,6 +1033,8 @@ _HANDLERS: dict[str, _Handler] = {
     "min": _binary("min", _extreme(min)),
     "mul": _mul,
     "mad": _mad,
+    "fma": _fma,
+    "ex2": _ex2,
     "not": _not,
     "neg": _neg,
     "mov": _mov,

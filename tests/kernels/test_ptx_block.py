@@ -7,7 +7,13 @@ refused."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import math
+import platform
 import random
+import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -151,3 +157,111 @@ def test_a_barrier_after_a_thread_exited_is_refused(tmp_path: Path) -> None:
     m = Machine()
     with pytest.raises(PtxUnsupported, match="exited"):
         m.run_block(entry, [m.put(np.zeros(32, dtype=np.uint32))], threads=32)
+
+
+FLOAT32_KERNEL = r"""
+extern "C" __global__ void floats32(const float* x, const long long* n, float* out) {
+    const float a = x[0], b = x[1], c = x[2];
+    out[0] = __fmaf_rn(a, b, c);
+    out[1] = __fmaf_rd(a, b, c);
+    out[2] = __fmaf_rz(a, b, c);
+    out[3] = __fmaf_ru(a, b, c);
+    out[4] = __fadd_rn(a, b);
+    out[5] = __fmul_rn(a, b);
+    out[6] = __fsub_rn(a, b);
+    out[7] = __saturatef(a);
+    out[8] = __ll2float_rn(n[0]);
+    out[9] = __int2float_rn(static_cast<int>(n[0]));
+    out[10] = __uint2float_rn(static_cast<unsigned>(n[0]));
+    out[11] = __ll2float_rd(n[0]);
+}
+extern "C" __global__ void unrounded(const float* x, float* out) {
+    float p, s, e;
+    asm("mul.f32 %0, %1, %2;" : "=f"(p) : "f"(x[0]), "f"(x[1]));
+    asm("add.f32 %0, %1, %2;" : "=f"(s) : "f"(p), "f"(x[2]));  // ptxas may make these one fma
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x[0]));
+    out[0] = s;
+    out[1] = e;
+}
+"""
+
+_ROUNDING = {"rn": 0, "rm": 0x400, "rp": 0x800, "rz": 0xC00}  # x86 fenv.h FE_TONEAREST, DOWNWARD, UPWARD, ...
+
+
+def _libm_fmaf(a: float, b: float, c: float, mode: str) -> float:
+    """The C library's fmaf (IEEE's fused multiply-add) under the rounding mode: an independent reference."""
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.fmaf.restype, libm.fmaf.argtypes = ctypes.c_float, [ctypes.c_float] * 3
+    libm.fesetround(_ROUNDING[mode])
+    try:
+        return libm.fmaf(a, b, c)
+    finally:
+        libm.fesetround(0)
+
+
+def _f32_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def _int_to_f32_down(n: int) -> float:
+    r = float(np.float32(n))  # to nearest; one step down where that rounded up
+    return float(np.nextafter(np.float32(r), np.float32(-np.inf))) if r > n else r
+
+
+def _f32(rng: random.Random) -> float:
+    specials = [0.0, -0.0, 1.5, -3.0, 0.5, 2.0**-149, -(2.0**-130), 3.0e38, -1.0e-38, 2.0**24 + 2]
+    raw = rng.choice(specials) if rng.random() < 0.3 else rng.uniform(-4, 4) * 2.0 ** rng.randint(-140, 120)
+    return float(np.float32(raw))
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() != "x86_64", reason="x86 fenv rounding modes"
+)
+def test_float32_operations_round_as_ieee(tmp_path: Path) -> None:
+    """fma in every rounding mode against the C library's fmaf (exact cancellations and zeros' signs
+    included), add, mul and sub against numpy's float32, saturation, and integers to float32."""
+    source = tmp_path / "floats32.cu"
+    source.write_text(FLOAT32_KERNEL)
+    entry = PtxProgram(nvcc.compile_to(source, "ptx", arch="sm_86", out_dir=tmp_path).read_text()).entry(
+        "floats32"
+    )
+    rng = random.Random(11)
+    for i in range(300):
+        a, b, c = _f32(rng), _f32(rng), _f32(rng)
+        if i % 10 == 0:  # an exact cancellation: the sign of the zero is the rounding mode's
+            a, b, c = 3.0, 0.5, -1.5
+        n = rng.choice([0, 1, -1, 2**24 + 1, -(2**40) - 3, 2**31 - 1, rng.getrandbits(63) - 2**62])
+        m, out = Machine(), np.zeros(12, dtype=np.float32)
+        at = m.put(out)
+        m.run(entry, [m.put(np.array([a, b, c], dtype=np.float32)), m.put(np.array([n], dtype=np.int64)), at])
+        got = [_f32_bits(v) for v in m.get(at, out).tolist()]
+        fa, fb = np.float32(a), np.float32(b)
+        want = [_libm_fmaf(a, b, c, mode) for mode in ("rn", "rm", "rz", "rp")]
+        want += [fa + fb, fa * fb, fa - fb, min(max(a, 0.0), 1.0)]
+        want += [np.float32(n), np.float32(_signed32(n)), np.float32(n & 0xFFFFFFFF), _int_to_f32_down(n)]
+        for j, (g, w) in enumerate(zip(got, want, strict=True)):
+            if math.isnan(float(w)):
+                assert math.isnan(struct.unpack("<f", struct.pack("<I", g))[0]), (j, a, b, c)
+            else:
+                assert g == _f32_bits(float(w)), (j, a, b, c, n)
+
+
+def _signed32(n: int) -> int:
+    n &= 0xFFFFFFFF
+    return n - (1 << 32) if n >> 31 else n
+
+
+def test_a_fusable_add_and_approximate_math_are_refused_unless_opted_in(tmp_path: Path) -> None:
+    """An unrounded mul.f32 read by an unrounded add.f32 may become one fma (ptxas's choice), and ex2.approx
+    is approximate: both refused by default; `approximate=True` runs them, the add rounded twice and 2^x
+    correctly rounded (one of the results PTX allows)."""
+    source = tmp_path / "unrounded.cu"
+    source.write_text(FLOAT32_KERNEL)
+    entry = PtxProgram(nvcc.compile_to(source, "ptx", arch="sm_86", out_dir=tmp_path).read_text()).entry(
+        "unrounded"
+    )
+    x, out = np.array([1.5, 3.0, 0.25], dtype=np.float32), np.zeros(2, dtype=np.float32)
+    with pytest.raises(PtxUnsupported, match="may fuse"):
+        Machine().call(entry, x, out)
+    Machine(approximate=True).call(entry, x, out)
+    assert out.tolist() == [4.75, float(np.float32(2.0**1.5))]
