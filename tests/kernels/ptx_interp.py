@@ -1,5 +1,5 @@
-"""An interpreter of the PTX nvcc makes of a single-thread kernel: the code the GPU would run, checked on a
-machine without one.
+"""An interpreter of the PTX nvcc makes of a kernel, for one thread or every thread of a block: the code the
+GPU would run, checked on a machine without one.
 
 The CUDA emulation (cuda_emu.py) builds a kernel's *source* with the host compiler, so it cannot see what NVVM
 does to it. That hid a real fault: on the H200 the round's decision (round_tail.cu) refused every round
@@ -8,12 +8,31 @@ refused row 0 of every chain, while g++, clang and the emulation of the same sou
 nvcc's PTX, this interpreter gave the same refusals the GPU gave, and found the construct (the header's note).
 
 `PtxProgram(text)` parses the module's entries; `Machine` holds a flat little-endian byte memory (global
-buffers, shared variables and each entry's local depot at disjoint addresses; generic addresses equal them)
-and runs an entry for one thread (thread 0 of a one-thread block, any block index). `call` does a launch on
-numpy arrays: copied in, run, copied back. Only what single-thread integer kernels use is implemented: integer
-and predicate arithmetic, byte permutes, bit inserts, the float64 additions, comparisons and minima of a
-selection, loads and stores of every space, branches. Any other opcode or modifier raises `PtxUnsupported`
-naming it, so a test fails loudly instead of interpreting it wrongly. No warps, barriers, atomics or calls.
+buffers, shared variables and each entry's local depot at disjoint addresses; generic addresses equal them).
+`Machine.run` runs an entry for one thread (thread 0 of a one-thread block, any block index); `call` does such
+a launch on numpy arrays: copied in, run, copied back.
+
+`Machine.run_block` runs every thread of one 1-D block (%tid, %ntid, %ctaid, %nctaid, %laneid; %warpid and
+other placement registers are refused): each thread runs until it exits or reaches a bar.sync or shfl.sync,
+then the block resolves those. A shuffle runs once every non-exited lane its mask names waits at the same
+instruction with the same mask, each lane reading its source lane's operand as it was at the shuffle (PTX's
+lane arithmetic for up, down, bfly and idx); a barrier once every thread waits at the same one. Anything else
+(a lane elsewhere, a source lane not at the shuffle, different barriers) raises `SyncFault`; a barrier after a
+thread exited, barrier thread counts, guarded sync instructions are refused. A race detector records, a byte
+at a time, the shared and global accesses between two barriers: a byte written by one thread and read or
+written by another in the same interval is a race (`BlockReport.races`, with lines and threads), as is noted
+a shared byte read before any thread wrote it. For race-free code the order the threads run in between sync
+points does not matter, so the one order run here is exact. These are our reading of PTX's rules, not
+NVIDIA's hardware.
+
+Implemented: integer and predicate arithmetic, byte permutes, bit inserts, float64 add/sub/min/max and
+comparisons; float32 add, sub, mul (correctly rounded), fma in every rounding mode (exact, in rationals),
+comparisons, widening cvt, cvt from integers and cvt.sat; loads and stores of every space, branches. An
+unrounded mul.f32 read by an unrounded add or sub (which ptxas may fuse into one fma) and approximate
+instructions (ex2.approx) are refused unless the machine is `approximate=True`, where the add is rounded twice
+and 2^x correctly rounded: results PTX allows, not necessarily the GPU's bits. Any other opcode or modifier
+raises `PtxUnsupported` naming it, so a test fails loudly instead of interpreting it wrongly. No atomics,
+calls, vote, match or warp barriers.
 """
 
 from __future__ import annotations
