@@ -92,9 +92,12 @@ def _to_float(bits: int, width: int) -> float:
 
 
 def _from_float(value: float, width: int) -> int:
-    """The bits of `value` at `width`, rounded to nearest even (float32 through numpy's cast)."""
+    """The bits of `value` at `width`, rounded to nearest even (float32 through numpy's cast; a value past
+    the largest float32 by half an ulp or more rounds to infinity, as IEEE says: numpy's overflow note is
+    muted)."""
     if width == 32:
-        return int(np.array([value], dtype=np.float64).astype(np.float32).view(np.uint32)[0])
+        with np.errstate(over="ignore"):
+            return int(np.array([value], dtype=np.float64).astype(np.float32).view(np.uint32)[0])
     return int.from_bytes(struct.pack("<d", value), "little")
 
 
