@@ -25,9 +25,11 @@ a shared byte read before any thread wrote it. For race-free code the order the 
 points does not matter, so the one order run here is exact. These are our reading of PTX's rules, not
 NVIDIA's hardware.
 
-Implemented: integer and predicate arithmetic, byte permutes, bit inserts, float64 add/sub/min/max and
-comparisons; float32 add, sub, mul (correctly rounded), fma in every rounding mode (exact, in rationals),
-comparisons, widening cvt, cvt from integers and cvt.sat; loads and stores of every space, branches. An
+Implemented: integer and predicate arithmetic (integer div rounded toward zero; a zero divisor and the signed
+minimum over -1 refused), byte permutes, bit inserts, float64 add/sub/min/max and comparisons; float32 add,
+sub, mul (correctly rounded), fma in every rounding mode (exact: in float64 where TwoSum shows the sum exact,
+else in rationals), comparisons, widening cvt (fp16 included), cvt from integers and cvt.sat; loads and
+stores of every space, branches; inline asm's { } scopes, whose `.reg` names are renamed apart. An
 unrounded mul.f32 read by an unrounded add or sub (which ptxas may fuse into one fma) and approximate
 instructions (ex2.approx) are refused unless the machine is `approximate=True`, where the add is rounded twice
 and 2^x correctly rounded: results PTX allows, not necessarily the GPU's bits. Any other opcode or modifier
@@ -176,13 +178,25 @@ class PtxProgram:
             i += 1
         i += 1
         decls, code, labels = [], [], {}
+        scope: dict[str, str] | None = None  # inside a { } scope (nvcc's inline asm): its registers' names
+        scopes = 0
         while lines[i] != "}":
             line = lines[i].split("//", 1)[0].strip()
             i += 1
-            if line.startswith("{") and line.endswith("}"):  # a one-line scope: nvcc's inline asm
-                line = line[1:-1].strip()
-                if line.startswith(".reg"):
-                    raise PtxUnsupported(f"scoped register declaration {line!r}")
+            if line.startswith("{"):
+                if scope is not None:
+                    raise PtxUnsupported(f"nested scope at line {i}")
+                scope, scopes, line = {}, scopes + 1, line[1:].strip()
+            closes = scope is not None and line.endswith("}")
+            if closes:
+                line = line[:-1].strip()
+            if scope is not None and line.startswith(".reg"):
+                scope.update(_scoped_registers(line, scopes))
+                line = ""
+            elif scope:
+                line = _renamed(line, scope)
+            if closes:
+                scope = None
             if not line or line.split(None, 1)[0] in (".reg", ".pragma", ".loc"):
                 continue
             if line.endswith(":"):
@@ -213,6 +227,28 @@ class PtxProgram:
         if len(found) != 1:
             raise KeyError(f"{len(found)} entries match {contains!r}: {sorted(self.entries)}")
         return found[0]
+
+
+_SCOPED_PREFIX = {1: "%p", 16: "%rs", 32: "%r", 64: "%rd"}  # a register's width is its name's prefix's
+
+
+def _scoped_registers(line: str, scope: int) -> dict[str, str]:
+    """The registers a scope declares (`.reg .f16 low, high;`), each renamed to one no other scope or the
+    entry uses, whose prefix gives its width (registers hold bits; the type only sets the width)."""
+    m = re.fullmatch(r"\.reg\s+\.(\w+)\s+([^;<>]+);", line)
+    if m is None:
+        raise PtxUnsupported(f"scoped register declaration {line!r}")
+    _, width = _type_of(m.group(1))
+    if width not in _SCOPED_PREFIX:
+        raise PtxUnsupported(f"scoped register declaration {line!r}")
+    names = [n.strip() for n in m.group(2).split(",")]
+    return {n: f"{_SCOPED_PREFIX[width]}_scope{scope}_{n.lstrip('%')}" for n in names}
+
+
+def _renamed(line: str, scope: dict[str, str]) -> str:
+    """`line` with every whole name a scope declared replaced by its unique name."""
+    names = "|".join(re.escape(n) for n in sorted(scope, key=len, reverse=True))
+    return re.sub(rf"(?<![\w$%.])({names})(?![\w$])", lambda m: scope[m.group(1)], line)
 
 
 def _extent(frame: dict[str, int], decls: list[tuple[str, str, int, int]]) -> tuple[int, int]:
@@ -785,6 +821,21 @@ def _mad(t: _Thread, mods: list[str], ops: list[str]) -> None:
     t.set(ops[0], product + t.value(ops[3]))
 
 
+def _div(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    """div.s / div.u on integers: the quotient rounded toward zero, as C's. A zero divisor and the signed
+    minimum over -1 (machine-specific values) are refused; so is floating-point division."""
+    kind, width = _type_of(mods[-1])
+    if kind not in ("s", "u") or len(mods) != 1:
+        raise PtxUnsupported(f"div.{'.'.join(mods)}")
+    a, b = t.value(ops[1]) & _mask(width), t.value(ops[2]) & _mask(width)
+    if kind == "s":
+        a, b = _signed(a, width), _signed(b, width)
+    if b == 0 or (kind == "s" and a == -(1 << (width - 1)) and b == -1):
+        raise PtxUnsupported(f"div.{mods[-1]} of {a} by {b}: the result is machine-specific")
+    quotient = abs(a) // abs(b)
+    t.set(ops[0], -quotient if (a < 0) != (b < 0) else quotient)
+
+
 def _not(t: _Thread, mods: list[str], ops: list[str]) -> None:
     _, width = _type_of(mods[-1])
     t.set(ops[0], ~t.value(ops[1]) & _mask(width))
@@ -884,6 +935,13 @@ def _fma(t: _Thread, mods: list[str], ops: list[str]) -> None:
     if not all(math.isfinite(x) for x in (a, b, c)):  # infinities and NaN: float64 gives IEEE's result
         t.set(ops[0], _from_float(a * b + c, 32))
         return
+    if mods[0] == "rn":  # float64 holds a * b exactly; where a * b + c is exact too, one rounding remains
+        product = a * b
+        total = product + c
+        back = total - product
+        if total != 0 and (product - (total - back)) + (c - back) == 0:  # TwoSum: the sum's error is 0
+            t.set(ops[0], _from_float(total, 32))
+            return
     exact = Fraction(a) * Fraction(b) + Fraction(c)
     if exact != 0:
         t.set(ops[0], _round_f32(exact, mods[0]))
@@ -1055,6 +1113,7 @@ _HANDLERS: dict[str, _Handler] = {
     "min": _binary("min", _extreme(min)),
     "mul": _mul,
     "mad": _mad,
+    "div": _div,
     "fma": _fma,
     "ex2": _ex2,
     "not": _not,

@@ -230,6 +230,8 @@ def test_float32_operations_round_as_ieee(tmp_path: Path) -> None:
         a, b, c = _f32(rng), _f32(rng), _f32(rng)
         if i % 10 == 0:  # an exact cancellation: the sign of the zero is the rounding mode's
             a, b, c = 3.0, 0.5, -1.5
+        elif i % 3 == 1:  # like magnitudes: a * b + c mostly exact in float64, then rounded once to float32
+            a, b, c = (float(np.float32(rng.uniform(-4, 4))) for _ in range(3))
         n = rng.choice([0, 1, -1, 2**24 + 1, -(2**40) - 3, 2**31 - 1, rng.getrandbits(63) - 2**62])
         m, out = Machine(), np.zeros(12, dtype=np.float32)
         at = m.put(out)

@@ -60,7 +60,23 @@ extern "C" __global__ void floats(const double* x, const float* y, double* out, 
 
 DIVIDE_KERNEL = r"""
 #include <stdint.h>
-extern "C" __global__ void divide(const uint32_t* a, uint32_t* out) { out[0] = a[0] / a[1]; }
+extern "C" __global__ void divide(const float* a, float* out) { out[0] = a[0] / a[1]; }
+extern "C" __global__ void quotients(const int32_t* s, const uint32_t* u, const int64_t* w, int64_t* out) {
+    out[0] = s[0] / s[1];
+    out[1] = u[0] / u[1];
+    out[2] = w[0] / w[1];
+}
+"""
+
+HALVES_KERNEL = r"""
+#include <cuda_fp16.h>
+extern "C" __global__ void halves(const __half2* h, float* out) {
+    const float2 f = __half22float2(h[0]), g = __half22float2(h[1]);  // two scopes declaring low, high
+    out[0] = f.x;
+    out[1] = f.y;
+    out[2] = g.x;
+    out[3] = g.y;
+}
 """
 
 REACH_KERNEL = r"""
@@ -136,9 +152,58 @@ def test_float64_operations_round_and_order_as_ieee_and_nan_aware(tmp_path: Path
 
 def test_what_it_does_not_implement_is_refused_by_name(tmp_path: Path) -> None:
     program = _program(tmp_path, "division", DIVIDE_KERNEL)
-    numbers, out = np.array([7, 2], dtype=np.uint32), np.zeros(1, dtype=np.uint32)
+    numbers, out = np.array([7, 2], dtype=np.float32), np.zeros(1, dtype=np.float32)
     with pytest.raises(PtxUnsupported, match="div"):
         Machine().call(program.entry("divide"), numbers, out)
+
+
+def _c_quotient(a: int, b: int) -> int:
+    """C's integer quotient: rounded toward zero."""
+    q = abs(a) // abs(b)
+    return -q if (a < 0) != (b < 0) else q
+
+
+def test_integer_division_rounds_toward_zero_and_refuses_what_ptx_leaves_open(tmp_path: Path) -> None:
+    """div.s32, div.u32 and div.s64 against C's quotient; a zero divisor and the signed minimum over -1,
+    whose results PTX leaves to the machine, are refused."""
+    program = _program(tmp_path, "division", DIVIDE_KERNEL)
+    entry = program.entry("quotients")
+    text = nvcc.compile_to(tmp_path / "division.cu", "ptx", arch="sm_86", out_dir=tmp_path).read_text()
+    assert all(f"div.{t}" in text for t in ("s32", "u32", "s64"))
+    rng = random.Random(5)
+    for _ in range(150):
+        sa, sb = (rng.choice([-7, 7, -1, 1, 2**31 - 1, -(2**31)]) if rng.random() < 0.3 else
+                  rng.randint(-(2**31), 2**31 - 1) >> rng.randint(0, 30) for _ in range(2))  # fmt: skip
+        ua, ub = rng.getrandbits(32), rng.getrandbits(32) >> rng.randint(0, 31)
+        wa, wb = rng.getrandbits(64) - 2**63, (rng.getrandbits(64) - 2**63) >> rng.randint(0, 62)
+        if 0 in (sb, ub, wb) or (sa, sb) == (-(2**31), -1) or (wa, wb) == (-(2**63), -1):
+            continue
+        out = np.zeros(3, dtype=np.int64)
+        Machine().call(entry, np.array([sa, sb], dtype=np.int32), np.array([ua, ub], dtype=np.uint32),
+                       np.array([wa, wb], dtype=np.int64), out)  # fmt: skip
+        assert out.tolist() == [_c_quotient(sa, sb), ua // ub, _c_quotient(wa, wb)], (sa, sb, ua, ub, wa, wb)
+    for s in ([7, 0], [-(2**31), -1]):
+        with pytest.raises(PtxUnsupported, match="machine-specific"):
+            Machine().call(entry, np.array(s, dtype=np.int32), np.array([1, 1], dtype=np.uint32),
+                           np.array([1, 1], dtype=np.int64), np.zeros(3, dtype=np.int64))  # fmt: skip
+
+
+def test_inline_asm_scopes_registers_are_their_own(tmp_path: Path) -> None:
+    """cuda_fp16's __half22float2 is inline asm declaring `.reg .f16 low,high` in a multi-line scope: each
+    scope's registers are renamed apart, and the conversions are numpy's float16 to float32 (exact), on
+    random bit patterns (subnormals, infinities and NaNs included)."""
+    entry = _program(tmp_path, "halves", HALVES_KERNEL).entry("halves")
+    rng = np.random.default_rng(6)
+    for _ in range(40):
+        bits = rng.integers(0, 1 << 16, 4, dtype=np.uint16)
+        bits[rng.integers(0, 4)] = rng.choice([0x0001, 0x83FF, 0x7C00, 0xFC00, 0x8000, 0x7E01])
+        out = np.zeros(4, dtype=np.float32)
+        Machine().call(entry, bits.view(np.int16).copy(), out)
+        want = bits.view(np.float16).astype(np.float32)
+        nan = np.isnan(want)
+        assert (np.isnan(out) == nan).all() and (
+            out[~nan].view(np.uint32) == want[~nan].view(np.uint32)
+        ).all()
 
 
 def test_a_load_outside_memory_and_a_wrong_launch_fail(tmp_path: Path) -> None:
