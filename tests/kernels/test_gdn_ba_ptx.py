@@ -6,7 +6,8 @@ sm_86 and sm_90, run block by block, every thread, by the PTX interpreter's bloc
 
 On fp16 inputs of mixed magnitudes (so that the fp32 sums round and their order shows in the bits), read
 through a row stride padded with NaNs, for k = 2600 (three spans, the last partial: 69 threads hold values,
-warp 2 partly), k = 8 (one thread holds values) and 1, 3, 5 and 16 rows over one and two column blocks:
+warp 2 partly), k = 5120 (the model's: five full spans), k = 8 (one thread holds values) and 1, 2, 3, 5 and 16
+rows over one and two column blocks (4 and 8 columns, not the model's 96):
 - every block's threads meet at its barrier and at every shuffle (all 32 lanes of the full mask), the race
   detector finds nothing between two barriers, no shared byte is read before a thread wrote it;
 - b and a are, bit for bit, a reference written here from the kernel's documented order of every sum (a
@@ -49,7 +50,13 @@ class Case:
     seed: int
 
 
-CASES = [Case(2600, 2, 16, 1), Case(2600, 4, 3, 2), Case(8, 2, 5, 3), Case(2600, 2, 1, 4)]
+CASES = [
+    Case(2600, 2, 16, 1),
+    Case(2600, 4, 3, 2),
+    Case(8, 2, 5, 3),
+    Case(2600, 2, 1, 4),
+    Case(5120, 2, 2, 5),
+]
 
 
 @cache
