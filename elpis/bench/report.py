@@ -305,6 +305,19 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
     return str(value)
 
 
+def _host_line(facts: dict[str, Any]) -> str:
+    """The host CPU's facts (`hardware.host_facts`), or a line saying the run predates them."""
+    if "cpu" not in facts:
+        return "Host CPU: not recorded (a run from before the bench recorded it)."
+    f = {key: _fmt(facts.get(key)) for key in ("cpu", "cpu_usable", "cpu_count")}
+    return (
+        f"Host CPU {f['cpu']} ({f['cpu_usable']} of {f['cpu_count']} usable, "
+        f"{_fmt(facts.get('cpu_mhz_mean_now'), '.0f')} MHz mean now, "
+        f"load {_fmt(facts.get('load_avg_1m'), '.2f')}, "
+        f"Python loop {_fmt(facts.get('python_loop_us'), '.0f')} µs)."
+    )
+
+
 def markdown(doc: dict[str, Any]) -> str:
     facts = doc.get("facts", {})
     ceil = doc.get("ceilings", {})
@@ -315,10 +328,7 @@ def markdown(doc: dict[str, Any]) -> str:
         f"SM clock max {facts.get('clock_sm_max_mhz')} MHz, "
         f"memory clock max {facts.get('clock_mem_max_mhz')} MHz), torch {facts.get('torch')}, CUDA "
         f"{facts.get('cuda')}, exllamav3 {facts.get('exllamav3')}, git {facts.get('git_revision')}.",
-        f"Host CPU {facts.get('cpu')} ({facts.get('cpu_usable')} of {facts.get('cpu_count')} usable, "
-        f"{_fmt(facts.get('cpu_mhz_mean_now'), '.0f')} MHz mean now, "
-        f"load {_fmt(facts.get('load_avg_1m'), '.2f')}, "
-        f"Python loop {_fmt(facts.get('python_loop_us'), '.0f')} µs).",
+        _host_line(facts),
         f"Model: {doc.get('model_note', '')}",
         f"Measured ceilings: copy {_fmt(ceil.get('copy', {}).get('bytes_per_s', 0) / 1e12, '.2f')} TB/s "
         "(read+write), "

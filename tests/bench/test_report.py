@@ -112,6 +112,9 @@ def test_report_files(arith, tmp_path):
     assert "| stock | 1K |" in md and "under a 24.0 GiB cap" in md and "deadline reached" in md
     # no load and no Python loop recorded
     assert "Host CPU Test CPU 9000 (16 of 32 usable, 2450 MHz mean now, load -, Python loop - µs)" in md
+    old = doc()
+    old["facts"] = {"gpu": "X"}  # a JSON from before the host was recorded, rendered again
+    assert "Host CPU: not recorded" in report.markdown(old)
     assert paths[2].stat().st_size > 1000
 
 
