@@ -28,8 +28,15 @@ NVIDIA's hardware.
 Implemented: integer and predicate arithmetic (integer div rounded toward zero; a zero divisor and the signed
 minimum over -1 refused), byte permutes, bit inserts, float64 add/sub/min/max and comparisons; float32 add,
 sub, mul (correctly rounded), fma in every rounding mode (exact: in float64 where TwoSum shows the sum exact,
-else in rationals), comparisons, widening cvt (fp16 included), cvt from integers and cvt.sat; loads and
-stores of every space, branches; inline asm's { } scopes, whose `.reg` names are renamed apart. An
+else in rationals), div.rn and sqrt.rn (correctly rounded), comparisons, widening cvt (fp16 and bf16
+included), cvt.rn.bf16.f32, cvt from integers and cvt.sat; loads and stores of every space, ld.param through
+a parameter's address (a struct parameter indexed at run time), branches; inline asm's { } scopes, whose
+`.reg` names are renamed apart; module-scope .shared variables (a device function's static __shared__), given
+to each entry that names them.
+
+`Machine.watch(addr, nbytes)` records every load and store touching a range (`Watch.touches`: thread, PTX
+line, address, size, barriers passed, run order), so a test can check which places each thread reads and
+writes, in its program order; `Machine.symbol` gives a shared variable's address. An
 unrounded mul.f32 read by an unrounded add or sub (which ptxas may fuse into one fma) and approximate
 instructions (ex2.approx) are refused unless the machine is `approximate=True`, where the add is rounded twice
 and 2^x correctly rounded: results PTX allows, not necessarily the GPU's bits. Any other opcode or modifier
@@ -149,11 +156,17 @@ class PtxProgram:
 
     def __init__(self, text: str) -> None:
         self.entries: dict[str, Entry] = {}
+        # module-scope .shared variables (a function's `static __shared__`, nvcc declares them outside the
+        # entries): each entry that names one gets it among its own declarations
+        self.module_shared: list[tuple[str, str, int, int]] = []
         lines = text.splitlines()
         i = 0
         while i < len(lines):
             if ".func" in lines[i].split("//", 1)[0]:
                 raise PtxUnsupported(f"device functions ({lines[i].strip()})")
+            dm = _SPACE_DECL.match(lines[i].strip())
+            if dm is not None and dm.group(1) == "shared":
+                self.module_shared.append(("shared", dm.group(3), int(dm.group(2)), int(dm.group(4))))
             m = _ENTRY.match(lines[i])
             i += 1
             if m is not None:
@@ -218,6 +231,8 @@ class PtxProgram:
             opcode, *mods = parts[0].split(".")
             operands = _split_operands(parts[1]) if len(parts) > 1 else []
             code.append(Instruction(opcode, mods, operands, guard, negated, i))
+        named = {op for ins in code for o in ins.ops for op in re.findall(r"[\w$.]+", o)}
+        decls += [d for d in self.module_shared if d[1] in named]
         self.entries[name] = Entry(name, params, decls, code, labels, max_threads)
         return i + 1
 
@@ -263,6 +278,34 @@ def _extent_all(frames: list[dict[str, int]], decls: list[tuple[str, str, int, i
     return (min(lo for lo, _ in spans), max(hi for _, hi in spans)) if spans else (0, 0)
 
 
+@dataclass(frozen=True)
+class Touch:
+    """One load or store a `Watch` saw: its place among every access any watch of the machine saw (`seq`,
+    to merge watches in run order), which thread, the PTX line, the address and size, and how many barriers
+    its block had passed (0 in a one-thread launch)."""
+
+    seq: int
+    thread: int
+    line: int
+    addr: int
+    nbytes: int
+    write: bool
+    barriers: int
+
+
+@dataclass
+class Watch:
+    """The loads and stores (ld/st of any space but .param) that overlap [low, high), in the order the
+    interpreter ran them; within one thread that is the thread's program order."""
+
+    low: int
+    high: int
+    touches: list[Touch] = field(default_factory=list)
+
+    def of_thread(self, thread: int) -> list[Touch]:
+        return [x for x in self.touches if x.thread == thread]
+
+
 @dataclass
 class Machine:
     """A flat little-endian byte memory and the runs of entries on it."""
@@ -272,10 +315,32 @@ class Machine:
     top: int = 0x1000  # nothing lives below: a null pointer's access fails
     approximate: bool = False  # whether approximate instructions (ex2.approx, ...) run, approximately
     steps: int = 0  # instructions run, all launches
+    watches: list[Watch] = field(default_factory=list)  # address ranges whose accesses are recorded
+    touches: int = 0  # accesses the watches recorded, all watches
     _frames: dict[str, dict[str, int]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.mem = bytearray(self.size)
+
+    def watch(self, addr: int, nbytes: int) -> Watch:
+        """Record, from now on, every load and store that touches bytes [addr, addr + nbytes) (`unwatch`
+        stops it)."""
+        w = Watch(addr, addr + nbytes)
+        self.watches.append(w)
+        return w
+
+    def unwatch(self, w: Watch) -> None:
+        self.watches.remove(w)
+
+    def symbol(self, entry: Entry, contains: str) -> tuple[int, int]:
+        """(address, bytes) of the shared variable of `entry` whose name contains `contains` (exactly one),
+        where every block run of the entry places it."""
+        found = [d for d in entry.decls if d[0] == "shared" and contains in d[1]]
+        if len(found) != 1:
+            raise KeyError(f"{entry.name}: {len(found)} shared variables named like {contains!r}")
+        shared_decls = [d for d in entry.decls if d[0] == "shared"]
+        frame = self._frame(f"{entry.name}/shared", shared_decls)
+        return frame[found[0][1]], found[0][3]
 
     def alloc(self, nbytes: int, align: int = 256) -> int:
         self.top = (self.top + align - 1) // align * align
@@ -320,6 +385,15 @@ class Machine:
             params[name] = data
         return params
 
+    def _param_space(self, entry: Entry, params: dict[str, bytes]) -> dict[str, int]:
+        """Addresses for the launch's parameters, holding their bytes: a kernel may take a parameter's address
+        (mov.b64 %rd, param) and read it with ld.param through that register (nvcc does so to index an
+        array inside a struct passed by value). Only ld.param may read there (`_ld` checks)."""
+        frame = self._frame(f"{entry.name}/param", [("param", n, 8, b) for n, b in entry.params])
+        for name, data in params.items():
+            self.mem[frame[name] : frame[name] + len(data)] = data
+        return frame
+
     def _frame(self, key: str, decls: list[tuple[str, str, int, int]]) -> dict[str, int]:
         """The variables' addresses (one place per key, reused by every launch), each refilled with 0xCD
         bytes: on a GPU nothing initialises shared variables or the local depot."""
@@ -339,7 +413,7 @@ class Machine:
         or addresses from `put`) for scalar parameters, the bytes of a struct passed by value for the others.
         Shared variables and the local depot hold 0xCD bytes at every launch."""
         params = self._params(entry, args)
-        symbols = self._frame(entry.name, entry.decls)
+        symbols = self._frame(entry.name, entry.decls) | self._param_space(entry, params)
         special = {"%tid.x": 0, "%ntid.x": 1, "%ctaid.x": block, "%nctaid.x": blocks}
         for axis in "yz":
             special |= {f"%tid.{axis}": 0, f"%ntid.{axis}": 1, f"%ctaid.{axis}": 0, f"%nctaid.{axis}": 1}
@@ -359,6 +433,7 @@ class Machine:
         shared_decls = [d for d in entry.decls if d[0] == "shared"]
         local_decls = [d for d in entry.decls if d[0] == "local"]
         shared = self._frame(f"{entry.name}/shared", shared_decls)
+        param_space = self._param_space(entry, params)
         frames = [self._frame(f"{entry.name}/local/{t}", local_decls) for t in range(threads)]
         block_state = _Block(threads, _extent(shared, shared_decls), _extent_all(frames, local_decls))
         special = {"%ntid.x": threads, "%ctaid.x": block[0], "%nctaid.x": grid[0], "%ctaid.y": block[1],
@@ -368,7 +443,7 @@ class Machine:
             _Thread(
                 self,
                 entry,
-                shared | frames[t],
+                shared | frames[t] | param_space,
                 params,
                 special | {"%tid.x": t, "%laneid": t % 32},
                 block_state,
@@ -437,7 +512,14 @@ class _Thread:
         return (self.value(m.group(1)) + int(m.group(2) or "0", 0)) & _mask(64)
 
     def note(self, addr: int, nbytes: int, write: bool) -> None:
-        """A load's or store's bytes, for the block's race detector (a one-thread launch has none)."""
+        """A load's or store's bytes, for the block's race detector (a one-thread launch has none) and the
+        machine's watches."""
+        for w in self.m.watches:
+            if addr < w.high and w.low < addr + nbytes:
+                barriers = self.block.report.barriers if self.block is not None else 0
+                line = self.entry.code[self.pc - 1].line
+                w.touches.append(Touch(self.m.touches, self.tid, line, addr, nbytes, write, barriers))
+                self.m.touches += 1
         if self.block is not None:
             self.block.note(self.tid, self.entry.code[self.pc - 1].line, addr, nbytes, write)
 
@@ -825,6 +907,9 @@ def _div(t: _Thread, mods: list[str], ops: list[str]) -> None:
     """div.s / div.u on integers: the quotient rounded toward zero, as C's. A zero divisor and the signed
     minimum over -1 (machine-specific values) are refused; so is floating-point division."""
     kind, width = _type_of(mods[-1])
+    if mods == ["rn", "f32"]:
+        _float_quotient_or_root(t, ops, _to_float(t.value(ops[1]), 32), _to_float(t.value(ops[2]), 32))
+        return
     if kind not in ("s", "u") or len(mods) != 1:
         raise PtxUnsupported(f"div.{'.'.join(mods)}")
     a, b = t.value(ops[1]) & _mask(width), t.value(ops[2]) & _mask(width)
@@ -834,6 +919,24 @@ def _div(t: _Thread, mods: list[str], ops: list[str]) -> None:
         raise PtxUnsupported(f"div.{mods[-1]} of {a} by {b}: the result is machine-specific")
     quotient = abs(a) // abs(b)
     t.set(ops[0], -quotient if (a < 0) != (b < 0) else quotient)
+
+
+def _float_quotient_or_root(t: _Thread, ops: list[str], a: float, b: float | None) -> None:
+    """div.rn.f32 (b given) or sqrt.rn.f32 (b None), correctly rounded: computed in float64, then rounded to
+    float32. The double rounding is innocuous: a quotient's or square root's float64 rounding cannot move it
+    across a float32 rounding boundary when 53 >= 2 * 24 + 2 (Figueroa, 1995), subnormal results included.
+    Zero divisors, infinities and NaN take numpy's float64 IEEE results."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        x = np.float64(a)
+        y = x / np.float64(b) if b is not None else np.sqrt(x)
+    t.set(ops[0], _from_float(float(y), 32))
+
+
+def _sqrt(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    """sqrt.rn.f32 only (sqrt.approx is refused)."""
+    if mods != ["rn", "f32"]:
+        raise PtxUnsupported(f"sqrt.{'.'.join(mods)}")
+    _float_quotient_or_root(t, ops, _to_float(t.value(ops[1]), 32), None)
 
 
 def _not(t: _Thread, mods: list[str], ops: list[str]) -> None:
@@ -881,6 +984,16 @@ def _float_to_integer(x: float, rounding: str, signed: bool, width: int) -> int:
 
 
 def _cvt(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    if mods == ["f32", "bf16"]:  # bf16 is float32's upper half: widening is a shift, exact (NaN included)
+        t.set(ops[0], (t.value(ops[1]) & 0xFFFF) << 16)
+        return
+    if mods == ["rn", "bf16", "f32"]:  # nearest even on the dropped half; a NaN: the canonical 0x7FFF
+        x = t.value(ops[1]) & _mask(32)
+        if math.isnan(_to_float(x, 32)):
+            t.set(ops[0], 0x7FFF)
+            return
+        t.set(ops[0], ((x + 0x7FFF + ((x >> 16) & 1)) >> 16) & 0xFFFF)  # a carry into the exponent is right
+        return
     rounding = mods[0] if len(mods) == 3 else None
     if len(mods) not in (2, 3):
         raise PtxUnsupported(f"cvt.{'.'.join(mods)}")
@@ -1073,9 +1186,18 @@ def _ld(t: _Thread, mods: list[str], ops: list[str]) -> None:
         raise PtxUnsupported(f"ld into {len(dests)} registers as v{lanes}")
     if space == "param":
         m = _ADDRESS.fullmatch(ops[1].replace(" ", ""))
-        if m is None or m.group(1) not in t.params:
+        if m is None:
             raise PtxUnsupported(f"ld.param {ops[1]}")
-        data, at = t.params[m.group(1)], int(m.group(2) or "0", 0)
+        if m.group(1) in t.params:
+            data, at = t.params[m.group(1)], int(m.group(2) or "0", 0)
+        else:  # through a register holding a parameter's address (Machine._param_space)
+            addr = t.address(ops[1])
+            found = [n for n in t.params if t.symbols[n] <= addr < t.symbols[n] + len(t.params[n])]
+            if not found:
+                raise RuntimeError(f"ld.param at {addr:#x}, outside every parameter")
+            data, at = t.params[found[0]], addr - t.symbols[found[0]]
+        if at < 0 or at + lanes * nbytes > len(data):
+            raise RuntimeError(f"ld.param {ops[1]} past its parameter's {len(data)} bytes")
         chunks = [data[at + i * nbytes : at + (i + 1) * nbytes] for i in range(lanes)]
         words = [int.from_bytes(c, "little") for c in chunks]
     else:
@@ -1114,6 +1236,7 @@ _HANDLERS: dict[str, _Handler] = {
     "mul": _mul,
     "mad": _mad,
     "div": _div,
+    "sqrt": _sqrt,
     "fma": _fma,
     "ex2": _ex2,
     "not": _not,

@@ -12,6 +12,7 @@ import ctypes.util
 import math
 import platform
 import random
+import re
 import struct
 import sys
 from pathlib import Path
@@ -268,3 +269,72 @@ def test_a_fusable_add_and_approximate_math_are_refused_unless_opted_in(tmp_path
         Machine().call(entry, x, out)
     Machine(approximate=True).call(entry, x, out)
     assert out.tolist() == [4.75, float(np.float32(2.0**1.5))]
+
+
+WATCHED_KERNEL = r"""
+#include <cuda_bf16.h>
+struct Table { int n; signed char pick[64]; };
+// a static __shared__ of a device function: nvcc declares it at module scope, outside the entry
+__device__ __forceinline__ void body(const Table& table, const __nv_bfloat16* in, float* out,
+                                     __nv_bfloat16* back) {
+    __shared__ float s[64];
+    const int t = threadIdx.x;
+    s[t] = __bfloat162float(in[t]);
+    __syncthreads();
+    const float v = s[table.pick[(t + table.n) & 63]];  // the struct parameter indexed at run time
+    out[t] = v;
+    back[t] = __float2bfloat16_rn(v * 3.0f);
+}
+// __grid_constant__: nvcc reads the struct through the parameter's address (mov.b64 %rd, param)
+extern "C" __global__ void watched(const __grid_constant__ Table table, const __nv_bfloat16* in, float* out,
+                                   __nv_bfloat16* back) {
+    body(table, in, out, back);
+}
+// a second entry using body keeps the shared array at module scope (with one, nvcc moves it into the entry)
+extern "C" __global__ void watched_too(const __grid_constant__ Table table, const __nv_bfloat16* in,
+                                       float* out, __nv_bfloat16* back) {
+    body(table, in, out, back);
+}
+"""
+
+
+@pytest.mark.parametrize("arch", nvcc.ARCHS)
+def test_a_watch_records_each_threads_accesses_of_a_module_shared_array(tmp_path: Path, arch: str) -> None:
+    """A static __shared__ array of a device function (declared at module scope), a struct parameter whose
+    array nvcc indexes through the parameter's address, bf16 widened and rounded to nearest even: the outputs
+    are numpy's and torch's, and a watch on the shared array records, for each thread in its program order,
+    its store of s[t] before the barrier and its load of s[pick[(t + n) & 63]] after it."""
+    import torch
+
+    source = tmp_path / "watched.cu"
+    source.write_text(WATCHED_KERNEL)
+    text = nvcc.compile_to(source, "ptx", arch=arch, out_dir=tmp_path).read_text()
+    assert re.search(r"^\.shared .*E1s\[256\];$", text, re.M)  # the array is the module's
+    assert re.search(r"^\s*mov\.b64\s+%rd\d+, watched_param_0;$", text, re.M)  # the parameter's address
+    entry = PtxProgram(text).entries["watched"]
+    rng = np.random.default_rng(9)
+    threads, n = 64, 37
+    pick = rng.integers(0, threads, 64).astype(np.int8)
+    table = struct.pack("<i", n) + pick.tobytes()
+    values = torch.from_numpy(rng.standard_normal(threads).astype(np.float32) * 1e3).bfloat16()
+    m = Machine()
+    at_in = m.put(values.view(torch.int16).numpy())
+    out, back = np.zeros(threads, dtype=np.float32), np.zeros(threads, dtype=np.int16)
+    at_out, at_back = m.put(out), m.put(back)
+    shared, size = m.symbol(entry, "body")
+    assert size == 4 * threads
+    w = m.watch(shared, size)
+    report = m.run_block(entry, [table, at_in, at_out, at_back], threads=threads)
+    assert report.races == [] and report.unwritten_reads == [] and report.barriers == 1
+    wide = values.float().numpy()
+    want = wide[pick[(np.arange(threads) + n) & 63]]
+    assert m.get(at_out, out).tolist() == want.tolist()
+    rounded = torch.from_numpy(want * np.float32(3.0)).bfloat16().view(torch.int16).numpy()
+    assert m.get(at_back, back).tolist() == rounded.tolist()
+    for t in range(threads):
+        seen = [(x.write, (x.addr - shared) // 4, x.barriers) for x in w.of_thread(t)]
+        assert seen == [(True, t, 0), (False, int(pick[(t + n) & 63]), 1)], (t, seen)
+    assert [x.seq for x in w.touches] == list(range(len(w.touches))) == list(range(2 * threads))
+    m.unwatch(w)
+    m.run_block(entry, [table, at_in, at_out, at_back], threads=threads)
+    assert len(w.touches) == 2 * threads

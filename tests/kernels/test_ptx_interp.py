@@ -150,11 +150,57 @@ def test_float64_operations_round_and_order_as_ieee_and_nan_aware(tmp_path: Path
         assert whole[0] == math.trunc(y), y
 
 
+SINE_KERNEL = r"""
+extern "C" __global__ void sine(const float* a, float* out) { out[0] = __sinf(a[0]); }
+"""
+
+
 def test_what_it_does_not_implement_is_refused_by_name(tmp_path: Path) -> None:
-    program = _program(tmp_path, "division", DIVIDE_KERNEL)
-    numbers, out = np.array([7, 2], dtype=np.float32), np.zeros(1, dtype=np.float32)
-    with pytest.raises(PtxUnsupported, match="div"):
-        Machine().call(program.entry("divide"), numbers, out)
+    program = _program(tmp_path, "sine", SINE_KERNEL)
+    numbers, out = np.array([0.5], dtype=np.float32), np.zeros(1, dtype=np.float32)
+    with pytest.raises(PtxUnsupported, match="sin"):
+        Machine().call(program.entry("sine"), numbers, out)
+
+
+ROOT_KERNEL = r"""
+extern "C" __global__ void root(const float* a, float* out) { out[0] = sqrtf(a[0]); }
+"""
+
+
+def _float32_cases(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Random float32 bit patterns, subnormals, zeros of both signs, infinities and NaN among them."""
+    bits = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+    special = np.array([0, 0x80000000, 1, 0x807FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0x3F800000],
+                       dtype=np.uint32)  # fmt: skip
+    bits[: len(special)] = special
+    bits[len(special) : 2 * len(special)] &= 0x807FFFFF  # subnormals
+    return bits.view(np.float32)
+
+
+def _same_float32(got: np.float32, want: np.float32) -> bool:
+    """The same bits, or both NaN (a NaN's payload is the hardware's, not checked)."""
+    return (np.isnan(got) and np.isnan(want)) or got.view(np.uint32) == want.view(np.uint32)
+
+
+def test_float_division_and_square_root_are_ieees(tmp_path: Path) -> None:
+    """div.rn.f32 and sqrt.rn.f32 (a / b and sqrtf without fast math) are IEEE's correctly rounded results:
+    numpy's float32 divide and sqrt here, bit for bit, on random patterns and the special values."""
+    divide = _program(tmp_path, "division", DIVIDE_KERNEL).entry("divide")
+    text = nvcc.compile_to(tmp_path / "division.cu", "ptx", arch="sm_86", out_dir=tmp_path).read_text()
+    assert "div.rn.f32" in text
+    root = _program(tmp_path, "root", ROOT_KERNEL).entry("root")
+    root_text = nvcc.compile_to(tmp_path / "root.cu", "ptx", arch="sm_86", out_dir=tmp_path).read_text()
+    assert "sqrt.rn.f32" in root_text
+    rng = np.random.default_rng(8)
+    a, b = _float32_cases(rng, 300), _float32_cases(rng, 300)[::-1].copy()
+    with np.errstate(all="ignore"):
+        quotient, square_root = a / b, np.sqrt(a)
+    for i in range(len(a)):
+        out = np.zeros(1, dtype=np.float32)
+        Machine().call(divide, np.array([a[i], b[i]]), out)
+        assert _same_float32(out[0], quotient[i]), (a[i], b[i], out[0], quotient[i])
+        Machine().call(root, np.array([a[i]]), out)
+        assert _same_float32(out[0], square_root[i]), (a[i], out[0], square_root[i])
 
 
 def _c_quotient(a: int, b: int) -> int:
