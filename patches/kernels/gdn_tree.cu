@@ -203,6 +203,9 @@ __device__ __forceinline__ float half_warp_sum(float v) {
 // L2 norms of the (row, q|k) pairs warp, warp + 8, ... (kPairs of them): the lane sums channels 4l..4l+3 in
 // order, then the warp's xor butterfly (16, then half_warp_sum's 8, 4, 2, 1); q also takes 1/sqrt(128). The
 // kPairs pairs go through each step together, so their latencies overlap; each pair's operations are the same.
+// A pair past the block's rows runs the same steps on zeros and reads nothing: a read of a real row there
+// would race with that row's normalisation in place by another warp (found on the PTX by
+// tests/kernels/test_gdn_tree_ptx.py), though its values were never used.
 template <int kPairs>
 __device__ __forceinline__ void normalise_pairs(float (*s_qk)[2 * kDim], int rows, int warp, int lane) {
     float nx[kPairs][4];
@@ -210,9 +213,14 @@ __device__ __forceinline__ void normalise_pairs(float (*s_qk)[2 * kDim], int row
 #pragma unroll
     for (int it = 0; it < kPairs; it++) {
         const int pair = warp + it * (kThreads / 32);
-        const float* x = &s_qk[pair < 2 * rows ? pair >> 1 : 0][(pair & 1) * kDim + 4 * lane];
+        if (pair < 2 * rows) {
+            const float* x = &s_qk[pair >> 1][(pair & 1) * kDim + 4 * lane];
 #pragma unroll
-        for (int i = 0; i < 4; i++) nx[it][i] = x[i];
+            for (int i = 0; i < 4; i++) nx[it][i] = x[i];
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) nx[it][i] = 0.0f;
+        }
         ss[it] = __fmul_rn(nx[it][0], nx[it][0]);
         ss[it] = __fmaf_rn(nx[it][1], nx[it][1], ss[it]);
         ss[it] = __fmaf_rn(nx[it][2], nx[it][2], ss[it]);
