@@ -1,24 +1,23 @@
 #!/bin/bash
-# Call 187 (staged in session 46 for a later session; a fresh machine, LIMIT 590): stock beside tree-8 and tree-16
-# at 262,000 tokens in one run on the H100. Call 182 measured the trees there alone (28.07 / 34.91 ms); stock's
-# 262K round has been measured beside elpis only on the H200 (call 140: 49.20 ms against tree-16's 35.63). Each
-# system prefills 262K once (stock ~80 s after a ~100 s first load on a fresh machine, the trees ~66-70 s), so
-# only the spec rounds are timed; `cli.group_budget` keeps 90 s for each later worker group.
+# Call 187 (staged in session 46 for the next session; a fresh machine, LIMIT ~400): the GPU tests of the Gated
+# DeltaNet tree kernel after session 46's change to it (`normalise_pairs`: a norm pair past the block's rows runs
+# on zeros and reads nothing, which removed a data race the PTX block check found; the live pairs' operations
+# are unchanged and gave the same bits on the PTX and under emulation, but the GPU has not run it yet):
+# 1. tests/kernels/test_gdn_tree.py (the kernel against its references on the GPU, rows invariant, commits);
+# 2. tests/exl3/test_tree_verify.py and test_device_round.py on the small model (tree verifies and rounds on the
+#    GPU through the kernel, plain decoding's tokens), with the registry's defaults;
+# 3. with the full-size synthesis finished and time left, the 24 GiB test at 262,000 tokens with rounds on the GPU.
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
-LIMIT=${LIMIT:-590}
+LIMIT=${LIMIT:-400}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-build_and_full_synth
-unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH ELPIS_PATCH_DRAFT_CANDIDATES
-STEM=systems-262k-call187
-echo "=== bench $STEM ($(left) s left)" | tee -a "$OUT/log"
-timeout -k 5 $(( $(left) - 8 )) python3 -m elpis.cli bench engine --model /tmp/full/target --draft /tmp/full/draft \
-  --systems stock,elpis-tree8,elpis-tree16 --checkpoints 262000 --rounds 8 --warmup 2 --final-tokens 0 \
-  --spec-only --time-limit $(( $(left) - 20 )) --out-dir "$OUT" --stem "$STEM" \
-  --title "stock beside tree-8 and tree-16 at 262K (one run)" > "$OUT/$STEM.txt" 2>&1
-echo "bench $STEM: exit $?" | tee -a "$OUT/log"
-grep -E "^\| (stock|elpis|262K)|Host CPU|GiB allocated" "$OUT/$STEM.md" 2>/dev/null | tee -a "$OUT/log"
-tail -3 "$OUT/$STEM.txt" | tee -a "$OUT/log"
-rm -f "$OUT"/*.png
+defaults_on_small_model
+gpu_pytest "gdn tree kernel after the race fix" 90 tests/kernels/test_gdn_tree.py
+gpu_pytest "tree verify and device rounds through it" 150 tests/exl3/test_tree_verify.py \
+  tests/exl3/test_device_round.py
+finish_full_synth
+if [ "$(left)" -gt 150 ] && [ -f /tmp/full/draft/config.json ]; then
+  gib24_test "after the gdn tree race fix" $(( $(left) - 10 )) tree-16-device-rounds
+fi
 pack_outputs
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
