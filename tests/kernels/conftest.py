@@ -1,11 +1,12 @@
-"""Fixtures shared by the round kernels' tests: the CPU emulation of each kernel (cuda_emu.py), built once a
-session."""
+"""Fixtures shared by the kernels' tests: the CPU emulation of each round kernel (cuda_emu.py), built once a
+session, and torch on one thread for the tests of small tensor ops."""
 
 from __future__ import annotations
 
 import ctypes
 
 import pytest
+import torch
 
 from elpis.exl3 import round_plan, round_tail, rows_gemm
 from tests.kernels import cuda_emu
@@ -33,3 +34,12 @@ def rows_gemm_emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     )
     built.emu_set_sms(8)  # before the first call: the kernel caches its resident-block count
     return rows_gemm.bind(built)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Small tensor ops: on a shared 2-core machine torch's second thread only spins (80x slower there)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

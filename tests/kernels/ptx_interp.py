@@ -875,6 +875,12 @@ def _extreme(pick: Callable[[int, int], int]) -> Callable[[int, int, str, int], 
     return fn
 
 
+def _integer_operands(t: _Thread, ops: list[str], kind: str, width: int) -> tuple[int, int]:
+    """Operands 1 and 2 at `width` bits, as signed integers for kind s."""
+    a, b = t.value(ops[1]) & _mask(width), t.value(ops[2]) & _mask(width)
+    return (_signed(a, width), _signed(b, width)) if kind == "s" else (a, b)
+
+
 def _mul(t: _Thread, mods: list[str], ops: list[str]) -> None:
     kind, width = _type_of(mods[-1])
     if kind == "f":
@@ -882,9 +888,7 @@ def _mul(t: _Thread, mods: list[str], ops: list[str]) -> None:
         return
     if kind not in ("s", "u") or len(mods) != 2:
         raise PtxUnsupported(f"mul.{'.'.join(mods)}")
-    a, b = t.value(ops[1]) & _mask(width), t.value(ops[2]) & _mask(width)
-    if kind == "s":
-        a, b = _signed(a, width), _signed(b, width)
+    a, b = _integer_operands(t, ops, kind, width)
     shifts = {"wide": 0, "lo": 0, "hi": width}
     if mods[0] not in shifts:
         raise PtxUnsupported(f"mul.{'.'.join(mods)}")
@@ -896,9 +900,7 @@ def _mad(t: _Thread, mods: list[str], ops: list[str]) -> None:
     kind, width = _type_of(mods[-1])
     if kind not in ("s", "u") or len(mods) != 2 or mods[0] not in ("lo", "hi", "wide"):
         raise PtxUnsupported(f"mad.{'.'.join(mods)}")
-    a, b = t.value(ops[1]) & _mask(width), t.value(ops[2]) & _mask(width)
-    if kind == "s":
-        a, b = _signed(a, width), _signed(b, width)
+    a, b = _integer_operands(t, ops, kind, width)
     product = (a * b) >> (width if mods[0] == "hi" else 0)
     t.set(ops[0], product + t.value(ops[3]))
 
@@ -912,9 +914,7 @@ def _div(t: _Thread, mods: list[str], ops: list[str]) -> None:
         return
     if kind not in ("s", "u") or len(mods) != 1:
         raise PtxUnsupported(f"div.{'.'.join(mods)}")
-    a, b = t.value(ops[1]) & _mask(width), t.value(ops[2]) & _mask(width)
-    if kind == "s":
-        a, b = _signed(a, width), _signed(b, width)
+    a, b = _integer_operands(t, ops, kind, width)
     if b == 0 or (kind == "s" and a == -(1 << (width - 1)) and b == -1):
         raise PtxUnsupported(f"div.{mods[-1]} of {a} by {b}: the result is machine-specific")
     quotient = abs(a) // abs(b)

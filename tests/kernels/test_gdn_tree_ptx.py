@@ -49,7 +49,7 @@ from tests.kernels import cuda_emu
 from tests.kernels.ptx_interp import BlockReport, Machine, PtxProgram, Touch
 from tests.nvcc_marks import needs_nvcc
 
-pytestmark = needs_nvcc
+pytestmark = [needs_nvcc, pytest.mark.usefixtures("one_torch_thread")]
 
 THREADS, SLICE, PER_LANE, SLOTS = 256, 16, 8, 3  # the kernel's block, columns a block, state rows a lane
 SOURCE_TEXT = gdn_tree.SOURCE.read_text()
@@ -79,14 +79,6 @@ CASES = [
     Case("branch6", (-1, 0, 0, 1, 1, 2), (7, 47), 3),
     Case("stack3-16", (-1, 0, 1, 2, 2, 1, 5, 5, 0, 8, 9, 10, 11, 12, 13, 14), (5, 10), 4),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @cache

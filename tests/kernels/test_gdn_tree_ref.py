@@ -35,14 +35,7 @@ from elpis.reference.weights import DeltaNetWeights
 from tests.kernels import cuda_emu
 from tests.nvcc_marks import needs_nvcc
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Small tensor ops: on a shared 2-core machine torch's second thread only spins (80x slower here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 TREES = [
