@@ -338,9 +338,14 @@ class Machine:
         found = [d for d in entry.decls if d[0] == "shared" and contains in d[1]]
         if len(found) != 1:
             raise KeyError(f"{entry.name}: {len(found)} shared variables named like {contains!r}")
-        shared_decls = [d for d in entry.decls if d[0] == "shared"]
-        frame = self._frame(f"{entry.name}/shared", shared_decls)
+        frame, _ = self._shared_frame(entry)
         return frame[found[0][1]], found[0][3]
+
+    def _shared_frame(self, entry: Entry) -> tuple[dict[str, int], list[tuple[str, str, int, int]]]:
+        """The shared variables' addresses every block run of `entry` uses (refilled, see `_frame`), and their
+        declarations."""
+        decls = [d for d in entry.decls if d[0] == "shared"]
+        return self._frame(f"{entry.name}/shared", decls), decls
 
     def alloc(self, nbytes: int, align: int = 256) -> int:
         self.top = (self.top + align - 1) // align * align
@@ -430,9 +435,8 @@ class Machine:
         if not 1 <= threads <= entry.max_threads:
             raise ValueError(f"{entry.name}: a block of {threads} threads (at most {entry.max_threads})")
         params = self._params(entry, args)
-        shared_decls = [d for d in entry.decls if d[0] == "shared"]
+        shared, shared_decls = self._shared_frame(entry)
         local_decls = [d for d in entry.decls if d[0] == "local"]
-        shared = self._frame(f"{entry.name}/shared", shared_decls)
         param_space = self._param_space(entry, params)
         frames = [self._frame(f"{entry.name}/local/{t}", local_decls) for t in range(threads)]
         block_state = _Block(threads, _extent(shared, shared_decls), _extent_all(frames, local_decls))
