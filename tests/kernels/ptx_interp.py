@@ -911,7 +911,8 @@ def _mad(t: _Thread, mods: list[str], ops: list[str]) -> None:
 
 def _div(t: _Thread, mods: list[str], ops: list[str]) -> None:
     """div.s / div.u on integers: the quotient rounded toward zero, as C's. A zero divisor and the signed
-    minimum over -1 (machine-specific values) are refused; so is floating-point division."""
+    minimum over -1 (machine-specific values) are refused. div.rn.f32 is correctly rounded
+    (`_float_quotient_or_root`); every other floating-point division is refused."""
     kind, width = _type_of(mods[-1])
     if mods == ["rn", "f32"]:
         _float_quotient_or_root(t, ops, _to_float(t.value(ops[1]), 32), _to_float(t.value(ops[2]), 32))
@@ -1045,7 +1046,8 @@ def _round_f32(q: Fraction, mode: str) -> int:
 
 
 def _fma(t: _Thread, mods: list[str], ops: list[str]) -> None:
-    """fma.rn/rz/rm/rp.f32: a * b + c rounded once, computed exactly in rationals."""
+    """fma.rn/rz/rm/rp.f32: a * b + c rounded once from its exact value (in float64 where TwoSum shows the
+    sum exact there, else in rationals)."""
     if len(mods) != 2 or mods[0] not in ("rn", "rz", "rm", "rp") or mods[1] != "f32":
         raise PtxUnsupported(f"fma.{'.'.join(mods)}")
     a, b, c = (_to_float(t.value(op), 32) for op in ops[1:4])
