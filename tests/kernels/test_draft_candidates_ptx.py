@@ -15,7 +15,6 @@ instruction: the interpreter refuses it by default, and these runs opt in (`Mach
 
 from __future__ import annotations
 
-import re
 import struct
 from functools import cache
 
@@ -27,7 +26,7 @@ from elpis import nvcc
 from elpis.bend import row_spans as rs
 from elpis.exl3 import draft_candidates
 from tests.kernels.draft_candidates_cases import LP_TOLERANCE, check_packed, rows
-from tests.kernels.ptx_interp import BlockReport, Machine, PtxProgram, PtxUnsupported
+from tests.kernels.ptx_interp import BlockReport, Machine, PtxProgram, PtxUnsupported, barrier_lines
 from tests.nvcc_marks import needs_nvcc
 
 pytestmark = needs_nvcc
@@ -128,10 +127,7 @@ def test_a_deleted_barrier_of_the_merge_is_reported_as_a_race(arch: str) -> None
     lets a thread read a shared word another wrote with no barrier between."""
     text = _ptx_text(arch, 64)
     lines = text.splitlines()
-    entry = re.compile(r"^(?:\.visible\s+)?\.entry\s+\S*merge_kernelIf")
-    start = next(i for i, line in enumerate(lines) if entry.match(line))
-    end = next(i for i in range(start, len(lines)) if lines[i] == "}")
-    bars = [i for i in range(start, end) if re.match(r"^\s*bar\.sync\s", lines[i])]
+    bars = barrier_lines(text, "merge_kernelIf")
     assert len(bars) == 4
     padded = _padded_rows(torch.float32, [0], 2)
     for line in bars:

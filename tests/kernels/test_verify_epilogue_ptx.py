@@ -13,7 +13,6 @@ kernel's last one (after its tree's last level only thread 0 reads slot 0, which
 
 from __future__ import annotations
 
-import re
 import struct
 from dataclasses import dataclass, field
 from functools import cache
@@ -27,7 +26,7 @@ from elpis.bend import row_spans as rs
 from elpis.exl3 import verify_epilogue
 from elpis.spec.integrity import logits_digest, nonfinite_rows
 from elpis.spec.sampling import greedy_ids
-from tests.kernels.ptx_interp import BlockReport, Machine, PtxProgram
+from tests.kernels.ptx_interp import BlockReport, Machine, PtxProgram, barrier_lines
 from tests.kernels.verify_epilogue_cases import rows
 from tests.nvcc_marks import needs_nvcc
 
@@ -118,27 +117,14 @@ def test_the_kernels_ptx_meets_at_every_barrier_without_races_and_gives_the_refe
         assert report.barriers == 1 + levels  # block_best's own barrier, then one a level of the tree
 
 
-def _bar_lines(text: str) -> dict[str, list[int]]:
-    """The 0-based line numbers of the bar.sync instructions of each entry, by a word of its name."""
-    found: dict[str, list[int]] = {}
-    entry = ""
-    for i, line in enumerate(text.splitlines()):
-        m = re.match(r"^(?:\.visible\s+)?\.entry\s+\S*(span_kernelI6__half|span_kernelIf|merge_kernel)", line)
-        if m:
-            entry = m.group(1)
-        elif re.match(r"^\s*bar\.sync\s", line):
-            found.setdefault(entry, []).append(i)
-    return found
-
-
 @pytest.mark.parametrize("arch", nvcc.ARCHS)
 def test_a_deleted_barrier_is_reported_as_a_race(arch: str) -> None:
     """The detector can fail on the real kernels: deleting any one bar.sync of a kernel's PTX but its last
     gives a race; the last is the barrier after the tree's last level, where only thread 0 combines and then
     reads slot 0 itself (so deleting it is not a race, and the outputs stay the reference's)."""
     threads, text = 64, _ptx_text(arch, 64)
-    bars = _bar_lines(text)
-    assert sorted(bars) == ["merge_kernel", "span_kernelI6__half", "span_kernelIf"]
+    entries = ("merge_kernel", "span_kernelI6__half", "span_kernelIf")
+    bars = {name: barrier_lines(text, name) for name in entries}
     for entry, lines in bars.items():
         dtype = torch.float16 if entry == "span_kernelI6__half" else torch.float32
         padded = _padded_rows(VOCAB, dtype, [1])
