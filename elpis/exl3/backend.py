@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from elpis.backend import BackendError, BackendInfo
+from elpis.exl3.capture import plain_module_path
 from elpis.exl3.draft_graph import update_draft_kv
 from elpis.exl3.engine import Engine
 from elpis.exl3.prefix import PAGE, GiB, PrefixCache, Snapshot, prefill_boundaries, prefix_key
@@ -653,7 +654,9 @@ class Exl3Backend:
         else:
             call = TreeCall(layout, kvp, self.state.slot, self.state.base_row())
             extra = {"position_ids": pinned(layout.position_ids(kvp), torch.int32).view(1, -1)}
-            with tree_forward(call):
+            # the module path the graphs capture: without it an 8-row run takes ExLlamaV3's captured MLP
+            # blocks (they serve <= 8 rows) instead of the rows GEMM a replay runs, other kernels, other bits
+            with plain_module_path(self.engine.model), tree_forward(call):
                 out, export = self._forward(ids, kvp, history=False, extra=extra)
         self.state.position = kvp  # nothing is committed until commit(); the forward advanced it by run
         ran = (len(call.gdn), call.attention_layers)

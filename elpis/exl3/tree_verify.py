@@ -38,7 +38,8 @@ from typing import Any
 
 TREE_ROWS = 16  # the tree kernels' maximum rows
 # Row counts a tree-mode backend may run every verify at: one shape for all GEMMs per backend (a row's bits
-# depend on it). 8 rows keep ExLlamaV3's graph-captured MLP (at most 8 rows) and the chain path's GEMM shapes.
+# depend on it). Either runs the rows GEMM in the MLPs: tree verifies, eager or captured, run with ExLlamaV3's
+# graph-captured MLP blocks (at most 8 rows) switched off (`capture.plain_module_path`).
 TREE_RUNS = (8, TREE_ROWS)
 
 
