@@ -4,8 +4,14 @@ thread, by the PTX interpreter's block mode (tests/kernels/ptx_interp.py) with a
 (expf, in the conv's SiLU and the decay, is ex2.approx there: correctly rounded by the interpreter, which is
 one result PTX allows, not necessarily the GPU's bits).
 
-One block per tree (the blocks' arithmetic differs only in the head and columns it reads), on trees of 4, 5, 6
-and 16 rows: a chain, a star, a branching tree that parks one state and the 16-row tree that parks 3 at once:
+One block per tree (the blocks' arithmetic differs only in the head and columns it reads): on sm_86 and sm_90
+the four first trees, of 4, 5, 6 and 16 rows (a chain, a star, a branching tree that parks one state and the
+16-row tree that parks 3 at once); on sm_86 17 further trees, on sm_90 3 of them (t1, rev8-51, seeded16-1;
+CPU time): every legal tree of 1 to 4 rows (10), three of the build check's 60 seeded 16-row trees
+(elpis.bend.gdn_plan.table_trees: the first uniform one, the first parking 2 states, the first deep one), the
+16-row star and chain, and the first 7- and 8-row shapes whose reversed numbering (the build check's) parks 2
+states. Each further tree runs on a block of its own; together they take every slice 0..7, every key head
+(head // 3) 0..15, every place of a value head in its group of 3 and head 47 (21 distinct blocks in all):
 - every thread meets both barriers and every shuffle; no shared byte is read before a thread wrote it; the
   race detector finds no race (see below for the one it found);
 - the walk executes the plan: each thread's loads and stores of the on-chip stack (`s_stack`) and the rows
@@ -14,13 +20,20 @@ and 16 rows: a chain, a star, a branching tree that parks one state and the 16-r
   for -1), every stack access at the thread's own lane-private place (the plan from build/kernels/gdn_plan.h
   through the kernel's host glue, packed as the launch argument);
 - the outputs of the block's 16 columns agree with the kernel's source run on the CPU (tests/kernels/
-  cuda_emu.py, whose expf is the CPU's) within a bound that the approximate expf explains (see `_close`).
+  cuda_emu.py, whose expf is the CPU's) within a bound that the approximate expf explains (see `_close`), and
+  nothing outside them is written.
 The graph form (gdn_tree_kernel_dev, the plan read from device memory) walks the star the same way on sm_86,
 with the by-value launch's output bits. The trace check can fail: a plan with two visits swapped is not what
 the PTX ran, and a PTX with the walk's store of one state element moved to another element's place is caught.
+The output check can fail where the walk is right: a PTX taking the q/k head as head // 4, and one reading the
+state and v channels of slice s ^ 1 while writing slice s, are caught.
 
-Not run here: the commit (state_out, the conv commit kernels), the bf16 output, the other 383 blocks of each
-call, other trees; expf's bits (the comparison is a tolerance, not bits); ptxas and SASS.
+Not run here: the commit (state_out, the conv commit kernels), the bf16 output, the channel-major qkv layout
+(only token-major strides (10240, 1)); per call one block, never two together (363 of the 384 blocks run in no
+call, and no tree runs on more than one block); other trees: trees of 5 to 15 rows but the 5-row star, the
+6-row branch and the two 7- and 8-row trees, 16-row trees but the 6 here, on sm_90 every further tree but 3;
+the graph form on any tree but the star, and on sm_90; expf's bits (the comparison is a tolerance, not bits);
+ptxas and SASS.
 
 The race this check found: until session 46, with rows other than 4 and 16, the warps whose (row, q|k) pair
 is past 2 rows read row 0 of `s_qk` as a dummy (`normalise_pairs`, `pair < 2 * rows ? pair >> 1 : 0`) while
@@ -71,13 +84,61 @@ class Case:
     parents: tuple[int, ...]
     block: tuple[int, int]  # (slice, value head)
     seed: int
+    slots: int | None = None  # the stack slots its plan parks in at once (None: not asserted)
 
 
 CASES = [
     Case("chain4", (-1, 0, 1, 2), (0, 0), 1),
     Case("star5", (-1, 0, 0, 0, 0), (3, 25), 2),
     Case("branch6", (-1, 0, 0, 1, 1, 2), (7, 47), 3),
-    Case("stack3-16", (-1, 0, 1, 2, 2, 1, 5, 5, 0, 8, 9, 10, 11, 12, 13, 14), (5, 10), 4),
+    Case("stack3-16", (-1, 0, 1, 2, 2, 1, 5, 5, 0, 8, 9, 10, 11, 12, 13, 14), (5, 10), 4, slots=3),
+]
+
+# ---- more trees, each on a block of its own -------------------------------------------------------------
+# The build check's trees (elpis.bend.gdn_plan.table_trees): its 16-row trees are 48 uniform then 12 deep
+# seeded ones, then 4 named ones (the tree parking 3, a binary tree, the star, the chain).
+TABLE_16 = [tuple(t) for t in gdn_plan.table_trees() if len(t) == gdn_plan.MAX_ROWS]
+SEEDED_16, NAMED_16 = TABLE_16[:60], TABLE_16[60:]
+STAR_16, CHAIN_16 = (-1, *[0] * 15), (-1, *range(15))
+assert len(TABLE_16) == 64 and NAMED_16[2:] == [STAR_16, CHAIN_16], NAMED_16
+
+
+def _reversed(rows: int, shape: int) -> tuple[int, ...]:
+    """Shape `shape` of `rows` rows in the build check's reversed numbering (children last to first)."""
+    return tuple(gdn_plan._renumbered_reversed(gdn_plan.shapes(rows)[shape]))
+
+
+def _small_name(parents: list[int]) -> str:
+    """t<rows>-<parents of rows 1..>: t4-001 is [-1, 0, 0, 1]."""
+    return f"t{len(parents)}" + (f"-{''.join(map(str, parents[1:]))}" if len(parents) > 1 else "")
+
+
+# (name, parents, slots): every legal tree of 1 to 4 rows; the first uniform seeded 16-row tree, the first
+# that parks 2 states and the first deep one (depth 9); the 16-row star and chain; the first 7- and 8-row
+# shapes (gdn_plan.shapes) whose reversed numbering parks 2 states (their preorder numbering parks 1)
+MORE_TREES = [
+    *((_small_name(t), tuple(t), None) for rows in range(1, 5) for t in gdn_plan.every_tree(rows)),
+    ("seeded16-0", SEEDED_16[0], 1),
+    ("seeded16-1", SEEDED_16[1], 2),
+    ("deep16-48", SEEDED_16[48], 1),
+    ("star16", STAR_16, 1),
+    ("chain16", CHAIN_16, 0),
+    ("rev7-34", _reversed(7, 34), 2),
+    ("rev8-51", _reversed(8, 51), 2),
+]
+
+
+def _spread(i: int) -> tuple[int, int]:
+    """The block of the i-th further tree: key heads 0..15 in turn, each at place (i + 2) % 3 of its group of
+    3 value heads (so head 47 is the 16th), slices 7 down to 0 in turn."""
+    return 7 - i % 8, 3 * (i % ref.KEY_HEADS) + (i + 2) % 3
+
+
+MORE = [Case(name, parents, _spread(i), 10 + i, slots) for i, (name, parents, slots) in enumerate(MORE_TREES)]
+# sm_90 runs a subset (CPU time): the 1-row tree, the 8-row tree and a 16-row tree that park 2 states
+SM90_MORE = ("t1", "rev8-51", "seeded16-1")
+RUNS = [(arch, c) for c in CASES for arch in nvcc.ARCHS] + [
+    (arch, c) for c in MORE for arch in nvcc.ARCHS if arch == "sm_86" or c.name in SM90_MORE
 ]
 
 
@@ -251,8 +312,7 @@ def _run_case(arch: str, case: Case, packed: bytes) -> Run:
 # ---- the tests -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-@pytest.mark.parametrize("arch", nvcc.ARCHS)
+@pytest.mark.parametrize(("arch", "case"), [pytest.param(a, c, id=f"{a}-{c.name}") for a, c in RUNS])
 def test_the_kernels_ptx_walks_the_plan(arch: str, case: Case, emulated) -> None:
     plan = _plan(emulated, case.parents)
     got = _run_case(arch, case, plan.packed)
@@ -266,8 +326,8 @@ def test_the_kernels_ptx_walks_the_plan(arch: str, case: Case, emulated) -> None
     assert sorted(got.walk) == list(range(THREADS))
     for t in range(THREADS):
         assert got.walk[t] == want, f"thread {t}: {got.walk[t][:12]} != {want[:12]}"
-    if case.name == "stack3-16":
-        assert plan.plan.max_stack == SLOTS  # every slot of the stack is parked in and taken back
+    if case.slots is not None:  # stack3-16: every slot of the stack is parked in and taken back
+        assert plan.plan.max_stack == case.slots <= SLOTS
     emu = _emulated_out(emulated, case)
     mine, theirs = _columns(got.out, case), _columns(emu, case)
     assert np.isfinite(mine).all() and _close(mine, theirs), np.abs(mine - theirs).max()
@@ -328,3 +388,57 @@ def test_a_ptx_storing_one_state_element_elsewhere_is_caught(emulated) -> None:
     want = _prescribed(plan.plan)
     assert all(got.walk[t] != want for t in range(THREADS))
     assert all(("store", 0, 3) not in got.walk[t] for t in range(THREADS))
+
+
+def test_the_further_blocks_cover_every_slice_key_head_and_place_in_a_group() -> None:
+    """The further trees' blocks: every slice (0..7), every key head (head // 3, 0..15), every place of a
+    value head in its group of 3, and the last head, 47."""
+    blocks = [c.block for c in MORE]
+    assert len(set(blocks)) == len(blocks)
+    assert {s for s, _ in blocks} == set(range(8))
+    assert {h // 3 for _, h in blocks} == set(range(ref.KEY_HEADS))
+    assert {h % 3 for _, h in blocks} == {0, 1, 2} and ref.VALUE_HEADS - 1 in {h for _, h in blocks}
+
+
+def _mutated(arch: str, old: str, new: str, count: int) -> PtxProgram:
+    """The `arch` PTX with each of `count` lines holding `old` (exactly) rewritten to hold `new` instead."""
+    lines = _ptx_text(arch).splitlines()
+    hits = [i for i, line in enumerate(lines) if old in line]
+    assert len(hits) == count, [lines[i] for i in hits]
+    for i in hits:
+        lines[i] = lines[i].replace(old, new)
+    return PtxProgram("\n".join(lines))
+
+
+def _walks_right_but_computes_wrong(program: PtxProgram, case: Case, emulated) -> None:
+    """`program` runs block `case.block` with the plan's walk, no race, and outputs that the check rejects."""
+    plan = _plan(emulated, case.parents)
+    got = _run(program, case, plan.packed)
+    _check_races("sm_86", case, got.report)
+    assert all(got.walk[t] == _prescribed(plan.plan) for t in range(THREADS))
+    mine, theirs = _columns(got.out, case), _columns(_emulated_out(emulated, case), case)
+    assert np.isfinite(mine).all() and not _close(mine, theirs)
+
+
+def test_a_ptx_reading_the_wrong_key_head_is_caught(emulated) -> None:
+    """The output comparison catches a PTX whose q/k head is head // 4 instead of head // 3: the sm_86 PTX
+    with the magic of the signed division by 3 in each entry (mul.hi.s32 by ceil(2^32 / 3)) replaced by
+    2^32 / 4, on a further tree's block whose head has another key head under // 4."""
+    case = next(c for c in MORE if c.name == "t2-0")
+    assert case.block[1] // 4 != case.block[1] // 3, case.block
+    program = _mutated("sm_86", ", 1431655766;", ", 1073741824;", 2)
+    _walks_right_but_computes_wrong(program, case, emulated)
+
+
+def test_a_ptx_reading_another_slices_state_is_caught(emulated) -> None:
+    """The output comparison catches a PTX whose block reads the committed state's columns and the v channels
+    of slice s ^ 1 while it writes its outputs to slice s: the sm_86 PTX with the first read of %ctaid.x of
+    the by-value entry (the one feeding `s_in` and `v_base`; nvcc reads it again for the outputs) made an xor
+    with 1."""
+    text = _ptx_text("sm_86")
+    lines, where = text.splitlines(), _source_of(text)
+    first = next(i for i, line in enumerate(lines) if re.fullmatch(r"\s*mov\.u32\s+%r\d+, %ctaid\.x;", line))
+    assert where[first + 2] == _source_line("const float* s_in = a.state_in"), lines[first : first + 3]
+    lines[first] = lines[first].replace("mov.u32", "xor.b32").replace("%ctaid.x;", "%ctaid.x, 1;")
+    case = next(c for c in MORE if c.name == "t2-0")
+    _walks_right_but_computes_wrong(PtxProgram("\n".join(lines)), case, emulated)
