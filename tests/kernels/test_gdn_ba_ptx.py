@@ -7,7 +7,8 @@ sm_86 and sm_90, run block by block, every thread, by the PTX interpreter's bloc
 On fp16 inputs of mixed magnitudes (so that the fp32 sums round and their order shows in the bits), read
 through a row stride padded with NaNs, for k = 2600 (three spans, the last partial: 69 threads hold values,
 warp 2 partly), k = 5120 (the model's: five full spans), k = 8 (one thread holds values) and 1, 2, 3, 5 and 16
-rows over one and two column blocks (4 and 8 columns, not the model's 96):
+rows over one and two column blocks (4 and 8 columns), and at the model's shape (k = 5120, 2 x 48 columns,
+16 rows: launch 1 whole at 1 row, on its first and last column blocks at 16; see the served-shape test):
 - every block's threads meet at its barrier and at every shuffle (all 32 lanes of the full mask), the race
   detector finds nothing between two barriers, no shared byte is read before a thread wrote it;
 - b and a are, bit for bit, a reference written here from the kernel's documented order of every sum (a
@@ -89,35 +90,69 @@ class Outputs:
     sum_reports: list[BlockReport]
 
 
-def _run(program: PtxProgram, x: np.ndarray, wt: np.ndarray) -> Outputs:
-    """Both launches as elpis_gdn_ba_rows makes them: grid (column blocks, spans) of span blocks, then
-    ceil(rows * columns / 128) sum blocks, every block run by the interpreter in grid order. x is read
-    through a stride of k + 8 whose last 8 values are NaN; scratch and outputs start as NaN."""
+Blocks = list[tuple[int, int]]  # launch 1's blocks (column block, span), in the order they are run
+
+
+def _grid(k: int, columns: int) -> Blocks:
+    """Every block of launch 1 in grid order (x fastest): grid (column blocks, spans)."""
+    spans = -(-k // gdn_ba.SPAN)
+    return [(c, s) for s in range(spans) for c in range(columns // gdn_ba.COLUMNS_PER_BLOCK)]
+
+
+def _span_launch(
+    program: PtxProgram, x: np.ndarray, wt: np.ndarray, blocks: Blocks, start: np.ndarray
+) -> tuple[np.ndarray, list[BlockReport]]:
+    """Launch 1 as elpis_gdn_ba_rows makes it (grid (column blocks, spans) of 128 threads), of which the
+    blocks `blocks` are run by the interpreter: the scratch partials fp32 [spans, rows, columns] after
+    them, starting as `start`, and their reports. x is read through a stride of k + 8 whose last 8 values
+    are NaN."""
     rows, k = x.shape
     columns = wt.shape[0]
-    nv = columns // 2
-    spans = -(-k // gdn_ba.SPAN)
-    column_blocks = columns // gdn_ba.COLUMNS_PER_BLOCK
     padded = np.full((rows, k + 8), np.nan, dtype=np.float16)
     padded[:, :k] = x
     m = Machine()
     at_x, at_wt = m.put(padded.view(np.int16)), m.put(wt.view(np.int16))
-    at_partials = m.put(np.full((spans, rows, columns), np.nan, dtype=np.float32))
+    at_partials = m.put(start)
+    grid = (columns // gdn_ba.COLUMNS_PER_BLOCK, start.shape[0])
+    kernel = program.entry("gdn_ba_span_kernel")
+    reports = [
+        m.run_block(kernel, [at_x, k + 8, at_wt, k, columns, rows, at_partials], threads=THREADS,
+                    block=block, grid=grid)
+        for block in blocks
+    ]  # fmt: skip
+    return m.get(at_partials, start), reports
+
+
+def _sum_launch(
+    program: PtxProgram, partials: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, list[BlockReport]]:
+    """Launch 2 as elpis_gdn_ba_rows makes it, every one of its ceil(rows * columns / 128) blocks, on the
+    scratch `partials` [spans, rows, columns]: b and a (outputs starting as NaN) and the blocks' reports."""
+    spans, rows, columns = partials.shape
+    nv = columns // 2
+    m = Machine()
+    at_partials = m.put(partials)
     b, a = np.full((rows, nv), np.nan, dtype=np.float32), np.full((rows, nv), np.nan, dtype=np.float32)
     at_b, at_a = m.put(b), m.put(a)
-    span_kernel, sum_kernel = program.entry("gdn_ba_span_kernel"), program.entry("gdn_ba_sum_kernel")
-    span_reports = [
-        m.run_block(span_kernel, [at_x, k + 8, at_wt, k, columns, rows, at_partials], threads=THREADS,
-                    block=(c, s), grid=(column_blocks, spans))
-        for s in range(spans) for c in range(column_blocks)
+    kernel = program.entry("gdn_ba_sum_kernel")
+    blocks = -(-rows * columns // SUM_THREADS)
+    reports = [
+        m.run_block(kernel, [at_partials, spans, nv, rows, at_b, at_a], threads=SUM_THREADS, block=(i, 0),
+                    grid=(blocks, 1))
+        for i in range(blocks)
     ]  # fmt: skip
-    sum_blocks = -(-rows * columns // SUM_THREADS)
-    sum_reports = [
-        m.run_block(sum_kernel, [at_partials, spans, nv, rows, at_b, at_a], threads=SUM_THREADS,
-                    block=(i, 0), grid=(sum_blocks, 1))
-        for i in range(sum_blocks)
-    ]  # fmt: skip
-    return Outputs(m.get(at_b, b), m.get(at_a, a), span_reports, sum_reports)
+    return m.get(at_b, b), m.get(at_a, a), reports
+
+
+def _run(program: PtxProgram, x: np.ndarray, wt: np.ndarray) -> Outputs:
+    """Both launches whole, every block run by the interpreter in grid order; scratch and outputs start as
+    NaN."""
+    rows, k = x.shape
+    columns = wt.shape[0]
+    start = np.full((-(-k // gdn_ba.SPAN), rows, columns), np.nan, dtype=np.float32)
+    partials, span_reports = _span_launch(program, x, wt, _grid(k, columns), start)
+    b, a, sum_reports = _sum_launch(program, partials)
+    return Outputs(b, a, span_reports, sum_reports)
 
 
 @cache
@@ -168,11 +203,11 @@ OTHER_ORDERS = {
 }
 
 
-def _reference(x: np.ndarray, wt: np.ndarray, order: Order = DOCUMENTED) -> tuple[np.ndarray, np.ndarray]:
-    """b and a summed in `order`: thread t of span s takes k's values 1024 s + 8 t .. + 7 (zeros past k, as
-    the kernel loads them), fmaf'd into +0; each warp's 32 thread sums fold by the xor butterfly (lane l adds
-    lane l ^ d's value to its own, for each distance d), lane 0's result is the warp's sum; the block adds
-    its warps' sums; launch 2 the spans'."""
+def _span_sums(x: np.ndarray, wt: np.ndarray, order: Order = DOCUMENTED) -> np.ndarray:
+    """Launch 1's partials, fp32 [spans, rows, columns], summed in `order`: thread t of span s takes k's
+    values 1024 s + 8 t .. + 7 (zeros past k, as the kernel loads them), fmaf'd into +0; each warp's 32 thread
+    sums fold by the xor butterfly (lane l adds lane l ^ d's value to its own, for each distance d), lane 0's
+    result is the warp's sum; the block adds its warps' sums."""
     rows, k = x.shape
     columns = wt.shape[0]
     spans = -(-k // gdn_ba.SPAN)
@@ -197,11 +232,17 @@ def _reference(x: np.ndarray, wt: np.ndarray, order: Order = DOCUMENTED) -> tupl
         per_span = w[..., 0]
         for i in range(1, WARPS):
             per_span = per_span + w[..., i]
-    span_order = range(spans) if order.spans_ascending else reversed(range(spans))
+    return np.ascontiguousarray(per_span.transpose(2, 0, 1))
+
+
+def _reference(x: np.ndarray, wt: np.ndarray, order: Order = DOCUMENTED) -> tuple[np.ndarray, np.ndarray]:
+    """b and a summed in `order`: launch 1's partials (`_span_sums`), then launch 2 adds the spans."""
+    per_span = _span_sums(x, wt, order)
+    span_order = range(per_span.shape[0]) if order.spans_ascending else reversed(range(per_span.shape[0]))
     total = None
     for s in span_order:
-        total = per_span[..., s] if total is None else total + per_span[..., s]
-    nv = columns // 2
+        total = per_span[s] if total is None else total + per_span[s]
+    nv = wt.shape[0] // 2
     return total[:, :nv], total[:, nv:]
 
 
@@ -279,3 +320,120 @@ def test_a_ptx_adding_its_warps_in_another_order_gives_other_bits(arch: str) -> 
     assert all(r.races == [] for r in got.span_reports)
     want_b, want_a = _reference(x, wt)
     assert _bits(got.b) != _bits(want_b) or _bits(got.a) != _bits(want_a)
+
+
+# ---- the served shape: the model's 2 x 48 columns, k = 5120, 16 rows ---------------------------------------
+
+SERVED = Case(5120, 48, 16, 6)  # 24 column blocks x 5 full spans = launch 1's 120 blocks; b columns 0-47
+SERVED_ALONE = (0, 15)  # rows of the 16 also run as 1-row calls
+
+
+def _served_column_blocks(nv: int) -> tuple[int, ...]:
+    """Launch 1's column blocks run at 16 rows: the first and the last (the ends of the grid, of wt and of
+    each row of the scratch), and a block holding both b's last column and a's first if there is one. At
+    nv = 48 there is none: b|a falls between blocks 11 and 12, and launch 1 does not see it (a block reads
+    its 4 rows of wt whichever half they are in); launch 2, which splits the columns at nv, is run whole."""
+    per = gdn_ba.COLUMNS_PER_BLOCK
+    straddles = {(nv - 1) // per} if (nv - 1) // per == nv // per else set()
+    return tuple(sorted({0, 2 * nv // per - 1} | straddles))
+
+
+def _same_entry(a: str, b: str, name: str) -> bool:
+    """Whether PTX texts a and b hold the same text for the one entry named like `name`."""
+
+    def body(text: str) -> list[str]:
+        lines = text.splitlines()
+        start = next(i for i, line in enumerate(lines) if ".entry" in line and name in line)
+        return lines[start : lines.index("}", start) + 1]
+
+    return body(a) == body(b)
+
+
+@cache
+def _served_launch_1(rows: tuple[int, ...], whole: bool) -> tuple[np.ndarray, list[BlockReport], Blocks]:
+    """Launch 1 on sm_86's PTX for SERVED's `rows` alone: every block (`whole`), or every span of the column
+    blocks of `_served_column_blocks`. The scratch starts as the reference's partials with the run blocks'
+    entries NaN, so launch 2 reads the PTX's partials where run and the reference's elsewhere. Returns the
+    scratch after it, the run blocks' reports and which blocks ran."""
+    x, wt = _inputs(SERVED)
+    x = x[list(rows)]
+    grid = _grid(SERVED.k, 2 * SERVED.nv)
+    chosen = set(_served_column_blocks(SERVED.nv))
+    blocks = grid if whole else [(c, s) for c, s in grid if c in chosen]
+    start = _span_sums(x, wt)
+    per = gdn_ba.COLUMNS_PER_BLOCK
+    for c, s in blocks:
+        start[s, :, c * per : (c + 1) * per] = np.nan
+    partials, reports = _span_launch(_program("sm_86"), x, wt, blocks, start)
+    return partials, reports, blocks
+
+
+def test_launch_1s_ptx_is_the_same_for_both_archs() -> None:
+    """The served-shape test runs launch 1 on sm_86's PTX only (its sm_90 run would double the longest test
+    of this file): nvcc makes the span kernel's entry the same text for sm_90, so the run stands for both.
+    (The sum kernel's PTX differs between them, in its registers' order: it is run on both.) The comparison
+    can fail: one fma's rounding changed in the entry is another text."""
+    sm86, sm90 = _ptx_text("sm_86"), _ptx_text("sm_90")
+    assert _same_entry(sm86, sm90, "gdn_ba_span_kernel")
+    assert not _same_entry(sm86, sm86.replace("fma.rn.f32", "fma.rz.f32", 1), "gdn_ba_span_kernel")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", nvcc.ARCHS)
+def test_the_served_shape_sums_in_the_documented_order_without_races(arch: str) -> None:
+    """At the model's shape (k = 5120, 2 x 48 columns: launch 1's grid of 24 column blocks x 5 spans), on
+    sm_86's PTX for launch 1 (the same text as sm_90's: the test above) and `arch`'s for launch 2, three
+    calls (about 40 s of the interpreter):
+    - the 16 rows, launch 1 run on its first and last column blocks, 0 and 23 (b's columns 0-3, a's 44-47),
+      every span of each: 10 of its 120 blocks (`_served_column_blocks` says why no other);
+    - row 0 alone, launch 1 whole (all 120 blocks);
+    - row 15 alone, launch 1 on the same 10 blocks as the 16 rows.
+    Launch 2 is run whole (12 blocks at 16 rows, 1 at one), over scratch that is the PTX's partials where
+    launch 1 ran and the reference's elsewhere. Checked: every run block meets its barrier and every
+    shuffle, no race, no unwritten shared read; the run blocks' partials are, bit for bit, the documented
+    order's span sums; b and a are the reference's bits on every column (where launch 1 did not run, that
+    checks launch 2 alone); on the run columns, rows 0 and 15 of the 16-row call have the bits of the 1-row
+    calls. Not run at 16 rows: launch 1's other 110 blocks (they differ from those run only in blockIdx.x,
+    the rows of wt they read and the scratch places they write; each is run at 1 row)."""
+    x, wt = _inputs(SERVED)
+    nv = SERVED.nv
+    calls = {"16 rows": (tuple(range(SERVED.rows)), False), "row 0": ((0,), True), "row 15": ((15,), False)}
+    outputs = {}
+    for name, (rows, whole) in calls.items():
+        partials, reports, blocks = _served_launch_1(rows, whole)
+        assert len(blocks) == (120 if whole else 10)
+        assert _bits(partials) == _bits(_span_sums(x[list(rows)], wt)), name
+        for report in reports:
+            assert report.races == [] and report.unwritten_reads == [], [str(r) for r in report.races[:3]]
+            assert report.barriers == 1
+            assert report.shuffles == len(rows) * gdn_ba.COLUMNS_PER_BLOCK * len(DISTANCES) * WARPS
+        b, a, sum_reports = _sum_launch(_program(arch), partials)
+        assert len(sum_reports) == -(-len(rows) * 2 * nv // SUM_THREADS)
+        for report in sum_reports:
+            assert report.races == [] and report.unwritten_reads == []
+        want_b, want_a = _reference(x[list(rows)], wt)
+        assert _bits(b) == _bits(want_b) and _bits(a) == _bits(want_a), name
+        outputs[name] = (b, a)
+    per = gdn_ba.COLUMNS_PER_BLOCK
+    run = [c * per + i for c in _served_column_blocks(nv) for i in range(per)]
+    in_b, in_a = [c for c in run if c < nv], [c - nv for c in run if c >= nv]
+
+    def on_run_columns(b: np.ndarray, a: np.ndarray, r: int) -> list[int]:
+        return _bits(b[r, in_b]) + _bits(a[r, in_a])
+
+    many = outputs["16 rows"]
+    for r in SERVED_ALONE:
+        assert on_run_columns(*outputs[f"row {r}"], 0) == on_run_columns(*many, r), f"row {r}"
+    # the comparison can fail: the two rows' outputs differ on those columns
+    assert on_run_columns(*many, 0) != on_run_columns(*many, 15)
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_ORDERS))
+def test_another_order_gives_other_bits_at_the_served_shape(name: str) -> None:
+    """The served-shape comparisons can fail: on its 16 rows, summed in another order the reference's b and a
+    differ from the documented order's, and so do its partials for every order inside a span."""
+    x, wt = _inputs(SERVED)
+    order = OTHER_ORDERS[name]
+    assert _bits(np.hstack(_reference(x, wt, order))) != _bits(np.hstack(_reference(x, wt)))
+    if order.spans_ascending:
+        assert _bits(_span_sums(x, wt, order)) != _bits(_span_sums(x, wt))

@@ -9,10 +9,16 @@ detector finds no byte written by one thread and read or written by another betw
 byte is read before a thread wrote it, and the ids, flags and digests are greedy_ids', nonfinite_rows' and
 logits_digest's. A copy of the PTX with one bar.sync deleted is reported as racing, for every barrier but each
 kernel's last one (after its tree's last level only thread 0 reads slot 0, which it wrote itself).
+
+The served build (the source's defaults: 256 threads, spans of 1,024 vectors, at most 64 a row) is run on
+sm_86's PTX (sm_90's is the same text but for .target, asserted) on three fp16 rows of the model's whole
+vocabulary, 248,320 logits: 31 spans a row, the last of 320 vectors, and the merge over 31; and deleting any
+of its kernels' first 8 of 9 bar.sync is reported as a race there too.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass, field
 from functools import cache
@@ -65,14 +71,23 @@ def _padded_rows(vocab: int, dtype: torch.dtype, which: list[int] | None = None)
     return padded
 
 
-def _run(program: PtxProgram, threads: int, padded: torch.Tensor, vocab: int) -> Outputs:
-    """Both launches as elpis_verify_epilogue makes them: grid (spans, rows) of span blocks, then a merge
-    block a row, every block run by the interpreter in grid order."""
+def _spans(vocab: int, fp16: bool, span_vectors: int, max_spans: int) -> tuple[int, int]:
+    """(count, shift) of a row's spans, as spans_of computes them for a build's span length and cap."""
+    total = rs.vectors_of(vocab, fp16)
+    shift = rs.shift_of(total, span_vectors.bit_length() - 1, max_spans.bit_length() - 1)
+    return rs.count_of(total, shift), shift
+
+
+def _run(
+    program: PtxProgram, threads: int, padded: torch.Tensor, vocab: int,
+    span_vectors: int = SPAN_VECTORS, max_spans: int = MAX_SPANS,
+) -> Outputs:  # fmt: skip
+    """Both launches as elpis_verify_epilogue makes them (a build of `span_vectors` and `max_spans`): grid
+    (spans, rows) of span blocks, then a merge block a row, every block run by the interpreter in grid
+    order."""
     fp16 = padded.dtype == torch.float16
     n, stride = padded.shape
-    total = rs.vectors_of(vocab, fp16)
-    shift = rs.shift_of(total, SPAN_VECTORS.bit_length() - 1, MAX_SPANS.bit_length() - 1)
-    count = rs.count_of(total, shift)
+    count, shift = _spans(vocab, fp16, span_vectors, max_spans)
     m = Machine()
     logits = m.put(padded.view(torch.int16 if fp16 else torch.int32).numpy())
     span_v, span_i, span_sum = (m.alloc(4 * n * count) for _ in range(3))
@@ -139,3 +154,97 @@ def test_a_deleted_barrier_is_reported_as_a_race(arch: str) -> None:
                 assert all(r.space == "shared" for r in races)
             else:
                 assert races == [] and (got.ids, got.flags, got.digests) == _reference(padded, VOCAB)
+
+
+# ---- the served build: blocks of 256 threads, spans of 1024 vectors, at most 64 a row ----------------------
+
+SERVED_VOCAB = rs.MODEL_VOCAB  # 248,320 fp16 logits: 31,040 vectors, 31 spans, the last of 320 vectors
+# of verify_epilogue_cases.rows: a tie in spans 0, 15 and 30 (id 3); a NaN in span 10 (flagged, no target);
+# the maximum at the last logit
+SERVED_ROWS = [1, 2, 9]
+
+
+def _default(name: str) -> int:
+    """Build constant ELPIS_VERIFY_EPILOGUE_`name`'s default in the kernel's source (what the served build,
+    with no defines, takes)."""
+    pattern = rf"^#define ELPIS_VERIFY_EPILOGUE_{name} (\d+)$"
+    m = re.search(pattern, verify_epilogue.SOURCE.read_text(), re.MULTILINE)
+    assert m is not None, name
+    return int(m.group(1))
+
+
+@cache
+def _served_ptx_text(arch: str) -> str:
+    """The PTX of the served build: the source's own block, span length and cap (nvcc.load passes no
+    defines)."""
+    return nvcc.compile_to(verify_epilogue.SOURCE, "ptx", arch=arch).read_text()
+
+
+def _but_target(text: str) -> list[str]:
+    return [line for line in text.splitlines() if not line.startswith(".target ")]
+
+
+def _served() -> tuple[int, int, int]:
+    """The served build's (threads, span vectors, most spans a row), checked against the glue's block."""
+    threads = _default("THREADS")
+    assert threads == verify_epilogue.THREADS
+    return threads, _default("SPAN_VECTORS"), _default("MAX_SPANS")
+
+
+def test_the_served_ptx_is_the_same_for_both_archs() -> None:
+    """The served-shape tests run sm_86's PTX only (a row of the model's vocabulary takes ~12 s of the
+    interpreter): nvcc makes the same text for sm_90 but for its .target line, so the run stands for both.
+    The comparison can fail: one instruction changed is another text."""
+    sm86, sm90 = _served_ptx_text("sm_86"), _served_ptx_text("sm_90")
+    assert _but_target(sm86) == _but_target(sm90)
+    assert _but_target(sm86) != _but_target(sm86.replace("bar.sync", "bar.sync ", 1))
+
+
+@pytest.mark.slow
+def test_the_served_build_on_the_models_vocabulary() -> None:
+    """The served build (256 threads, spans of 1,024 vectors, at most 64 a row) on fp16 rows of the model's
+    248,320 logits: 31 span blocks a row (30 of 1,024 vectors, the last of 320; no single values: 248,320
+    is a multiple of 8), then the merge over 31 spans, as device_round calls it (fp16, no digests), on three
+    rows of a call, read through a padded stride of NaNs. Every block meets its 9 barriers, no race, no
+    unwritten read; ids and flags are greedy_ids' and nonfinite_rows'. Not run at this shape: fp32 rows (61
+    spans; the round reads fp16), digests, and rows other than these three (a verify has up to 16)."""
+    threads, span_vectors, max_spans = _served()
+    assert _spans(SERVED_VOCAB, True, span_vectors, max_spans) == (31, 10)
+    padded = _padded_rows(SERVED_VOCAB, torch.float16, SERVED_ROWS)
+    got = _run(PtxProgram(_served_ptx_text("sm_86")), threads, padded, SERVED_VOCAB, span_vectors, max_spans)
+    ids, flags, _ = _reference(padded, SERVED_VOCAB)
+    assert (got.ids, got.flags, got.digests) == (ids, flags, [])
+    assert (ids, flags) == ([3, -1, SERVED_VOCAB - 1], [0, 1, 0])  # the rows are what they say
+    assert len(got.reports) == 31 * len(SERVED_ROWS) + len(SERVED_ROWS)
+    for report in got.reports:
+        assert report.races == [], [str(r) for r in report.races[:3]]
+        assert report.unwritten_reads == []
+        assert report.barriers == 1 + 8  # block_best's own barrier, then one a level of 256 threads' tree
+
+
+def test_a_deleted_barrier_of_the_served_build_is_reported_as_a_race() -> None:
+    """The detector can fail at the served block of 256 threads: deleting any of the first 8 of a kernel's 9
+    bar.sync gives a race, in the fp16 span kernel on the model's last span (320 vectors) and in the merge
+    over 31 spans (its workspace arbitrary: which bytes a thread touches does not depend on the values)."""
+    threads, span_vectors, max_spans = _served()
+    text = _served_ptx_text("sm_86")
+    count, shift = _spans(SERVED_VOCAB, True, span_vectors, max_spans)
+    row = _padded_rows(SERVED_VOCAB, torch.float16, [0])
+    for name in ("span_kernelI6__half", "merge_kernel"):
+        bars = barrier_lines(text, name)
+        assert len(bars) == 9
+        for line in bars[:-1]:
+            cut = text.splitlines()
+            del cut[line]
+            kernel = PtxProgram("\n".join(cut)).entry(name)
+            m = Machine()
+            slots = [m.put(np.arange(count, dtype=np.int32) * 7 + i) for i in range(3)]
+            if name == "merge_kernel":
+                args, block, grid = [count, *slots, m.alloc(8), m.alloc(4), 0], (0, 0), (1, 1)
+            else:
+                logits = m.put(row.view(torch.int16).numpy())
+                spans = struct.pack("<II", count, shift)
+                args, block = [logits, row.shape[1], SERVED_VOCAB, spans, *slots], (count - 1, 0)
+                grid = (count, 1)
+            report = m.run_block(kernel, args, threads=threads, block=block, grid=grid)
+            assert report.races and all(r.space == "shared" for r in report.races), f"{name}: line {line + 1}"
