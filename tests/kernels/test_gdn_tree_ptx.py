@@ -28,8 +28,9 @@ the PTX ran, and a PTX with the walk's store of one state element moved to anoth
 The output check can fail where the walk is right: a PTX taking the q/k head as head // 4, and one reading the
 state and v channels of slice s ^ 1 while writing slice s, are caught.
 
-Not run here: the commit (state_out, the conv commit kernels), the bf16 output, the channel-major qkv layout
-(only token-major strides (10240, 1)); per call one block, never two together (363 of the 384 blocks run in no
+Not run here: the commit (state_out, the conv commit kernels) and the bf16 output, which
+tests/kernels/test_gdn_commit_ptx.py runs; the channel-major qkv layout in the walk (only token-major strides
+(10240, 1)); per call one block, never two together (363 of the 384 blocks run in no
 call, and no tree runs on more than one block); other trees: trees of 5 to 15 rows but the 5-row star, the
 6-row branch and the two 7- and 8-row trees, 16-row trees but the 6 here, on sm_90 every further tree but 3;
 the graph form on any tree but the star, and on sm_90; expf's bits (the comparison is a tolerance, not bits);
