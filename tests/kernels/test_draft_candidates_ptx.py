@@ -20,7 +20,6 @@ are not run: ~75 s a row); and deleting any of its merge's four bar.sync is repo
 
 from __future__ import annotations
 
-import re
 import struct
 from functools import cache
 
@@ -33,6 +32,7 @@ from elpis.bend import row_spans as rs
 from elpis.exl3 import draft_candidates
 from tests.kernels.draft_candidates_cases import LP_TOLERANCE, check_packed, one_threads_row, rows
 from tests.kernels.ptx_interp import BlockReport, Machine, PtxProgram, PtxUnsupported, barrier_lines
+from tests.kernels.served_build import ServedBuild, assert_same_for_both_archs
 from tests.nvcc_marks import needs_nvcc
 
 pytestmark = needs_nvcc
@@ -102,6 +102,19 @@ def _chain(n: int, vocab: int = VOCAB) -> torch.Tensor:
     return chain
 
 
+def _assert_block_reports(reports: list[BlockReport], threads: int, k: int) -> None:
+    """Every block: no race, no unwritten read, and the barriers and shuffles its loops imply."""
+    warps = threads // 32
+    for report in reports:
+        assert report.races == [], [str(r) for r in report.races[:3]]
+        assert report.unwritten_reads == []
+        # block_top: 2 barriers a round, k rounds (twice in a span block), then block_sum's 2
+        assert report.barriers in (2 * k + 2, 4 * k + 2)
+        # each round: every warp's two 5-level butterflies (a key's two words), then warp 0's; block_sum's
+        rounds = (report.barriers - 2) // 2
+        assert report.shuffles == rounds * 10 * (warps + 1) + 5 * (warps + 1)
+
+
 @pytest.mark.parametrize(
     ("threads", "dtype", "k", "which"),
     [(32, torch.float16, 4, SOME_ROWS), (64, torch.float32, 3, SOME_ROWS), (256, torch.float32, 2, [2, 9])],
@@ -118,15 +131,7 @@ def test_the_kernels_ptx_meets_at_every_barrier_and_shuffle_without_races(
     assert (
         check_packed(packed, padded[:, :VOCAB], chain, k) <= LP_TOLERANCE
     )  # ids exact, log-probabilities not
-    warps = threads // 32
-    for report in reports:
-        assert report.races == [], [str(r) for r in report.races[:3]]
-        assert report.unwritten_reads == []
-        # block_top: 2 barriers a round, k rounds (twice in a span block), then block_sum's 2
-        assert report.barriers in (2 * k + 2, 4 * k + 2)
-        # each round: every warp's two 5-level butterflies (a key's two words), then warp 0's; block_sum's
-        rounds = (report.barriers - 2) // 2
-        assert report.shuffles == rounds * 10 * (warps + 1) + 5 * (warps + 1)
+    _assert_block_reports(reports, threads, k)
 
 
 def test_approximate_math_is_refused_by_default() -> None:
@@ -163,36 +168,12 @@ SERVED_K = 4  # elpis.spec.generate.DEFAULT_DRAFT_TOP_K, what the served trees a
 SERVED_ROWS = [0, 1, 2, 4, 5, 9]
 
 
-def _default(name: str) -> int:
-    """Build constant ELPIS_DRAFT_CANDIDATES_`name`'s default in the kernel's source (what the served build,
-    with no defines, takes)."""
-    pattern = rf"^#define ELPIS_DRAFT_CANDIDATES_{name} (\d+)$"
-    m = re.search(pattern, draft_candidates.SOURCE.read_text(), re.MULTILINE)
-    assert m is not None, name
-    return int(m.group(1))
-
-
-@cache
-def _served_ptx_text(arch: str) -> str:
-    """The PTX of the served build: the source's own block, span length and cap (nvcc.load passes no
-    defines)."""
-    return nvcc.compile_to(draft_candidates.SOURCE, "ptx", arch=arch).read_text()
-
-
-def _but_target(text: str) -> list[str]:
-    return [line for line in text.splitlines() if not line.startswith(".target ")]
-
-
-def _served() -> tuple[int, int, int]:
-    """The served build's (threads, span vectors, most spans a row), checked against the glue's block."""
-    threads = _default("THREADS")
-    assert threads == draft_candidates.THREADS
-    return threads, _default("SPAN_VECTORS"), _default("MAX_SPANS")
+SERVED = ServedBuild(draft_candidates.SOURCE, "ELPIS_DRAFT_CANDIDATES", draft_candidates.THREADS)
 
 
 def _served_rows() -> torch.Tensor:
     """SERVED_ROWS and one_threads_row's row (fp16 [7, SERVED_VOCAB]) in a stride of 8 NaNs more."""
-    threads, _, _ = _served()
+    threads, _, _ = SERVED.geometry()
     edge = rows(SERVED_VOCAB, seed=SERVED_VOCAB)[SERVED_ROWS]
     chosen = torch.cat((edge, one_threads_row(SERVED_VOCAB, threads, 8, seed=5)))
     padded = torch.full((len(chosen), SERVED_VOCAB + 8), float("nan"), dtype=torch.float16)
@@ -203,9 +184,7 @@ def _served_rows() -> torch.Tensor:
 def test_the_served_ptx_is_the_same_for_both_archs() -> None:
     """The served-shape tests run sm_86's PTX only: nvcc makes the same text for sm_90 but for its .target
     line, so the run stands for both. The comparison can fail: one instruction changed is another text."""
-    sm86, sm90 = _served_ptx_text("sm_86"), _served_ptx_text("sm_90")
-    assert _but_target(sm86) == _but_target(sm90)
-    assert _but_target(sm86) != _but_target(sm86.replace("bar.sync", "bar.sync ", 1))
+    assert_same_for_both_archs(SERVED)
 
 
 @pytest.mark.slow
@@ -219,13 +198,13 @@ def test_the_served_build_on_a_slice_of_the_models_rows() -> None:
     would take ~75 s of the interpreter), hence the merge over 31 spans (here 2: each thread still takes at
     most one span and one key, as at 31 x 4 = 124 keys < 256 threads) and ids past 10,751; fp32 logits;
     single values past the last vector (none in the model's rows)."""
-    threads, span_vectors, max_spans = _served()
+    threads, span_vectors, max_spans = SERVED.geometry()
     assert _spans(rs.MODEL_VOCAB, True, span_vectors, max_spans) == (31, 10)
     assert rs.vectors_of(rs.MODEL_VOCAB, True) - 30 * span_vectors == 320
     assert _spans(SERVED_VOCAB, True, span_vectors, max_spans) == (2, 10)
     padded, k = _served_rows(), SERVED_K
     chain = _chain(len(padded), SERVED_VOCAB)
-    program = PtxProgram(_served_ptx_text("sm_86"))
+    program = PtxProgram(SERVED.ptx("sm_86"))
     packed, reports = _run(
         program, threads, padded, chain, k, Machine(approximate=True), SERVED_VOCAB, span_vectors, max_spans
     )
@@ -233,21 +212,15 @@ def test_the_served_build_on_a_slice_of_the_models_rows() -> None:
     assert packed[1, 2 : 2 + k].tolist() == [3, 7, 11, SERVED_VOCAB // 2]  # the rows are what they say
     assert packed[3, 2].item() == SERVED_VOCAB - 1  # +inf, in the last span's last vector
     assert len(reports) == 2 * len(padded) + len(padded)
-    warps = threads // 32
-    for report in reports:
-        assert report.races == [], [str(r) for r in report.races[:3]]
-        assert report.unwritten_reads == []
-        assert report.barriers in (2 * k + 2, 4 * k + 2)
-        rounds = (report.barriers - 2) // 2
-        assert report.shuffles == rounds * 10 * (warps + 1) + 5 * (warps + 1)
+    _assert_block_reports(reports, threads, k)
 
 
 def test_a_deleted_barrier_of_the_served_merge_is_reported_as_a_race() -> None:
     """The detector can fail at the served block of 256 threads: deleting any of the fp16 merge kernel's four
     bar.sync gives a race, over 31 spans' keys (the model's rows'; arbitrary keys and sums: which bytes a
     thread touches does not depend on them)."""
-    threads, _, _ = _served()
-    text = _served_ptx_text("sm_86")
+    threads, _, _ = SERVED.geometry()
+    text = SERVED.ptx("sm_86")
     lines = text.splitlines()
     bars = barrier_lines(text, "merge_kernelI6__half")
     assert len(bars) == 4

@@ -18,7 +18,6 @@ of its kernels' first 8 of 9 bar.sync is reported as a race there too.
 
 from __future__ import annotations
 
-import re
 import struct
 from dataclasses import dataclass, field
 from functools import cache
@@ -33,6 +32,7 @@ from elpis.exl3 import verify_epilogue
 from elpis.spec.integrity import logits_digest, nonfinite_rows
 from elpis.spec.sampling import greedy_ids
 from tests.kernels.ptx_interp import BlockReport, Machine, PtxProgram, barrier_lines
+from tests.kernels.served_build import ServedBuild, assert_same_for_both_archs
 from tests.kernels.verify_epilogue_cases import rows
 from tests.nvcc_marks import needs_nvcc
 
@@ -164,40 +164,14 @@ SERVED_VOCAB = rs.MODEL_VOCAB  # 248,320 fp16 logits: 31,040 vectors, 31 spans, 
 SERVED_ROWS = [1, 2, 9]
 
 
-def _default(name: str) -> int:
-    """Build constant ELPIS_VERIFY_EPILOGUE_`name`'s default in the kernel's source (what the served build,
-    with no defines, takes)."""
-    pattern = rf"^#define ELPIS_VERIFY_EPILOGUE_{name} (\d+)$"
-    m = re.search(pattern, verify_epilogue.SOURCE.read_text(), re.MULTILINE)
-    assert m is not None, name
-    return int(m.group(1))
-
-
-@cache
-def _served_ptx_text(arch: str) -> str:
-    """The PTX of the served build: the source's own block, span length and cap (nvcc.load passes no
-    defines)."""
-    return nvcc.compile_to(verify_epilogue.SOURCE, "ptx", arch=arch).read_text()
-
-
-def _but_target(text: str) -> list[str]:
-    return [line for line in text.splitlines() if not line.startswith(".target ")]
-
-
-def _served() -> tuple[int, int, int]:
-    """The served build's (threads, span vectors, most spans a row), checked against the glue's block."""
-    threads = _default("THREADS")
-    assert threads == verify_epilogue.THREADS
-    return threads, _default("SPAN_VECTORS"), _default("MAX_SPANS")
+SERVED = ServedBuild(verify_epilogue.SOURCE, "ELPIS_VERIFY_EPILOGUE", verify_epilogue.THREADS)
 
 
 def test_the_served_ptx_is_the_same_for_both_archs() -> None:
     """The served-shape tests run sm_86's PTX only (a row of the model's vocabulary takes ~12 s of the
     interpreter): nvcc makes the same text for sm_90 but for its .target line, so the run stands for both.
     The comparison can fail: one instruction changed is another text."""
-    sm86, sm90 = _served_ptx_text("sm_86"), _served_ptx_text("sm_90")
-    assert _but_target(sm86) == _but_target(sm90)
-    assert _but_target(sm86) != _but_target(sm86.replace("bar.sync", "bar.sync ", 1))
+    assert_same_for_both_archs(SERVED)
 
 
 @pytest.mark.slow
@@ -208,10 +182,10 @@ def test_the_served_build_on_the_models_vocabulary() -> None:
     rows of a call, read through a padded stride of NaNs. Every block meets its 9 barriers, no race, no
     unwritten read; ids and flags are greedy_ids' and nonfinite_rows'. Not run at this shape: fp32 rows (61
     spans; the round reads fp16), digests, and rows other than these three (a verify has up to 16)."""
-    threads, span_vectors, max_spans = _served()
+    threads, span_vectors, max_spans = SERVED.geometry()
     assert _spans(SERVED_VOCAB, True, span_vectors, max_spans) == (31, 10)
     padded = _padded_rows(SERVED_VOCAB, torch.float16, SERVED_ROWS)
-    got = _run(PtxProgram(_served_ptx_text("sm_86")), threads, padded, SERVED_VOCAB, span_vectors, max_spans)
+    got = _run(PtxProgram(SERVED.ptx("sm_86")), threads, padded, SERVED_VOCAB, span_vectors, max_spans)
     ids, flags, _ = _reference(padded, SERVED_VOCAB)
     assert (got.ids, got.flags, got.digests) == (ids, flags, [])
     assert (ids, flags) == ([3, -1, SERVED_VOCAB - 1], [0, 1, 0])  # the rows are what they say
@@ -226,8 +200,8 @@ def test_a_deleted_barrier_of_the_served_build_is_reported_as_a_race() -> None:
     """The detector can fail at the served block of 256 threads: deleting any of the first 8 of a kernel's 9
     bar.sync gives a race, in the fp16 span kernel on the model's last span (320 vectors) and in the merge
     over 31 spans (its workspace arbitrary: which bytes a thread touches does not depend on the values)."""
-    threads, span_vectors, max_spans = _served()
-    text = _served_ptx_text("sm_86")
+    threads, span_vectors, max_spans = SERVED.geometry()
+    text = SERVED.ptx("sm_86")
     count, shift = _spans(SERVED_VOCAB, True, span_vectors, max_spans)
     row = _padded_rows(SERVED_VOCAB, torch.float16, [0])
     for name in ("span_kernelI6__half", "merge_kernel"):
