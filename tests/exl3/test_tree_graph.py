@@ -14,7 +14,8 @@ What they establish:
     slot, state row);
 (e) after `elpis.exl3.graph_warmup.capture_graphs` (what `load_backend` runs by default), rounds across a
     bucket boundary capture nothing (verify, commit, draft block or conditioning), their logits equal the
-    eager tree mode's bit for bit, and the product path with the draft's trees gives plain decoding's tokens.
+    eager tree mode's bit for bit, and the product path with the draft's trees gives plain decoding's tokens;
+(f) a tree's logits do not depend on the backend's run size (8 or 16 rows).
 """
 
 from __future__ import annotations
@@ -101,6 +102,29 @@ def test_graph_speculation_is_lossless(backend, run):
     with run_rows(backend, run):
         check_lossless(backend, [n for n in (1, 2, 4, 8, 12, 16) if n <= run])
     assert backend.graphs.replays > 0
+
+
+def test_a_trees_logits_do_not_depend_on_the_run_size(backend):
+    """The same tree of at most 8 rows replayed in a backend running every verify at 8 rows and at 16: the
+    same logits, bit for bit. Each kernel of a replayed verify is row-invariant by construction (a row's bits
+    come from its own operands, whatever the other rows or their count), so this is their consequence,
+    checked; a backend choosing its run size per round (16 rows at short contexts, 8 at long ones) would rest
+    on it."""
+    import torch
+
+    vocab = backend.info.vocab_size
+    rng = random.Random(5)
+    for length in (900, 9000):
+        ids = prompt(length, length + 1, vocab)
+        for size in (1, 4, 8):
+            tokens, parents = random_tree(size, [], rng, vocab)
+            tokens[0] = ids[-1]
+            by_run = {}
+            for run in (8, 16):
+                with run_rows(backend, run):
+                    tree_logits(backend, ids, tokens, parents)  # the key's warm-up if it is new
+                    by_run[run] = tree_logits(backend, ids, tokens, parents)
+            assert torch.equal(by_run[8], by_run[16]), f"ctx {length}, {size} rows: the run sizes differ"
 
 
 def rounds_logits(backend, ids, truth, size: int) -> list:
