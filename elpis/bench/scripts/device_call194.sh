@@ -7,7 +7,8 @@
 # eager tree mode at 8 and 16 rows, the tree against stock's chain), test_rows_gemm_patch.py (the kernel reaches
 # the linears of an eager verify), test_prefill_groups.py; then the device rounds, whose plain decoding they
 # compare with. First, new in session 47 and not yet run: test_tree_graph.py's check that a tree's logits do not
-# depend on the backend's run size (8 or 16 rows), what a per-round run size would rest on. Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
+# depend on the backend's run size (8 or 16 rows), what a per-round run size would rest on.
+# Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
