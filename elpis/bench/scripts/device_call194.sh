@@ -19,4 +19,8 @@ gpu_pytest "eager tree mode on the graphs' module path" 240 tests/exl3/test_tree
   tests/exl3/test_rows_gemm_patch.py tests/exl3/test_prefill_groups.py
 gpu_pytest "device rounds" $(( $(left) - 15 )) tests/exl3/test_device_round.py
 pack_outputs
+# this checkout carries no Triton or autotune cache (.device/caches.tar.xz.part-*): bring this machine's back, for
+# the next calls' carry (copy the parts into .device/); a fresh machine then skips ~100 s of Triton warm-up
+save_caches >/dev/null
+ls "$OUT"/caches.tar.xz.part-* | tee -a "$OUT/log"
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
