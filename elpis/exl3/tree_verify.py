@@ -37,9 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TREE_ROWS = 16  # the tree kernels' maximum rows
-# Row counts a tree-mode backend may run every verify at: one shape for all GEMMs per backend (a row's bits
-# depend on it). Either runs the rows GEMM in the MLPs: tree verifies, eager or captured, run with ExLlamaV3's
-# graph-captured MLP blocks (at most 8 rows) switched off (`capture.plain_module_path`).
+# Row counts a tree-mode backend may run every verify at: one shape for all GEMMs per backend, so that a row's
+# bits cannot depend on it (whether they would is what tests/exl3/test_tree_graph.py's run-size test checks).
+# Either runs the rows GEMM in the MLPs: tree verifies, eager or captured, run with ExLlamaV3's graph-captured
+# MLP blocks (at most 8 rows) switched off (`capture.plain_module_path`).
 TREE_RUNS = (8, TREE_ROWS)
 
 
