@@ -1,6 +1,6 @@
 """One block of the tensor-core tree attention (patches/kernels/tree_attention_mma.cu, the served build:
-3-bit K/V cache, the rotation folded, pipelined staging) run on the PTX nvcc makes for sm_86, every one of
-its 512 threads, by the PTX interpreter's block mode (tests/kernels/ptx_interp.py).
+3-bit K/V cache, the rotation folded, pipelined staging) run on the PTX nvcc makes for sm_86 (and sm_90 for
+one case), every one of its 512 threads, by the PTX interpreter's block mode (tests/kernels/ptx_interp.py).
 
 One block is one split and one K/V head: the score warps and staging warps of each tile meet at the
 tile's barriers, the warps' shuffles, ldmatrix and mma run with all their lanes (else SyncFault), no byte of
@@ -19,6 +19,8 @@ from __future__ import annotations
 import ctypes
 import math
 import struct
+from collections.abc import Callable
+from functools import lru_cache
 
 import numpy as np
 import pytest
@@ -43,9 +45,17 @@ PARENTS = [-1, 0, 1, 2, 3, 4, 5, 6, 7, 0, 8, 9, 10, 2, 12, 13]
 
 
 @pytest.fixture(scope="module")
-def ptx(tmp_path_factory: pytest.TempPathFactory) -> str:
+def ptx_of(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
+    """The served build's PTX for an architecture (built once)."""
     out = tmp_path_factory.mktemp("tree_attention_ptx")
-    return nvcc.compile_to(ta.SOURCE_MMA, "ptx", arch="sm_86", defines=SERVED, out_dir=out).read_text()
+    return lru_cache(maxsize=None)(
+        lambda arch: nvcc.compile_to(ta.SOURCE_MMA, "ptx", arch=arch, defines=SERVED, out_dir=out).read_text()
+    )
+
+
+@pytest.fixture(scope="module")
+def ptx(ptx_of: Callable[[str], str]) -> str:
+    return ptx_of("sm_86")
 
 
 @pytest.fixture(scope="module")
@@ -159,18 +169,19 @@ def _check_block(case: Case, report: BlockReport, acc: np.ndarray, ml: np.ndarra
 
 
 @pytest.mark.parametrize(
-    ("ctx", "parents", "seed"),
+    ("arch", "ctx", "parents", "seed"),
     [
-        (40, [-1], 41),  # a full tile [0, 32), the tail tile [32, 41)
-        (50, [-1, 0, 1, 0, 3, 1, 5, 6], 42),  # 8 rows, two branches: tails in [50, 56) of tile [32, 64)
-        pytest.param(70, PARENTS, 43, marks=pytest.mark.slow),  # 16 rows: tails straddle 96
+        ("sm_86", 40, [-1], 41),  # a full tile [0, 32), the tail tile [32, 41)
+        ("sm_86", 50, [-1, 0, 1, 0, 3, 1, 5, 6], 42),  # 8 rows, two branches: tails in [50, 56)
+        ("sm_90", 50, [-1, 0, 1, 0, 3, 1, 5, 6], 42),
+        pytest.param("sm_86", 70, PARENTS, 43, marks=pytest.mark.slow),  # 16 rows, 3 tiles, tails to 86
     ],
 )
 def test_one_block_is_race_free_and_matches_the_emulation(
-    ptx: str, emulated: ctypes.CDLL, ctx: int, parents: list[int], seed: int
+    ptx_of: Callable[[str], str], emulated: ctypes.CDLL, arch: str, ctx: int, parents: list[int], seed: int
 ) -> None:
     case = Case(emulated, ctx, parents, seed)
-    report, acc, ml = case.run_block(ptx, emulated.elpis_tree_attention_mma_smem_bytes())
+    report, acc, ml = case.run_block(ptx_of(arch), emulated.elpis_tree_attention_mma_smem_bytes())
     _check_block(case, report, acc, ml)
     _check_partials(case, acc, ml)
     with pytest.raises(AssertionError):  # another head's partials: the bound can fail
