@@ -25,14 +25,22 @@ a shared byte read before any thread wrote it. For race-free code the order the 
 points does not matter, so the one order run here is exact. These are our reading of PTX's rules, not
 NVIDIA's hardware.
 
+ldmatrix.sync.aligned.m8n8.x1/x2/x4(.trans).shared.b16 and mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32
+are warp-collective too: they run once all 32 lanes of the warp wait at the same one (else SyncFault), with
+the PTX ISA's fragment layouts; ldmatrix's row reads are each its lane's load for the race detector, the
+unwritten-read check and the watches. mma runs only on an `approximate` machine: each element of D is its
+exact value (16 products and C) rounded once to float32, one model PTX admits (it does not fix the tensor
+cores' summation), not the GPU's bits. An `extern __shared__` array (dynamic shared memory) gets the
+`dynamic_shared` bytes `run_block` is given.
+
 Implemented: integer and predicate arithmetic (integer div rounded toward zero; a zero divisor and the signed
 minimum over -1 refused), byte permutes, bit inserts, float64 add/sub/min/max and comparisons; float32 add,
 sub, mul (correctly rounded), fma in every rounding mode (exact: in float64 where TwoSum shows the sum exact,
 else in rationals), div.rn and sqrt.rn (correctly rounded), comparisons, widening cvt (fp16 and bf16
-included), cvt.rn.bf16.f32, cvt from integers and cvt.sat; loads and stores of every space, ld.param through
-a parameter's address (a struct parameter indexed at run time), branches; inline asm's { } scopes, whose
-`.reg` names are renamed apart; module-scope .shared variables (a device function's static __shared__), given
-to each entry that names them.
+included), cvt.rn.bf16.f32, cvt.rn.f16.f32 (a NaN refused), cvt from integers and cvt.sat; loads and
+stores of every space, ld.param through a parameter's address (a struct parameter indexed at run time),
+branches; inline asm's { } scopes, whose `.reg` names are renamed apart; module-scope .shared variables (a
+device function's static __shared__), given to each entry that names them.
 
 `Machine.watch(addr, nbytes)` records every load and store touching a range (`Watch.touches`: thread, PTX
 line, address, size, barriers passed, run order), so a test can check which places each thread reads and
@@ -65,6 +73,7 @@ _REG_WIDTH = {"%p": 1, "%rs": 16, "%r": 32, "%rd": 64, "%f": 32, "%fd": 64, "%SP
 _ENTRY = re.compile(r"^(?:\.visible\s+)?\.entry\s+(\S+)\($")
 _PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+([^\s\[,]+)(?:\[(\d+)\])?,?$")
 _SPACE_DECL = re.compile(r"^\.(local|shared)\s+\.align\s+(\d+)\s+\.b8\s+(\S+)\[(\d+)\];$")
+_DYNAMIC_SHARED = re.compile(r"^\.extern\s+\.shared\s+\.align\s+(\d+)\s+\.b8\s+(\S+)\[\];$")
 _ADDRESS = re.compile(r"\[([^+\]]+)(?:\+(-?(?:0x[0-9a-fA-F]+|\d+)))?\]")
 _BLOCK_DIRECTIVE = re.compile(r"\.(maxntid|reqntid|minnctapersm|maxnreg)\s+([\d,\s]+)")
 _HINTS = {"nc", "ca", "cg", "cs", "lu", "cv", "wb", "wt", "volatile", "relaxed", "weak"}
@@ -149,6 +158,7 @@ class Entry:
     code: list[Instruction]
     labels: dict[str, int]
     max_threads: int = 1024  # the block size .maxntid or .reqntid allows
+    dynamic: list[tuple[str, int]] = field(default_factory=list)  # extern .shared arrays: (name, alignment)
 
 
 class PtxProgram:
@@ -159,6 +169,8 @@ class PtxProgram:
         # module-scope .shared variables (a function's `static __shared__`, nvcc declares them outside the
         # entries): each entry that names one gets it among its own declarations
         self.module_shared: list[tuple[str, str, int, int]] = []
+        # `extern __shared__` arrays (dynamic shared memory): (name, alignment); a block run sizes them
+        self.module_dynamic: list[tuple[str, int]] = []
         lines = text.splitlines()
         i = 0
         while i < len(lines):
@@ -167,6 +179,8 @@ class PtxProgram:
             dm = _SPACE_DECL.match(lines[i].strip())
             if dm is not None and dm.group(1) == "shared":
                 self.module_shared.append(("shared", dm.group(3), int(dm.group(2)), int(dm.group(4))))
+            if (xm := _DYNAMIC_SHARED.match(lines[i].strip())) is not None:
+                self.module_dynamic.append((xm.group(2), int(xm.group(1))))
             m = _ENTRY.match(lines[i])
             i += 1
             if m is not None:
@@ -233,7 +247,8 @@ class PtxProgram:
             code.append(Instruction(opcode, mods, operands, guard, negated, i))
         named = {op for ins in code for o in ins.ops for op in re.findall(r"[\w$.]+", o)}
         decls += [d for d in self.module_shared if d[1] in named]
-        self.entries[name] = Entry(name, params, decls, code, labels, max_threads)
+        dynamic = [d for d in self.module_dynamic if d[0] in named]
+        self.entries[name] = Entry(name, params, decls, code, labels, max_threads, dynamic)
         return i + 1
 
     def entry(self, contains: str) -> Entry:
@@ -343,20 +358,26 @@ class Machine:
     def unwatch(self, w: Watch) -> None:
         self.watches.remove(w)
 
-    def symbol(self, entry: Entry, contains: str) -> tuple[int, int]:
+    def symbol(self, entry: Entry, contains: str, dynamic_shared: int = 0) -> tuple[int, int]:
         """(address, bytes) of the shared variable of `entry` whose name contains `contains` (exactly one),
-        where every block run of the entry places it."""
-        found = [d for d in entry.decls if d[0] == "shared" and contains in d[1]]
+        where every block run of the entry with `dynamic_shared` bytes of dynamic shared memory places it."""
+        _, decls = self._shared_frame(entry, dynamic_shared)
+        found = [d for d in decls if contains in d[1]]
         if len(found) != 1:
             raise KeyError(f"{entry.name}: {len(found)} shared variables named like {contains!r}")
-        frame, _ = self._shared_frame(entry)
+        frame, _ = self._shared_frame(entry, dynamic_shared)
         return frame[found[0][1]], found[0][3]
 
-    def _shared_frame(self, entry: Entry) -> tuple[dict[str, int], list[tuple[str, str, int, int]]]:
+    def _shared_frame(
+        self, entry: Entry, dynamic_shared: int = 0
+    ) -> tuple[dict[str, int], list[tuple[str, str, int, int]]]:
         """The shared variables' addresses every block run of `entry` uses (refilled, see `_frame`), and their
-        declarations."""
+        declarations; an `extern .shared` array gets `dynamic_shared` bytes (the launch's dynamic size)."""
+        if entry.dynamic and dynamic_shared <= 0:
+            raise ValueError(f"{entry.name} uses dynamic shared memory: give its size (dynamic_shared)")
         decls = [d for d in entry.decls if d[0] == "shared"]
-        return self._frame(f"{entry.name}/shared", decls), decls
+        decls += [("shared", name, align, dynamic_shared) for name, align in entry.dynamic]
+        return self._frame(f"{entry.name}/shared/{dynamic_shared}", decls), decls
 
     def alloc(self, nbytes: int, align: int = 256) -> int:
         self.top = (self.top + align - 1) // align * align
@@ -437,16 +458,17 @@ class Machine:
 
     def run_block(
         self, entry: Entry, args: Sequence[int | bytes], *, threads: int, block: tuple[int, int] = (0, 0),
-        grid: tuple[int, int] = (1, 1), max_steps: int = 2_000_000,
+        grid: tuple[int, int] = (1, 1), max_steps: int = 2_000_000, dynamic_shared: int = 0,
     ) -> BlockReport:  # fmt: skip
         """Run every thread of block `block` (x, y) of a `grid` of blocks of `threads` threads (a 1-D block):
-        barriers, warp shuffles and the race detector (`_Block`, `_Scheduler`). `args` as for `run`; each
-        thread has its own local depot. Raises SyncFault where the threads do not meet as PTX requires;
+        barriers, warp shuffles, ldmatrix and mma (warp-collective) and the race detector (`_Block`,
+        `_Scheduler`). `args` as for `run`; each thread has its own local depot; an `extern __shared__` array
+        gets `dynamic_shared` bytes. Raises SyncFault where the threads do not meet as PTX requires;
         `max_steps` bounds each thread."""
         if not 1 <= threads <= entry.max_threads:
             raise ValueError(f"{entry.name}: a block of {threads} threads (at most {entry.max_threads})")
         params = self._params(entry, args)
-        shared, shared_decls = self._shared_frame(entry)
+        shared, shared_decls = self._shared_frame(entry, dynamic_shared)
         local_decls = [d for d in entry.decls if d[0] == "local"]
         param_space = self._param_space(entry, params)
         frames = [self._frame(f"{entry.name}/local/{t}", local_decls) for t in range(threads)]
@@ -479,7 +501,8 @@ class Machine:
                 a[...] = self.get(addr, a)
 
 
-_SYNC = frozenset({"bar", "barrier", "shfl"})  # instructions a block resolves across its threads
+_WARP_COLLECTIVE = frozenset({"shfl", "ldmatrix", "mma"})  # resolved across the lanes of one warp
+_SYNC = frozenset({"bar", "barrier"}) | _WARP_COLLECTIVE  # instructions a block resolves across its threads
 # Special registers whose value is the hardware's placement, not the program's: refused, never guessed.
 _PLACEMENT = ("%warpid", "%nwarpid", "%smid", "%nsmid", "%gridid", "%clock", "%globaltimer", "%lanemask")
 
@@ -609,6 +632,7 @@ class BlockReport:
     steps: int = 0  # instructions run, all threads
     barriers: int = 0  # barriers every thread of the block reached
     shuffles: int = 0  # warp shuffles resolved (one a warp's group of lanes)
+    collectives: int = 0  # ldmatrix and mma.sync resolved (one a warp)
     races: list[Race] = field(default_factory=list)  # one example per pair of lines
     racing_bytes: int = 0  # every racing access, counted once a byte and access
     unwritten_reads: list[tuple[Access, int]] = field(
@@ -735,8 +759,8 @@ class _Scheduler:
         resumed: list[int] = []
         done: set[int] = set()
         for t, ins in enumerate(self.at):
-            if ins is not None and ins.opcode == "shfl" and t not in done:
-                group = self._shuffle(t, ins)
+            if ins is not None and ins.opcode in _WARP_COLLECTIVE and t not in done:
+                group = self._shuffle(t, ins) if ins.opcode == "shfl" else self._whole_warp(t, ins)
                 done.update(group)
                 resumed += group
         for t in resumed:
@@ -788,6 +812,28 @@ class _Scheduler:
         self.block.report.shuffles += 1
         return group
 
+    def _whole_warp(self, t: int, ins: Instruction) -> list[int]:
+        """Run the ldmatrix or mma thread t waits at for its whole warp: .aligned instructions every lane of
+        the warp must run together (here: all 32 present and at this instruction, none exited or guarded)."""
+        if ins.guard is not None:
+            raise PtxUnsupported(f"line {ins.line}: a guarded {ins.opcode}.{'.'.join(ins.mods)}")
+        base = t - t % 32
+        lanes = list(range(base, base + 32))
+        for u in lanes:
+            if u >= len(self.threads):
+                raise SyncFault(f"line {ins.line}: {ins.opcode} in warp {base // 32}, which lacks thread {u}")
+            if self.exited[u] or self.at[u] is not ins:
+                where = "its exit" if self.exited[u] else _where(self.at[u])
+                why = f"thread {t} runs {ins.opcode}, thread {u} of its warp is at {where}"
+                raise SyncFault(f"line {ins.line}: {why}")
+        warp = [self.threads[u] for u in lanes]
+        for th in warp:  # before the accesses, so the race detector notes this instruction's line
+            th.pc += 1
+            th.steps += 1
+        (_ldmatrix if ins.opcode == "ldmatrix" else _mma)(warp, ins)
+        self.block.report.collectives += 1
+        return lanes
+
     def _barrier(self) -> list[int]:
         live = [t for t in range(len(self.threads)) if not self.exited[t]]
         first = self.at[live[0]]
@@ -813,6 +859,132 @@ class _Scheduler:
             self.threads[t].steps += 1
             self.at[t] = None
         return live
+
+
+# ---- warp-collective matrix instructions (PTX ISA 9.0, "Warp-level matrix instructions") -----------------
+
+
+def _ldmatrix(warp: list[_Thread], ins: Instruction) -> None:
+    """ldmatrix.sync.aligned.m8n8.x1/x2/x4(.trans).shared.b16: matrix i's 8 rows of 8 b16 (16 bytes each)
+    are at the addresses lanes 8i..8i+7 give; lane l receives into destination i the pair of row l/4,
+    columns 2(l%4) and 2(l%4)+1 (the first in the low half), or with .trans of column l/4, rows 2(l%4) and
+    2(l%4)+1. Each row is read as a load of the lane that named it, for the race detector and the watches."""
+    mods = [m for m in ins.mods if m not in ("sync", "aligned")]
+    count = {"x1": 1, "x2": 2, "x4": 4}.get(mods[1] if len(mods) > 1 else "")
+    trans = "trans" in mods
+    if count is None or [m for m in mods if m != "trans"] != ["m8n8", f"x{count}", "shared", "b16"]:
+        raise PtxUnsupported(f"line {ins.line}: ldmatrix.{'.'.join(ins.mods)}")
+    dests = _vector(ins.ops[0])
+    if len(dests) != count or len(ins.ops) != 2:
+        raise PtxUnsupported(f"line {ins.line}: ldmatrix into {ins.ops[0]}")
+    rows: list[list[list[int]]] = []  # [matrix][row][column]: b16 values
+    for i in range(count):
+        matrix = []
+        for r in range(8):
+            th = warp[8 * i + r]
+            addr = th.address(ins.ops[1])
+            if addr % 16:
+                raise RuntimeError(f"line {ins.line}: ldmatrix row at {addr:#x}, not 16-byte aligned")
+            th.note(addr, 16, write=False)
+            word = th.m.load(addr, 16)
+            matrix.append([(word >> (16 * c)) & 0xFFFF for c in range(8)])
+        rows.append(matrix)
+    for lane, th in enumerate(warp):
+        for i, dest in enumerate(dests):
+            m = rows[i]
+            if trans:
+                low, high = m[2 * (lane % 4)][lane // 4], m[2 * (lane % 4) + 1][lane // 4]
+            else:
+                low, high = m[lane // 4][2 * (lane % 4)], m[lane // 4][2 * (lane % 4) + 1]
+            th.set(dest, low | high << 16)
+
+
+def mma_fragment_places(lane: int) -> dict[str, list[tuple[int, int]]]:
+    """(row, column) of each element lane `lane` holds of mma.m16n8k16's A (16 x 16, 8 halves in 4
+    registers), B (16 x 8, k by n: 4 halves in 2 registers) and C/D (16 x 8 floats in 4 registers), in
+    register order, the low half first (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point
+    type")."""
+    g, c = lane // 4, 2 * (lane % 4)
+    a = [(g, c), (g, c + 1), (g + 8, c), (g + 8, c + 1)]
+    a += [(i, j + 8) for i, j in a]
+    b = [(c, g), (c + 1, g), (c + 8, g), (c + 9, g)]
+    d = [(g, c), (g, c + 1), (g + 8, c), (g + 8, c + 1)]
+    return {"a": a, "b": b, "d": d}
+
+
+# products of two halves are multiples of 2^-48, floats of 2^-149: their sums are exact in units of 2^-149
+_F32_SCALE = 149
+
+
+def _scaled(x: float) -> int:
+    """A finite float (half, float or a product of halves) as an integer count of 2^-149."""
+    n, d = x.as_integer_ratio()
+    return n * (1 << _F32_SCALE) // d  # exact: d is a power of two <= 2^149
+
+
+def _round_scaled(n: int) -> int:
+    """The float32 bits of n * 2^-149 (n nonzero) rounded to nearest even (subnormals, overflow included)."""
+    a = abs(n)
+    shift = max(a.bit_length() - 24, 0)  # below 2^24 units the value is a subnormal or the smallest normals
+    if shift:
+        rest, a = a & _mask(shift), a >> shift
+        half = 1 << (shift - 1)
+        a += rest > half or (rest == half and a & 1)
+    value = math.ldexp(a, shift - _F32_SCALE)  # exact in float64
+    return _from_float(value, 32) | (0x80000000 if n < 0 else 0)
+
+
+def _mma(warp: list[_Thread], ins: Instruction) -> None:
+    """mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32, D = A B + C, each element of D the exact sum of
+    its 16 products and C's element rounded once to float32 (nearest even). That is one model PTX admits,
+    not the tensor cores' bits (their summation order and intermediate precision are not specified), so
+    only an `approximate` machine runs it. A non-finite operand: the float64 sum in k order (IEEE's
+    infinities and NaN), rounded to float32."""
+    if ins.mods != ["sync", "aligned", "m16n8k16", "row", "col", "f32", "f16", "f16", "f32"]:
+        raise PtxUnsupported(f"line {ins.line}: mma.{'.'.join(ins.mods)}")
+    if not warp[0].m.approximate:
+        raise PtxUnsupported(f"line {ins.line}: mma.sync's summation is unspecified (Machine(approximate="
+                             "True) opts in)")  # fmt: skip
+    d_ops, a_ops, b_ops, c_ops = (_vector(op) for op in ins.ops)
+    if (len(d_ops), len(a_ops), len(b_ops), len(c_ops)) != (4, 4, 2, 4):
+        raise PtxUnsupported(f"line {ins.line}: mma operands {ins.ops}")
+    a = np.zeros((16, 16))
+    b = np.zeros((16, 8))
+    c = np.zeros((16, 8))
+    for lane, th in enumerate(warp):
+        places = mma_fragment_places(lane)
+        halves = [(th.value(r) >> (16 * h)) & 0xFFFF for r in a_ops for h in (0, 1)]
+        for (i, j), bits in zip(places["a"], halves, strict=True):
+            a[i, j] = _to_float(bits, 16)
+        halves = [(th.value(r) >> (16 * h)) & 0xFFFF for r in b_ops for h in (0, 1)]
+        for (i, j), bits in zip(places["b"], halves, strict=True):
+            b[i, j] = _to_float(bits, 16)
+        for (i, j), r in zip(places["d"], c_ops, strict=True):
+            c[i, j] = _to_float(th.value(r), 32)
+    d = mma_reference(a, b, c)
+    for lane, th in enumerate(warp):
+        for (i, j), r in zip(mma_fragment_places(lane)["d"], d_ops, strict=True):
+            th.set(r, d[i][j])
+
+
+def mma_reference(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> list[list[int]]:
+    """The float32 bits of A B + C (A 16 x k halves, B k x 8 halves, C 16 x 8 floats, as float64 arrays),
+    each element its exact value rounded once to nearest even (the `_mma` model)."""
+    out = []
+    for i in range(a.shape[0]):
+        row = []
+        for j in range(b.shape[1]):
+            terms = [float(a[i, k]) * float(b[k, j]) for k in range(a.shape[1])] + [float(c[i, j])]
+            if not all(math.isfinite(x) for x in terms):
+                row.append(_from_float(math.fsum(terms) if not any(map(math.isnan, terms)) else math.nan, 32))
+                continue
+            n = sum(_scaled(x) for x in terms)
+            if n:
+                row.append(_round_scaled(n))
+            else:  # an exact zero: -0 only where every term is -0 (IEEE's sum of zeros, nearest even)
+                row.append(0x80000000 if all(math.copysign(1.0, x) < 0 and x == 0 for x in terms) else 0)
+        out.append(row)
+    return out
 
 
 # ---- instruction semantics (PTX ISA 9.0) -------------------------------------------------------------------
@@ -1009,6 +1181,13 @@ def _cvt(t: _Thread, mods: list[str], ops: list[str]) -> None:
             t.set(ops[0], 0x7FFF)
             return
         t.set(ops[0], ((x + 0x7FFF + ((x >> 16) & 1)) >> 16) & 0xFFFF)  # a carry into the exponent is right
+        return
+    if mods == ["rn", "f16", "f32"]:  # nearest even, subnormals and overflow to infinity (numpy's IEEE cast)
+        x = _to_float(t.value(ops[1]), 32)
+        if math.isnan(x):  # which NaN PTX gives is not the interpreter's to fix
+            raise PtxUnsupported("cvt.rn.f16.f32 of a NaN")
+        with np.errstate(over="ignore"):
+            t.set(ops[0], int(np.array([x], dtype=np.float32).astype(np.float16).view(np.uint16)[0]))
         return
     rounding = mods[0] if len(mods) == 3 else None
     if len(mods) not in (2, 3):

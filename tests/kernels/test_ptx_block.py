@@ -15,12 +15,14 @@ import random
 import re
 import struct
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from elpis import nvcc
+from tests.kernels import ptx_interp
 from tests.kernels.ptx_interp import BlockReport, Entry, Machine, PtxProgram, PtxUnsupported, SyncFault
 from tests.nvcc_marks import needs_nvcc
 
@@ -338,3 +340,225 @@ def test_a_watch_records_each_threads_accesses_of_a_module_shared_array(tmp_path
     m.unwatch(w)
     m.run_block(entry, [table, at_in, at_out, at_back], threads=threads)
     assert len(w.touches) == 2 * threads
+
+
+MATRIX_KERNELS = r"""
+#include <cuda_fp16.h>
+// 64 rows of 8 halves in dynamic shared memory; lane l names row rows[l] (ldmatrix's row addresses)
+extern "C" __global__ void ldmatrix_all(const unsigned short* in, const unsigned* rows, unsigned* out) {
+    extern __shared__ __align__(16) unsigned short s[];
+    const unsigned l = threadIdx.x;
+    for (unsigned i = 0; i < 16; i++) s[16 * l + i] = in[16 * l + i];
+#ifndef NO_BARRIER
+    __syncthreads();
+#endif
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(s + 8 * rows[l]));
+    unsigned* o = out + 11 * l;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(o[0]), "=r"(o[1]), "=r"(o[2]), "=r"(o[3]) : "r"(addr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(o[4]), "=r"(o[5]), "=r"(o[6]), "=r"(o[7]) : "r"(addr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+                 : "=r"(o[8]), "=r"(o[9]) : "r"(addr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];" : "=r"(o[10]) : "r"(addr));
+}
+extern "C" __global__ void ldmatrix_half_warp(const unsigned short* in, unsigned* out) {
+    extern __shared__ __align__(16) unsigned short s[];
+    const unsigned l = threadIdx.x;
+    for (unsigned i = 0; i < 16; i++) s[16 * l + i] = in[16 * l + i];
+    __syncthreads();
+    unsigned r = 0;
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(s + 8 * l));
+    if (l < 16) asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];" : "=r"(r) : "r"(addr));
+    out[l] = r;
+}
+// lane l's fragments: a[4 l..], b[2 l..] (f16x2 words), c[4 l..] floats; d[4 l..] out
+extern "C" __global__ void mma(const unsigned* a, const unsigned* b, const float* c, float* d) {
+    const unsigned l = threadIdx.x;
+    float* o = d + 4 * l;
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%10, %11, %12, %13};"
+                 : "=f"(o[0]), "=f"(o[1]), "=f"(o[2]), "=f"(o[3])
+                 : "r"(a[4 * l]), "r"(a[4 * l + 1]), "r"(a[4 * l + 2]), "r"(a[4 * l + 3]), "r"(b[2 * l]),
+                   "r"(b[2 * l + 1]), "f"(c[4 * l]), "f"(c[4 * l + 1]), "f"(c[4 * l + 2]), "f"(c[4 * l + 3]));
+}
+extern "C" __global__ void to_half(const float* x, unsigned short* out) {
+    out[threadIdx.x] = __half_as_ushort(__float2half_rn(x[threadIdx.x]));
+}
+"""
+
+
+def _matrix_program(tmp_path: Path, arch: str = "sm_86", **defines: int) -> PtxProgram:
+    source = tmp_path / "matrix_kernels.cu"
+    source.write_text(MATRIX_KERNELS)
+    return PtxProgram(
+        nvcc.compile_to(source, "ptx", arch=arch, defines=defines, out_dir=tmp_path).read_text()
+    )
+
+
+def _ldmatrix_isa(rows: np.ndarray, count: int, trans: bool) -> list[list[int]]:
+    """The PTX ISA's ldmatrix .m8n8 .b16 layout, written out here: matrix i's row r is at the address lane
+    8 i + r gives; lane l's register i holds row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix i (the
+    first in the low half), or with .trans column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1."""
+    regs = []
+    for lane in range(32):
+        words = []
+        for i in range(count):
+            m = rows[8 * i : 8 * i + 8]  # [row][column]
+            pair = (m[2 * (lane % 4), lane // 4], m[2 * (lane % 4) + 1, lane // 4]) if trans else (
+                m[lane // 4, 2 * (lane % 4)], m[lane // 4, 2 * (lane % 4) + 1])  # fmt: skip
+            words.append(int(pair[0]) | int(pair[1]) << 16)
+        regs.append(words)
+    return regs
+
+
+def _run_ldmatrix(entry: Entry, halves: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, BlockReport]:
+    m = Machine()
+    out = np.zeros(32 * 11, dtype=np.uint32)
+    at_out = m.put(out)
+    report = m.run_block(entry, [m.put(halves), m.put(rows), at_out], threads=32, dynamic_shared=1024)
+    return m.get(at_out, out).reshape(32, 11), report
+
+
+@pytest.mark.parametrize("arch", nvcc.ARCHS)
+def test_ldmatrix_gives_each_lane_the_isa_fragments(tmp_path: Path, arch: str) -> None:
+    """x4, x4.trans, x2 and x1.trans from rows named in a random order: every lane's registers are the
+    ISA layout's (written out in the test); the transposed layout, or two lanes' registers swapped, is not
+    what the instruction gives (the comparison can fail). The reads pass the race detector."""
+    entry = _matrix_program(tmp_path, arch).entry("ldmatrix_all")
+    rng = np.random.default_rng(4)
+    halves = rng.integers(0, 1 << 16, 64 * 8, dtype=np.uint16)
+    rows = rng.permutation(64)[:32].astype(np.uint32)
+    got, report = _run_ldmatrix(entry, halves, rows)
+    table = halves.reshape(64, 8)[rows]  # the rows in lane order
+    want = [x4 + x4t + x2 + x1t for x4, x4t, x2, x1t in zip(
+        _ldmatrix_isa(table, 4, False), _ldmatrix_isa(table, 4, True), _ldmatrix_isa(table, 2, False),
+        _ldmatrix_isa(table, 1, True), strict=True)]  # fmt: skip
+    assert got.tolist() == want
+    assert report.races == [] and report.unwritten_reads == [] and report.collectives == 4
+    assert got[:, :4].tolist() != [w[4:8] for w in want]  # the plain load is not the transposed layout
+    swapped = [*want[1:2], *want[0:1], *want[2:]]
+    assert got.tolist() != swapped
+
+
+def test_ldmatrix_reads_are_seen_by_the_race_detector(tmp_path: Path) -> None:
+    """Without the barrier between the threads' stores and the ldmatrix, its row reads race with other
+    lanes' stores (the ldmatrix line is reported)."""
+    text_entry = _matrix_program(tmp_path, NO_BARRIER=1).entry("ldmatrix_all")
+    rows = np.arange(32, dtype=np.uint32)[::-1].copy()
+    _, report = _run_ldmatrix(text_entry, np.arange(512, dtype=np.uint16), rows)
+    assert report.races and report.races[0].space == "shared"
+    ldmatrix_lines = {i.line for i in text_entry.code if i.opcode == "ldmatrix"}
+    assert any(r.second.line in ldmatrix_lines and not r.second.write for r in report.races)
+
+
+def test_ldmatrix_half_a_warp_runs_is_refused(tmp_path: Path) -> None:
+    entry = _matrix_program(tmp_path).entry("ldmatrix_half_warp")
+    m = Machine()
+    args = [m.put(np.zeros(512, dtype=np.uint16)), m.put(np.zeros(32, dtype=np.uint32))]
+    with pytest.raises(SyncFault, match="runs ldmatrix, thread 16 of its warp is at"):
+        m.run_block(entry, args, threads=32, dynamic_shared=1024)
+
+
+def _mma_fragments(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each lane's fragments of A (16 x 16, row), B (16 x 8, col) and C (16 x 8) by the ISA's table for
+    mma.m16n8k16 (written out here): group g = lane / 4, pair p = 2 (lane % 4). A: a0 a1 row g, columns p,
+    p + 1; a2 a3 row g + 8; a4..a7 the same 8 columns on. B: b0 b1 rows p, p + 1 of column g; b2 b3 rows
+    p + 8, p + 9. C: c0 c1 row g, columns p, p + 1; c2 c3 row g + 8."""
+    a16, b16 = a.astype(np.float16).view(np.uint16), b.astype(np.float16).view(np.uint16)
+    fa, fb, fc = [], [], []
+    for lane in range(32):
+        g, p = lane // 4, 2 * (lane % 4)
+        for r, k in ((g, p), (g + 8, p), (g, p + 8), (g + 8, p + 8)):
+            fa.append(int(a16[r, k]) | int(a16[r, k + 1]) << 16)
+        for k in (p, p + 8):
+            fb.append(int(b16[k, g]) | int(b16[k + 1, g]) << 16)
+        fc += [c[g, p], c[g, p + 1], c[g + 8, p], c[g + 8, p + 1]]
+    return np.array(fa, dtype=np.uint32), np.array(fb, dtype=np.uint32), np.array(fc, dtype=np.float32)
+
+
+def _mma_result(d: np.ndarray) -> np.ndarray:
+    """D (16 x 8) from the lanes' d fragments (C's layout)."""
+    out = np.zeros((16, 8), dtype=np.float32)
+    for lane in range(32):
+        g, p = lane // 4, 2 * (lane % 4)
+        out[g, p], out[g, p + 1], out[g + 8, p], out[g + 8, p + 1] = d[4 * lane : 4 * lane + 4]
+    return out
+
+
+@pytest.mark.parametrize("arch", nvcc.ARCHS)
+def test_mma_is_the_exact_product_rounded_once(tmp_path: Path, arch: str) -> None:
+    """mma.m16n8k16.row.col.f32.f16.f16.f32 on random halves: D is A B + C with each element's exact value
+    (float64 holds it: the operands' bits span under 53) rounded once to float32; C large enough that the
+    rounding matters. B read as row-major (the transposed layout), or D's lanes swapped, is not the result
+    (the comparison can fail). Refused on a machine that is not `approximate`."""
+    entry = _matrix_program(tmp_path, arch).entry("mma")
+    rng = np.random.default_rng(8)
+    for trial in range(4):
+        a = rng.uniform(-4, 4, (16, 16)).astype(np.float16).astype(np.float64)
+        b = rng.uniform(-4, 4, (16, 8)).astype(np.float16).astype(np.float64)
+        c = (rng.uniform(-1, 1, (16, 8)) * 2.0 ** (trial * 3)).astype(np.float32).astype(np.float64)
+        fa, fb, fc = _mma_fragments(a, b, c)
+        m, d = Machine(approximate=True), np.zeros(128, dtype=np.float32)
+        at_d = m.put(d)
+        m.run_block(entry, [m.put(fa), m.put(fb), m.put(fc), at_d], threads=32)
+        got = _mma_result(m.get(at_d, d))
+        exact = np.array([[math.fsum([*(a[i] * b[:, j]), c[i, j]]) for j in range(8)] for i in range(16)])
+        assert np.array_equal(got, exact.astype(np.float32)), trial
+        assert not np.array_equal(got, (a @ b.reshape(8, 16).T + c).astype(np.float32))  # B row-major
+        swapped = m.get(at_d, d).reshape(32, 4)[[1, 0, *range(2, 32)]].reshape(-1)
+        assert not np.array_equal(_mma_result(swapped), got)
+    exact_only = Machine()
+    with pytest.raises(PtxUnsupported, match="approximate"):
+        exact_only.run_block(entry, [exact_only.put(np.zeros(128, dtype=np.uint32))] * 4, threads=32)
+
+
+def test_float_to_half_rounds_to_nearest_even(tmp_path: Path) -> None:
+    """cvt.rn.f16.f32 against Python's IEEE half packing (struct 'e', nearest even from the exact value):
+    ties, subnormals, the smallest subnormal's half, overflow to infinity; a NaN is refused."""
+    entry = _matrix_program(tmp_path).entry("to_half")
+    rng = random.Random(3)
+    specials = [0.0, -0.0, 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11, 2.0**-25, 2.0**-25 * 1.5, -(2.0**-24),
+                65504.0, 65519.0, 65520.0, -1.0e6, 2.0**-14 - 2.0**-25, 3.0e-8]  # fmt: skip
+    xs = specials + [rng.uniform(-8, 8) * 2.0 ** rng.randint(-26, 14) for _ in range(32 - len(specials))]
+    x = np.array(xs, dtype=np.float32)
+    m = Machine()
+    out = np.zeros(32, dtype=np.uint16)
+    at = m.put(out)
+    m.run_block(entry, [m.put(x), at], threads=32)
+    want = []
+    for v in x.tolist():
+        try:
+            want.append(struct.unpack("<H", struct.pack("<e", v))[0])
+        except OverflowError:  # past the largest half by half an ulp or more: infinity
+            want.append(0x7C00 | (0x8000 if v < 0 else 0))
+    assert m.get(at, out).tolist() == want
+    with pytest.raises(PtxUnsupported, match="NaN"):
+        m.run_block(entry, [m.put(np.full(32, np.nan, dtype=np.float32)), at], threads=32)
+
+
+def test_the_mma_models_rounding_is_one_rounding_of_the_exact_sum() -> None:
+    """`mma_reference` (integer sums in units of 2^-149) against rationals rounded by `_round_f32`, over
+    subnormal halves, sums C cancels to far below their terms, the top of float32's range, an infinite C; and
+    an exact zero of zeros of both signs."""
+    rng = np.random.default_rng(12)
+    for trial in range(40):
+        scale = 2.0 ** rng.integers(-24, 16)
+        a = (rng.uniform(-2, 2, (2, 16)) * scale).astype(np.float16).astype(np.float64)
+        b = rng.uniform(-2, 2, (16, 8)).astype(np.float16).astype(np.float64)
+        c = np.float32(rng.uniform(-1, 1, (2, 8)) * 2.0 ** rng.integers(-140, 128)).astype(np.float64)
+        if trial % 4 == 0:  # C cancels row 0's products up to float32's rounding of them: a tiny remainder
+            c[0] = (-(a[0] @ b)).astype(np.float32)
+        got = ptx_interp.mma_reference(a, b, c)
+        for i in range(2):
+            for j in range(8):
+                exact = sum((Fraction(a[i, k]) * Fraction(b[k, j]) for k in range(16)), Fraction(c[i, j]))
+                want = ptx_interp._round_f32(exact, "rn") if exact else got[i][j]
+                assert got[i][j] == want, (trial, i, j)
+    zeros = np.zeros((1, 16)), np.zeros((16, 8)), np.full((1, 8), -0.0)
+    assert ptx_interp.mma_reference(*zeros)[0] == [0] * 8  # +0 products and a -0 C: +0
+    assert ptx_interp.mma_reference(-zeros[0], zeros[1], zeros[2])[0] == [0x80000000] * 8  # every term -0: -0
+    top = float(np.finfo(np.float32).max)  # products of halves stay far below its half ulp: no overflow
+    big = np.full((1, 16), 60000.0), np.full((16, 8), 60000.0), np.full((1, 8), top)
+    assert ptx_interp.mma_reference(*big)[0] == [0x7F7FFFFF] * 8
+    assert ptx_interp.mma_reference(*big[:2], np.full((1, 8), math.inf))[0] == [0x7F800000] * 8
