@@ -262,15 +262,21 @@ class PtxProgram:
 _SCOPED_PREFIX = {1: "%p", 16: "%rs", 32: "%r", 64: "%rd"}  # a register's width is its name's prefix's
 
 
-def barrier_lines(text: str, entry: str) -> list[int]:
-    """The 0-based lines of the bar.sync instructions in the body of the one entry of PTX `text` whose name
-    contains `entry` (for tests that delete a barrier and expect the detector to object)."""
+def entry_lines(text: str, entry: str) -> range:
+    """The 0-based lines of PTX `text` from the header of its one entry whose name contains `entry` up to, not
+    including, the entry's closing brace (for tests that read or edit one entry's code)."""
     lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if (m := _ENTRY.match(line)) and entry in m.group(1)]
     if len(starts) != 1:
         raise KeyError(f"{len(starts)} entries named like {entry!r}")
-    end = next(i for i in range(starts[0], len(lines)) if lines[i] == "}")
-    return [i for i in range(starts[0], end) if re.match(r"^\s*bar\.sync\s", lines[i])]
+    return range(starts[0], next(i for i in range(starts[0], len(lines)) if lines[i] == "}"))
+
+
+def barrier_lines(text: str, entry: str) -> list[int]:
+    """The 0-based lines of the bar.sync instructions in the body of the one entry of PTX `text` whose name
+    contains `entry` (for tests that delete a barrier and expect the detector to object)."""
+    lines = text.splitlines()
+    return [i for i in entry_lines(text, entry) if re.match(r"^\s*bar\.sync\s", lines[i])]
 
 
 def _scoped_registers(line: str, scope: int) -> dict[str, str]:

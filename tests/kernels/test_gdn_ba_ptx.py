@@ -33,7 +33,7 @@ import pytest
 
 from elpis import nvcc
 from elpis.exl3 import gdn_ba
-from tests.kernels.ptx_interp import BlockReport, Machine, PtxProgram
+from tests.kernels.ptx_interp import BlockReport, Machine, PtxProgram, entry_lines
 from tests.nvcc_marks import needs_nvcc
 
 pytestmark = needs_nvcc
@@ -343,8 +343,7 @@ def _same_entry(a: str, b: str, name: str) -> bool:
 
     def body(text: str) -> list[str]:
         lines = text.splitlines()
-        start = next(i for i, line in enumerate(lines) if ".entry" in line and name in line)
-        return lines[start : lines.index("}", start) + 1]
+        return [lines[i] for i in entry_lines(text, name)]
 
     return body(a) == body(b)
 

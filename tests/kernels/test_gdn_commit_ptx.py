@@ -68,7 +68,7 @@ from elpis.bend import gdn_plan
 from elpis.exl3 import gdn_tree
 from elpis.exl3 import gdn_tree_ref as ref
 from tests.kernels import cuda_emu
-from tests.kernels.ptx_interp import BlockReport, Machine, PtxProgram, Touch
+from tests.kernels.ptx_interp import BlockReport, Machine, PtxProgram, Touch, entry_lines
 from tests.kernels.test_gdn_tree_ptx import (
     PER_LANE,
     SLICE,
@@ -247,13 +247,6 @@ def _parked(stack: np.ndarray, slot: int) -> np.ndarray:
     return parked
 
 
-def _entry_lines(lines: list[str], contains: str) -> range:
-    """The 0-based lines of the sm_86 PTX entry whose name contains `contains`, to its closing brace."""
-    name = _program("sm_86").entry(contains).name
-    start = next(i for i, line in enumerate(lines) if line.startswith(".entry " + name + "("))
-    return range(start, next(i for i in range(start, len(lines)) if lines[i] == "}"))
-
-
 def _last_slot(plan: gdn_tree.Plan, row: int) -> int:
     """The slot holding `row`'s state when the walk ends (row's store, never stored over after it)."""
     slot = None
@@ -405,7 +398,7 @@ def test_a_commit_storing_one_state_element_elsewhere_is_caught(emulated) -> Non
     (+4352): the state it writes is not the source's (exact inputs, bits) nor the tree walk's parked state."""
     text = _ptx_text("sm_86")
     lines, where = text.splitlines(), _source_of(text)
-    entry = _entry_lines(lines, "gdn_tree_kernelENS")
+    entry = entry_lines(text, "gdn_tree_kernelENS")
     stores = [
         i for i in entry if lines[i].strip().startswith("st.shared.f32") and where[i + 1] == COMMIT_STAGE
     ]
@@ -585,8 +578,9 @@ def test_a_conv_commit_ptx_with_a_wrong_column_or_row_is_caught(
 ) -> None:
     """sm_86 PTX of gdn_conv_commit_kernel with one store or one in_row read moved (`what`; the one line of
     the entry matching `pattern`), 5 rows channel-major: `_conv_faults` rejects it."""
-    lines = _ptx_text("sm_86").splitlines()
-    (hit,) = [i for i in _entry_lines(lines, "gdn_conv_commit_kernelE") if re.search(pattern, lines[i])]
+    text = _ptx_text("sm_86")
+    lines = text.splitlines()
+    (hit,) = [i for i in entry_lines(text, "gdn_conv_commit_kernelE") if re.search(pattern, lines[i])]
     lines[hit] = lines[hit].replace(old, new)
     case = _conv_case("channel", 5)
     rows, conv = _conv_inputs()
