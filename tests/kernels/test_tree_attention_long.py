@@ -1,9 +1,9 @@
 """The long-context form of the fold build (`tree_attention_mma(..., long_context=True)`,
-patches/kernels/tree_attention_long.cu) on the GPU: its outputs and log-sum-exps equal the served fold
-build's bit for bit, on cache pages written by ExLlamaV3 (tests/kernels/tree_cases.QuantPool), for 1, 8 and
-16 rows at contexts whose spans cross every kind of split boundary, and at 262,000 positions. Equal bits make
-it a drop-in for the served kernel at any context and row count: the served build's own tests (row
-invariance, error against float64) then hold for it. Run with `-m gpu`; results go to $ELPIS_KERNEL_LOG when set.
+patches/kernels/tree_attention_long.cu) on the GPU: its outputs and log-sum-exps equal the served fold build's
+bit for bit, on cache pages written by ExLlamaV3 (tests/kernels/tree_cases.QuantPool), for 1, 8 and 16 rows at
+contexts whose spans cross every kind of split boundary, and at 262,000 positions. Equal bits make it a
+drop-in for the served kernel at any context and row count: the served build's own tests (row invariance,
+error against float64) then hold for it. Run with `-m gpu`; results go to $ELPIS_KERNEL_LOG when set.
 """
 
 from __future__ import annotations

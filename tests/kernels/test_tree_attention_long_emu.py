@@ -1,12 +1,12 @@
 """The long-context tree attention (patches/kernels/tree_attention_long.cu) against the served fold build of
-the tensor-core kernel (tree_attention_mma.cu, ELPIS_MMA_HADAMARD_FOLD 1), both run on the CPU through the CUDA
-emulation (tests/kernels/cuda_emu.py): every output and log-sum-exp bit for bit.
+the tensor-core kernel (tree_attention_mma.cu, ELPIS_MMA_HADAMARD_FOLD 1), both run on the CPU through the
+CUDA emulation (tests/kernels/cuda_emu.py): every output and log-sum-exp bit for bit.
 
 The long form decodes the cache's values straight into the fragments and runs the softmax of a 128-position
 pass's four tiles after their scores; its claim is that every mma.sync sees the served operands in the served
 order. The emulated mma is not the tensor cores' arithmetic, but it is a function of the fragments and the
-chain order, so a fragment off by one lane, position or dimension, or a tile's statistics out of order, shows here.
-The GPU test (test_tree_attention_long.py) repeats the comparison on the tensor cores.
+chain order, so a fragment off by one lane, position or dimension, or a tile's statistics out of order, shows
+here. The GPU test (test_tree_attention_long.py) repeats the comparison on the tensor cores.
 """
 
 from __future__ import annotations
