@@ -45,7 +45,13 @@ constexpr uint32_t kPass = kTile * kTiles;          // positions a pass
 constexpr uint32_t kWarps = 16;                     // warp w owns head dims 16w.. of the output
 constexpr uint32_t kThreads = kWarps * 32;
 constexpr uint32_t kRows = 8;                       // local rows a block
-constexpr uint32_t kRowsPerWarp = kRows / 2;        // score warps of the same positions split rows by parity
+// Score warps per 16 positions (ELPIS_LONG_SCORE_CLASSES, 1 or 2): with 1, warps 0..7 score every row and warps
+// 8..15 wait; with 2, warps 8..15 take rows 4..7 of the same positions and decode the same K fragments again.
+#ifndef ELPIS_LONG_SCORE_CLASSES
+#define ELPIS_LONG_SCORE_CLASSES 1
+#endif
+constexpr uint32_t kClasses = ELPIS_LONG_SCORE_CLASSES;
+constexpr uint32_t kRowsPerWarp = kRows / kClasses;  // class c: local rows c * kRowsPerWarp ..
 constexpr uint32_t kQPad = 8;                       // an n-tile: one row's 6 query heads and 2 zero columns
 constexpr uint32_t kStats = kRows * kQPad;          // (row, query column) pairs
 constexpr uint32_t kTreeRow = kPass;                // staged row of tree slot ctx + j: kTreeRow + j
@@ -54,7 +60,8 @@ constexpr uint8_t kZeroRow = 0xff;                  // staged-row table: a posit
 constexpr uint32_t kPStride = kTile + 8;            // halves per P query row (conflict-free ldmatrix)
 constexpr uint32_t kQStride = kHeadDim + 8;         // halves per staged query head (conflict-free ldmatrix)
 
-static_assert(kHeadDim / 16 == kWarps && kPass / 16 <= kWarps / 2 && kRows == 2 * kRowsPerWarp, "the warp layout below");
+static_assert(kHeadDim / 16 == kWarps && kPass / 16 <= kWarps / 2 && (kClasses == 1 || kClasses == 2),
+              "the warp layout below");
 static_assert(ELPIS_SCHED_SPLIT_MIN % kPass == 0, "passes never straddle a split");
 static_assert(kStagedRows < kZeroRow, "a staged row's index fits the table's byte");
 
@@ -77,9 +84,9 @@ constexpr size_t kOffVW = kOffKS + size_t(kStagedRows) * kQGroupsPerHead * 2;
 constexpr size_t kOffVS = kOffVW + size_t(kStagedRows) * Packing<kVBits>::kStride * 4;
 constexpr size_t kOffP = kOffVS + size_t(kStagedRows) * kQGroupsPerHead * 2;
 constexpr size_t kOffStats = kOffP + size_t(kTiles) * kStats * kPStride * 2;
-constexpr uint32_t kStatFloats = 2 * kStats + 6 * kTiles * kStats;  // m, l; tmax, tsum [tile][half]; alpha, mj
+constexpr uint32_t kStatFloats = 2 * kStats + 5 * kTiles * kStats;  // m, l; tmax, tsum [tile][half]; alpha
 constexpr size_t kOffRows = kOffStats + size_t(kStatFloats) * 4;
-constexpr size_t kOffSrow = kOffRows + 2 * kRows * 4;
+constexpr size_t kOffSrow = kOffRows + (2 * kRows + kTiles) * 4;
 constexpr size_t kSmemBytes = kOffSrow + size_t(kRows) * kPass;
 static_assert(kSmemBytes <= 99 * 1024, "an RTX 3090 block gets at most 99 KB of shared memory");
 static_assert(kOffKW % 16 == 0 && kOffKS % 16 == 0 && kOffVW % 16 == 0 && kOffVS % 16 == 0 && kOffP % 16 == 0 &&
@@ -99,9 +106,9 @@ struct Block {
     float* tmax;      // [kTiles][2][kStats] a tile's max per half (16 positions)
     float* tsum;      // [kTiles][2][kStats] a tile's sum of P per half
     float* alpha;     // [kTiles][kStats] a tile's rescale factor
-    float* mj;        // [kTiles][kStats] the running max after a tile
     uint32_t* end;    // [kRows] end of the row's positions in this split (0: the row is not in it)
     uint32_t* mask;   // [kRows]
+    uint32_t* act;    // [kTiles] local rows active in each tile of the pass (positions of theirs reach it)
     uint8_t* srow;    // [kRows][kPass] staged row of (row, position of the pass) in a pass that reaches ctx
 };
 
@@ -170,7 +177,55 @@ __device__ __forceinline__ uint32_t pack_halves(float lo, float hi) {
            (static_cast<uint32_t>(__half_as_ushort(__float2half_rn(hi))) << 16);
 }
 
-// (float(code) - mid) * step of a code assembled from its planes' fields: 2^22 + code has the bits 0x4A800000 |
+__device__ __forceinline__ __half2 as_half2(uint32_t u) {
+    __half2 h;
+    memcpy(&h, &u, 4);
+    return h;
+}
+
+__device__ __forceinline__ uint32_t as_u32(__half2 h) {
+    uint32_t u;
+    memcpy(&u, &h, 4);
+    return u;
+}
+
+// The decoding in fp16 pairs. A value is fp16_rn((float(code) - mid) * step) with step = scale / 2^(bits-1)
+// (group_raw_step, code_value). In fp32 both operations are exact - code - mid is a half-integer of at most 8
+// significant bits, step an fp16 times a power of two, their product at most 19 bits - so the value is the
+// exact product rounded once to fp16. The same comes out of fp16 arithmetic whenever step itself is an fp16
+// (it is unless scale / 2^(bits-1) falls below fp16's subnormal quantum): 512 + code has the fp16 bits
+// 0x6000 | (code << 1) (the ulp in [512, 1024) is 1/2), (512 + code) - (512 + mid) is exact, and the product
+// with step is rounded once (HMUL2, IEEE round-to-nearest with subnormals). A group whose step is not an fp16
+// takes the fp32 operations instead.
+template <uint32_t kBits>
+__device__ __forceinline__ uint32_t biased_pair_bits(uint32_t code_pair) {
+    return 0x60006000u | (code_pair << 1);
+}
+
+template <uint32_t kBits>
+__device__ __forceinline__ uint32_t decode_pair(uint32_t code_pair, __half2 step2) {
+    constexpr float kMid = 512.0f + static_cast<float>(1u << (kBits - 1)) - 0.5f;
+    const __half2 mid2 = __float2half2_rn(kMid);  // exact: a half-integer below 1024
+    return as_u32(__hmul2(__hsub2(as_half2(biased_pair_bits<kBits>(code_pair)), mid2), step2));
+}
+
+// The step of a group in fp32 and in fp16, and whether the fp16 one is exact (the pair decoding's condition).
+struct Step {
+    float f;
+    __half h;
+    bool exact;
+};
+
+template <uint32_t kBits>
+__device__ __forceinline__ Step group_steps(__half scale) {
+    Step s;
+    s.f = group_raw_step<kBits>(scale);
+    s.h = __float2half_rn(s.f);
+    s.exact = __half2float(s.h) == s.f;  // false for NaN, true for 0 and inf
+    return s;
+}
+
+// (float(code) - mid) * step in fp32 for a code's biased bits: 2^22 + code has the bits 0x4A800000 |
 // (code << 1), and (2^22 + code) - (2^22 + mid) is exact (tree_attention_mma.cu's half_value).
 template <uint32_t kBits>
 __device__ __forceinline__ float biased_value(uint32_t code_bits, float step) {
@@ -178,35 +233,44 @@ __device__ __forceinline__ float biased_value(uint32_t code_bits, float step) {
     return __fmul_rn(__fsub_rn(__int_as_float(static_cast<int>(0x4A800000u | code_bits)), kBiasedMid), step);
 }
 
-// Value kC + 2t of a group (words in registers): a plane of width w keeps value j's field at plane bit j * w. For
-// the values a lane reads (kC in {0, 1, 8, 9, 16, 17, 24, 25}, t < 4, w <= 4) the word is fixed by kC; only
-// the shift depends on t.
+// Codes of values kC + 2t (low half) and kC + 2t + 1 (high half) of a group whose words are in registers: a plane
+// of width w keeps value j's field at plane bit j * w. For the pairs a lane reads (kC in {0, 8, 16, 24}, t < 4,
+// w <= 4) both fields lie in one word fixed by kC; only the shift depends on t.
 template <uint32_t kBits, uint32_t kC>
-__device__ __forceinline__ float lane_value(const uint32_t (&w)[kBits], uint32_t t, float step) {
-    uint32_t bits = 0;
+__device__ __forceinline__ uint32_t lane_code_pair(const uint32_t (&w)[kBits], uint32_t t) {
+    static_assert(kC % 8 == 0 && kC < 32, "a lane's pairs");
+    uint32_t code = 0;
 #pragma unroll
     for (uint32_t width = 1; width <= 4; width <<= 1) {
         if (!(kBits & width)) continue;
-        const uint32_t base = kBits & ~(2u * width - 1u), bit = kC * width;
-        static_assert(kC % 8 <= 1, "a lane's values");
-        const uint32_t field = (w[base + (bit >> 5)] >> ((bit & 31u) + 2u * t * width)) & ((1u << width) - 1u);
-        bits |= field << ((kBits & (width - 1u)) + 1u);
+        const uint32_t base = kBits & ~(2u * width - 1u), bit = kC * width, mask = (1u << width) - 1u;
+        const uint32_t x = w[base + (bit >> 5)] >> ((bit & 31u) + 2u * t * width);
+        const uint32_t pair = (x & mask) | ((x << (16u - width)) & (mask << 16));
+        code |= pair << (kBits & (width - 1u));
     }
-    return biased_value<kBits>(bits, step);
+    return code;
 }
 
-// Value j of a group from its words in shared memory (j any lane's own: the word index is computed).
+// Code of value j of a group from its words in shared memory (j any lane's own: the word index is computed).
 template <uint32_t kBits>
-__device__ __forceinline__ float smem_value(const uint32_t* words, uint32_t j, float step) {
-    uint32_t bits = 0;
+__device__ __forceinline__ uint32_t smem_code(const uint32_t* words, uint32_t j) {
+    uint32_t code = 0;
 #pragma unroll
     for (uint32_t width = 1; width <= 4; width <<= 1) {
         if (!(kBits & width)) continue;
         const uint32_t base = kBits & ~(2u * width - 1u), bit = j * width;
-        const uint32_t field = (words[base + (bit >> 5)] >> (bit & 31u)) & ((1u << width) - 1u);
-        bits |= field << ((kBits & (width - 1u)) + 1u);
+        code |= ((words[base + (bit >> 5)] >> (bit & 31u)) & ((1u << width) - 1u)) << (kBits & (width - 1u));
     }
-    return biased_value<kBits>(bits, step);
+    return code;
+}
+
+// A pair of codes (low, high halves) as values with steps (s_lo, s_hi): in fp16 pairs when both steps are fp16s,
+// else each in fp32 (the same bits).
+template <uint32_t kBits>
+__device__ __forceinline__ uint32_t pair_values(uint32_t code_pair, const Step& s_lo, const Step& s_hi) {
+    if (s_lo.exact && s_hi.exact) return decode_pair<kBits>(code_pair, __halves2half2(s_lo.h, s_hi.h));
+    return pack_halves(biased_value<kBits>((code_pair & 0xffffu) << 1, s_lo.f),
+                       biased_value<kBits>((code_pair >> 16) << 1, s_hi.f));
 }
 
 // Lane (g, t)'s K values of group `grp` at staged row `row` for the k-steps 2 grp (h 0) and 2 grp + 1 (h 1):
@@ -221,11 +285,11 @@ __device__ __forceinline__ void k_pairs(const Block& b, uint32_t row, uint32_t g
     const uint32_t* src = b.kw + row * Packing<kKBits>::kStride + grp * kKBits;
 #pragma unroll
     for (uint32_t i = 0; i < kKBits; i++) w[i] = src[i];
-    const float step = group_raw_step<kKBits>(b.ks[row * kQGroupsPerHead + grp]);
-    pr[0][0] = pack_halves(lane_value<kKBits, 0>(w, t, step), lane_value<kKBits, 1>(w, t, step));
-    pr[0][1] = pack_halves(lane_value<kKBits, 8>(w, t, step), lane_value<kKBits, 9>(w, t, step));
-    pr[1][0] = pack_halves(lane_value<kKBits, 16>(w, t, step), lane_value<kKBits, 17>(w, t, step));
-    pr[1][1] = pack_halves(lane_value<kKBits, 24>(w, t, step), lane_value<kKBits, 25>(w, t, step));
+    const Step step = group_steps<kKBits>(b.ks[row * kQGroupsPerHead + grp]);
+    pr[0][0] = pair_values<kKBits>(lane_code_pair<kKBits, 0>(w, t), step, step);
+    pr[0][1] = pair_values<kKBits>(lane_code_pair<kKBits, 8>(w, t), step, step);
+    pr[1][0] = pair_values<kKBits>(lane_code_pair<kKBits, 16>(w, t), step, step);
+    pr[1][1] = pair_values<kKBits>(lane_code_pair<kKBits, 24>(w, t), step, step);
 }
 
 // The A fragments (K, positions x dims) of k-steps 2 grp and 2 grp + 1 for staged rows r_lo (fragment row g) and
@@ -244,31 +308,44 @@ __device__ __forceinline__ void k_fragments(const Block& b, uint32_t r_lo, uint3
     }
 }
 
-// Lane (g, t)'s V values at staged row `row` for head dims j0 and j0 + 8 of group `grp` (0 for kZeroRow).
-__device__ __forceinline__ void v_values(const Block& b, uint32_t row, uint32_t grp, uint32_t j0, float& v0,
-                                         float& v1) {
-    if (row == kZeroRow) {
-        v0 = v1 = 0.0f;
-        return;
-    }
+// Codes of head dims j0 and j0 + 8 of group `grp` at staged row `row`, and the group's steps (a zero row: codes
+// and steps 0, whose fp16 products are +0 or -0 by the code's side of mid: the zero row is all +0, so the
+// caller keeps its own zeros).
+struct VCodes {
+    uint32_t c0, c1;
+    Step step;
+};
+
+__device__ __forceinline__ VCodes v_codes(const Block& b, uint32_t row, uint32_t grp, uint32_t j0) {
     const uint32_t* words = b.vw + row * Packing<kVBits>::kStride + grp * kVBits;
-    const float step = group_raw_step<kVBits>(b.vs[row * kQGroupsPerHead + grp]);
-    v0 = smem_value<kVBits>(words, j0, step);
-    v1 = smem_value<kVBits>(words, j0 + 8u, step);
+    VCodes c;
+    c.c0 = smem_code<kVBits>(words, j0);
+    c.c1 = smem_code<kVBits>(words, j0 + 8u);
+    c.step = group_steps<kVBits>(b.vs[row * kQGroupsPerHead + grp]);
+    return c;
 }
 
 // The A fragment (V^T: dims x positions) of one k-step for warp `warp`'s head dims: rows g and g + 8 are dims
 // 16 warp + g, +8; columns are the staged rows of positions 2t, 2t+1 (regs 0, 1) and 2t+8, 2t+9 (regs 2, 3).
+// A position past the row's span (kZeroRow) gives +0, as the served kernel's zero row.
 __device__ __forceinline__ void v_fragment(const Block& b, const uint32_t (&rows)[4], uint32_t warp, uint32_t g,
                                            uint32_t (&a)[4]) {
     const uint32_t grp = warp >> 1, j0 = 16u * (warp & 1u) + g;
-    float v[4][2];
+    VCodes c[4];
+    bool zero[4];
 #pragma unroll
-    for (uint32_t i = 0; i < 4; i++) v_values(b, rows[i], grp, j0, v[i][0], v[i][1]);
-    a[0] = pack_halves(v[0][0], v[1][0]);
-    a[1] = pack_halves(v[0][1], v[1][1]);
-    a[2] = pack_halves(v[2][0], v[3][0]);
-    a[3] = pack_halves(v[2][1], v[3][1]);
+    for (uint32_t i = 0; i < 4; i++) {
+        zero[i] = rows[i] == kZeroRow;
+        c[i] = v_codes(b, zero[i] ? 0u : rows[i], grp, j0);
+    }
+#pragma unroll
+    for (uint32_t k = 0; k < 2; k++) {  // positions 2t, 2t+1 (k 0) and 2t+8, 2t+9 (k 1)
+        const VCodes& lo = c[2 * k];
+        const VCodes& hi = c[2 * k + 1];
+        const uint32_t keep = (zero[2 * k] ? 0u : 0xffffu) | (zero[2 * k + 1] ? 0u : 0xffff0000u);
+        a[2 * k] = pair_values<kVBits>(lo.c0 | (hi.c0 << 16), lo.step, hi.step) & keep;
+        a[2 * k + 1] = pair_values<kVBits>(lo.c1 | (hi.c1 << 16), lo.step, hi.step) & keep;
+    }
 }
 
 // This lane's ldmatrix row of local row r's Q fragments for k-steps 2kp, 2kp + 1 (add 32 kp), as in the served
@@ -332,12 +409,12 @@ __device__ __forceinline__ void stage_folded_queries(const Block& b, const __hal
     }
 }
 
-// Scores S^T = K Q^T over the warp's 16 positions (pass rows p_lo = 16 mt + g, p_lo + 8) for its rows cls,
-// cls + 2, ... (< n, active in the tile), k-steps 0..15 in order, scaled and masked (-inf from the row's end), and
-// each half-tile's max per (row, query column) into b.tmax. In a pass below ctx every row reads the pass's own
-// staged rows and shares each K fragment; in a pass that reaches ctx each row reads its own (b.srow).
+// Scores S^T = K Q^T over the warp's 16 positions (pass rows p_lo = 16 mt + g, p_lo + 8) for its rows r0 ..
+// r0 + kRowsPerWarp - 1 (those in `active`), k-steps 0..15 in order, scaled and masked (-inf from the row's
+// end), and each half-tile's max per (row, query column) into b.tmax. In a pass below ctx every row reads the
+// pass's own staged rows and shares each K fragment; in a pass that reaches ctx each row reads its own (b.srow).
 __device__ __forceinline__ void score_warp(const Block& b, float (&acc)[kRowsPerWarp][4], uint32_t active,
-                                           bool tail, uint32_t mt, uint32_t cls, uint32_t s0, float scale) {
+                                           bool tail, uint32_t mt, uint32_t r0, uint32_t s0, float scale) {
     const uint32_t lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u;
     const uint32_t p_lo = 16u * mt + g, p_hi = p_lo + 8u, tile = mt >> 1, half = mt & 1u;
 #pragma unroll
@@ -348,7 +425,7 @@ __device__ __forceinline__ void score_warp(const Block& b, float (&acc)[kRowsPer
             k_fragments(b, p_lo, p_hi, grp, t, a);
 #pragma unroll
             for (uint32_t k = 0; k < kRowsPerWarp; k++) {
-                const uint32_t r = cls + 2u * k;
+                const uint32_t r = r0 + k;
                 if (!((active >> r) & 1u)) continue;
                 uint32_t qb[4];
                 ldsm_x4(qb, q_row(b, r, lane) + 32u * grp);
@@ -359,7 +436,7 @@ __device__ __forceinline__ void score_warp(const Block& b, float (&acc)[kRowsPer
     } else {
 #pragma unroll
         for (uint32_t k = 0; k < kRowsPerWarp; k++) {
-            const uint32_t r = cls + 2u * k;
+            const uint32_t r = r0 + k;
             if (!((active >> r) & 1u)) continue;
             const uint32_t r_lo = b.srow[r * kPass + p_lo], r_hi = b.srow[r * kPass + p_hi];
             for (uint32_t grp = 0; grp < kQGroupsPerHead; grp++) {
@@ -375,7 +452,7 @@ __device__ __forceinline__ void score_warp(const Block& b, float (&acc)[kRowsPer
     const float ninf = __int_as_float(0xff800000);
 #pragma unroll
     for (uint32_t k = 0; k < kRowsPerWarp; k++) {
-        const uint32_t r = cls + 2u * k;
+        const uint32_t r = r0 + k;
         if (!((active >> r) & 1u)) continue;
         const uint32_t end = b.end[r];
         const bool v_lo = s0 + p_lo < end, v_hi = s0 + p_hi < end;
@@ -391,19 +468,33 @@ __device__ __forceinline__ void score_warp(const Block& b, float (&acc)[kRowsPer
     }
 }
 
-// P = fp16(exp(s - the tile's running max)) of the warp's rows into b.p, and each half-tile's sum of P (the
-// served butterfly) into b.tsum.
+// Tile `tile`'s max of (row, query column) st, from its two halves.
+__device__ __forceinline__ float tile_max(const Block& b, uint32_t tile, uint32_t st) {
+    return fmaxf(b.tmax[(2u * tile) * kStats + st], b.tmax[(2u * tile + 1u) * kStats + st]);
+}
+
+// P = fp16(exp(s - the running max after this tile)) of the warp's rows into b.p, each half-tile's sum of P (the
+// served butterfly) into b.tsum, and the tile's rescale factor into b.alpha. The running max before a tile is
+// the pass's incoming max folded with the maxima of the pass's earlier tiles (fmaxf: exact, in any order, so
+// the served sequence's value); padding columns restart from -inf at every tile, as the served kernel's do.
 __device__ __forceinline__ void p_warp(const Block& b, const float (&acc)[kRowsPerWarp][4], uint32_t active,
-                                       uint32_t mt, uint32_t cls) {
+                                       uint32_t mt, uint32_t r0) {
     const uint32_t lane = threadIdx.x & 31u, g = lane >> 2, t = lane & 3u, tile = mt >> 1, half = mt & 1u;
+    const float ninf = __int_as_float(0xff800000);
 #pragma unroll
     for (uint32_t k = 0; k < kRowsPerWarp; k++) {
-        const uint32_t r = cls + 2u * k;
+        const uint32_t r = r0 + k;
         if (!((active >> r) & 1u)) continue;
 #pragma unroll
         for (uint32_t c = 0; c < 2; c++) {
             const uint32_t j = 2u * t + c, st = r * kQPad + j;
-            const float m_new = b.mj[tile * kStats + st];
+            float m_old = ninf;
+            if (j < kGroup) {
+                m_old = b.m[st];
+                for (uint32_t i = 0; i < tile; i++) m_old = fmaxf(m_old, tile_max(b, i, st));
+            }
+            const float m_new = fmaxf(m_old, tile_max(b, tile, st));
+            if (g == 0 && half == 0) b.alpha[tile * kStats + st] = expf(m_old - m_new);  // 0 on a row's first tile
             const __half ph_lo = __float2half_rn(expf(acc[k][c] - m_new));
             const __half ph_hi = __float2half_rn(expf(acc[k][2 + c] - m_new));
             __half* prow = b.p + (tile * kStats + st) * kPStride + 16u * half + g;
@@ -415,13 +506,6 @@ __device__ __forceinline__ void p_warp(const Block& b, const float (&acc)[kRowsP
             if (g == 0) b.tsum[(tile * 2u + half) * kStats + st] = part;
         }
     }
-}
-
-// Active local rows of tile `tile` of the pass at s0: those whose positions in this split reach it.
-__device__ __forceinline__ uint32_t tile_active(const Block& b, uint32_t n, uint32_t tile_start) {
-    uint32_t active = 0;
-    for (uint32_t r = 0; r < n; r++) active |= (b.end[r] > tile_start ? 1u : 0u) << r;
-    return active;
 }
 
 // One block: split `gridDim.y - 1 - blockIdx.y`, K/V head `blockIdx.x`, local rows blockIdx.z + lr * gridDim.z.
@@ -446,9 +530,9 @@ __global__ void __launch_bounds__(kThreads) tree_attention_long_split(
                   stats + 2 * kStats,
                   stats + 2 * kStats + 2 * kTiles * kStats,
                   stats + 2 * kStats + 4 * kTiles * kStats,
-                  stats + 2 * kStats + 5 * kTiles * kStats,
                   reinterpret_cast<uint32_t*>(smem + kOffRows),
                   reinterpret_cast<uint32_t*>(smem + kOffRows) + kRows,
+                  reinterpret_cast<uint32_t*>(smem + kOffRows) + 2 * kRows,
                   reinterpret_cast<uint8_t*>(smem + kOffSrow)};
     // the grid's order: heads fastest, splits last to first (longest first), as in the served kernel
     const uint32_t split = gridDim.y - 1u - blockIdx.y, h = blockIdx.x, tid = threadIdx.x;
@@ -491,7 +575,9 @@ __global__ void __launch_bounds__(kThreads) tree_attention_long_split(
         stage_pass<kVBits>(b.vw, b.vs, qv, sv, block_table, begin, pass_count(begin), ctx, rows, h);
         copy_commit();
     }
-    const uint32_t mt = warp & 7u, cls = warp >> 3;
+    // score warps: warp w < 8 * kClasses takes positions 16 (w % 8).. of a pass and local rows r0 ..
+    const uint32_t mt = warp & 7u, r0 = (warp >> 3) * kRowsPerWarp;
+    const bool scorer = warp < 8u * kClasses;
     for (uint32_t s0 = begin; s0 < block_end; s0 += kPass) {
         const uint32_t count = pass_count(s0), tiles = count / kTile, next = s0 + kPass;
         const bool tail = s0 + count > ctx;  // holds positions >= ctx: rows read their own tree slots
@@ -501,48 +587,41 @@ __global__ void __launch_bounds__(kThreads) tree_attention_long_split(
                 b.srow[i] = r < n && p < count ? staged_row(b, r, s0 + p, s0, ctx) : kZeroRow;
             }
         }
+        if (tid < kTiles) {  // the rows whose positions in this split reach the tile
+            uint32_t act = 0;
+            for (uint32_t r = 0; r < n; r++) act |= (tid < tiles && b.end[r] > s0 + kTile * tid ? 1u : 0u) << r;
+            b.act[tid] = act;
+        }
         copy_wait_all_but_newest();  // this pass's K
         __syncthreads();
         const uint32_t tile = mt >> 1;
-        const uint32_t mine = tile < tiles ? tile_active(b, n, s0 + kTile * tile) : 0u;
+        const uint32_t mine = scorer && tile < tiles ? b.act[tile] & (((1u << kRowsPerWarp) - 1u) << r0) : 0u;
         float acc[kRowsPerWarp][4];
-        if (mine & (0x55u << cls)) score_warp(b, acc, mine, tail, mt, cls, s0, scale);
+        if (mine) score_warp(b, acc, mine, tail, mt, r0, s0, scale);
         __syncthreads();
         if (next < block_end) stage_pass<kKBits>(b.kw, b.ks, qk, sk, block_table, next, pass_count(next), ctx, rows, h);
         copy_commit();
-        // The running max after each tile, in tile order, and the tile's rescale factor: 0 on a row's first
-        // tile (old max -inf). Padding columns keep the max -inf, as in the served kernel.
-        if (tid < kStats) {
-            const uint32_t r = tid / kQPad, j = tid % kQPad;
-            float m_old = b.m[tid];
-            for (uint32_t i = 0; i < tiles; i++) {
-                if (!((tile_active(b, n, s0 + kTile * i) >> r) & 1u)) continue;
-                const float m_new = fmaxf(m_old, fmaxf(b.tmax[(2 * i) * kStats + tid], b.tmax[(2 * i + 1) * kStats + tid]));
-                b.alpha[i * kStats + tid] = expf(m_old - m_new);
-                b.mj[i * kStats + tid] = m_new;
-                if (j < kGroup) m_old = m_new;
-            }
-            b.m[tid] = m_old;
-        }
-        __syncthreads();
-        if (mine & (0x55u << cls)) p_warp(b, acc, mine, mt, cls);
+        if (mine) p_warp(b, acc, mine, mt, r0);
         copy_wait_all_but_newest();  // this pass's V
         __syncthreads();
+        // The running (max, sum) after the pass, tile by tile in order (the served update_stats).
         if (tid < kStats && tid % kQPad < kGroup) {
             const uint32_t r = tid / kQPad;
-            float l = b.l[tid];
+            float m = b.m[tid], l = b.l[tid];
             for (uint32_t i = 0; i < tiles; i++) {
-                if (!((tile_active(b, n, s0 + kTile * i) >> r) & 1u)) continue;
+                if (!((b.act[i] >> r) & 1u)) continue;
+                m = fmaxf(m, tile_max(b, i, tid));
                 l = __fadd_rn(__fmul_rn(l, b.alpha[i * kStats + tid]),
                               __fadd_rn(b.tsum[(2 * i) * kStats + tid], b.tsum[(2 * i + 1) * kStats + tid]));
             }
+            b.m[tid] = m;
             b.l[tid] = l;
         }
         // O^T = alpha O^T + V^T P^T per tile in order: warp -> head dims 16 warp.., each row's two k-steps
         // (positions 0-15, 16-31 of the tile).
         const __half* p_row = b.p + (lane & 7u) * kPStride + 8u * (lane >> 3);
         for (uint32_t i = 0; i < tiles; i++) {
-            const uint32_t active = tile_active(b, n, s0 + kTile * i);
+            const uint32_t active = b.act[i];
             uint32_t va[2][4];
             if (!tail) {
 #pragma unroll

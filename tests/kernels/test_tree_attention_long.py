@@ -68,3 +68,24 @@ def test_graph_form_is_the_fold_builds() -> None:
         q, caches, pool.table, ctx_dev, max_ctx, words, fold=True, long_context=True
     )
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_steps_below_fp16_keep_the_fold_builds_bits() -> None:
+    """Groups whose step (scale / 4) is not an fp16 take the fp32 decoding; the bits stay the fold build's
+    (scales 1..7 x 2^-24 written over half of the pool's K and V scales)."""
+    ctx, parents = 32760, [-1, 0, 1, 1, 0, 4, 5, 2]
+    pool = tc.QuantPool(ctx + 16, seed=11)
+    tiny = torch.tensor([k * 2.0**-24 for k in range(1, 8)], dtype=torch.float16, device="cuda")
+    for scales in (pool.layer.sk, pool.layer.sv):
+        flat = scales.view(-1)
+        half = flat.numel() // 2
+        flat[:half] = tiny.repeat(half // 7 + 1)[:half]
+    masks = accept.tree_masks(parents)
+    q = torch.randn((len(parents), ta.Q_HEADS, ta.HEAD_DIM), device="cuda").half()
+    args = (pool.layer.qk, pool.layer.sk, pool.layer.qv, pool.layer.sv, pool.table, ctx, masks.depth,
+            masks.ancestors)  # fmt: skip
+    want, want_lse = ta.tree_attention_mma(q, *args, fold=True, return_lse=True)
+    got, got_lse = ta.tree_attention_mma(q, *args, fold=True, long_context=True, return_lse=True)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(got_lse.view(torch.int32), want_lse.view(torch.int32))

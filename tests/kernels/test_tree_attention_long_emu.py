@@ -38,12 +38,18 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return _build(tmp_path_factory.mktemp("long_served_fold"), ta.SOURCE_MMA)
 
 
-@pytest.fixture(scope="module", params=[4, 1], ids=["4-tile passes", "1-tile passes"])
+@pytest.fixture(
+    scope="module",
+    params=[(4, 1), (1, 1), (4, 2)],
+    ids=["4-tile passes", "1-tile passes", "two score warps per 16 positions"],
+)
 def long_lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """The served pass of 4 tiles, and passes of one tile (several passes a split at these contexts, so the
-    copies issued a pass ahead and the tables of each pass are exercised)."""
-    tiles = request.param
-    return _build(tmp_path_factory.mktemp(f"long_{tiles}"), ta.SOURCE_LONG, ELPIS_LONG_TILES=tiles)
+    """The default build (passes of 4 tiles, one score warp per 16 positions), passes of one tile (several
+    passes a split at these contexts, so the copies issued a pass ahead and the tables of each pass are
+    exercised), and the build whose warps 8..15 score rows 4..7."""
+    tiles, classes = request.param
+    out = tmp_path_factory.mktemp(f"long_{tiles}_{classes}")
+    return _build(out, ta.SOURCE_LONG, ELPIS_LONG_TILES=tiles, ELPIS_LONG_SCORE_CLASSES=classes)
 
 
 CASES = [
@@ -90,14 +96,39 @@ def test_zero_scales_keep_signed_zeros(served: ctypes.CDLL, long_lib: ctypes.CDL
     assert torch.equal(got.view(torch.int16), want.view(torch.int16)) and torch.equal(got_lse, want_lse)
 
 
-def test_a_wrong_fragment_is_seen(tmp_path_factory: pytest.TempPathFactory, served: ctypes.CDLL) -> None:
-    """The comparison can fail: a build whose V fragments swap two positions' values differs from the served
-    bits."""
+def test_steps_below_fp16_take_the_fp32_decoding(served: ctypes.CDLL, long_lib: ctypes.CDLL) -> None:
+    """Scales whose step (scale / 4) is not an fp16 - subnormal scales with low bits set - are decoded in
+    fp32, others in fp16 pairs; both give the served bits (scales 1..7 x 2^-24 beside normal ones)."""
+    ctx, parents = 100, [-1, 0, 1, 1]
+    masks = accept.tree_masks(parents)
+    pages = Pages(ctx + len(parents), 49)
+    tiny = torch.tensor([k * 2.0**-24 for k in range(1, 8)], dtype=torch.float16)
+    for scales in (pages.caches[1], pages.caches[3]):
+        flat = scales.view(-1)
+        flat[: flat.numel() // 2] = tiny.repeat(flat.numel() // 14 + 1)[: flat.numel() // 2]
+    q = _queries(len(parents), 49)
+    want, want_lse = attend(served, pages, q, ctx, masks.depth, masks.ancestors)
+    got, got_lse = attend(long_lib, pages, q, ctx, masks.depth, masks.ancestors)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)) and torch.equal(got_lse, want_lse)
+
+
+MUTATIONS = {
+    "K rows g and g+8 swapped": ("a[h][1] = hi[h][0];", "a[h][1] = lo[h][0];"),
+    "V positions 2t and 2t+1 swapped": ("lo.c0 | (hi.c0 << 16)", "hi.c0 | (lo.c0 << 16)"),
+    "a tile's incoming max taken after it": ("i < tile; i++) m_old", "i <= tile; i++) m_old"),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_a_wrong_fragment_is_seen(
+    tmp_path_factory: pytest.TempPathFactory, served: ctypes.CDLL, mutation: str
+) -> None:
+    """The comparison can fail: each mutant build differs from the served bits."""
+    old, new = MUTATIONS[mutation]
     source = ta.SOURCE_LONG.read_text()
-    wrong = source.replace("a[0] = pack_halves(v[0][0], v[1][0]);", "a[0] = pack_halves(v[1][0], v[0][0]);")
-    assert wrong != source
+    assert source.count(old) == 1
     path = tmp_path_factory.mktemp("long_wrong") / "tree_attention_long_wrong.cu"
-    path.write_text(wrong)
+    path.write_text(source.replace(old, new))
     lib = _build(path.parent, path)
     ctx, parents, seed = CASES[0]
     masks = accept.tree_masks(parents)
