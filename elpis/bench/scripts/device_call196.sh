@@ -4,8 +4,8 @@
 # pairs (HSUB2/HMUL2, exact whenever the step is an fp16; fp32 otherwise), each tile's incoming max folded by its
 # own score warps (no statistics pass and no barrier between the scores and P), per-tile active rows computed
 # once a pass, and one score warp per 16 positions taking every row (ELPIS_LONG_SCORE_CLASSES 1; 2 is call 195's
-# K decoded by two warps). Bits against the served build and timings, then the build with 2 classes against the
-# default, then the GPU tests.
+# K decoded by two warps). Bits against the served build and timings, then the builds with 2 classes and with 2-tile passes
+# against the default, then the GPU tests.
 LIMIT=${LIMIT:-590}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
@@ -20,7 +20,13 @@ grep -c "^#define ELPIS_LONG_SCORE_CLASSES 2$" patches/kernels/long_classes2.cu 
 echo "=== attention: long form (1 class) against 2 classes ($(left) s left)" | tee -a "$OUT/log"
 timeout -k 3 120 python3 elpis/bench/scripts/mma_vs_previous.py --new-long patches/kernels/long_classes2.cu \
   32760 262000 2>&1 | tee "$OUT/long-vs-classes2.txt" | grep -E 'timing|failures|Error|false' | tee -a "$OUT/log"
-rm -f patches/kernels/long_classes2.cu
+sed "s/^#define ELPIS_LONG_TILES 4$/#define ELPIS_LONG_TILES 2/" patches/kernels/tree_attention_long.cu \
+  > patches/kernels/long_tiles2.cu
+grep -c "^#define ELPIS_LONG_TILES 2$" patches/kernels/long_tiles2.cu | tee -a "$OUT/log"
+echo "=== attention: long form (4-tile passes) against 2-tile passes ($(left) s left)" | tee -a "$OUT/log"
+timeout -k 3 120 python3 elpis/bench/scripts/mma_vs_previous.py --new-long patches/kernels/long_tiles2.cu \
+  262000 2>&1 | tee "$OUT/long-vs-tiles2.txt" | grep -E 'timing|failures|Error|false' | tee -a "$OUT/log"
+rm -f patches/kernels/long_classes2.cu patches/kernels/long_tiles2.cu
 gpu_pytest "long form: bits against the fold build" $(( $(left) - 30 )) tests/kernels/test_tree_attention_long.py
 pack_outputs
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
