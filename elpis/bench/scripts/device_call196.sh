@@ -27,6 +27,20 @@ echo "=== attention: long form (4-tile passes) against 2-tile passes ($(left) s 
 timeout -k 3 120 python3 elpis/bench/scripts/mma_vs_previous.py --new-long patches/kernels/long_tiles2.cu \
   262000 2>&1 | tee "$OUT/long-vs-tiles2.txt" | grep -E 'timing|failures|Error|false' | tee -a "$OUT/log"
 rm -f patches/kernels/long_classes2.cu patches/kernels/long_tiles2.cu
+# Nsight Compute on one warm 262K launch of each (1 and 8 rows): why one row costs the same ~0.7 ms in two unlike
+# kernels (call 195), ~9x the 3-bit cache's read
+for spec in "long 1" "long 8" "mma 1"; do
+  set -- $spec
+  [ "$(left)" -gt 110 ] || break
+  echo "=== ncu $1, 262K, $2 rows ($(left) s left)" | tee -a "$OUT/log"
+  ELPIS_NCU_LONG=$([ "$1" = long ] && echo 1 || echo 0) timeout 90 ncu --kernel-name "regex:tree_attention_$1_split" \
+    --launch-skip 2 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    --section SchedulerStats --section WarpStateStats --section LaunchStats \
+    python3 elpis/bench/scripts/mma_ncu.py 262000 "$2" 3 > "$OUT/ncu-$1-$2.txt" 2>&1
+  echo "ncu exit $?" | tee -a "$OUT/log"
+  grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Issue Slots Busy|Warp Cycles Per Issued|No Eligible|Registers Per" \
+    "$OUT/ncu-$1-$2.txt" | head -12 | tee -a "$OUT/log"
+done
 gpu_pytest "long form: bits against the fold build" $(( $(left) - 30 )) tests/kernels/test_tree_attention_long.py
 pack_outputs
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
