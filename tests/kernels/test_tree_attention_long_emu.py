@@ -18,19 +18,13 @@ import torch
 
 from elpis import accept
 from elpis.exl3 import tree_attention as ta
-from tests.kernels import cuda_emu
 from tests.kernels.test_tree_attention_mma_emu import PARENTS, Pages, _queries, attend, check_float64
+from tests.kernels.test_tree_attention_mma_emu import _build as build_mma
 
 
 def _build(tmp: object, source: object, **extra: int) -> ctypes.CDLL:
-    defines = {"ELPIS_QCACHE_K_BITS": 3, "ELPIS_QCACHE_V_BITS": 3, "ELPIS_MMA_HADAMARD_FOLD": 1, **extra}
-    lib = cuda_emu.build_emulated(source, tmp, launches=2, needs=("verify_schedule.h",), defines=defines)
-    for name, argtypes in ta.MMA_ENTRY_ARGS.items():
-        getattr(lib, name).argtypes = list(argtypes)
-        getattr(lib, name).restype = ctypes.c_int
-    lib.elpis_tree_attention_workspace_floats.argtypes = [ctypes.c_uint32] * 3
-    lib.elpis_tree_attention_workspace_floats.restype = ctypes.c_uint64
-    return lib
+    """An emulated fold build of `source`."""
+    return build_mma(tmp, source, ELPIS_MMA_HADAMARD_FOLD=1, **extra)
 
 
 @pytest.fixture(scope="module")
