@@ -27,9 +27,6 @@ if TYPE_CHECKING:
 
 SOURCE = PATCHES_DIR / "kernels" / "tree_attention.cu"
 SOURCE_MMA = PATCHES_DIR / "kernels" / "tree_attention_mma.cu"
-# The fold build's long-context form: the same bits, the cache's values decoded straight into the tensor
-# cores' fragments (see the kernel's header).
-SOURCE_LONG = PATCHES_DIR / "kernels" / "tree_attention_long.cu"
 HEAD_DIM = 256
 Q_HEADS = 24
 KV_HEADS = 4
@@ -126,22 +123,6 @@ def _mma_library(k_bits: int, v_bits: int, pipelined: bool = True, fold: bool = 
     defines["ELPIS_MMA_PREFETCH"] = int(pipelined)
     defines["ELPIS_MMA_HADAMARD_FOLD"] = int(fold)
     return _check_bits(load_mma(defines), k_bits, v_bits)
-
-
-@lru_cache(maxsize=4)
-def _long_library(k_bits: int, v_bits: int) -> ctypes.CDLL:
-    """The long-context build of the fold kernel (`SOURCE_LONG`): the fold build's entries and bits."""
-    defines = {"ELPIS_QCACHE_K_BITS": k_bits, "ELPIS_QCACHE_V_BITS": v_bits}
-    return _check_bits(load_mma(defines, SOURCE_LONG), k_bits, v_bits)
-
-
-def _pick_library(pipelined: bool, fold: bool, long_context: bool) -> Any:
-    """The library factory (k_bits, v_bits) -> CDLL of a tensor-core call."""
-    if not long_context:
-        return partial(_mma_library, pipelined=pipelined, fold=fold)
-    if not (fold and pipelined):
-        raise ValueError("the long-context tree attention is the fold build's pipelined form: needs fold")
-    return _long_library
 
 
 def load_mma(
@@ -355,18 +336,16 @@ def tree_attention_mma(
     return_lse: bool = False,
     pipelined: bool = True,
     fold: bool | None = None,
-    long_context: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The tensor-core build (`patches/kernels/tree_attention_mma.cu`) of `tree_attention_qcache`: same
     arguments, same schedule and row invariance, one block per (split, K/V head) serving every row. P enters
     the tensor cores in fp16, so its values differ from the fp32 SIMT build in the last bits (measured
     against fp64 by the GPU tests); a row's bits still never depend on the other rows. `pipelined` False
     runs the direct staging (tests and timings only: same bits, slower). `fold` picks the build that folds
-    the cache's rotation into the queries and outputs (None: the registry switch, `hadamard_fold_default`).
-    `long_context` runs the fold build's long-context form (`SOURCE_LONG`: the same bits)."""
+    the cache's rotation into the queries and outputs (None: the registry switch, `hadamard_fold_default`)."""
     caches = (qk, sk, qv, sv)
     fold = hadamard_fold_default() if fold is None else fold
-    library = _pick_library(pipelined, fold, long_context)
+    library = partial(_mma_library, pipelined=pipelined, fold=fold)
     return _quantized_call(
         library, "elpis_tree_attention_mma", q, caches, block_table, ctx, depth, ancestors, scale,
         return_lse,
@@ -383,7 +362,6 @@ def tree_attention_mma_graph(
     *,
     scale: float = DEFAULT_SCALE,
     fold: bool | None = None,
-    long_context: bool = False,
 ) -> torch.Tensor:
     """`tree_attention_mma` in the form a CUDA graph can capture: the context length (`ctx_dev`, int32 [1])
     and the masks (`masks`, int32 [2 * rows]: depth then ancestors, as `tree_masks` gives them) are read
@@ -411,7 +389,7 @@ def tree_attention_mma_graph(
     if not (isinstance(scale, float) and math.isfinite(scale) and scale > 0.0):
         raise ValueError(f"scale must be a positive finite float, got {scale!r}")
     fold = hadamard_fold_default() if fold is None else fold
-    lib = _pick_library(True, fold, long_context)(qcache_bits("qk", qk), qcache_bits("qv", qv))
+    lib = _mma_library(qcache_bits("qk", qk), qcache_bits("qv", qv), fold=fold)
     floats = int(lib.elpis_tree_attention_workspace_floats(rows, max_ctx, rows - 1))
     workspace = torch.empty(floats, dtype=torch.float32, device=q.device)
     out = torch.empty((rows, Q_HEADS, HEAD_DIM), dtype=torch.half, device=q.device)

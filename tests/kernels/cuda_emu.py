@@ -162,10 +162,6 @@ inline __half2 __hadd2(__half2 a, __half2 b) {
 inline __half2 __hmul2(__half2 a, __half2 b) {
     return __half2{emu_h(float(a.x.v) * float(b.x.v)), emu_h(float(a.y.v) * float(b.y.v))};
 }
-inline __half2 __hsub2(__half2 a, __half2 b) {
-    return __half2{emu_h(float(a.x.v) - float(b.x.v)), emu_h(float(a.y.v) - float(b.y.v))};
-}
-inline __half2 __halves2half2(__half lo, __half hi) { return __half2{lo, hi}; }
 inline __half2 __float2half2_rn(float f) { return __half2{__float2half_rn(f), __float2half_rn(f)}; }
 inline __half __low2half(__half2 a) { return a.x; }
 inline __half __high2half(__half2 a) { return a.y; }

@@ -61,7 +61,6 @@ def c_parameter_types(source: Path, name: str) -> list[type]:
 BINDINGS = [
     *((tree_attention.SOURCE, name, args) for name, args in tree_attention.ENTRY_ARGS.items()),
     *((tree_attention.SOURCE_MMA, name, args) for name, args in tree_attention.MMA_ENTRY_ARGS.items()),
-    *((tree_attention.SOURCE_LONG, name, args) for name, args in tree_attention.MMA_ENTRY_ARGS.items()),
     *((gdn_tree.SOURCE, name, args) for name, args in gdn_tree.ENTRY_ARGS.items()),
     *((gdn_ba.SOURCE, name, args) for name, args in gdn_ba.ENTRY_ARGS.items()),
     *((round_tail.SOURCE, name, args) for name, args in round_tail.ENTRY_ARGS.items()),

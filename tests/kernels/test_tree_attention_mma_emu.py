@@ -29,11 +29,11 @@ GROUPS = ta.KV_HEADS * ta.HEAD_DIM // qr.GROUP
 PARENTS = [-1, 0, 1, 2, 3, 4, 5, 6, 7, 0, 8, 9, 10, 2, 12, 13]
 
 
-def _build(tmp: object, source: object = ta.SOURCE_MMA, **extra: int) -> ctypes.CDLL:
-    """An emulated build of a tensor-core tree attention source (the served one unless `source` says) with
-    its entries bound."""
+def _build(tmp: object, **extra: int) -> ctypes.CDLL:
     defines = {"ELPIS_QCACHE_K_BITS": BITS, "ELPIS_QCACHE_V_BITS": BITS, **extra}
-    lib = cuda_emu.build_emulated(source, tmp, launches=2, needs=("verify_schedule.h",), defines=defines)
+    lib = cuda_emu.build_emulated(
+        ta.SOURCE_MMA, tmp, launches=2, needs=("verify_schedule.h",), defines=defines
+    )
     for name, argtypes in ta.MMA_ENTRY_ARGS.items():
         getattr(lib, name).argtypes = list(argtypes)
         getattr(lib, name).restype = ctypes.c_int

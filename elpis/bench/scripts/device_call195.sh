@@ -1,4 +1,5 @@
 #!/bin/bash
+# Runs at 5c5e0e4 or earlier only: the long form was removed after call 196 (bench/results/tree/README.md, session 48).
 # Call 195 (session 48; a fresh machine, LIMIT ~590): the long-context form of the fold build's tree attention
 # (patches/kernels/tree_attention_long.cu: the cache's values decoded straight into the tensor cores' fragments,
 # 128-position passes, cp.async staging of the packed words). The emulated tests compare it with the served fold

@@ -1,4 +1,5 @@
 #!/bin/bash
+# Runs at 5c5e0e4 or earlier only: the long form was removed after call 196 (bench/results/tree/README.md, session 48).
 # Call 196 (session 48; a fresh machine): the long-context tree attention after call 195 found it slower than the
 # served fold build at 8-16 rows (262K, 8 rows: 1.20 against 0.91 ms). Changed since: K and V decoded in fp16
 # pairs (HSUB2/HMUL2, exact whenever the step is an fp16; fp32 otherwise), each tile's incoming max folded by its

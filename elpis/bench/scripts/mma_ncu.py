@@ -2,14 +2,12 @@
 
 Fills a quantized cache of `ctx` positions (tests/kernels/tree_cases.QuantPool), then calls
 `tree_attention_mma` `calls` times with `rows` tree rows, so that `ncu --kernel-name regex:mma_split
---launch-skip N` can profile one warm launch. With ELPIS_NCU_LONG=1 the calls run the long-context form
-(kernel tree_attention_long_split). Usage (repo root, after `make build`):
+--launch-skip N` can profile one warm launch. Usage (repo root, after `make build`):
   ncu ... python3 elpis/bench/scripts/mma_ncu.py [ctx] [rows] [calls]
 """
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 
@@ -34,9 +32,8 @@ def main(ctx: int, rows: int, calls: int) -> None:
         masks.depth,
         masks.ancestors,
     )
-    long_context = os.environ.get("ELPIS_NCU_LONG") == "1"
     for _ in range(calls):
-        ta.tree_attention_mma(q, *args, long_context=long_context)
+        ta.tree_attention_mma(q, *args)
     torch.cuda.synchronize()
     print(f"mma_ncu: {calls} calls at ctx {ctx}, {rows} rows", flush=True)
 

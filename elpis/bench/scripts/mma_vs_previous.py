@@ -6,11 +6,8 @@ builds get the same quantized cache (tests/kernels/tree_cases.QuantPool) and que
 log-sum-exps are compared bit for bit; then both are timed (median of CUDA-event times) from 32K on, with 1, 8
 and 16 rows. Contexts given on the command line replace the default four (1000, 4093, 32760, 131050); one
 past 131050 is checked with 1, 8 and 16 rows only.
-With --new-long the new side is the long-context form of the fold build (tree_attention_long.cu, the same
-bits by design) and PREVIOUS is normally the served source (patches/kernels/tree_attention_mma.cu).
 Prints one JSON line per check and exits non-zero on any difference.
-Usage (repo root, after `make build`):
-    python3 elpis/bench/scripts/mma_vs_previous.py [--new-long] PREVIOUS.cu [CTX ...]
+Usage (repo root, after `make build`): python3 elpis/bench/scripts/mma_vs_previous.py PREVIOUS.cu [CTX ...]
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ from __future__ import annotations
 import json
 import random
 import sys
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -28,7 +24,7 @@ from elpis.exl3 import tree_attention as ta
 from tests.kernels import tree_cases as tc
 
 
-def main(previous: Path, contexts: list[int], new_long: bool = False) -> int:
+def main(previous: Path, contexts: list[int]) -> int:
     lib = ta.load_mma({"ELPIS_QCACHE_K_BITS": 3, "ELPIS_QCACHE_V_BITS": 3}, previous)
 
     def prev(q, *a, return_lse=False):
@@ -38,7 +34,7 @@ def main(previous: Path, contexts: list[int], new_long: bool = False) -> int:
             lambda k, v: lib, entry, q, caches, table, ctx, depth, ancestors, ta.DEFAULT_SCALE, return_lse
         )
 
-    new = partial(ta.tree_attention_mma, long_context=True) if new_long else ta.tree_attention_mma
+    new = ta.tree_attention_mma
     failures = 0
     for ctx in contexts or [1000, 4093, 32760, 131050]:
         pool = tc.QuantPool(ctx + 16, seed=ctx + 3)
@@ -76,7 +72,4 @@ def main(previous: Path, contexts: list[int], new_long: bool = False) -> int:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    new_long = "--new-long" in args
-    args = [a for a in args if a != "--new-long"]
-    sys.exit(main(Path(args[0]), [int(c) for c in args[1:]], new_long))
+    sys.exit(main(Path(sys.argv[1]), [int(c) for c in sys.argv[2:]]))
