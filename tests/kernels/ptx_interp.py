@@ -367,11 +367,10 @@ class Machine:
     def symbol(self, entry: Entry, contains: str, dynamic_shared: int = 0) -> tuple[int, int]:
         """(address, bytes) of the shared variable of `entry` whose name contains `contains` (exactly one),
         where every block run of the entry with `dynamic_shared` bytes of dynamic shared memory places it."""
-        _, decls = self._shared_frame(entry, dynamic_shared)
+        frame, decls = self._shared_frame(entry, dynamic_shared)
         found = [d for d in decls if contains in d[1]]
         if len(found) != 1:
             raise KeyError(f"{entry.name}: {len(found)} shared variables named like {contains!r}")
-        frame, _ = self._shared_frame(entry, dynamic_shared)
         return frame[found[0][1]], found[0][3]
 
     def _shared_frame(
@@ -736,10 +735,11 @@ def _where(ins: Instruction | None) -> str:
 
 
 class _Scheduler:
-    """Runs every thread of a block until it exits or stops at a barrier or shuffle, then resolves those: a
-    shuffle once every lane its mask names is at it, a barrier once every thread is. For code without races
-    (which the block's detector checks) any order of the threads between these points gives the same result,
-    so running them one after another in thread order is exact."""
+    """Runs every thread of a block until it exits or stops at a barrier, shuffle, ldmatrix or mma, then
+    resolves those: a shuffle once every lane its mask names is at it, ldmatrix and mma once the whole warp
+    is, a barrier once every thread is. For code without races (which the block's detector checks) any
+    order of the threads between these points gives the same result, so running them one after another in
+    thread order is exact."""
 
     def __init__(self, threads: list[_Thread], block: _Block, max_steps: int) -> None:
         self.threads, self.block, self.max_steps = threads, block, max_steps
@@ -957,8 +957,8 @@ def _mma(warp: list[_Thread], ins: Instruction) -> None:
     a = np.zeros((16, 16))
     b = np.zeros((16, 8))
     c = np.zeros((16, 8))
-    for lane, th in enumerate(warp):
-        places = mma_fragment_places(lane)
+    places_of = [mma_fragment_places(lane) for lane in range(32)]
+    for th, places in zip(warp, places_of, strict=True):
         halves = [(th.value(r) >> (16 * h)) & 0xFFFF for r in a_ops for h in (0, 1)]
         for (i, j), bits in zip(places["a"], halves, strict=True):
             a[i, j] = _to_float(bits, 16)
@@ -968,8 +968,8 @@ def _mma(warp: list[_Thread], ins: Instruction) -> None:
         for (i, j), r in zip(places["d"], c_ops, strict=True):
             c[i, j] = _to_float(th.value(r), 32)
     d = mma_reference(a, b, c)
-    for lane, th in enumerate(warp):
-        for (i, j), r in zip(mma_fragment_places(lane)["d"], d_ops, strict=True):
+    for th, places in zip(warp, places_of, strict=True):
+        for (i, j), r in zip(places["d"], d_ops, strict=True):
             th.set(r, d[i][j])
 
 
