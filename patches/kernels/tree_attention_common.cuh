@@ -32,7 +32,14 @@ constexpr uint32_t kKvHeads = 4;
 constexpr uint32_t kGroup = kQHeads / kKvHeads;  // query heads per K/V head
 constexpr uint32_t kPage = 256;                  // cache positions per page
 constexpr uint32_t kSplit = ELPIS_SCHED_SPLIT_SIZE;  // the longest split
+// Rows a call serves: the schedule's 16, or fewer in a build that trades them for registers (ELPIS_BUILD_MAX_ROWS,
+// tree_attention_mma.cu's 8-row build). A row's arithmetic does not depend on it.
+#ifdef ELPIS_BUILD_MAX_ROWS
+constexpr uint32_t kMaxRows = ELPIS_BUILD_MAX_ROWS;
+static_assert(kMaxRows >= 1 && kMaxRows <= ELPIS_SCHED_MAX_ROWS, "a build serves at most the schedule's rows");
+#else
 constexpr uint32_t kMaxRows = ELPIS_SCHED_MAX_ROWS;
+#endif
 constexpr uint32_t kFull = 0xffffffffu;
 constexpr uint32_t kMaxGridY = 65535;  // splits per call (elpis/exl3/tree_attention.py: MAX_SPAN)
 

@@ -65,9 +65,22 @@ constexpr uint32_t kRowChunk = 4;             // rows per step of the output loo
 #endif
 constexpr bool kFold = ELPIS_MMA_HADAMARD_FOLD != 0;
 
+// ELPIS_MMA_MIN_BLOCKS (1 unless the build asks): blocks a multiprocessor should hold at once, the launch bound
+// that caps registers a thread (65,536 / (512 x 2) = 64 for 2). The served 16-row build needs 128, so one block
+// an SM; an 8-row build (ELPIS_BUILD_MAX_ROWS 8, half the output accumulators) can ask for 2 where shared memory
+// allows it (H100 / H200: 2 x ~67 KB; an RTX 3090's 100 KB an SM holds one). Same instructions on a row's
+// operands either way, so the same bits.
+// (Unset, the bound names no block count: ptxas allocates differently once it is given one, even 1.)
+#if defined(ELPIS_MMA_MIN_BLOCKS) && ELPIS_MMA_MIN_BLOCKS > 1
+#define ELPIS_MMA_BOUNDS __launch_bounds__(kThreads, ELPIS_MMA_MIN_BLOCKS)
+#else
+#define ELPIS_MMA_BOUNDS __launch_bounds__(kThreads)
+#endif
+
 // Every boundary is a multiple of the shortest split (law splits_fit_the_kernels).
 static_assert(ELPIS_SCHED_SPLIT_MIN % kTile == 0, "tiles never straddle a split");
-static_assert(kTile == 32 && kMaxRows == 16 && kGroup <= kQPad && kWarps == 16, "the warp layout below");
+static_assert(kTile == 32 && kMaxRows % kRowChunk == 0 && kMaxRows <= 16 && kGroup <= kQPad && kWarps == 16,
+              "the warp layout below");
 
 // Dynamic shared memory (bytes). Staged K and V rows, [kKVRows][kKStride] position-major: a tile below ctx
 // keeps K in rows 0..31 and V in rows 32..63 (so that one can be staged while the other is read, see run_tile);
@@ -383,7 +396,7 @@ __device__ __forceinline__ Packed<kBits> fetch_ahead(const uint32_t* __restrict_
 // dequantise V meanwhile, one whole group a thread.
 constexpr uint32_t kScoreWarps = kWarps / 2;
 static_assert(kTile * kQGroupsPerHead == (kWarps - kScoreWarps) * 32, "one V group per staging thread");
-static_assert(kMaxRows == 2 * kScoreWarps, "a score warp's rows: one, or two past 8 rows");
+static_assert(kMaxRows <= 2 * kScoreWarps, "a score warp's rows: one, or two past 8 rows");
 
 // The group a V-staging thread (warp >= kScoreWarps) stages: staged row `row` of the tile, head-dim group `grp`.
 __device__ __forceinline__ void group_item(uint32_t& row, uint32_t& grp) {
@@ -468,7 +481,7 @@ struct TileRows {
 __device__ __forceinline__ TileRows tile_rows(uint32_t warp, uint32_t n) {
     TileRows w;
     w.mt = warp & 1u;
-    w.pair = n > kMaxRows / 2;
+    w.pair = n > kWarps / 2;
     w.r0 = w.pair ? 2u * (warp >> 1) : warp >> 1;
     w.nr = w.pair ? 2u : 1u;
     return w;
@@ -704,7 +717,7 @@ __device__ __forceinline__ void score_softmax(const Block& b, uint32_t r0, uint3
 // past 8 rows (the second past n when n is odd).
 __device__ __forceinline__ void score_softmax_rows(const Block& b, uint32_t warp, uint32_t n, uint32_t t0,
                                                    float scale) {
-    const bool pair = n > kMaxRows / 2;
+    const bool pair = n > kScoreWarps;
     const uint32_t r0 = pair ? 2u * warp : warp;
     if (pair && r0 + 1u < n)
         score_softmax<true>(b, r0, t0, scale);
@@ -790,8 +803,8 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     // Each (row, position) of the tile looks its staged row up once, here, one per thread: the tail paths
     // below then read a table instead of inlining the slot map (a 16-step walk of the ancestor mask) at
     // every use.
-    static_assert(kMaxRows * kTile == kThreads && kZeroRow < 256, "one table entry per thread, in a byte");
-    {
+    static_assert(kMaxRows * kTile <= kThreads && kZeroRow < 256, "one table entry per thread, in a byte");
+    if (kMaxRows * kTile == kThreads || tid < kMaxRows * kTile) {
         const uint32_t r = tid / kTile, i = tid % kTile;
         b.srow[tid] = static_cast<uint8_t>(((active >> r) & 1u) ? staged_row(b, r, t0 + i, t0, ctx) : kZeroRow);
     }
@@ -855,7 +868,7 @@ __device__ __forceinline__ void stage_folded_queries(const Block& b, const __hal
 // One block: split `gridDim.y - 1 - blockIdx.y`, K/V head `blockIdx.x`, rows blockIdx.z + lr * gridDim.z whose
 // span reaches the split. Writes the split's partial (max, sum, acc[256]) per (row, query head), as
 // tree_attention.cu does.
-__global__ void __launch_bounds__(kThreads) tree_attention_mma_split(
+__global__ void ELPIS_MMA_BOUNDS tree_attention_mma_split(
     const __half* __restrict__ q, const uint32_t* __restrict__ qk, const __half* __restrict__ sk,
     const uint32_t* __restrict__ qv, const __half* __restrict__ sv, const int32_t* __restrict__ block_table,
     const uint32_t* __restrict__ depth, const uint32_t* __restrict__ ancestors, uint32_t rows, const CtxArg ctx_arg,

@@ -246,3 +246,50 @@ def test_pipelined_staging_keeps_the_direct_stagings_bits(
     assert torch.isfinite(out).all()
     assert torch.equal(out.view(torch.int16), want.view(torch.int16))
     assert torch.equal(lse, want_lse)
+
+
+@pytest.fixture(scope="module")
+def rows8_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The 8-row build (ELPIS_BUILD_MAX_ROWS=8: half the output accumulators, for two blocks an SM)."""
+    return _build(tmp_path_factory.mktemp("tree_attention_mma_emu_rows8"), ELPIS_BUILD_MAX_ROWS=8)
+
+
+@pytest.mark.parametrize(
+    ("ctx", "parents", "seed", "sms"),
+    [
+        (70, [-1, 0, 1, 0, 3, 4], 41, 1),  # two shared tiles, then tails in the third
+        (31, [-1, 0, 0, 1], 42, 1),  # the first tile is already the tail
+        (129, [-1], 43, 1),  # one row, five tiles
+        (200, PARENTS[:8], 44, 1),  # 8 rows over two splits of 128
+        (90, PARENTS[:8], 45, 24),  # the rows dealt to several blocks per (split, head)
+    ],
+)
+def test_eight_row_build_keeps_the_served_bits(
+    lib: ctypes.CDLL, rows8_lib: ctypes.CDLL, ctx: int, parents: list[int], seed: int, sms: int
+) -> None:
+    """A build for at most 8 rows (one row a score warp, never two) gives each row the served build's bits."""
+    masks = accept.tree_masks(parents)
+    pages = Pages(ctx + len(parents), seed)
+    q = _queries(len(parents), seed)
+    for build in (lib, rows8_lib):
+        build.emu_set_sms(sms)
+    try:
+        out, lse = attend(rows8_lib, pages, q, ctx, masks.depth, masks.ancestors)
+        want, want_lse = attend(lib, pages, q, ctx, masks.depth, masks.ancestors)
+    finally:
+        for build in (lib, rows8_lib):
+            build.emu_set_sms(1)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(lse, want_lse)
+
+
+def test_eight_row_build_refuses_nine_rows(lib: ctypes.CDLL, rows8_lib: ctypes.CDLL) -> None:
+    """Past its rows the 8-row build refuses the call (cudaErrorInvalidValue) before it reads a pointer."""
+    def call(build: ctypes.CDLL, rows: int) -> int:
+        return build.elpis_tree_attention_mma(
+            *([None] * 8), rows, 30, 0, ta.DEFAULT_SCALE, None, None, None, 0, None
+        )
+
+    assert call(rows8_lib, 9) == 1 and call(rows8_lib, 16) == 1
+    assert call(lib, 17) == 1  # the served build's own limit, by the same check
