@@ -1010,14 +1010,19 @@ uint32_t row_groups(uint32_t rows, uint32_t max_splits) {
     return fit < 1u ? 1u : (fit > rows ? rows : fit);
 }
 
+// The split kernel's shared-memory opt-in, once per process; 0 or a cudaError_t.
+int allow_split_smem() {
+    static bool done = false;
+    return allow_dynamic_smem(tree_attention_mma_split, kSmemBytes, done);
+}
+
 // Both entries: `max_splits` (the grid and the partial buffers' stride) covers every row's span.
 int launch_mma(const void* q, const void* qk, const void* sk, const void* qv, const void* sv,
                const int32_t* block_table, const uint32_t* depth, const uint32_t* ancestors, uint32_t rows,
                const CtxArg ctx, uint32_t max_splits, float scale, void* out, float* lse, float* workspace,
                cudaStream_t s) {
     if (max_splits > kMaxGridY) return static_cast<int>(cudaErrorInvalidValue);
-    static bool smem_set = false;
-    if (const int err = allow_dynamic_smem(tree_attention_mma_split, kSmemBytes, smem_set)) return err;
+    if (const int err = allow_split_smem()) return err;
     float* part_acc = workspace;
     float* part_ml = workspace + static_cast<uint64_t>(rows) * kQHeads * max_splits * kHeadDim;
     tree_attention_mma_split<<<dim3(kKvHeads, max_splits, row_groups(rows, max_splits)), kThreads, kSmemBytes, s>>>(
@@ -1036,6 +1041,21 @@ extern "C" {
 uint32_t elpis_tree_attention_qcache_bits(void) { return kKBits * 16u + kVBits; }
 
 uint32_t elpis_tree_attention_mma_smem_bytes(void) { return static_cast<uint32_t>(kSmemBytes); }
+
+// The rows a call of this build may have (ELPIS_BUILD_MAX_ROWS, or the schedule's 16).
+uint32_t elpis_tree_attention_mma_max_rows(void) { return kMaxRows; }
+
+#ifndef ELPIS_CUDA_EMU
+// Blocks of the split kernel one multiprocessor of the current GPU holds at once (its registers and shared
+// memory), or a negative cudaError_t: a build asking for two is worth serving only where it gets them.
+int elpis_tree_attention_mma_blocks_per_sm(void) {
+    if (const int err = allow_split_smem()) return -err;
+    int blocks = 0;
+    const cudaError_t err =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, tree_attention_mma_split, kThreads, kSmemBytes);
+    return err == cudaSuccess ? blocks : -static_cast<int>(err);
+}
+#endif
 
 #ifdef ELPIS_MMA_CLOCKS
 // The diagnostic build's counters (see ELPIS_PHASE): copied to `out` [kClockSlots], then zeroed.

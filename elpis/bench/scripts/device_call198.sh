@@ -16,7 +16,7 @@ variant() {  # NAME MAX_ROWS DEFINE...
   echo "=== $name ($(left) s left)" | tee -a "$OUT/log"
   timeout -k 3 $(( $(left) - 20 )) python3 elpis/bench/scripts/mma_vs_previous.py patches/kernels/tree_attention_mma.cu \
     1000 4093 32760 131050 262000 --max-rows "$rows" "${defs[@]}" 2>&1 | tee "$OUT/$name.txt" \
-    | grep -E 'timing|failures|Error|false' | tee -a "$OUT/log"
+    | grep -E 'timing|failures|Error|false|blocks per' | tee -a "$OUT/log"
 }
 variant rows8-min2 8 ELPIS_BUILD_MAX_ROWS=8 ELPIS_MMA_MIN_BLOCKS=2
 variant rows8-min1 8 ELPIS_BUILD_MAX_ROWS=8

@@ -30,6 +30,12 @@ from tests.kernels import tree_cases as tc
 
 def main(previous: Path, contexts: list[int], defines: dict[str, int], max_rows: int = 16) -> int:
     lib = ta.load_mma({"ELPIS_QCACHE_K_BITS": 3, "ELPIS_QCACHE_V_BITS": 3, **defines}, previous)
+    served = ta._mma_library(3, 3, fold=ta.hadamard_fold_default())
+    occupancy = {}
+    for name, build in (("served", served), ("other", lib)):
+        if hasattr(build, "elpis_tree_attention_mma_blocks_per_sm"):  # sources from session 49 on
+            occupancy[name] = int(build.elpis_tree_attention_mma_blocks_per_sm())
+    print(json.dumps({"check": "blocks per multiprocessor", "defines": defines, **occupancy}), flush=True)
 
     def prev(q, *a, return_lse=False):
         caches, table, ctx, depth, ancestors = a[:4], a[4], a[5], a[6], a[7]
