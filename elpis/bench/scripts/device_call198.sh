@@ -4,7 +4,8 @@
 # ELPIS_MMA_MIN_BLOCKS; bench/results/tree/README.md, session 48: the served kernel runs latency-bound at a
 # quarter occupancy). For each build, mma_vs_previous.py against the served one: bits at 1K-262K with the rows it
 # serves (random trees), then both timed at 32K, 128K and 262K (median of 30 CUDA-event times). The CPU
-# emulation already found the 8-row build's bits equal (tests/kernels/test_tree_attention_mma_emu.py).
+# emulation already found the 8-row build's bits equal (tests/kernels/test_tree_attention_mma_emu.py). Last, the
+# served pick's GPU test (ROW_BUILDS against the 16-row build, occupancy, timing).
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
 LIMIT=${LIMIT:-330}
 T0=$(date +%s)
@@ -24,5 +25,7 @@ variant rows4-min2 4 ELPIS_BUILD_MAX_ROWS=4 ELPIS_MMA_MIN_BLOCKS=2
 variant rows8-min2-direct 8 ELPIS_BUILD_MAX_ROWS=8 ELPIS_MMA_MIN_BLOCKS=2 ELPIS_MMA_PREFETCH=0
 variant rows4-min3 4 ELPIS_BUILD_MAX_ROWS=4 ELPIS_MMA_MIN_BLOCKS=3
 variant rows8-min3 8 ELPIS_BUILD_MAX_ROWS=8 ELPIS_MMA_MIN_BLOCKS=3
+gpu_pytest "row builds against the 16-row build" $(( $(left) - 15 )) \
+  "tests/kernels/test_tree_attention_mma.py::test_row_builds_keep_the_16_row_builds_bits"
 pack_outputs
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
