@@ -1,5 +1,5 @@
 #!/bin/bash
-# Call 198 (session 49; a fresh machine, LIMIT ~290): builds of the served tree attention (fold) for fewer rows
+# Call 198 (session 49; a fresh machine, LIMIT ~230): builds of the served tree attention (fold) for fewer rows
 # a block, traded for registers so that two or three blocks share a multiprocessor (ELPIS_BUILD_MAX_ROWS,
 # ELPIS_MMA_MIN_BLOCKS; bench/results/tree/README.md, session 48: the served kernel runs latency-bound at a
 # quarter occupancy). For each build, mma_vs_previous.py against the served one: bits at 1K-262K with the rows it
@@ -7,7 +7,7 @@
 # emulation already found the 8-row build's bits equal (tests/kernels/test_tree_attention_mma_emu.py). Last, the
 # served pick's GPU test (ROW_BUILDS against the 16-row build, occupancy, timing).
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
-LIMIT=${LIMIT:-290}
+LIMIT=${LIMIT:-230}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
 build_once
@@ -22,7 +22,6 @@ variant() {  # NAME MAX_ROWS DEFINE...
 variant rows8-min2 8 ELPIS_BUILD_MAX_ROWS=8 ELPIS_MMA_MIN_BLOCKS=2
 variant rows8-min1 8 ELPIS_BUILD_MAX_ROWS=8
 variant rows4-min2 4 ELPIS_BUILD_MAX_ROWS=4 ELPIS_MMA_MIN_BLOCKS=2
-variant rows8-min2-direct 8 ELPIS_BUILD_MAX_ROWS=8 ELPIS_MMA_MIN_BLOCKS=2 ELPIS_MMA_PREFETCH=0
 gpu_pytest "row builds against the 16-row build" $(( $(left) - 15 )) \
   "tests/kernels/test_tree_attention_mma.py::test_row_builds_keep_the_16_row_builds_bits"
 pack_outputs
