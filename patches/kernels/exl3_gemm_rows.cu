@@ -703,8 +703,13 @@ __device__ __forceinline__ Place place_of(const Members& members, uint32_t nb, u
 // ([slots][m][128] floats: the pairs (block, n-block) lie on a monotone staircase, so b + nb is unique) and the
 // last to arrive (counted in `counters`, one zero word per n-block, left zero again) sums them in ascending block
 // order and finishes it. Two blocks per multiprocessor (the grid is one wave of them): up to 128 registers.
+// ELPIS_GEMM_MIN_BLOCKS (2 unless a diagnostic build asks): the launch bound's blocks a multiprocessor, which sets the
+// registers a thread (65,536 / (256 x 2) = 128) and, through resident_blocks, the stream-K grid.
+#ifndef ELPIS_GEMM_MIN_BLOCKS
+#define ELPIS_GEMM_MIN_BLOCKS 2
+#endif
 template <int kRH, int kBits>
-__global__ void __launch_bounds__(256, 2)
+__global__ void __launch_bounds__(256, ELPIS_GEMM_MIN_BLOCKS)
     rows_gemm_kernel(const uint2* __restrict__ a_frag, const Members members, uint32_t m, uint32_t k,
                      float* __restrict__ workspace, uint32_t* __restrict__ counters) {
     __shared__ float red[kWarps][8][kRedStride];
