@@ -125,9 +125,6 @@ NEUTRAL_PATCHES: dict[str, str] = {
     "exl3-mlp-act-input": "the down projection's input launch computes ExLlamaV3's fp16 SiLU-and-multiply "
     "with the same operations and writes its activation; the GEMM is the same (CPU emulation; the GPU checks "
     "are test_rows_gemm.py's and test_rows_gemm_patch.py's silu-mul tests)",
-    "exl3-attn-row-builds": "attention calls of at most 8 rows run a build for 8 rows a block with a "
-    "64-register bound: the same instructions on each row's operands, so each row's bits (CPU emulation; "
-    "the GPU check is test_tree_attention_mma.py's row-builds test)",
     "exl3-norm-input": "the group's input launch computes ExLlamaV3's RMSNorm with its operations in its "
     "order and writes its output; the GEMM is the same (CPU emulation; the GPU checks are "
     "test_rows_gemm.py's and test_rows_gemm_patch.py's norm-input tests)",

@@ -114,77 +114,15 @@ def hadamard_fold_default() -> bool:
     return patches.enabled(FOLD_PATCH)
 
 
-@lru_cache(maxsize=16)
-def _mma_library(
-    k_bits: int,
-    v_bits: int,
-    pipelined: bool = True,
-    fold: bool = False,
-    max_rows: int = MAX_ROWS,
-    min_blocks: int = 1,
-) -> ctypes.CDLL:
+@lru_cache(maxsize=8)
+def _mma_library(k_bits: int, v_bits: int, pipelined: bool = True, fold: bool = False) -> ctypes.CDLL:
     """The tensor-core build; `pipelined` False builds the direct staging the pipelined one replaced (same
     bits, kept to prove that on the GPU and to time the two side by side); `fold` builds the kernel that
-    folds the cache's rotation into the queries and outputs (other rounding: served only under its switch);
-    `max_rows` < 16 and `min_blocks` > 1 build a block for fewer rows that asks for more blocks a
-    multiprocessor (ROW_BUILDS: same bits)."""
+    folds the cache's rotation into the queries and outputs (other rounding: served only under its switch)."""
     defines = {"ELPIS_QCACHE_K_BITS": k_bits, "ELPIS_QCACHE_V_BITS": v_bits}
     defines["ELPIS_MMA_PREFETCH"] = int(pipelined)
     defines["ELPIS_MMA_HADAMARD_FOLD"] = int(fold)
-    if max_rows != MAX_ROWS:
-        defines["ELPIS_BUILD_MAX_ROWS"] = max_rows
-    if min_blocks > 1:
-        defines["ELPIS_MMA_MIN_BLOCKS"] = min_blocks
     return _check_bits(load_mma(defines), k_bits, v_bits)
-
-
-# Builds for fewer rows a block, (rows, blocks a multiprocessor it asks for), fewest rows first: half the
-# output accumulators let a block live on 64 registers a thread, so two blocks share a multiprocessor where
-# its shared memory holds them (H100 / H200; an RTX 3090's 100 KB holds one). A call takes the first that
-# holds its rows and gets its blocks on this GPU, else the 16-row build. A row's bits are the same in every
-# build (GPU test: tests/kernels/test_tree_attention_mma.py). Registry switch ROW_BUILDS_PATCH.
-ROW_BUILDS: tuple[tuple[int, int], ...] = ((8, 2),)
-ROW_BUILDS_PATCH = "exl3-attn-row-builds"
-
-
-@lru_cache(maxsize=1)
-def row_builds_enabled() -> bool:
-    """The registry switch exl3-attn-row-builds, read once per process."""
-    from elpis.exl3 import patches
-
-    return patches.enabled(ROW_BUILDS_PATCH)
-
-
-def pick_row_build(rows: int, blocks_per_sm: Any) -> tuple[int, int]:
-    """(rows, blocks) of the build a call of `rows` rows runs: the first of ROW_BUILDS holding `rows` for
-    which `blocks_per_sm(rows, blocks)` (the build's blocks a multiprocessor on this GPU) reaches its
-    blocks, else the 16-row build, (16, 1)."""
-    if not 1 <= rows <= MAX_ROWS:
-        raise ValueError(f"tree attention takes 1..{MAX_ROWS} rows, got {rows}")
-    for build_rows, blocks in ROW_BUILDS:
-        if rows <= build_rows and blocks_per_sm(build_rows, blocks) >= blocks:
-            return build_rows, blocks
-    return MAX_ROWS, 1
-
-
-@lru_cache(maxsize=64)
-def served_mma_library(
-    rows: int, k_bits: int, v_bits: int, fold: bool, pipelined: bool = True
-) -> ctypes.CDLL:
-    """The tensor-core build that serves a call of `rows` rows (pick_row_build, under its switch), picked
-    once per process and argument set (a process serves one GPU model)."""
-    build_rows, blocks = MAX_ROWS, 1
-    if row_builds_enabled():
-
-        def occupancy(r: int, b: int) -> int:
-            lib = _mma_library(k_bits, v_bits, pipelined, fold, r, b)
-            got = int(lib.elpis_tree_attention_mma_blocks_per_sm())
-            if got < 0:
-                raise RuntimeError(f"tree attention {r}-row build: occupancy query failed, CUDA error {-got}")
-            return got
-
-        build_rows, blocks = pick_row_build(rows, occupancy)
-    return _mma_library(k_bits, v_bits, pipelined, fold, build_rows, blocks)
 
 
 def load_mma(
@@ -407,7 +345,7 @@ def tree_attention_mma(
     the cache's rotation into the queries and outputs (None: the registry switch, `hadamard_fold_default`)."""
     caches = (qk, sk, qv, sv)
     fold = hadamard_fold_default() if fold is None else fold
-    library = partial(served_mma_library, len(depth), fold=fold, pipelined=pipelined)
+    library = partial(_mma_library, pipelined=pipelined, fold=fold)
     return _quantized_call(
         library, "elpis_tree_attention_mma", q, caches, block_table, ctx, depth, ancestors, scale,
         return_lse,
@@ -451,7 +389,7 @@ def tree_attention_mma_graph(
     if not (isinstance(scale, float) and math.isfinite(scale) and scale > 0.0):
         raise ValueError(f"scale must be a positive finite float, got {scale!r}")
     fold = hadamard_fold_default() if fold is None else fold
-    lib = served_mma_library(rows, qcache_bits("qk", qk), qcache_bits("qv", qv), fold)
+    lib = _mma_library(qcache_bits("qk", qk), qcache_bits("qv", qv), fold=fold)
     floats = int(lib.elpis_tree_attention_workspace_floats(rows, max_ctx, rows - 1))
     workspace = torch.empty(floats, dtype=torch.float32, device=q.device)
     out = torch.empty((rows, Q_HEADS, HEAD_DIM), dtype=torch.half, device=q.device)

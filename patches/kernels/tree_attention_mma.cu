@@ -65,11 +65,12 @@ constexpr uint32_t kRowChunk = 4;             // rows per step of the output loo
 #endif
 constexpr bool kFold = ELPIS_MMA_HADAMARD_FOLD != 0;
 
-// ELPIS_MMA_MIN_BLOCKS (1 unless the build asks): blocks a multiprocessor should hold at once, the launch bound
-// that caps registers a thread (65,536 / (512 x 2) = 64 for 2). The served 16-row build needs 128, so one block
-// an SM; an 8-row build (ELPIS_BUILD_MAX_ROWS 8, half the output accumulators) can ask for 2 where shared memory
-// allows it (H100 / H200: 2 x ~67 KB; an RTX 3090's 100 KB an SM holds one). Same instructions on a row's
-// operands either way, so the same bits.
+// ELPIS_MMA_MIN_BLOCKS (1 unless a diagnostic build asks): blocks a multiprocessor should hold at once, the launch
+// bound that caps registers a thread (65,536 / (512 x 2) = 64 for 2). The served 16-row build needs 128, so one
+// block an SM; an 8-row build (ELPIS_BUILD_MAX_ROWS 8, half the output accumulators) can ask for 2 where shared
+// memory allows it (H100 / H200: 2 x ~67 KB; an RTX 3090's 100 KB an SM holds one). Same instructions on a row's
+// operands either way, so the same bits. Measured in session 49 (H100): two blocks an SM, but 64 registers spill
+// ~370 bytes a thread, and at 8 rows it was 5 % slower at 262K (bench/results/tree/README.md); not served.
 // (Unset, the bound names no block count: ptxas allocates differently once it is given one, even 1.)
 #if defined(ELPIS_MMA_MIN_BLOCKS) && ELPIS_MMA_MIN_BLOCKS > 1
 #define ELPIS_MMA_BOUNDS __launch_bounds__(kThreads, ELPIS_MMA_MIN_BLOCKS)

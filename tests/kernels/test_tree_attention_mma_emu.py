@@ -294,39 +294,3 @@ def test_eight_row_build_refuses_nine_rows(lib: ctypes.CDLL, rows8_lib: ctypes.C
     assert call(rows8_lib, 9) == 1 and call(rows8_lib, 16) == 1
     assert call(lib, 17) == 1  # the served build's own limit, by the same check
 
-
-def test_pick_row_build_takes_the_first_build_that_gets_its_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The served pick: the fewest-row build that holds the call's rows and gets its blocks on the GPU, else
-    the 16-row build; rows outside 1..16 are refused."""
-    monkeypatch.setattr(ta, "ROW_BUILDS", ((4, 3), (8, 2)))
-    asked: list[tuple[int, int]] = []
-
-    def gpu(holds: dict[int, int]):
-        def blocks_per_sm(rows: int, blocks: int) -> int:
-            asked.append((rows, blocks))
-            return holds[rows]
-
-        return blocks_per_sm
-
-    assert ta.pick_row_build(3, gpu({4: 3, 8: 2})) == (4, 3)
-    assert ta.pick_row_build(4, gpu({4: 2, 8: 2})) == (8, 2)  # the 4-row build gets 2 of its 3 blocks
-    assert ta.pick_row_build(8, gpu({4: 3, 8: 2})) == (8, 2)
-    assert ta.pick_row_build(8, gpu({4: 3, 8: 1})) == (16, 1)  # an RTX 3090's shared memory holds one
-    assert ta.pick_row_build(9, gpu({4: 3, 8: 2})) == (16, 1)
-    assert (4, 3) not in asked[-2:]  # 8 and 9 rows never ask the 4-row build
-    for rows in (0, 17):
-        with pytest.raises(ValueError, match=r"1\.\.16 rows"):
-            ta.pick_row_build(rows, gpu({4: 3, 8: 2}))
-
-
-def test_row_builds_switch_off_serves_the_16_row_build(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With exl3-attn-row-builds off no row build is asked for its occupancy or built."""
-    monkeypatch.setenv("ELPIS_PATCH_ATTN_ROW_BUILDS", "0")
-    ta.row_builds_enabled.cache_clear()
-    built: list[tuple] = []
-    monkeypatch.setattr(ta, "_mma_library", lambda *a: built.append(a) or "lib")
-    try:
-        assert ta.served_mma_library.__wrapped__(8, 3, 3, True) == "lib"
-    finally:
-        ta.row_builds_enabled.cache_clear()
-    assert built == [(3, 3, True, True, ta.MAX_ROWS, 1)]
