@@ -1048,7 +1048,7 @@ uint32_t elpis_tree_attention_mma_max_rows(void) { return kMaxRows; }
 
 #ifndef ELPIS_CUDA_EMU
 // Blocks of the split kernel one multiprocessor of the current GPU holds at once (its registers and shared
-// memory), or a negative cudaError_t: a build asking for two is worth serving only where it gets them.
+// memory), or a negative cudaError_t (diagnostics: a build asking for two gets them where shared memory allows).
 int elpis_tree_attention_mma_blocks_per_sm(void) {
     if (const int err = allow_split_smem()) return -err;
     int blocks = 0;

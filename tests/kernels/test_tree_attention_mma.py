@@ -13,6 +13,7 @@ block table). Run with `-m gpu`; results go to $ELPIS_KERNEL_LOG (JSON lines) wh
 - The fold build (ELPIS_MMA_HADAMARD_FOLD, registry switch exl3-attn-hadamard-fold) passes the same row
   invariance and staging checks, and its error against float64 is logged beside the others, within twice
   the mma build's bound (its operands are rounded elsewhere than the fp16 pages the reference reads).
+- The diagnostic 8-row build with a two-block launch bound gives its rows the served build's bits (1K-262K).
 """
 
 from __future__ import annotations
@@ -141,8 +142,6 @@ def test_pipelined_staging_keeps_the_direct_stagings_bits(ctx: int, fold: bool) 
         assert torch.equal(lse, want_lse), f"{rows} rows at {ctx}: lse"
     record = {"check": "pipelined staging == direct staging", "ctx": ctx, "rows": [1, 8, 16], "fold": fold}
     _log({**record, "ok": True})
-
-
 
 
 def _build_call(lib, q, pool: QuantPool, ctx: int, masks) -> tuple[torch.Tensor, torch.Tensor]:
