@@ -805,6 +805,7 @@ __device__ __forceinline__ void run_tile(const Block& b, float (&o)[kMaxRows][4]
     // below then read a table instead of inlining the slot map (a 16-step walk of the ancestor mask) at
     // every use.
     static_assert(kMaxRows * kTile <= kThreads && kZeroRow < 256, "one table entry per thread, in a byte");
+    // (the first clause folds the guard away in the 16-row build, which keeps that build's code as it was)
     if (kMaxRows * kTile == kThreads || tid < kMaxRows * kTile) {
         const uint32_t r = tid / kTile, i = tid % kTile;
         b.srow[tid] = static_cast<uint8_t>(((active >> r) & 1u) ? staged_row(b, r, t0 + i, t0, ctx) : kZeroRow);

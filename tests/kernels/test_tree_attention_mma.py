@@ -145,11 +145,8 @@ def test_pipelined_staging_keeps_the_direct_stagings_bits(ctx: int, fold: bool) 
 
 
 def _build_call(lib, q, pool: QuantPool, ctx: int, masks) -> tuple[torch.Tensor, torch.Tensor]:
-    caches = (pool.layer.qk, pool.layer.sk, pool.layer.qv, pool.layer.sv)
-    entry, depth, ancestors = "elpis_tree_attention_mma", masks.depth, masks.ancestors
-    return ta._quantized_call(
-        lambda k, v: lib, entry, q, caches, pool.table, ctx, depth, ancestors, ta.DEFAULT_SCALE, True
-    )
+    args = _layer_args(pool)
+    return tc.call_build(lib, q, args[:4], args[4], ctx, masks.depth, masks.ancestors, return_lse=True)
 
 
 @pytest.mark.gpu

@@ -94,6 +94,16 @@ def call_emulated(lib, entry: str, caches, q, table, ctx: int, depth, ancestors)
     return out, lse
 
 
+def call_build(lib, q, caches, table, ctx: int, depth, ancestors, return_lse: bool = False):
+    """One GPU call of a given build of the tensor-core attention (`lib`, from `ta.load_mma`) through the
+    served entry's checks, for a test or diagnostic that compares or times it beside the served build.
+    `caches`: qk, sk, qv, sv."""
+    return ta._quantized_call(
+        lambda k, v: lib, "elpis_tree_attention_mma", q, tuple(caches), table, ctx, depth, ancestors,
+        ta.DEFAULT_SCALE, return_lse,
+    )  # fmt: skip
+
+
 def log_kernel(test: str, record: dict) -> None:
     """Print one JSON result line of a GPU kernel test and append it to $ELPIS_KERNEL_LOG when set."""
     line = json.dumps({"test": test, **record}, sort_keys=True)

@@ -53,21 +53,7 @@ def main(contexts: list[int]) -> None:
             args = (pool.layer.qk, pool.layer.sk, pool.layer.qv, pool.layer.sv, pool.table, ctx, masks.depth,
                     masks.ancestors)  # fmt: skip
             served_ms = tc.median_ms(lambda q=q, a=args: ta.tree_attention_mma(q, *a), 20)
-            clocked_ms = tc.median_ms(
-                lambda q=q, a=args: ta._quantized_call(
-                    lambda k, v: lib,
-                    "elpis_tree_attention_mma",
-                    q,
-                    a[:4],
-                    a[4],
-                    a[5],
-                    a[6],
-                    a[7],
-                    ta.DEFAULT_SCALE,
-                    False,
-                ),
-                20,
-            )
+            clocked_ms = tc.median_ms(lambda q=q, a=args: tc.call_build(lib, q, a[:4], *a[4:]), 20)
             c = read_clocks(lib)
             tiles = max(c[6], 1)
             record = {

@@ -38,11 +38,7 @@ def main(previous: Path, contexts: list[int], defines: dict[str, int], max_rows:
     print(json.dumps({"check": "blocks per multiprocessor", "defines": defines, **occupancy}), flush=True)
 
     def prev(q, *a, return_lse=False):
-        caches, table, ctx, depth, ancestors = a[:4], a[4], a[5], a[6], a[7]
-        entry = "elpis_tree_attention_mma"
-        return ta._quantized_call(
-            lambda k, v: lib, entry, q, caches, table, ctx, depth, ancestors, ta.DEFAULT_SCALE, return_lse
-        )
+        return tc.call_build(lib, q, a[:4], *a[4:], return_lse=return_lse)
 
     new = ta.tree_attention_mma
     failures = 0
