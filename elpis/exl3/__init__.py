@@ -131,6 +131,7 @@ def load_backend(
     prelaunch: bool | None = None,
     embed_gather: bool | None = None,
     device_rounds: bool | None = None,
+    run_choice: bool | None = None,
 ) -> Exl3Backend:
     """Load target + draft onto the first GPU with the 270,336-token 3-bit cache and return the backend.
 
@@ -188,8 +189,15 @@ def load_backend(
     one host synchronisation a round. None: the registry switch exl3-device-rounds (on since session 41),
     where they apply (`default_device_rounds`). True with the switch off, or without what it needs, is
     refused.
+    `run_choice` (rounds on the GPU, graphs captured at load, 16 tree rows): each round on the GPU verifies at
+    8 or 16 rows, whichever commits more tokens a second by the rounds' own counts and the graphs' times
+    measured at load (`elpis.spec.run_choice`); every row's logits are the same at either, so the text is.
+    None: the registry switch exl3-run-choice, where it applies (`default_run_choice`). True with the switch
+    off, or where it does not apply, is refused.
     """
     import torch
+
+    from elpis.exl3.tree_verify import TREE_RUNS
 
     check_prefill_chunk(prefill_chunk)
     check_host_threads(host_threads)
@@ -240,6 +248,11 @@ def load_backend(
         device_rounds = default_device_rounds(applies)
     if device_rounds:
         check_device_rounds(tree and tree_graphs, has_draft_graphs, embed_gather, prelaunch)
+    choice_applies = bool(device_rounds) and capture_graphs and tree_rows > TREE_RUNS[0]
+    if run_choice is None:
+        run_choice = default_run_choice(choice_applies)
+    if run_choice:
+        check_run_choice(choice_applies)
     if rows_gemm:  # before the weights load: elpis's decode as this machine's CUDA compiler built it
         from elpis.exl3 import decode_check
 
@@ -283,6 +296,8 @@ def load_backend(
         prelaunch=prelaunch,
         embed_gather=embed_gather,
     )
+    if run_choice:
+        backend.runs = tuple(r for r in TREE_RUNS if r <= tree_rows)
     if tree and tree_graphs and capture_graphs:
         from elpis.exl3.graph_warmup import capture_graphs as capture_all
 
@@ -291,7 +306,36 @@ def load_backend(
         from elpis.exl3.device_round import DeviceRounds
 
         backend.device_rounds = DeviceRounds(backend)
+        if run_choice:
+            from elpis.spec.run_choice import RunChoice
+
+            backend.device_rounds.choice = RunChoice(backend.tree_runs(), backend.round_cost)
     return backend
+
+
+RUN_CHOICE_PATCH = "exl3-run-choice"  # the registry switch (patches/registry.json)
+
+
+def default_run_choice(applicable: bool = True) -> bool:
+    """Whether rounds on the GPU choose their row count (`elpis.spec.run_choice`) when the caller does not
+    say: where it applies (`check_run_choice`), as the registry switch exl3-run-choice says."""
+    from elpis.exl3 import patches
+
+    return applicable and patches.enabled(RUN_CHOICE_PATCH)
+
+
+def check_run_choice(applicable: bool) -> None:
+    """Refuse run_choice=True with its switch off or where it cannot act."""
+    from elpis.exl3 import patches
+    from elpis.exl3.tree_verify import TREE_RUNS
+
+    if not patches.enabled(RUN_CHOICE_PATCH):
+        raise ValueError(f"run_choice=True, but the registry patch {RUN_CHOICE_PATCH} is switched off")
+    if not applicable:
+        raise ValueError(
+            "run_choice=True needs rounds on the GPU, graphs captured at load (capture_graphs=True) and "
+            f"tree_rows above {TREE_RUNS[0]} (a choice of more than one row count)"
+        )
 
 
 def default_device_rounds(applicable: bool = True) -> bool:
@@ -354,10 +398,12 @@ __all__ = [
     "check_device_rounds",
     "check_prefill_chunk",
     "check_prefill_group",
+    "check_run_choice",
     "default_device_rounds",
     "default_embed_gather",
     "default_prefill_group",
     "default_prelaunch",
+    "default_run_choice",
     "load_backend",
     "walk_modules",
 ]

@@ -397,6 +397,7 @@ class Exl3Backend:
             torch.set_num_threads(host_threads)
         self.engine = engine
         self.fixed_rows = fixed_rows
+        self.runs: tuple[int, ...] | None = None  # tree runs besides fixed_rows' (`tree_runs`)
         self.tree = tree
         self.info = BackendInfo(
             "exl3", model_id, engine.vocab_size, max_context, engine.stop_token_ids, str(engine.device)
@@ -817,6 +818,28 @@ class Exl3Backend:
         """Rows of every tree-mode verify (`fixed_rows`, one of TREE_RUNS), checked: the bench switches it
         between generations."""
         return check_tree_rows(self.fixed_rows)
+
+    def tree_runs(self) -> tuple[int, ...]:
+        """The row counts a tree-mode round may verify at, up to `tree_run()`: `runs` (set by load_backend
+        for a run choice, `elpis.spec.run_choice`), else `tree_run()` alone. Every one has its graphs captured
+        at load, and a row's logits are the same at each."""
+        top = self.tree_run()
+        runs = tuple(r for r in (self.runs or (top,)) if r <= top)
+        if top not in runs:
+            raise ValueError(f"the tree runs {self.runs} leave out the backend's own, {top}")
+        return runs
+
+    def round_cost(self, run: int, kvp: int) -> float:
+        """Seconds of a round of `run` rows from kvp: its verify's and draft block's graphs in its context
+        bucket, as the load-time capture timed them (`WarmupReport.round_seconds`)."""
+        from elpis.exl3.tree_graph import context_bucket
+
+        if self.warmup is None:
+            raise BackendError("round costs are timed when the graphs are captured at load (capture_graphs)")
+        key = (run, context_bucket(kvp + run, self.engine.cache_tokens))
+        if key not in self.warmup.round_seconds:
+            raise BackendError(f"no round of {run} rows was timed in the context bucket of position {kvp}")
+        return self.warmup.round_seconds[key]
 
     def verify_cost(self, rows: int) -> float | None:
         """Relative cost of `rows` rows: constant with fixed_rows or in tree mode (every call runs the same

@@ -61,7 +61,9 @@ from elpis.accept import abi
 from elpis.backend import BackendError, DeviceRound
 from elpis.exl3 import round_check, round_graph, round_plan, round_tail, verify_epilogue
 from elpis.exl3.draft_graph import block_pages
+from elpis.exl3.tree_verify import PAGE
 from elpis.spec.faults import DROPPED, REPEATED, STALE
+from elpis.spec.run_choice import RunChoice
 
 if TYPE_CHECKING:
     from elpis.exl3.backend import Exl3Backend
@@ -133,6 +135,13 @@ def queue_reach(
     return high if same else None
 
 
+def verify_pages(pages: Sequence[int], kvp: int, run: int) -> Sequence[int]:
+    """The sequence's pages that a verify of `run` rows from kvp reads and writes (positions below kvp + run):
+    a round of more rows may have allocated pages past this key's context bucket, which its table, one bucket
+    narrower, does not hold."""
+    return pages[: -(-(kvp + run) // PAGE)]
+
+
 def checked_records(
     host: torch.Tensor, device_slot: torch.Tensor, epoch: int, number: int
 ) -> tuple[list[int], tuple[str, ...]]:
@@ -152,13 +161,15 @@ def checked_records(
 
 @dataclass
 class _Queued:
-    """A round in flight: its number in the request, its record slot, the event after the records' copy, and
-    under `RecordFaults` what the host slot held before that copy (what a copy that never lands leaves)."""
+    """A round in flight: its number in the request, its record slot, the event after the records' copy,
+    under `RecordFaults` what the host slot held before that copy (what a copy that never lands leaves), and
+    its verify's row count."""
 
     number: int
     slot: int
     event: torch.cuda.Event
     before: list[int]
+    run: int  # the rows its verify ran
 
 
 @dataclass
@@ -259,7 +270,12 @@ class DeviceRounds:
         self.other_request: list[int] | None = None  # the previous request's last records
         self.record_faults: RecordFaults | None = None
         self.cond_kvp = torch.zeros((1,), dtype=torch.int32, device=dev)
+        self._by_run: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._run_buffers(dev, run)
+        # which row count each round's verify runs at (`elpis.spec.run_choice`); None: the backend's own
+        self.choice: RunChoice | None = None
+        self.budget = run  # the request's tree budget (`start`)
+        self.state_budget = run  # the tree budget the state block holds (the queued rounds' run's)
         self.top_k = 0
         self.queued: deque[_Queued] = deque()
         self.next_slot = 0
@@ -272,11 +288,15 @@ class DeviceRounds:
         self.round_graphs: round_graph.RoundGraphs | None = None  # composed rounds (`elpis.exl3.round_graph`)
 
     def _run_buffers(self, dev: torch.device | str, run: int) -> None:
-        """The buffers of the captured verifies' row count: the conditioning's rows (a path has at most
-        `run`), the verify's greedy targets and its row checks."""
-        self.cond_index = torch.zeros((run,), dtype=torch.long, device=dev)
-        self.ids = torch.zeros((run,), dtype=torch.long, device=dev)
-        self.bad = torch.zeros((run,), dtype=torch.int32, device=dev)
+        """The buffers of a row count's rounds, made once and kept (composed graphs address them): the
+        conditioning's rows (a path has at most `run`), the verify's greedy targets and its row checks."""
+        if run not in self._by_run:
+            self._by_run[run] = (
+                torch.zeros((run,), dtype=torch.long, device=dev),
+                torch.zeros((run,), dtype=torch.long, device=dev),
+                torch.zeros((run,), dtype=torch.int32, device=dev),
+            )
+        self.cond_index, self.ids, self.bad = self._by_run[run]
 
     # -- a request ------------------------------------------------------------------------------------------
     def serves(self) -> bool:
@@ -301,10 +321,7 @@ class DeviceRounds:
         if b.info.vocab_size > round_plan.EXACT_FLOAT32_IDS:
             raise ValueError("rounds on the GPU carry candidate ids in float32: the vocabulary is too large")
         self.top_k = top_k
-        if self.ids.shape[0] != b.tree_run():  # the backend's row count changed since the last request
-            self._run_buffers(self.ids.device, b.tree_run())
-            if self.round_graphs is not None:  # their pieces address the old buffers (nothing in flight)
-                self.round_graphs.clear()
+        self.budget = self.state_budget = tree_budget
         if self.last_words is not None:
             self.other_request = self.last_words
         self.last_words, self.numbered = None, 0
@@ -329,10 +346,14 @@ class DeviceRounds:
         """The oldest round in flight, read back, with the host's bookkeeping moved by what it committed; the
         next round is queued before the wait whenever its keys are known."""
         if not self.queued:
-            self._queue(self._reach(0))
-        ahead = self._reach(len(self.queued))
+            run = self._run(self.settled)
+            start = self._reach(0, run)
+            assert start is not None  # with nothing in flight the host knows kvp, or _reach raised
+            self._queue(start, run)
+        run = self._run(self.settled + len(self.queued) * self.backend.block_size)
+        ahead = self._reach(len(self.queued), run)
         if ahead is not None:
-            self._queue(ahead)
+            self._queue(ahead, run)
             self.queued_ahead += 1
         result = self._read(self.queued.popleft())
         tail = result.tail
@@ -343,24 +364,30 @@ class DeviceRounds:
             raise BackendError(f"the acceptor on the GPU refused the round's cells (code {tail.status})")
         return DeviceRound(result.plan.rows, tail.tokens, tail.ends, fault, result.recovered)
 
-    def _reach(self, in_flight: int) -> int | None:
-        """`queue_reach` for this sequence, with the draft blocks' and the verifies' context buckets."""
+    def _run(self, kvp: int) -> int:
+        """The row count of a round from about `kvp`: the run choice's, or the backend's."""
+        if self.choice is None:
+            return self.backend.tree_run()
+        return self.choice.choose(kvp, self.budget)
+
+    def _reach(self, in_flight: int, run: int) -> int | None:
+        """`queue_reach` for this sequence and a round of `run` rows, with the draft blocks' and the
+        verifies' context buckets."""
         b = self.backend
         graphs = b.graphs
         assert graphs is not None
-        run = b.tree_run()
         return queue_reach(
             self.settled, in_flight, run=run, block=b.block_size, max_context=b.info.max_context,
             draft_width=self.drafts.width, verify_width=lambda kvp: graphs.table_width(kvp, run),
         )  # fmt: skip
 
-    def _queue(self, kvp: int) -> None:
-        """Queue one round from the state block; `kvp` is the highest position it can start at (the keys and
-        pages are those of every position it can start at): its composed graph when the round key has one
-        (`elpis.exl3.round_graph`), else piece by piece, composing the key's graph after."""
+    def _queue(self, kvp: int, run: int) -> None:
+        """Queue one round of `run` rows from the state block; `kvp` is the highest position it can start at
+        (the keys and pages are those of every position it can start at): its composed graph when the round
+        key has one (`elpis.exl3.round_graph`), else piece by piece, composing the key's graph after."""
         b = self.backend
         assert b.graphs is not None
-        run = b.tree_run()
+        self._use_run(run)
         b.ensure_pages(kvp + max(run, b.block_size))  # what a host verify and draft block ensure
         c = b.graphs.captured(b.state, kvp, run)
         if c is None:
@@ -372,6 +399,7 @@ class DeviceRounds:
         self.next_slot = (slot + 1) % IN_FLIGHT
         # the pages of the block from the highest start, as a host draft block takes them
         draft_pages = block_pages(b.pages, kvp, b.block_size)
+        pages = verify_pages(b.pages, kvp, run)
         width = self.drafts.width(kvp)
         host = self.host_records[slot]
         host[ROUND_WORD] = NOT_ARRIVED  # its previous round was read: the slot is the host's to mark
@@ -383,30 +411,44 @@ class DeviceRounds:
         if graph is not None:
             assert self.round_graphs is not None
             self.drafts.put_table(graph.draft, draft_pages)
-            b.graphs.put_table(c, b.pages)
+            b.graphs.put_table(c, pages)
             self.round_graphs.launch(graph)
             # the composed graph replays the draft block's, the verify's, the commit's and the conditioning's
             self.drafts.replays += 1
             self.drafts.condition_replays += 1
             b.graphs.replays += 2
         else:
-            self._queue_pieces(c, width, draft_pages, slot)
+            self._queue_pieces(c, width, draft_pages, pages, slot)
             keys = self._captured_keys(c, width)  # the pieces are captured now
             if keys is not None:
                 self._compose(c, keys, slot)
         event = torch.cuda.Event()
         event.record()
-        self.queued.append(_Queued(self.numbered, slot, event, before))
+        self.queued.append(_Queued(self.numbered, slot, event, before, run))
         self.numbered += 1
+        if self.choice is not None:
+            self.choice.chose(run, self.budget)
 
-    def _queue_pieces(self, c: Captured, width: int, draft_pages: Sequence[int], slot: int) -> None:
+    def _use_run(self, run: int) -> None:
+        """Point the round's buffers at `run`'s and, where the state block's tree budget is not the request's
+        cut to `run`, write it there, in stream order: the round plan reads it when this round runs (the round
+        before has read its own by then)."""
+        self._run_buffers(self.state.device, run)
+        budget = min(self.budget, run)
+        if budget != self.state_budget:
+            self.state[round_plan.STATE_TREE_BUDGET].fill_(budget)
+            self.state_budget = budget
+
+    def _queue_pieces(
+        self, c: Captured, width: int, draft_pages: Sequence[int], pages: Sequence[int], slot: int
+    ) -> None:
         """The round's pieces one by one (a key's first rounds capture the graphs they replay)."""
         b = self.backend
         assert b.graphs is not None and c.graph is not None and c.export is not None
         anchor, at = self._state_views()
         chain, logits = self.drafts.block_from(anchor, at, draft_pages, width)
         self._plan(chain, logits, c, slot)
-        b.graphs.put_table(c, b.pages)
+        b.graphs.put_table(c, pages)
         c.graph.replay()
         b.graphs.replays += 1
         self._tail(c, slot)
@@ -438,7 +480,7 @@ class DeviceRounds:
         graph serves every page count of its key."""
         b = self.backend
         assert b.graphs is not None and c.out is not None and c.page_count is not None
-        out = c.out[0, : b.tree_run(), : b.info.vocab_size]
+        out = c.out[0, : c.ids.shape[0], : b.info.vocab_size]
         ids, bad = self._targets(out)
         moves, commit_plan = b.graphs.commit_inputs(c)
         outputs = (self.records[slot][round_plan.RECORD_WORDS :], moves, commit_plan, self.cond_index,
@@ -512,6 +554,8 @@ class DeviceRounds:
         if plan.status < 0:
             raise BackendError(f"the round's tree on the GPU: {round_plan.STATUS_MESSAGES[plan.status]}")
         self.rounds += 1
+        if self.choice is not None and plan.status == 0 and tail.status == 0 and not tail.ends:
+            self.choice.observe(q.run, self.budget, plan.parents, tail.path)
         if tail.status == 0:
             b = self.backend
             # decode pages are never named for reuse (Exl3Backend.commit): only the tokens and position move

@@ -114,6 +114,9 @@ NEUTRAL_PATCHES: dict[str, str] = {
     "exl3-round-graph": "a round on the GPU as one launch of a graph composed of its pieces' graphs: the "
     "same kernels on the same addresses in the same order, so the pieces' bits (a GPU test compares every "
     "round's records: test_round_graph.py)",
+    "exl3-run-choice": "chooses each round's verify row count, 8 or 16, at which every row's logits are the "
+    "same (test_tree_graph.py's run-size test), so plain decoding's text (CPU driver tests; the GPU check is "
+    "test_device_round.py's run-choice test)",
     "exl3-draft-candidates": "changes only the draft's candidates (their log-probabilities' last bits, the "
     "order of tied ones), which shape the tree: the acceptor commits the target's greedy tokens whatever the "
     "draft proposes, so no output of the target changes (CPU emulation; the GPU check is "

@@ -45,9 +45,6 @@ class Composer(Protocol):
 
     def compose(self, pieces: Sequence[Any]) -> Launchable: ...
 
-    def restart(self) -> None:
-        """Every piece was dropped: the next capture starts afresh."""
-
 
 class _Launch:
     """A composed graph launched on the current stream."""
@@ -82,12 +79,6 @@ class CudaComposer:
 
         stream = torch.cuda.current_stream(self.device).cuda_stream
         return _Launch(ComposedGraph([p.raw_cuda_graph() for p in pieces], stream), self.device)
-
-    def restart(self) -> None:
-        """A new pool: PyTorch refuses to capture into a pool whose graphs are all gone (an internal assert in
-        its caching allocator, met when a backend's row count changed and every composed graph was dropped:
-        call 162)."""
-        self.pool = torch.cuda.graph_pool_handle()
 
 
 @dataclass
@@ -151,10 +142,3 @@ class RoundGraphs:
     def release(self, read: int) -> None:
         """Round `read` was read back: drop the retired graphs no round still in flight may have launched."""
         self.retired = [(n, g) for n, g in self.retired if n > read]
-
-    def clear(self) -> None:
-        """Drop every composed graph (nothing in flight: the caller drained the rounds); the composer's next
-        capture starts afresh."""
-        self.graphs.clear()
-        self.retired.clear()
-        self.composer.restart()

@@ -72,9 +72,9 @@ if sys.byteorder != "little":  # plan_words lays the plan's bytes out as the GPU
 
 MIN_BUCKET = 4096  # smallest context bucket (the attention grid of a capture covers contexts up to it)
 # captured forwards kept; the least recently used is dropped past this. Room for both state rows of every
-# bucket of the full cache (4K .. 256K and the cap: 8 buckets), as `elpis.exl3.graph_warmup` captures them
-# at load, and a few of another run size (the bench switches between 8 and 16 rows).
-MAX_GRAPHS = 20
+# bucket of the full cache (4K .. 256K and the cap: 8 buckets) at both run sizes, as `elpis.exl3.graph_warmup`
+# captures them at load with a run choice (`elpis.spec.run_choice`), and a few spare.
+MAX_GRAPHS = 36
 
 
 PACKED_ALIGN_WORDS = 4  # each input starts on a 16-byte boundary (the tree kernels' alignment rule)

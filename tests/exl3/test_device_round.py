@@ -17,7 +17,9 @@ What they establish:
     the text is unchanged: injected == detected, each such round counted as recovered (session 35, staged);
 (e)-(h) (session 38, staged): a round queued just below a context-bucket edge; the draft block and the
     draft's conditioning from device inputs (16 padded rows across a page boundary) against their host forms;
-    graphs captured at load leave a request of rounds on the GPU nothing to capture.
+    graphs captured at load leave a request of rounds on the GPU nothing to capture;
+(i)-(j) (session 50, staged): rounds that change their verify's row count (8 or 16) every round, and the run
+    choice over the graphs' load-time times, give plain decoding's tokens.
 """
 
 from __future__ import annotations
@@ -266,3 +268,82 @@ def test_graphs_captured_at_load_leave_rounds_on_the_gpu_nothing_to_capture(back
     got, _ = generate(backend, decoder, ids)
     assert got == truth
     assert counts() == before, f"captured during the request: {before} -> {counts()} (warm-up {report})"
+
+
+class Alternate:
+    """A run choice that takes 16 and 8 rows in turn, so that every round switches (see
+    tests/exl3/test_device_round_driver_cpu.py's CPU twin)."""
+
+    def __init__(self) -> None:
+        self.next, self.queued, self.seen = 16, [], []
+
+    def choose(self, kvp: int, budget: int) -> int:
+        return self.next
+
+    def chose(self, run: int, budget: int) -> None:
+        self.queued.append(run)
+        self.next = 8 if run == 16 else 16
+
+    def observe(self, run: int, budget: int, parents: tuple, path: tuple) -> None:
+        self.seen.append((run, len(parents), len(path)))
+
+
+@pytest.fixture
+def both_runs(backend):
+    """The module's backend with both row counts' graphs captured and timed (`capture_graphs` over
+    `tree_runs()`, as load_backend(run_choice=True) does), its rounds' choice reset after the test."""
+    from elpis.exl3.graph_warmup import capture_graphs
+
+    backend.runs = (8, 16)
+    try:
+        backend.warmup = capture_graphs(backend, device_rounds=True)
+        yield backend
+    finally:
+        backend.device_rounds.choice = None
+        backend.runs, backend.warmup = None, None
+
+
+def test_rounds_that_switch_row_counts_every_round_give_plain_decodings_tokens(both_runs, decoder):  # noqa: F811
+    """(i) Rounds at 16 and 8 rows in turn (each switch rewrites the state block's tree budget in stream
+    order; an 8-row verify takes only its own positions' pages), with the known continuation's deep trees
+    and with the draft's own: plain decoding's tokens."""
+    backend = both_runs
+    rounds = backend.device_rounds
+    for seed, known in ((53, True), (54, False)):
+        ids = prompt(1500, seed, backend.info.vocab_size)
+        truth = truth_of(backend, ids)
+        rounds.choice = choice = Alternate()
+        if known:
+            rounds._candidates = KnownContinuation(rounds, truth, len(ids) - 1)
+        try:
+            got, stats = generate(backend, decoder, ids)
+        finally:
+            rounds.__dict__.pop("_candidates", None)
+        assert got == truth, f"rounds switching row counts differ from plain decoding (known={known})"
+        assert set(choice.queued) == {8, 16}
+        assert all(rows <= run for run, rows, _ in choice.seen)
+        if known:
+            assert max(stats.committed_per_round) >= 4, stats.committed_per_round
+
+
+def test_the_run_choice_over_the_timed_graphs_gives_plain_decodings_tokens(both_runs, decoder):  # noqa: F811
+    """(j) The served choice (`RunChoice` over `round_cost`, the graphs' times at load): every bucket has
+    both row counts timed, the text is plain decoding's, and where sixteen rows committed no more than eight
+    (the random draft's trees) and cost more, eight ran in most rounds once measured."""
+    from elpis.spec.run_choice import RunChoice
+
+    backend = both_runs
+    seconds = backend.warmup.round_seconds
+    assert {run for run, _ in seconds} == {8, 16} and all(t > 0 for t in seconds.values())
+    for bucket in backend.warmup.buckets:
+        assert seconds[(16, bucket)] >= 0.9 * seconds[(8, bucket)], seconds
+    rounds = backend.device_rounds
+    rounds.choice = choice = RunChoice(backend.tree_runs(), backend.round_cost, min_rounds=4)
+    ids = prompt(1500, 55, backend.info.vocab_size)
+    truth = truth_of(backend, ids)
+    got, _ = generate(backend, decoder, ids)
+    assert got == truth
+    assert choice.chosen[16] >= 4, choice.chosen  # the first rounds measure
+    estimate = choice.estimate(16)
+    if estimate[16] == estimate[8] and backend.round_cost(16, len(ids)) > backend.round_cost(8, len(ids)):
+        assert choice.chosen.get(8, 0) > choice.chosen[16], (choice.chosen, estimate)

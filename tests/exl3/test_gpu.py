@@ -375,7 +375,9 @@ def test_24gib_budget_full_model(tree: bool, device_rounds: bool):
     (8-row verifies) and in tree mode (every verify a 16-row tree through the tree kernels, replayed from
     captured CUDA graphs, which the memory then includes); and in tree mode with greedy rounds on the GPU
     (`exl3-device-rounds` with `exl3-embed-gather`: the served generator, its rounds' graphs, state blocks and
-    record slots; staged in session 37, not yet run). Needs the full synthetic checkpoints
+    record slots; since session 37), with whatever run choice the registry's switch gives (exl3-run-choice:
+    both row counts' graphs captured; the JSON line names the rounds at each and the graphs' load-time
+    times). Needs the full synthetic checkpoints
     (ELPIS_FULL_TARGET / ELPIS_FULL_DRAFT); `elpis bench engine` records the same run."""
     target, draft = os.environ.get("ELPIS_FULL_TARGET"), os.environ.get("ELPIS_FULL_DRAFT")
     if not (target and draft):
@@ -404,10 +406,14 @@ def test_24gib_budget_full_model(tree: bool, device_rounds: bool):
         ids = prompt(262000, 1, b.info.vocab_size)
         loaded = torch.cuda.max_memory_allocated()
         out, _, rounds = {generate}
+        choice = b.device_rounds.choice if b.device_rounds else None
+        timed = b.warmup.round_seconds if b.warmup else {{}}
         print(json.dumps({{"tokens": len(out), "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
                           "peak_after_load_gib": loaded / 2**30, "rounds": len(rounds), "tree": {tree!r},
                           "graph_replays": b.graphs.replays if b.graphs else None,
-                          "device_rounds": b.device_rounds.rounds if b.device_rounds else None}}))
+                          "device_rounds": b.device_rounds.rounds if b.device_rounds else None,
+                          "runs_chosen": choice.chosen if choice else None,
+                          "round_seconds": {{f"{{r}}/{{k}}": t for (r, k), t in timed.items()}}}}))
     """)
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=900, cwd=REPO
