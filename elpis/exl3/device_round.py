@@ -39,8 +39,12 @@ recomputing it. `RecordFaults` injects those faults for the tests; a corrupted v
 (`corrupt`: the round is discarded and verified again).
 
 What is committed is the acceptor's decision over the verify's own greedy tokens, as in a host round, so the
-text is plain decoding's; only the tree may differ from a host round's (the row count is the budget's, no
-verify-cost choice: a captured graph's rows are fixed). Conditioning on padded rows writes the committed rows'
+text is plain decoding's; only the tree may differ from a host round's (the row count is the budget's, cut to
+the round's run). With a run choice (`choice`, `elpis.spec.run_choice`; registry switch exl3-run-choice) each
+round's verify runs at the row count the choice names when the round is queued (each count's captured graphs
+and buffers are kept side by side, and the state block's tree budget is rewritten in stream order when it
+changes), and each round read back tells the choice what it committed; a row's logits are the same at every
+row count, so the text is too. Conditioning on padded rows writes the committed rows'
 K/V as the host's conditioning does only if a row's draft K/V do not depend on the rows beside it
 (tests/exl3/test_draft_graph.py::test_padded_conditioning_keeps_the_committed_rows_bits); the draft only
 proposes, so that matters for the acceptance rate, not the text.
