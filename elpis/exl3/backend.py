@@ -56,6 +56,7 @@ from elpis.exl3.upload import pinned, upload
 if TYPE_CHECKING:
     from elpis.exl3.device_round import DeviceRounds
     from elpis.exl3.graph_warmup import WarmupReport
+    from elpis.spec.run_choice import RunChoice
 
 MAX_ROWS = 16
 
@@ -398,6 +399,8 @@ class Exl3Backend:
         self.engine = engine
         self.fixed_rows = fixed_rows
         self.runs: tuple[int, ...] | None = None  # tree runs besides fixed_rows' (`tree_runs`)
+        # each tree round's row count, host rounds' and (as DeviceRounds.choice) GPU rounds': load_backend's
+        self.run_choice: RunChoice | None = None
         self.tree = tree
         self.info = BackendInfo(
             "exl3", model_id, engine.vocab_size, max_context, engine.stop_token_ids, str(engine.device)
@@ -614,7 +617,7 @@ class Exl3Backend:
             raise BackendError("verify() twice without commit()")
         tokens = [int(t) for t in tokens]
         if self.tree:
-            layout = layout_tree(check_parents(list(parents), len(tokens)), run=self.tree_run())
+            layout = layout_tree(check_parents(list(parents), len(tokens)), run=self.verify_run(len(tokens)))
         else:
             check_chain(parents, len(tokens))
         bad = [t for t in tokens if not 0 <= t < self.info.vocab_size]
@@ -647,8 +650,11 @@ class Exl3Backend:
             )
         ids = tokens + [tokens[0]] * (layout.run - rows)  # padding leaves: the anchor again, never read
         if self.graphs is not None:
+            from elpis.exl3.tree_graph import verify_pages
+
             self.ensure_pages(kvp + max(layout.run, self.block_size))
-            out, export, call = self.graphs.verify(self.state, self.pages, ids, layout, kvp)
+            pages = verify_pages(self.pages, kvp, layout.run)  # a larger run may have allocated more
+            out, export, call = self.graphs.verify(self.state, pages, ids, layout, kvp)
             # the verify key's bucket width: the draft's conditioning graphs are keyed by it (and the
             # verify key), so they change with the buckets rather than every 4,096 tokens
             self._last_table = self.block_table(self.graphs.table_width(kvp, layout.run))
@@ -828,6 +834,13 @@ class Exl3Backend:
         if top not in runs:
             raise ValueError(f"the tree runs {self.runs} leave out the backend's own, {top}")
         return runs
+
+    def verify_run(self, rows: int) -> int:
+        """The row count a tree verify of `rows` rows runs at: the smallest of `tree_runs()` that holds it."""
+        for run in self.tree_runs():
+            if rows <= run:
+                return run
+        raise ValueError(f"a tree of {rows} rows is over the backend's {self.tree_run()}-row verifies")
 
     def round_cost(self, run: int, kvp: int) -> float:
         """Seconds of a round of `run` rows from kvp: its verify's and draft block's graphs in its context

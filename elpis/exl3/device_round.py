@@ -65,7 +65,7 @@ from elpis.accept import abi
 from elpis.backend import BackendError, DeviceRound
 from elpis.exl3 import round_check, round_graph, round_plan, round_tail, verify_epilogue
 from elpis.exl3.draft_graph import block_pages
-from elpis.exl3.tree_verify import PAGE
+from elpis.exl3.tree_graph import verify_pages
 from elpis.spec.faults import DROPPED, REPEATED, STALE
 from elpis.spec.run_choice import RunChoice
 
@@ -137,13 +137,6 @@ def queue_reach(
         raise BackendError(f"a verify of {run} rows at position {high} runs past the context")
     same = draft_width(low) == draft_width(high) and verify_width(low) == verify_width(high)
     return high if same else None
-
-
-def verify_pages(pages: Sequence[int], kvp: int, run: int) -> Sequence[int]:
-    """The sequence's pages that a verify of `run` rows from kvp reads and writes (positions below kvp + run):
-    a round of more rows may have allocated pages past this key's context bucket, which its table, one bucket
-    narrower, does not hold."""
-    return pages[: -(-(kvp + run) // PAGE)]
 
 
 def checked_records(

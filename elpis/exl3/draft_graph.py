@@ -55,10 +55,10 @@ if TYPE_CHECKING:
     from elpis.exl3.embed_gather import HostTable
 
 MAX_GRAPHS = 9  # captured draft blocks kept: one per context bucket of the full cache (8), and one spare
-# captured conditionings kept: accepted-row counts (1-8) of each verify key of the host's row count, and a
-# round on the GPU's one of each verify key of every row count (`elpis.exl3.graph_warmup` captures them at
-# load for both state rows of every bucket: 128 + 32 with two row counts), and room for a few more
-MAX_CONDITIONS = 192
+# captured conditionings kept: accepted-row counts (1-8) of each verify key (host rounds'), and a round on the
+# GPU's one of each (`elpis.exl3.graph_warmup` captures them at load for both state rows of every bucket, at
+# each row count: 8 x 36 with two row counts and 8 buckets), and room for a few more
+MAX_CONDITIONS = 320
 
 
 def block_pages(pages: Sequence[int], kvp: int, block: int) -> Sequence[int]:

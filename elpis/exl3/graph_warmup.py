@@ -76,8 +76,7 @@ def capture_graphs(backend: Exl3Backend, *, device_rounds: bool | None = None) -
     if backend.active:
         raise BackendError("capture_graphs() while a sequence is active")
     engine = backend.engine
-    runs = backend.tree_runs()
-    host_run = backend.tree_run()  # host rounds verify at this run; rounds on the GPU at any of `runs`
+    runs = backend.tree_runs()  # host rounds and rounds on the GPU verify at any of them
     end = backend.info.max_context + MAX_ROWS  # the furthest a verify (and a draft block) can reach
     buckets = tree_graph.context_buckets(end, engine.cache_tokens)
     blocks = backend.drafter.graphs if backend.drafter is not None else None
@@ -86,7 +85,7 @@ def capture_graphs(backend: Exl3Backend, *, device_rounds: bool | None = None) -
     keys = 2 * len(buckets) * len(runs)
     if keys > tree_graph.MAX_GRAPHS or (blocks is not None and len(buckets) > draft_graph.MAX_GRAPHS):
         raise ValueError(f"{len(buckets)} context buckets do not fit the graph caches' bounds")
-    conditions = 2 * len(buckets) * depth + (keys if device_rounds else 0)
+    conditions = keys * depth + (keys if device_rounds else 0)
     if conditioning and conditions > draft_graph.MAX_CONDITIONS:
         raise ValueError(f"{conditions} conditionings do not fit MAX_CONDITIONS")
     counts = (graphs.captures, blocks.captures if blocks else 0, blocks.condition_captures if blocks else 0)
@@ -100,8 +99,7 @@ def capture_graphs(backend: Exl3Backend, *, device_rounds: bool | None = None) -
         for bucket in buckets:
             for run in runs:
                 width = graphs.table_width(bucket - run, run)
-                verify = _capture_bucket(backend, state, page, bucket, run, depth, device_rounds,
-                                         host_conditionings=conditioning and run == host_run)  # fmt: skip
+                verify = _capture_bucket(backend, state, page, bucket, run, depth, device_rounds)
                 seconds[(run, bucket)] = replay_seconds(verify, engine.device)
             kvp = bucket - 1 - depth
             draft = 0.0
@@ -131,7 +129,7 @@ def capture_graphs(backend: Exl3Backend, *, device_rounds: bool | None = None) -
 
 
 def _capture_bucket(backend: Exl3Backend, state: object, page: int, bucket: int, run: int, depth: int,
-                    device_rounds: bool, *, host_conditionings: bool) -> torch.cuda.CUDAGraph:  # fmt: skip
+                    device_rounds: bool) -> torch.cuda.CUDAGraph:  # fmt: skip
     """Capture the keys of `run` rows at the top of `bucket` (both state rows: verify, commit, and the
     draft's conditionings: the host rounds' for each accepted row count, and the one a round on the GPU
     names), and return the verify graph of the last."""
@@ -160,9 +158,8 @@ def _capture_bucket(backend: Exl3Backend, state: object, page: int, bucket: int,
         assert c is not None and c.graph is not None
         if conditioning and export is not None:
             assert blocks is not None
-            if host_conditionings:
-                for rows in range(1, depth + 1):
-                    blocks.condition(export, list(range(rows)), table, kvp)
+            for rows in range(1, depth + 1):
+                blocks.condition(export, list(range(rows)), table, kvp)
             if device_rounds:  # the key a round on the GPU names: its verify's export and table
                 assert c.export is not None
                 index = torch.zeros((run,), dtype=torch.long, device=engine.device)

@@ -126,6 +126,13 @@ def bucket_pages(end: int, limit: int) -> int:
     return -(-context_bucket(end, limit) // PAGE)
 
 
+def verify_pages(pages: Sequence[int], kvp: int, run: int) -> Sequence[int]:
+    """The sequence's pages that a verify of `run` rows from kvp reads and writes (positions below kvp + run):
+    a verify of more rows may have allocated pages past this key's context bucket, which its table, one bucket
+    narrower, does not hold."""
+    return pages[: -(-(kvp + run) // PAGE)]
+
+
 def context_buckets(end: int, limit: int) -> list[int]:
     """Every bucket a verify ending at a position in 1..`end` falls in, smallest first."""
     last = context_bucket(end, limit)

@@ -30,6 +30,7 @@ from elpis.backend import Backend, BackendError, DeviceRounds, Drafter
 from elpis.spec.detok import Decoder, IncrementalDetokenizer
 from elpis.spec.integrity import RoundFault, RoundId, RoundLink, RoundTracker
 from elpis.spec.request import GenerationRequest, GenerationStats, Step, TokenLogprob, stop_ids_for
+from elpis.spec.run_choice import RunChoice
 from elpis.spec.sampling import sample_rows, top_logprobs
 from elpis.spec.stops import StopStringScanner
 from elpis.spec.tree import MAX_ROWS, DraftTree, build_tree, choose_row_count, tree_shape, verify_costs
@@ -73,8 +74,9 @@ class SpeculativeGenerator:
                 raise ValueError(f"{name} ids {bad[:4]} are outside the vocabulary "
                                  f"(0..{info.vocab_size - 1})")
 
-    def _tree(self, context: list[int], remaining: int, room: int, costs: list[float] | None) -> DraftTree:
-        rows, depth = tree_shape(self.tree_budget, room, remaining)
+    def _tree(self, context: list[int], remaining: int, room: int, costs: list[float] | None,
+              budget: int | None = None) -> DraftTree:
+        rows, depth = tree_shape(budget or self.tree_budget, room, remaining)
         if self.drafter is None or depth < 1:
             return DraftTree((context[-1],), (-1,), (0,), (0.0,))
         block = self.drafter.propose(context, depth, self.draft_top_k)
@@ -214,13 +216,22 @@ class SpeculativeGenerator:
         link = backend if isinstance(backend, RoundLink) else RoundLink(backend)
         tracker = RoundTracker(next(_EPOCHS), backend.info.vocab_size)
         costs = None
+        choice: RunChoice | None = None
         if self.drafter is not None:
             costs = verify_costs(getattr(backend, "verify_cost", None), self.tree_budget)
+            choice = getattr(backend, "run_choice", None)
 
         def host_round(remaining: int, room: int) -> _Committed:
-            tree = self._tree(context, remaining, room, costs)
+            budget = run = None
+            if choice is not None:  # the row count the backend verifies at (`elpis.spec.run_choice`)
+                run = choice.choose(backend.position(), self.tree_budget)
+                budget = choice.budget_at(run, self.tree_budget)
+                choice.chose(run, self.tree_budget)
+            tree = self._tree(context, remaining, room, costs, budget)
             logits, targets, decision = self._round(link, tracker, tree, context, request, stops, remaining,
                                                     stats)
+            if choice is not None and run is not None and not decision.ends:
+                choice.observe(run, self.tree_budget, tree.parents, decision.rows)
             return _Committed(tuple(targets[r] for r in decision.rows), decision.ends, len(tree),
                               [logits[r] for r in decision.rows])
 

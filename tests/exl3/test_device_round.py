@@ -18,8 +18,9 @@ What they establish:
 (e)-(h) (session 38, staged): a round queued just below a context-bucket edge; the draft block and the
     draft's conditioning from device inputs (16 padded rows across a page boundary) against their host forms;
     graphs captured at load leave a request of rounds on the GPU nothing to capture;
-(i)-(j) (session 50, staged): rounds that change their verify's row count (8 or 16) every round, and the run
-    choice over the graphs' load-time times, give plain decoding's tokens.
+(i)-(k) (session 50, staged): rounds that change their verify's row count (8 or 16) every round, on the GPU
+    and (sampled) on the host, and the run choice over the graphs' load-time times, give plain decoding's
+    tokens.
 """
 
 from __future__ import annotations
@@ -347,3 +348,31 @@ def test_the_run_choice_over_the_timed_graphs_gives_plain_decodings_tokens(both_
     estimate = choice.estimate(16)
     if estimate[16] == estimate[8] and backend.round_cost(16, len(ids)) > backend.round_cost(8, len(ids)):
         assert choice.chosen.get(8, 0) > choice.chosen[16], (choice.chosen, estimate)
+
+
+def test_sampled_host_rounds_at_the_chosen_row_count_give_plain_decodings_tokens(both_runs, decoder):  # noqa: F811
+    """(k) Host rounds (a sampled request) with the backend's run choice taking 16 and 8 rows in turn: each
+    verify runs at the smallest captured row count that holds its tree, an 8-row verify after a 16-row one
+    takes only its own positions' pages, and the tokens are plain sampled decoding's (randomness keyed by
+    position)."""
+    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+
+    backend = both_runs
+    ids = prompt(1500, 56, backend.info.vocab_size)
+    sampling = SamplingParams(temperature=0.9, seed=7)
+    request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=TOKENS, sampling=sampling, ignore_eos=True)
+
+    def tokens(gen) -> list[int]:
+        return [t for step in gen.generate(request) for t in step.token_ids]
+
+    truth = tokens(SpeculativeGenerator(backend, decoder))
+    choice = Alternate()
+    choice.budget_at = lambda run, budget: min(run, budget)
+    backend.run_choice = choice
+    try:
+        got = tokens(SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=16,
+                                          draft_top_k=4))  # fmt: skip
+    finally:
+        backend.run_choice = None
+    assert got == truth, "sampled host rounds at changing row counts differ from plain sampled decoding"
+    assert set(choice.queued) == {8, 16} and all(rows <= run for run, rows, _ in choice.seen)

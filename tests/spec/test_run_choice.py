@@ -138,3 +138,64 @@ def test_a_cost_that_is_not_a_time_is_refused() -> None:
     choice.observe(16, 16, [-1, 0], [0, 1])
     with pytest.raises(ValueError, match="not a positive time"):
         choice.choose(0, 16)
+
+
+class WithRunChoice:
+    """A reference backend with a run choice, as an Exl3Backend loaded with run_choice=True has one, that also
+    records every verify's row count."""
+
+    def __init__(self, inner, choice) -> None:
+        self.inner, self.info, self.run_choice = inner, inner.info, choice
+        self.commit, self.abandon, self.finish = inner.commit, inner.abandon, inner.finish
+        self.begin, self.position = inner.begin, inner.position
+        self.rows: list[int] = []
+
+    def verify(self, tokens, parents):
+        self.rows.append(len(tokens))
+        return self.inner.verify(tokens, parents)
+
+
+class Alternate:
+    """16 and 8 rows in turn; what the generator tells it is kept."""
+
+    def __init__(self) -> None:
+        self.next, self.seen = 16, []
+
+    def choose(self, kvp: int, budget: int) -> int:
+        return self.next
+
+    def budget_at(self, run: int, budget: int) -> int:
+        return min(run, budget)
+
+    def chose(self, run: int, budget: int) -> None:
+        self.next = 8 if run == 16 else 16
+
+    def observe(self, run: int, budget: int, parents, path) -> None:
+        self.seen.append((run, len(parents), list(path)))
+
+
+@pytest.mark.parametrize(
+    "sampling", [{"temperature": 0.0, "top_logprobs": 2}, {"temperature": 0.8, "seed": 11}],
+    ids=["logprobs", "sampled"],
+)
+def test_host_rounds_at_the_chosen_row_count_keep_plain_decodings_text(tiny_models, run, sampling) -> None:
+    """Host rounds (sampled requests and those asking for logprobs) with the backend's run choice: each tree
+    is cut to the round's row count, the choice hears what each round accepted, and the output (tokens,
+    text, log-probabilities) is plain decoding's."""
+    from elpis.spec import GenerationRequest, SamplingParams
+    from elpis.spec.drafters import OracleDrafter
+
+    model = tiny_models[0]
+    params = SamplingParams(temperature=sampling["temperature"], seed=sampling.get("seed", 0))
+    prompt = tuple(model.tokenizer.encode("one two three, one two three, one two"))
+    logprobs = sampling.get("top_logprobs")
+    request = GenerationRequest(prompt, 40, params, top_logprobs=logprobs, ignore_eos=True)
+    plain = run(model.backend(), model.tokenizer, request)
+    choice = Alternate()
+    backend = WithRunChoice(model.backend(), choice)
+    drafter = OracleDrafter(model.backend(), request.sampling)
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=16)
+    assert got.same_output(plain)
+    assert {run for run, _, _ in choice.seen} == {8, 16}
+    assert all(rows <= run and path[0] == 0 for run, rows, path in choice.seen)
+    assert max(backend.rows) > 8 and max(len(path) for _, _, path in choice.seen) > 1

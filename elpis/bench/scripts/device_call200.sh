@@ -1,8 +1,8 @@
 #!/bin/bash
 # Call 200 (session 50; a fresh machine, LIMIT ~570): the run choice (exl3-run-choice, elpis/spec/run_choice.py)
 # on the GPU. On the small synthetic model: rounds on the GPU that change their verify's row count every round, and
-# the served choice over the graphs' load-time times (tests/exl3/test_device_round.py (i)-(j), with the file's
-# other tests); session 49's 8-row tree attention build's GPU test in its final form. Then, on the full-size
+# the served choice over the graphs' load-time times, and sampled host rounds at alternating row counts
+# (tests/exl3/test_device_round.py (i)-(k), with the file's other tests); session 49's 8-row tree attention build's GPU test in its final form. Then, on the full-size
 # synthetic model, the 24 GiB test at 262,000 tokens with rounds on the GPU and the run choice switched on: both
 # row counts' graphs captured at load; its JSON line names the rounds at each row count and every (rows, bucket)
 # round time the warm-up measured. Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
