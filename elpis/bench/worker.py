@@ -223,6 +223,9 @@ class ElpisSystem:
             tree_graphs=not getattr(args, "tree_eager", False),
             draft_graphs=not getattr(args, "draft_eager", False),
             prefill_chunk=getattr(args, "prefill_chunk", DEFAULT_PREFILL_CHUNK),
+            # each tree system measures its own row count: with random weights every tree commits one token,
+            # so a run choice (exl3-run-choice) would run every system at 8 rows
+            run_choice=False,
             **threads,
         )
         self.decoder = BenchDecoder(args.model)

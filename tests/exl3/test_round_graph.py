@@ -172,21 +172,26 @@ def test_a_stand_in_for_a_piece_runs_the_rounds_piece_by_piece(backend, decoder)
 
 
 def test_composed_rounds_after_the_row_count_changed(backend, decoder):  # noqa: F811
-    """(e) A request after the backend's row count changed (the bench and tests switch `fixed_rows`) drops
-    every composed graph, which addressed the old count's buffers, and composes again in a new pool: PyTorch
-    refuses a capture into a pool whose graphs are all gone (call 162 met its internal assert through
-    test_gdn_ba_patch.py::test_product_path_with_the_patch). Both counts' rounds are plain decoding's."""
+    """(e) A request after the backend's row count changed (the bench and tests switch `fixed_rows`; a run
+    choice switches it round by round) composes that count's rounds beside the other count's: each count's
+    buffers are made once and kept (session 50; before, every composed graph was dropped and a new pool
+    taken, call 162). Back at a count composed before, its graphs are launched again and nothing is
+    composed. Every count's rounds are plain decoding's."""
     ids = prompt(1100, 66, backend.info.vocab_size)
     rounds = backend.device_rounds
     graphs = rounds.round_graphs
     rows = backend.fixed_rows
     try:
-        for run in (8, 16, 8):
+        for i, run in enumerate((8, 16, 8)):
             backend.fixed_rows = run
             truth = truth_of(backend, ids)
-            composed = graphs.composed
+            composed, launches = graphs.composed, graphs.launches
             got, _, _ = generate(backend, decoder, ids)
             assert got == truth, f"{run} rows"
-            assert graphs.composed > composed, f"{run} rows: nothing composed after the change"
+            if i == 0:
+                assert graphs.composed > composed, "8 rows: nothing composed after the change"
+            if i == 2:
+                assert graphs.composed == composed, "8 rows again: composed again, not launched"
+                assert graphs.launches > launches
     finally:
         backend.fixed_rows = rows
