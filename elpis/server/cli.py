@@ -368,6 +368,10 @@ def build_service(args: argparse.Namespace) -> ModelService:
     if drafter is not None:
         trees = f"trees of up to {budget} rows (top-{top_k} per depth)"
         shape = trees if tree_mode(args) else f"chains of {budget} rows"
+        choice = getattr(backend, "run_choice", None)
+        if choice is not None:  # exl3-run-choice: each round verifies at one of these row counts
+            runs = " or ".join(map(str, choice.runs))
+            shape += f", each round verified at {runs} rows by measured tokens/s"
         log.info("[serve] speculation: %s drafter, %s", draft_choice(args), shape)
     generator = SpeculativeGenerator(
         backend, tokenizer, drafter=drafter, tree_budget=budget, draft_top_k=top_k
