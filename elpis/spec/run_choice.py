@@ -67,7 +67,7 @@ class RunChoice:
     min_rounds: int = 8
     window: int = 64
     chosen: dict[int, int] = field(default_factory=dict)  # rounds run at each run, over the choice's life
-    _means: dict[int, _Means] = field(default_factory=dict)  # per largest run (the tree budget's)
+    _means: dict[int, _Means] = field(default_factory=dict)  # per tree budget
     _below: int = 0  # rounds run below the largest since the last that ran it
 
     def __post_init__(self) -> None:
@@ -91,7 +91,7 @@ class RunChoice:
 
     def estimate(self, budget: int) -> dict[int, float]:
         """Mean committed tokens a round at each run (those measured so far) for trees of `budget` rows."""
-        means = self._means.get(self.largest(budget))
+        means = self._means.get(budget)
         return dict(means.tokens) if means else {}
 
     def choose(self, kvp: int, budget: int) -> int:
@@ -99,7 +99,7 @@ class RunChoice:
         changes: `chose` records the round once it is queued)."""
         top = self.largest(budget)
         options = [r for r in self.runs if r <= top]
-        means = self._means.get(top)
+        means = self._means.get(budget)
         if len(options) < 2 or means is None or means.rounds < self.min_rounds:
             return top
         best = max(options, key=lambda r: (means.tokens[r] / self._cost(r, kvp), -r))
@@ -124,7 +124,7 @@ class RunChoice:
             raise ValueError(f"a round at {run} rows is not one of the runs {self.runs} up to {top}")
         if len(parents) > run:
             raise ValueError(f"a tree of {len(parents)} rows does not fit a run of {run}")
-        means = self._means.setdefault(top, _Means())
+        means = self._means.setdefault(budget, _Means())
         weight = 1.0 / min(self.window, means.rounds + 1) if run == top else 1.0 / self.window
         measured = [r for r in self.runs if r <= top] if run == top else [run]
         for r in measured:
