@@ -29,6 +29,7 @@ import pytest
 
 from tests.exl3.test_gpu import decoder, prompt  # noqa: F401  (decoder: a fixture)
 from tests.exl3.test_tree_verify import plain, tree_generate
+from tests.spec.alternate_runs import Alternate
 
 pytestmark = pytest.mark.gpu
 
@@ -271,24 +272,6 @@ def test_graphs_captured_at_load_leave_rounds_on_the_gpu_nothing_to_capture(back
     assert counts() == before, f"captured during the request: {before} -> {counts()} (warm-up {report})"
 
 
-class Alternate:
-    """A run choice that takes 16 and 8 rows in turn, so that every round switches (see
-    tests/exl3/test_device_round_driver_cpu.py's CPU twin)."""
-
-    def __init__(self) -> None:
-        self.next, self.queued, self.seen = 16, [], []
-
-    def choose(self, kvp: int, budget: int) -> int:
-        return self.next
-
-    def chose(self, run: int, budget: int) -> None:
-        self.queued.append(run)
-        self.next = 8 if run == 16 else 16
-
-    def observe(self, run: int, budget: int, parents: tuple, path: tuple) -> None:
-        self.seen.append((run, len(parents), len(path)))
-
-
 @pytest.fixture
 def both_runs(backend):
     """The module's backend with both row counts' graphs captured and timed (`capture_graphs` over
@@ -367,7 +350,6 @@ def test_sampled_host_rounds_at_the_chosen_row_count_give_plain_decodings_tokens
 
     truth = tokens(SpeculativeGenerator(backend, decoder))
     choice = Alternate()
-    choice.budget_at = lambda run, budget: min(run, budget)
     backend.run_choice = choice
     try:
         got = tokens(SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=16,

@@ -10,6 +10,7 @@ import pytest
 from elpis.backend import DraftBlock
 from elpis.spec.run_choice import RunChoice, tokens_within
 from elpis.spec.tree import build_tree
+from tests.spec.alternate_runs import Alternate
 
 
 def test_a_path_inside_the_smaller_tree_commits_the_same_there() -> None:
@@ -153,25 +154,6 @@ class WithRunChoice:
     def verify(self, tokens, parents):
         self.rows.append(len(tokens))
         return self.inner.verify(tokens, parents)
-
-
-class Alternate:
-    """16 and 8 rows in turn; what the generator tells it is kept."""
-
-    def __init__(self) -> None:
-        self.next, self.seen = 16, []
-
-    def choose(self, kvp: int, budget: int) -> int:
-        return self.next
-
-    def budget_at(self, run: int, budget: int) -> int:
-        return min(run, budget)
-
-    def chose(self, run: int, budget: int) -> None:
-        self.next = 8 if run == 16 else 16
-
-    def observe(self, run: int, budget: int, parents, path) -> None:
-        self.seen.append((run, len(parents), list(path)))
 
 
 @pytest.mark.parametrize(
