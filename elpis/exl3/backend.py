@@ -855,8 +855,9 @@ class Exl3Backend:
         return self.warmup.round_seconds[key]
 
     def verify_cost(self, rows: int) -> float | None:
-        """Relative cost of `rows` rows: constant with fixed_rows or in tree mode (every call runs the same
-        shape)."""
+        """Relative cost of `rows` rows: constant with fixed_rows (every call runs the same shape) and in tree
+        mode, where a round's row count is the run choice's to make (`run_choice`, by measured tokens a
+        second), not the generator's draft-probability model's."""
         if self.tree and 1 <= rows <= self.tree_run():
             return 1.0
         if self.fixed_rows is not None and rows <= self.fixed_rows:
