@@ -397,6 +397,7 @@ __all__ = [
     "DEFAULT_PREFILL_GROUP",
     "EXLLAMA_PREFILL_CHUNK",
     "PREFILL_CHUNKS",
+    "RUN_CHOICE_PATCH",
     "check_device_rounds",
     "check_prefill_chunk",
     "check_prefill_group",

@@ -322,3 +322,72 @@ def test_device_rounds_are_on_by_default_where_they_apply_and_refused_without_wh
     ):
         with pytest.raises(ValueError, match=missing):
             check_device_rounds(*args)
+
+
+def test_the_run_choice_is_on_by_default_where_it_applies_and_refused_elsewhere(monkeypatch):
+    """On since session 50 (bench/results/tree/README.md): where rounds run on the GPU with graphs captured
+    at load and trees of more than 8 rows; asked for elsewhere, or switched off, it is refused with the
+    reason."""
+    from elpis.exl3 import RUN_CHOICE_PATCH, check_run_choice, default_run_choice
+
+    registry = {p.id: p for p in patches.load_registry()}
+    switch = registry[RUN_CHOICE_PATCH].switch
+    monkeypatch.delenv(switch, raising=False)
+    assert registry[RUN_CHOICE_PATCH].default is True
+    assert default_run_choice(True) is True and default_run_choice(False) is False
+    check_run_choice(True)
+    with pytest.raises(ValueError, match="rounds on the GPU, graphs captured at load"):
+        check_run_choice(False)
+    monkeypatch.setenv(switch, "0")
+    assert default_run_choice(True) is False
+    with pytest.raises(ValueError, match=f"the registry patch {RUN_CHOICE_PATCH} is switched off"):
+        check_run_choice(True)
+
+
+def tree_backend(fixed_rows: int, runs: tuple[int, ...] | None, round_seconds=None):
+    """An Exl3Backend with only what its row-count methods read (no engine: they need none)."""
+    import types
+
+    from elpis.exl3.backend import Exl3Backend
+
+    backend = Exl3Backend.__new__(Exl3Backend)
+    backend.fixed_rows, backend.runs, backend.tree = fixed_rows, runs, True
+    backend.engine = types.SimpleNamespace(cache_tokens=270_336)
+    backend.warmup = None if round_seconds is None else types.SimpleNamespace(round_seconds=round_seconds)
+    return backend
+
+
+def test_a_tree_verify_runs_at_the_smallest_row_count_that_holds_it():
+    both = tree_backend(16, (8, 16))
+    assert both.tree_runs() == (8, 16)
+    assert [both.verify_run(rows) for rows in (1, 8, 9, 16)] == [8, 8, 16, 16]
+    one = tree_backend(16, None)
+    assert one.tree_runs() == (16,) and one.verify_run(3) == 16
+    eight = tree_backend(8, (8, 16))  # the bench's tree-8 system on a load with both counts
+    assert eight.tree_runs() == (8,)
+    with pytest.raises(ValueError, match="over the backend's 8-row verifies"):
+        eight.verify_run(9)
+    with pytest.raises(ValueError, match="leave out the backend's own"):
+        tree_backend(16, (8,)).tree_runs()
+
+
+def test_a_rounds_cost_is_its_context_buckets_time_at_load():
+    from elpis.backend import BackendError
+
+    seconds = {(8, 4096): 0.014, (16, 4096): 0.0155, (8, 8192): 0.0144, (16, 8192): 0.0159}
+    backend = tree_backend(16, (8, 16), seconds)
+    assert backend.round_cost(8, 1000) == 0.014 and backend.round_cost(16, 4080) == 0.0155
+    assert backend.round_cost(16, 4081) == 0.0159  # its 16 rows reach past 4,096
+    with pytest.raises(BackendError, match="no round of 8 rows was timed"):
+        backend.round_cost(8, 9000)
+    with pytest.raises(BackendError, match="timed when the graphs are captured at load"):
+        tree_backend(16, (8, 16)).round_cost(8, 0)
+
+
+def test_a_verify_takes_only_the_pages_of_its_own_positions():
+    from elpis.exl3.tree_graph import verify_pages
+
+    pages = list(range(3, 3 + 17))  # a 16-row round from 4,081 allocated the 17th page
+    assert verify_pages(pages, 4081, 16) == pages
+    assert verify_pages(pages, 4088, 8) == pages[:16]
+    assert verify_pages(pages, 4089, 8) == pages
