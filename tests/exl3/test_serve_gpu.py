@@ -9,15 +9,18 @@ and sampled. Every other server test runs on the CPU backends."""
 from __future__ import annotations
 
 import argparse
+import json
+import urllib.request
 
 import pytest
 
 from elpis.server.cli import add_arguments, build_service
-from tests.server.conftest import running_server
+from tests.server.conftest import API_KEY, running_server
 
 pytestmark = pytest.mark.gpu
 
 MESSAGES = [{"role": "user", "content": "Count from one to twenty, then name three rivers."}]
+CHAT = "/v1/chat/completions"
 REQUESTS = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.8, "seed": 5}}
 
 
@@ -30,26 +33,35 @@ def serve_args(small, *extra: str) -> argparse.Namespace:
     )  # fmt: skip
 
 
+def request(server, path: str, body: dict | None = None) -> urllib.request.Request:
+    """An authenticated request (plain HTTP: the lent GPU machine has no `openai` package)."""
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    data = None if body is None else json.dumps(body).encode()
+    return urllib.request.Request(server.url + path, data, headers)
+
+
 def answers(server) -> dict[str, tuple[str, str]]:
-    """Each request's (content + reasoning) whole and streamed, and checks that both agree."""
-    client = server.client()
-    model = client.models.list().data[0].id
+    """Each request's (content, reasoning) whole and streamed, and checks that both agree."""
+    with urllib.request.urlopen(request(server, "/v1/models")) as reply:
+        model = json.load(reply)["data"][0]["id"]
     out = {}
     for name, extra in REQUESTS.items():
-        reply = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=48, **extra)
-        message = reply.choices[0].message
-        whole = (message.content or "", message.model_extra.get("reasoning_content") or "")
+        body = {"model": model, "messages": MESSAGES, "max_tokens": 48, **extra}
+        with urllib.request.urlopen(request(server, CHAT, body), timeout=120) as reply:
+            whole_reply = json.load(reply)
+        message = whole_reply["choices"][0]["message"]
+        whole = (message.get("content") or "", message.get("reasoning_content") or "")
+        assert 1 <= whole_reply["usage"]["completion_tokens"] <= 48, whole_reply["usage"]
         content, reasoning = [], []
-        stream = client.chat.completions.create(
-            model=model, messages=MESSAGES, max_tokens=48, stream=True, **extra
-        )
-        for chunk in stream:
-            if chunk.choices:
-                delta = chunk.choices[0].delta
-                content.append(delta.content or "")
-                reasoning.append((delta.model_extra or {}).get("reasoning_content") or "")
+        with urllib.request.urlopen(request(server, CHAT, {**body, "stream": True}), timeout=120) as reply:
+            for raw in reply:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                for choice in json.loads(line[len("data: "):]).get("choices", []):
+                    content.append(choice["delta"].get("content") or "")
+                    reasoning.append(choice["delta"].get("reasoning_content") or "")
         assert ("".join(content), "".join(reasoning)) == whole, f"{name}: streamed differs from whole"
-        assert 1 <= reply.usage.completion_tokens <= 48, reply.usage
         out[name] = whole
     return out
 

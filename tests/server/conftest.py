@@ -9,14 +9,17 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import openai
 import pytest
 
 from elpis.server.app import Limits, OpenAIServer
 from elpis.server.auth import Authorizer
 from elpis.server.cli import serve
 from elpis.server.service import ModelService
+
+if TYPE_CHECKING:  # the client is imported where it is used: the lent GPU machine has no `openai`
+    import openai
 
 API_KEY = "sk-test-elpis-0123456789"
 
@@ -35,9 +38,13 @@ class RunningServer:
         return f"http://127.0.0.1:{self.port}"
 
     def client(self, key: str = API_KEY, **kwargs) -> openai.OpenAI:
+        import openai
+
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, **kwargs)
 
     def async_client(self, key: str = API_KEY, **kwargs) -> openai.AsyncOpenAI:
+        import openai
+
         return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, **kwargs)
 
     def _main(self) -> None:
