@@ -1,15 +1,19 @@
 """`elpis serve --backend exl3` on the GPU, end to end over HTTP (session 50).
 
-The served configuration on the small synthetic checkpoint (its real Qwen tokenizer and chat template; tree
-mode with its DFlash2 draft, rounds on the GPU for greedy requests, host rounds for sampled ones, the run
-choice between 8 and 16 rows) answers chat completions, whole and streamed, with the text of the same
-configuration serving trees of one row (`--tree-budget 1`: plain decoding through the same kernels), greedy
-and sampled. Every other server test runs on the CPU backends."""
+The served configuration (tree mode with the DFlash2 draft, rounds on the GPU for greedy requests, host
+rounds for sampled ones, the run choice between 8 and 16 rows) answers chat completions, whole and streamed,
+with the text of the same configuration serving trees of one row (`--tree-budget 1`: plain decoding through
+the same kernels), greedy and sampled. Every other server test runs on the CPU backends.
+
+It needs the full-size synthetic checkpoints (ELPIS_FULL_TARGET / ELPIS_FULL_DRAFT, `elpis synth --full` and
+`--draft`): they hold the real Qwen vocabulary that the chat template's tokens need, where the small synthetic
+model's 32K vocabulary refuses them (call 201 met that: 400 for every chat request)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import urllib.request
 
 import pytest
@@ -24,13 +28,21 @@ CHAT = "/v1/chat/completions"
 REQUESTS = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.8, "seed": 5}}
 
 
-def serve_args(small, *extra: str) -> argparse.Namespace:
+@pytest.fixture(scope="module")
+def full() -> tuple[str, str]:
+    target, draft = os.environ.get("ELPIS_FULL_TARGET"), os.environ.get("ELPIS_FULL_DRAFT")
+    if not (target and draft):
+        pytest.skip("set ELPIS_FULL_TARGET and ELPIS_FULL_DRAFT to the elpis synth --full/--draft outputs")
+    return target, draft
+
+
+def serve_args(full: tuple[str, str], *extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
+    target, draft = full
     return parser.parse_args(
-        ["--backend", "exl3", "--model", str(small / "target"), "--draft", str(small / "draft"),
-         "--max-context", "8192", *extra]
-    )  # fmt: skip
+        ["--backend", "exl3", "--model", target, "--draft", draft, "--max-context", "8192", *extra]
+    )
 
 
 def request(server, path: str, body: dict | None = None) -> urllib.request.Request:
@@ -66,11 +78,11 @@ def answers(server) -> dict[str, tuple[str, str]]:
     return out
 
 
-def test_the_served_exl3_configuration_answers_with_plain_decodings_text(small):
-    with running_server(lambda: build_service(serve_args(small, "--tree-budget", "1"))) as plain:
+def test_the_served_exl3_configuration_answers_with_plain_decodings_text(full):
+    with running_server(lambda: build_service(serve_args(full, "--tree-budget", "1"))) as plain:
         assert plain.server.service.generator.backend.run_choice is None  # one row: one row count
         expected = answers(plain)
-    with running_server(lambda: build_service(serve_args(small))) as served:
+    with running_server(lambda: build_service(serve_args(full))) as served:
         backend = served.server.service.generator.backend
         assert backend.tree and backend.device_rounds is not None
         assert backend.run_choice is not None and backend.run_choice.runs == (8, 16)
