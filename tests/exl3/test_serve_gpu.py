@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import urllib.error
 import urllib.request
 
 import pytest
@@ -52,20 +53,28 @@ def request(server, path: str, body: dict | None = None) -> urllib.request.Reque
     return urllib.request.Request(server.url + path, data, headers)
 
 
+def opened(req: urllib.request.Request):
+    """urlopen, with the server's error body in the failure (a 400 names what it refused)."""
+    try:
+        return urllib.request.urlopen(req, timeout=120)
+    except urllib.error.HTTPError as exc:
+        raise AssertionError(f"{req.full_url}: {exc.code} {exc.read()[:500]!r}") from exc
+
+
 def answers(server) -> dict[str, tuple[str, str]]:
     """Each request's (content, reasoning) whole and streamed, and checks that both agree."""
-    with urllib.request.urlopen(request(server, "/v1/models")) as reply:
+    with opened(request(server, "/v1/models")) as reply:
         model = json.load(reply)["data"][0]["id"]
     out = {}
     for name, extra in REQUESTS.items():
         body = {"model": model, "messages": MESSAGES, "max_tokens": 48, **extra}
-        with urllib.request.urlopen(request(server, CHAT, body), timeout=120) as reply:
+        with opened(request(server, CHAT, body)) as reply:
             whole_reply = json.load(reply)
         message = whole_reply["choices"][0]["message"]
         whole = (message.get("content") or "", message.get("reasoning_content") or "")
         assert 1 <= whole_reply["usage"]["completion_tokens"] <= 48, whole_reply["usage"]
         content, reasoning = [], []
-        with urllib.request.urlopen(request(server, CHAT, {**body, "stream": True}), timeout=120) as reply:
+        with opened(request(server, CHAT, {**body, "stream": True})) as reply:
             for raw in reply:
                 line = raw.decode().strip()
                 if not line.startswith("data: ") or line == "data: [DONE]":
