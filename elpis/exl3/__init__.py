@@ -306,12 +306,10 @@ def load_backend(
         from elpis.exl3.device_round import DeviceRounds
 
         backend.device_rounds = DeviceRounds(backend)
-    if run_choice:  # one choice for the host's rounds and the GPU's: they measure the same rows
+    if run_choice:  # one choice for the host's rounds and the GPU's (DeviceRounds.choice): the same rows
         from elpis.spec.run_choice import RunChoice
 
         backend.run_choice = RunChoice(backend.tree_runs(), backend.round_cost)
-        if backend.device_rounds is not None:
-            backend.device_rounds.choice = backend.run_choice
     return backend
 
 

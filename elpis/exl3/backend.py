@@ -399,7 +399,7 @@ class Exl3Backend:
         self.engine = engine
         self.fixed_rows = fixed_rows
         self.runs: tuple[int, ...] | None = None  # tree runs besides fixed_rows' (`tree_runs`)
-        # each tree round's row count, host rounds' and (as DeviceRounds.choice) GPU rounds': load_backend's
+        # each tree round's row count, host rounds' and GPU rounds' (DeviceRounds.choice): load_backend's
         self.run_choice: RunChoice | None = None
         self.tree = tree
         self.info = BackendInfo(

@@ -269,8 +269,6 @@ class DeviceRounds:
         self.cond_kvp = torch.zeros((1,), dtype=torch.int32, device=dev)
         self._by_run: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._run_buffers(dev, run)
-        # which row count each round's verify runs at (`elpis.spec.run_choice`); None: the backend's own
-        self.choice: RunChoice | None = None
         self.budget = run  # the request's tree budget (`start`)
         self.state_budget = run  # the tree budget the state block holds (the queued rounds' run's)
         self.top_k = 0
@@ -283,6 +281,12 @@ class DeviceRounds:
         # (Python and launches, issue 9's host time per round)
         self.wait_seconds = 0.0
         self.round_graphs: round_graph.RoundGraphs | None = None  # composed rounds (`elpis.exl3.round_graph`)
+
+    @property
+    def choice(self) -> RunChoice | None:
+        """Which row count each round's verify runs at: the backend's run choice (`elpis.spec.run_choice`),
+        which its host rounds ask too; None: every round at the backend's own."""
+        return self.backend.run_choice
 
     def _run_buffers(self, dev: torch.device | str, run: int) -> None:
         """The buffers of a row count's rounds, made once and kept (composed graphs address them): the

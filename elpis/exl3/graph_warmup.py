@@ -26,6 +26,7 @@ from elpis.backend import BackendError
 
 if TYPE_CHECKING:
     from elpis.exl3.backend import Exl3Backend
+    from elpis.exl3.draft_graph import DraftGraphs
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,10 @@ def capture_graphs(backend: Exl3Backend, *, device_rounds: bool | None = None) -
     seconds: dict[tuple[int, int], float] = {}
     try:
         for bucket in buckets:
+            width = tree_graph.bucket_pages(bucket, engine.cache_tokens)  # each run's verify table there
             for run in runs:
-                width = graphs.table_width(bucket - run, run)
-                verify = _capture_bucket(backend, state, page, bucket, run, depth, device_rounds)
+                verify = _capture_bucket(backend, state, page, bucket, run, depth, device_rounds,
+                                         blocks if conditioning else None)  # fmt: skip
                 seconds[(run, bucket)] = replay_seconds(verify, engine.device)
             kvp = bucket - 1 - depth
             draft = 0.0
@@ -129,17 +131,15 @@ def capture_graphs(backend: Exl3Backend, *, device_rounds: bool | None = None) -
 
 
 def _capture_bucket(backend: Exl3Backend, state: object, page: int, bucket: int, run: int, depth: int,
-                    device_rounds: bool) -> torch.cuda.CUDAGraph:  # fmt: skip
-    """Capture the keys of `run` rows at the top of `bucket` (both state rows: verify, commit, and the
-    draft's conditionings: the host rounds' for each accepted row count, and the one a round on the GPU
-    names), and return the verify graph of the last."""
+                    device_rounds: bool, blocks: DraftGraphs | None) -> torch.cuda.CUDAGraph:  # fmt: skip
+    """Capture the keys of `run` rows at the top of `bucket` (both state rows: verify, commit, and with the
+    draft's graphs `blocks` (None: no conditioning) its conditionings: the host rounds' for each accepted row
+    count, and the one a round on the GPU names), and return the verify graph of the last."""
     from elpis.exl3.tree_verify import layout_tree
     from elpis.exl3.upload import padded_table
 
     graphs, engine = backend.graphs, backend.engine
     assert graphs is not None
-    blocks = backend.drafter.graphs if backend.drafter is not None else None
-    conditioning = blocks is not None and blocks.conditioning and bool(backend.export_layers)
     layout = layout_tree([-1], run)  # the root alone: the keys do not depend on the tree
     ids = [0] * run
     kvp = bucket - run
@@ -156,8 +156,7 @@ def _capture_bucket(backend: Exl3Backend, state: object, page: int, bucket: int,
             raise RuntimeError(f"graph warm-up: the verify of bucket {bucket} did not replay")
         c = graphs.captured(state, kvp, run)
         assert c is not None and c.graph is not None
-        if conditioning and export is not None:
-            assert blocks is not None
+        if blocks is not None and export is not None:
             for rows in range(1, depth + 1):
                 blocks.condition(export, list(range(rows)), table, kvp)
             if device_rounds:  # the key a round on the GPU names: its verify's export and table

@@ -283,7 +283,7 @@ def both_runs(backend):
         backend.warmup = capture_graphs(backend, device_rounds=True)
         yield backend
     finally:
-        backend.device_rounds.choice = None
+        backend.run_choice = None
         backend.runs, backend.warmup = None, None
 
 
@@ -296,7 +296,7 @@ def test_rounds_that_switch_row_counts_every_round_give_plain_decodings_tokens(b
     for seed, known in ((53, True), (54, False)):
         ids = prompt(1500, seed, backend.info.vocab_size)
         truth = truth_of(backend, ids)
-        rounds.choice = choice = Alternate()
+        backend.run_choice = choice = Alternate()
         if known:
             rounds._candidates = KnownContinuation(rounds, truth, len(ids) - 1)
         try:
@@ -321,8 +321,7 @@ def test_the_run_choice_over_the_timed_graphs_gives_plain_decodings_tokens(both_
     assert {run for run, _ in seconds} == {8, 16} and all(t > 0 for t in seconds.values())
     for bucket in backend.warmup.buckets:
         assert seconds[(16, bucket)] >= 0.9 * seconds[(8, bucket)], seconds
-    rounds = backend.device_rounds
-    rounds.choice = choice = RunChoice(backend.tree_runs(), backend.round_cost, min_rounds=4)
+    backend.run_choice = choice = RunChoice(backend.tree_runs(), backend.round_cost, min_rounds=4)
     ids = prompt(1500, 55, backend.info.vocab_size)
     truth = truth_of(backend, ids)
     got, _ = generate(backend, decoder, ids)

@@ -252,9 +252,11 @@ class StandInComposer:
 
 
 class StandInBackend:
-    """What the driver reads of Exl3Backend: the active sequence, its pages, the graphs and the draft."""
+    """What the driver reads of Exl3Backend: the active sequence, its pages, the graphs, the draft and the run
+    choice."""
 
     tree = True
+    run_choice = None
 
     def __init__(self, prompt: list[int], wrong: float) -> None:
         self.graphs = StandInGraphs()
@@ -596,7 +598,7 @@ def test_rounds_that_change_their_row_count_every_round_commit_plain_decodings_t
     rounds = driver(backend)
     if composed:
         rounds.round_graphs = RoundGraphs(StandInComposer())
-    rounds.choice = choice = Alternate()  # type: ignore[assignment]
+    backend.run_choice = choice = Alternate()  # type: ignore[assignment]
     got, faults = generate(rounds, 120)
     assert got == plain(prompt, 120) and not faults
     assert set(choice.queued) == {8, 16} and rounds.queued_ahead > 0
@@ -620,7 +622,7 @@ def test_the_run_choice_takes_eight_rows_where_sixteen_cost_more_than_they_commi
     rounds = driver(backend)
     choice = RunChoice((8, 16), lambda run, kvp: 1.0 if run == 8 or kvp < 4096 else 3.0,
                        min_rounds=4, explore_every=4)  # fmt: skip
-    rounds.choice = choice
+    backend.run_choice = choice  # type: ignore[assignment]
     queued: list[tuple[int, int]] = []  # (the host's position when queued, run)
     chose = choice.chose
     choice.chose = lambda run, budget: (queued.append((rounds.settled, run)), chose(run, budget))[1]  # type: ignore[method-assign]

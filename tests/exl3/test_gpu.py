@@ -406,7 +406,7 @@ def test_24gib_budget_full_model(tree: bool, device_rounds: bool):
         ids = prompt(262000, 1, b.info.vocab_size)
         loaded = torch.cuda.max_memory_allocated()
         out, _, rounds = {generate}
-        choice = b.device_rounds.choice if b.device_rounds else None
+        choice = b.run_choice
         timed = b.warmup.round_seconds if b.warmup else {{}}
         print(json.dumps({{"tokens": len(out), "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
                           "peak_after_load_gib": loaded / 2**30, "rounds": len(rounds), "tree": {tree!r},
