@@ -257,6 +257,10 @@ class OpenAIServer:
             top_k=0 if fields.top_k in (None, -1) else int(fields.top_k),
             min_p=float(fields.min_p or 0.0),
             seed=seed,
+            presence_penalty=float(fields.presence_penalty or 0.0),
+            frequency_penalty=float(fields.frequency_penalty or 0.0),
+            repetition_penalty=1.0 if fields.repetition_penalty is None else float(fields.repetition_penalty),
+            logit_bias=fields.bias_pairs(),
         )
 
     def _start_job(
@@ -267,7 +271,7 @@ class OpenAIServer:
         max_tokens: int,
         top_logprobs: int | None,
     ) -> Job:
-        self._check_stop_ids(service, fields)
+        self._check_token_ids(service, fields)
         stop = threading.Event()
         try:
             request = GenerationRequest(
@@ -285,10 +289,12 @@ class OpenAIServer:
         return self.scheduler.submit(lambda should_stop: steps, stop=stop)
 
     @staticmethod
-    def _check_stop_ids(service: ModelService, fields: SamplingFields) -> None:
-        """Stop ids outside the vocabulary are refused naming the field that holds them."""
+    def _check_token_ids(service: ModelService, fields: SamplingFields) -> None:
+        """Stop and logit_bias ids outside the vocabulary are refused naming the field that holds them."""
         _check_in_vocabulary(service, fields.listed_stop_ids(), "stop token ids", "stop")
         _check_in_vocabulary(service, fields.stop_token_ids or [], "stop token ids", "stop_token_ids")
+        biased = [token for token, _ in fields.bias_pairs()]
+        _check_in_vocabulary(service, biased, "logit_bias token ids", "logit_bias")
 
     async def _next_item(self, job: Job, on_idle: Callable[[], Awaitable[None]] | None) -> Any:
         while True:

@@ -5,10 +5,12 @@ accepted without effect, and are listed here so the behaviour is documented in o
 
 - `IGNORED_FIELDS`: bookkeeping with no effect on the answer (`user`, `metadata`, `store`,
   `service_tier`, `safety_identifier`, `prompt_cache_key`); accepted with any value.
-- neutral-only fields: `n` (only 1), `frequency_penalty` and `presence_penalty` (only 0),
-  `repetition_penalty` (only 1), `logit_bias` (only empty), `skip_special_tokens` (only true),
-  `modalities` (only ["text"]), and on completions `best_of` (only 1), `echo` (only false) and `suffix`
-  (only null or ""). Any other value is refused, because honouring it would change the output.
+- neutral-only fields: `n` (only 1), `skip_special_tokens` (only true), `modalities` (only ["text"]), and on
+  completions `best_of` (only 1), `echo` (only false) and `suffix` (only null or ""). Any other value is
+  refused, because honouring it would change the output.
+
+The penalties (`frequency_penalty`, `presence_penalty`, `repetition_penalty`) and `logit_bias` are honoured
+(`elpis.spec.penalties`), within the ranges below.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from elpis.server.errors import APIError, bad_request
 from elpis.server.schema_values import strict_json_loads
+from elpis.spec.sampling import MAX_LOGIT_BIAS, MAX_PENALTY
 
 IGNORED_FIELDS = frozenset(
     {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
@@ -28,6 +31,7 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 MAX_STOP_STRINGS = 16
 MAX_STOP_IDS = 16
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
 
 
@@ -188,12 +192,12 @@ class SamplingFields(Strict):
     return_token_ids: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
+    frequency_penalty: float | None = Field(default=None, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    presence_penalty: float | None = Field(default=None, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=MAX_PENALTY)
+    logit_bias: dict[str, float] | None = None  # token id (a decimal string) -> bias
     # neutral-only (see the module docstring)
     n: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
     skip_special_tokens: bool | None = None
     modalities: list[str] | None = None
 
@@ -202,22 +206,28 @@ class SamplingFields(Strict):
     def _n(cls, v: int | None) -> int | None:
         return _neutral(v, 1, "n", "one choice per request")
 
-    @field_validator("frequency_penalty", "presence_penalty")
-    @classmethod
-    def _penalty(cls, v: float | None) -> float | None:
-        return _neutral(v, 0, "penalties", "penalties are not supported")
-
-    @field_validator("repetition_penalty")
-    @classmethod
-    def _repetition(cls, v: float | None) -> float | None:
-        return _neutral(v, 1, "repetition_penalty", "penalties are not supported")
-
     @field_validator("logit_bias")
     @classmethod
     def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v:
-            raise ValueError("logit_bias is not supported")
+        if not v:
+            return v
+        if len(v) > MAX_LOGIT_BIAS_ENTRIES:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS_ENTRIES} logit_bias entries, got {len(v)}")
+        ids: set[int] = set()
+        for key, bias in v.items():
+            if not (key.isascii() and key.isdigit()):
+                raise ValueError(f"logit_bias keys are token ids as decimal strings, got {key[:40]!r}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
+                                 f"got {bias!r} for token {key}")
+            if int(key) in ids:
+                raise ValueError(f"logit_bias names token {int(key)} twice")
+            ids.add(int(key))
         return v
+
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias as (token id, bias) pairs, by id."""
+        return tuple(sorted((int(key), float(bias)) for key, bias in (self.logit_bias or {}).items()))
 
     @field_validator("skip_special_tokens")
     @classmethod

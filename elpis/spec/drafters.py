@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from elpis.backend import Backend, DraftBlock
+from elpis.spec.penalties import History
 from elpis.spec.sampling import SamplingParams, sample_row
 
 
@@ -92,20 +93,26 @@ class OracleDrafter:
     It keeps its own sequence running and extends it only as far as asked, so over a whole request it
     costs one plain decode; a context that disagrees with what it has seen (another request, or a target
     that diverged) restarts it from that context.
+
+    A request that adjusts its logits (penalties, logit_bias) needs `prompt_length`: the adjustments count the
+    generated tokens apart from the prompt's.
     """
 
     MAX_ALTERNATIVES = 8
 
-    def __init__(self, backend: Backend, sampling: SamplingParams) -> None:
-        self.backend, self.sampling = backend, sampling
+    def __init__(self, backend: Backend, sampling: SamplingParams, prompt_length: int | None = None) -> None:
+        if sampling.adjusts_logits and prompt_length is None:
+            raise ValueError("an oracle for a request that adjusts its logits needs the prompt's length")
+        self.backend, self.sampling, self.prompt_length = backend, sampling, prompt_length
         self._sequence: list[int] = []  # the oracle's committed context, anchor last
         self._levels: dict[int, list[tuple[int, float]]] = {}  # absolute position -> candidates
+        self._history: History | None = None
         self._active = False
 
     def reset(self) -> None:
         if self._active:
             self.backend.finish()
-        self._sequence, self._levels, self._active = [], {}, False
+        self._sequence, self._levels, self._history, self._active = [], {}, None, False
 
     def propose(self, context: Sequence[int], depth: int, top_k: int) -> DraftBlock:
         return DraftBlock(self.continuation_with_alternatives(context, depth, top_k))
@@ -122,13 +129,24 @@ class OracleDrafter:
             self.reset()
             self.backend.begin(list(context))
             self._sequence, self._active = list(context), True
+            if self.sampling.adjusts_logits:
+                start = self.prompt_length
+                assert start is not None
+                self._history = History(self.sampling, context[:start], self.backend.info.vocab_size)
+                self._history.commit(context[start:])
         wanted = min(length + depth, self.backend.info.max_context)
         while len(self._sequence) < wanted:
             row = self.backend.verify([self._sequence[-1]], [-1])[0]
             position = len(self._sequence)
             # Tokens the target already committed are followed, not re-drawn: the state then comes from
             # decode steps only, like the target's (a fresh prefill may differ in the last bits).
-            token = context[position] if position < length else sample_row(row, self.sampling, position)
+            if position < length:
+                token = context[position]
+            else:
+                drawn = row if self._history is None else self._history.adjusted(row.unsqueeze(0), [()])[0]
+                token = sample_row(drawn, self.sampling, position)
+            if self._history is not None:
+                self._history.commit([token])
             logprobs = torch.log_softmax(row.to(torch.float64), dim=0)
             others = torch.topk(logprobs, self.MAX_ALTERNATIVES).indices.tolist()
             self._levels[position] = [(token, 0.0)] + [

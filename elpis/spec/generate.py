@@ -3,7 +3,8 @@
 One round:
   1. the drafter proposes candidates after the committed context; `build_tree` picks rows (anchor first);
   2. `backend.verify` computes every row's logits in one call;
-  3. every row's target token is drawn by `sample_rows`, keyed by (seed, absolute position);
+  3. every row's target token is drawn by `sample_rows`, keyed by (seed, absolute position), from its logits
+     as the request's penalties and logit_bias adjust them over the row's own path (`elpis.spec.penalties`);
   4. `elpis.accept.tree` decides which rows are committed (stops and the remaining max_tokens included);
   5. `backend.commit` advances the state along those rows; the drafter sees the longer context next time.
 Steps 2-5 run through `elpis.spec.integrity`: the round has an identity, the verify result and the commit
@@ -29,6 +30,7 @@ from elpis.accept.abi import BUDGET_MAX
 from elpis.backend import Backend, BackendError, DeviceRounds, Drafter
 from elpis.spec.detok import Decoder, IncrementalDetokenizer
 from elpis.spec.integrity import RoundFault, RoundId, RoundLink, RoundTracker
+from elpis.spec.penalties import History, tree_paths
 from elpis.spec.request import GenerationRequest, GenerationStats, Step, TokenLogprob, stop_ids_for
 from elpis.spec.run_choice import RunChoice
 from elpis.spec.sampling import sample_rows, top_logprobs
@@ -68,7 +70,9 @@ class SpeculativeGenerator:
         if len(request.prompt_ids) > info.max_context:
             raise ValueError(f"prompt has {len(request.prompt_ids)} tokens; "
                              f"the context holds {info.max_context}")
-        for name, ids in (("prompt", request.prompt_ids), ("stop token", stops)):
+        biased = tuple(t for t, _ in request.sampling.logit_bias)
+        named = (("prompt", request.prompt_ids), ("stop token", stops), ("logit_bias token", biased))
+        for name, ids in named:
             bad = [t for t in ids if t >= info.vocab_size]
             if bad:
                 raise ValueError(f"{name} ids {bad[:4]} are outside the vocabulary "
@@ -85,9 +89,11 @@ class SpeculativeGenerator:
 
     def _round(self, link: RoundLink, tracker: RoundTracker, tree: DraftTree, context: list[int],
                request: GenerationRequest, stops: tuple[int, ...], remaining: int,
-               stats: GenerationStats) -> tuple[torch.Tensor, list[int], accept.TreeDecision]:
+               stats: GenerationStats,
+               history: History | None) -> tuple[torch.Tensor, list[int], accept.TreeDecision]:
         """Verify, sample, accept and commit one round; an attempt failing a check is discarded and the
-        same tree verified again. Returns the checked logits, the targets and the committed decision."""
+        same tree verified again. Returns the checked (raw) logits, the targets and the committed decision.
+        `history`: the request's adjustments (None when it has none)."""
         base = len(context)  # absolute position of the token the anchor row draws
         faults: list[RoundFault] = []
         for attempt in range(self.round_retries + 1):
@@ -95,11 +101,14 @@ class SpeculativeGenerator:
             asked = tracker.round_id(stats.rounds, attempt, base - 1, tree.tokens, tree.parents)
             try:
                 result = link.verify_round(asked, tree.tokens, tree.parents)
-                if request.sampling.greedy:  # the tokens come back with the row checks: one read-back
+                if request.sampling.greedy and history is None:  # tokens come with the row checks
                     logits, targets = tracker.check_verify_greedy(asked, len(tree), result)
                 else:
                     logits = tracker.check_verify(asked, len(tree), result)
-                    targets = sample_rows(logits, request.sampling, [base + d for d in tree.depths])
+                    rows = logits
+                    if history is not None:
+                        rows = history.adjusted(logits, tree_paths(tree.tokens, tree.parents))
+                    targets = sample_rows(rows, request.sampling, [base + d for d in tree.depths])
                 decision = accept.tree(tree.parents, tree.tokens, targets, stops, remaining)
                 if not (1 <= decision.count == len(decision.rows) and decision.rows[0] == 0):
                     raise RuntimeError(f"acceptor returned an impossible decision {decision}")
@@ -204,17 +213,20 @@ class SpeculativeGenerator:
 
     def _round_source(self, request: GenerationRequest, stops: tuple[int, ...], context: list[int],
                       stats: GenerationStats) -> Callable[[int, int], _Committed]:
-        """How each round is run: on the backend's device for a greedy request without logprobs when the
-        backend has rounds there (`elpis.backend.DeviceRounds`) and a drafter is set, else on the host."""
+        """How each round is run: on the backend's device for a greedy request without logprobs or logit
+        adjustments when the backend has rounds there (`elpis.backend.DeviceRounds`) and a drafter is set,
+        else on the host."""
         backend = self.backend
         device = getattr(backend, "device_rounds", None)
         if (device is not None and self.drafter is not None and request.sampling.greedy
-                and request.top_logprobs is None and device.serves()):
+                and not request.sampling.adjusts_logits and request.top_logprobs is None and device.serves()):
             device.start(remaining=request.max_tokens, tree_budget=self.tree_budget, stops=stops,
                          top_k=self.draft_top_k)
             return lambda remaining, room: self._device_round(device, stats)
         link = backend if isinstance(backend, RoundLink) else RoundLink(backend)
         tracker = RoundTracker(next(_EPOCHS), backend.info.vocab_size)
+        history = (History(request.sampling, request.prompt_ids, backend.info.vocab_size)
+                   if request.sampling.adjusts_logits else None)
         costs = None
         choice: RunChoice | None = None
         if self.drafter is not None:
@@ -229,11 +241,13 @@ class SpeculativeGenerator:
                 choice.chose(run, self.tree_budget)
             tree = self._tree(context, remaining, room, costs, budget)
             logits, targets, decision = self._round(link, tracker, tree, context, request, stops, remaining,
-                                                    stats)
+                                                    stats, history)
+            committed = tuple(targets[r] for r in decision.rows)
+            if history is not None:
+                history.commit(committed)
             if choice is not None and run is not None and not decision.ends:
                 choice.observe(run, self.tree_budget, tree.parents, decision.rows)
-            return _Committed(tuple(targets[r] for r in decision.rows), decision.ends, len(tree),
-                              [logits[r] for r in decision.rows])
+            return _Committed(committed, decision.ends, len(tree), [logits[r] for r in decision.rows])
 
         return host_round
 

@@ -9,6 +9,10 @@ floating-point work never depends on how many rows share a verify call; the rows
 lockstep (`_drive`) so that their host read-backs go together: as many transfers as the row needing the most
 steps (about 8), not about 9 per row.
 
+A request may also adjust the logits before any of that (`elpis.spec.penalties`: repetition, frequency and
+presence penalties over the tokens before the drawn one, then logit_bias); the adjusted row is what is drawn
+from, greedy included.
+
 Filter order (the vLLM order): temperature, top_k (ties kept by lowest id), top_p (over the top-k
 renormalised distribution, sorted by probability with ties by lowest id, the smallest prefix reaching
 top_p), min_p (relative to the most likely token). The kept tokens are sampled by inverse CDF in token-id
@@ -32,13 +36,18 @@ MAX_TOP_LOGPROBS = 20
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling controls of one request. temperature 0 means greedy (argmax, lowest id on ties)."""
+    """Sampling controls of one request. temperature 0 means greedy (argmax, lowest id on ties). The penalties
+    and `logit_bias` (pairs of token id and bias) adjust each row's logits first (`elpis.spec.penalties`)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = no top-k filter
     min_p: float = 0.0
     seed: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature)):
@@ -53,10 +62,51 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (_is_number(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
+                raise ValueError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value!r}")
+        if not (_is_number(self.repetition_penalty) and 0.0 < self.repetition_penalty <= MAX_PENALTY):
+            raise ValueError(f"repetition_penalty must be in (0, {MAX_PENALTY:g}], "
+                             f"got {self.repetition_penalty!r}")
+        _check_bias(self.logit_bias)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether a row's logits are adjusted before the draw (then a greedy token is not the raw argmax)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
+
+
+MAX_PENALTY = 2.0
+MAX_LOGIT_BIAS = 100.0
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_bias(pairs: object) -> None:
+    """logit_bias: a tuple of (token id >= 0, bias in [-100, 100]) pairs, each id once."""
+    if not isinstance(pairs, tuple):
+        raise ValueError(f"logit_bias must be a tuple of (token id, bias) pairs, got {type(pairs).__name__}")
+    seen: set[int] = set()
+    for pair in pairs:
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise ValueError(f"logit_bias entries must be (token id, bias) pairs, got {pair!r}")
+        token, bias = pair
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ValueError(f"logit_bias token ids must be integers >= 0, got {token!r}")
+        if token in seen:
+            raise ValueError(f"logit_bias names token {token} twice")
+        if not (_is_number(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
+            raise ValueError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
+                             f"got {bias!r} for token {token}")
+        seen.add(token)
 
 
 def _mix64(x: int) -> int:

@@ -20,7 +20,10 @@ What they establish:
     graphs captured at load leave a request of rounds on the GPU nothing to capture;
 (i)-(k) (session 50, staged): rounds that change their verify's row count (8 or 16) every round, on the GPU
     and (sampled) on the host, and the run choice over the graphs' load-time times, give plain decoding's
-    tokens.
+    tokens;
+(l) (session 51, staged): a request with penalties and logit_bias keeps host rounds, and with the known
+    continuation drafted (several tokens a round, each row counting its own path) it commits plain
+    decoding's tokens under the same adjustments, greedy and sampled.
 """
 
 from __future__ import annotations
@@ -357,3 +360,49 @@ def test_sampled_host_rounds_at_the_chosen_row_count_give_plain_decodings_tokens
         backend.run_choice = None
     assert got == truth, "sampled host rounds at changing row counts differ from plain sampled decoding"
     assert set(choice.queued) == {8, 16} and all(rows <= run for run, rows, _ in choice.seen)
+
+
+class KnownHostDrafter:
+    """Host drafter proposing the known continuation (one candidate a level) after the prompt."""
+
+    def __init__(self, prompt_length: int, truth: list[int]) -> None:
+        self.prompt_length, self.truth = prompt_length, truth
+
+    def reset(self) -> None:
+        pass
+
+    def propose(self, context, depth: int, top_k: int):
+        from elpis.backend import DraftBlock
+
+        done = len(context) - self.prompt_length
+        return DraftBlock([[(t, 0.0)] for t in self.truth[done : done + depth]])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_penalised_requests_keep_host_rounds_and_plain_decodings_tokens(backend, decoder, temperature):  # noqa: F811
+    """(l) Three tokens biased by +100 take every step and the frequency and presence penalties decide among
+    them, so a row's target depends on the counts along its own path."""
+    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+
+    ids = prompt(1200, 57, backend.info.vocab_size)
+    favoured = tuple((t, 100.0) for t in (101, 202, 303))
+
+    def request(**adjust) -> GenerationRequest:
+        sampling = SamplingParams(temperature=temperature, top_k=20 if temperature else 0, seed=9,
+                                  logit_bias=favoured, **adjust)  # fmt: skip
+        return GenerationRequest(prompt_ids=tuple(ids), max_tokens=TOKENS, sampling=sampling, ignore_eos=True)
+
+    def tokens(gen, req) -> tuple[list[int], object]:
+        steps = list(gen.generate(req))
+        return [t for step in steps for t in step.token_ids], steps[-1].stats
+
+    penalised = request(frequency_penalty=2.0, presence_penalty=1.5, repetition_penalty=1.2)
+    truth, _ = tokens(SpeculativeGenerator(backend, decoder), penalised)
+    biased, _ = tokens(SpeculativeGenerator(backend, decoder), request())
+    assert truth != biased, f"the penalties changed nothing: {truth}"
+    before = backend.device_rounds.rounds  # rounds read back from the GPU, every request's
+    gen = SpeculativeGenerator(backend, decoder, drafter=KnownHostDrafter(len(ids), truth), tree_budget=16)
+    got, stats = tokens(gen, penalised)
+    assert got == truth, "a penalised request with accepted drafts differs from plain penalised decoding"
+    assert max(stats.committed_per_round) >= 4 and stats.rounds < TOKENS // 2, stats.committed_per_round
+    assert backend.device_rounds.rounds == before, "a penalised request ran a round on the GPU"

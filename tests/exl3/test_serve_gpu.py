@@ -3,7 +3,8 @@
 The served configuration (tree mode with the DFlash2 draft, rounds on the GPU for greedy requests, host
 rounds for sampled ones, the run choice between 8 and 16 rows) answers chat completions, whole and streamed,
 with the text of the same configuration serving trees of one row (`--tree-budget 1`: plain decoding through
-the same kernels), greedy and sampled. Every other server test runs on the CPU backends.
+the same kernels), greedy and sampled, and with penalties and logit_bias (session 51). Every other server
+test runs on the CPU backends.
 
 It needs the full-size synthetic checkpoints (ELPIS_FULL_TARGET / ELPIS_FULL_DRAFT, `elpis synth --full` and
 `--draft`): they hold the real Qwen vocabulary that the chat template's tokens need, where the small synthetic
@@ -26,7 +27,14 @@ pytestmark = pytest.mark.gpu
 
 MESSAGES = [{"role": "user", "content": "Count from one to twenty, then name three rivers."}]
 CHAT = "/v1/chat/completions"
-REQUESTS = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.8, "seed": 5}}
+REQUESTS = {
+    "greedy": {"temperature": 0.0},
+    "sampled": {"temperature": 0.8, "seed": 5},
+    # Qwen's recommended non-thinking settings; greedy with every penalty and a bias (both: host rounds)
+    "recommended": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "presence_penalty": 1.5, "seed": 6},
+    "greedy-penalised": {"temperature": 0.0, "frequency_penalty": 0.5, "presence_penalty": 1.5,
+                         "repetition_penalty": 1.1, "logit_bias": {"1000": 5.0}},
+}
 
 
 @pytest.fixture(scope="module")

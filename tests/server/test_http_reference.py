@@ -120,3 +120,31 @@ def test_usage_reports_recovered_round_faults(tiny, tiny_model, qwen_text) -> No
     assert clean_spec["faults_detected"] == {} and clean_spec["rounds_recovered"] == 0
     assert spec["faults_detected"] == {CORRUPT: 1, DROPPED: 1, REPEATED: 1}
     assert spec["rounds_recovered"] == 2
+
+
+def test_penalties_and_logit_bias_are_honoured(tiny, qwen_text) -> None:
+    """Qwen's recommended settings (presence_penalty 1.5 beside top_k 20) are served, not refused, and they
+    act: three words biased by +50 take every step, and the penalties change which of them comes next."""
+    import openai
+
+    tokenizer, _ = qwen_text
+    words = {" one", " two", " three"}
+    bias = {str(tokenizer.encode(word)[0]): 50 for word in words}
+    body = {**NO_THINK, "ignore_eos": True}
+    biased = ask(tiny, "Count.", max_tokens=16, logit_bias=bias, extra_body=body).choices[0].message.content
+    penalties = {"frequency_penalty": 2.0, "presence_penalty": 1.5}
+    extra = {**body, "repetition_penalty": 1.3}
+    penalised = ask(tiny, "Count.", max_tokens=16, logit_bias=bias, **penalties,
+                    extra_body=extra).choices[0].message.content
+    for text in (biased, penalised):
+        assert set(text.split()) <= {w.strip() for w in words}, text
+    assert penalised != biased
+    streamed = ask(tiny, "Count.", max_tokens=16, logit_bias=bias, **penalties, extra_body=extra, stream=True)
+    assert "".join(c.delta.content or "" for chunk in streamed for c in chunk.choices) == penalised
+    recommended = ask(tiny, "Hi.", max_tokens=8, temperature=0.7, top_p=0.8, presence_penalty=1.5,
+                      extra_body={**NO_THINK, "top_k": 20})
+    assert recommended.choices[0].finish_reason in ("stop", "length")
+    for bad in ({"logit_bias": {"248320": 1}}, {"logit_bias": {"7": 1, "07": 1}}, {"presence_penalty": 2.5}):
+        with pytest.raises(openai.BadRequestError) as info:
+            ask(tiny, "Hi.", max_tokens=4, extra_body=bad)
+        assert info.value.body["param"] == next(iter(bad)), info.value.body

@@ -45,8 +45,13 @@ def test_ignored_fields_are_accepted_with_any_value() -> None:
     ("extra", "param"),
     [
         ({"n": 2}, "n"),
-        ({"frequency_penalty": 0.5}, "frequency_penalty"),
-        ({"logit_bias": {"1": 2.0}}, "logit_bias"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty"),
+        ({"presence_penalty": "1.5"}, "presence_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"logit_bias": {"x1": 2.0}}, "logit_bias"),
+        ({"logit_bias": {"-1": 2.0}}, "logit_bias"),
+        ({"logit_bias": {"1": 100.5}}, "logit_bias"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
         ({"temperature": 3}, "temperature"),
         ({"temperature": "0.5"}, "temperature"),
         ({"top_p": 0}, "top_p"),
@@ -71,6 +76,15 @@ def test_ignored_fields_are_accepted_with_any_value() -> None:
 )
 def test_bad_values_are_refused_naming_the_field(extra: dict, param: str) -> None:
     assert refused(ChatRequest, {"messages": USER, **extra}).param == param
+
+
+def test_penalties_and_logit_bias_are_read() -> None:
+    body = {"messages": USER, "presence_penalty": 1.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1,
+            "logit_bias": {"12": -100, "3": 2.5}}
+    chat = validate_request(ChatRequest, body)
+    assert (chat.presence_penalty, chat.frequency_penalty, chat.repetition_penalty) == (1.5, -0.5, 1.1)
+    assert chat.bias_pairs() == ((3, 2.5), (12, -100.0))
+    assert refused(ChatRequest, {"messages": USER, "logit_bias": {"7": 1, "07": 2}}).param == "logit_bias"
 
 
 def test_message_shapes() -> None:

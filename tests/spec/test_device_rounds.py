@@ -153,14 +153,18 @@ def test_a_round_failing_every_attempt_fails_the_request(tiny_models, run) -> No
 
 @pytest.mark.parametrize(
     "request_kind",
-    [pytest.param({"top_logprobs": 2}, id="logprobs"), pytest.param({"temperature": 0.7}, id="sampled")],
+    [pytest.param({"top_logprobs": 2}, id="logprobs"), pytest.param({"temperature": 0.7}, id="sampled"),
+     pytest.param({"presence_penalty": 1.5}, id="greedy-with-a-penalty"),
+     pytest.param({"logit_bias": ((799, 5.0),)}, id="greedy-with-a-bias")],
 )
 def test_sampled_and_logprobs_requests_keep_host_rounds(tiny_models, run, request_kind: dict) -> None:
+    """The device rounds take the verify's raw argmax: a request that samples, wants logprobs or adjusts its
+    logits (penalties, logit_bias) keeps host rounds."""
     model = tiny_models[0]
-    temperature = request_kind.get("temperature", 0.0)
+    kind = dict(request_kind)
+    top_logprobs = kind.pop("top_logprobs", None)
     request = GenerationRequest(
-        tuple(model.tokenizer.encode(PROMPT)), 12, SamplingParams(temperature=temperature, seed=5),
-        top_logprobs=request_kind.get("top_logprobs"),
+        tuple(model.tokenizer.encode(PROMPT)), 12, SamplingParams(seed=5, **kind), top_logprobs=top_logprobs,
     )  # fmt: skip
     plain = run(model.backend(), model.tokenizer, request)
     drafter = NgramDrafter(max_ngram=3)
