@@ -52,6 +52,7 @@ from elpis.exl3.engine import Engine
 from elpis.exl3.prefix import PAGE, GiB, PrefixCache, Snapshot, prefill_boundaries, prefix_key
 from elpis.exl3.tree_verify import TREE_RUNS, TreeCall, TreeLayout, check_parents, check_path, layout_tree
 from elpis.exl3.upload import pinned, upload
+from elpis.spec.run_choice import smallest_run
 
 if TYPE_CHECKING:
     from elpis.exl3.device_round import DeviceRounds
@@ -837,10 +838,10 @@ class Exl3Backend:
 
     def verify_run(self, rows: int) -> int:
         """The row count a tree verify of `rows` rows runs at: the smallest of `tree_runs()` that holds it."""
-        for run in self.tree_runs():
-            if rows <= run:
-                return run
-        raise ValueError(f"a tree of {rows} rows is over the backend's {self.tree_run()}-row verifies")
+        run = smallest_run(self.tree_runs(), rows)
+        if run is None:
+            raise ValueError(f"a tree of {rows} rows is over the backend's {self.tree_run()}-row verifies")
+        return run
 
     def round_cost(self, run: int, kvp: int) -> float:
         """Seconds of a round of `run` rows from kvp: its verify's and draft block's graphs in its context

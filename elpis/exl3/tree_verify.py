@@ -36,6 +36,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from elpis.spec.run_choice import smallest_run
+
 TREE_ROWS = 16  # the tree kernels' maximum rows
 # Row counts a tree-mode backend may run every verify at: one shape for all GEMMs per backend, so that a row's
 # bits cannot depend on it (whether they would is what tests/exl3/test_tree_graph.py's run-size test checks).
@@ -46,10 +48,10 @@ TREE_RUNS = (8, TREE_ROWS)
 
 def tree_run(budget: int) -> int:
     """The smallest run size that holds trees of `budget` rows."""
-    for run in TREE_RUNS:
-        if budget <= run:
-            return run
-    raise ValueError(f"tree budget {budget} is over the kernels' {TREE_ROWS} rows")
+    run = smallest_run(TREE_RUNS, budget)
+    if run is None:
+        raise ValueError(f"tree budget {budget} is over the kernels' {TREE_ROWS} rows")
+    return run
 
 
 PAGE = 256

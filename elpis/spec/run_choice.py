@@ -48,6 +48,13 @@ def tokens_within(parents: Sequence[int], path: Sequence[int], rows: int) -> int
     return count
 
 
+def smallest_run(runs: Sequence[int], rows: int) -> int | None:
+    """The smallest of `runs` (ascending row counts) that holds `rows` rows; None when none does. The one
+    rule behind "which row count does this tree run at" (the kernels', a backend's, a run choice's); each
+    caller words its own refusal."""
+    return next((run for run in runs if rows <= run), None)
+
+
 @dataclass
 class _Means:
     """Exponential moving averages of each run's committed tokens a round, and the rounds seen."""
@@ -80,10 +87,10 @@ class RunChoice:
 
     def largest(self, budget: int) -> int:
         """The run a tree of `budget` rows needs: the smallest that holds it."""
-        for run in self.runs:
-            if budget <= run:
-                return run
-        raise ValueError(f"a tree budget of {budget} rows is over the largest run, {self.runs[-1]}")
+        run = smallest_run(self.runs, budget)
+        if run is None:
+            raise ValueError(f"a tree budget of {budget} rows is over the largest run, {self.runs[-1]}")
+        return run
 
     def budget_at(self, run: int, budget: int) -> int:
         """The tree budget of a round at `run` rows: the request's, cut to the run."""
