@@ -380,8 +380,8 @@ class KnownHostDrafter:
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_penalised_requests_keep_host_rounds_and_plain_decodings_tokens(backend, decoder, temperature):  # noqa: F811
-    """(l) Three tokens biased by +100 take every step and the frequency and presence penalties decide among
-    them, so a row's target depends on the counts along its own path."""
+    """(l) Three tokens biased by +100 beside frequency, presence and repetition penalties: a row's target
+    depends on the counts along its own path (checked: the penalties change the tokens)."""
     from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
 
     ids = prompt(1200, 57, backend.info.vocab_size)

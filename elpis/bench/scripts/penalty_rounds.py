@@ -1,0 +1,87 @@
+"""What penalties cost a round (GPU machine, after `elpis build` and the full-size synth in /tmp/full): the
+served tree-16 configuration serves the same prompt with and without `presence_penalty` 1.5, greedy and
+sampled (Qwen's recommended non-thinking settings), alternating the arms in one process (`elpis.bench.rounds_ab`).
+
+A greedy request without adjustments runs its rounds on the GPU; with a penalty it runs host rounds (the
+GPU's rounds take the raw argmax), and every row is adjusted on the host's schedule (`elpis.spec.penalties`).
+A sampled request runs host rounds either way, so its two arms differ by the adjustment alone. The arms'
+tokens differ by design; each arm's repeated requests must give identical tokens (checked). Prints one line
+"PENALTYAB {json}" per context (median round ms and MAD per arm after the warm-up rounds, and what the penalty
+adds to each kind of request); the documents go to `--out`.
+Usage (repo root):
+  python3 elpis/bench/scripts/penalty_rounds.py MODEL DRAFT --out FILE.json [--contexts 1024,8192]
+      [--tokens 40] [--pairs 3] [--budget 16]
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import time
+from typing import Any
+
+from elpis.bench import rounds_ab as ab
+
+RECOMMENDED = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "seed": 3}
+ARMS: dict[str, dict[str, Any]] = {
+    "greedy": {},
+    "greedy+presence": {"presence_penalty": 1.5},
+    "sampled": RECOMMENDED,
+    "sampled+presence": {**RECOMMENDED, "presence_penalty": 1.5},
+}
+
+
+def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget: int,
+              sampling: dict[str, Any]) -> tuple[list[int], list[float]]:
+    """One request through the speculation core with the draft's trees: its tokens and each round's seconds
+    after the warm-up rounds (the first step holds the prefill)."""
+    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+
+    gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=budget, draft_top_k=4)
+    request = GenerationRequest(prompt_ids=tuple(prompt), max_tokens=tokens,
+                                sampling=SamplingParams(**sampling), ignore_eos=True)  # fmt: skip
+    out: list[int] = []
+    stamps = [time.perf_counter()]
+    for step in gen.generate(request):
+        stamps.append(time.perf_counter())
+        out += step.token_ids
+    seconds = [b - a for a, b in itertools.pairwise(stamps[1:])]
+    return out, seconds[ab.WARMUP_ROUNDS:]
+
+
+def main() -> None:
+    from elpis.bench.report import mad_ms
+    from elpis.bench.workload import prompt as make_prompt
+
+    args = ab.arguments(__doc__.splitlines()[0]).parse_args()
+    backend, decoder = ab.load_ab(args.model, args.draft)
+    names = list(ARMS)
+    documents = []
+    for ctx in (int(c) for c in args.contexts.split(",")):
+        prompt = make_prompt(ctx, 31, backend.info.vocab_size)
+        seconds: dict[str, list[float]] = {name: [] for name in names}
+        tokens: dict[str, list[int]] = {}
+        for pair in range(args.pairs + 1):  # the first pass warms every arm up and is not timed
+            for name in names if pair % 2 else names[::-1]:
+                out, times = rounds_of(backend, decoder, prompt, args.tokens, args.budget, ARMS[name])
+                if tokens.setdefault(name, out) != out:
+                    raise SystemExit(f"context {ctx}, arm {name}: two requests gave different tokens")
+                if pair:
+                    seconds[name] += times
+        median = {n: statistics.median(s) * 1000 for n, s in seconds.items()}
+        doc = {
+            "context": ctx, "tokens": args.tokens, "pairs": args.pairs, "budget": args.budget,
+            "rounds_per_arm": {n: len(s) for n, s in seconds.items()},
+            "round_median_ms": median, "round_mad_ms": {n: mad_ms(s) for n, s in seconds.items()},
+            "presence_adds_ms": {"greedy": median["greedy+presence"] - median["greedy"],
+                                 "sampled": median["sampled+presence"] - median["sampled"]},
+            "rounds_on_the_gpu": backend.device_rounds is not None,
+        }  # fmt: skip
+        print("PENALTYAB " + json.dumps(doc), flush=True)
+        documents.append(doc)
+    args.out.write_text(json.dumps({"arms": ARMS, "contexts": documents}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
