@@ -1,6 +1,7 @@
 """What penalties cost a round (GPU machine, after `elpis build` and the full-size synth in /tmp/full): the
 served tree-16 configuration serves the same prompt with and without `presence_penalty` 1.5, greedy and
-sampled (Qwen's recommended non-thinking settings), alternating the arms in one process (`elpis.bench.rounds_ab`).
+sampled (Qwen's recommended non-thinking settings), alternating the arms in one process
+(`elpis.bench.rounds_ab`).
 
 A greedy request without adjustments runs its rounds on the GPU; with a penalty it runs host rounds (the
 GPU's rounds take the raw argmax), and every row is adjusted on the host's schedule (`elpis.spec.penalties`).
