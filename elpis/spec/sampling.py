@@ -22,7 +22,7 @@ order, in float64. Only as much of the vocabulary is sorted as the filters need.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -154,58 +154,26 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
 Steps = Generator[list[torch.Tensor], list[float], _T]
 
 
-def _drive(samplers: Sequence[Steps[_T]], device: torch.device | None = None) -> list[_T]:
-    """Run every sampler to its end in lockstep; their results, in order. On a CUDA `device` with several
-    rows, each row's operations go to a stream of its own (`_row_streams`), so the rows' kernels overlap on
-    the GPU: the same kernels on the same operands, so the same bits, in a fraction of the time (a 16-row
-    verify's samplers ran one after another, ~0.9 ms a row)."""
-    streams = _row_streams(device, len(samplers))
-    if streams:
-        ready = torch.cuda.current_stream(device)
-        for stream in streams:
-            stream.wait_stream(ready)  # the rows' logits were written on the caller's stream
-
-    def step(i: int, advance: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
-        if not streams:
-            return advance()
-        with torch.cuda.stream(streams[i]):
-            return advance()
-
+def _drive(samplers: Sequence[Steps[_T]]) -> list[_T]:
+    """Run every sampler to its end in lockstep; their results, in order."""
     results: list[Any] = [None] * len(samplers)
     asks: dict[int, list[torch.Tensor]] = {}
     for i, sampler in enumerate(samplers):
         try:
-            asks[i] = step(i, lambda sampler=sampler: next(sampler))
+            asks[i] = next(sampler)
         except StopIteration as done:
             results[i] = done.value
     while asks:
-        if streams:
-            for stream in streams:  # the values are read on the caller's stream
-                torch.cuda.current_stream(device).wait_stream(stream)
         wanted = [t for i in asks for t in asks[i]]
         values = torch.stack([t.reshape(()).to(torch.float64) for t in wanted]).tolist()
         turn, asks, at = asks, {}, 0
         for i, asked in turn.items():
             got, at = values[at : at + len(asked)], at + len(asked)
             try:
-                asks[i] = step(i, lambda i=i, got=got: samplers[i].send(got))
+                asks[i] = samplers[i].send(got)
             except StopIteration as done:
                 results[i] = done.value
     return results
-
-
-_STREAMS: dict[int, list[torch.cuda.Stream]] = {}
-
-
-def _row_streams(device: torch.device | None, rows: int) -> list[torch.cuda.Stream]:
-    """`rows` CUDA streams of `device` kept for the process (none off CUDA or for one row)."""
-    if device is None or device.type != "cuda" or rows < 2:
-        return []
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    pool = _STREAMS.setdefault(index, [])
-    while len(pool) < rows:
-        pool.append(torch.cuda.Stream(device=index))
-    return pool[:rows]
 
 
 def _true_ids(mask: torch.Tensor, count: int, *, by_sort: bool | None = None) -> torch.Tensor:
@@ -308,7 +276,7 @@ def sample_rows(logits: torch.Tensor, params: SamplingParams, positions: Sequenc
         raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(positions)} positions")
     if params.greedy:
         return greedy_tokens(logits)
-    return _drive([_sample(logits[r], params, positions[r]) for r in range(len(positions))], logits.device)
+    return _drive([_sample(logits[r], params, positions[r]) for r in range(len(positions))])
 
 
 def top_logprobs(row: torch.Tensor, token: int, count: int) -> tuple[int, float, list[tuple[int, float]]]:
