@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 import torch
 
 from elpis.spec.sampling import (
+    FIXED_BITS,
     SamplingParams,
     greedy_tokens,
     kept_distribution,
@@ -117,9 +119,11 @@ def test_partial_sorting_keeps_what_a_full_stable_sort_keeps(seed: int) -> None:
         order = torch.sort(probs, descending=True, stable=True).indices
         limit = top_k or len(row)
         head = order[:limit]
-        cumulative = torch.cumsum(probs[head], dim=0)
-        keep = int((cumulative < top_p * float(probs[head].sum())).sum()) + 1 if top_p < 1 else limit
-        expected = sorted(head[: min(keep, limit)].tolist())
+        # the documented sums: weights in fixed point, compared with top_p of their total exactly
+        fixed = [math.floor(float(probs[i]) * 2**FIXED_BITS) for i in head.tolist()]
+        reach = Fraction(top_p) * sum(fixed)
+        keep = next(n for n in range(1, limit + 1) if sum(fixed[:n]) >= reach) if top_p < 1 else limit
+        expected = sorted(head[:keep].tolist())
         assert _kept(row, params) == expected, (top_k, top_p)
 
 
@@ -130,6 +134,25 @@ def test_filtered_samples_stay_in_the_kept_set_with_renormalised_frequencies() -
     assert observed[[0, 4, 5]].sum() == 0
     kept = torch.softmax(row[[1, 2, 3]].double() / 1.3, dim=0).float()
     assert torch.allclose(observed[[1, 2, 3]], kept, atol=0.03)
+
+
+@pytest.mark.parametrize("filters", [
+    {"top_p": 0.95, "top_k": 50, "min_p": 0.01}, {"top_k": 20}, {"top_p": 0.9}, {"min_p": 0.05}, {},
+])
+def test_rows_draw_the_same_tokens_alone_or_among_other_rows(filters: dict) -> None:
+    """Each path of the draw (a top_k head, a widening top_p head, the whole vocabulary) on rows of several
+    kinds, ties and -inf included: 16 rows together draw what each draws alone, at 40 positions."""
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randn(16, 30011, generator=generator) * 3  # an odd width: no row starts on a vector edge
+    logits[3] = torch.randint(-3, 3, (30011,), generator=generator).float()  # coarse: many ties
+    logits[5, ::7] = float("-inf")
+    logits[9] *= 0.01  # nearly flat: the top_p head widens
+    params = SamplingParams(temperature=0.9, seed=42, **filters)
+    for start in range(0, 40, 8):
+        positions = list(range(start, start + 16))
+        together = sample_rows(logits, params, positions)
+        alone = [sample_rows(logits[r : r + 1].clone(), params, [positions[r]])[0] for r in range(16)]
+        assert together == alone, filters
 
 
 def test_a_row_draws_the_same_token_alone_or_among_other_rows() -> None:
@@ -202,14 +225,3 @@ def test_a_verifys_rows_are_read_back_together(monkeypatch) -> None:
         sample_rows(logits, params, list(range(16)))
         # as many as the row needing the most steps (top_p may widen its head a few times), not their sum
         assert reads["n"] == max(alone) <= 12, (params, alone, reads["n"])
-
-
-def test_the_gpus_sorted_form_of_nonzero_is_nonzero() -> None:
-    from elpis.spec.sampling import _true_ids
-
-    gen = torch.Generator().manual_seed(9)
-    for density in (0.0, 0.001, 0.3, 1.0):
-        mask = torch.rand(5000, generator=gen) < density
-        want = torch.nonzero(mask).flatten()
-        got = _true_ids(mask, int(mask.sum()), by_sort=True)
-        assert got.dtype == want.dtype and torch.equal(got, want), density

@@ -1,24 +1,27 @@
 #!/bin/bash
-# Call 205 (staged in session 51 for the next session; a fresh machine, LIMIT ~200): the sampler's cost and the
-# rows-on-streams variant. Session 51 measured the served sampler at 14.4 ms for 16 rows under Qwen's
-# recommended settings (H100; the rows one after another, ~0.9 ms each) and a sampled round at 1.56x a greedy
-# one (bench/results/server). Commit a1a32fa holds a variant of elpis/spec/sampling.py whose `_drive` puts each
-# row on a CUDA stream of its own (same kernels, so the same bits by construction); it was never run on a GPU
-# (the session's device time ran out) and main keeps the served sampler. To measure it: check that file out
-# (`git show a1a32fa:elpis/spec/sampling.py > elpis/spec/sampling.py`) and run this script, which times
-# sample_rows (sampler_time.py) before anything else loads the GPU, runs the CUDA sampling test (a row's token
-# alone or among others, filters alike) and, as far as the limit reaches, the sampled and penalised host rounds
-# of test_device_round.py on the small model. Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
-LIMIT=${LIMIT:-200}
+# Call 205 (staged in session 51 for the next session; a fresh machine, LIMIT ~400): the sampler that processes a
+# verify's rows together (elpis/spec/sampling.py since session 51; every step exact whatever the rows beside a
+# row), never yet run on a GPU: the session's device time ran out. The row-by-row sampler before it took 14.4 ms
+# for 16 rows under Qwen's recommended settings on an H100, and made a sampled round 1.56x a greedy one
+# (bench/results/server, call 204). First, before anything else loads the GPU, sampler_time.py; then the CUDA
+# sampling test (a row's token alone or among others, filters alike), the sampled and penalised host rounds of
+# test_device_round.py on the small model, and penalty_rounds.py at 1K and 8K beside call 204's figures. Run with
+# run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
+LIMIT=${LIMIT:-400}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
 gpu_line
 timeout -k 3 60 python3 elpis/bench/scripts/sampler_time.py 2>&1 | tail -3 | tee -a "$OUT/log"
-start_build
+start_build_and_synths
 gpu_pytest "sampling on CUDA" 60 tests/spec/test_sampling.py
-timeout -k 2 40 python3 -m elpis.cli synth --small /tmp/small 2>&1 | tail -1 | tee -a "$OUT/log"
 join_build
 export ELPIS_SMALL_DIR=/tmp/small
 unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH ELPIS_PATCH_DRAFT_CANDIDATES
-gpu_pytest "sampled and penalised host rounds" $(( $(left) - 5 )) tests/exl3/test_device_round.py -k "sampled or penalised"
+gpu_pytest "sampled and penalised host rounds" 120 tests/exl3/test_device_round.py -k "sampled or penalised"
+finish_full_synth
+echo "=== penalty rounds ($(left) s left)" | tee -a "$OUT/log"
+timeout -k 5 $(( $(left) - 8 )) python3 elpis/bench/scripts/penalty_rounds.py /tmp/full/target /tmp/full/draft \
+  --out "$OUT/penalty-rounds.json" --contexts 1024,8192 --tokens 40 --pairs 3 --budget 16 > "$OUT/penalty.txt" 2>&1
+echo "penalty rounds: exit $?" | tee -a "$OUT/log"
+grep -E "PENALTYAB|Error|error" "$OUT/penalty.txt" | head -10 | tee -a "$OUT/log"
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
