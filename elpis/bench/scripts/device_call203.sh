@@ -8,10 +8,7 @@
 LIMIT=${LIMIT:-480}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-start_build_and_synths
-join_build
-export ELPIS_SMALL_DIR=/tmp/small
-unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH ELPIS_PATCH_DRAFT_CANDIDATES
+defaults_on_small_model
 gpu_pytest "penalised requests on the exl3 backend" 150 tests/exl3/test_device_round.py -k penalised
 finish_full_synth
 export ELPIS_FULL_TARGET=/tmp/full/target ELPIS_FULL_DRAFT=/tmp/full/draft

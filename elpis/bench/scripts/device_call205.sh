@@ -10,7 +10,6 @@
 LIMIT=${LIMIT:-400}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-gpu_line
 timeout -k 3 60 python3 elpis/bench/scripts/sampler_time.py 2>&1 | tail -3 | tee -a "$OUT/log"
 start_build_and_synths
 gpu_pytest "sampling on CUDA" 60 tests/spec/test_sampling.py
@@ -19,9 +18,5 @@ export ELPIS_SMALL_DIR=/tmp/small
 unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH ELPIS_PATCH_DRAFT_CANDIDATES
 gpu_pytest "sampled and penalised host rounds" 120 tests/exl3/test_device_round.py -k "sampled or penalised"
 finish_full_synth
-echo "=== penalty rounds ($(left) s left)" | tee -a "$OUT/log"
-timeout -k 5 $(( $(left) - 8 )) python3 elpis/bench/scripts/penalty_rounds.py /tmp/full/target /tmp/full/draft \
-  --out "$OUT/penalty-rounds.json" --contexts 1024,8192 --tokens 40 --pairs 3 --budget 16 > "$OUT/penalty.txt" 2>&1
-echo "penalty rounds: exit $?" | tee -a "$OUT/log"
-grep -E "PENALTYAB|Error|error" "$OUT/penalty.txt" | head -10 | tee -a "$OUT/log"
+penalty_rounds 1024,8192
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
