@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 
@@ -200,8 +201,6 @@ def _candidates(w: torch.Tensor, width: int) -> list[list[tuple[float, int]]]:
 def _nucleus(ranked: list[tuple[float, int]], top_p: float, mass: int) -> list[tuple[float, int]] | None:
     """The smallest prefix of `ranked` whose fixed-point weights reach top_p of `mass` (exact), or None when
     all of `ranked` does not."""
-    from fractions import Fraction
-
     reach = Fraction(top_p) * mass
     total = 0
     for n, (weight, _) in enumerate(ranked, start=1):
