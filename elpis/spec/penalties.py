@@ -13,7 +13,7 @@ Speculation keeps it exact. A tree row's tokens before its drawn position are th
 tokens on its own path (its ancestors after the anchor, and itself), so `History.adjusted` counts that path
 into the row's counts. The acceptor commits a row's target only when its path is what plain decoding
 generated, and then the row's counts are plain decoding's: the same operations on the same values, the same
-bits. Each row is adjusted on its own (full-vocabulary elementwise operations), so no row depends on another.
+bits. The rows are adjusted together with elementwise operations only, so no row depends on another.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class History:
             raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(paths)} rows of "
                              f"{self.vocab_size} logits")
         self._ready(logits.device)
-        return torch.stack([self._row(logits[r], paths[r]) for r in range(len(paths))])
+        return self._rows(logits, paths)
 
     def _ready(self, device: torch.device) -> None:
         if self._device == device:
@@ -81,14 +81,20 @@ class History:
         generated, self._generated = self._generated, []
         self.commit(generated)
 
-    def _row(self, row: torch.Tensor, path: Sequence[int]) -> torch.Tensor:
-        p, x = self.params, row.to(torch.float64)
-        counts, seen = self._counts, self._seen
-        if path:
-            ids = torch.tensor(list(path), dtype=torch.long, device=row.device)
-            counts = counts.index_add(0, ids, torch.ones(len(ids), dtype=torch.float64, device=row.device))
-            seen = seen.clone()
-            seen[ids] = True
+    def _rows(self, logits: torch.Tensor, paths: Sequence[Sequence[int]]) -> torch.Tensor:
+        """All rows at once: every operation is elementwise and correctly rounded (no sums across the
+        vocabulary, no fused multiply-add), so a row's values do not depend on the rows beside it."""
+        p, x = self.params, logits.to(torch.float64)
+        rows, device = len(paths), logits.device
+        counts = self._counts.expand(rows, -1)
+        seen = self._seen.expand(rows, -1)
+        where = [(r, token) for r, path in enumerate(paths) for token in path]
+        if where:  # each row's own path, counted into its own copy
+            index = torch.tensor(where, dtype=torch.long, device=device)
+            at = (index[:, 0], index[:, 1])
+            ones = torch.ones(len(where), dtype=torch.float64, device=device)
+            counts = counts.clone().index_put_(at, ones, accumulate=True)
+            seen = seen.clone().index_put_(at, ones > 0)
         if p.repetition_penalty != 1.0:
             r = float(p.repetition_penalty)
             x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
