@@ -163,6 +163,17 @@ def _fixed(w: float) -> int:
     return math.floor(w * (1 << FIXED_BITS))
 
 
+def _fixed_weights(w: torch.Tensor) -> torch.Tensor:
+    """`_fixed` of every weight, int64 (the same exact operations on the device)."""
+    return torch.floor(w * (1 << FIXED_BITS)).to(torch.int64)
+
+
+def _draw_target(seed: int, position: int, total: int) -> int:
+    """floor(u * total) for the position's uniform u = k / 2^53, exactly: an inverse CDF over integer weights
+    takes the first token whose cumulative weight passes it."""
+    return (int(position_uniform(seed, position) * (1 << 53)) * total) >> 53
+
+
 def _weights(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
     """(w, best): every row's weights exp(x / T - max) in float64, the most likely token weighing exactly 1,
     and each row's max of x / T (NaN or infinite: the row is garbage). The exp runs row by row: on the CPU a
@@ -254,8 +265,7 @@ def _joined(high: list[float], low: list[float]) -> list[int]:
 def _draw(kept: list[tuple[int, int]], seed: int, position: int) -> int:
     """Inverse CDF over (id, fixed-point weight) in id order, exactly: the first token whose cumulative weight
     passes u * total, u = k / 2^53 the position's uniform."""
-    total = sum(q for _, q in kept)
-    target = (int(position_uniform(seed, position) * (1 << 53)) * total) >> 53
+    target = _draw_target(seed, position, sum(q for _, q in kept))
     cumulative = 0
     for token, q in kept:
         cumulative += q
@@ -274,7 +284,7 @@ def _kept_lists(logits: torch.Tensor, params: SamplingParams) -> list[list[tuple
     if params.top_k:
         _checked(best.tolist())
     else:  # top_p over the whole vocabulary: each row's mass, read with the maxima
-        sums = torch.floor(w * (1 << FIXED_BITS)).to(torch.int64).sum(dim=1)
+        sums = _fixed_weights(w).sum(dim=1)
         read = torch.cat([best.unsqueeze(0), _exact_sums(sums)]).tolist()
         _checked(read[0])
         masses = _joined(read[1], read[2])
@@ -288,14 +298,14 @@ def _full_draws(logits: torch.Tensor, params: SamplingParams, positions: Sequenc
     """Draws over the whole vocabulary (min_p may zero some weights): fixed-point weights scanned on the
     device, each row's uniform placed by an exact search."""
     w, best = _weights(logits, params)
-    fixed = torch.floor(w * (1 << FIXED_BITS)).to(torch.int64)
+    fixed = _fixed_weights(w)
     if params.min_p > 0.0:
         fixed = torch.where(w >= params.min_p, fixed, 0)
     cumulative = torch.cumsum(fixed, dim=1)
     read = torch.cat([best.unsqueeze(0), _exact_sums(cumulative[:, -1])]).tolist()
     _checked(read[0])
-    targets = [(int(position_uniform(params.seed, p) * (1 << 53)) * total) >> 53
-               for p, total in zip(positions, _joined(read[1], read[2]), strict=True)]  # fmt: skip
+    totals = _joined(read[1], read[2])
+    targets = [_draw_target(params.seed, p, total) for p, total in zip(positions, totals, strict=True)]
     wanted = torch.tensor(targets, dtype=torch.int64, device=logits.device).unsqueeze(1)
     return [int(i) for i in torch.searchsorted(cumulative, wanted, right=True).squeeze(1).tolist()]
 
@@ -312,7 +322,7 @@ def kept_distribution(row: torch.Tensor, params: SamplingParams) -> tuple[torch.
     _checked(best.tolist())
     ids_t = torch.nonzero(w[0] >= params.min_p).flatten() if params.min_p > 0.0 else torch.arange(w.shape[1])
     ids_t = ids_t.cpu()
-    weights_t = torch.floor(w[0].cpu()[ids_t] * (1 << FIXED_BITS)).to(torch.int64)
+    weights_t = _fixed_weights(w[0].cpu()[ids_t])
     return ids_t, weights_t
 
 
