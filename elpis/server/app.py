@@ -20,8 +20,14 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 
 from elpis.server import sse
 from elpis.server.auth import Authorizer
-from elpis.server.channels import OutputSplitter, TextEvent, ToolCallEvent, prompt_opens_reasoning
+from elpis.server.channels import (
+    OutputSplitter,
+    TextEvent,
+    ToolCallEvent,
+    prompt_opens_reasoning,
+)
 from elpis.server.errors import APIError, bad_request
+from elpis.server.grammars import request_grammar
 from elpis.server.limits import Limits
 from elpis.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from elpis.server.metrics import Metrics
@@ -50,6 +56,7 @@ from elpis.server.scheduler import Job, JobEnd, Scheduler
 from elpis.server.service import ModelService
 from elpis.server.toolcalls import ToolCallDecoder
 from elpis.spec import GenerationRequest, SamplingParams, Step
+from elpis.spec.grammar import Grammar
 
 log = logging.getLogger("elpis.server")
 
@@ -270,6 +277,7 @@ class OpenAIServer:
         prompt_ids: list[int],
         max_tokens: int,
         top_logprobs: int | None,
+        grammar: Grammar | None = None,
     ) -> Job:
         self._check_token_ids(service, fields)
         stop = threading.Event()
@@ -282,6 +290,7 @@ class OpenAIServer:
                 stop_strings=fields.stop_strings(),
                 ignore_eos=fields.ignore_eos,
                 top_logprobs=top_logprobs,
+                grammar=grammar,
             )
             steps: Iterator[Step] = service.generator.generate(request, should_stop=stop.is_set)
         except ValueError as exc:  # the generator checks ids, stops and limits before anything runs
@@ -407,8 +416,10 @@ class OpenAIServer:
                 only=only,
                 parallel=chat.parallel_tool_calls is not False,
             )
-        splitter = OutputSplitter(starts_in_reasoning=prompt_opens_reasoning(text), tools=decoder)
-        job = self._start_job(service, chat, prompt_ids, max_tokens, top_logprobs)
+        reasoning = prompt_opens_reasoning(text)
+        splitter = OutputSplitter(starts_in_reasoning=reasoning, tools=decoder)
+        grammar = await asyncio.to_thread(request_grammar, service, chat, reasoning)
+        job = self._start_job(service, chat, prompt_ids, max_tokens, top_logprobs, grammar)
         head = ResponseHead(new_id("chatcmpl-"), service.model_id, "chat.completion")
         try:
             if chat.stream:

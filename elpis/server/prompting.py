@@ -8,8 +8,8 @@ What the OpenAI shape and the Qwen3.8 template disagree on is settled here:
   the only link the model sees).
 - top-level `reasoning_effort` maps onto the template's values: none -> thinking off, minimal -> low,
   high and max -> xhigh; a conflict with `chat_template_kwargs` is refused.
-- `tool_choice` (required, named, parallel off) and `response_format: json_object` have no grammar
-  behind them: they become one sentence of instruction in the system message.
+- `tool_choice` (required, named, parallel off) and `response_format: json_object` also become one sentence
+  of instruction in the system message, so the model knows what its grammar (`grammars.py`) holds it to.
 """
 
 from __future__ import annotations

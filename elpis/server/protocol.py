@@ -162,9 +162,30 @@ class StreamOptions(Strict):
     continuous_usage_stats: bool | None = None  # sent by vLLM clients; usage comes once, at the end
 
 
+class JsonSchemaFormat(Strict):
+    """OpenAI's `response_format.json_schema`. The schema is always enforced, so `strict` changes nothing."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    json_schema: dict[str, Any] = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
 class ResponseFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_matches_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type json_schema, and only with it")
+        return self
+
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer must follow (json_object: any object); None for text."""
+        if self.type == "text":
+            return None
+        return {"type": "object"} if self.json_schema is None else self.json_schema.json_schema
 
 
 class ChatTemplateKwargs(Strict):
@@ -308,9 +329,11 @@ class ChatRequest(SamplingFields):
             raise bad_request(
                 f"tool_choice names {choice.function.name!r}, which is not among the tools", "tool_choice"
             )
-        if self.response_format is not None and self.response_format.type == "json_schema":
+        if self.response_format is not None and self.response_format.type != "text" and self.tools_enabled():
+            # The answer's grammar would leave no room for a tool call.
             raise bad_request(
-                "response_format json_schema is not supported (no grammar yet); use json_object",
+                "response_format json_object or json_schema cannot be combined with tools unless tool_choice "
+                "is none",
                 "response_format",
             )
 

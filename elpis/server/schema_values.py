@@ -60,7 +60,7 @@ def _json_type(value: Any) -> set[str]:
     return set()
 
 
-def _allowed_types(schema: dict[str, Any], depth: int = 0) -> set[str] | None:
+def allowed_types(schema: dict[str, Any], depth: int = 0) -> set[str] | None:
     """JSON types a schema admits, or None when it says nothing about types."""
     if depth > 8:
         return None
@@ -85,7 +85,7 @@ def _allowed_types(schema: dict[str, Any], depth: int = 0) -> set[str] | None:
         branches = schema.get(key)
         if isinstance(branches, list):
             for branch in branches:
-                sub = _allowed_types(branch, depth + 1) if isinstance(branch, dict) else None
+                sub = allowed_types(branch, depth + 1) if isinstance(branch, dict) else None
                 if sub is None:
                     return None  # one branch admits anything
                 found |= sub
@@ -106,7 +106,7 @@ def _fits(value: Any, schema: dict[str, Any], types: set[str]) -> bool:
 def convert_value(raw: str, schema: dict[str, Any] | None) -> Any:
     if schema is None:
         return raw
-    types = _allowed_types(schema)
+    types = allowed_types(schema)
     if types is None:
         return raw
     if _fits(raw, schema, types):

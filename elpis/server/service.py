@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from elpis.server.prompting import ChatTemplateLike
 from elpis.spec import SpeculativeGenerator
+from elpis.spec.grammar import SharedGrammarTokenizer
+from elpis.text import Tokenizer
 
 
 class TokenizerLike(Protocol):
@@ -25,12 +27,20 @@ class ModelService:
     template: ChatTemplateLike | None  # None: the model has no chat template (chat endpoints answer 400)
     generator: SpeculativeGenerator
     max_context: int  # prompt + max_tokens must fit in this many tokens
+    # Structured output's view of the vocabulary (built at its first use); None: the tokenizer is not a
+    # Hugging Face one, and response_format json_object / json_schema answer 400.
+    grammar_vocabulary: SharedGrammarTokenizer | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        backend_limit = self.generator.backend.info.max_context
-        if not 1 < self.max_context <= backend_limit:
+        info = self.generator.backend.info
+        if not 1 < self.max_context <= info.max_context:
             raise ValueError(
-                f"max context must be in 2..{backend_limit} (the backend's), got {self.max_context}"
+                f"max context must be in 2..{info.max_context} (the backend's), got {self.max_context}"
+            )
+        tokenizer = self.tokenizer
+        if isinstance(tokenizer, Tokenizer) and info.stop_token_ids:
+            self.grammar_vocabulary = SharedGrammarTokenizer(
+                tokenizer.backend.to_str, info.vocab_size, info.stop_token_ids
             )
 
     @property

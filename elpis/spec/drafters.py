@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from elpis.backend import Backend, DraftBlock
+from elpis.spec.grammar import Constraint, Grammar
 from elpis.spec.penalties import History
 from elpis.spec.sampling import SamplingParams, sample_row
 
@@ -94,25 +95,30 @@ class OracleDrafter:
     costs one plain decode; a context that disagrees with what it has seen (another request, or a target
     that diverged) restarts it from that context.
 
-    A request that adjusts its logits (penalties, logit_bias) needs `prompt_length`: the adjustments count the
-    generated tokens apart from the prompt's.
+    A request that adjusts its logits (penalties, logit_bias) or has a grammar needs `prompt_length`: both
+    read the generated tokens apart from the prompt's.
     """
 
     MAX_ALTERNATIVES = 8
 
-    def __init__(self, backend: Backend, sampling: SamplingParams, prompt_length: int | None = None) -> None:
-        if sampling.adjusts_logits and prompt_length is None:
-            raise ValueError("an oracle for a request that adjusts its logits needs the prompt's length")
+    def __init__(self, backend: Backend, sampling: SamplingParams, prompt_length: int | None = None,
+                 grammar: Grammar | None = None) -> None:
+        if (sampling.adjusts_logits or grammar is not None) and prompt_length is None:
+            raise ValueError("an oracle for a request that adjusts its logits or has a grammar needs the "
+                             "prompt's length")
         self.backend, self.sampling, self.prompt_length = backend, sampling, prompt_length
+        self.grammar = grammar
         self._sequence: list[int] = []  # the oracle's committed context, anchor last
         self._levels: dict[int, list[tuple[int, float]]] = {}  # absolute position -> candidates
         self._history: History | None = None
+        self._constraint: Constraint | None = None
         self._active = False
 
     def reset(self) -> None:
         if self._active:
             self.backend.finish()
         self._sequence, self._levels, self._history, self._active = [], {}, None, False
+        self._constraint = None
 
     def propose(self, context: Sequence[int], depth: int, top_k: int) -> DraftBlock:
         return DraftBlock(self.continuation_with_alternatives(context, depth, top_k))
@@ -134,6 +140,9 @@ class OracleDrafter:
                 assert start is not None
                 self._history = History(self.sampling, context[:start], self.backend.info.vocab_size)
                 self._history.commit(context[start:])
+            if self.grammar is not None:
+                self._constraint = self.grammar.start()
+                self._constraint.commit(context[self.prompt_length:])
         wanted = min(length + depth, self.backend.info.max_context)
         while len(self._sequence) < wanted:
             row = self.backend.verify([self._sequence[-1]], [-1])[0]
@@ -144,9 +153,13 @@ class OracleDrafter:
                 token = context[position]
             else:
                 drawn = row if self._history is None else self._history.adjusted(row.unsqueeze(0), [()])[0]
+                if self._constraint is not None:
+                    drawn = self._constraint.masked(drawn.unsqueeze(0), [()])[0]
                 token = sample_row(drawn, self.sampling, position)
             if self._history is not None:
                 self._history.commit([token])
+            if self._constraint is not None:
+                self._constraint.commit([token])
             logprobs = torch.log_softmax(row.to(torch.float64), dim=0)
             others = torch.topk(logprobs, self.MAX_ALTERNATIVES).indices.tolist()
             self._levels[position] = [(token, 0.0)] + [

@@ -4,7 +4,8 @@ One round:
   1. the drafter proposes candidates after the committed context; `build_tree` picks rows (anchor first);
   2. `backend.verify` computes every row's logits in one call;
   3. every row's target token is drawn by `sample_rows`, keyed by (seed, absolute position), from its logits
-     as the request's penalties and logit_bias adjust them over the row's own path (`elpis.spec.penalties`);
+     as the request's penalties and logit_bias adjust them over the row's own path (`elpis.spec.penalties`)
+     and its grammar masks them there (`elpis.spec.grammar`);
   4. `elpis.accept.tree` decides which rows are committed (stops and the remaining max_tokens included);
   5. `backend.commit` advances the state along those rows; the drafter sees the longer context next time.
 Steps 2-5 run through `elpis.spec.integrity`: the round has an identity, the verify result and the commit
@@ -29,6 +30,7 @@ from elpis import accept
 from elpis.accept.abi import BUDGET_MAX
 from elpis.backend import Backend, BackendError, DeviceRounds, Drafter
 from elpis.spec.detok import Decoder, IncrementalDetokenizer
+from elpis.spec.grammar import Constraint
 from elpis.spec.integrity import RoundFault, RoundId, RoundLink, RoundTracker
 from elpis.spec.penalties import History, tree_paths
 from elpis.spec.request import GenerationRequest, GenerationStats, Step, TokenLogprob, stop_ids_for
@@ -71,6 +73,10 @@ class SpeculativeGenerator:
             raise ValueError(f"prompt has {len(request.prompt_ids)} tokens; "
                              f"the context holds {info.max_context}")
         biased = tuple(t for t, _ in request.sampling.logit_bias)
+        grammar = request.grammar
+        if grammar is not None and grammar.tokenizer.vocab_size != info.vocab_size:
+            raise ValueError(f"the grammar was built for {grammar.tokenizer.vocab_size} token ids; the model "
+                             f"has {info.vocab_size}")
         named = (("prompt", request.prompt_ids), ("stop token", stops), ("logit_bias token", biased))
         for name, ids in named:
             bad = [t for t in ids if t >= info.vocab_size]
@@ -90,10 +96,11 @@ class SpeculativeGenerator:
     def _round(self, link: RoundLink, tracker: RoundTracker, tree: DraftTree, context: list[int],
                request: GenerationRequest, stops: tuple[int, ...], remaining: int,
                stats: GenerationStats,
-               history: History | None) -> tuple[torch.Tensor, list[int], accept.TreeDecision]:
+               history: History | None,
+               constraint: Constraint | None) -> tuple[torch.Tensor, list[int], accept.TreeDecision]:
         """Verify, sample, accept and commit one round; an attempt failing a check is discarded and the
         same tree verified again. Returns the checked (raw) logits, the targets and the committed decision.
-        `history`: the request's adjustments (None when it has none)."""
+        `history`: the request's adjustments, `constraint` its grammar (None when it has none)."""
         base = len(context)  # absolute position of the token the anchor row draws
         faults: list[RoundFault] = []
         for attempt in range(self.round_retries + 1):
@@ -101,13 +108,16 @@ class SpeculativeGenerator:
             asked = tracker.round_id(stats.rounds, attempt, base - 1, tree.tokens, tree.parents)
             try:
                 result = link.verify_round(asked, tree.tokens, tree.parents)
-                if request.sampling.greedy and history is None:  # tokens come with the row checks
-                    logits, targets = tracker.check_verify_greedy(asked, len(tree), result)
+                if request.sampling.greedy and history is None and constraint is None:
+                    logits, targets = tracker.check_verify_greedy(asked, len(tree), result)  # with the checks
                 else:
                     logits = tracker.check_verify(asked, len(tree), result)
                     rows = logits
+                    paths = tree_paths(tree.tokens, tree.parents)
                     if history is not None:
-                        rows = history.adjusted(logits, tree_paths(tree.tokens, tree.parents))
+                        rows = history.adjusted(rows, paths)
+                    if constraint is not None:
+                        rows = constraint.masked(rows, paths)
                     targets = sample_rows(rows, request.sampling, [base + d for d in tree.depths])
                 decision = accept.tree(tree.parents, tree.tokens, targets, stops, remaining)
                 if not (1 <= decision.count == len(decision.rows) and decision.rows[0] == 0):
@@ -213,13 +223,14 @@ class SpeculativeGenerator:
 
     def _round_source(self, request: GenerationRequest, stops: tuple[int, ...], context: list[int],
                       stats: GenerationStats) -> Callable[[int, int], _Committed]:
-        """How each round is run: on the backend's device for a greedy request without logprobs or logit
-        adjustments when the backend has rounds there (`elpis.backend.DeviceRounds`) and a drafter is set,
-        else on the host."""
+        """How each round is run: on the backend's device for a greedy request without logprobs, logit
+        adjustments or a grammar when the backend has rounds there (`elpis.backend.DeviceRounds`) and a
+        drafter is set, else on the host."""
         backend = self.backend
         device = getattr(backend, "device_rounds", None)
         if (device is not None and self.drafter is not None and request.sampling.greedy
-                and not request.sampling.adjusts_logits and request.top_logprobs is None and device.serves()):
+                and not request.sampling.adjusts_logits and request.top_logprobs is None
+                and request.grammar is None and device.serves()):
             device.start(remaining=request.max_tokens, tree_budget=self.tree_budget, stops=stops,
                          top_k=self.draft_top_k)
             return lambda remaining, room: self._device_round(device, stats)
@@ -227,6 +238,7 @@ class SpeculativeGenerator:
         tracker = RoundTracker(next(_EPOCHS), backend.info.vocab_size)
         history = (History(request.sampling, request.prompt_ids, backend.info.vocab_size)
                    if request.sampling.adjusts_logits else None)
+        constraint = request.grammar.start() if request.grammar is not None else None
         costs = None
         choice: RunChoice | None = None
         if self.drafter is not None:
@@ -241,10 +253,12 @@ class SpeculativeGenerator:
                 choice.chose(run, self.tree_budget)
             tree = self._tree(context, remaining, room, costs, budget)
             logits, targets, decision = self._round(link, tracker, tree, context, request, stops, remaining,
-                                                    stats, history)
+                                                    stats, history, constraint)
             committed = tuple(targets[r] for r in decision.rows)
             if history is not None:
                 history.commit(committed)
+            if constraint is not None:
+                constraint.commit(committed)
             if choice is not None and run is not None and not decision.ends:
                 choice.observe(run, self.tree_budget, tree.parents, decision.rows)
             return _Committed(committed, decision.ends, len(tree), [logits[r] for r in decision.rows])

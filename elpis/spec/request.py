@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from elpis.spec.grammar import Grammar
 from elpis.spec.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 MAX_STOP_TOKEN_IDS = 4  # what the proven acceptor takes; more are refused, never enforced another way
@@ -30,6 +31,7 @@ class GenerationRequest:
     stop_strings: tuple[str, ...] = ()
     ignore_eos: bool = False
     top_logprobs: int | None = None
+    grammar: Grammar | None = None  # structured output: the tokens each draw may take (elpis.spec.grammar)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", _ids("prompt_ids", self.prompt_ids))
@@ -50,6 +52,11 @@ class GenerationRequest:
             or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS
         ):
             raise ValueError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {self.top_logprobs!r}")
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise ValueError(f"grammar must be a Grammar, got {type(self.grammar).__name__}")
+        if self.grammar is not None and self.ignore_eos:
+            # A complete grammar allows only the end of the sequence; ignoring it would leave the grammar.
+            raise ValueError("ignore_eos cannot be combined with a grammar (structured output)")
 
 
 def stop_ids_for(request: GenerationRequest, model_stop_ids: Sequence[int]) -> tuple[int, ...]:

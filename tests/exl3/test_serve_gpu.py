@@ -34,6 +34,15 @@ REQUESTS = {
     "recommended": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "presence_penalty": 1.5, "seed": 6},
     "greedy-penalised": {"temperature": 0.0, "frequency_penalty": 0.5, "presence_penalty": 1.5,
                          "repetition_penalty": 1.1, "logit_bias": {"1000": 5.0}},
+    # structured output (a grammar masks every row: host rounds), thinking off: the grammar opens at once
+    "json-schema": {"temperature": 0.0, "chat_template_kwargs": {"enable_thinking": False},
+                    "response_format": {"type": "json_schema", "json_schema": {"name": "weather", "schema": {
+                        "type": "object", "required": ["sunny", "wind", "sky"], "additionalProperties": False,
+                        "properties": {"sunny": {"type": "boolean"}, "wind": {"type": "integer", "minimum": 0,
+                                                                              "maximum": 99},
+                                       "sky": {"enum": ["clear", "cloudy", "storm"]}}}}}},
+    "json-object-sampled": {"temperature": 0.8, "seed": 8, "chat_template_kwargs": {"enable_thinking": False},
+                            "response_format": {"type": "json_object"}},
 }
 
 
@@ -108,3 +117,6 @@ def test_the_served_exl3_configuration_answers_with_plain_decodings_text(full):
     assert got == expected
     assert sum(rounds.values()) >= 8, rounds  # greedy rounds on the GPU and sampled host rounds chose counts
     assert any(text for pair in got.values() for text in pair)
+    weather = json.loads(got["json-schema"][0])  # the schema held on the GPU backend too
+    assert set(weather) == {"sunny", "wind", "sky"}, weather
+    assert got["json-object-sampled"][0].lstrip().startswith("{")

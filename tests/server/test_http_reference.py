@@ -148,3 +148,138 @@ def test_penalties_and_logit_bias_are_honoured(tiny, qwen_text) -> None:
         with pytest.raises(openai.BadRequestError) as info:
             ask(tiny, "Hi.", max_tokens=4, extra_body=bad)
         assert info.value.body["param"] == next(iter(bad)), info.value.body
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "sunny": {"type": "boolean"},
+        "wind": {"type": "integer", "minimum": 0, "maximum": 99},
+        "sky": {"enum": ["clear", "cloudy", "storm"]},
+    },
+    "required": ["sunny", "wind", "sky"],
+    "additionalProperties": False,
+}
+
+
+def _schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema, "strict": True}}
+
+
+def _check_weather(text: str) -> None:
+    import json
+
+    value = json.loads(text)
+    assert set(value) == {"sunny", "wind", "sky"}, text
+    assert isinstance(value["sunny"], bool) and 0 <= value["wind"] <= 99 and value["sky"] in WEATHER[
+        "properties"]["sky"]["enum"]
+
+
+def test_json_schema_answers_follow_the_schema_whole_and_streamed(tiny) -> None:
+    """A random model writes whatever its weights say; under response_format json_schema that is the schema's
+    JSON, complete, ended by the model's own end of turn."""
+    reply = ask(tiny, "Weather?", max_tokens=64, response_format=_schema_format(WEATHER), extra_body=NO_THINK)
+    assert reply.choices[0].finish_reason == "stop"
+    _check_weather(reply.choices[0].message.content)
+    pieces = []
+    for chunk in ask(tiny, "Weather?", max_tokens=64, response_format=_schema_format(WEATHER),
+                     extra_body=NO_THINK, stream=True):
+        pieces += [c.delta.content or "" for c in chunk.choices]
+    assert "".join(pieces) == reply.choices[0].message.content
+    free = ask(tiny, "Weather?", max_tokens=16, extra_body=NO_THINK).choices[0].message.content
+    assert not free.startswith("{")  # without the grammar the random model writes something else
+
+
+def test_json_object_and_sampled_json_schema_answers(tiny) -> None:
+    import json
+
+    reply = ask(tiny, "Anything.", max_tokens=48, response_format={"type": "json_object"},
+                extra_body={**NO_THINK, "ignore_eos": False})
+    text = reply.choices[0].message.content
+    if reply.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
+    else:  # cut by max_tokens: still an object's opening
+        assert text.lstrip().startswith("{")
+    sampled = ask(tiny, "Weather?", max_tokens=64, temperature=0.9, top_p=0.95, seed=3, presence_penalty=1.5,
+                  response_format=_schema_format(WEATHER), extra_body=NO_THINK)
+    _check_weather(sampled.choices[0].message.content)
+
+
+def test_json_schema_after_reasoning_constrains_the_answer_only(tiny, qwen_text) -> None:
+    """Thinking on: the grammar opens after </think>. A bias makes the random model close its reasoning at
+    once; from there the grammar holds (it forbids a second </think>, bias or not)."""
+    tokenizer, _ = qwen_text
+    close = tokenizer.encode("</think>", special=True)
+    assert len(close) == 1
+    reply = ask(tiny, "Weather?", max_tokens=64, response_format=_schema_format(WEATHER),
+                logit_bias={str(close[0]): 100})
+    assert reply.choices[0].finish_reason == "stop"
+    _check_weather(reply.choices[0].message.content)
+
+
+@pytest.mark.parametrize(("response_format", "extra", "match"), [
+    (_schema_format({"type": "nonsense"}), {}, "nonsense"),
+    ({"type": "json_schema", "json_schema": {"name": "x"}}, {}, "schema"),
+    ({"type": "json_schema"}, {}, "json_schema is required"),
+    ({"type": "json_schema", "json_schema": {"name": "no spaces", "schema": {}}}, {}, "name"),
+    ({"type": "json_object"}, {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+     "tool_choice"),
+])
+def test_bad_structured_output_requests_get_400_naming_the_field(tiny, response_format, extra,
+                                                                match: str) -> None:
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match=match) as caught:
+        ask(tiny, "Weather?", max_tokens=8, response_format=response_format, extra_body=NO_THINK, **extra)
+    assert "response_format" in str(caught.value.body)
+
+
+CALL_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1,
+                                                                              "maximum": 9}},
+        "required": ["city", "days"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}},
+]
+
+
+def _check_calls(reply, names: set[str]) -> list:
+    import json
+
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message
+    calls = choice.message.tool_calls
+    assert calls
+    for call in calls:
+        assert call.function.name in names
+        arguments = json.loads(call.function.arguments)
+        if call.function.name == "get_weather":
+            assert set(arguments) == {"city", "days"} and isinstance(arguments["city"], str)
+            assert 1 <= arguments["days"] <= 9
+        else:
+            assert arguments in ({"zone": "UTC"}, {"zone": "CET"})
+    return calls
+
+
+def test_tool_choice_required_and_named_always_give_well_formed_calls(tiny) -> None:
+    """A random model cannot write a Qwen tool call by chance; held to the tools' grammar it writes one that
+    the server decodes into declared functions with arguments valid under their schemas."""
+    required = ask(tiny, "Weather in Oslo?", max_tokens=96, tools=CALL_TOOLS, tool_choice="required",
+                   extra_body=NO_THINK)
+    _check_calls(required, {"get_weather", "get_time"})
+    named = ask(tiny, "Weather in Oslo?", max_tokens=96, tools=CALL_TOOLS, parallel_tool_calls=False,
+                tool_choice={"type": "function", "function": {"name": "get_time"}}, extra_body=NO_THINK)
+    assert len(_check_calls(named, {"get_time"})) == 1
+    free = ask(tiny, "Weather in Oslo?", max_tokens=24, tools=CALL_TOOLS, extra_body=NO_THINK)
+    assert free.choices[0].finish_reason != "tool_calls"  # unheld (auto), the random model writes no call
+
+
+def test_a_call_the_model_begins_under_auto_is_completed_well_formed(tiny, qwen_text) -> None:
+    """tool_choice auto: text stays free, but once the model writes <tool_call> (here forced by a bias, after
+    a reasoning block closed by another) the rest of the call follows the tools' grammar."""
+    tokenizer, _ = qwen_text
+    bias = {str(tokenizer.encode(marker, special=True)[0]): 100 for marker in ("<tool_call>", "</think>")}
+    reply = ask(tiny, "Weather in Oslo?", max_tokens=96, tools=CALL_TOOLS, parallel_tool_calls=False,
+                logit_bias=bias)
+    assert len(_check_calls(reply, {"get_weather", "get_time"})) == 1

@@ -71,7 +71,12 @@ def scripted_service(
     generator = SpeculativeGenerator(
         backend, tokenizer, drafter=NgramDrafter() if drafter else None, tree_budget=8
     )
-    return ModelService("scripted", tokenizer, template, generator, max_context=4096), backend
+    service = ModelService("scripted", tokenizer, template, generator, max_context=4096)
+    # The scripts are fixed texts, some deliberately malformed, that these tests expect back verbatim; a
+    # tool-call grammar would rewrite them. Grammars are tested on real models (test_http_reference,
+    # test_toolgrammar).
+    service.grammar_vocabulary = None
+    return service, backend
 
 
 @pytest.fixture(scope="module")

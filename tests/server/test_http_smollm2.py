@@ -42,3 +42,17 @@ def test_capital_of_france(smollm2) -> None:
         if chunk.choices
     )
     assert streamed == answer
+
+
+def test_capital_of_france_as_json(smollm2) -> None:
+    """Structured output on a real model: the schema's JSON, and still the right answer."""
+    import json
+
+    schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 40}},
+              "required": ["capital"], "additionalProperties": False}
+    reply = smollm2.client().chat.completions.create(
+        model=EMBEDDED_MODEL_ID, messages=QUESTION, max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+    )
+    assert reply.choices[0].finish_reason == "stop"
+    assert "Paris" in json.loads(reply.choices[0].message.content)["capital"]

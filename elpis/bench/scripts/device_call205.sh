@@ -5,9 +5,10 @@
 # for 16 rows under Qwen's recommended settings on an H100, and made a sampled round 1.56x a greedy one
 # (bench/results/server, call 204). First, before anything else loads the GPU, sampler_time.py; then the CUDA
 # sampling test (a row's token alone or among others, filters alike), the sampled and penalised host rounds of
-# test_device_round.py on the small model, and penalty_rounds.py at 1K and 8K beside call 204's figures. Run with
+# test_device_round.py on the small model, and penalty_rounds.py at 1K and 8K beside call 204's figures. Session 52
+# added the served test with structured output (grammars, host rounds) on the full-size checkpoints. Run with
 # run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
-LIMIT=${LIMIT:-400}
+LIMIT=${LIMIT:-560}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
 timeout -k 3 60 python3 elpis/bench/scripts/sampler_time.py 2>&1 | tail -3 | tee -a "$OUT/log"
@@ -18,5 +19,7 @@ export ELPIS_SMALL_DIR=/tmp/small
 unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH ELPIS_PATCH_DRAFT_CANDIDATES
 gpu_pytest "sampled and penalised host rounds" 120 tests/exl3/test_device_round.py -k "sampled or penalised"
 finish_full_synth
+ELPIS_FULL_TARGET=/tmp/full/target ELPIS_FULL_DRAFT=/tmp/full/draft \
+  gpu_pytest "served with grammars" 160 tests/exl3/test_serve_gpu.py
 penalty_rounds 1024,8192
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"

