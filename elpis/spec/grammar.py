@@ -121,6 +121,7 @@ class Constraint:
     def __init__(self, grammar: Grammar) -> None:
         self.grammar = grammar
         self.vocab_size = grammar.tokenizer.vocab_size
+        self._words = (self.vocab_size + 31) // 32
         self._matcher = grammar._matcher()
         self._openers = grammar.opens_after
         self._met = 0  # opening tokens committed so far
@@ -152,22 +153,29 @@ class Constraint:
         if logits.dim() != 2 or logits.shape[0] != len(paths) or logits.shape[1] != self.vocab_size:
             raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(paths)} rows of "
                              f"{self.vocab_size} logits")
-        allowed = np.ones((len(paths), self.vocab_size), dtype=bool)
+        # Each row's mask travels as llguidance's packed bits (1/32 of a bool row) and is unpacked where the
+        # logits are, by exact integer shifts.
+        words = np.full((len(paths), self._words), -1, dtype=np.int32)
         any_masked = False
         for r, path in enumerate(paths):
-            row = self._allowed_after(path)
+            row = self._bitmask_after(path)
             if row is not None:
-                allowed[r] = row
+                words[r] = row
                 any_masked = True
         if not any_masked:
             return logits
-        keep = torch.from_numpy(allowed).to(logits.device)
+        packed = torch.from_numpy(words).to(logits.device)
+        shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+        keep = ((packed.unsqueeze(-1) >> shifts) & 1).reshape(len(paths), -1)[:, : self.vocab_size].bool()
         return logits.masked_fill(~keep, float("-inf"))
 
     def allowed_ids(self, path: Sequence[int] = ()) -> list[int] | None:
         """The ids allowed after the committed tokens and `path` (None: unconstrained there). For tests."""
-        row = self._allowed_after(path)
-        return None if row is None else np.flatnonzero(row).tolist()
+        row = self._bitmask_after(path)
+        if row is None:
+            return None
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: self.vocab_size]
+        return np.flatnonzero(bits).tolist()
 
     def _constrained(self, tokens: Sequence[int], met: int) -> tuple[Sequence[int], int]:
         """The part of `tokens` the grammar reads, with `met` opening tokens met before them, and the count
@@ -178,9 +186,10 @@ class Constraint:
             met += token == self._openers[met]
         return (), met
 
-    def _allowed_after(self, path: Sequence[int]) -> np.ndarray | None:
-        """bool [vocab] after the committed tokens and `path`; None where the row is unconstrained (the
-        grammar not open yet) or unreachable (the grammar refuses its path)."""
+    def _bitmask_after(self, path: Sequence[int]) -> np.ndarray | None:
+        """int32 [ceil(vocab / 32)], bit t % 32 of word t // 32 set where token t is allowed after the
+        committed tokens and `path`; None where the row is unconstrained (the grammar not open yet) or
+        unreachable (the grammar refuses its path)."""
         tokens, met = self._constrained(path, self._met)
         if met < len(self._openers):
             return None
@@ -194,13 +203,15 @@ class Constraint:
                 raise RuntimeError(f"the grammar could not roll back a refused path: {matcher.get_error()}")
             return None
         try:
-            bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+            words = np.frombuffer(matcher.compute_bitmask(), dtype="<i4")
             if matcher.is_error():
                 raise RuntimeError(f"the grammar failed: {matcher.get_error()}")
         finally:
             if tokens and not matcher.rollback(len(tokens)):
                 raise RuntimeError(f"the grammar could not roll back a row's path: {matcher.get_error()}")
-        allowed = np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool)
-        if not allowed.any():
+        if words.size < self._words:  # llguidance may pad the mask past the vocabulary; never short of it
+            raise RuntimeError(f"the grammar's mask has {words.size} words, fewer than {self._words}")
+        words = words[: self._words]
+        if not words.any():
             raise RuntimeError("the grammar allows no token here")
-        return allowed
+        return words
