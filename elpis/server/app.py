@@ -27,7 +27,7 @@ from elpis.server.channels import (
     prompt_opens_reasoning,
 )
 from elpis.server.errors import APIError, bad_request
-from elpis.server.grammars import request_grammar
+from elpis.server.grammars import completion_grammar, request_grammar
 from elpis.server.limits import Limits
 from elpis.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from elpis.server.metrics import Metrics
@@ -607,7 +607,8 @@ class OpenAIServer:
         max_tokens = self._budget(
             service, len(prompt_ids), completion.max_tokens, self.limits.default_completion_max_tokens
         )
-        job = self._start_job(service, completion, prompt_ids, max_tokens, completion.logprobs)
+        grammar = await asyncio.to_thread(completion_grammar, service, completion)
+        job = self._start_job(service, completion, prompt_ids, max_tokens, completion.logprobs, grammar)
         head = ResponseHead(new_id("cmpl-"), service.model_id, "text_completion")
         try:
             if completion.stream:

@@ -1,17 +1,19 @@
 """Which grammar a chat request's answer follows (`elpis.spec.grammar`), or none.
 
 - `response_format` json_object or json_schema: that JSON (json_object: any object).
+- `structured_outputs` (vLLM's shape, chat and completions): its JSON schema, regex, choices or Lark grammar.
 - tools with tool_choice required or a named function: tool calls only (`toolgrammar`, calls_only).
 - tools with tool_choice auto: free text, but a `<tool_call>` the model begins is held to the tools' grammar
   (Qwen-family vocabularies, where `<tool_call>` is one token; elsewhere the decoder alone judges calls).
-With thinking on, every grammar opens after `</think>`: the reasoning stays free.
+With thinking on, every chat grammar opens after `</think>`: the reasoning stays free. A completion's grammar
+applies from its first token.
 """
 
 from __future__ import annotations
 
 from elpis.server.channels import THINK_CLOSE
-from elpis.server.errors import bad_request
-from elpis.server.protocol import ChatRequest, NamedToolChoice
+from elpis.server.errors import APIError, bad_request
+from elpis.server.protocol import ChatRequest, CompletionRequest, NamedToolChoice, StructuredOutputs
 from elpis.server.service import ModelService
 from elpis.server.toolcalls import TOOL_CALL_OPEN
 from elpis.server.toolgrammar import tool_call_lark
@@ -27,17 +29,20 @@ def request_grammar(service: ModelService, chat: ChatRequest, reasoning: bool) -
     """The grammar for `chat` (see the module docstring); `reasoning`: the answer starts inside `<think>`.
     Call it off the event loop: the first grammar also builds the vocabulary's index (seconds for Qwen3.8's).
     A grammar that cannot be built is a 400 naming the field that asked for it."""
-    structured = chat.response_format is not None and chat.response_format.type != "text"
+    formatted = chat.response_format is not None and chat.response_format.type != "text"
     calls = chat.tools_enabled() and bool(chat.tools)
-    if not structured and not calls:
+    if formatted:
+        field = "response_format"
+    elif chat.structured_outputs is not None:
+        field = "structured_outputs"
+    elif calls:
+        field = "tools"
+    else:
         return None
-    field = "response_format" if structured else "tools"
-    vocabulary = service.grammar_vocabulary
-    if vocabulary is None:
-        if calls:
+    if service.grammar_vocabulary is None:
+        if field == "tools":
             return None  # the decoder alone judges calls, as for any model without a grammar vocabulary
-        raise bad_request("structured output (response_format json_object or json_schema) needs a Hugging "
-                          "Face tokenizer, which this model does not have", field)
+        raise _no_vocabulary(field)
     openers: list[int] = []
     if reasoning:
         close = _single_token(service, THINK_CLOSE)
@@ -46,14 +51,49 @@ def request_grammar(service: ModelService, chat: ChatRequest, reasoning: bool) -
                               f"vocabulary does not have; turn thinking off", field)
         openers.append(close)
     try:
-        if structured:
+        if field == "response_format":
             assert chat.response_format is not None
             schema = chat.response_format.answer_schema()
             assert schema is not None
-            return Grammar.json_schema(vocabulary.get(), schema, openers)
+            return Grammar.json_schema(service.grammar_vocabulary.get(), schema, openers)
+        if field == "structured_outputs":
+            assert chat.structured_outputs is not None
+            return _structured(service, chat.structured_outputs, openers)
         return _tool_grammar(service, chat, openers)
     except ValueError as exc:
         raise bad_request(f"{field}: {exc}", field) from None
+
+
+def completion_grammar(service: ModelService, completion: CompletionRequest) -> Grammar | None:
+    """The grammar of a completion's `structured_outputs`, from its first token, or None; off the event
+    loop, like `request_grammar`."""
+    if completion.structured_outputs is None:
+        return None
+    if service.grammar_vocabulary is None:
+        raise _no_vocabulary("structured_outputs")
+    try:
+        return _structured(service, completion.structured_outputs, [])
+    except ValueError as exc:
+        raise bad_request(f"structured_outputs: {exc}", "structured_outputs") from None
+
+
+def _no_vocabulary(field: str) -> APIError:
+    return bad_request(f"{field} needs a grammar over the vocabulary, which needs a Hugging Face tokenizer; "
+                       f"this model does not have one", field)
+
+
+def _structured(service: ModelService, asked: StructuredOutputs, openers: list[int]) -> Grammar:
+    assert service.grammar_vocabulary is not None
+    vocabulary = service.grammar_vocabulary.get()
+    if asked.json_ is not None:
+        assert isinstance(asked.json_, dict)  # text was parsed by the protocol
+        return Grammar.json_schema(vocabulary, asked.json_, openers)
+    if asked.regex is not None:
+        return Grammar.regex(vocabulary, asked.regex, openers)
+    if asked.choice is not None:
+        return Grammar.choice(vocabulary, asked.choice, openers)
+    assert asked.grammar is not None
+    return Grammar.lark(vocabulary, asked.grammar, openers)
 
 
 def _tool_grammar(service: ModelService, chat: ChatRequest, openers: list[int]) -> Grammar | None:

@@ -188,6 +188,33 @@ class ResponseFormat(Strict):
         return {"type": "object"} if self.json_schema is None else self.json_schema.json_schema
 
 
+class StructuredOutputs(Strict):
+    """vLLM's `structured_outputs` (chat and completions): exactly one of a JSON schema (an object, or its
+    JSON text), a regular expression, a list of choices, or a Lark grammar (llguidance's dialect)."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = Field(default=None, min_length=1)
+    choice: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None, min_length=1, max_length=1024
+    )
+    grammar: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputs:
+        given = [name for name in ("json_", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of json, regex, choice and grammar")
+        if isinstance(self.json_, str):
+            try:
+                schema = strict_json_loads(self.json_)
+            except (ValueError, RecursionError) as exc:
+                raise ValueError(f"json is not valid JSON: {exc}") from None
+            if not isinstance(schema, dict):
+                raise ValueError("json must be a JSON schema object")
+            object.__setattr__(self, "json_", schema)
+        return self
+
+
 class ChatTemplateKwargs(Strict):
     enable_thinking: bool | None = None
     reasoning_effort: Literal["xhigh", "medium", "low"] | None = None
@@ -210,6 +237,7 @@ class SamplingFields(Strict):
     stop: str | list[str | int] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    structured_outputs: StructuredOutputs | None = None
     return_token_ids: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -328,6 +356,14 @@ class ChatRequest(SamplingFields):
         if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
             raise bad_request(
                 f"tool_choice names {choice.function.name!r}, which is not among the tools", "tool_choice"
+            )
+        if self.structured_outputs is not None and (
+            (self.response_format is not None and self.response_format.type != "text") or self.tools_enabled()
+        ):
+            raise bad_request(
+                "structured_outputs cannot be combined with a response_format other than text or with tools "
+                "unless tool_choice is none",
+                "structured_outputs",
             )
         if self.response_format is not None and self.response_format.type != "text" and self.tools_enabled():
             # The answer's grammar would leave no room for a tool call.

@@ -70,8 +70,8 @@ class SharedGrammarTokenizer:
 @dataclass(frozen=True)
 class Grammar:
     """A checked grammar over one model's vocabulary. `opens_after`: the tokens after which it applies, met in
-    this order (empty: from the first generated token). Build with `json_schema` or `lark`, which refuse a bad
-    grammar."""
+    this order (empty: from the first generated token). Build with `json_schema`, `lark`, `regex` or `choice`,
+    which refuse a bad grammar."""
 
     tokenizer: GrammarTokenizer = field(compare=False, repr=False)
     source: str
@@ -89,16 +89,37 @@ class Grammar:
 
     @classmethod
     def lark(cls, tokenizer: GrammarTokenizer, lark: str, opens_after: Sequence[int] = ()) -> Grammar:
+        """Text of a Lark grammar in llguidance's dialect; ValueError naming the fault."""
         import llguidance
 
-        size = len(lark.encode())
+        return cls._checked(tokenizer, lark, llguidance.LLMatcher.grammar_from_lark, opens_after)
+
+    @classmethod
+    def regex(cls, tokenizer: GrammarTokenizer, regex: str, opens_after: Sequence[int] = ()) -> Grammar:
+        """Text matching `regex` (Rust `regex` syntax, the whole text), then the end of the sequence."""
+        import llguidance
+
+        return cls._checked(tokenizer, regex, llguidance.LLMatcher.grammar_from_regex, opens_after)
+
+    @classmethod
+    def choice(cls, tokenizer: GrammarTokenizer, choices: Sequence[str],
+               opens_after: Sequence[int] = ()) -> Grammar:
+        """Exactly one of `choices`, then the end of the sequence."""
+        if not choices or not all(isinstance(c, str) and c for c in choices):
+            raise ValueError("choices must be non-empty strings, at least one")
+        alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in dict.fromkeys(choices))
+        return cls.lark(tokenizer, f"start: {alternatives}\n", opens_after)
+
+    @classmethod
+    def _checked(cls, tokenizer: GrammarTokenizer, text: str, compile_text: Callable[[str], str],
+                 opens_after: Sequence[int]) -> Grammar:
+        size = len(text.encode())
         if size > MAX_GRAMMAR_BYTES:
             raise ValueError(f"the grammar is {size} bytes; at most {MAX_GRAMMAR_BYTES} are taken")
         openers = tuple(opens_after)
         if any(not 0 <= token < tokenizer.vocab_size for token in openers):
             raise ValueError(f"opening tokens {openers} are not all in the vocabulary")
-        source = llguidance.LLMatcher.grammar_from_lark(lark)
-        grammar = cls(tokenizer, source, openers)
+        grammar = cls(tokenizer, compile_text(text), openers)
         grammar._matcher()  # compiled once here so that a bad grammar is refused before anything runs
         return grammar
 

@@ -283,3 +283,41 @@ def test_a_call_the_model_begins_under_auto_is_completed_well_formed(tiny, qwen_
     reply = ask(tiny, "Weather in Oslo?", max_tokens=96, tools=CALL_TOOLS, parallel_tool_calls=False,
                 logit_bias=bias)
     assert len(_check_calls(reply, {"get_weather", "get_time"})) == 1
+
+
+def test_structured_outputs_choice_regex_json_and_grammar(tiny) -> None:
+    """vLLM's structured_outputs on chat and completions: the random model's answer is one of the choices,
+    matches the regex, is the schema's JSON, or a sentence of the Lark grammar."""
+    import json
+    import re
+
+    client = tiny.client()
+    choices = ["positive", "negative", "neutral"]
+    chat = ask(tiny, "Sentiment?", max_tokens=16,
+               extra_body={**NO_THINK, "structured_outputs": {"choice": choices}})
+    assert chat.choices[0].message.content in choices and chat.choices[0].finish_reason == "stop"
+    completion = client.completions.create(model="tiny", prompt="Code:", max_tokens=24,
+                                           extra_body={"structured_outputs": {"regex": "[A-Z]{2}-[0-9]{3}"}})
+    assert re.fullmatch("[A-Z]{2}-[0-9]{3}", completion.choices[0].text), completion.choices[0].text
+    as_text = client.completions.create(model="tiny", prompt="Weather:", max_tokens=64,
+                                        extra_body={"structured_outputs": {"json": json.dumps(WEATHER)}})
+    _check_weather(as_text.choices[0].text)
+    lark = 'start: "yes" | "no" | "maybe " NUM\nNUM: /[1-9]/\n'
+    sentence = client.completions.create(model="tiny", prompt="Answer:", max_tokens=8,
+                                         extra_body={"structured_outputs": {"grammar": lark}})
+    assert re.fullmatch("yes|no|maybe [1-9]", sentence.choices[0].text), sentence.choices[0].text
+
+
+@pytest.mark.parametrize(("structured", "extra", "match"), [
+    ({"regex": "("}, {}, "regex"),
+    ({"choice": ["a"], "regex": "a"}, {}, "exactly one"),
+    ({"json": "{not json"}, {}, "not valid JSON"),
+    ({"grammar": "start: ("}, {}, "grammar"),
+    ({"choice": ["a"]}, {"response_format": {"type": "json_object"}}, "cannot be combined"),
+])
+def test_bad_structured_outputs_get_400(tiny, structured, extra, match: str) -> None:
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match=match) as caught:
+        ask(tiny, "Hi.", max_tokens=8, extra_body={**NO_THINK, "structured_outputs": structured}, **extra)
+    assert "structured_outputs" in str(caught.value.body)
