@@ -21,8 +21,9 @@ Filter order (the vLLM order): temperature, top_k (ties kept by lowest id), top_
 renormalised distribution, sorted by probability with ties by lowest id, the smallest prefix whose fixed-point
 weights reach top_p of theirs), min_p (relative to the most likely token, whose weight is exactly 1). The kept
 tokens are sampled by inverse CDF in token-id order over their fixed-point weights, exactly; a token under
-2^-44 of the most likely one's weight is never drawn. Only as much of the vocabulary is sorted as the filters
-need.
+2^-44 of the most likely one's weight is never drawn. With top_k, only its head is ranked, on the host; top_p
+without top_k ranks the whole vocabulary with one stable sort on the device and finds its prefix by an exact
+integer search (session 52: 9.1 ms for 16 rows on an H100 when the head was widened on the host).
 """
 
 from __future__ import annotations
@@ -156,7 +157,6 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
 # correctly rounded elementwise operations, per-row exp (`_weights`), selections by value, and sums of weights
 # in fixed point (integers, whose sums do not depend on their order).
 FIXED_BITS = 44  # a weight w in [0, 1] counts as floor(w * 2^44); 248,320 of them sum below 2^62
-_HEAD_WIDTH = 64  # a top_p head without top_k starts this wide and widens x8 until it holds top_p of the mass
 
 
 def _fixed(w: float) -> int:
@@ -221,28 +221,12 @@ def _nucleus(ranked: list[tuple[float, int]], top_p: float, mass: int) -> list[t
     return None
 
 
-def _heads(w: torch.Tensor, params: SamplingParams,
-           masses: list[int] | None) -> list[list[tuple[float, int]]]:
-    """Each row's tokens after top_k and top_p, as ranked (w, id): top_k's head, then top_p over it (over the
-    whole vocabulary's `masses` without top_k, widening the head until it holds them)."""
-    vocab = w.shape[1]
-    if params.top_k:
-        heads = [ranked[: params.top_k] for ranked in _candidates(w, min(params.top_k, vocab))]
-        if params.top_p == 1.0:
-            return heads
-        return [_whole(_nucleus(head, params.top_p, sum(_fixed(x) for x, _ in head))) for head in heads]
-    assert masses is not None
-    out: list[list[tuple[float, int]] | None] = [None] * w.shape[0]
-    width = min(_HEAD_WIDTH, vocab)
-    while True:
-        open_rows = [r for r, head in enumerate(out) if head is None]
-        for r, ranked in zip(open_rows, _candidates(w[open_rows], width), strict=True):
-            out[r] = _nucleus(ranked[:width], params.top_p, masses[r])
-            if width == vocab:
-                _whole(out[r])
-        if all(head is not None for head in out):
-            return [_whole(head) for head in out]
-        width = min(width * 8, vocab)
+def _heads(w: torch.Tensor, params: SamplingParams) -> list[list[tuple[float, int]]]:
+    """Each row's tokens after top_k and top_p, as ranked (w, id): top_k's head, then top_p over it."""
+    heads = [ranked[: params.top_k] for ranked in _candidates(w, min(params.top_k, w.shape[1]))]
+    if params.top_p == 1.0:
+        return heads
+    return [_whole(_nucleus(head, params.top_p, sum(_fixed(x) for x, _ in head))) for head in heads]
 
 
 def _whole(head: list[tuple[float, int]] | None) -> list[tuple[float, int]]:
@@ -274,56 +258,69 @@ def _draw(kept: list[tuple[int, int]], seed: int, position: int) -> int:
     raise AssertionError("a draw below the total passed every token")
 
 
-def _kept_lists(logits: torch.Tensor, params: SamplingParams) -> list[list[tuple[int, int]]] | None:
-    """Per row, the kept (id, fixed-point weight) in id order where a top_k or top_p filter keeps a head;
-    None where no filter cuts the vocabulary by rank (`_full_draws` samples those on the device)."""
-    if not (params.top_k or params.top_p < 1.0):
-        return None
+def _kept_lists(logits: torch.Tensor, params: SamplingParams) -> list[list[tuple[int, int]]]:
+    """Per row, the kept (id, fixed-point weight) in id order under a top_k filter (top_p and min_p within
+    its head): a few dozen tokens, drawn from on the host."""
     w, best = _weights(logits, params)
-    masses = None
-    if params.top_k:
-        _checked(best.tolist())
-    else:  # top_p over the whole vocabulary: each row's mass, read with the maxima
-        sums = _fixed_weights(w).sum(dim=1)
-        read = torch.cat([best.unsqueeze(0), _exact_sums(sums)]).tolist()
-        _checked(read[0])
-        masses = _joined(read[1], read[2])
-    out = []
-    for head in _heads(w, params, masses):
-        out.append(sorted((token, _fixed(x)) for x, token in head if x >= params.min_p))
-    return out
+    _checked(best.tolist())
+    heads = _heads(w, params)
+    return [sorted((token, _fixed(x)) for x, token in head if x >= params.min_p) for head in heads]
 
 
-def _full_draws(logits: torch.Tensor, params: SamplingParams, positions: Sequence[int]) -> list[int]:
-    """Draws over the whole vocabulary (min_p may zero some weights): fixed-point weights scanned on the
-    device, each row's uniform placed by an exact search."""
+def _read_sums(best: torch.Tensor, sums: torch.Tensor) -> list[int]:
+    """Each row's exact int64 sum, read in one transfer with its maximum (a non-finite maximum refused)."""
+    read = torch.cat([best.unsqueeze(0), _exact_sums(sums)]).tolist()
+    _checked(read[0])
+    return _joined(read[1], read[2])
+
+
+def _kept_fixed(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """int64 [rows, vocab]: each token's fixed-point weight where the filters keep it, else 0, without top_k
+    (which `_kept_lists` serves). top_p ranks the whole vocabulary by (weight descending, id) with a stable
+    sort and keeps the smallest prefix whose fixed-point weights reach top_p of the row's, found by an exact
+    integer search: the same tokens as `_nucleus` over the same ranking."""
     w, best = _weights(logits, params)
     fixed = _fixed_weights(w)
+    if params.top_p < 1.0:
+        order = torch.sort(w, dim=1, descending=True, stable=True).indices
+        cumulative = torch.cumsum(fixed.gather(1, order), dim=1)
+        masses = _read_sums(best, cumulative[:, -1])
+        # total >= top_p * mass  <=>  total >= ceil(top_p * mass): an integer, compared exactly on the device
+        reach = [math.ceil(Fraction(params.top_p) * mass) for mass in masses]
+        wanted = torch.tensor(reach, dtype=torch.int64, device=w.device).unsqueeze(1)
+        counts = torch.searchsorted(cumulative, wanted) + 1  # the first prefix reaching it, ends included
+        ranks = torch.arange(w.shape[1], device=w.device).unsqueeze(0)
+        keep = torch.zeros_like(fixed, dtype=torch.bool).scatter_(1, order, ranks < counts)
+        fixed = torch.where(keep, fixed, 0)
+    else:
+        _checked(best.tolist())
     if params.min_p > 0.0:
         fixed = torch.where(w >= params.min_p, fixed, 0)
+    return fixed
+
+
+def _fixed_draws(fixed: torch.Tensor, params: SamplingParams, positions: Sequence[int]) -> list[int]:
+    """Draws over each row's kept fixed-point weights (`_kept_fixed`) in id order: scanned on the device,
+    each row's uniform placed by an exact search."""
     cumulative = torch.cumsum(fixed, dim=1)
-    read = torch.cat([best.unsqueeze(0), _exact_sums(cumulative[:, -1])]).tolist()
-    _checked(read[0])
-    totals = _joined(read[1], read[2])
+    read = _exact_sums(cumulative[:, -1]).tolist()
+    totals = _joined(read[0], read[1])
     targets = [_draw_target(params.seed, p, total) for p, total in zip(positions, totals, strict=True)]
-    wanted = torch.tensor(targets, dtype=torch.int64, device=logits.device).unsqueeze(1)
+    wanted = torch.tensor(targets, dtype=torch.int64, device=fixed.device).unsqueeze(1)
     return [int(i) for i in torch.searchsorted(cumulative, wanted, right=True).squeeze(1).tolist()]
 
 
 def kept_distribution(row: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
     """The tokens the filters keep (ascending ids) and their fixed-point weights (int64, FIXED_BITS)."""
     logits = row.unsqueeze(0)
-    lists = _kept_lists(logits, params)
-    if lists is not None:
-        ids = [token for token, _ in lists[0]]
-        weights = [q for _, q in lists[0]]
+    if params.top_k:
+        kept = _kept_lists(logits, params)[0]
+        ids = [token for token, _ in kept]
+        weights = [q for _, q in kept]
         return torch.tensor(ids, dtype=torch.long), torch.tensor(weights, dtype=torch.int64)
-    w, best = _weights(logits, params)
-    _checked(best.tolist())
-    ids_t = torch.nonzero(w[0] >= params.min_p).flatten() if params.min_p > 0.0 else torch.arange(w.shape[1])
-    ids_t = ids_t.cpu()
-    weights_t = _fixed_weights(w[0].cpu()[ids_t])
-    return ids_t, weights_t
+    fixed = _kept_fixed(logits, params)[0].cpu()
+    ids_t = torch.nonzero(fixed).flatten()
+    return ids_t, fixed[ids_t]
 
 
 def sample_row(row: torch.Tensor, params: SamplingParams, position: int) -> int:
@@ -340,9 +337,9 @@ def sample_rows(logits: torch.Tensor, params: SamplingParams, positions: Sequenc
         raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(positions)} positions")
     if params.greedy:
         return greedy_tokens(logits)
+    if not params.top_k:
+        return _fixed_draws(_kept_fixed(logits, params), params, positions)
     lists = _kept_lists(logits, params)
-    if lists is None:
-        return _full_draws(logits, params, positions)
     return [_draw(kept, params.seed, p) for kept, p in zip(lists, positions, strict=True)]
 
 

@@ -111,7 +111,7 @@ def test_filters_keep_exactly_the_documented_sets() -> None:
 @pytest.mark.parametrize("seed", range(6))
 def test_partial_sorting_keeps_what_a_full_stable_sort_keeps(seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
-    # Coarse logits: many exact ties; a flat row needs the top_p head to widen several times.
+    # Coarse logits: many exact ties; a flat row's top_p prefix runs deep into the ranking.
     row = torch.randint(-40, 40, (20000,), generator=generator).float() / (4.0 if seed % 2 else 40.0)
     for top_k, top_p in ((0, 0.9), (30, 1.0), (500, 0.7), (0, 0.3), (7, 0.5)):
         params = SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p)
@@ -140,13 +140,13 @@ def test_filtered_samples_stay_in_the_kept_set_with_renormalised_frequencies() -
     {"top_p": 0.95, "top_k": 50, "min_p": 0.01}, {"top_k": 20}, {"top_p": 0.9}, {"min_p": 0.05}, {},
 ])
 def test_rows_draw_the_same_tokens_alone_or_among_other_rows(filters: dict) -> None:
-    """Each path of the draw (a top_k head, a widening top_p head, the whole vocabulary) on rows of several
-    kinds, ties and -inf included: 16 rows together draw what each draws alone, at 40 positions."""
+    """Each path of the draw (a top_k head, top_p over the ranked vocabulary, the whole vocabulary) on rows of
+    several kinds, ties and -inf included: 16 rows together draw what each draws alone, at 40 positions."""
     generator = torch.Generator().manual_seed(5)
     logits = torch.randn(16, 30011, generator=generator) * 3  # an odd width: no row starts on a vector edge
     logits[3] = torch.randint(-3, 3, (30011,), generator=generator).float()  # coarse: many ties
     logits[5, ::7] = float("-inf")
-    logits[9] *= 0.01  # nearly flat: the top_p head widens
+    logits[9] *= 0.01  # nearly flat: a deep top_p prefix
     params = SamplingParams(temperature=0.9, seed=42, **filters)
     for start in range(0, 40, 8):
         positions = list(range(start, start + 16))
@@ -186,11 +186,13 @@ def test_top_logprobs_are_the_raw_log_softmax() -> None:
 def test_sampling_on_cuda_is_batch_independent_and_filters_alike() -> None:
     generator = torch.Generator().manual_seed(1)
     logits = (torch.randn(16, 50000, generator=generator) * 3).cuda()
-    params = SamplingParams(temperature=0.8, top_p=0.9, top_k=100, min_p=0.02, seed=9)
+    logits[3] = torch.randint(-3, 3, (50000,), generator=generator).float().cuda()  # coarse: many ties
     positions = list(range(40, 56))
-    together = sample_rows(logits, params, positions)
-    alone = [sample_rows(logits[r : r + 1].clone(), params, [positions[r]])[0] for r in range(16)]
-    assert together == alone
+    for params in (SamplingParams(temperature=0.8, top_p=0.9, top_k=100, min_p=0.02, seed=9),
+                   SamplingParams(temperature=0.8, top_p=0.9, seed=9)):  # a top_k head; the ranked vocabulary
+        together = sample_rows(logits, params, positions)
+        alone = [sample_rows(logits[r : r + 1].clone(), params, [positions[r]])[0] for r in range(16)]
+        assert together == alone, params
     assert greedy_tokens(logits) == greedy_tokens(logits.cpu())
     row = torch.tensor([1.0, 3.0, 2.0, 3.0, 0.0, -2.0])
     for kwargs in ({"top_k": 2}, {"top_p": 0.8}, {"min_p": 0.3}):
@@ -223,5 +225,5 @@ def test_a_verifys_rows_are_read_back_together(monkeypatch) -> None:
             alone.append(reads["n"])
         reads["n"] = 0
         sample_rows(logits, params, list(range(16)))
-        # as many as the row needing the most steps (top_p may widen its head a few times), not their sum
+        # as many as one row needs, not their sum
         assert reads["n"] == max(alone) <= 12, (params, alone, reads["n"])
