@@ -118,13 +118,16 @@ systems_bench() {
   grep -E "^\| (stock|elpis)|^\| [0-9]+K|note|Error" "$OUT/$stem.md" "$OUT/$stem.txt" 2>/dev/null | head -40 \
     | tee -a "$OUT/log"
 }
-# penalty_rounds CONTEXTS: elpis/bench/scripts/penalty_rounds.py on /tmp/full at CONTEXTS (e.g. 1024,8192), 40
-# tokens, 3 pairs, tree-16, ending 8 s before the call's limit; $OUT/penalty-rounds.json and $OUT/penalty.txt, its
-# lines in the log.
+# penalty_rounds CONTEXTS [ARGS...]: elpis/bench/scripts/penalty_rounds.py on /tmp/full at CONTEXTS (e.g.
+# 1024,8192), 40 tokens, 3 pairs, tree-16, ARGS (e.g. --grammar) passed on, ending 8 s before the call's limit;
+# $OUT/penalty-rounds.json and $OUT/penalty.txt, its lines in the log.
 penalty_rounds() {
+  local contexts=$1
+  shift
   echo "=== penalty rounds ($(left) s left)" | tee -a "$OUT/log"
   timeout -k 5 $(( $(left) - 8 )) python3 elpis/bench/scripts/penalty_rounds.py /tmp/full/target /tmp/full/draft \
-    --out "$OUT/penalty-rounds.json" --contexts "$1" --tokens 40 --pairs 3 --budget 16 > "$OUT/penalty.txt" 2>&1
+    --out "$OUT/penalty-rounds.json" --contexts "$contexts" --tokens 40 --pairs 3 --budget 16 "$@" \
+    > "$OUT/penalty.txt" 2>&1
   echo "penalty rounds: exit $?" | tee -a "$OUT/log"
   grep -E "PENALTYAB|Error|error" "$OUT/penalty.txt" | head -10 | tee -a "$OUT/log"
 }

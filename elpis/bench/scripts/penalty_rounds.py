@@ -9,9 +9,11 @@ A sampled request runs host rounds either way, so its two arms differ by the adj
 tokens differ by design; each arm's repeated requests must give identical tokens (checked). Prints one line
 "PENALTYAB {json}" per context (median round ms and MAD per arm after the warm-up rounds, and what the penalty
 adds to each kind of request); the documents go to `--out`.
+With --grammar, two more arms hold the greedy and the sampled request to a JSON schema (`elpis.spec.grammar`:
+every row masked on the host, rounds on the host).
 Usage (repo root):
   python3 elpis/bench/scripts/penalty_rounds.py MODEL DRAFT --out FILE.json [--contexts 1024,8192]
-      [--tokens 40] [--pairs 3] [--budget 16]
+      [--tokens 40] [--pairs 3] [--budget 16] [--grammar]
 """
 
 from __future__ import annotations
@@ -25,23 +27,34 @@ from typing import Any
 from elpis.bench import rounds_ab as ab
 
 RECOMMENDED = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "seed": 3}
+# A JSON schema whose one string the random model fills for the whole request: rows masked inside a string.
+TEXT_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 ARMS: dict[str, dict[str, Any]] = {
     "greedy": {},
     "greedy+presence": {"presence_penalty": 1.5},
     "sampled": RECOMMENDED,
     "sampled+presence": {**RECOMMENDED, "presence_penalty": 1.5},
 }
+GRAMMAR_ARMS: dict[str, dict[str, Any]] = {  # with --grammar: the same two requests held to TEXT_SCHEMA
+    "greedy+json": {"grammar": TEXT_SCHEMA},
+    "sampled+json": {**RECOMMENDED, "grammar": TEXT_SCHEMA},
+}
 
 
 def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget: int,
-              sampling: dict[str, Any]) -> tuple[list[int], list[float]]:
+              arm: dict[str, Any], vocabulary: Any = None) -> tuple[list[int], list[float]]:
     """One request through the speculation core with the draft's trees: its tokens and each round's seconds
-    after the warm-up rounds (the first step holds the prefill)."""
+    after the warm-up rounds (the first step holds the prefill). An arm's "grammar" is a JSON schema over
+    `vocabulary` (a grammar ends the request when complete, so it keeps the model's end of sequence)."""
     from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+    from elpis.spec.grammar import Grammar
 
+    sampling = {k: v for k, v in arm.items() if k != "grammar"}
+    grammar = Grammar.json_schema(vocabulary, arm["grammar"]) if "grammar" in arm else None
     gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=budget, draft_top_k=4)
     request = GenerationRequest(prompt_ids=tuple(prompt), max_tokens=tokens,
-                                sampling=SamplingParams(**sampling), ignore_eos=True)  # fmt: skip
+                                sampling=SamplingParams(**sampling), ignore_eos=grammar is None,
+                                grammar=grammar)  # fmt: skip
     out: list[int] = []
     stamps = [time.perf_counter()]
     for step in gen.generate(request):
@@ -55,9 +68,20 @@ def main() -> None:
     from elpis.bench.report import mad_ms
     from elpis.bench.workload import prompt as make_prompt
 
-    args = ab.arguments(__doc__.splitlines()[0]).parse_args()
+    parser = ab.arguments(__doc__.splitlines()[0])
+    parser.add_argument("--grammar", action="store_true", help="also time requests held to a JSON schema")
+    args = parser.parse_args()
     backend, decoder = ab.load_ab(args.model, args.draft)
-    names = list(ARMS)
+    arms = {**ARMS, **(GRAMMAR_ARMS if args.grammar else {})}
+    vocabulary = None
+    if args.grammar:
+        from elpis.spec.grammar import GrammarTokenizer
+        from elpis.text import load_tokenizer
+
+        tokenizer = load_tokenizer(args.model)
+        vocabulary = GrammarTokenizer(tokenizer.backend.to_str(), backend.info.vocab_size,
+                                      backend.info.stop_token_ids)
+    names = list(arms)
     documents = []
     for ctx in (int(c) for c in args.contexts.split(",")):
         prompt = make_prompt(ctx, 31, backend.info.vocab_size)
@@ -65,7 +89,8 @@ def main() -> None:
         tokens: dict[str, list[int]] = {}
         for pair in range(args.pairs + 1):  # the first pass warms every arm up and is not timed
             for name in names if pair % 2 else names[::-1]:
-                out, times = rounds_of(backend, decoder, prompt, args.tokens, args.budget, ARMS[name])
+                out, times = rounds_of(backend, decoder, prompt, args.tokens, args.budget, arms[name],
+                                       vocabulary)
                 if tokens.setdefault(name, out) != out:
                     raise SystemExit(f"context {ctx}, arm {name}: two requests gave different tokens")
                 if pair:
@@ -77,11 +102,14 @@ def main() -> None:
             "round_median_ms": median, "round_mad_ms": {n: mad_ms(s) for n, s in seconds.items()},
             "presence_adds_ms": {"greedy": median["greedy+presence"] - median["greedy"],
                                  "sampled": median["sampled+presence"] - median["sampled"]},
+            **({"grammar_adds_ms": {"greedy": median["greedy+json"] - median["greedy"],
+                                    "sampled": median["sampled+json"] - median["sampled"]}}
+               if args.grammar else {}),
             "rounds_on_the_gpu": backend.device_rounds is not None,
         }  # fmt: skip
         print("PENALTYAB " + json.dumps(doc), flush=True)
         documents.append(doc)
-    args.out.write_text(json.dumps({"arms": ARMS, "contexts": documents}, indent=1) + "\n")
+    args.out.write_text(json.dumps({"arms": arms, "contexts": documents}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
