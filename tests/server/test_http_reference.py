@@ -10,6 +10,7 @@ import pytest
 from elpis.server.service import ModelService
 from elpis.spec import SpeculativeGenerator
 from elpis.spec.drafters import NgramDrafter
+from tests.grammar_cases import WEATHER, check_weather
 
 from .conftest import running_server
 
@@ -150,29 +151,8 @@ def test_penalties_and_logit_bias_are_honoured(tiny, qwen_text) -> None:
         assert info.value.body["param"] == next(iter(bad)), info.value.body
 
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "sunny": {"type": "boolean"},
-        "wind": {"type": "integer", "minimum": 0, "maximum": 99},
-        "sky": {"enum": ["clear", "cloudy", "storm"]},
-    },
-    "required": ["sunny", "wind", "sky"],
-    "additionalProperties": False,
-}
-
-
 def _schema_format(schema: dict) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema, "strict": True}}
-
-
-def _check_weather(text: str) -> None:
-    import json
-
-    value = json.loads(text)
-    assert set(value) == {"sunny", "wind", "sky"}, text
-    assert isinstance(value["sunny"], bool) and 0 <= value["wind"] <= 99 and value["sky"] in WEATHER[
-        "properties"]["sky"]["enum"]
 
 
 def test_json_schema_answers_follow_the_schema_whole_and_streamed(tiny) -> None:
@@ -180,7 +160,7 @@ def test_json_schema_answers_follow_the_schema_whole_and_streamed(tiny) -> None:
     JSON, complete, ended by the model's own end of turn."""
     reply = ask(tiny, "Weather?", max_tokens=64, response_format=_schema_format(WEATHER), extra_body=NO_THINK)
     assert reply.choices[0].finish_reason == "stop"
-    _check_weather(reply.choices[0].message.content)
+    check_weather(reply.choices[0].message.content)
     pieces = []
     for chunk in ask(tiny, "Weather?", max_tokens=64, response_format=_schema_format(WEATHER),
                      extra_body=NO_THINK, stream=True):
@@ -202,7 +182,7 @@ def test_json_object_and_sampled_json_schema_answers(tiny) -> None:
         assert text.lstrip().startswith("{")
     sampled = ask(tiny, "Weather?", max_tokens=64, temperature=0.9, top_p=0.95, seed=3, presence_penalty=1.5,
                   response_format=_schema_format(WEATHER), extra_body=NO_THINK)
-    _check_weather(sampled.choices[0].message.content)
+    check_weather(sampled.choices[0].message.content)
 
 
 def test_json_schema_after_reasoning_constrains_the_answer_only(tiny, qwen_text) -> None:
@@ -214,7 +194,7 @@ def test_json_schema_after_reasoning_constrains_the_answer_only(tiny, qwen_text)
     reply = ask(tiny, "Weather?", max_tokens=64, response_format=_schema_format(WEATHER),
                 logit_bias={str(close[0]): 100})
     assert reply.choices[0].finish_reason == "stop"
-    _check_weather(reply.choices[0].message.content)
+    check_weather(reply.choices[0].message.content)
 
 
 @pytest.mark.parametrize(("response_format", "extra", "match"), [
@@ -301,7 +281,7 @@ def test_structured_outputs_choice_regex_json_and_grammar(tiny) -> None:
     assert re.fullmatch("[A-Z]{2}-[0-9]{3}", completion.choices[0].text), completion.choices[0].text
     as_text = client.completions.create(model="tiny", prompt="Weather:", max_tokens=64,
                                         extra_body={"structured_outputs": {"json": json.dumps(WEATHER)}})
-    _check_weather(as_text.choices[0].text)
+    check_weather(as_text.choices[0].text)
     lark = 'start: "yes" | "no" | "maybe " NUM\nNUM: /[1-9]/\n'
     sentence = client.completions.create(model="tiny", prompt="Answer:", max_tokens=8,
                                          extra_body={"structured_outputs": {"grammar": lark}})

@@ -16,6 +16,7 @@ from elpis.reference.loader import load_model
 from elpis.reference.model import ReferenceModel
 from elpis.reference.synth import write_tiny
 from elpis.spec import GenerationRequest, GenerationStats, SpeculativeGenerator, Step
+from elpis.spec.drafters import AdversarialDrafter, NgramDrafter, OracleDrafter
 from elpis.text import Tokenizer, load_tokenizer
 
 TINY_SEEDS = (0, 1)
@@ -100,3 +101,16 @@ def run() -> Callable[..., Outcome]:
 @pytest.fixture(scope="session")
 def recording() -> type[RecordingBackend]:
     return RecordingBackend
+
+
+def speculation_drafters(model: TinyModel, request: GenerationRequest) -> dict[str, Drafter]:
+    """The drafters an invariance test runs a request with: an oracle of the request itself (its sampling,
+    adjustments and grammar), prompt lookup, and an adversary built on the oracle."""
+    oracle = OracleDrafter(model.backend(), request.sampling, prompt_length=len(request.prompt_ids),
+                           grammar=request.grammar)
+    return {
+        "oracle": oracle,
+        "ngram": NgramDrafter(max_ngram=3),
+        "adversarial": AdversarialDrafter(oracle, model.backend().info.stop_token_ids,
+                                          model.model.config.vocab_size, seed=4),
+    }

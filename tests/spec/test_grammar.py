@@ -3,28 +3,17 @@ and speculation committing exactly plain decoding's tokens under a grammar, gree
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
 from elpis.spec import generate as generate_module
-from elpis.spec.drafters import AdversarialDrafter, NgramDrafter, OracleDrafter
 from elpis.spec.grammar import Grammar, GrammarTokenizer
+from tests.grammar_cases import WEATHER, check_weather
+
+from .conftest import speculation_drafters
 
 PROMPT = "Describe the weather as JSON:"
-# Every value has few spellings, so a random model finishes the object in a few dozen tokens.
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "sunny": {"type": "boolean"},
-        "wind": {"type": "integer", "minimum": 0, "maximum": 99},
-        "sky": {"enum": ["clear", "cloudy", "storm"]},
-    },
-    "required": ["sunny", "wind", "sky"],
-    "additionalProperties": False,
-}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +32,7 @@ def _encode(model, text: str) -> list[int]:
 
 
 def test_a_rows_mask_is_the_grammar_after_its_own_path(model, vocabulary) -> None:
-    grammar = Grammar.json_schema(vocabulary, SCHEMA)
+    grammar = Grammar.json_schema(vocabulary, WEATHER)
     text = _encode(model, '{"sunny": true, "wind": 12')
     tree = grammar.start()
     tree.commit(text[:3])
@@ -60,7 +49,7 @@ def test_a_rows_mask_is_the_grammar_after_its_own_path(model, vocabulary) -> Non
 
 
 def test_masking_puts_minus_infinity_where_the_grammar_forbids_and_nothing_else(model, vocabulary) -> None:
-    grammar = Grammar.json_schema(vocabulary, SCHEMA)
+    grammar = Grammar.json_schema(vocabulary, WEATHER)
     constraint = grammar.start()
     vocab = vocabulary.vocab_size
     logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(0))
@@ -84,7 +73,7 @@ def test_masking_puts_minus_infinity_where_the_grammar_forbids_and_nothing_else(
 
 def test_the_grammar_opens_after_its_token(model, vocabulary) -> None:
     opener = _encode(model, "!")[0]
-    grammar = Grammar.json_schema(vocabulary, SCHEMA, opens_after=(opener,))
+    grammar = Grammar.json_schema(vocabulary, WEATHER, opens_after=(opener,))
     constraint = grammar.start()
     assert constraint.allowed_ids() is None and not constraint.open
     assert constraint.allowed_ids(_encode(model, "any text")) is None
@@ -92,11 +81,11 @@ def test_the_grammar_opens_after_its_token(model, vocabulary) -> None:
     constraint.commit(free)
     assert not constraint.open
     # a row whose path crosses the opening token is constrained from there on
-    assert constraint.allowed_ids((*free[:1], opener)) == Grammar.json_schema(vocabulary, SCHEMA).start() \
+    assert constraint.allowed_ids((*free[:1], opener)) == Grammar.json_schema(vocabulary, WEATHER).start() \
         .allowed_ids()
     constraint.commit([opener, *_encode(model, "\n\n{")])
     assert constraint.open
-    fresh = Grammar.json_schema(vocabulary, SCHEMA).start()
+    fresh = Grammar.json_schema(vocabulary, WEATHER).start()
     fresh.commit(_encode(model, "\n\n{"))
     assert constraint.allowed_ids() == fresh.allowed_ids()
 
@@ -115,11 +104,11 @@ def test_bad_schemas_are_refused_with_the_reason(vocabulary, schema, match: str)
 def test_a_grammar_for_another_vocabulary_or_with_ignore_eos_is_refused(model, vocabulary) -> None:
     other = GrammarTokenizer(model.tokenizer.backend.to_str(), vocabulary.vocab_size + 64, vocabulary.eos_ids)
     prompt = tuple(_encode(model, PROMPT))
-    request = GenerationRequest(prompt, 8, grammar=Grammar.json_schema(other, SCHEMA))
+    request = GenerationRequest(prompt, 8, grammar=Grammar.json_schema(other, WEATHER))
     with pytest.raises(ValueError, match="grammar was built for"):
         SpeculativeGenerator(model.backend(), model.tokenizer).generate(request)
     with pytest.raises(ValueError, match="ignore_eos"):
-        GenerationRequest(prompt, 8, ignore_eos=True, grammar=Grammar.json_schema(vocabulary, SCHEMA))
+        GenerationRequest(prompt, 8, ignore_eos=True, grammar=Grammar.json_schema(vocabulary, WEATHER))
 
 
 def _request(model, grammar: Grammar | None, temperature: float, max_tokens: int = 48,
@@ -129,33 +118,20 @@ def _request(model, grammar: Grammar | None, temperature: float, max_tokens: int
                              grammar=grammar)
 
 
-def _drafters(model, request: GenerationRequest) -> dict:
-    oracle = OracleDrafter(model.backend(), request.sampling, prompt_length=len(request.prompt_ids),
-                           grammar=request.grammar)
-    return {
-        "oracle": oracle,
-        "ngram": NgramDrafter(max_ngram=3),
-        "adversarial": AdversarialDrafter(oracle, model.backend().info.stop_token_ids,
-                                          model.model.config.vocab_size, seed=4),
-    }
-
-
 @pytest.mark.parametrize(("temperature", "adjust"), [
     (0.0, {}), (0.8, {}), (0.0, {"presence_penalty": 1.5}), (0.8, {"frequency_penalty": 0.5}),
 ])
 def test_speculation_under_a_grammar_commits_plain_decoding(model, vocabulary, run, temperature: float,
                                                             adjust: dict) -> None:
-    grammar = Grammar.json_schema(vocabulary, SCHEMA)
+    grammar = Grammar.json_schema(vocabulary, WEATHER)
     request = _request(model, grammar, temperature, **adjust)
     plain = run(model.backend(), model.tokenizer, request)
     # the plain output is the schema's, complete, and ends with the model's end of sequence
     assert plain.finish_reason == "stop", plain.text
-    value = json.loads(plain.text)
-    assert set(value) == {"sunny", "wind", "sky"} and value["sky"] in ("clear", "cloudy", "storm")
-    assert isinstance(value["sunny"], bool) and 0 <= value["wind"] <= 99
+    check_weather(plain.text)
     free = run(model.backend(), model.tokenizer, _request(model, None, temperature, **adjust))
     assert free.token_ids[:4] != plain.token_ids[:4]  # the grammar changes what a random model writes
-    for name, drafter in _drafters(model, request).items():
+    for name, drafter in speculation_drafters(model, request).items():
         for budget in (4, 16):
             got = run(model.backend(), model.tokenizer, request, drafter, tree_budget=budget)
             assert got.same_output(plain), (name, budget)
@@ -166,12 +142,12 @@ def test_speculation_under_a_grammar_commits_plain_decoding(model, vocabulary, r
 def test_speculation_with_a_grammar_opening_mid_answer_commits_plain_decoding(model, vocabulary, run) -> None:
     free = run(model.backend(), model.tokenizer, _request(model, None, 0.0, max_tokens=6))
     opener = free.token_ids[2]  # the grammar opens after the third token the model writes freely
-    grammar = Grammar.json_schema(vocabulary, SCHEMA, opens_after=(opener,))
+    grammar = Grammar.json_schema(vocabulary, WEATHER, opens_after=(opener,))
     request = _request(model, grammar, 0.0)
     plain = run(model.backend(), model.tokenizer, request)
     assert plain.token_ids[:3] == free.token_ids[:3]
-    json.loads(model.tokenizer.decode(plain.token_ids[3:-1]))  # then the schema's value, then the end
-    oracle = _drafters(model, request)["oracle"]
+    check_weather(model.tokenizer.decode(plain.token_ids[3:-1]))  # then the schema's value, then the end
+    oracle = speculation_drafters(model, request)["oracle"]
     got = run(model.backend(), model.tokenizer, request, oracle, tree_budget=16)
     assert got.same_output(plain)
 
@@ -179,10 +155,10 @@ def test_speculation_with_a_grammar_opening_mid_answer_commits_plain_decoding(mo
 def test_rows_masked_without_their_path_break_it(model, vocabulary, run, monkeypatch) -> None:
     """The check has teeth: mask every row as if its path were empty and deeper rows draw under the anchor's
     grammar state, so what the oracle's tree commits leaves the grammar (refused) or differs."""
-    request = _request(model, Grammar.json_schema(vocabulary, SCHEMA), 0.0)
+    request = _request(model, Grammar.json_schema(vocabulary, WEATHER), 0.0)
     plain = run(model.backend(), model.tokenizer, request)
     monkeypatch.setattr(generate_module, "tree_paths", lambda tokens, parents: [()] * len(tokens))
-    oracle = _drafters(model, request)["oracle"]
+    oracle = speculation_drafters(model, request)["oracle"]
     try:
         got = run(model.backend(), model.tokenizer, request, oracle, tree_budget=8)
     except RuntimeError as error:

@@ -11,8 +11,10 @@ import torch
 
 from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
 from elpis.spec import generate as generate_module
-from elpis.spec.drafters import AdversarialDrafter, NgramDrafter, OracleDrafter
+from elpis.spec.drafters import OracleDrafter
 from elpis.spec.penalties import History, tree_paths
+
+from .conftest import speculation_drafters
 
 VOCAB = 50
 PROMPT = "one two three, one two three, one two three, one two"
@@ -126,16 +128,6 @@ def _request(model, temperature: float, max_tokens: int = 16, **adjust) -> Gener
     return GenerationRequest(tuple(model.tokenizer.encode(PROMPT)), max_tokens, sampling, top_logprobs=1)
 
 
-def _drafters(model, request: GenerationRequest) -> dict:
-    oracle = OracleDrafter(model.backend(), request.sampling, prompt_length=len(request.prompt_ids))
-    return {
-        "oracle": oracle,
-        "ngram": NgramDrafter(max_ngram=3),
-        "adversarial": AdversarialDrafter(oracle, model.backend().info.stop_token_ids,
-                                          model.model.config.vocab_size, seed=4),
-    }
-
-
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_speculation_with_penalties_commits_plain_decoding(tiny_models, run, temperature: float) -> None:
     model = tiny_models[1]
@@ -144,7 +136,7 @@ def test_speculation_with_penalties_commits_plain_decoding(tiny_models, run, tem
     biased_only = run(model.backend(), model.tokenizer,
                       _request(model, temperature, logit_bias=_favoured(model)))
     assert plain.token_ids != biased_only.token_ids  # the penalties change the text here
-    for name, drafter in _drafters(model, request).items():
+    for name, drafter in speculation_drafters(model, request).items():
         for budget in (4, 16):
             got = run(model.backend(), model.tokenizer, request, drafter, tree_budget=budget)
             assert got.same_output(plain), (name, budget)
