@@ -280,6 +280,26 @@ def test_tool_choice_none_leaves_markup_as_text(fast) -> None:
     assert "<tool_call>" in reply.choices[0].message.content
 
 
+def test_without_a_grammar_vocabulary_structured_output_is_refused_and_tools_still_decode(fast) -> None:
+    """A service with no grammar vocabulary (this one's is switched off) refuses structured output with 400
+    naming the field, and loses nothing else: tool calls are still decoded from the text."""
+    client = fast.client()
+    for extra, field in (
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"extra_body": {"structured_outputs": {"choice": ["a", "b"]}}}, "structured_outputs"),
+    ):
+        with pytest.raises(openai.BadRequestError, match="Hugging Face tokenizer") as caught:
+            client.chat.completions.create(model="scripted", messages=user("SCRIPT:tool"), **extra)
+        assert caught.value.body["param"] == field
+    with pytest.raises(openai.BadRequestError, match="structured_outputs"):
+        client.completions.create(model="scripted", prompt="x",
+                                  extra_body={"structured_outputs": {"regex": "a"}})
+    reply = client.chat.completions.create(
+        model="scripted", messages=user("SCRIPT:tool"), tools=TOOLS, tool_choice="required"
+    )
+    assert reply.choices[0].finish_reason == "tool_calls"
+
+
 # ----------------------------------------------------------------------------------- stops and limits
 
 
