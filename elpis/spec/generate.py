@@ -37,7 +37,15 @@ from elpis.spec.request import GenerationRequest, GenerationStats, Step, TokenLo
 from elpis.spec.run_choice import RunChoice
 from elpis.spec.sampling import sample_rows, top_logprobs
 from elpis.spec.stops import StopStringScanner
-from elpis.spec.tree import MAX_ROWS, DraftTree, build_tree, choose_row_count, tree_shape, verify_costs
+from elpis.spec.tree import (
+    MAX_ROWS,
+    DraftTree,
+    build_tree,
+    choose_row_count,
+    tree_shape,
+    verify_costs,
+    with_forced,
+)
 
 DEFAULT_TREE_BUDGET = 8
 DEFAULT_DRAFT_TOP_K = 4
@@ -85,11 +93,13 @@ class SpeculativeGenerator:
                                  f"(0..{info.vocab_size - 1})")
 
     def _tree(self, context: list[int], remaining: int, room: int, costs: list[float] | None,
-              budget: int | None = None) -> DraftTree:
+              budget: int | None = None, constraint: Constraint | None = None) -> DraftTree:
         rows, depth = tree_shape(budget or self.tree_budget, room, remaining)
         if self.drafter is None or depth < 1:
             return DraftTree((context[-1],), (-1,), (0,), (0.0,))
         block = self.drafter.propose(context, depth, self.draft_top_k)
+        if constraint is not None:
+            block = with_forced(block, constraint.forced_tokens(depth))
         tree = build_tree(context[-1], block, rows, max_depth=depth, vocab_size=self.backend.info.vocab_size)
         return tree.prefix(choose_row_count(tree, costs[:rows] if costs else None))
 
@@ -251,7 +261,7 @@ class SpeculativeGenerator:
                 run = choice.choose(backend.position(), self.tree_budget)
                 budget = choice.budget_at(run, self.tree_budget)
                 choice.chose(run, self.tree_budget)
-            tree = self._tree(context, remaining, room, costs, budget)
+            tree = self._tree(context, remaining, room, costs, budget, constraint)
             logits, targets, decision = self._round(link, tracker, tree, context, request, stops, remaining,
                                                     stats, history, constraint)
             committed = tuple(targets[r] for r in decision.rows)

@@ -164,6 +164,14 @@ class Constraint:
             if not matcher.consume_token(token):
                 raise RuntimeError(f"the grammar refused committed token {token}: {matcher.get_error()}")
 
+    def forced_tokens(self, limit: int) -> list[int]:
+        """Up to `limit` tokens that spell what the grammar forces next (a JSON key, a tool call's markup), in
+        the vocabulary's own tokenization; empty while the grammar is closed. A draft, never a decision: the
+        model may spell the same bytes with other tokens, and the rows decide as always."""
+        if limit < 1 or not self.open or self._matcher.is_stopped():
+            return []
+        return list(self._matcher.compute_ff_tokens())[:limit]
+
     def is_finished(self) -> bool:
         """Whether the grammar is complete and allows nothing more but the end of the sequence."""
         return self.open and bool(self._matcher.is_stopped())

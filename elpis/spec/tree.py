@@ -74,6 +74,18 @@ def _clean_candidates(block: DraftBlock, max_depth: int, vocab_size: int) -> lis
     return levels
 
 
+def with_forced(block: DraftBlock, forced: Sequence[int]) -> DraftBlock:
+    """`block` with `forced` (tokens a grammar forces next) proposed first, as certain, at depths 1 to
+    len(forced); the drafter's own candidates follow them at each depth, and its deeper depths stay."""
+    if not forced:
+        return block
+    levels = [list(level) for level in block.candidates]
+    levels += [[] for _ in range(len(forced) - len(levels))]
+    for depth, token in enumerate(forced):
+        levels[depth] = [(token, 0.0), *(c for c in levels[depth] if c[0] != token)]
+    return DraftBlock(levels)
+
+
 def build_tree(anchor: int, block: DraftBlock, max_rows: int, *, max_depth: int = MAX_ROWS - 1,
                vocab_size: int) -> DraftTree:
     """Best-first tree of at most `max_rows` rows (anchor included) and depth at most `max_depth`."""

@@ -9,7 +9,15 @@ import random
 import pytest
 
 from elpis.backend import DraftBlock
-from elpis.spec.tree import MAX_ROWS, DraftTree, build_tree, choose_row_count, expected_tokens, verify_costs
+from elpis.spec.tree import (
+    MAX_ROWS,
+    DraftTree,
+    build_tree,
+    choose_row_count,
+    expected_tokens,
+    verify_costs,
+    with_forced,
+)
 
 VOCAB = 1000
 
@@ -119,3 +127,12 @@ def test_row_count_trades_expected_tokens_against_cost() -> None:
     assert verify_costs(lambda rows: 1.0 + rows, 3) == [2.0, 3.0, 4.0]
     with pytest.raises(ValueError, match="verify_cost"):
         verify_costs(lambda rows: 0.0, 3)
+
+
+def test_forced_tokens_lead_each_depth_and_the_drafters_follow() -> None:
+    block = DraftBlock([[(5, -0.1), (7, -0.5)], [(9, -0.2)]])
+    merged = with_forced(block, [7, 3, 4])
+    assert merged.candidates == [[(7, 0.0), (5, -0.1)], [(3, 0.0), (9, -0.2)], [(4, 0.0)]]
+    assert with_forced(block, []) is block
+    tree = build_tree(1, merged, 4, vocab_size=16)
+    assert tree.tokens == (1, 7, 3, 4)  # the forced chain first: it is certain
