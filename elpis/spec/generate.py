@@ -118,16 +118,19 @@ class SpeculativeGenerator:
             asked = tracker.round_id(stats.rounds, attempt, base - 1, tree.tokens, tree.parents)
             try:
                 result = link.verify_round(asked, tree.tokens, tree.parents)
-                if request.sampling.greedy and history is None and constraint is None:
+                adjusted = history is not None or constraint is not None
+                paths = tree_paths(tree.tokens, tree.parents) if adjusted else []
+                # The grammar's masks are host work on the tree alone: done while the device verifies.
+                masks = constraint.row_masks(paths) if constraint is not None else None
+                if request.sampling.greedy and not adjusted:
                     logits, targets = tracker.check_verify_greedy(asked, len(tree), result)  # with the checks
                 else:
                     logits = tracker.check_verify(asked, len(tree), result)
                     rows = logits
-                    paths = tree_paths(tree.tokens, tree.parents)
                     if history is not None:
                         rows = history.adjusted(rows, paths)
                     if constraint is not None:
-                        rows = constraint.masked(rows, paths)
+                        rows = constraint.apply(rows, masks)
                     targets = sample_rows(rows, request.sampling, [base + d for d in tree.depths])
                 decision = accept.tree(tree.parents, tree.tokens, targets, stops, remaining)
                 if not (1 <= decision.count == len(decision.rows) and decision.rows[0] == 0):

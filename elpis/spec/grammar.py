@@ -179,11 +179,14 @@ class Constraint:
     def masked(self, logits: torch.Tensor, paths: Sequence[Sequence[int]]) -> torch.Tensor:
         """`logits` [rows, vocab] with -inf wherever row r's grammar state (after the committed tokens and
         `paths[r]`) forbids the token; the other values are untouched, so each row depends on itself only."""
-        if logits.dim() != 2 or logits.shape[0] != len(paths) or logits.shape[1] != self.vocab_size:
-            raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(paths)} rows of "
-                             f"{self.vocab_size} logits")
-        # Each row's mask travels as llguidance's packed bits (1/32 of a bool row) and is unpacked where the
-        # logits are, by exact integer shifts.
+        if logits.dim() != 2 or logits.shape[0] != len(paths):
+            raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(paths)} rows")
+        return self.apply(logits, self.row_masks(paths))
+
+    def row_masks(self, paths: Sequence[Sequence[int]]) -> np.ndarray | None:
+        """int32 [rows, ceil(vocab / 32)]: row r's allowed tokens as packed bits (all set where the row is
+        unconstrained or unreachable), or None when no row is constrained. Host work only, so a round computes
+        it while the device verifies."""
         words = np.full((len(paths), self._words), -1, dtype=np.int32)
         any_masked = False
         for r, path in enumerate(paths):
@@ -191,11 +194,21 @@ class Constraint:
             if row is not None:
                 words[r] = row
                 any_masked = True
-        if not any_masked:
+        return words if any_masked else None
+
+    def apply(self, logits: torch.Tensor, masks: np.ndarray | None) -> torch.Tensor:
+        """`logits` with -inf where `masks` (`row_masks`) clears a token's bit. The packed bits (1/32 of a
+        bool row) travel to the logits' device and are unpacked there by exact integer shifts."""
+        if logits.dim() != 2 or logits.shape[1] != self.vocab_size:
+            raise ValueError(f"logits shape {tuple(logits.shape)} is not rows of {self.vocab_size} logits")
+        if masks is None:
             return logits
-        packed = torch.from_numpy(words).to(logits.device)
+        rows = logits.shape[0]
+        if masks.shape != (rows, self._words):
+            raise ValueError(f"masks of shape {masks.shape} for {rows} rows of {self._words} words")
+        packed = torch.from_numpy(masks).to(logits.device)
         shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-        keep = ((packed.unsqueeze(-1) >> shifts) & 1).reshape(len(paths), -1)[:, : self.vocab_size].bool()
+        keep = ((packed.unsqueeze(-1) >> shifts) & 1).reshape(rows, -1)[:, : self.vocab_size].bool()
         return logits.masked_fill(~keep, float("-inf"))
 
     def allowed_ids(self, path: Sequence[int] = ()) -> list[int] | None:
