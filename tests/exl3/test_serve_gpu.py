@@ -3,8 +3,9 @@
 The served configuration (tree mode with the DFlash2 draft, rounds on the GPU for greedy requests, host
 rounds for sampled ones, the run choice between 8 and 16 rows) answers chat completions, whole and streamed,
 with the text of the same configuration serving trees of one row (`--tree-budget 1`: plain decoding through
-the same kernels), greedy and sampled, and with penalties and logit_bias (session 51). Every other server
-test runs on the CPU backends.
+the same kernels), greedy and sampled, with penalties and logit_bias (session 51), and with grammars:
+json_schema, json_object and a required tool call (session 52). Every other server test runs on the CPU
+backends.
 
 It needs the full-size synthetic checkpoints (ELPIS_FULL_TARGET / ELPIS_FULL_DRAFT, `elpis synth --full` and
 `--draft`): they hold the real Qwen vocabulary that the chat template's tokens need, where the small synthetic
@@ -43,6 +44,12 @@ REQUESTS = {
                                        "sky": {"enum": ["clear", "cloudy", "storm"]}}}}}},
     "json-object-sampled": {"temperature": 0.8, "seed": 8, "chat_template_kwargs": {"enable_thinking": False},
                             "response_format": {"type": "json_object"}},
+    # tool calls held to the tools' grammar (session 52): a random model calls a declared function
+    "tool-required": {"temperature": 0.0, "chat_template_kwargs": {"enable_thinking": False},
+                      "tool_choice": "required", "parallel_tool_calls": False, "tools": [
+                          {"type": "function", "function": {"name": "get_time", "parameters": {
+                              "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+                              "required": ["zone"]}}}]},
 }
 
 
@@ -78,8 +85,13 @@ def opened(req: urllib.request.Request):
         raise AssertionError(f"{req.full_url}: {exc.code} {exc.read()[:500]!r}") from exc
 
 
-def answers(server) -> dict[str, tuple[str, str]]:
-    """Each request's (content, reasoning) whole and streamed, and checks that both agree."""
+def _calls(calls: list[dict]) -> str:
+    """Tool calls without their random ids, as text."""
+    return json.dumps([[c["function"]["name"], json.loads(c["function"]["arguments"])] for c in calls])
+
+
+def answers(server) -> dict[str, tuple[str, str, str]]:
+    """Each request's (content, reasoning, tool calls) whole and streamed, and checks that both agree."""
     with opened(request(server, "/v1/models")) as reply:
         model = json.load(reply)["data"][0]["id"]
     out = {}
@@ -88,9 +100,10 @@ def answers(server) -> dict[str, tuple[str, str]]:
         with opened(request(server, CHAT, body)) as reply:
             whole_reply = json.load(reply)
         message = whole_reply["choices"][0]["message"]
-        whole = (message.get("content") or "", message.get("reasoning_content") or "")
+        whole = (message.get("content") or "", message.get("reasoning_content") or "",
+                 _calls(message.get("tool_calls") or []))
         assert 1 <= whole_reply["usage"]["completion_tokens"] <= 48, whole_reply["usage"]
-        content, reasoning = [], []
+        content, reasoning, calls = [], [], {}
         with opened(request(server, CHAT, {**body, "stream": True})) as reply:
             for raw in reply:
                 line = raw.decode().strip()
@@ -99,7 +112,12 @@ def answers(server) -> dict[str, tuple[str, str]]:
                 for choice in json.loads(line[len("data: "):]).get("choices", []):
                     content.append(choice["delta"].get("content") or "")
                     reasoning.append(choice["delta"].get("reasoning_content") or "")
-        assert ("".join(content), "".join(reasoning)) == whole, f"{name}: streamed differs from whole"
+                    for part in choice["delta"].get("tool_calls") or []:
+                        call = calls.setdefault(part["index"], {"function": {"name": "", "arguments": ""}})
+                        call["function"]["name"] += part.get("function", {}).get("name") or ""
+                        call["function"]["arguments"] += part.get("function", {}).get("arguments") or ""
+        streamed = ("".join(content), "".join(reasoning), _calls([calls[i] for i in sorted(calls)]))
+        assert streamed == whole, f"{name}: streamed differs from whole"
         out[name] = whole
     return out
 
@@ -120,3 +138,4 @@ def test_the_served_exl3_configuration_answers_with_plain_decodings_text(full):
     weather = json.loads(got["json-schema"][0])  # the schema held on the GPU backend too
     assert set(weather) == {"sunny", "wind", "sky"}, weather
     assert got["json-object-sampled"][0].lstrip().startswith("{")
+    assert json.loads(got["tool-required"][2]) in ([["get_time", {"zone": zone}]] for zone in ("UTC", "CET"))
