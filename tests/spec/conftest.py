@@ -114,3 +114,14 @@ def speculation_drafters(model: TinyModel, request: GenerationRequest) -> dict[s
         "adversarial": AdversarialDrafter(oracle, model.backend().info.stop_token_ids,
                                           model.model.config.vocab_size, seed=4),
     }
+
+
+def assert_speculation_is_plain(model: TinyModel, request: GenerationRequest, plain: Outcome) -> None:
+    """Every drafter of `speculation_drafters`, at budgets 4 and 16, gives `plain`'s output; the oracle's
+    drafts are accepted (fewer rounds), so rows past the anchor really were drawn from."""
+    for name, drafter in speculation_drafters(model, request).items():
+        for budget in (4, 16):
+            got = run_request(model.backend(), model.tokenizer, request, drafter, tree_budget=budget)
+            assert got.same_output(plain), (name, budget)
+            if name == "oracle":
+                assert got.stats.rounds < plain.stats.rounds, (budget, got.stats.rounds, plain.stats.rounds)
