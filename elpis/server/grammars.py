@@ -55,7 +55,11 @@ def request_grammar(service: ModelService, chat: ChatRequest, reasoning: bool) -
             assert chat.response_format is not None
             schema = chat.response_format.answer_schema()
             assert schema is not None
-            return Grammar.json_schema(service.grammar_vocabulary.get(), schema, openers)
+            # strict: every keyword of the schema holds, and one llguidance does not implement is refused;
+            # otherwise such keywords are ignored (OpenAI's non-strict mode promises no more).
+            named = chat.response_format.json_schema
+            lenient = named is None or not named.strict
+            return Grammar.json_schema(service.grammar_vocabulary.get(), schema, openers, lenient=lenient)
         if field == "structured_outputs":
             assert chat.structured_outputs is not None
             return _structured(service, chat.structured_outputs, openers)

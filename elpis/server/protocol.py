@@ -163,7 +163,9 @@ class StreamOptions(Strict):
 
 
 class JsonSchemaFormat(Strict):
-    """OpenAI's `response_format.json_schema`. The schema is always enforced, so `strict` changes nothing."""
+    """OpenAI's `response_format.json_schema`. The schema is always enforced; `strict` decides whether a
+    keyword the grammar engine does not implement (uniqueItems, contains, ...) is refused (strict) or
+    ignored."""
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     json_schema: dict[str, Any] = Field(alias="schema")

@@ -32,14 +32,30 @@ def strict_json_loads(text: str | bytes) -> Any:
 
 
 def parameter_schema(parameters: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
-    """The schema that applies to property `key` of an object schema, or None when nothing is declared."""
+    """The schema that applies to property `key` of an object schema (a local `$ref` followed), or None when
+    nothing is declared."""
     if not isinstance(parameters, dict):
         return None
     properties = parameters.get("properties")
     if isinstance(properties, dict) and isinstance(properties.get(key), dict):
-        return properties[key]
+        return resolve_ref(properties[key], parameters)
     additional = parameters.get("additionalProperties")
-    return additional if isinstance(additional, dict) else None
+    return resolve_ref(additional, parameters) if isinstance(additional, dict) else None
+
+
+def resolve_ref(schema: Any, root: dict[str, Any] | None) -> Any:
+    """`schema` with a local `$ref` ("#/$defs/Name" or "#/definitions/Name") into `root` followed (a few
+    hops at most); anything else as it is."""
+    for _ in range(8):
+        ref = schema.get("$ref") if isinstance(schema, dict) else None
+        if not isinstance(ref, str) or not isinstance(root, dict):
+            return schema
+        section, _, name = ref.removeprefix("#/").partition("/")
+        target = root.get(section, {}).get(name) if section in ("$defs", "definitions") else None
+        if not isinstance(target, dict):
+            return schema
+        schema = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+    return schema
 
 
 def _json_type(value: Any) -> set[str]:

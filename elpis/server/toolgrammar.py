@@ -23,7 +23,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from elpis.server.schema_values import allowed_types
+from elpis.server.schema_values import allowed_types, resolve_ref
 from elpis.server.toolcalls import (
     FUNCTION_OPEN,
     NESTED_MARKUP,
@@ -32,7 +32,7 @@ from elpis.server.toolcalls import (
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
 )
-from elpis.spec.grammar import JSON_STYLE
+from elpis.spec.grammar import json_options
 
 _BAD_KEY_CHARS = ("<", ">", "\n", "\r")
 # Raw text with no tool-call markup in it; the value's own suffix ends it.
@@ -64,20 +64,23 @@ def _string_choices(schema: Any) -> list[str] | None:
     return None
 
 
-def _value_rule(name: str, schema: Any) -> list[str]:
-    """Rules for one value, named `name`: raw text where a string fits, else JSON under the schema."""
+def _value_rule(name: str, schema: Any, definitions: dict[str, Any]) -> list[str]:
+    """Rules for one value, named `name`: raw text where a string fits, else JSON under the schema (with the
+    function schema's `definitions`, so that its `$ref`s resolve; keywords llguidance does not implement are
+    ignored, so that no tool is refused for one)."""
     types = allowed_types(schema) if isinstance(schema, dict) else None
     choices = _string_choices(schema)
     if choices:
         return [f'{name}: ({" | ".join(_literal(c) for c in choices)}) "\\n</parameter>"']
     if types is None or "string" in types:
         return [f'{name}[suffix="\\n</parameter>"]: {_RAW_VALUE}']
-    styled = {**schema, "x-guidance": JSON_STYLE}
+    styled = {**definitions, **schema, "x-guidance": json_options(lenient=True)}
     return [f'{name}: %json {json.dumps(styled, ensure_ascii=False, allow_nan=False)} "\\n</parameter>"']
 
 
 def _function_rules(index: int, name: str, parameters: dict[str, Any] | None) -> list[str]:
     rule = f"f{index}"
+    definitions = {k: v for k, v in (parameters or {}).items() if k in ("$defs", "definitions")}
     properties = (parameters or {}).get("properties")
     required = set((parameters or {}).get("required") or [])
     rules: list[str] = []
@@ -87,12 +90,12 @@ def _function_rules(index: int, name: str, parameters: dict[str, Any] | None) ->
             value = f"{rule}_v{k}"
             literal = _literal(f"{PARAMETER_OPEN}{_checked_key(name, key)}>\n")
             rules.append(f'{rule}_p{k}: {literal} {value} "\\n"')
-            rules += _value_rule(value, schema)
+            rules += _value_rule(value, resolve_ref(schema, parameters), definitions)
             parts.append(f"{rule}_p{k}" + ("" if key in required else "?"))
         body = " ".join(parts)
     else:
         rules.append(f'{rule}_any: "{PARAMETER_OPEN}" {_ANY_KEY} ">\\n" {rule}_raw "\\n"')
-        rules += _value_rule(f"{rule}_raw", None)
+        rules += _value_rule(f"{rule}_raw", None, definitions)
         body = f"{rule}_any*"
     head = _literal(f"{FUNCTION_OPEN}{name}>\n")
     return [f'{rule}: {head} {body} "</function>"', *rules]

@@ -32,6 +32,13 @@ import torch
 # habit, and no room for the endless runs of spaces a free-whitespace grammar lets a model fall into. Up to
 # two spaces or newlines may come first (Qwen3.8 writes "\n\n" after </think>).
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def json_options(lenient: bool) -> dict[str, Any]:
+    """llguidance's options for a schema (its `x-guidance`): JSON_STYLE, and with `lenient` the keywords it
+    does not implement (uniqueItems, contains, ...) ignored instead of refused."""
+    return {**JSON_STYLE, "lenient": lenient}
+
 _LEADING_SPACE = "start: /[ \\n]{0,2}/ value\nvalue: %json "
 MAX_GRAMMAR_BYTES = 256 * 1024  # a schema larger than this is refused rather than compiled
 
@@ -79,11 +86,12 @@ class Grammar:
 
     @classmethod
     def json_schema(cls, tokenizer: GrammarTokenizer, schema: dict[str, Any],
-                    opens_after: Sequence[int] = ()) -> Grammar:
-        """A JSON value valid under `schema`, in json.dumps's spacing; ValueError naming the fault."""
+                    opens_after: Sequence[int] = (), *, lenient: bool = False) -> Grammar:
+        """A JSON value valid under `schema`, in json.dumps's spacing; ValueError naming the fault (with
+        `lenient`, keywords llguidance does not implement are ignored instead)."""
         if not isinstance(schema, dict):
             raise ValueError(f"a JSON schema must be an object, got {type(schema).__name__}")
-        styled = {**schema, "x-guidance": JSON_STYLE}  # ours replaces any llguidance options it carried
+        styled = {**schema, "x-guidance": json_options(lenient)}  # ours replaces any options it carried
         text = json.dumps(styled, ensure_ascii=False, allow_nan=False)
         return cls.lark(tokenizer, _LEADING_SPACE + text, opens_after)
 

@@ -128,3 +128,26 @@ def test_a_parameter_name_the_markup_cannot_hold_is_refused() -> None:
     with pytest.raises(ValueError, match="cannot be written"):
         tool_call_lark({"f": {"type": "object", "properties": {"a>b": {}}}}, only=None, parallel=True,
                        calls_only=True)
+
+
+def test_definitions_resolve_and_unimplemented_keywords_do_not_refuse_a_tool(qwen_text, vocabulary) -> None:
+    """A pydantic-style schema (a `$ref` into `$defs`) and a keyword llguidance does not implement
+    (`uniqueItems`): the tool still gets its grammar, the `$ref`'d value is held to its definition, and the
+    decoder reads it as the object it is."""
+    point = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"],
+             "additionalProperties": False}
+    labels = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    tools = {"tag": {"type": "object", "$defs": {"Point": point},
+                     "properties": {"at": {"$ref": "#/$defs/Point"}, "labels": labels}, "required": ["at"]}}
+    grammar = Grammar.lark(vocabulary, tool_call_lark(tools, only=None, parallel=True, calls_only=True))
+    good = _rendered_calls(qwen_text, [("tag", {"at": {"x": 3}, "labels": ["a"]})])
+    assert _accepts(qwen_text, grammar, good)
+    scan = scan_call(good[len(TOOL_CALL_OPEN):], final=True)
+    assert scan.call is not None
+    decoded = ToolCallDecoder(tools).decode(scan.call, 0)
+    assert not isinstance(decoded, str) and json.loads(decoded.arguments) == {"at": {"x": 3}, "labels": ["a"]}
+    assert not _accepts(qwen_text, grammar, _rendered_calls(qwen_text, [("tag", {"at": {"y": 3}})]),
+                        finished=False)
+    dangling = {"f": {"type": "object", "properties": {"a": {"type": "object", "$ref": "#/$defs/X"}}}}
+    with pytest.raises(ValueError, match="does not exist"):  # a broken tool is still refused
+        Grammar.lark(vocabulary, tool_call_lark(dangling, only=None, parallel=True, calls_only=True))
