@@ -3,7 +3,9 @@ official `openai` client."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
 
 import pytest
 
@@ -171,8 +173,6 @@ def test_json_schema_answers_follow_the_schema_whole_and_streamed(tiny) -> None:
 
 
 def test_json_object_and_sampled_json_schema_answers(tiny) -> None:
-    import json
-
     reply = ask(tiny, "Anything.", max_tokens=48, response_format={"type": "json_object"},
                 extra_body={**NO_THINK, "ignore_eos": False})
     text = reply.choices[0].message.content
@@ -183,6 +183,13 @@ def test_json_object_and_sampled_json_schema_answers(tiny) -> None:
     sampled = ask(tiny, "Weather?", max_tokens=64, temperature=0.9, top_p=0.95, seed=3, presence_penalty=1.5,
                   response_format=_schema_format(WEATHER), extra_body=NO_THINK)
     check_weather(sampled.choices[0].message.content)
+
+
+def test_a_keyword_the_engine_lacks_is_ignored_unless_strict(tiny) -> None:
+    unique = {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2, "uniqueItems": True}
+    loose = {"type": "json_schema", "json_schema": {"name": "pair", "schema": unique}}  # strict absent
+    reply = ask(tiny, "Pick.", max_tokens=16, response_format=loose, extra_body=NO_THINK)
+    assert set(json.loads(reply.choices[0].message.content)) <= {"a", "b"}
 
 
 def test_json_schema_after_reasoning_constrains_the_answer_only(tiny, qwen_text) -> None:
@@ -199,6 +206,7 @@ def test_json_schema_after_reasoning_constrains_the_answer_only(tiny, qwen_text)
 
 @pytest.mark.parametrize(("response_format", "extra", "match"), [
     (_schema_format({"type": "nonsense"}), {}, "nonsense"),
+    (_schema_format({"type": "array", "uniqueItems": True}), {}, "uniqueItems"),  # strict: refused
     ({"type": "json_schema", "json_schema": {"name": "x"}}, {}, "schema"),
     ({"type": "json_schema"}, {}, "json_schema is required"),
     ({"type": "json_schema", "json_schema": {"name": "no spaces", "schema": {}}}, {}, "name"),
@@ -225,8 +233,6 @@ CALL_TOOLS = [
 
 
 def _check_calls(reply, names: set[str]) -> list:
-    import json
-
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls", choice.message
     calls = choice.message.tool_calls
@@ -268,9 +274,6 @@ def test_a_call_the_model_begins_under_auto_is_completed_well_formed(tiny, qwen_
 def test_structured_outputs_choice_regex_json_and_grammar(tiny) -> None:
     """vLLM's structured_outputs on chat and completions: the random model's answer is one of the choices,
     matches the regex, is the schema's JSON, or a sentence of the Lark grammar."""
-    import json
-    import re
-
     client = tiny.client()
     choices = ["positive", "negative", "neutral"]
     chat = ask(tiny, "Sentiment?", max_tokens=16,
