@@ -46,6 +46,8 @@ def request_grammar(service: ModelService, chat: ChatRequest, reasoning: bool) -
     openers: list[int] = []
     if reasoning:
         close = _single_token(service, THINK_CLOSE)
+        if close is None and field == "tools":
+            return None  # as without a grammar vocabulary: the decoder alone judges calls
         if close is None:
             raise bad_request(f"a grammar after reasoning needs {THINK_CLOSE} as one token, which this "
                               f"vocabulary does not have; turn thinking off", field)
