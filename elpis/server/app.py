@@ -418,7 +418,7 @@ class OpenAIServer:
             )
         reasoning = prompt_opens_reasoning(text)
         splitter = OutputSplitter(starts_in_reasoning=reasoning, tools=decoder)
-        grammar = await asyncio.to_thread(request_grammar, service, chat, reasoning)
+        grammar = await asyncio.to_thread(request_grammar, service, chat, reasoning, decoder)
         job = self._start_job(service, chat, prompt_ids, max_tokens, top_logprobs, grammar)
         head = ResponseHead(new_id("chatcmpl-"), service.model_id, "chat.completion")
         try:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from elpis.server.channels import THINK_CLOSE
 from elpis.server.errors import APIError, bad_request
-from elpis.server.protocol import ChatRequest, CompletionRequest, NamedToolChoice, StructuredOutputs
+from elpis.server.protocol import ChatRequest, CompletionRequest, StructuredOutputs
 from elpis.server.service import ModelService
-from elpis.server.toolcalls import TOOL_CALL_OPEN
+from elpis.server.toolcalls import TOOL_CALL_OPEN, ToolCallDecoder
 from elpis.server.toolgrammar import tool_call_lark
 from elpis.spec.grammar import Grammar
 
@@ -25,17 +25,19 @@ def _single_token(service: ModelService, text: str) -> int | None:
     return ids[0] if len(ids) == 1 else None
 
 
-def request_grammar(service: ModelService, chat: ChatRequest, reasoning: bool) -> Grammar | None:
-    """The grammar for `chat` (see the module docstring); `reasoning`: the answer starts inside `<think>`.
+def request_grammar(service: ModelService, chat: ChatRequest, reasoning: bool,
+                    calls: ToolCallDecoder | None) -> Grammar | None:
+    """The grammar for `chat` (see the module docstring); `reasoning`: the answer starts inside `<think>`;
+    `calls`: the decoder of the request's tool calls (None when tools are off), whose tools, named choice
+    and parallel flag the tool grammar follows.
     Call it off the event loop: the first grammar also builds the vocabulary's index (seconds for Qwen3.8's).
     A grammar that cannot be built is a 400 naming the field that asked for it."""
     formatted = chat.response_format is not None and chat.response_format.type != "text"
-    calls = chat.tools_enabled() and bool(chat.tools)
     if formatted:
         field = "response_format"
     elif chat.structured_outputs is not None:
         field = "structured_outputs"
-    elif calls:
+    elif calls is not None:
         field = "tools"
     else:
         return None
@@ -65,7 +67,8 @@ def request_grammar(service: ModelService, chat: ChatRequest, reasoning: bool) -
         if field == "structured_outputs":
             assert chat.structured_outputs is not None
             return _structured(service, chat.structured_outputs, openers)
-        return _tool_grammar(service, chat, openers)
+        assert calls is not None
+        return _tool_grammar(service, calls, chat.tool_choice == "required", openers)
     except ValueError as exc:
         raise bad_request(f"{field}: {exc}", field) from None
 
@@ -92,7 +95,6 @@ def _structured(service: ModelService, asked: StructuredOutputs, openers: list[i
     assert service.grammar_vocabulary is not None
     vocabulary = service.grammar_vocabulary.get()
     if asked.json_ is not None:
-        assert isinstance(asked.json_, dict)  # text was parsed by the protocol
         return Grammar.json_schema(vocabulary, asked.json_, openers)
     if asked.regex is not None:
         return Grammar.regex(vocabulary, asked.regex, openers)
@@ -102,21 +104,15 @@ def _structured(service: ModelService, asked: StructuredOutputs, openers: list[i
     return Grammar.lark(vocabulary, asked.grammar, openers)
 
 
-def _tool_grammar(service: ModelService, chat: ChatRequest, openers: list[int]) -> Grammar | None:
-    assert chat.tools is not None and service.grammar_vocabulary is not None
-    choice = chat.tool_choice
-    only = choice.function.name if isinstance(choice, NamedToolChoice) else None
-    calls_only = only is not None or choice == "required"
+def _tool_grammar(service: ModelService, calls: ToolCallDecoder, required: bool,
+                  openers: list[int]) -> Grammar | None:
+    assert service.grammar_vocabulary is not None
+    calls_only = calls.only is not None or required
     open_token = _single_token(service, TOOL_CALL_OPEN)
     if open_token is None and not calls_only:
         return None  # no token marks where a call begins
-    lark = tool_call_lark(
-        {tool.function.name: tool.function.parameters for tool in chat.tools},
-        only=only,
-        parallel=chat.parallel_tool_calls is not False,
-        calls_only=calls_only,
-        special_markers=open_token is not None,
-    )
+    lark = tool_call_lark(calls.tools, only=calls.only, parallel=calls.parallel, calls_only=calls_only,
+                          special_markers=open_token is not None)
     if not calls_only:
         assert open_token is not None
         openers.append(open_token)

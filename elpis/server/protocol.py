@@ -194,26 +194,32 @@ class StructuredOutputs(Strict):
     """vLLM's `structured_outputs` (chat and completions): exactly one of a JSON schema (an object, or its
     JSON text), a regular expression, a list of choices, or a Lark grammar (llguidance's dialect)."""
 
-    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    json_: dict[str, Any] | None = Field(default=None, alias="json")
     regex: str | None = Field(default=None, min_length=1)
     choice: list[Annotated[str, Field(min_length=1)]] | None = Field(
         default=None, min_length=1, max_length=1024
     )
     grammar: str | None = Field(default=None, min_length=1)
 
+    @field_validator("json_", mode="before")
+    @classmethod
+    def _schema_text(cls, value: Any) -> Any:
+        """A schema sent as JSON text is read here; an object stays as it is."""
+        if not isinstance(value, str):
+            return value
+        try:
+            schema = strict_json_loads(value)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"json is not valid JSON: {exc}") from None
+        if not isinstance(schema, dict):
+            raise ValueError("json must be a JSON schema object")
+        return schema
+
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputs:
         given = [name for name in ("json_", "regex", "choice", "grammar") if getattr(self, name) is not None]
         if len(given) != 1:
             raise ValueError("give exactly one of json, regex, choice and grammar")
-        if isinstance(self.json_, str):
-            try:
-                schema = strict_json_loads(self.json_)
-            except (ValueError, RecursionError) as exc:
-                raise ValueError(f"json is not valid JSON: {exc}") from None
-            if not isinstance(schema, dict):
-                raise ValueError("json must be a JSON schema object")
-            object.__setattr__(self, "json_", schema)
         return self
 
 

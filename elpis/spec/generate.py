@@ -112,14 +112,14 @@ class SpeculativeGenerator:
         same tree verified again. Returns the checked (raw) logits, the targets and the committed decision.
         `history`: the request's adjustments, `constraint` its grammar (None when it has none)."""
         base = len(context)  # absolute position of the token the anchor row draws
+        adjusted = history is not None or constraint is not None
+        paths = tree_paths(tree.tokens, tree.parents) if adjusted else []
         faults: list[RoundFault] = []
         for attempt in range(self.round_retries + 1):
             # The position expected is the loop's own count (anchor excluded), not the backend's word.
             asked = tracker.round_id(stats.rounds, attempt, base - 1, tree.tokens, tree.parents)
             try:
                 result = link.verify_round(asked, tree.tokens, tree.parents)
-                adjusted = history is not None or constraint is not None
-                paths = tree_paths(tree.tokens, tree.parents) if adjusted else []
                 # The grammar's masks are host work on the tree alone: done while the device verifies.
                 masks = constraint.row_masks(paths) if constraint is not None else None
                 if request.sampling.greedy and not adjusted:

@@ -29,18 +29,17 @@ import numpy as np
 import torch
 
 # JSON is written as Python's json.dumps writes it (", " and ": ", no other whitespace): the model's own
-# habit, and no room for the endless runs of spaces a free-whitespace grammar lets a model fall into. Up to
-# two spaces or newlines may come first (Qwen3.8 writes "\n\n" after </think>).
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# habit, and no room for the endless runs of spaces a free-whitespace grammar lets a model fall into.
+_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# Up to two spaces or newlines may come before a JSON answer (Qwen3.8 writes "\n\n" after </think>).
+_LEADING_SPACE = "start: /[ \\n]{0,2}/ value\nvalue: %json "
+MAX_GRAMMAR_BYTES = 256 * 1024  # a schema larger than this is refused rather than compiled
 
 
 def json_options(lenient: bool) -> dict[str, Any]:
-    """llguidance's options for a schema (its `x-guidance`): JSON_STYLE, and with `lenient` the keywords it
-    does not implement (uniqueItems, contains, ...) ignored instead of refused."""
-    return {**JSON_STYLE, "lenient": lenient}
-
-_LEADING_SPACE = "start: /[ \\n]{0,2}/ value\nvalue: %json "
-MAX_GRAMMAR_BYTES = 256 * 1024  # a schema larger than this is refused rather than compiled
+    """llguidance's options for a schema (its `x-guidance`): json.dumps's spacing, and with `lenient` the
+    keywords it does not implement (uniqueItems, contains, ...) ignored instead of refused."""
+    return {**_JSON_STYLE, "lenient": lenient}
 
 
 class GrammarTokenizer:

@@ -11,7 +11,7 @@
 LIMIT=${LIMIT:-560}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-timeout -k 3 60 python3 elpis/bench/scripts/sampler_time.py 2>&1 | tail -3 | tee -a "$OUT/log"
+sampler_time
 start_build_and_synths
 gpu_pytest "sampling on CUDA" 60 tests/spec/test_sampling.py
 join_build

@@ -7,7 +7,7 @@
 LIMIT=${LIMIT:-60}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-timeout -k 3 40 python3 elpis/bench/scripts/sampler_time.py 2>&1 | tail -3 | tee -a "$OUT/log"
+sampler_time 40
 gpu_line
 gpu_pytest "sampling on CUDA" 15 tests/spec/test_sampling.py
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
