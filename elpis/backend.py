@@ -110,15 +110,26 @@ class DeviceRound:
 class DeviceRounds(Protocol):
     """Greedy speculative rounds whose tree, acceptance and commit run on the backend's device, with one host
     read-back per round (elpis.exl3.device_round). The generator uses it for greedy requests without
-    logprobs when the backend has one."""
+    logprobs when the backend has one, and for a grammar's requests until the grammar opens: their rounds
+    end at the awaited opening token as at a stop, and host rounds (or device rounds started again) go on
+    from there."""
 
     def serves(self) -> bool:
         """Whether the backend's current mode runs its speculative rounds here (a backend switched to chain
         verifies, as the bench's chain system does on a tree load, runs them on the host)."""
         ...
 
-    def start(self, *, remaining: int, tree_budget: int, stops: Sequence[int], top_k: int) -> None:
-        """Take over the backend's begun sequence: `remaining` tokens to generate at most."""
+    def start(self, *, context: Sequence[int], remaining: int, tree_budget: int, stops: Sequence[int],
+              top_k: int) -> None:
+        """Take over the backend's begun sequence, whose tokens so far are `context` (the prompt, then every
+        committed token; its last is the anchor the next round starts from): `remaining` tokens to generate at
+        most, a round ending at the first of `stops` it commits. A sequence may be taken over again after host
+        rounds or after rounds here that ended at a stop."""
+        ...
+
+    def drain(self) -> None:
+        """Wait for the rounds still in flight (queued ahead of a round that ended) and drop them, so that
+        host rounds can go on with the sequence."""
         ...
 
     def round(self) -> DeviceRound:

@@ -305,13 +305,20 @@ class DeviceRounds:
         the host."""
         return bool(self.backend.tree)
 
-    def start(self, *, remaining: int, tree_budget: int, stops: Sequence[int], top_k: int) -> None:
-        """Take over the backend's active sequence (begun, nothing pending) for rounds on the GPU."""
+    def start(self, *, context: Sequence[int], remaining: int, tree_budget: int, stops: Sequence[int],
+              top_k: int) -> None:
+        """Take over the backend's active sequence (begun, nothing pending) for rounds on the GPU: right after
+        its prompt, or again after host rounds or rounds here that ended at a stop. `context` is its tokens;
+        the last is the anchor (the backend holds the others)."""
         self.drain()
         b = self.backend
-        if not b.active or b.pending is not None or b.anchor is None:
+        if not b.active or b.pending is not None:
+            raise BackendError("rounds on the GPU start on a begun sequence with no pending verify")
+        if len(context) != b.position() + 1 or (b.anchor is not None and context[-1] != b.anchor):
             raise BackendError(
-                "rounds on the GPU start on a begun sequence with its anchor and no pending verify"
+                f"rounds on the GPU start from the backend's {b.position()} tokens plus its anchor; the "
+                f"context has {len(context)} tokens ending in {context[-1] if context else None} "
+                f"(anchor {b.anchor})"
             )
         if not 1 <= tree_budget <= b.tree_run():
             raise ValueError(
@@ -328,7 +335,7 @@ class DeviceRounds:
         self.last_words, self.numbered = None, 0
         self.epoch = next(_EPOCHS) % (1 << 31)
         words = round_plan.state_block(
-            anchor=b.anchor, kvp=b.position(), remaining=remaining, max_context=b.info.max_context,
+            anchor=int(context[-1]), kvp=b.position(), remaining=remaining, max_context=b.info.max_context,
             tree_budget=tree_budget, stops=stops, epoch=self.epoch,
         )  # fmt: skip
         self.state.copy_(torch.from_numpy(words))  # from pageable memory: synchronous, once per request

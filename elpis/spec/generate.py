@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -33,7 +33,14 @@ from elpis.spec.detok import Decoder, IncrementalDetokenizer
 from elpis.spec.grammar import Constraint
 from elpis.spec.integrity import RoundFault, RoundId, RoundLink, RoundTracker
 from elpis.spec.penalties import History, tree_paths
-from elpis.spec.request import GenerationRequest, GenerationStats, Step, TokenLogprob, stop_ids_for
+from elpis.spec.request import (
+    MAX_STOP_TOKEN_IDS,
+    GenerationRequest,
+    GenerationStats,
+    Step,
+    TokenLogprob,
+    stop_ids_for,
+)
 from elpis.spec.run_choice import RunChoice
 from elpis.spec.sampling import sample_rows, top_logprobs
 from elpis.spec.stops import StopStringScanner
@@ -236,22 +243,56 @@ class SpeculativeGenerator:
 
     def _round_source(self, request: GenerationRequest, stops: tuple[int, ...], context: list[int],
                       stats: GenerationStats) -> Callable[[int, int], _Committed]:
-        """How each round is run: on the backend's device for a greedy request without logprobs, logit
-        adjustments or a grammar when the backend has rounds there (`elpis.backend.DeviceRounds`) and a
-        drafter is set, else on the host."""
+        """How each round is run: on the backend's device for a greedy request without logprobs or logit
+        adjustments when the backend has rounds there (`elpis.backend.DeviceRounds`) and a drafter is set,
+        else on the host. A grammar's request runs there too while its grammar is closed: each round ends
+        at the opening token the grammar awaits, as at a stop, and the rounds after the last one are the
+        host's, which mask their rows."""
         backend = self.backend
+        constraint = request.grammar.start() if request.grammar is not None else None
+        host_round = self._host_rounds(request, stops, context, stats, constraint)
         device = getattr(backend, "device_rounds", None)
-        if (device is not None and self.drafter is not None and request.sampling.greedy
-                and not request.sampling.adjusts_logits and request.top_logprobs is None
-                and request.grammar is None and device.serves()):
-            device.start(remaining=request.max_tokens, tree_budget=self.tree_budget, stops=stops,
-                         top_k=self.draft_top_k)
+        if not (device is not None and self.drafter is not None and request.sampling.greedy
+                and not request.sampling.adjusts_logits and request.top_logprobs is None and device.serves()):
+            return host_round
+        if constraint is None:
+            device.start(context=context, remaining=request.max_tokens, tree_budget=self.tree_budget,
+                         stops=stops, top_k=self.draft_top_k)
             return lambda remaining, room: self._device_round(device, stats)
+        if len(stops) >= MAX_STOP_TOKEN_IDS and any(t not in stops for t in constraint.grammar.opens_after):
+            return host_round  # no stop slot left for an opening token
+        running: list[int | None] = [None]  # the opening token the device's rounds end at, while they run
+
+        def round_until_open(remaining: int, room: int) -> _Committed:
+            awaited = constraint.awaited
+            if awaited is None:  # opened by a round that ended at its last opening token (and drained)
+                return host_round(remaining, room)
+            if running[0] != awaited:
+                # an awaited stop ends the request before the grammar opens: no slot of its own
+                ends_at = stops if awaited in stops else (*stops, awaited)
+                device.start(context=context, remaining=remaining, tree_budget=self.tree_budget,
+                             stops=ends_at, top_k=self.draft_top_k)
+                running[0] = awaited
+            done = self._device_round(device, stats)
+            constraint.commit(done.tokens)
+            if done.ends and awaited not in stops and done.tokens[-1] == awaited:
+                # The round ended at the opening token, not the request (unless max_tokens ends it there).
+                device.drain()
+                running[0] = None
+                return replace(done, ends=len(done.tokens) >= remaining)
+            return done
+
+        return round_until_open
+
+    def _host_rounds(self, request: GenerationRequest, stops: tuple[int, ...], context: list[int],
+                     stats: GenerationStats,
+                     constraint: Constraint | None) -> Callable[[int, int], _Committed]:
+        """Rounds on the host: the tree built here, the verify's rows adjusted and masked and sampled here."""
+        backend = self.backend
         link = backend if isinstance(backend, RoundLink) else RoundLink(backend)
         tracker = RoundTracker(next(_EPOCHS), backend.info.vocab_size)
         history = (History(request.sampling, request.prompt_ids, backend.info.vocab_size)
                    if request.sampling.adjusts_logits else None)
-        constraint = request.grammar.start() if request.grammar is not None else None
         costs = None
         choice: RunChoice | None = None
         if self.drafter is not None:

@@ -159,6 +159,12 @@ class Constraint:
         """Whether the grammar applies yet (its opening tokens have been committed, or it has none)."""
         return self._met == len(self._openers)
 
+    @property
+    def awaited(self) -> int | None:
+        """The opening token the grammar waits for next (None once open). Until it is committed every row is
+        unconstrained, so a round may run without masks if it ends there (`elpis.spec.generate`)."""
+        return None if self.open else self._openers[self._met]
+
     def commit(self, tokens: Sequence[int]) -> None:
         """Tokens committed after those before. A committed token the grammar refuses is a broken invariant
         (every draw was masked), so it raises rather than let the output leave the grammar."""

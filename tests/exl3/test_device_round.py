@@ -23,7 +23,9 @@ What they establish:
     tokens;
 (l) (session 51, staged): a request with penalties and logit_bias keeps host rounds, and with the known
     continuation drafted (several tokens a round, each row counting its own path) it commits plain
-    decoding's tokens under the same adjustments, greedy and sampled.
+    decoding's tokens under the same adjustments, greedy and sampled;
+(m) (session 53, staged): a greedy request whose grammar opens after a token the model writes runs its rounds
+    on the GPU until that token, then host rounds under the grammar: plain decoding's tokens.
 """
 
 from __future__ import annotations
@@ -406,3 +408,37 @@ def test_penalised_requests_keep_host_rounds_and_plain_decodings_tokens(backend,
     assert got == truth, "a penalised request with accepted drafts differs from plain penalised decoding"
     assert max(stats.committed_per_round) >= 4 and stats.rounds < TOKENS // 2, stats.committed_per_round
     assert backend.device_rounds.rounds == before, "a penalised request ran a round on the GPU"
+
+
+def test_a_grammars_request_runs_on_the_gpu_until_its_grammar_opens(backend, decoder):  # noqa: F811
+    """(m) (session 53, staged) A greedy request whose grammar opens after a token the model writes freely
+    (as a tool call's grammar opens at `<tool_call>`): its rounds run on the GPU, ending at that token as at a
+    stop (the round queued ahead idles), then host rounds mask their rows. Plain decoding's tokens under the
+    grammar (host rounds of the anchor alone), with the free part's rounds on the GPU."""
+    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+    from elpis.spec.grammar import Grammar, GrammarTokenizer
+
+    ids = prompt(1300, 58, backend.info.vocab_size)
+    free = truth_of(backend, ids)
+    at = next(i for i in range(6, TOKENS) if free[i] not in free[:i])  # its first time, after a few rounds
+    info = backend.info
+    vocabulary = GrammarTokenizer(decoder.inner.backend.to_str(), info.vocab_size, info.stop_token_ids)
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    grammar = Grammar.json_schema(vocabulary, schema, opens_after=(free[at],))
+    request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=TOKENS + 20, sampling=SamplingParams(),
+                                grammar=grammar)  # fmt: skip
+
+    def tokens(gen) -> tuple[list[int], object]:
+        steps = list(gen.generate(request))
+        return [t for step in steps for t in step.token_ids], steps[-1].stats
+
+    truth, _ = tokens(SpeculativeGenerator(backend, decoder))
+    assert truth[: at + 1] == free[: at + 1] and len(truth) > at + 2
+    assert decoder.decode(truth[at + 1 :]).lstrip().startswith("{"), "the grammar did not hold"
+    rounds = backend.device_rounds
+    before = rounds.rounds
+    got, stats = tokens(SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=16))
+    assert got == truth, "a grammar's request with GPU rounds until it opens differs from plain decoding"
+    on_gpu = rounds.rounds - before
+    assert 1 <= on_gpu < stats.rounds, (on_gpu, stats.rounds)  # the free part on the GPU, the rest the host's
+    assert sum(stats.committed_per_round[:on_gpu]) == at + 1  # the GPU's rounds ended at the opening token

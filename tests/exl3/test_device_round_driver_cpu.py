@@ -299,11 +299,15 @@ def plain(prompt: list[int], n: int) -> list[int]:
 
 
 def generate(
-    rounds: dr.DeviceRounds, tokens: int, *, stops: tuple[int, ...] = (), budget: int = RUN, top_k: int = 4
+    rounds: dr.DeviceRounds, tokens: int, *, stops: tuple[int, ...] = (), budget: int = RUN, top_k: int = 4,
+    anchor: int | None = None,
 ) -> tuple[list[int], list[str]]:
     """Tokens and faults (discarded rounds and records read again) of one request through `round`, which
-    must say that it ended exactly when the tokens or a stop token end it."""
-    rounds.start(remaining=tokens, tree_budget=budget, stops=list(stops), top_k=top_k)
+    must say that it ended exactly when the tokens or a stop token end it. It starts from the backend's
+    tokens and its anchor, or `anchor` (the last token committed before)."""
+    b = rounds.backend
+    context = [*b.tokens, b.anchor if anchor is None else anchor]
+    rounds.start(context=context, remaining=tokens, tree_budget=budget, stops=list(stops), top_k=top_k)
     got: list[int] = []
     faults: list[str] = []
     ended = False
@@ -358,6 +362,29 @@ def test_a_stop_token_ends_the_request_with_it(at: int) -> None:
     first = truth.index(stop)  # the first time plain decoding makes it
     got, _ = generate(driver(StandInBackend(prompt, 0.2)), 40, stops=(stop, VOCAB + 5))
     assert got == truth[: first + 1]
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+@pytest.mark.parametrize("at", [0, 5, 19])
+def test_rounds_ended_at_a_stop_start_again_from_the_committed_context(at: int) -> None:
+    """A grammar's request ends its rounds here at the opening token it awaits, as at a stop, and starts them
+    again later (`elpis.spec.generate`): the round queued ahead of the one that ended idles, and the rounds
+    started from the committed context go on with plain decoding's tokens."""
+    random.seed(300 + at)
+    prompt = [random.randrange(VOCAB) for _ in range(600)]
+    truth = plain(prompt, 60)
+    pause = truth[at]
+    first = truth.index(pause)
+    backend = StandInBackend(prompt, 0.2)
+    rounds = driver(backend)
+    before, _ = generate(rounds, 60, stops=(pause,))
+    assert before == truth[: first + 1]
+    assert backend.tokens == prompt + before[:-1] and backend.anchor is None
+    with pytest.raises(dr.BackendError, match="start from the backend's"):
+        rounds.start(context=[*backend.tokens], remaining=5, tree_budget=RUN, stops=[], top_k=4)
+    after, faults = generate(rounds, 60 - len(before), anchor=before[-1])
+    assert before + after == truth and not faults
+    assert backend.tokens == prompt + truth[:-1]
 
 
 @pytest.mark.usefixtures("cpu_rounds")

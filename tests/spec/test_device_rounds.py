@@ -11,6 +11,7 @@ round and count it, and keep host rounds for sampled requests and logprobs.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import pytest
@@ -19,8 +20,11 @@ from elpis import accept
 from elpis.backend import BackendError, DeviceRound
 from elpis.spec import GenerationRequest, SamplingParams
 from elpis.spec.drafters import NgramDrafter, OracleDrafter, RandomDrafter
+from elpis.spec.grammar import Grammar, GrammarTokenizer
+from elpis.spec.request import MAX_STOP_TOKEN_IDS
 from elpis.spec.sampling import greedy_tokens
 from elpis.spec.tree import build_tree, tree_shape
+from tests.grammar_cases import WEATHER, check_weather
 
 PROMPT = "one two three, one two three, one two three, one two"
 Transit = dict[int, str] | None  # attempt -> the fault its result met on the way back
@@ -37,14 +41,25 @@ class HostDeviceRounds:
         self.attempts = 0
         self.started = False
         self.serving = True  # False: the backend's mode keeps rounds on the host (`serves`)
-        self.sequence: list[int] = []  # the prompt and every committed token (the wrapper's begin() sets it)
+        self.sequence: list[int] = []  # the prompt and every committed token (start() takes it)
+        self.starts: list[tuple[int, ...]] = []  # each start's stop ids
+        self.committed: list[int] = []  # every token these rounds committed
+        self.drains = 0
 
     def serves(self) -> bool:
         return self.serving
 
-    def start(self, *, remaining: int, tree_budget: int, stops: Sequence[int], top_k: int) -> None:
+    def start(self, *, context: Sequence[int], remaining: int, tree_budget: int, stops: Sequence[int],
+              top_k: int) -> None:
+        if len(context) != self.backend.position() + 1:
+            raise BackendError(f"context of {len(context)} tokens at position {self.backend.position()}")
+        self.sequence = list(context)
         self.remaining, self.tree_budget, self.stops, self.top_k = remaining, tree_budget, tuple(stops), top_k
         self.started = True
+        self.starts.append(self.stops)
+
+    def drain(self) -> None:
+        self.drains += 1
 
     def round(self) -> DeviceRound:
         b = self.backend
@@ -69,6 +84,7 @@ class HostDeviceRounds:
         committed = tuple(targets[r] for r in decision.rows)
         self.remaining -= decision.count
         self.sequence.extend(committed)
+        self.committed.extend(committed)
         return DeviceRound(len(tokens), committed, decision.ends, recovered=recovered)
 
 
@@ -79,11 +95,8 @@ class WithDeviceRounds:
         self.inner, self.info = inner, inner.info
         self.verify, self.commit, self.abandon = inner.verify, inner.commit, inner.abandon
         self.finish, self.position = inner.finish, inner.position
+        self.begin = inner.begin
         self.device_rounds = HostDeviceRounds(self, drafter, faults, transit)
-
-    def begin(self, prompt: Sequence[int]) -> int:
-        self.device_rounds.sequence = list(prompt)
-        return self.inner.begin(prompt)
 
 
 def _request(model, max_tokens: int = 24, **extra) -> GenerationRequest:
@@ -197,3 +210,109 @@ def test_a_backend_whose_rounds_are_not_served_here_keeps_host_rounds(tiny_model
     got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
     assert got.same_output(plain) and got.stats.rounds >= 1
     assert not backend.device_rounds.started and backend.device_rounds.attempts == 0
+
+
+# -- a grammar's request: rounds on the device until the grammar opens ------------------------------------
+GRAMMAR_PROMPT = "Describe the weather as JSON:"
+
+
+@pytest.fixture(scope="module")
+def grammar_model(tiny_models):
+    return tiny_models[1]
+
+
+@pytest.fixture(scope="module")
+def vocabulary(grammar_model) -> GrammarTokenizer:
+    info = grammar_model.backend().info
+    return GrammarTokenizer(grammar_model.tokenizer.backend.to_str(), info.vocab_size, info.stop_token_ids)
+
+
+def _grammar_request(model, grammar: Grammar | None, max_tokens: int = 48, **extra) -> GenerationRequest:
+    prompt = tuple(model.tokenizer.encode(GRAMMAR_PROMPT, special=False))
+    return GenerationRequest(prompt, max_tokens, SamplingParams(), grammar=grammar, **extra)
+
+
+def _free_tokens(model, run) -> list[int]:
+    return run(model.backend(), model.tokenizer, _grammar_request(model, None, max_tokens=8)).token_ids
+
+
+@pytest.mark.parametrize("budget", [4, 16])
+@pytest.mark.parametrize("name", ["oracle", "ngram", "random"])
+@pytest.mark.parametrize("openers", [(2,), (1, 4)], ids=["one-opener", "two-openers"])
+def test_a_grammars_request_runs_on_the_device_until_its_grammar_opens(
+    grammar_model, vocabulary, run, name: str, budget: int, openers: tuple[int, ...]
+) -> None:
+    """Rounds on the device end at each opening token the grammar awaits (a stop slot of its own), start
+    again for the next one, and hand the sequence to host rounds, which mask their rows, once the grammar is
+    open: plain decoding's text under the grammar, with every token up to the last opener the device's."""
+    model = grammar_model
+    free = _free_tokens(model, run)
+    opening = tuple(free[i] for i in openers)
+    for before, at in itertools.pairwise((-1, *openers)):  # each opener first met where the test expects it
+        assert free[at] not in free[before + 1 : at]
+    grammar = Grammar.json_schema(vocabulary, WEATHER, opens_after=opening)
+    request = _grammar_request(model, grammar)
+    plain = run(model.backend(), model.tokenizer, request)
+    last = openers[-1]
+    assert plain.token_ids[: last + 1] == free[: last + 1]  # free text until the grammar opens
+    check_weather(model.tokenizer.decode(plain.token_ids[last + 1 : -1]))
+    drafter = _drafters(model, request)[name]
+    backend = WithDeviceRounds(model.backend(), drafter)
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=budget)
+    assert got.same_output(plain)
+    rounds = backend.device_rounds
+    stops = tuple(model.backend().info.stop_token_ids)
+    # one start for each opener, in turn, its stop slot after the request's stops
+    assert rounds.starts == [(*stops, token) for token in opening]
+    assert rounds.committed == plain.token_ids[: last + 1]  # the device's tokens end at the last opener
+    assert rounds.drains == len(rounds.starts)
+    assert got.stats.rounds > rounds.attempts  # the grammar's part ran on the host
+
+
+def test_max_tokens_ending_at_the_opener_ends_the_request(grammar_model, vocabulary, run) -> None:
+    model = grammar_model
+    free = _free_tokens(model, run)
+    grammar = Grammar.json_schema(vocabulary, WEATHER, opens_after=(free[3],))
+    request = _grammar_request(model, grammar, max_tokens=free.index(free[3]) + 1)
+    plain = run(model.backend(), model.tokenizer, request)
+    assert plain.finish_reason == "length" and plain.token_ids[-1] == free[3]
+    drafter = NgramDrafter(max_ngram=3)
+    backend = WithDeviceRounds(model.backend(), drafter)
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+    assert got.same_output(plain) and got.stats.rounds == backend.device_rounds.attempts
+
+
+def test_an_opener_that_is_a_stop_needs_no_slot_and_ends_the_request(grammar_model, vocabulary, run) -> None:
+    model = grammar_model
+    free = _free_tokens(model, run)
+    grammar = Grammar.json_schema(vocabulary, WEATHER, opens_after=(free[2],))
+    request = _grammar_request(model, grammar, stop_token_ids=(free[2],))
+    plain = run(model.backend(), model.tokenizer, request)
+    assert plain.finish_reason == "stop" and plain.token_ids == free[:3]
+    drafter = NgramDrafter(max_ngram=3)
+    backend = WithDeviceRounds(model.backend(), drafter)
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+    assert got.same_output(plain)
+    assert backend.device_rounds.starts == [(*model.backend().info.stop_token_ids, free[2])]
+
+
+def test_a_grammar_open_from_the_start_or_without_a_free_stop_slot_keeps_host_rounds(
+    grammar_model, vocabulary, run
+) -> None:
+    model = grammar_model
+    free = _free_tokens(model, run)
+    own = tuple(model.backend().info.stop_token_ids)
+    unused = (t for t in range(5, 100) if t not in own and t not in free)
+    others = tuple(itertools.islice(unused, MAX_STOP_TOKEN_IDS - len(own)))
+    cases = [
+        _grammar_request(model, Grammar.json_schema(vocabulary, WEATHER)),
+        _grammar_request(model, Grammar.json_schema(vocabulary, WEATHER, opens_after=(free[2],)),
+                         stop_token_ids=others),
+    ]
+    for request in cases:
+        plain = run(model.backend(), model.tokenizer, request)
+        drafter = NgramDrafter(max_ngram=3)
+        backend = WithDeviceRounds(model.backend(), drafter)
+        got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+        assert got.same_output(plain) and got.stats.rounds >= 1
+        assert backend.device_rounds.attempts == 0

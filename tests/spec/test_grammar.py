@@ -83,8 +83,9 @@ def test_the_grammar_opens_after_its_token(model, vocabulary) -> None:
     # a row whose path crosses the opening token is constrained from there on
     assert constraint.allowed_ids((*free[:1], opener)) == Grammar.json_schema(vocabulary, WEATHER).start() \
         .allowed_ids()
+    assert constraint.awaited == opener
     constraint.commit([opener, *_encode(model, "\n\n{")])
-    assert constraint.open
+    assert constraint.open and constraint.awaited is None
     fresh = Grammar.json_schema(vocabulary, WEATHER).start()
     fresh.commit(_encode(model, "\n\n{"))
     assert constraint.allowed_ids() == fresh.allowed_ids()
@@ -160,3 +161,16 @@ def test_rows_masked_without_their_path_break_it(model, vocabulary, run, monkeyp
         assert "grammar refused" in str(error)
     else:
         assert got.token_ids != plain.token_ids
+
+
+def test_opening_tokens_are_awaited_in_their_order(model, vocabulary) -> None:
+    first, second = _encode(model, "!")[0], _encode(model, "?")[0]
+    constraint = Grammar.json_schema(vocabulary, WEATHER, opens_after=(first, second)).start()
+    assert constraint.awaited == first
+    constraint.commit([second, second])  # the second before the first opens nothing
+    assert constraint.awaited == first
+    constraint.commit([first])
+    assert constraint.awaited == second and not constraint.open
+    constraint.commit([second])
+    assert constraint.awaited is None and constraint.open
+    assert Grammar.json_schema(vocabulary, WEATHER).start().awaited is None

@@ -10,7 +10,9 @@ tokens differ by design; each arm's repeated requests must give identical tokens
 "PENALTYAB {json}" per context (median round ms and MAD per arm after the warm-up rounds, and what the penalty
 adds to each kind of request); the documents go to `--out`.
 With --grammar, two more arms hold the greedy and the sampled request to a JSON schema (`elpis.spec.grammar`:
-every row masked on the host, rounds on the host).
+every row masked on the host, rounds on the host), and a third holds the greedy one to a schema that opens
+only at `<tool_call>` (as tool_choice auto's grammar does), which a random model never writes: its rounds
+stay on the GPU (`elpis.spec.generate`).
 Usage (repo root):
   python3 elpis/bench/scripts/penalty_rounds.py MODEL DRAFT --out FILE.json [--contexts 1024,8192]
       [--tokens 40] [--pairs 3] [--budget 16] [--grammar]
@@ -38,6 +40,9 @@ ARMS: dict[str, dict[str, Any]] = {
 GRAMMAR_ARMS: dict[str, dict[str, Any]] = {  # with --grammar: the same two requests held to TEXT_SCHEMA
     "greedy+json": {"grammar": TEXT_SCHEMA},
     "sampled+json": {**RECOMMENDED, "grammar": TEXT_SCHEMA},
+    # as tool_choice auto's grammar: it opens at <tool_call> (its id set in main), which a random model never
+    # writes, so its rounds run on the GPU, each ending at that token if it came
+    "greedy+closed": {"grammar": TEXT_SCHEMA, "opens_after": ()},
 }
 
 
@@ -49,8 +54,11 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
     from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
     from elpis.spec.grammar import Grammar
 
-    sampling = {k: v for k, v in arm.items() if k != "grammar"}
-    grammar = Grammar.json_schema(vocabulary, arm["grammar"]) if "grammar" in arm else None
+    sampling = {k: v for k, v in arm.items() if k not in ("grammar", "opens_after")}
+    grammar = None
+    if "grammar" in arm:
+        opens = tuple(arm["opens_after"]) if "opens_after" in arm else ()
+        grammar = Grammar.json_schema(vocabulary, arm["grammar"], opens)
     gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=budget, draft_top_k=4)
     request = GenerationRequest(prompt_ids=tuple(prompt), max_tokens=tokens,
                                 sampling=SamplingParams(**sampling), ignore_eos=grammar is None,
@@ -81,6 +89,10 @@ def main() -> None:
         tokenizer = load_tokenizer(args.model)
         vocabulary = GrammarTokenizer(tokenizer.backend.to_str(), backend.info.vocab_size,
                                       backend.info.stop_token_ids)
+        tool_call = tokenizer.encode("<tool_call>", special=True)
+        if len(tool_call) != 1:
+            raise SystemExit(f"<tool_call> is not one token in this vocabulary: {tool_call}")
+        arms["greedy+closed"] = {**arms["greedy+closed"], "opens_after": tuple(tool_call)}
     names = list(arms)
     documents = []
     for ctx in (int(c) for c in args.contexts.split(",")):
@@ -103,7 +115,8 @@ def main() -> None:
             "presence_adds_ms": {"greedy": median["greedy+presence"] - median["greedy"],
                                  "sampled": median["sampled+presence"] - median["sampled"]},
             **({"grammar_adds_ms": {"greedy": median["greedy+json"] - median["greedy"],
-                                    "sampled": median["sampled+json"] - median["sampled"]}}
+                                    "sampled": median["sampled+json"] - median["sampled"],
+                                    "greedy_closed": median["greedy+closed"] - median["greedy"]}}
                if args.grammar else {}),
             "rounds_on_the_gpu": backend.device_rounds is not None,
         }  # fmt: skip
