@@ -209,6 +209,49 @@ def _candidates(w: torch.Tensor, width: int) -> list[list[tuple[float, int]]]:
     return out
 
 
+# A top_k head is read from the row's TOP_PAD + top_k largest logits alone where that is exact: each weight is
+# the same elementwise float64 operations on the same value wherever it is computed, and a token outside those
+# logits weighs at most the smallest weight among them within exp's rounding (<= 1 ulp; the subtraction before
+# it rounds monotonically). So when the head's edge weight clears that smallest weight by EDGE_GAP (far more
+# than two ulps), no token outside reaches the edge and the head is the whole vocabulary's; otherwise (ties
+# across the edge, rows masked to fewer than top_k tokens) the whole vocabulary's weights decide.
+TOP_PAD = 16
+EDGE_GAP = 2.0**-40
+
+
+def _row_exp(x: torch.Tensor) -> torch.Tensor:
+    """exp of every element, row by row on the CPU (see `_weights`); one launch on a GPU, whose elementwise
+    exp is the same instructions at every position."""
+    if x.is_cuda:
+        return torch.exp(x)
+    return torch.stack([torch.exp(x[r]) for r in range(x.shape[0])])
+
+
+def _top_candidates(logits: torch.Tensor, params: SamplingParams,
+                    width: int) -> list[list[tuple[float, int]]] | None:
+    """`_candidates` of the rows' weights, read from each row's width + TOP_PAD largest logits in one
+    transfer; None when some row's edge does not clear the smallest of those weights (see TOP_PAD). A
+    non-finite row maximum is refused as in `_weights`."""
+    vocab = logits.shape[1]
+    count = min(vocab, width + TOP_PAD)
+    # topk ranks NaN above everything, so a NaN anywhere in a row becomes its maximum, as argmax does
+    top = torch.topk(logits, count, dim=1)
+    scaled = top.values.to(torch.float64) / params.temperature
+    best = scaled[:, :1]
+    w = _row_exp(scaled - best)
+    table = torch.cat([best, w, top.indices.to(torch.float64)], dim=1).tolist()
+    _checked([row[0] for row in table])
+    out: list[list[tuple[float, int]]] = []
+    for row in table:
+        pairs = sorted(zip(row[1 : 1 + count], (int(t) for t in row[1 + count :]), strict=True),
+                       key=lambda pair: (-pair[0], pair[1]))
+        edge = pairs[width - 1][0]
+        if count < vocab and not edge > min(x for x, _ in pairs) * (1.0 + EDGE_GAP):
+            return None
+        out.append([pair for pair in pairs if pair[0] >= edge])
+    return out
+
+
 def _nucleus(ranked: list[tuple[float, int]], top_p: float, mass: int) -> list[tuple[float, int]] | None:
     """The smallest prefix of `ranked` whose fixed-point weights reach top_p of `mass` (exact), or None when
     all of `ranked` does not."""
@@ -221,9 +264,15 @@ def _nucleus(ranked: list[tuple[float, int]], top_p: float, mass: int) -> list[t
     return None
 
 
-def _heads(w: torch.Tensor, params: SamplingParams) -> list[list[tuple[float, int]]]:
+def _heads(logits: torch.Tensor, params: SamplingParams) -> list[list[tuple[float, int]]]:
     """Each row's tokens after top_k and top_p, as ranked (w, id): top_k's head, then top_p over it."""
-    heads = [ranked[: params.top_k] for ranked in _candidates(w, min(params.top_k, w.shape[1]))]
+    width = min(params.top_k, logits.shape[1])
+    candidates = _top_candidates(logits, params, width)
+    if candidates is None:  # some row's edge is not clear of its largest logits: every weight decides
+        w, best = _weights(logits, params)
+        _checked(best.tolist())
+        candidates = _candidates(w, width)
+    heads = [ranked[: params.top_k] for ranked in candidates]
     if params.top_p == 1.0:
         return heads
     return [_whole(_nucleus(head, params.top_p, sum(_fixed(x) for x, _ in head))) for head in heads]
@@ -261,9 +310,7 @@ def _draw(kept: list[tuple[int, int]], seed: int, position: int) -> int:
 def _kept_lists(logits: torch.Tensor, params: SamplingParams) -> list[list[tuple[int, int]]]:
     """Per row, the kept (id, fixed-point weight) in id order under a top_k filter (top_p and min_p within
     its head): a few dozen tokens, drawn from on the host."""
-    w, best = _weights(logits, params)
-    _checked(best.tolist())
-    heads = _heads(w, params)
+    heads = _heads(logits, params)
     return [sorted((token, _fixed(x)) for x, token in head if x >= params.min_p) for head in heads]
 
 

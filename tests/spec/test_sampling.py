@@ -8,6 +8,7 @@ from fractions import Fraction
 import pytest
 import torch
 
+from elpis.spec import sampling
 from elpis.spec.sampling import (
     FIXED_BITS,
     SamplingParams,
@@ -67,6 +68,15 @@ def test_non_finite_logits_are_refused() -> None:
         sample_row(bad, SamplingParams(), 0)
     with pytest.raises(ValueError, match="non-finite"):
         sample_row(bad, SamplingParams(temperature=1.0), 0)
+    for top_k in (1, 2):  # a top_k head read from the largest logits refuses them alike
+        with pytest.raises(ValueError, match="non-finite"):
+            sample_row(bad, SamplingParams(temperature=1.0, top_k=top_k), 0)
+    wide = torch.randn(5000, generator=torch.Generator().manual_seed(1))
+    for value in (float("nan"), float("inf")):
+        row = wide.clone()
+        row[4321] = value
+        with pytest.raises(ValueError, match="non-finite"):
+            sample_row(row, SamplingParams(temperature=0.7, top_k=20), 0)
     masked = torch.tensor([0.0, float("-inf"), 1.0])  # -inf (padding ids) is fine: zero probability
     assert sample_row(masked, SamplingParams(temperature=1.0), 0) in (0, 2)
 
@@ -182,6 +192,69 @@ def test_top_logprobs_are_the_raw_log_softmax() -> None:
         top_logprobs(row, 0, 21)
 
 
+def _whole_vocabulary_heads(logits: torch.Tensor, params: SamplingParams) -> list[list[tuple[float, int]]]:
+    w, _ = sampling._weights(logits, params)
+    return sampling._candidates(w, min(params.top_k, logits.shape[1]))
+
+
+def _rows_of_every_kind(vocab: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(12, vocab, generator=generator) * 3
+    logits[1] = torch.randint(-3, 3, (vocab,), generator=generator).float()  # coarse: ties across any edge
+    logits[2] = torch.randint(-400, 400, (vocab,), generator=generator).float() / 40  # some ties near the top
+    logits[3] *= 0.001  # nearly flat
+    logits[4, 5:] = float("-inf")  # a grammar's mask: fewer tokens than top_k
+    logits[5, ::3] = float("-inf")
+    logits[6, :40] = logits[6].max() + 1  # forty equal maxima
+    logits[7] = logits[7].half().float()  # coarser values, as fp16 logits
+    return logits
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_top_k_head_from_the_largest_logits_is_the_whole_vocabularys(seed: int) -> None:
+    """The head read from a row's top_k + TOP_PAD largest logits is exactly the one the whole vocabulary's
+    weights give, on rows where its edge clears them; where it does not (ties across the edge, masked rows),
+    the whole vocabulary decides, and every draw is the same either way."""
+    logits = _rows_of_every_kind(9001, seed)
+    fast_rows = 0
+    for top_k in (1, 5, 20, 50):
+        params = SamplingParams(temperature=0.7, top_k=top_k, top_p=0.8, seed=seed)
+        whole = _whole_vocabulary_heads(logits, params)
+        for r in range(logits.shape[0]):
+            heads = sampling._top_candidates(logits[r : r + 1], params, top_k)
+            if heads is not None:
+                fast_rows += 1
+                assert heads == [whole[r]], (top_k, r)
+        # ties across the edge and rows masked below top_k are not read from the top
+        assert sampling._top_candidates(logits[1:2], params, top_k) is None
+        if top_k > 5:
+            assert sampling._top_candidates(logits[4:5], params, top_k) is None
+        if top_k + sampling.TOP_PAD < 40:
+            assert sampling._top_candidates(logits[6:7], params, top_k) is None
+    assert fast_rows >= 4 * 6  # the random rows at least
+    params = SamplingParams(temperature=0.7, top_k=20, top_p=0.8, min_p=0.01, seed=seed)
+    positions = list(range(64))
+    rows = logits.repeat(6, 1)[:64]
+    fast = sample_rows(rows, params, positions)
+    saved = sampling._top_candidates
+    try:
+        sampling._top_candidates = lambda *args: None
+        assert sample_rows(rows, params, positions) == fast
+    finally:
+        sampling._top_candidates = saved
+
+
+def test_the_edge_rule_refuses_a_head_the_largest_logits_do_not_hold() -> None:
+    """Teeth: with the rule off, a head whose tied edge runs past the largest logits read would lose the
+    lowest ids among the ties (topk's pick among equals is not by id)."""
+    row = torch.zeros(1, 200)
+    row[0, 150:] = 1.0  # fifty equal maxima, ids 150..199
+    params = SamplingParams(temperature=1.0, top_k=5)
+    assert sampling._top_candidates(row, params, 5) is None
+    assert [token for _, token in _whole_vocabulary_heads(row, params)[0][:5]] == [150, 151, 152, 153, 154]
+    assert _kept(row[0], params) == [150, 151, 152, 153, 154]
+
+
 @pytest.mark.gpu
 def test_sampling_on_cuda_is_batch_independent_and_filters_alike() -> None:
     generator = torch.Generator().manual_seed(1)
@@ -193,6 +266,21 @@ def test_sampling_on_cuda_is_batch_independent_and_filters_alike() -> None:
         together = sample_rows(logits, params, positions)
         alone = [sample_rows(logits[r : r + 1].clone(), params, [positions[r]])[0] for r in range(16)]
         assert together == alone, params
+    # a top_k head read from the largest logits on the GPU: the whole vocabulary's, as on the CPU
+    rows = _rows_of_every_kind(50000, 2).cuda()
+    params = SamplingParams(temperature=0.7, top_k=20, top_p=0.8, seed=2)
+    assert sampling._top_candidates(rows[:1], params, 20) is not None
+    fast = sample_rows(rows, params, list(range(12)))
+    saved = sampling._top_candidates
+    try:
+        sampling._top_candidates = lambda *args: None
+        assert sample_rows(rows, params, list(range(12))) == fast
+    finally:
+        sampling._top_candidates = saved
+    bad = rows[:2].clone()
+    bad[1, 777] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        sample_rows(bad, params, [0, 1])
     assert greedy_tokens(logits) == greedy_tokens(logits.cpu())
     row = torch.tensor([1.0, 3.0, 2.0, 3.0, 0.0, -2.0])
     for kwargs in ({"top_k": 2}, {"top_p": 0.8}, {"min_p": 0.3}):

@@ -2,8 +2,9 @@
 # Call 208 (session 53; a fresh machine, LIMIT ~480): session 52's staged calls 206 and 207 in one, and session
 # 53's rounds on the GPU for a grammar's request until its grammar opens (`elpis.spec.generate`; the device rounds
 # now start from a given context, so they can start again after rounds that ended at an opening token).
-#  - sampler_time.py first (the device top_p path of session 52, never timed on a GPU), then the CUDA sampling
-#    test beside the build;
+#  - sampler_time.py first (the device top_p path of session 52, never timed on a GPU, and session 53's top_k head
+#    read from the largest logits beside the whole-vocabulary path it replaces), then the CUDA sampling test
+#    beside the build;
 #  - the whole of tests/exl3/test_device_round.py on the small model (every device-round test goes through the
 #    changed start; (m) is the new grammar test);
 #  - the served exl3 test with a required tool call (tests/exl3/test_serve_gpu.py);
