@@ -7,11 +7,11 @@
 #    beside the build;
 #  - the whole of tests/exl3/test_device_round.py on the small model (every device-round test goes through the
 #    changed start; (m) is the new grammar test);
-#  - the served exl3 test with a required tool call (tests/exl3/test_serve_gpu.py);
 #  - penalty_rounds.py --grammar at 1K: what a grammar costs a round, and a greedy request under a grammar that
-#    stays closed (as tool_choice auto's until `<tool_call>`) beside plain greedy.
+#    stays closed (as tool_choice auto's until `<tool_call>`) beside plain greedy;
+#  - with the time left (~100 s needed), the served exl3 test with a required tool call.
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
-LIMIT=${LIMIT:-480}
+LIMIT=${LIMIT:-440}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
 sampler_time 40
@@ -22,7 +22,9 @@ export ELPIS_SMALL_DIR=/tmp/small
 unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH ELPIS_PATCH_DRAFT_CANDIDATES
 gpu_pytest "device rounds" 190 tests/exl3/test_device_round.py
 finish_full_synth
-ELPIS_FULL_TARGET=/tmp/full/target ELPIS_FULL_DRAFT=/tmp/full/draft \
-  gpu_pytest "served with grammars and a tool call" 120 tests/exl3/test_serve_gpu.py
-penalty_rounds 1024 --grammar
+penalty_rounds 1024 --grammar --pairs 2
+if [ "$(left)" -gt 100 ]; then
+  ELPIS_FULL_TARGET=/tmp/full/target ELPIS_FULL_DRAFT=/tmp/full/draft \
+    gpu_pytest "served with grammars and a tool call" $(( $(left) - 5 )) tests/exl3/test_serve_gpu.py
+fi
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
