@@ -17,6 +17,7 @@ from elpis.reference.model import ReferenceModel
 from elpis.reference.synth import write_tiny
 from elpis.spec import GenerationRequest, GenerationStats, SpeculativeGenerator, Step
 from elpis.spec.drafters import AdversarialDrafter, NgramDrafter, OracleDrafter
+from elpis.spec.grammar import GrammarTokenizer
 from elpis.text import Tokenizer, load_tokenizer
 
 TINY_SEEDS = (0, 1)
@@ -101,6 +102,14 @@ def run() -> Callable[..., Outcome]:
 @pytest.fixture(scope="session")
 def recording() -> type[RecordingBackend]:
     return RecordingBackend
+
+
+@pytest.fixture(scope="session")
+def vocabulary(tiny_models: dict[int, TinyModel]) -> GrammarTokenizer:
+    """The grammar's view of the second tiny model's vocabulary (the grammar tests' model), built once."""
+    model = tiny_models[1]
+    info = model.backend().info
+    return GrammarTokenizer(model.tokenizer.backend.to_str(), info.vocab_size, info.stop_token_ids)
 
 
 def speculation_drafters(model: TinyModel, request: GenerationRequest) -> dict[str, Drafter]:

@@ -20,7 +20,7 @@ from elpis import accept
 from elpis.backend import BackendError, DeviceRound
 from elpis.spec import GenerationRequest, SamplingParams
 from elpis.spec.drafters import NgramDrafter, OracleDrafter, RandomDrafter
-from elpis.spec.grammar import Grammar, GrammarTokenizer
+from elpis.spec.grammar import Grammar
 from elpis.spec.request import MAX_STOP_TOKEN_IDS
 from elpis.spec.sampling import greedy_tokens
 from elpis.spec.tree import build_tree, tree_shape
@@ -218,13 +218,7 @@ GRAMMAR_PROMPT = "Describe the weather as JSON:"
 
 @pytest.fixture(scope="module")
 def grammar_model(tiny_models):
-    return tiny_models[1]
-
-
-@pytest.fixture(scope="module")
-def vocabulary(grammar_model) -> GrammarTokenizer:
-    info = grammar_model.backend().info
-    return GrammarTokenizer(grammar_model.tokenizer.backend.to_str(), info.vocab_size, info.stop_token_ids)
+    return tiny_models[1]  # the conftest's `vocabulary` is this model's
 
 
 def _grammar_request(model, grammar: Grammar | None, max_tokens: int = 48, **extra) -> GenerationRequest:

@@ -18,13 +18,7 @@ PROMPT = "Describe the weather as JSON:"
 
 @pytest.fixture(scope="module")
 def model(tiny_models):
-    return tiny_models[1]
-
-
-@pytest.fixture(scope="module")
-def vocabulary(model) -> GrammarTokenizer:
-    info = model.backend().info
-    return GrammarTokenizer(model.tokenizer.backend.to_str(), info.vocab_size, info.stop_token_ids)
+    return tiny_models[1]  # the conftest's `vocabulary` is this model's
 
 
 def _encode(model, text: str) -> list[int]:
