@@ -248,37 +248,39 @@ class SpeculativeGenerator:
         else on the host. A grammar's request runs there too while its grammar is closed: each round ends
         at the opening token the grammar awaits, as at a stop, and the rounds after the last one are the
         host's, which mask their rows."""
-        backend = self.backend
-        constraint = request.grammar.start() if request.grammar is not None else None
-        host_round = self._host_rounds(request, stops, context, stats, constraint)
-        device = getattr(backend, "device_rounds", None)
-        if not (device is not None and self.drafter is not None and request.sampling.greedy
-                and not request.sampling.adjusts_logits and request.top_logprobs is None and device.serves()):
-            return host_round
-        if constraint is None:
+        device = getattr(self.backend, "device_rounds", None)
+        on_device = (device is not None and self.drafter is not None and request.sampling.greedy
+                     and not request.sampling.adjusts_logits and request.top_logprobs is None
+                     and device.serves())
+        if on_device and request.grammar is None:
             device.start(context=context, remaining=request.max_tokens, tree_budget=self.tree_budget,
                          stops=stops, top_k=self.draft_top_k)
             return lambda remaining, room: self._device_round(device, stats)
+        constraint = request.grammar.start() if request.grammar is not None else None
+        host_round = self._host_rounds(request, stops, context, stats, constraint)
+        if not on_device or constraint is None:
+            return host_round
         if len(stops) >= MAX_STOP_TOKEN_IDS and any(t not in stops for t in constraint.grammar.opens_after):
             return host_round  # no stop slot left for an opening token
-        running: list[int | None] = [None]  # the opening token the device's rounds end at, while they run
+        running: int | None = None  # the opening token the device's rounds end at, while they run
 
         def round_until_open(remaining: int, room: int) -> _Committed:
+            nonlocal running
             awaited = constraint.awaited
             if awaited is None:  # opened by a round that ended at its last opening token (and drained)
                 return host_round(remaining, room)
-            if running[0] != awaited:
+            if running != awaited:
                 # an awaited stop ends the request before the grammar opens: no slot of its own
                 ends_at = stops if awaited in stops else (*stops, awaited)
                 device.start(context=context, remaining=remaining, tree_budget=self.tree_budget,
                              stops=ends_at, top_k=self.draft_top_k)
-                running[0] = awaited
+                running = awaited
             done = self._device_round(device, stats)
             constraint.commit(done.tokens)
             if done.ends and awaited not in stops and done.tokens[-1] == awaited:
                 # The round ended at the opening token, not the request (unless max_tokens ends it there).
                 device.drain()
-                running[0] = None
+                running = None
                 return replace(done, ends=len(done.tokens) >= remaining)
             return done
 

@@ -174,17 +174,23 @@ def _draw_target(seed: int, position: int, total: int) -> int:
     return (int(position_uniform(seed, position) * (1 << 53)) * total) >> 53
 
 
+def _row_exp(x: torch.Tensor) -> torch.Tensor:
+    """exp of every element, row by row on the CPU: there a vectorised exp and its scalar tail may round
+    differently, and where a row's elements fall between them must not depend on the rows beside it. One
+    launch on a GPU, whose elementwise exp is the same instructions at every position."""
+    if x.is_cuda:
+        return torch.exp(x)
+    return torch.stack([torch.exp(x[r]) for r in range(x.shape[0])])
+
+
 def _weights(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
     """(w, best): every row's weights exp(x / T - max) in float64, the most likely token weighing exactly 1,
-    and each row's max of x / T (NaN or infinite: the row is garbage). The exp runs row by row: on the CPU a
-    vectorised exp and its scalar tail may round differently, and where a row's elements fall between them
-    must not depend on the rows beside it."""
+    and each row's max of x / T (NaN or infinite: the row is garbage)."""
     scaled = logits.to(torch.float64) / params.temperature
     # torch.argmax takes NaN for the maximum, so a NaN anywhere shows up in `best`; +inf does as well.
     top = torch.argmax(scaled, dim=1, keepdim=True)
     best = scaled.gather(1, top)
-    w = torch.stack([torch.exp(scaled[r] - best[r]) for r in range(scaled.shape[0])])
-    return w, best.squeeze(1)
+    return _row_exp(scaled - best), best.squeeze(1)
 
 
 def _checked(best: list[float]) -> None:
@@ -217,14 +223,6 @@ def _candidates(w: torch.Tensor, width: int) -> list[list[tuple[float, int]]]:
 # across the edge, rows masked to fewer than top_k tokens) the whole vocabulary's weights decide.
 TOP_PAD = 16
 EDGE_GAP = 2.0**-40
-
-
-def _row_exp(x: torch.Tensor) -> torch.Tensor:
-    """exp of every element, row by row on the CPU (see `_weights`); one launch on a GPU, whose elementwise
-    exp is the same instructions at every position."""
-    if x.is_cuda:
-        return torch.exp(x)
-    return torch.stack([torch.exp(x[r]) for r in range(x.shape[0])])
 
 
 def _top_candidates(logits: torch.Tensor, params: SamplingParams,

@@ -211,7 +211,7 @@ def _rows_of_every_kind(vocab: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_a_top_k_head_from_the_largest_logits_is_the_whole_vocabularys(seed: int) -> None:
+def test_a_top_k_head_from_the_largest_logits_is_the_whole_vocabularys(seed: int, monkeypatch) -> None:
     """The head read from a row's top_k + TOP_PAD largest logits is exactly the one the whole vocabulary's
     weights give, on rows where its edge clears them; where it does not (ties across the edge, masked rows),
     the whole vocabulary decides, and every draw is the same either way."""
@@ -236,12 +236,8 @@ def test_a_top_k_head_from_the_largest_logits_is_the_whole_vocabularys(seed: int
     positions = list(range(64))
     rows = logits.repeat(6, 1)[:64]
     fast = sample_rows(rows, params, positions)
-    saved = sampling._top_candidates
-    try:
-        sampling._top_candidates = lambda *args: None
-        assert sample_rows(rows, params, positions) == fast
-    finally:
-        sampling._top_candidates = saved
+    monkeypatch.setattr(sampling, "_top_candidates", lambda *args: None)
+    assert sample_rows(rows, params, positions) == fast
 
 
 def test_the_edge_rule_refuses_a_head_the_largest_logits_do_not_hold() -> None:
@@ -256,7 +252,7 @@ def test_the_edge_rule_refuses_a_head_the_largest_logits_do_not_hold() -> None:
 
 
 @pytest.mark.gpu
-def test_sampling_on_cuda_is_batch_independent_and_filters_alike() -> None:
+def test_sampling_on_cuda_is_batch_independent_and_filters_alike(monkeypatch) -> None:
     generator = torch.Generator().manual_seed(1)
     logits = (torch.randn(16, 50000, generator=generator) * 3).cuda()
     logits[3] = torch.randint(-3, 3, (50000,), generator=generator).float().cuda()  # coarse: many ties
@@ -271,16 +267,13 @@ def test_sampling_on_cuda_is_batch_independent_and_filters_alike() -> None:
     params = SamplingParams(temperature=0.7, top_k=20, top_p=0.8, seed=2)
     assert sampling._top_candidates(rows[:1], params, 20) is not None
     fast = sample_rows(rows, params, list(range(12)))
-    saved = sampling._top_candidates
-    try:
-        sampling._top_candidates = lambda *args: None
-        assert sample_rows(rows, params, list(range(12))) == fast
-    finally:
-        sampling._top_candidates = saved
     bad = rows[:2].clone()
     bad[1, 777] = float("nan")
     with pytest.raises(ValueError, match="non-finite"):
         sample_rows(bad, params, [0, 1])
+    with monkeypatch.context() as whole:
+        whole.setattr(sampling, "_top_candidates", lambda *args: None)
+        assert sample_rows(rows, params, list(range(12))) == fast
     assert greedy_tokens(logits) == greedy_tokens(logits.cpu())
     row = torch.tensor([1.0, 3.0, 2.0, 3.0, 0.0, -2.0])
     for kwargs in ({"top_k": 2}, {"top_p": 0.8}, {"min_p": 0.3}):
