@@ -1,8 +1,10 @@
 """A kernel's own CUDA source built for the CPU, so its indexing and plan use are checked before a GPU run.
 
 `build_emulated(source, out_dir, launches=...)` compiles a `.cu` file with g++ against small headers that
-emulate what our kernels use of CUDA: the blocks of a grid one after another, one std::thread per CUDA
-thread, __syncthreads as a block barrier, warp shuffles and ldmatrix through a per-warp buffer and barrier,
+emulate what our kernels use of CUDA: the blocks of a grid one after another, the threads of a block as
+fibers on the calling thread (a barrier switches fibers with a few x86-64 instructions: an OS thread per CUDA
+thread and futex waits at every barrier cost a 2-core machine more time than the emulated kernel itself),
+__syncthreads as a block barrier, warp shuffles and ldmatrix through a per-warp buffer and barrier,
 __shared__ as statics, the IEEE round-to-nearest intrinsics as plain float operations, fp16 as _Float16 and
 bf16 by round-to-nearest-even (both as on the GPU). Every `<<<...>>>` launch becomes a call of an emulated
 launch, which runs every block, or only the blocks chosen with `emu_set_blocks` (for a grid of more than one
@@ -27,11 +29,12 @@ from elpis.paths import BUILD_DIR
 
 EMU_RUNTIME = r"""
 #pragma once
-#include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
-#include <thread>
+#include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
@@ -59,18 +62,101 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, K, int, size_t
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
+// A fiber switch (System V x86-64): push the callee-saved registers and the float control words, keep the
+// stack pointer in *from, take `to`'s, pop its saved state and return where it left off (a new fiber: its
+// entry). The symbol is local to each emulated build.
+#if !defined(__x86_64__)
+#error "the CUDA emulation's fibers switch with x86-64 code"
+#endif
+extern "C" void emu_switch(void** from, void* to);
+asm(R"(
+    .text
+    .p2align 4
+    .type emu_switch, @function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_switch, .-emu_switch
+)");
 // Emulation state is static, not inline: g++ gives inline variables process-wide (GNU unique) binding, so
 // two emulated kernels loaded into one test process would share one block selection and one barrier.
-static thread_local dim3 threadIdx;
+// One CUDA thread: a fiber with its index and its exchange phases (see below), run by emu_run_block.
+struct emu_thread {
+    void* stack_pointer;
+    dim3 index;
+    unsigned shfl_phase = 0, mma_phase = 0, ldsm_phase = 0;
+    bool done = false;
+};
+static emu_thread* emu_current;
+static void* emu_scheduler;
+static const std::function<void()>* emu_body;
+#define threadIdx (emu_current->index)
+#define emu_shfl_phase (emu_current->shfl_phase)
+#define emu_mma_phase (emu_current->mma_phase)
+#define emu_ldsm_phase (emu_current->ldsm_phase)
+inline void emu_yield() { emu_switch(&emu_current->stack_pointer, emu_scheduler); }
+// A reusable barrier of `count` fibers: the last to arrive opens the generation and runs on; the others yield
+// until it is open.
+struct emu_barrier {
+    unsigned count, arrived = 0, generation = 0;
+    explicit emu_barrier(unsigned n) : count(n) {}
+    void arrive_and_wait() {
+        const unsigned waiting_for = generation;
+        if (++arrived == count) {
+            arrived = 0;
+            generation++;
+            return;
+        }
+        while (generation == waiting_for) emu_yield();
+    }
+};
+// A fiber's first frame: run the kernel, then hand back to the scheduler for good.
+static void emu_thread_main() {
+    (*emu_body)();
+    emu_current->done = true;
+    emu_yield();
+    __builtin_unreachable();
+}
+// A new fiber's stack, top down: its entry as the return address (16-byte aligned, as after a call), then the
+// six registers and the caller's float control words that emu_switch pops.
+inline void* emu_fiber_stack(char* base, size_t bytes) {
+    const uintptr_t end = reinterpret_cast<uintptr_t>(base + bytes) & ~uintptr_t(15);
+    uint64_t* top = reinterpret_cast<uint64_t*>(end - 16);
+    top[0] = reinterpret_cast<uint64_t>(&emu_thread_main);
+    uint64_t* sp = top - 7;
+    for (int r = 1; r < 7; r++) sp[r] = 0;
+    uint32_t words[2] = {0, 0};
+    asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(words[0]), "=m"(words[1]));
+    std::memcpy(sp, words, 8);
+    return sp;
+}
 static dim3 blockIdx, blockDim, gridDim;
-static std::barrier<>* emu_block_barrier;
-static std::barrier<>* emu_warp_barrier[32];
+static emu_barrier* emu_block_barrier;
+static emu_barrier* emu_warp_barrier[32];
 // Warp exchanges (shuffle, mma, ldmatrix) cost one warp barrier each: every kind of exchange alternates
 // between two buffers (a per-lane phase; the lanes of a warp make the same exchanges in the same order). A
 // lane writes buffer p of its next exchange of a kind only after passing the barrier of that kind's previous
 // exchange, which every lane reaches after reading buffer p of the exchange before it.
 static float emu_warp_buf[2][32][32];
-static thread_local unsigned emu_shfl_phase;
 static std::vector<std::pair<unsigned, unsigned>> emu_blocks;  // (x, y) chosen by emu_set_blocks
 inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float v, int m) {
@@ -106,17 +192,33 @@ inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 template <typename K, typename... A>
 void emu_run_block(dim3 index, dim3 block, K kernel, A... args) {
+    // 1 MiB a fiber's stack, untouched until used (malloc maps large blocks lazily)
+    constexpr size_t stack_bytes = size_t(1) << 20;
     blockIdx = index;
-    std::barrier<> block_barrier(block.x);
-    std::vector<std::barrier<>*> warps;
+    emu_barrier block_barrier(block.x);
+    std::vector<std::unique_ptr<emu_barrier>> warps;
     for (unsigned w = 0; w < (block.x + 31) / 32; w++)
-        emu_warp_barrier[w] = warps.emplace_back(new std::barrier<>(32));
+        emu_warp_barrier[w] = warps.emplace_back(new emu_barrier(32)).get();
     emu_block_barrier = &block_barrier;
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < block.x; t++)
-        threads.emplace_back([=] { threadIdx = dim3(t); kernel(args...); });
-    for (auto& t : threads) t.join();
-    for (auto* w : warps) delete w;
+    const std::function<void()> body = [=] { kernel(args...); };
+    emu_body = &body;
+    std::unique_ptr<char, decltype(&std::free)> stacks(
+        static_cast<char*>(std::malloc(stack_bytes * block.x)), &std::free);
+    std::vector<emu_thread> threads(block.x);
+    for (unsigned t = 0; t < block.x; t++) {
+        threads[t].index = dim3(t);
+        threads[t].stack_pointer = emu_fiber_stack(stacks.get() + stack_bytes * t, stack_bytes);
+    }
+    // Round robin until every fiber has returned: a fiber runs until it waits at a barrier or ends.
+    for (unsigned running = block.x; running > 0;) {
+        running = 0;
+        for (emu_thread& thread : threads) {
+            if (thread.done) continue;
+            emu_current = &thread;
+            emu_switch(&emu_scheduler, thread.stack_pointer);
+            running += thread.done ? 0 : 1;
+        }
+    }
 }
 template <typename K, typename... A>
 void emu_launch(K kernel, dim3 grid, dim3 block, int, void*, A... args) {
@@ -169,7 +271,6 @@ inline __half __high2half(__half2 a) { return a.y; }
 // fragments (PTX layout, g = lane / 4, t = lane % 4), then computes its four outputs as C + sum over k in
 // order, in fp32 (not the tensor cores' bits: the tests check indexing and invariance, not GPU numbers).
 static float emu_mma_a[2][32][16][16], emu_mma_b[2][32][16][8];  // [phase][warp]: see the runtime header
-static thread_local unsigned emu_mma_phase;
 inline void emu_mma_half_pair(uint32_t pair, float& lo, float& hi) {
     __half h[2];
     std::memcpy(h, &pair, 4);
@@ -199,7 +300,6 @@ inline void emu_mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
 // matrix i; register i of lane l gets (row l/4, cols 2(l%4), +1) of matrix i, or with trans (rows 2(l%4), +1,
 // col l/4), low half first.
 static const uint16_t* emu_ldsm_row[2][32][32];  // [phase][warp][lane]
-static thread_local unsigned emu_ldsm_phase;
 inline void emu_ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const uint16_t** rows = emu_ldsm_row[emu_ldsm_phase][warp];
@@ -235,7 +335,7 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 HEADERS = {"cuda_runtime.h": EMU_RUNTIME, "cuda_fp16.h": EMU_FP16, "cuda_bf16.h": EMU_BF16}
 LAUNCH = re.compile(r"(\w+(?:<[\w, ]*>)?)<<<(.*?)>>>\((.*?)\);", re.S)  # a kernel, or a template instance
 # No contraction into fma: the kernels' own arithmetic, one rounding per operation as written.
-CXXFLAGS = ("-std=c++20", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-pthread")
+CXXFLAGS = ("-std=c++20", "-O1", "-ffp-contract=off", "-shared", "-fPIC")
 
 
 def gxx() -> str:

@@ -1,7 +1,7 @@
 """The tree-verify attention kernel's own source, run on the CPU before any GPU run.
 
 patches/kernels/tree_attention.cu is compiled by g++ against the CUDA emulation of tests/kernels/cuda_emu.py
-(every block of the grid in turn, one std::thread per CUDA thread, fp16 as _Float16). exp and log are the
+(every block of the grid in turn, its threads as fibers, fp16 as _Float16). exp and log are the
 CPU's, so the numbers are not the GPU's bits; what this checks is the kernel's indexing, its use of the
 generated schedule, its agreement with float64, and bitwise row invariance of its own code.
 """
