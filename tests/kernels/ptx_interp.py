@@ -54,6 +54,7 @@ calls, vote, match or warp barriers.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import struct
@@ -89,6 +90,7 @@ def _signed(value: int, width: int) -> int:
     return value - (1 << width) if value >> (width - 1) else value
 
 
+@functools.cache  # the interpreter's hot path: a suffix is parsed once (a refusal is not cached)
 def _type_of(suffix: str) -> tuple[str, int]:
     """(kind: s, u, b, f or pred; width in bits) of a type suffix such as s32, f64, pred."""
     if suffix == "pred":
@@ -104,18 +106,22 @@ def _little(value: int, nbytes: int) -> bytes:
     return (value & _mask(8 * nbytes)).to_bytes(nbytes, "little")
 
 
+_FLOAT_FORMATS = {16: struct.Struct("<e"), 32: struct.Struct("<f"), 64: struct.Struct("<d")}
+_F32 = _FLOAT_FORMATS[32]
+
+
 def _to_float(bits: int, width: int) -> float:
-    data = (bits & _mask(width)).to_bytes(width // 8, "little")
-    return struct.unpack({16: "<e", 32: "<f", 64: "<d"}[width], data)[0]
+    return _FLOAT_FORMATS[width].unpack((bits & _mask(width)).to_bytes(width // 8, "little"))[0]
 
 
 def _from_float(value: float, width: int) -> int:
-    """The bits of `value` at `width`, rounded to nearest even (float32 through numpy's cast; a value past
-    the largest float32 by half an ulp or more rounds to infinity, as IEEE says: numpy's overflow note is
-    muted)."""
+    """The bits of `value` at `width`, rounded to nearest even (float32: the C cast struct makes; a value past
+    the largest float32 by half an ulp or more rounds to infinity, as IEEE says, where struct refuses)."""
     if width == 32:
-        with np.errstate(over="ignore"):
-            return int(np.array([value], dtype=np.float64).astype(np.float32).view(np.uint32)[0])
+        try:
+            return int.from_bytes(_F32.pack(value), "little")
+        except OverflowError:
+            return 0x7F800000 | (0x80000000 if value < 0 else 0)
     return int.from_bytes(struct.pack("<d", value), "little")
 
 
@@ -136,8 +142,36 @@ def _split_operands(text: str) -> list[str]:
     return out
 
 
-def _vector(op: str) -> list[str]:
-    return [x.strip() for x in op[1:-1].split(",")] if op.startswith("{") else [op]
+@functools.cache
+def _vector(op: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in op[1:-1].split(",")) if op.startswith("{") else (op,)
+
+
+@functools.cache
+def _immediate(op: str) -> int:
+    """An immediate operand's value (a float's as its bits); a refusal is not cached."""
+    if re.fullmatch(r"0[dD][0-9a-fA-F]{16}", op) or re.fullmatch(r"0[fF][0-9a-fA-F]{8}", op):
+        return int(op[2:], 16)
+    try:
+        return int(op, 0)
+    except ValueError:
+        raise PtxUnsupported(f"operand {op!r}") from None
+
+
+@functools.cache
+def _register_mask(reg: str) -> int:
+    """The bits a register of `reg`'s class holds; a refusal is not cached."""
+    head = re.match(r"%[A-Za-z]+", reg)
+    if head is None or head.group(0) not in _REG_WIDTH:
+        raise PtxUnsupported(f"destination {reg!r}")
+    return _mask(_REG_WIDTH[head.group(0)])
+
+
+@functools.cache
+def _address_parts(op: str) -> tuple[str, int] | None:
+    """An address operand's base and offset ([%rd4+16]: ("%rd4", 16)), or None."""
+    m = _ADDRESS.fullmatch(op.replace(" ", ""))
+    return None if m is None else (m.group(1), int(m.group(2) or "0", 0))
 
 
 @dataclass
@@ -525,34 +559,25 @@ class _Thread:
         self.unrounded_products: dict[str, int] = {}  # register: the bits an unrounded mul.f32 left there
 
     def value(self, op: str) -> int:
-        if op.startswith("%"):
-            if op not in self.regs:
+        if op[0] == "%":
+            found = self.regs.get(op)
+            if found is None:
                 if op.startswith(_PLACEMENT):
                     raise PtxUnsupported(f"special register {op}")
                 raise RuntimeError(f"{self.entry.name}: {op} read before any write")
-            return self.regs[op]
+            return found
         if op in self.symbols:
             return self.symbols[op]
-        if re.fullmatch(r"0[dD][0-9a-fA-F]{16}", op):  # a float64 immediate, as its bits
-            return int(op[2:], 16)
-        if re.fullmatch(r"0[fF][0-9a-fA-F]{8}", op):
-            return int(op[2:], 16)
-        try:
-            return int(op, 0)
-        except ValueError:
-            raise PtxUnsupported(f"operand {op!r}") from None
+        return _immediate(op)
 
     def set(self, reg: str, value: int) -> None:
-        head = re.match(r"%[A-Za-z]+", reg)
-        if head is None or head.group(0) not in _REG_WIDTH:
-            raise PtxUnsupported(f"destination {reg!r}")
-        self.regs[reg] = value & _mask(_REG_WIDTH[head.group(0)])
+        self.regs[reg] = value & _register_mask(reg)
 
     def address(self, op: str) -> int:
-        m = _ADDRESS.fullmatch(op.replace(" ", ""))
-        if m is None or m.group(1) in self.params:
+        parts = _address_parts(op)
+        if parts is None or parts[0] in self.params:
             raise PtxUnsupported(f"address {op!r}")
-        return (self.value(m.group(1)) + int(m.group(2) or "0", 0)) & _mask(64)
+        return (self.value(parts[0]) + parts[1]) & _mask(64)
 
     def note(self, addr: int, nbytes: int, write: bool) -> None:
         """A load's or store's bytes, for the block's race detector (a one-thread launch has none) and the
@@ -574,30 +599,31 @@ class _Thread:
     def advance(self, max_steps: int) -> Instruction | None:
         """Run until the thread exits (None) or, in a block, until its next instruction synchronises with
         other threads (returned, not run: the block runs it for all of them at once)."""
-        code, labels = self.entry.code, self.entry.labels
+        code, labels, regs = self.entry.code, self.entry.labels, self.regs
+        end, in_block, handlers = len(code), self.block is not None, _HANDLERS  # locals: the hot loop
         while True:
-            if self.pc >= len(code):
+            pc = self.pc
+            if pc >= end:
                 raise RuntimeError(f"{self.entry.name}: ran past its end")
-            ins = code[self.pc]
-            if self.block is not None and ins.opcode in _SYNC:
+            ins = code[pc]
+            opcode = ins.opcode
+            if in_block and opcode in _SYNC:
                 return ins
             self.steps += 1
             if self.steps > max_steps:
                 raise RuntimeError(f"{self.entry.name}: over {max_steps} instructions")
-            self.pc += 1
-            if ins.guard is not None and bool(self.regs[ins.guard]) == ins.negated:
+            self.pc = pc + 1
+            if ins.guard is not None and bool(regs[ins.guard]) == ins.negated:
                 continue
-            if ins.opcode == "bra":
-                self.pc = labels[ins.ops[0]]
-            elif ins.opcode in ("ret", "exit"):
-                return None
-            elif ins.opcode in ("membar", "fence"):
-                continue  # accesses run in program order here; ordering between threads is the barrier's
-            else:
-                handler = _HANDLERS.get(ins.opcode)
-                if handler is None:
-                    raise PtxUnsupported(f"opcode {ins.opcode}.{'.'.join(ins.mods)}")
+            handler = handlers.get(opcode)
+            if handler is not None:
                 handler(self, ins.mods, ins.ops)
+            elif opcode == "bra":
+                self.pc = labels[ins.ops[0]]
+            elif opcode in ("ret", "exit"):
+                return None
+            elif opcode not in ("membar", "fence"):  # those: accesses run in program order here
+                raise PtxUnsupported(f"opcode {opcode}.{'.'.join(ins.mods)}")
 
 
 # ---- a block of threads: barriers, warp shuffles and the race detector -------------------------------------
@@ -1145,8 +1171,11 @@ def _neg(t: _Thread, mods: list[str], ops: list[str]) -> None:
 
 
 def _mov(t: _Thread, mods: list[str], ops: list[str]) -> None:
-    dests, srcs = _vector(ops[0]), _vector(ops[1])
     _, width = _type_of(mods[-1])
+    if ops[0][0] != "{" and ops[1][0] != "{":  # register to register, the common case
+        t.set(ops[0], t.value(ops[1]))
+        return
+    dests, srcs = _vector(ops[0]), _vector(ops[1])
     if len(dests) > 1:  # a word into its parts, least significant first
         word = t.value(ops[1])
         for i, dest in enumerate(dests):
@@ -1246,8 +1275,8 @@ def _fma(t: _Thread, mods: list[str], ops: list[str]) -> None:
     sum exact there, else in rationals)."""
     if len(mods) != 2 or mods[0] not in ("rn", "rz", "rm", "rp") or mods[1] != "f32":
         raise PtxUnsupported(f"fma.{'.'.join(mods)}")
-    a, b, c = (_to_float(t.value(op), 32) for op in ops[1:4])
-    if not all(math.isfinite(x) for x in (a, b, c)):  # infinities and NaN: float64 gives IEEE's result
+    a, b, c = _to_float(t.value(ops[1]), 32), _to_float(t.value(ops[2]), 32), _to_float(t.value(ops[3]), 32)
+    if not (math.isfinite(a) and math.isfinite(b) and math.isfinite(c)):  # float64 gives IEEE's result
         t.set(ops[0], _from_float(a * b + c, 32))
         return
     if mods[0] == "rn":  # float64 holds a * b exactly; where a * b + c is exact too, one rounding remains
