@@ -30,6 +30,8 @@ What they establish:
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.exl3.test_gpu import decoder, prompt  # noqa: F401  (decoder: a fixture)
@@ -410,19 +412,38 @@ def test_penalised_requests_keep_host_rounds_and_plain_decodings_tokens(backend,
     assert backend.device_rounds.rounds == before, "a penalised request ran a round on the GPU"
 
 
+def small_vocabulary(tokenizer_json: str, vocab_size: int):
+    """The grammar's view of the small model's rows: its Qwen tokenizer cut to the first `vocab_size` ids
+    (those BPE tokens and the merges among them; llguidance refuses a tokenizer larger than the model), the
+    end of sequence the last row (the model's own stop ids lie past its rows)."""
+    from elpis.spec.grammar import GrammarTokenizer
+
+    data = json.loads(tokenizer_json)
+    bpe = data["model"]
+    kept = {token: i for token, i in bpe["vocab"].items() if i < vocab_size}
+    assert len(kept) == vocab_size, "the small model's ids are not the tokenizer's first BPE tokens"
+
+    def inside(merge) -> bool:
+        parts = merge.split(" ") if isinstance(merge, str) else merge
+        return "".join(parts) in kept and all(part in kept for part in parts)
+
+    bpe["vocab"], bpe["merges"] = kept, [m for m in bpe["merges"] if inside(m)]
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["id"] < vocab_size]
+    return GrammarTokenizer(json.dumps(data), vocab_size, (vocab_size - 1,))
+
+
 def test_a_grammars_request_runs_on_the_gpu_until_its_grammar_opens(backend, decoder):  # noqa: F811
     """(m) (session 53, staged) A greedy request whose grammar opens after a token the model writes freely
     (as a tool call's grammar opens at `<tool_call>`): its rounds run on the GPU, ending at that token as at a
     stop (the round queued ahead idles), then host rounds mask their rows. Plain decoding's tokens under the
     grammar (host rounds of the anchor alone), with the free part's rounds on the GPU."""
     from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
-    from elpis.spec.grammar import Grammar, GrammarTokenizer
+    from elpis.spec.grammar import Grammar
 
     ids = prompt(1300, 58, backend.info.vocab_size)
     free = truth_of(backend, ids)
     at = next(i for i in range(6, TOKENS) if free[i] not in free[:i])  # its first time, after a few rounds
-    info = backend.info
-    vocabulary = GrammarTokenizer(decoder.inner.backend.to_str(), info.vocab_size, info.stop_token_ids)
+    vocabulary = small_vocabulary(decoder.inner.backend.to_str(), backend.info.vocab_size)
     schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
     grammar = Grammar.json_schema(vocabulary, schema, opens_after=(free[at],))
     request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=TOKENS + 20, sampling=SamplingParams(),
