@@ -202,9 +202,10 @@ def _checked(best: list[float]) -> None:
 def _candidates(w: torch.Tensor, width: int) -> list[list[tuple[float, int]]]:
     """Per row, (w, id) of every token at least as likely as its `width`-th most likely one (the head and all
     ties at its edge), ordered most likely first, ties by lowest id: exactly the head of a stable descending
-    sort, without sorting the vocabulary."""
+    sort, without sorting the vocabulary. Tokens of weight 0 are left out: no draw reaches them, and a row a
+    grammar masks to fewer than `width` tokens would otherwise tie its whole vocabulary at the edge."""
     edge = torch.topk(w, width, dim=1).values[:, -1:]
-    mask = w >= edge
+    mask = (w >= edge) & (w > 0)
     where = torch.nonzero(mask)  # (row, id), row-major, ids ascending
     table = torch.stack([where[:, 0].to(torch.float64), where[:, 1].to(torch.float64), w[mask]]).tolist()
     out: list[list[tuple[float, int]]] = [[] for _ in range(w.shape[0])]
@@ -219,8 +220,10 @@ def _candidates(w: torch.Tensor, width: int) -> list[list[tuple[float, int]]]:
 # the same elementwise float64 operations on the same value wherever it is computed, and a token outside those
 # logits weighs at most the smallest weight among them within exp's rounding (<= 1 ulp; the subtraction before
 # it rounds monotonically). So when the head's edge weight clears that smallest weight by EDGE_GAP (far more
-# than two ulps), no token outside reaches the edge and the head is the whole vocabulary's; otherwise (ties
-# across the edge, rows masked to fewer than top_k tokens) the whole vocabulary's weights decide.
+# than two ulps), no token outside reaches the edge and the head is the whole vocabulary's. When that smallest
+# weight is 0 (a row a grammar masks to fewer tokens than read), every token outside weighs 0 too, and the
+# head is the tokens read of weight above 0 (`_candidates` leaves zeros out). Otherwise (ties across the edge)
+# the whole vocabulary's weights decide.
 TOP_PAD = 16
 EDGE_GAP = 2.0**-40
 
@@ -228,8 +231,8 @@ EDGE_GAP = 2.0**-40
 def _top_candidates(logits: torch.Tensor, params: SamplingParams,
                     width: int) -> list[list[tuple[float, int]]] | None:
     """`_candidates` of the rows' weights, read from each row's width + TOP_PAD largest logits in one
-    transfer; None when some row's edge does not clear the smallest of those weights (see TOP_PAD). A
-    non-finite row maximum is refused as in `_weights`."""
+    transfer; None when some row's edge does not clear the smallest of those weights and that weight is not 0
+    (see TOP_PAD). A non-finite row maximum is refused as in `_weights`."""
     vocab = logits.shape[1]
     count = min(vocab, width + TOP_PAD)
     # topk ranks NaN above everything, so a NaN anywhere in a row becomes its maximum, as argmax does
@@ -243,10 +246,10 @@ def _top_candidates(logits: torch.Tensor, params: SamplingParams,
     for row in table:
         pairs = sorted(zip(row[1 : 1 + count], (int(t) for t in row[1 + count :]), strict=True),
                        key=lambda pair: (-pair[0], pair[1]))
-        edge = pairs[width - 1][0]
-        if count < vocab and not edge > min(x for x, _ in pairs) * (1.0 + EDGE_GAP):
+        edge, floor = pairs[width - 1][0], pairs[-1][0]  # pairs run most likely first
+        if count < vocab and floor > 0.0 and not edge > floor * (1.0 + EDGE_GAP):
             return None
-        out.append([pair for pair in pairs if pair[0] >= edge])
+        out.append([pair for pair in pairs if pair[0] >= edge and pair[0] > 0.0])
     return out
 
 

@@ -192,6 +192,17 @@ def test_top_logprobs_are_the_raw_log_softmax() -> None:
         top_logprobs(row, 0, 21)
 
 
+def test_a_masked_row_keeps_only_the_tokens_it_allows() -> None:
+    """A grammar's mask leaves three tokens of a 248,320-row vocabulary: top_k 20 keeps those three (the -inf
+    rows weigh 0 and are never drawn), and every draw is one of them."""
+    row = torch.full((248_320,), float("-inf"))
+    row[[3, 17, 200_000]] = torch.tensor([1.0, 2.0, 0.5])
+    params = SamplingParams(temperature=0.8, top_k=20, top_p=0.95, seed=4)
+    assert _kept(row, params) == [3, 17, 200_000]
+    draws = sample_rows(row.repeat(32, 1), params, list(range(32)))
+    assert set(draws) <= {3, 17, 200_000} and len(set(draws)) > 1
+
+
 def _whole_vocabulary_heads(logits: torch.Tensor, params: SamplingParams) -> list[list[tuple[float, int]]]:
     w, _ = sampling._weights(logits, params)
     return sampling._candidates(w, min(params.top_k, logits.shape[1]))
@@ -213,8 +224,9 @@ def _rows_of_every_kind(vocab: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("seed", range(4))
 def test_a_top_k_head_from_the_largest_logits_is_the_whole_vocabularys(seed: int, monkeypatch) -> None:
     """The head read from a row's top_k + TOP_PAD largest logits is exactly the one the whole vocabulary's
-    weights give, on rows where its edge clears them; where it does not (ties across the edge, masked rows),
-    the whole vocabulary decides, and every draw is the same either way."""
+    weights give, on rows where its edge clears them or where all the row's weight is read (a grammar's
+    mask); where it does not (ties across the edge), the whole vocabulary decides, and every draw is the same
+    either way."""
     logits = _rows_of_every_kind(9001, seed)
     fast_rows = 0
     for top_k in (1, 5, 20, 50):
@@ -225,10 +237,11 @@ def test_a_top_k_head_from_the_largest_logits_is_the_whole_vocabularys(seed: int
             if heads is not None:
                 fast_rows += 1
                 assert heads == [whole[r]], (top_k, r)
-        # ties across the edge and rows masked below top_k are not read from the top
+        # ties across the edge are not read from the top; a row masked below top_k is, its zeros left out
         assert sampling._top_candidates(logits[1:2], params, top_k) is None
-        if top_k > 5:
-            assert sampling._top_candidates(logits[4:5], params, top_k) is None
+        assert sampling._top_candidates(logits[4:5], params, top_k) == [whole[4]]
+        if top_k >= 5:  # the five tokens the mask allows, no zero-weight ties
+            assert sorted(token for _, token in whole[4]) == [0, 1, 2, 3, 4]
         if top_k + sampling.TOP_PAD < 40:
             assert sampling._top_candidates(logits[6:7], params, top_k) is None
     assert fast_rows >= 4 * 6  # the random rows at least
