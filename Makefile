@@ -9,6 +9,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers: the CI machine's two cores (a module's tests share a worker and its fixtures)
+TEST_WORKERS ?= 2
 SYNTH_DIR   := .cache/bench
 BENCH_MODEL ?= $(SYNTH_DIR)/target
 BENCH_DRAFT ?= $(SYNTH_DIR)/draft
@@ -34,7 +36,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check elpis tests ext
 
 test: build lint
-	$(BIN)/python -m pytest -m "not gpu" --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not gpu" -n $(TEST_WORKERS) --dist loadscope --durations=25 $(PYTEST_ARGS)
 
 serve: build
 	$(BIN)/elpis serve
