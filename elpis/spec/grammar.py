@@ -185,10 +185,6 @@ class Constraint:
             return []
         return list(self._matcher.compute_ff_tokens())[:limit]
 
-    def is_finished(self) -> bool:
-        """Whether the grammar is complete and allows nothing more but the end of the sequence."""
-        return self.open and bool(self._matcher.is_stopped())
-
     def masked(self, logits: torch.Tensor, paths: Sequence[Sequence[int]]) -> torch.Tensor:
         """`logits` [rows, vocab] with -inf wherever row r's grammar state (after the committed tokens and
         `paths[r]`) forbids the token; the other values are untouched, so each row depends on itself only."""
