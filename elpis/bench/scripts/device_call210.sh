@@ -1,0 +1,14 @@
+#!/bin/bash
+# Call 210 (session 54, a fresh machine, LIMIT ~180): test (m) on the small model, the grammar's request on the
+# GPU until its grammar opens. Call 209 ran its grammar over the small model's own rows at last, and then the
+# generator refused the request: the small model's stop ids (Qwen's) lie past its 32,768 rows and a grammar
+# refuses ignore_eos, so the test now stands the last row in for the end of sequence.
+# Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
+LIMIT=${LIMIT:-180}
+T0=$(date +%s)
+source elpis/bench/scripts/device_common.sh
+build_and_small_synth
+export ELPIS_SMALL_DIR=/tmp/small
+unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH ELPIS_PATCH_DRAFT_CANDIDATES
+gpu_pytest "device rounds" $(( $(left) - 5 )) tests/exl3/test_device_round.py -k "grammar or give_plain_decodings"
+echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"
