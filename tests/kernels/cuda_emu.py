@@ -190,10 +190,20 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+// 1 MiB a fiber's stack, from one arena kept across blocks and launches (malloc maps it lazily; pages are
+// touched only as used, and once: a fresh mapping per block faulted its pages in again for every block).
+constexpr size_t emu_stack_bytes = size_t(1) << 20;
+inline char* emu_stacks(unsigned threads) {
+    static std::unique_ptr<char, decltype(&std::free)> arena(nullptr, &std::free);
+    static unsigned held = 0;
+    if (threads > held) {
+        arena.reset(static_cast<char*>(std::malloc(emu_stack_bytes * threads)));
+        held = threads;
+    }
+    return arena.get();
+}
 template <typename K, typename... A>
 void emu_run_block(dim3 index, dim3 block, K kernel, A... args) {
-    // 1 MiB a fiber's stack, untouched until used (malloc maps large blocks lazily)
-    constexpr size_t stack_bytes = size_t(1) << 20;
     blockIdx = index;
     emu_barrier block_barrier(block.x);
     std::vector<std::unique_ptr<emu_barrier>> warps;
@@ -202,12 +212,11 @@ void emu_run_block(dim3 index, dim3 block, K kernel, A... args) {
     emu_block_barrier = &block_barrier;
     const std::function<void()> body = [=] { kernel(args...); };
     emu_body = &body;
-    std::unique_ptr<char, decltype(&std::free)> stacks(
-        static_cast<char*>(std::malloc(stack_bytes * block.x)), &std::free);
+    char* stacks = emu_stacks(block.x);
     std::vector<emu_thread> threads(block.x);
     for (unsigned t = 0; t < block.x; t++) {
         threads[t].index = dim3(t);
-        threads[t].stack_pointer = emu_fiber_stack(stacks.get() + stack_bytes * t, stack_bytes);
+        threads[t].stack_pointer = emu_fiber_stack(stacks + emu_stack_bytes * t, emu_stack_bytes);
     }
     // Round robin until every fiber has returned: a fiber runs until it waits at a barrier or ends.
     for (unsigned running = block.x; running > 0;) {

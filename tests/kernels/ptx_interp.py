@@ -122,7 +122,7 @@ def _from_float(value: float, width: int) -> int:
             return int.from_bytes(_F32.pack(value), "little")
         except OverflowError:
             return 0x7F800000 | (0x80000000 if value < 0 else 0)
-    return int.from_bytes(struct.pack("<d", value), "little")
+    return int.from_bytes(_FLOAT_FORMATS[64].pack(value), "little")
 
 
 def _split_operands(text: str) -> list[str]:
