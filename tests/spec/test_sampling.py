@@ -118,6 +118,21 @@ def test_filters_keep_exactly_the_documented_sets() -> None:
     assert _kept(row, SamplingParams(temperature=1.0, min_p=0.3)) == [1, 2, 3]
 
 
+@pytest.mark.parametrize("top_k", [0, 4])
+def test_a_top_p_prefix_that_reaches_its_share_exactly_stops_there(top_k: int) -> None:
+    """Four equal maxima weigh 2^44 each in fixed point: top_p 0.5 of their 2^46 is reached exactly by two of
+    them (lowest ids first), and a top_p one ulp above 0.5 needs a third. Both the head (top_k) and the
+    whole-vocabulary path compare an integer total with top_p of the mass exactly."""
+    row = torch.tensor([0.0, 5.0, -1.0, 5.0, 5.0, 5.0, 2.0])
+    half = SamplingParams(temperature=1.0, top_k=top_k, top_p=0.5)
+    above = SamplingParams(temperature=1.0, top_k=top_k, top_p=math.nextafter(0.5, 1.0))
+    if top_k:
+        assert _kept(row, half) == [1, 3]
+        assert _kept(row, above) == [1, 3, 4]
+    else:  # the rest of the row weighs in too: e^-3 + e^-5 + e^-6 of a maximum's weight
+        assert _kept(row, SamplingParams(temperature=1.0, top_p=0.5)) == [1, 3, 4]
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_partial_sorting_keeps_what_a_full_stable_sort_keeps(seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
