@@ -1,13 +1,12 @@
 #!/bin/bash
-# Call 213 (session 55), chained on call 212's warm machine (its build and /tmp/full kept): stock beside tree-8
-# and tree-16 at 1K and 8K with the session's code, the same-run comparison the README's table cites.
-# Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
-LIMIT=${LIMIT:-400}
+# Call 213 (session 55; no build or checkpoint needed): session 55's sampler beside the previous one in one
+# process, calls alternating (call 212's figures came from a faster host than calls 208-209's: greedy and topk,
+# unchanged, also ran faster). The previous module travels as .device/sampling_previous.py
+# (`git show a297ac4:elpis/spec/sampling.py`).
+# Run with run(carry=[".whl", ".device"]).
+LIMIT=${LIMIT:-200}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-build_once
-start_full_synth
-finish_full_synth
-systems_bench systems-1k8k-call213 8 "stock beside tree-8 and tree-16 (session 55)" stock,elpis-tree8,elpis-tree16
-pack_outputs
+gpu_line
+SAMPLER_ARGS="--against .device/sampling_previous.py" sampler_time 150
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log"

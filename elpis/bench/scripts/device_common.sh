@@ -120,7 +120,7 @@ systems_bench() {
 }
 # sampler_time [LIMIT]: elpis/bench/scripts/sampler_time.py (no build or checkpoint needed; at most LIMIT s, 60 by
 # default), its SAMPLER line in the log.
-sampler_time() { timeout -k 3 "${1:-60}" python3 elpis/bench/scripts/sampler_time.py 2>&1 | tail -3 | tee -a "$OUT/log"; }
+sampler_time() { timeout -k 3 "${1:-60}" python3 elpis/bench/scripts/sampler_time.py ${SAMPLER_ARGS:-} 2>&1 | tail -3 | tee -a "$OUT/log"; }
 # penalty_rounds CONTEXTS [ARGS...]: elpis/bench/scripts/penalty_rounds.py on /tmp/full at CONTEXTS (e.g.
 # 1024,8192), 40 tokens, 3 pairs, tree-16, ARGS (e.g. --grammar) passed on, ending 8 s before the call's limit;
 # $OUT/penalty-rounds.json and $OUT/penalty.txt, its lines in the log.
