@@ -63,6 +63,75 @@ def test_adjusted_rows_follow_the_documented_arithmetic_bit_for_bit(seed: int) -
         assert got[r].tolist() == want
 
 
+def _whole_vocabulary(logits: torch.Tensor, params: SamplingParams, prompt: list[int], generated: list[int],
+                      paths: list[tuple[int, ...]]) -> torch.Tensor:
+    """The three steps on every column of every row (what `History` computed before it gathered the columns
+    that can change)."""
+    rows, vocab = logits.shape
+    x = logits.to(torch.float64)
+    counts = torch.zeros(rows, vocab, dtype=torch.float64)
+    seen = torch.zeros(rows, vocab, dtype=torch.bool)
+    seen[:, prompt] = True
+    for r, path in enumerate(paths):
+        for token in [*generated, *path]:
+            counts[r, token] += 1.0
+            seen[r, token] = True
+    if params.repetition_penalty != 1.0:
+        r = float(params.repetition_penalty)
+        x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+    if params.frequency_penalty or params.presence_penalty:
+        present = (counts > 0).to(torch.float64)
+        x = x - (counts * float(params.frequency_penalty) + present * float(params.presence_penalty))
+    if params.logit_bias:
+        bias = torch.zeros(vocab, dtype=torch.float64)
+        for token, value in params.logit_bias:
+            bias[token] = value
+        x = x + bias
+    return x
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_gathered_columns_give_the_whole_vocabularys_bits(seed: int) -> None:
+    """Adjusting only the columns that can change gives every bit the whole-vocabulary arithmetic gives,
+    signed zeros included: -0.0 logits outside those columns become +0.0 exactly when a bias is set or both
+    penalties are negative (x + 0.0), and stay -0.0 otherwise."""
+    rng = random.Random(seed)
+    vocab = 400
+    choice = seed % 4
+    params = SamplingParams(
+        presence_penalty=rng.choice([0.0, 1.5, -1.25, rng.uniform(-2, 2)]),
+        frequency_penalty=rng.choice([0.0, 0.5, -0.75, rng.uniform(-2, 2)]) if choice != 1 else -0.5,
+        repetition_penalty=rng.choice([1.0, 1.3, 0.7]),
+        logit_bias=((7, 2.5), (390, -100.0)) if choice == 2 else ())
+    if choice == 1:
+        params = SamplingParams(presence_penalty=-1.0, frequency_penalty=-0.5)  # 0 * f + 0 * q is -0.0
+    if not params.adjusts_logits:
+        params = SamplingParams(presence_penalty=0.25, logit_bias=((5, 1.0),))
+    prompt = [rng.randrange(vocab) for _ in range(30)]
+    generated = [rng.randrange(vocab) for _ in range(25)]
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(seed))
+    logits[:, ::9] = -0.0
+    logits[:, 1::9] = 0.0
+    logits[0, 3] = float("-inf")
+    before = logits.clone()
+    history = History(params, prompt, vocab)
+    history.commit(generated[:10])
+    history.adjusted(logits[:1], [()])  # the columns uploaded, then more committed
+    history.commit(generated[10:])
+    fresh = rng.sample(range(vocab), 4)  # tokens no one has generated yet, on the rows' paths
+    paths = [(), (fresh[0],), (fresh[0], generated[3]), (fresh[1], fresh[1], fresh[2]), (prompt[0],),
+             (fresh[3],)]
+    got = history.adjusted(logits, paths)
+    want = _whole_vocabulary(logits, params, prompt, generated, paths)
+    assert torch.equal(got.view(torch.int64), want.view(torch.int64)), params
+    zeros = logits.view(torch.int32) == torch.tensor(-0.0).view(torch.int32)  # the -0.0 logits
+    flips = bool(params.logit_bias) or (params.frequency_penalty < 0 and params.presence_penalty < 0)
+    untouched = zeros & ~torch.isin(torch.arange(vocab), torch.tensor([*prompt, *generated, *fresh, 7, 390]))
+    signs = torch.signbit(got[untouched])
+    assert bool(untouched.any()) and bool((~signs).all() if flips else signs.all())
+    assert torch.equal(logits.view(torch.int32), before.view(torch.int32))  # the raw logits left as they were
+
+
 def test_a_rows_path_counts_as_if_committed() -> None:
     params = SamplingParams(**PENALISED, logit_bias=((0, 1.0),))
     logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(7))

@@ -2,12 +2,15 @@
 random full-vocabulary logits (std 4) under Qwen's recommended settings, temperature alone, top_p alone and
 greedy; median of 30 calls after 5, in ms. "recommended-whole" is the recommended settings with the top_k head
 read from the whole vocabulary's weights (the path before session 53, still taken where the head's edge is not
-clear of the largest logits), in the same run. "topk_ms" times torch.topk alone on the float32 rows for the
-head's k (top_k 20 + TOP_PAD) and beside it. Prints one "SAMPLER {json}" line.
-With --against FILE (another revision's elpis/spec/sampling.py, e.g. `git show REV:elpis/spec/sampling.py`),
-each setting is also timed with that module, the two alternating call by call in one process ("against" in
-the line), and every draw of both must be the same.
-Usage (repo root): python3 elpis/bench/scripts/sampler_time.py [--against FILE]
+clear of the largest logits), in the same run. "recommended+presence" adds Qwen's `presence_penalty` 1.5:
+each call adjusts the rows (`elpis.spec.penalties.History`, a 1,000-token prompt and 200 generated tokens, the
+rows' paths those of a random 16-row tree) and then samples; "presence-adjust" times the adjustment alone.
+"topk_ms" times torch.topk alone on the float32 rows for the head's k (top_k 20 + TOP_PAD) and beside it.
+Prints one "SAMPLER {json}" line.
+With --against DIR (another revision's elpis/spec/sampling.py and penalties.py, e.g. from `git show
+REV:elpis/spec/sampling.py`), each setting is also timed with those modules, the two alternating call by call
+in one process ("against" in the line), and every draw and adjusted bit of both must be the same.
+Usage (repo root): python3 elpis/bench/scripts/sampler_time.py [--against DIR]
 """
 
 from __future__ import annotations
@@ -15,33 +18,61 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import random
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from types import ModuleType
 
 import torch
 
-from elpis.spec import sampling
-from elpis.spec.sampling import SamplingParams, sample_rows
+from elpis.spec import penalties, sampling
+from elpis.spec.sampling import SamplingParams
 
 VOCAB = 248_320
+RECOMMENDED = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "seed": 3}
 SETTINGS = {
-    "recommended": SamplingParams(temperature=0.7, top_p=0.8, top_k=20, seed=3),
+    "recommended": SamplingParams(**RECOMMENDED),
     "temperature": SamplingParams(temperature=0.7, seed=3),
     "top_p": SamplingParams(temperature=0.7, top_p=0.95, seed=3),
     "greedy": SamplingParams(),
-    "recommended-whole": SamplingParams(temperature=0.7, top_p=0.8, top_k=20, seed=3),
+    "recommended-whole": SamplingParams(**RECOMMENDED),
+    "recommended+presence": SamplingParams(**RECOMMENDED, presence_penalty=1.5),
+    "presence-adjust": SamplingParams(**RECOMMENDED, presence_penalty=1.5),
 }
+FROM_TOP = sampling._top_candidates
 
 
 def _whole_vocabulary(*args: object) -> None:
     return None
 
 
-FROM_TOP = sampling._top_candidates
+class Modules:
+    """One revision's sampler and adjustments, and a request's history of the bench's shape for them."""
+
+    def __init__(self, sampling_module: ModuleType, penalties_module: ModuleType) -> None:
+        self.sampling, self.penalties = sampling_module, penalties_module
+        rng = random.Random(5)
+        self.prompt = [rng.randrange(VOCAB) for _ in range(1000)]
+        self.generated = [rng.randrange(VOCAB) for _ in range(200)]
+        parents = [-1] + [rng.randrange(r) for r in range(1, 16)]
+        self.paths = penalties.tree_paths([rng.randrange(VOCAB) for _ in parents], parents)
+
+    def call(self, name: str, params: SamplingParams, logits: torch.Tensor,
+             positions: list[int]) -> Callable[[], object]:
+        """A call of setting `name` on `logits` with these modules."""
+        theirs = self.sampling.SamplingParams(**{f: getattr(params, f) for f in params.__dataclass_fields__})
+        if "presence" not in name:
+            return partial(self.sampling.sample_rows, logits, theirs, positions)
+        history = self.penalties.History(theirs, self.prompt, VOCAB)
+        history.commit(self.generated)
+        paths = self.paths[: logits.shape[0]]
+        if name == "presence-adjust":
+            return partial(history.adjusted, logits, paths)
+        return lambda: self.sampling.sample_rows(history.adjusted(logits, paths), theirs, positions)
 
 
 def _median_ms(call: Callable[[], object]) -> float:
@@ -57,8 +88,8 @@ def _median_ms(call: Callable[[], object]) -> float:
     return round(statistics.median(times), 3)
 
 
-def _module(path: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sampling_against", path)
+def _module(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise SystemExit(f"cannot load {path} as a module")
     module = importlib.util.module_from_spec(spec)
@@ -81,10 +112,21 @@ def _alternating_ms(calls: dict[str, Callable[[], object]]) -> dict[str, float]:
     return {name: round(statistics.median(values), 3) for name, values in times.items()}
 
 
-def against(path: str) -> dict[str, dict[str, dict[str, float]]]:
-    """Every setting (but the "-whole" one) timed with this revision's sampler and the one at `path`, in
-    turns; the draws must agree."""
-    other = _module(path)
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return torch.equal(a.view(torch.int64), b.view(torch.int64))
+    return a == b
+
+
+def against(directory: str, ours: Modules) -> dict[str, dict[str, dict[str, float]]]:
+    """Every setting (but the "-whole" one) timed with this revision's modules and those in `directory`, in
+    turns; the draws and adjusted bits must agree."""
+    folder = Path(directory)
+    their_sampling = _module(folder / "sampling.py", "sampling_against")
+    their_penalties = penalties
+    if (folder / "penalties.py").exists():
+        their_penalties = _module(folder / "penalties.py", "penalties_against")
+    theirs = Modules(their_sampling, their_penalties)
     out: dict[str, dict[str, dict[str, float]]] = {}
     for rows in (1, 8, 16):
         logits = torch.randn(rows, VOCAB, device="cuda") * 4
@@ -92,12 +134,11 @@ def against(path: str) -> dict[str, dict[str, dict[str, float]]]:
         for name, params in SETTINGS.items():
             if name.endswith("-whole"):
                 continue
-            theirs = other.SamplingParams(**{f: getattr(params, f) for f in params.__dataclass_fields__})
-            ours_call = partial(sample_rows, logits, params, positions)
-            their_call = partial(other.sample_rows, logits, theirs, positions)
-            if ours_call() != their_call():
-                raise SystemExit(f"{name} at {rows} rows: the two samplers draw differently")
-            ms = _alternating_ms({"this": ours_call, "against": their_call})
+            our_call = ours.call(name, params, logits, positions)
+            their_call = theirs.call(name, params, logits, positions)
+            if not _same(our_call(), their_call()):
+                raise SystemExit(f"{name} at {rows} rows: the two revisions give different results")
+            ms = _alternating_ms({"this": our_call, "against": their_call})
             for side, value in ms.items():
                 out.setdefault(side, {}).setdefault(name, {})[str(rows)] = value
     return out
@@ -105,9 +146,10 @@ def against(path: str) -> dict[str, dict[str, dict[str, float]]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--against", help="another revision's elpis/spec/sampling.py to time beside this one")
+    parser.add_argument("--against", help="a folder with another revision's sampling.py (and penalties.py)")
     args = parser.parse_args()
     torch.manual_seed(0)
+    ours = Modules(sampling, penalties)
     out: dict[str, dict[str, float]] = {}
     topk: dict[str, dict[str, float]] = {}
     for rows in (1, 8, 16):
@@ -115,14 +157,13 @@ def main() -> None:
         positions = list(range(100, 100 + rows))
         for name, params in SETTINGS.items():
             sampling._top_candidates = _whole_vocabulary if name.endswith("-whole") else FROM_TOP
-            ms = _median_ms(partial(sample_rows, logits, params, positions))
-            out.setdefault(name, {})[str(rows)] = ms
+            out.setdefault(name, {})[str(rows)] = _median_ms(ours.call(name, params, logits, positions))
         for k in (20, 32, 20 + sampling.TOP_PAD, 64):
             topk.setdefault(str(k), {})[str(rows)] = _median_ms(partial(torch.topk, logits, k, dim=1))
     sampling._top_candidates = FROM_TOP
     found: dict[str, object] = {"gpu": torch.cuda.get_device_name(), "ms": out, "topk_ms": topk}
     if args.against:
-        found["against"] = against(args.against)
+        found["against"] = against(args.against, ours)
     print("SAMPLER " + json.dumps(found), flush=True)
 
 
