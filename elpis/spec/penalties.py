@@ -14,17 +14,11 @@ tokens on its own path (its ancestors after the anchor, and itself), so `History
 into the row's counts. The acceptor commits a row's target only when its path is what plain decoding
 generated, and then the row's counts are plain decoding's: the same operations on the same values, the same
 bits. The rows are adjusted together with elementwise operations only, so no row depends on another.
-
-Only some columns can change: the generated tokens, the biased ones, the rows' paths and, for the repetition
-penalty, the prompt's distinct tokens (far fewer than the 248,320-token vocabulary). Those columns are
-gathered, adjusted as above and put back; every other logit is its float64 value, which is what the three
-steps give it up to the sign of a zero (x - (-0.0) and x + 0.0 turn -0.0 into +0.0), and that is reproduced.
-So a round's adjustment reads the rows once, not a dozen times.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -41,9 +35,7 @@ def tree_paths(tokens: Sequence[int], parents: Sequence[int]) -> list[tuple[int,
 
 class History:
     """What one request's adjustments read: the prompt's tokens and the generated ones, kept as
-    full-vocabulary tensors on the logits' device (made at the first row adjusted), extended by `commit`, and
-    the columns they can change (`_columns`: the prompt's tokens where the repetition penalty reads them, the
-    biased and the generated tokens, in the order first met)."""
+    full-vocabulary tensors on the logits' device (made at the first row adjusted), extended by `commit`."""
 
     def __init__(self, params: SamplingParams, prompt_ids: Sequence[int], vocab_size: int) -> None:
         if not params.adjusts_logits:
@@ -56,27 +48,10 @@ class History:
         self._generated: list[int] = []
         self._device: torch.device | None = None
         self._counts = self._seen = self._bias = torch.empty(0)
-        # Where the three steps leave a column alone they still add a zero to it when a bias is set, or when
-        # both penalties are negative (0 * f + 0 * q is -0.0): x + 0.0, which turns -0.0 into +0.0.
-        both_negative = params.frequency_penalty < 0 and params.presence_penalty < 0
-        self._zero_sum = bool(params.logit_bias) or both_negative
-        self._column_at: dict[int, int] = {}  # token -> its place among the columns
-        self._column_list: list[int] = []  # the columns in that order
-        self._column_ids = torch.empty(0, dtype=torch.long)  # those uploaded to the device so far
-        self._add_columns(t for t, _ in params.logit_bias)
-        if params.repetition_penalty != 1.0:
-            self._add_columns(self._prompt)
-
-    def _add_columns(self, tokens: Iterable[int]) -> None:
-        for token in tokens:
-            if token not in self._column_at:
-                self._column_at[token] = len(self._column_list)
-                self._column_list.append(token)
 
     def commit(self, tokens: Sequence[int]) -> None:
         """Tokens generated (committed) after those before."""
         self._generated.extend(tokens)
-        self._add_columns(tokens)
         if self._device is not None and tokens:
             ids = torch.tensor(list(tokens), dtype=torch.long, device=self._device)
             self._counts.index_add_(0, ids, torch.ones(len(ids), dtype=torch.float64, device=self._device))
@@ -99,7 +74,6 @@ class History:
         self._counts = torch.zeros(vocab, dtype=torch.float64, device=device)
         self._seen = torch.zeros(vocab, dtype=torch.bool, device=device)
         self._bias = torch.zeros(vocab, dtype=torch.float64, device=device)
-        self._column_ids = torch.empty(0, dtype=torch.long, device=device)
         if self._prompt:
             self._seen[torch.tensor(self._prompt, dtype=torch.long, device=device)] = True
         for token, bias in self.params.logit_bias:
@@ -107,46 +81,18 @@ class History:
         generated, self._generated = self._generated, []
         self.commit(generated)
 
-    def _columns(self, paths: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(columns, where): every column the rows' adjustments can change (`_columns` then the paths' other
-        tokens), and each path token's (row, place among those columns), uploaded together."""
-        known = len(self._column_list)
-        if self._column_ids.numel() < known:  # tokens committed since the last round
-            new = torch.tensor(self._column_list[self._column_ids.numel() :], dtype=torch.long,
-                               device=self._column_ids.device)
-            self._column_ids = torch.cat([self._column_ids, new])
-        extra: dict[int, int] = {}
-        where: list[int] = []
-        for r, path in enumerate(paths):
-            for token in path:
-                place = self._column_at.get(token)
-                if place is None:
-                    place = extra.setdefault(token, known + len(extra))
-                where += (r, place)
-        packed = torch.tensor([*extra, *where], dtype=torch.long, device=self._column_ids.device)
-        return torch.cat([self._column_ids, packed[: len(extra)]]), packed[len(extra) :].view(-1, 2)
-
     def _rows(self, logits: torch.Tensor, paths: Sequence[Sequence[int]]) -> torch.Tensor:
-        """All rows at once, the changing columns gathered: every operation is elementwise and correctly
-        rounded (no sums across the vocabulary, no fused multiply-add), so a row's values do not depend on the
-        rows beside it, and a column's on the columns gathered with it."""
-        x = logits.to(torch.float64, copy=True)
-        columns, where = self._columns(paths)
-        gathered = x.index_select(1, columns)  # before the zero sum below: the steps start from x itself
-        if self._zero_sum:
-            x.add_(0.0)
-        if columns.numel():
-            x.index_copy_(1, columns, self._adjust(gathered, columns, where))
-        return x
-
-    def _adjust(self, x: torch.Tensor, columns: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-        """The three steps on the gathered columns, each row's own path counted into its own copy."""
-        p, rows = self.params, x.shape[0]
-        counts = self._counts[columns].expand(rows, -1)
-        seen = self._seen[columns].expand(rows, -1)
-        if where.numel():
-            at = (where[:, 0], where[:, 1])
-            ones = torch.ones(where.shape[0], dtype=torch.float64, device=x.device)
+        """All rows at once: every operation is elementwise and correctly rounded (no sums across the
+        vocabulary, no fused multiply-add), so a row's values do not depend on the rows beside it."""
+        p, x = self.params, logits.to(torch.float64)
+        rows, device = len(paths), logits.device
+        counts = self._counts.expand(rows, -1)
+        seen = self._seen.expand(rows, -1)
+        where = [(r, token) for r, path in enumerate(paths) for token in path]
+        if where:  # each row's own path, counted into its own copy
+            index = torch.tensor(where, dtype=torch.long, device=device)
+            at = (index[:, 0], index[:, 1])
+            ones = torch.ones(len(where), dtype=torch.float64, device=device)
             counts = counts.clone().index_put_(at, ones, accumulate=True)
             seen = seen.clone().index_put_(at, ones > 0)
         if p.repetition_penalty != 1.0:
@@ -156,5 +102,5 @@ class History:
             present = (counts > 0).to(torch.float64)
             x = x - (counts * float(p.frequency_penalty) + present * float(p.presence_penalty))
         if p.logit_bias:
-            x = x + self._bias[columns]
+            x = x + self._bias
         return x
