@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 import torch
 
-_MASK64 = (1 << 64) - 1
+MASK64 = (1 << 64) - 1
+_MASK64 = MASK64
 MAX_TOP_LOGPROBS = 20
 
 
@@ -197,7 +198,8 @@ def _weights(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor
     return _row_exp(scaled - best), best.squeeze(1)
 
 
-def _checked(best: list[float]) -> None:
+def check_finite(best: list[float]) -> None:
+    """Refuse rows whose maximum (of x / T) is NaN or infinite: the backend produced garbage."""
     for value in best:
         if not math.isfinite(value):
             raise ValueError(f"logits row has a non-finite maximum ({value}): the backend produced garbage")
@@ -232,22 +234,41 @@ TOP_PAD = 16
 EDGE_GAP = 2.0**-40
 
 
-def _top_candidates(logits: torch.Tensor, params: SamplingParams,
-                    width: int) -> list[list[tuple[float, int]]] | None:
-    """`_candidates` of the rows' weights, read from each row's width + TOP_PAD largest logits in one
-    transfer; None when some row's edge does not clear the smallest of those weights and that weight is not 0
-    (see TOP_PAD). A non-finite row maximum is refused as in `_weights`."""
+@dataclass(frozen=True)
+class TopWeights:
+    """Each row's width + TOP_PAD largest logits as weights: `best` float64 [rows] the row's max of x / T, `w`
+    float64 [rows, count] exp(x / T - best) in topk's order, `ids` int64 [rows, count] their token ids, and
+    the row width `vocab`."""
+
+    best: torch.Tensor
+    w: torch.Tensor
+    ids: torch.Tensor
+    vocab: int
+
+
+def top_weights(logits: torch.Tensor, params: SamplingParams, width: int) -> TopWeights:
+    """The weights a top_k head is read from, on the logits' device (`_top_candidates` on the host, or a
+    backend's device draw: the same tensors either way)."""
     vocab = logits.shape[1]
     count = min(vocab, width + TOP_PAD)
     # topk ranks NaN above everything, so a NaN anywhere in a row becomes its maximum, as argmax does
     top = torch.topk(logits, count, dim=1)
     scaled = top.values.to(torch.float64) / params.temperature
     best = scaled[:, :1]
-    w = _row_exp(scaled - best)
+    return TopWeights(best.squeeze(1), _row_exp(scaled - best), top.indices, vocab)
+
+
+def _top_candidates(logits: torch.Tensor, params: SamplingParams,
+                    width: int) -> list[list[tuple[float, int]]] | None:
+    """`_candidates` of the rows' weights, read from each row's width + TOP_PAD largest logits in one
+    transfer; None when some row's edge does not clear the smallest of those weights and that weight is not 0
+    (see TOP_PAD). A non-finite row maximum is refused as in `_weights`."""
+    top = top_weights(logits, params, width)
+    vocab, count = top.vocab, top.w.shape[1]
     # -w and the ids (exact in float64) read back as (-w, id) tuples, whose plain ascending sort is the order
     # wanted (most likely first, ties by lowest id) without a key function: the sort is most of a call's time.
-    table = torch.cat([best, w.neg(), top.indices.to(torch.float64)], dim=1).tolist()
-    _checked([row[0] for row in table])
+    table = torch.cat([top.best.unsqueeze(1), top.w.neg(), top.ids.to(torch.float64)], dim=1).tolist()
+    check_finite([row[0] for row in table])
     out: list[list[tuple[float, int]]] = []
     for row in table:
         ranked = sorted(zip(row[1 : 1 + count], row[1 + count :], strict=True))
@@ -280,7 +301,7 @@ def _heads(logits: torch.Tensor, params: SamplingParams) -> list[list[tuple[floa
     candidates = _top_candidates(logits, params, width)
     if candidates is None:  # some row's edge is not clear of its largest logits: every weight decides
         w, best = _weights(logits, params)
-        _checked(best.tolist())
+        check_finite(best.tolist())
         candidates = _candidates(w, width)
     heads = [ranked[: params.top_k] for ranked in candidates]
     if params.top_p == 1.0:
@@ -329,7 +350,7 @@ def _kept_lists(logits: torch.Tensor, params: SamplingParams) -> list[list[tuple
 def _read_sums(best: torch.Tensor, sums: torch.Tensor) -> list[int]:
     """Each row's exact int64 sum, read in one transfer with its maximum (a non-finite maximum refused)."""
     read = torch.cat([best.unsqueeze(0), _exact_sums(sums)]).tolist()
-    _checked(read[0])
+    check_finite(read[0])
     return _joined(read[1], read[2])
 
 
@@ -352,7 +373,7 @@ def _kept_fixed(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         keep = torch.zeros_like(fixed, dtype=torch.bool).scatter_(1, order, ranks < counts)
         fixed = torch.where(keep, fixed, 0)
     else:
-        _checked(best.tolist())
+        check_finite(best.tolist())
     if params.min_p > 0.0:
         fixed = torch.where(w >= params.min_p, fixed, 0)
     return fixed
@@ -382,6 +403,20 @@ def kept_distribution(row: torch.Tensor, params: SamplingParams) -> tuple[torch.
     return ids_t, fixed[ids_t]
 
 
+# A backend may draw a top_k request's rows on its device from the same `TopWeights`
+# (elpis.exl3.sample_draw, registry switch exl3-sample-draw): the same steps on the same values, so the same
+# tokens. It answers None where the host should decide (an edge tied past the weights read, or more weights
+# than it takes).
+DeviceDraw = Callable[[TopWeights, SamplingParams, Sequence[int]], "list[int] | None"]
+_device_draw: DeviceDraw | None = None
+
+
+def use_device_draw(draw: DeviceDraw | None) -> None:
+    """Install (or, with None, remove) the device draw for rows on a CUDA device."""
+    global _device_draw
+    _device_draw = draw
+
+
 def sample_row(row: torch.Tensor, params: SamplingParams, position: int) -> int:
     """The target token for one logits row drawn for absolute `position` under `params`."""
     if row.dim() != 1:
@@ -398,6 +433,11 @@ def sample_rows(logits: torch.Tensor, params: SamplingParams, positions: Sequenc
         return greedy_tokens(logits)
     if not params.top_k:
         return _fixed_draws(_kept_fixed(logits, params), params, positions)
+    if _device_draw is not None and logits.is_cuda:
+        top = top_weights(logits, params, min(params.top_k, logits.shape[1]))
+        drawn = _device_draw(top, params, positions)
+        if drawn is not None:
+            return drawn
     lists = _kept_lists(logits, params)
     return [_draw(kept, params.seed, p) for kept, p in zip(lists, positions, strict=True)]
 

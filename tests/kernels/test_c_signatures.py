@@ -22,6 +22,7 @@ from elpis.exl3 import (
     round_plan,
     round_tail,
     rows_gemm,
+    sample_draw,
     tree_attention,
     verify_epilogue,
     verify_gate,
@@ -32,6 +33,7 @@ C_TYPES = {
     "int32_t": ctypes.c_int32,
     "uint64_t": ctypes.c_uint64,
     "float": ctypes.c_float,
+    "double": ctypes.c_double,
     "int": ctypes.c_int,
 }
 PROTOTYPE = re.compile(
@@ -71,6 +73,7 @@ BINDINGS = [
     *((draft_candidates.SOURCE, name, args) for name, args in draft_candidates.ENTRY_ARGS.items()),
     *((rows_gemm.SOURCE, name, args) for name, args in rows_gemm.ENTRY_ARGS.items()),
     *((rows_gemm.SOURCE, name, args) for name, (args, _) in rows_gemm.SIZE_ENTRIES.items()),
+    *((sample_draw.SOURCE, name, args) for name, args in sample_draw.ENTRY_ARGS.items()),
 ]
 
 

@@ -2,9 +2,11 @@
 random full-vocabulary logits (std 4) under Qwen's recommended settings, temperature alone, top_p alone and
 greedy; median of 30 calls after 5, in ms. "recommended-whole" is the recommended settings with the top_k head
 read from the whole vocabulary's weights (the path before session 53, still taken where the head's edge is not
-clear of the largest logits), in the same run. "recommended+presence" adds Qwen's `presence_penalty` 1.5:
-each call adjusts the rows (`elpis.spec.penalties.History`, a 1,000-token prompt and 200 generated tokens, the
-rows' paths those of a random 16-row tree) and then samples; "presence-adjust" times the adjustment alone.
+clear of the largest logits), in the same run; "recommended-device" draws them with registry patch
+exl3-sample-draw's kernel (elpis.exl3.sample_draw) from the same weights. "recommended+presence" adds Qwen's
+`presence_penalty` 1.5: each call adjusts the rows (`elpis.spec.penalties.History`, a 1,000-token prompt and
+200 generated tokens, the rows' paths those of a random 16-row tree) and then samples; "presence-adjust" times
+the adjustment alone.
 "topk_ms" times torch.topk alone on the float32 rows for the head's k (top_k 20 + TOP_PAD) and beside it.
 Prints one "SAMPLER {json}" line.
 With --against DIR (another revision's elpis/spec/sampling.py and penalties.py, e.g. from `git show
@@ -40,6 +42,7 @@ SETTINGS = {
     "top_p": SamplingParams(temperature=0.7, top_p=0.95, seed=3),
     "greedy": SamplingParams(),
     "recommended-whole": SamplingParams(**RECOMMENDED),
+    "recommended-device": SamplingParams(**RECOMMENDED),
     "recommended+presence": SamplingParams(**RECOMMENDED, presence_penalty=1.5),
     "presence-adjust": SamplingParams(**RECOMMENDED, presence_penalty=1.5),
 }
@@ -48,6 +51,14 @@ FROM_TOP = sampling._top_candidates
 
 def _whole_vocabulary(*args: object) -> None:
     return None
+
+
+def _device_draw() -> sampling.DeviceDraw:
+    """The draw of registry patch exl3-sample-draw (its kernel built now, outside the timed calls)."""
+    from elpis.exl3 import sample_draw
+
+    sample_draw._library()
+    return sample_draw.draw
 
 
 class Modules:
@@ -132,7 +143,7 @@ def against(directory: str, ours: Modules) -> dict[str, dict[str, dict[str, floa
         logits = torch.randn(rows, VOCAB, device="cuda") * 4
         positions = list(range(100, 100 + rows))
         for name, params in SETTINGS.items():
-            if name.endswith("-whole"):
+            if name.endswith(("-whole", "-device")):
                 continue
             our_call = ours.call(name, params, logits, positions)
             their_call = theirs.call(name, params, logits, positions)
@@ -157,7 +168,9 @@ def main() -> None:
         positions = list(range(100, 100 + rows))
         for name, params in SETTINGS.items():
             sampling._top_candidates = _whole_vocabulary if name.endswith("-whole") else FROM_TOP
+            sampling.use_device_draw(_device_draw() if name.endswith("-device") else None)
             out.setdefault(name, {})[str(rows)] = _median_ms(ours.call(name, params, logits, positions))
+            sampling.use_device_draw(None)
         for k in (20, 32, 20 + sampling.TOP_PAD, 64):
             topk.setdefault(str(k), {})[str(rows)] = _median_ms(partial(torch.topk, logits, k, dim=1))
     sampling._top_candidates = FROM_TOP
