@@ -13,9 +13,12 @@ With --grammar, two more arms hold the greedy and the sampled request to a JSON 
 every row masked on the host, rounds on the host), and a third holds the greedy one to a schema that opens
 only at `<tool_call>` (as tool_choice auto's grammar does), which a random model never writes: its rounds
 stay on the GPU (`elpis.spec.generate`).
+With --device-draw, one more arm is the sampled request with registry patch exl3-sample-draw's draw installed
+for its requests (`elpis.exl3.sample_draw`): its tokens must be the sampled arm's, and "device_draw_saves_ms"
+is what it saves a round.
 Usage (repo root):
   python3 elpis/bench/scripts/penalty_rounds.py MODEL DRAFT --out FILE.json [--contexts 1024,8192]
-      [--tokens 40] [--pairs 3] [--budget 16] [--grammar]
+      [--tokens 40] [--pairs 3] [--budget 16] [--grammar] [--device-draw]
 """
 
 from __future__ import annotations
@@ -52,9 +55,10 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
     after the warm-up rounds (the first step holds the prefill). An arm's "grammar" is a JSON schema over
     `vocabulary` (a grammar ends the request when complete, so it keeps the model's end of sequence)."""
     from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+    from elpis.spec import sampling as sampler
     from elpis.spec.grammar import Grammar
 
-    sampling = {k: v for k, v in arm.items() if k not in ("grammar", "opens_after")}
+    sampling = {k: v for k, v in arm.items() if k not in ("grammar", "opens_after", "device_draw")}
     grammar = None
     if "grammar" in arm:
         opens = tuple(arm["opens_after"]) if "opens_after" in arm else ()
@@ -64,10 +68,17 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
                                 sampling=SamplingParams(**sampling), ignore_eos=grammar is None,
                                 grammar=grammar)  # fmt: skip
     out: list[int] = []
-    stamps = [time.perf_counter()]
-    for step in gen.generate(request):
-        stamps.append(time.perf_counter())
-        out += step.token_ids
+    if arm.get("device_draw"):
+        from elpis.exl3 import sample_draw
+
+        sampler.use_device_draw(sample_draw.draw)
+    try:
+        stamps = [time.perf_counter()]
+        for step in gen.generate(request):
+            stamps.append(time.perf_counter())
+            out += step.token_ids
+    finally:
+        sampler.use_device_draw(None)
     seconds = [b - a for a, b in itertools.pairwise(stamps[1:])]
     return out, seconds[ab.WARMUP_ROUNDS:]
 
@@ -78,9 +89,13 @@ def main() -> None:
 
     parser = ab.arguments(__doc__.splitlines()[0])
     parser.add_argument("--grammar", action="store_true", help="also time requests held to a JSON schema")
+    parser.add_argument("--device-draw", action="store_true",
+                        help="also time the sampled request drawn by exl3-sample-draw's kernel")
     args = parser.parse_args()
     backend, decoder = ab.load_ab(args.model, args.draft)
     arms = {**ARMS, **(GRAMMAR_ARMS if args.grammar else {})}
+    if args.device_draw:
+        arms["sampled+device-draw"] = {**RECOMMENDED, "device_draw": True}
     vocabulary = None
     if args.grammar:
         from elpis.spec.grammar import GrammarTokenizer
@@ -105,6 +120,8 @@ def main() -> None:
                                        vocabulary)
                 if tokens.setdefault(name, out) != out:
                     raise SystemExit(f"context {ctx}, arm {name}: two requests gave different tokens")
+                if name == "sampled+device-draw" and "sampled" in tokens and tokens["sampled"] != out:
+                    raise SystemExit(f"context {ctx}: the device draw's tokens are not the host draw's")
                 if pair:
                     seconds[name] += times
         median = {n: statistics.median(s) * 1000 for n, s in seconds.items()}
@@ -118,6 +135,8 @@ def main() -> None:
                                     "sampled": median["sampled+json"] - median["sampled"],
                                     "greedy_closed": median["greedy+closed"] - median["greedy"]}}
                if args.grammar else {}),
+            **({"device_draw_saves_ms": median["sampled"] - median["sampled+device-draw"]}
+               if args.device_draw else {}),
             "rounds_on_the_gpu": backend.device_rounds is not None,
         }  # fmt: skip
         print("PENALTYAB " + json.dumps(doc), flush=True)
