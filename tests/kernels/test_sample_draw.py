@@ -11,7 +11,8 @@ import torch
 
 from elpis.spec import sampling
 from elpis.spec.sampling import SamplingParams, sample_rows
-from tests.kernels.test_sample_draw_emu import FILTERS, rows_of_every_kind
+from tests.kernels.test_sample_draw_emu import FILTERS
+from tests.spec.sampling_rows import rows_of_every_kind
 
 pytestmark = pytest.mark.gpu
 

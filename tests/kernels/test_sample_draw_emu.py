@@ -18,6 +18,7 @@ from elpis.exl3 import sample_draw, tensors
 from elpis.spec import sampling
 from elpis.spec.sampling import SamplingParams, sample_rows
 from tests.kernels import cuda_emu
+from tests.spec.sampling_rows import rows_of_every_kind
 
 
 @pytest.fixture(scope="module")
@@ -31,20 +32,6 @@ def on_cpu(lib: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> None:
     """The binding's own checks and call, on the emulated kernel."""
     monkeypatch.setattr(sample_draw, "_library", lambda: lib)
     monkeypatch.setattr(tensors, "KERNEL_DEVICE_TYPE", "cpu")
-
-
-def rows_of_every_kind(vocab: int, seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    logits = torch.randn(12, vocab, generator=generator) * 3
-    logits[1] = torch.randint(-3, 3, (vocab,), generator=generator).float()  # coarse: ties across any edge
-    logits[2] = torch.randint(-400, 400, (vocab,), generator=generator).float() / 40  # some ties near the top
-    logits[3] *= 0.001  # nearly flat
-    logits[4, 5:] = float("-inf")  # a grammar's mask: fewer tokens than top_k
-    logits[5, ::3] = float("-inf")
-    logits[6, :40] = logits[6].max() + 1  # forty equal maxima
-    logits[7] = logits[7].half().float()  # coarser values, as fp16 logits
-    logits[8] *= 12  # peaked: top_p keeps one or two
-    return logits
 
 
 def kernel_tokens(logits: torch.Tensor, params: SamplingParams, positions: list[int]) -> list[int] | None:

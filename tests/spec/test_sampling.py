@@ -19,6 +19,7 @@ from elpis.spec.sampling import (
     sample_rows,
     top_logprobs,
 )
+from tests.spec.sampling_rows import rows_of_every_kind
 
 
 def test_position_uniform_is_a_pure_function_of_seed_and_position() -> None:
@@ -223,26 +224,13 @@ def _whole_vocabulary_heads(logits: torch.Tensor, params: SamplingParams) -> lis
     return sampling._candidates(w, min(params.top_k, logits.shape[1]))
 
 
-def _rows_of_every_kind(vocab: int, seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    logits = torch.randn(12, vocab, generator=generator) * 3
-    logits[1] = torch.randint(-3, 3, (vocab,), generator=generator).float()  # coarse: ties across any edge
-    logits[2] = torch.randint(-400, 400, (vocab,), generator=generator).float() / 40  # some ties near the top
-    logits[3] *= 0.001  # nearly flat
-    logits[4, 5:] = float("-inf")  # a grammar's mask: fewer tokens than top_k
-    logits[5, ::3] = float("-inf")
-    logits[6, :40] = logits[6].max() + 1  # forty equal maxima
-    logits[7] = logits[7].half().float()  # coarser values, as fp16 logits
-    return logits
-
-
 @pytest.mark.parametrize("seed", range(4))
 def test_a_top_k_head_from_the_largest_logits_is_the_whole_vocabularys(seed: int, monkeypatch) -> None:
     """The head read from a row's top_k + TOP_PAD largest logits is exactly the one the whole vocabulary's
     weights give, on rows where its edge clears them or where all the row's weight is read (a grammar's
     mask); where it does not (ties across the edge), the whole vocabulary decides, and every draw is the same
     either way."""
-    logits = _rows_of_every_kind(9001, seed)
+    logits = rows_of_every_kind(9001, seed)
     fast_rows = 0
     for top_k in (1, 5, 20, 50):
         params = SamplingParams(temperature=0.7, top_k=top_k, top_p=0.8, seed=seed)
@@ -291,7 +279,7 @@ def test_sampling_on_cuda_is_batch_independent_and_filters_alike(monkeypatch) ->
         alone = [sample_rows(logits[r : r + 1].clone(), params, [positions[r]])[0] for r in range(16)]
         assert together == alone, params
     # a top_k head read from the largest logits on the GPU: the whole vocabulary's, as on the CPU
-    rows = _rows_of_every_kind(50000, 2).cuda()
+    rows = rows_of_every_kind(50000, 2).cuda()
     params = SamplingParams(temperature=0.7, top_k=20, top_p=0.8, seed=2)
     assert sampling._top_candidates(rows[:1], params, 20) is not None
     fast = sample_rows(rows, params, list(range(12)))
