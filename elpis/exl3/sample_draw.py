@@ -63,6 +63,8 @@ def draw(weights: sampling.TopWeights, params: SamplingParams, positions: Sequen
     rows, count = w.shape
     if len(positions) != rows:
         raise ValueError(f"sample draw: {rows} rows for {len(positions)} positions")
+    if min(positions, default=0) < 0:
+        raise ValueError(f"position must be >= 0, got {min(positions)}")  # as sampling.position_uniform
     if count > MAX_COUNT:
         return None  # a top_k past the kernel's rows: the host draws
     tensors.check_tensor("sample draw weights", w, torch.float64, (rows, count))

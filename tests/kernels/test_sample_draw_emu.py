@@ -100,6 +100,11 @@ def test_the_kernel_declines_what_the_host_decides_and_refuses_garbage() -> None
     bad[1, 17] = float("nan")
     with pytest.raises(ValueError, match="non-finite"):
         kernel_tokens(bad, SamplingParams(temperature=0.7, top_k=20), [0, 1])
+    good = bad[:1]
+    with pytest.raises(ValueError, match="position"):  # as the host refuses it
+        kernel_tokens(good, SamplingParams(temperature=0.7, top_k=20), [-1])
+    with pytest.raises(ValueError, match="position"):
+        sample_rows(good, SamplingParams(temperature=0.7, top_k=20), [-1])
 
 
 def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
