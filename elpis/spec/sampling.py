@@ -37,7 +37,6 @@ from fractions import Fraction
 import torch
 
 MASK64 = (1 << 64) - 1
-_MASK64 = MASK64
 MAX_TOP_LOGPROBS = 20
 
 
@@ -118,8 +117,8 @@ def _check_bias(pairs: object) -> None:
 
 def _mix64(x: int) -> int:
     """splitmix64's finaliser: a bijective avalanche on 64-bit integers."""
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & MASK64
     return x ^ (x >> 31)
 
 
@@ -127,8 +126,8 @@ def position_uniform(seed: int, position: int) -> float:
     """A uniform in [0, 1) keyed by (request seed, absolute token position); 53 random bits."""
     if position < 0:
         raise ValueError(f"position must be >= 0, got {position}")
-    key = _mix64((seed & _MASK64) ^ 0x9E3779B97F4A7C15)
-    bits = _mix64((key + (position & _MASK64) * 0xD1B54A32D192ED03) & _MASK64)
+    key = _mix64((seed & MASK64) ^ 0x9E3779B97F4A7C15)
+    bits = _mix64((key + (position & MASK64) * 0xD1B54A32D192ED03) & MASK64)
     return (bits >> 11) * (1.0 / (1 << 53))
 
 
