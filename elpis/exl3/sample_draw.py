@@ -85,7 +85,7 @@ def draw(weights: sampling.TopWeights, params: SamplingParams, positions: Sequen
         raise RuntimeError(f"sample draw kernel: launch failed (error {err})")
     tokens = out.tolist()
     if NOT_FINITE in tokens:
-        sampling.check_finite([float(b) for b in best.tolist()])
+        sampling.check_finite(best.tolist())
     if EDGE_UNCLEAR in tokens:
         return None
     if any(t < 0 for t in tokens):

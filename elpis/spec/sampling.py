@@ -257,12 +257,14 @@ def top_weights(logits: torch.Tensor, params: SamplingParams, width: int) -> Top
     return TopWeights(best.squeeze(1), _row_exp(scaled - best), top.indices, vocab)
 
 
-def _top_candidates(logits: torch.Tensor, params: SamplingParams,
-                    width: int) -> list[list[tuple[float, int]]] | None:
-    """`_candidates` of the rows' weights, read from each row's width + TOP_PAD largest logits in one
-    transfer; None when some row's edge does not clear the smallest of those weights and that weight is not 0
-    (see TOP_PAD). A non-finite row maximum is refused as in `_weights`."""
-    top = top_weights(logits, params, width)
+def _top_candidates(logits: torch.Tensor, params: SamplingParams, width: int,
+                    top: TopWeights | None = None) -> list[list[tuple[float, int]]] | None:
+    """`_candidates` of the rows' weights, read from each row's width + TOP_PAD largest logits (`top`, when
+    the caller has them already) in one transfer; None when some row's edge does not clear the smallest of
+    those weights and that weight is not 0 (see TOP_PAD). A non-finite row maximum is refused as in
+    `_weights`."""
+    if top is None:
+        top = top_weights(logits, params, width)
     vocab, count = top.vocab, top.w.shape[1]
     # -w and the ids (exact in float64) read back as (-w, id) tuples, whose plain ascending sort is the order
     # wanted (most likely first, ties by lowest id) without a key function: the sort is most of a call's time.
@@ -283,7 +285,7 @@ def _top_candidates(logits: torch.Tensor, params: SamplingParams,
 def _nucleus(ranked: list[tuple[float, int]], top_p: Fraction) -> list[tuple[float, int]] | None:
     """The smallest prefix of `ranked` whose fixed-point weights reach top_p of all of theirs (exact), or
     None when all of `ranked` does not."""
-    fixed = [math.floor(weight * _FIXED_SCALE) for weight, _ in ranked]  # `_fixed`, inlined
+    fixed = [_fixed(weight) for weight, _ in ranked]
     # an integer total reaches top_p * mass exactly when it reaches its ceiling: one rational product a row
     reach = math.ceil(top_p * sum(fixed))
     total = 0
@@ -294,10 +296,12 @@ def _nucleus(ranked: list[tuple[float, int]], top_p: Fraction) -> list[tuple[flo
     return None
 
 
-def _heads(logits: torch.Tensor, params: SamplingParams) -> list[list[tuple[float, int]]]:
-    """Each row's tokens after top_k and top_p, as ranked (w, id): top_k's head, then top_p over it."""
+def _heads(logits: torch.Tensor, params: SamplingParams,
+           top: TopWeights | None = None) -> list[list[tuple[float, int]]]:
+    """Each row's tokens after top_k and top_p, as ranked (w, id): top_k's head, then top_p over it (`top`:
+    the rows' top weights, when the caller has them already)."""
     width = min(params.top_k, logits.shape[1])
-    candidates = _top_candidates(logits, params, width)
+    candidates = _top_candidates(logits, params, width, top)
     if candidates is None:  # some row's edge is not clear of its largest logits: every weight decides
         w, best = _weights(logits, params)
         check_finite(best.tolist())
@@ -338,12 +342,12 @@ def _draw(kept: list[tuple[int, int]], seed: int, position: int) -> int:
     raise AssertionError("a draw below the total passed every token")
 
 
-def _kept_lists(logits: torch.Tensor, params: SamplingParams) -> list[list[tuple[int, int]]]:
+def _kept_lists(logits: torch.Tensor, params: SamplingParams,
+                top: TopWeights | None = None) -> list[list[tuple[int, int]]]:
     """Per row, the kept (id, fixed-point weight) in id order under a top_k filter (top_p and min_p within
-    its head): a few dozen tokens, drawn from on the host."""
-    heads = _heads(logits, params)
-    scale, min_p = _FIXED_SCALE, params.min_p  # `_fixed` inlined: this runs for every kept token of a call
-    return [sorted([(token, math.floor(x * scale)) for x, token in head if x >= min_p]) for head in heads]
+    its head): a few dozen tokens, drawn from on the host (`top` as in `_heads`)."""
+    heads = _heads(logits, params, top)
+    return [sorted((token, _fixed(x)) for x, token in head if x >= params.min_p) for head in heads]
 
 
 def _read_sums(best: torch.Tensor, sums: torch.Tensor) -> list[int]:
@@ -432,12 +436,13 @@ def sample_rows(logits: torch.Tensor, params: SamplingParams, positions: Sequenc
         return greedy_tokens(logits)
     if not params.top_k:
         return _fixed_draws(_kept_fixed(logits, params), params, positions)
+    top = None
     if _device_draw is not None and logits.is_cuda:
         top = top_weights(logits, params, min(params.top_k, logits.shape[1]))
         drawn = _device_draw(top, params, positions)
         if drawn is not None:
             return drawn
-    lists = _kept_lists(logits, params)
+    lists = _kept_lists(logits, params, top)  # a declined device draw's weights are the host's too
     return [_draw(kept, params.seed, p) for kept, p in zip(lists, positions, strict=True)]
 
 

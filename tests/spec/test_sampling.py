@@ -324,3 +324,15 @@ def test_a_verifys_rows_are_read_back_together(monkeypatch) -> None:
         sample_rows(logits, params, list(range(16)))
         # as many as one row needs, not their sum
         assert reads["n"] == max(alone) <= 12, (params, alone, reads["n"])
+
+
+def test_a_declined_device_draws_weights_serve_the_host_path() -> None:
+    """`sample_rows` hands the top weights it computed for a device draw that declined to the host's path: the
+    host's heads from them are the ones it computes itself, declined rows (ties past the edge) included."""
+    logits = rows_of_every_kind(9001, 4)
+    for params in (SamplingParams(temperature=0.7, top_k=20, top_p=0.8, seed=1),
+                   SamplingParams(temperature=1.3, top_k=5, min_p=0.05, seed=2)):  # fmt: skip
+        for r in range(logits.shape[0]):
+            rows = logits[r : r + 1]
+            top = sampling.top_weights(rows, params, min(params.top_k, rows.shape[1]))
+            assert sampling._kept_lists(rows, params, top) == sampling._kept_lists(rows, params), (params, r)

@@ -86,19 +86,6 @@ class Modules:
         return lambda: self.sampling.sample_rows(history.adjusted(logits, paths), theirs, positions)
 
 
-def _median_ms(call: Callable[[], object]) -> float:
-    for _ in range(5):
-        call()
-    times = []
-    for _ in range(30):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        call()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1000)
-    return round(statistics.median(times), 3)
-
-
 def _module(path: Path, name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -121,6 +108,11 @@ def _alternating_ms(calls: dict[str, Callable[[], object]]) -> dict[str, float]:
             if round_ >= 5:
                 times[name].append((time.perf_counter() - start) * 1000)
     return {name: round(statistics.median(values), 3) for name, values in times.items()}
+
+
+def _median_ms(call: Callable[[], object]) -> float:
+    """`_alternating_ms` of one call."""
+    return _alternating_ms({"call": call})["call"]
 
 
 def _same(a: object, b: object) -> bool:
