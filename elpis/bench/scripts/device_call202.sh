@@ -7,9 +7,7 @@
 LIMIT=${LIMIT:-400}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-build_and_small_synth
-export ELPIS_SMALL_DIR=/tmp/small
-unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH ELPIS_PATCH_DRAFT_CANDIDATES
+small_model_only
 gpu_pytest "device rounds after the review mend" 200 tests/exl3/test_device_round.py
 start_full_synth
 finish_full_synth

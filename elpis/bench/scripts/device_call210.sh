@@ -7,9 +7,7 @@
 LIMIT=${LIMIT:-400}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-build_and_small_synth
-export ELPIS_SMALL_DIR=/tmp/small
-unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH ELPIS_PATCH_DRAFT_CANDIDATES
+small_model_only
 # As staged, one pytest of "grammar or give_plain_decodings" on a fresh machine printed nothing in its 98 s
 # (call 210); chained on the warm machine (call 211) the grammar test alone passed in 45 s, the other three in 16.
 gpu_pytest "grammar on the GPU" 150 tests/exl3/test_device_round.py -k grammar

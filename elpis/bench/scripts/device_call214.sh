@@ -12,11 +12,7 @@
 LIMIT=${LIMIT:-560}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-start_build_and_full_synth
-timeout -k 2 60 python3 -m elpis.cli synth --small /tmp/small 2>&1 | tail -1 | tee -a "$OUT/log"
-join_build
-export ELPIS_SMALL_DIR=/tmp/small
-unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH ELPIS_PATCH_DRAFT_CANDIDATES
+defaults_on_small_model
 gpu_pytest "penalised rounds and CUDA sampling" 150 tests/exl3/test_device_round.py tests/spec/test_sampling.py \
   -k "penalised or sampling_on_cuda"
 finish_full_synth

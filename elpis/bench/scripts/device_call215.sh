@@ -6,9 +6,7 @@
 LIMIT=${LIMIT:-520}
 T0=$(date +%s)
 source elpis/bench/scripts/device_common.sh
-build_and_small_synth
-export ELPIS_SMALL_DIR=/tmp/small
-unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH ELPIS_PATCH_DRAFT_CANDIDATES
+small_model_only
 gpu_pytest "tests/exl3 (24 GiB test left out)" 280 tests/exl3 -k "not 24gib"
 gpu_pytest "tests/spec and tests/accept" 60 tests/spec tests/accept
 gpu_pytest "tests/kernels" $(( $(left) - 5 )) tests/kernels

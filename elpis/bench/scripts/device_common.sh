@@ -97,13 +97,23 @@ start_build_and_synths() {
   start_build_and_full_synth
   timeout -k 2 60 python3 -m elpis.cli synth --small /tmp/small 2>&1 | tail -1 | tee -a "$OUT/log"
 }
-# defaults_on_small_model: the build and both synths started, the build joined, the small model set for the GPU
-# tests, and every patch switch left to the registry's defaults (the full-size synthesis still running).
+# small_model_defaults: the small model set for the GPU tests, and every patch switch left to the registry's
+# defaults.
+small_model_defaults() {
+  export ELPIS_SMALL_DIR=/tmp/small
+  unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH ELPIS_PATCH_DRAFT_CANDIDATES
+}
+# defaults_on_small_model: the build and both synths started, the build joined, then small_model_defaults (the
+# full-size synthesis still running).
 defaults_on_small_model() {
   start_build_and_synths
   join_build
-  export ELPIS_SMALL_DIR=/tmp/small
-  unset ELPIS_PATCH_DEVICE_ROUNDS ELPIS_PATCH_EMBED_GATHER ELPIS_PATCH_ROUND_GRAPH ELPIS_PATCH_DRAFT_CANDIDATES
+  small_model_defaults
+}
+# small_model_only: build_and_small_synth, then small_model_defaults (no full-size synthesis).
+small_model_only() {
+  build_and_small_synth
+  small_model_defaults
 }
 # systems_bench STEM TAIL TITLE [SYSTEMS]: `elpis bench engine` of SYSTEMS (default stock, elpis chain-8, tree-8 and
 # tree-16) on /tmp/full at 1K and 8K, rounds and plain decode, ending TAIL s before the call's limit;
