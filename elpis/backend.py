@@ -21,9 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from elpis.spec.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -91,13 +94,19 @@ class Drafter(Protocol):
         ...
 
 
+# A sampled round on the device that could not draw one of its rows there (the row's top_k head ties past the
+# logits the device reads, or a row's maximum is not finite): nothing is committed, and the host decides the
+# position (`DeviceRounds.settle`, then a host round), as it draws such a row from the whole vocabulary.
+UNDRAWN = "undrawn"
+
+
 @dataclass(frozen=True)
 class DeviceRound:
-    """One greedy round decided on the backend's device (`DeviceRounds.round`): the tree's rows, the target
-    tokens it committed (their count is the acceptor's; empty when `fault` names why nothing was committed,
-    and the same round is then verified again), whether the acceptor ended the request (a stop token or
-    max_tokens), and the faults its result met on the way back that were detected and recovered (the result
-    fetched again: it is the same round's)."""
+    """One round decided on the backend's device (`DeviceRounds.round`): the tree's rows, the target tokens it
+    committed (their count is the acceptor's; empty when `fault` names why nothing was committed, and the
+    same round is then verified again, or with `UNDRAWN` decided by the host), whether the acceptor ended the
+    request (a stop token or max_tokens), and the faults its result met on the way back that were detected
+    and recovered (the result fetched again: it is the same round's)."""
 
     tree_rows: int
     tokens: tuple[int, ...]
@@ -108,23 +117,35 @@ class DeviceRound:
 
 @runtime_checkable
 class DeviceRounds(Protocol):
-    """Greedy speculative rounds whose tree, acceptance and commit run on the backend's device, with one host
-    read-back per round (elpis.exl3.device_round). The generator uses it for greedy requests without
-    logprobs when the backend has one, and for a grammar's requests until the grammar opens: their rounds
-    end at the awaited opening token as at a stop, and host rounds (or device rounds started again) go on
-    from there."""
+    """Speculative rounds whose tree, acceptance and commit run on the backend's device, with one host
+    read-back per round (elpis.exl3.device_round). The generator uses it, when the backend has one, for
+    requests without logprobs or logit adjustments that are greedy or whose draw it `draws`, and for a
+    grammar's requests until the grammar opens: their rounds end at the awaited opening token as at a stop,
+    and host rounds (or device rounds started again) go on from there."""
 
     def serves(self) -> bool:
         """Whether the backend's current mode runs its speculative rounds here (a backend switched to chain
         verifies, as the bench's chain system does on a tree load, runs them on the host)."""
         ...
 
+    def draws(self, sampling: SamplingParams) -> bool:
+        """Whether rounds here draw a sampled request's targets under `sampling` (the host's tokens, row by
+        row); greedy requests need no draw."""
+        ...
+
     def start(self, *, context: Sequence[int], remaining: int, tree_budget: int, stops: Sequence[int],
-              top_k: int) -> None:
+              top_k: int, sampling: SamplingParams | None = None) -> None:
         """Take over the backend's begun sequence, whose tokens so far are `context` (the prompt, then every
         committed token; its last is the anchor the next round starts from): `remaining` tokens to generate at
-        most, a round ending at the first of `stops` it commits. A sequence may be taken over again after host
-        rounds or after rounds here that ended at a stop."""
+        most, a round ending at the first of `stops` it commits, each row's target drawn under `sampling`
+        (None or greedy: the argmax). A sequence may be taken over again after host rounds or after rounds
+        here that ended at a stop."""
+        ...
+
+    def settle(self) -> DeviceRound | None:
+        """Read the rounds still in flight without queuing more (after an `UNDRAWN` round, before the host
+        decides its position): the one that committed, or None when none did (the host is then where the
+        undrawn round was)."""
         ...
 
     def drain(self) -> None:

@@ -62,12 +62,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from elpis.accept import abi
-from elpis.backend import BackendError, DeviceRound
-from elpis.exl3 import round_check, round_graph, round_plan, round_tail, verify_epilogue
+from elpis.backend import UNDRAWN, BackendError, DeviceRound
+from elpis.exl3 import round_check, round_graph, round_plan, round_tail, sample_draw, verify_epilogue
 from elpis.exl3.draft_graph import block_pages
 from elpis.exl3.tree_graph import verify_pages
+from elpis.spec import sampling
 from elpis.spec.faults import DROPPED, REPEATED, STALE
 from elpis.spec.run_choice import RunChoice
+from elpis.spec.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from elpis.exl3.backend import Exl3Backend
@@ -207,9 +209,12 @@ class DeviceRounds:
     """Rounds on the GPU for the active sequence of one tree-mode backend with captured verifies, captured
     draft blocks and the embedding gather (each required: without them the host must see the tree)."""
 
-    def __init__(self, backend: Exl3Backend, *, round_graphs: bool | None = None) -> None:
+    def __init__(
+        self, backend: Exl3Backend, *, round_graphs: bool | None = None, sampled: bool | None = None
+    ) -> None:
         """`round_graphs`: each round key's rounds as one composed graph launch (`elpis.exl3.round_graph`);
-        None: the registry switch exl3-round-graph."""
+        None: the registry switch exl3-round-graph. `sampled`: sampled top_k requests' rounds here too, their
+        targets drawn on the GPU (`elpis.exl3.sample_draw`); None: the registry switch exl3-sample-draw."""
         graphs, drafter = backend.graphs, backend.drafter
         if not backend.tree or graphs is None or graphs.table is None:
             raise BackendError(
@@ -245,12 +250,15 @@ class DeviceRounds:
         self.drafts = drafter.graphs
         self.block_candidates = drafter.candidates  # the host's drafter's: the same trees either way
         self._buffers(backend.engine.device, backend.tree_run(), pin_memory=True)
-        if round_graphs is None:
-            from elpis.exl3 import patches
+        from elpis.exl3 import patches
 
+        if round_graphs is None:
             round_graphs = patches.enabled(round_graph.PATCH)
         if round_graphs:
             self.round_graphs = round_graph.RoundGraphs(round_graph.CudaComposer(backend.engine.device))
+        self.sampled = patches.enabled(sample_draw.PATCH) if sampled is None else sampled
+        if self.sampled:
+            sample_draw.load()
 
     def _buffers(self, dev: torch.device | str, run: int, *, pin_memory: bool) -> None:
         """The state block, cells, record slots and conditioning inputs on `dev` (host slots pinned on a GPU
@@ -281,6 +289,12 @@ class DeviceRounds:
         # (Python and launches, issue 9's host time per round)
         self.wait_seconds = 0.0
         self.round_graphs: round_graph.RoundGraphs | None = None  # composed rounds (`elpis.exl3.round_graph`)
+        # a sampled request's draw: its parameters (`sample_draw.param_words`) and inverse temperature in
+        # device memory, written at `start`, which the captured draws read when they run
+        self.sampled = False  # whether sampled requests' rounds run here (`draws`)
+        self.sampling: SamplingParams | None = None  # the request's, None for a greedy one
+        self.draw_params = torch.zeros((sample_draw.PARAM_WORDS,), dtype=torch.int64, device=dev)
+        self.inverse_temperature = torch.zeros((1,), dtype=torch.float64, device=dev)
 
     @property
     def choice(self) -> RunChoice | None:
@@ -305,12 +319,23 @@ class DeviceRounds:
         the host."""
         return bool(self.backend.tree)
 
+    def draws(self, params: SamplingParams) -> bool:
+        """Whether a sampled request's rows are drawn here: with sampled rounds on, a top_k draw the kernel
+        takes (`sample_draw.row_count`) of raw logits (no penalty or bias adjusts them)."""
+        vocab = self.backend.info.vocab_size
+        return self.sampled and not params.adjusts_logits and sample_draw.row_count(params, vocab) > 0
+
     def start(self, *, context: Sequence[int], remaining: int, tree_budget: int, stops: Sequence[int],
-              top_k: int) -> None:
+              top_k: int, sampling: SamplingParams | None = None) -> None:
         """Take over the backend's active sequence (begun, nothing pending) for rounds on the GPU: right after
         its prompt, or again after host rounds or rounds here that ended at a stop. `context` is its tokens;
-        the last is the anchor (the backend holds the others)."""
+        the last is the anchor (the backend holds the others). `sampling`: a sampled request's parameters,
+        which `draws` must take (None or greedy: the rows' argmax)."""
         self.drain()
+        if sampling is not None and sampling.greedy:
+            sampling = None
+        if sampling is not None and not self.draws(sampling):
+            raise ValueError("rounds on the GPU do not draw this request's rows (DeviceRounds.draws)")
         b = self.backend
         if not b.active or b.pending is not None:
             raise BackendError("rounds on the GPU start on a begun sequence with no pending verify")
@@ -339,6 +364,10 @@ class DeviceRounds:
             tree_budget=tree_budget, stops=stops, epoch=self.epoch,
         )  # fmt: skip
         self.state.copy_(torch.from_numpy(words))  # from pageable memory: synchronous, once per request
+        self.sampling = sampling
+        if sampling is not None:
+            self.draw_params.copy_(torch.tensor(sample_draw.param_words(sampling), dtype=torch.int64))
+            self.inverse_temperature.fill_(sampling.inverse_temperature)  # a float64 holds it exactly
         self.settled = b.position()
 
     def drain(self) -> None:
@@ -363,11 +392,30 @@ class DeviceRounds:
         if ahead is not None:
             self._queue(ahead, run)
             self.queued_ahead += 1
-        result = self._read(self.queued.popleft())
+        return self._outcome(self._read(self.queued.popleft()))
+
+    def settle(self) -> DeviceRound | None:
+        """Read the rounds in flight without queuing more: the one that committed, or None. After an undrawn
+        round one more is in flight at most (IN_FLIGHT), queued from the same state, so it verified the same
+        position: it commits only where the undrawn one met a fault of its own."""
+        committed = None
+        while self.queued:
+            done = self._outcome(self._read(self.queued.popleft()))
+            if done.fault is None:
+                if committed is not None:
+                    raise BackendError("two rounds in flight both committed after an undrawn round")
+                committed = done
+        return committed
+
+    def _outcome(self, result: DeviceRoundResult) -> DeviceRound:
+        """A round read back, as the generator takes it: what it committed, or the fault that discarded it (a
+        sampled request's row the GPU did not draw: `UNDRAWN`, which the host decides)."""
         tail = result.tail
         if tail.status == round_tail.STATUS_SLOT_OUTSIDE_PAGES:
             raise BackendError("the round on the GPU committed to a K/V slot outside the sequence's pages")
         fault = None if tail.status == 0 else FAULTS.get(tail.status)
+        if tail.status == round_tail.STATUS_NON_FINITE and self.sampling is not None:
+            fault = UNDRAWN  # a drawn target < 0: the kernel's answer for a row it leaves to the host
         if tail.status != 0 and fault is None:
             raise BackendError(f"the acceptor on the GPU refused the round's cells (code {tail.status})")
         return DeviceRound(result.plan.rows, tail.tokens, tail.ends, fault, result.recovered)
@@ -489,7 +537,7 @@ class DeviceRounds:
         b = self.backend
         assert b.graphs is not None and c.out is not None and c.page_count is not None
         out = c.out[0, : c.ids.shape[0], : b.info.vocab_size]
-        ids, bad = self._targets(out)
+        ids, bad = self._targets(out, c.position_ids.view(-1))
         moves, commit_plan = b.graphs.commit_inputs(c)
         outputs = (self.records[slot][round_plan.RECORD_WORDS :], moves, commit_plan, self.cond_index,
                    self.cond_kvp)  # fmt: skip
@@ -515,7 +563,11 @@ class DeviceRounds:
         by the graph, so their identities stay unique while it lives). Not the page count: the tail reads it
         from device memory."""
         dc, cond = keys
-        return (id(c), id(dc), id(cond), slot, self.top_k)
+        return (id(c), id(dc), id(cond), slot, self.top_k, self._draw_top_k())
+
+    def _draw_top_k(self) -> int:
+        """The top_k a sampled request's captured draw bakes in (its shapes), 0 for a greedy request."""
+        return 0 if self.sampling is None else self.sampling.top_k
 
     def _compose(self, c: Captured, keys: tuple[DraftCaptured, ConditionCaptured], slot: int) -> None:
         """Compose the round key's graph from the pieces `_queue_pieces` ran (each captured by now)."""
@@ -577,10 +629,19 @@ class DeviceRounds:
         """The draft block's candidates as `DFlash2Drafter.propose` packs them, for every block row."""
         return self.block_candidates(chain, logits, self.top_k).contiguous()
 
-    def _targets(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every verified row's greedy target (`sampling.greedy_ids`, int64 [run]) and row check (int32 [run]:
-        1 for a row holding NaN or +inf, `check_rows`' test), in two launches (`verify_epilogue.row_results`)
-        into buffers the next round reuses in stream order, after this round's tail has read them. The host's
-        digest check has no counterpart: the logits never leave the device."""
+    def _targets(self, out: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every verified row's target (int64 [run]) and row check (int32 [run]: 1 for a row holding NaN or
+        +inf, `check_rows`' test), into buffers the next round reuses in stream order, after this round's tail
+        has read them. The checks and greedy targets (`sampling.greedy_ids`) are two launches
+        (`verify_epilogue.row_results`). A sampled request's targets are then drawn over them: the weights
+        `sampling.top_weights` computes, under the request's inverse temperature read from device memory,
+        and the kernel's draw (`sample_draw`) for each row's position (its position id, `positions`, plus
+        one: the token the row draws follows it), the host's tokens; a row it leaves to the host gets a
+        target < 0, which the tail refuses (`UNDRAWN`). The host's digest check has no counterpart: the
+        logits never leave the device."""
         verify_epilogue.row_results(out, self.ids, self.bad)
+        params = self.sampling
+        if params is not None:
+            top = sampling.top_weights(out, params, min(params.top_k, out.shape[1]), self.inverse_temperature)
+            sample_draw.queue(top, params.top_k, self.draw_params, positions.to(torch.int64), 1, self.ids)
         return self.ids, self.bad

@@ -16,6 +16,7 @@ on the current stream; `bind` sets the entries' types on any build (the GPU's, o
 from __future__ import annotations
 
 import ctypes
+import struct
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -30,11 +31,13 @@ from elpis.spec.sampling import SamplingParams
 PATCH = "exl3-sample-draw"
 SOURCE = PATCHES_DIR / "kernels" / "sample_draw.cu"
 MAX_COUNT = 256  # the kernel's per-thread arrays: the weights of a row it takes at most
-EDGE_UNCLEAR, NOT_FINITE = -1, -2  # the kernel's answers for a row it does not draw
+# the kernel's answers for a row it does not draw
+EDGE_UNCLEAR, NOT_FINITE, PARAMS_REFUSED = -1, -2, -4
+PARAM_WORDS = 3  # the parameters block: the seed, then top_p's and min_p's float64 bits
 
-_VP, _U32, _U64, _F64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_double
+_VP, _U32, _I64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int64
 ENTRY_ARGS: dict[str, tuple[type, ...]] = {
-    "elpis_sample_draw": (_VP, _VP, _VP, _U32, _U32, _U32, _U32, _U32, _F64, _F64, _U64, _VP, _VP, _VP),
+    "elpis_sample_draw": (_VP, _VP, _VP, _U32, _U32, _U32, _U32, _U32, _VP, _VP, _I64, _VP, _VP),
     "elpis_sample_draw_max_count": (),
 }
 RESTYPES = {"elpis_sample_draw_max_count": _U32}
@@ -54,12 +57,68 @@ def _library() -> ctypes.CDLL:
     return bind(nvcc.load(SOURCE))
 
 
+def load() -> None:
+    """Build (or find built) and bind the kernel now, so its build, or its failure, meets the caller at load
+    rather than inside a request."""
+    _library()
+
+
+def _signed(bits: int) -> int:
+    return bits - (1 << 64) if bits >= 1 << 63 else bits
+
+
+def param_words(params: SamplingParams) -> list[int]:
+    """The parameters block's int64 words for `params`: the seed (64 bits), top_p's and min_p's float64
+    bits."""
+    (top_p,), (min_p,) = struct.unpack("<q", struct.pack("<d", params.top_p)), \
+        struct.unpack("<q", struct.pack("<d", params.min_p))  # fmt: skip
+    return [_signed(params.seed & sampling.MASK64), top_p, min_p]
+
+
+def row_count(params: SamplingParams, vocab: int) -> int:
+    """How many of a row's largest logits the draw reads (`sampling.top_weights`), or 0 where the kernel does
+    not draw `params` (greedy, no top_k, or more weights than it takes): those stay the host's."""
+    if params.greedy or not params.top_k:
+        return 0
+    count = min(vocab, min(params.top_k, vocab) + sampling.TOP_PAD)
+    return count if count <= MAX_COUNT else 0
+
+
+def queue(
+    weights: sampling.TopWeights, top_k: int, params: torch.Tensor, positions: torch.Tensor, offset: int,
+    out: torch.Tensor,
+) -> None:
+    """Queue the draws of every row into `out` (int64 [rows]: a token or one of the kernel's answers) in
+    stream order, nothing read back: `params` int64 [PARAM_WORDS] (`param_words`) and `positions` (int64
+    [rows], each row drawing for positions[r] + offset) are read from device memory when it runs, so a
+    captured graph serves any request of its top_k."""
+    best, w, ids = weights.best, weights.w, weights.ids
+    rows, count = w.shape
+    if not 1 <= count <= MAX_COUNT:
+        raise ValueError(f"sample draw: {count} weights a row, the kernel takes 1..{MAX_COUNT}")
+    tensors.check_tensor("sample draw weights", w, torch.float64, (rows, count))
+    tensors.check_tensor("sample draw ids", ids, torch.int64, (rows, count))
+    tensors.check_tensor("sample draw maxima", best, torch.float64, (rows,))
+    tensors.check_tensor("sample draw parameters", params, torch.int64, (PARAM_WORDS,))
+    tensors.check_tensor("sample draw positions", positions, torch.int64, (rows,))
+    tensors.check_tensor("sample draw tokens", out, torch.int64, (rows,))
+    tensors.check_one_device("sample draw", (best, w, ids, params, positions, out))
+    device = w.device
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    err = _library().elpis_sample_draw(
+        w.data_ptr(), ids.data_ptr(), best.data_ptr(), rows, count, weights.vocab, min(top_k, weights.vocab),
+        top_k, params.data_ptr(), positions.data_ptr(), offset, out.data_ptr(), stream,
+    )  # fmt: skip
+    if err != 0:
+        raise RuntimeError(f"sample draw kernel: launch failed (error {err})")
+
+
 def draw(weights: sampling.TopWeights, params: SamplingParams, positions: Sequence[int]) -> list[int] | None:
     """Every row's token from its top weights (`sampling.top_weights`), in one launch and one read-back;
     None where the host should decide: some row's head edge is not clear of the weights read (the host draws
     from the whole vocabulary), or a row holds more weights than the kernel takes. A row whose maximum is not
     finite is refused with ValueError, as the host refuses it."""
-    best, w, ids = weights.best.contiguous(), weights.w.contiguous(), weights.ids.contiguous()
+    best, w = weights.best, weights.w
     rows, count = w.shape
     if len(positions) != rows:
         raise ValueError(f"sample draw: {rows} rows for {len(positions)} positions")
@@ -67,33 +126,22 @@ def draw(weights: sampling.TopWeights, params: SamplingParams, positions: Sequen
         raise ValueError(f"position must be >= 0, got {min(positions)}")  # as sampling.position_uniform
     if count > MAX_COUNT:
         return None  # a top_k past the kernel's rows: the host draws
-    tensors.check_tensor("sample draw weights", w, torch.float64, (rows, count))
-    tensors.check_tensor("sample draw ids", ids, torch.int64, (rows, count))
-    tensors.check_tensor("sample draw maxima", best, torch.float64, (rows,))
-    tensors.check_one_device("sample draw", (best, w, ids))
     device = w.device
-    pos = torch.tensor(list(positions), dtype=torch.int64).to(device)
+    # the parameters and the positions in one copy
+    block = torch.tensor([*param_words(params), *positions], dtype=torch.int64).to(device)
     out = torch.empty(rows, dtype=torch.int64, device=device)
-    width = min(params.top_k, weights.vocab)
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-    err = _library().elpis_sample_draw(
-        w.data_ptr(), ids.data_ptr(), best.data_ptr(), rows, count, weights.vocab, width, params.top_k,
-        float(params.top_p), float(params.min_p), params.seed & sampling.MASK64, pos.data_ptr(),
-        out.data_ptr(), stream,
-    )  # fmt: skip
-    if err != 0:
-        raise RuntimeError(f"sample draw kernel: launch failed (error {err})")
+    queue(weights, params.top_k, block[:PARAM_WORDS], block[PARAM_WORDS:], 0, out)
     tokens = out.tolist()
     if NOT_FINITE in tokens:
         sampling.check_finite(best.tolist())
     if EDGE_UNCLEAR in tokens:
         return None
     if any(t < 0 for t in tokens):
-        raise AssertionError(f"sample draw kernel: no token passed a row's draw target ({tokens})")
+        raise AssertionError(f"sample draw kernel: a row was not drawn ({tokens})")
     return tokens
 
 
 def install() -> None:
     """The registry patch's entry: top_k draws of rows on a CUDA device go through the kernel."""
-    _library()  # built (or its failure reported) now, at load, not inside the first request
+    load()  # built (or its failure reported) now, at load, not inside the first request
     sampling.use_device_draw(draw)

@@ -28,7 +28,7 @@ import torch
 
 from elpis import accept
 from elpis.accept.abi import BUDGET_MAX
-from elpis.backend import Backend, BackendError, DeviceRounds, Drafter
+from elpis.backend import UNDRAWN, Backend, BackendError, DeviceRounds, Drafter
 from elpis.spec.detok import Decoder, IncrementalDetokenizer
 from elpis.spec.grammar import Constraint
 from elpis.spec.integrity import RoundFault, RoundId, RoundLink, RoundTracker
@@ -243,23 +243,37 @@ class SpeculativeGenerator:
 
     def _round_source(self, request: GenerationRequest, stops: tuple[int, ...], context: list[int],
                       stats: GenerationStats) -> Callable[[int, int], _Committed]:
-        """How each round is run: on the backend's device for a greedy request without logprobs or logit
-        adjustments when the backend has rounds there (`elpis.backend.DeviceRounds`) and a drafter is set,
-        else on the host. A grammar's request runs there too while its grammar is closed: each round ends
-        at the opening token the grammar awaits, as at a stop, and the rounds after the last one are the
-        host's, which mask their rows."""
+        """How each round is run: on the backend's device for a request without logprobs or logit adjustments,
+        greedy or with a draw the device takes (`DeviceRounds.draws`), when the backend has rounds there
+        (`elpis.backend.DeviceRounds`) and a drafter is set, else on the host. A round the device could not
+        draw (`UNDRAWN`) is the host's, and the device's rounds start again after it. A grammar's request
+        runs there too while its grammar is closed: each round ends at the opening token the grammar awaits,
+        as at a stop, and the rounds after the last one are the host's, which mask their rows."""
         device = getattr(self.backend, "device_rounds", None)
-        on_device = (device is not None and self.drafter is not None and request.sampling.greedy
-                     and not request.sampling.adjusts_logits and request.top_logprobs is None
-                     and device.serves())
-        if on_device and request.grammar is None:
-            device.start(context=context, remaining=request.max_tokens, tree_budget=self.tree_budget,
-                         stops=stops, top_k=self.draft_top_k)
-            return lambda remaining, room: self._device_round(device, stats)
+        params = request.sampling
+        on_device = (device is not None and self.drafter is not None and not params.adjusts_logits
+                     and request.top_logprobs is None and device.serves()
+                     and (params.greedy or device.draws(params)))
         constraint = request.grammar.start() if request.grammar is not None else None
         host_round = self._host_rounds(request, stops, context, stats, constraint)
-        if not on_device or constraint is None:
+        if not on_device:
             return host_round
+        if constraint is None:
+            started = False
+
+            def round_on_device(remaining: int, room: int) -> _Committed:
+                nonlocal started
+                if not started:
+                    device.start(context=context, remaining=remaining, tree_budget=self.tree_budget,
+                                 stops=stops, top_k=self.draft_top_k, sampling=params)
+                    started = True
+                done = self._device_round(device, stats)
+                if done is None:  # undrawn: the host decides this round; the device starts again after it
+                    started = False
+                    return host_round(remaining, room)
+                return done
+
+            return round_on_device
         if len(stops) >= MAX_STOP_TOKEN_IDS and any(t not in stops for t in constraint.grammar.opens_after):
             return host_round  # no stop slot left for an opening token
         running: int | None = None  # the opening token the device's rounds end at, while they run
@@ -273,9 +287,12 @@ class SpeculativeGenerator:
                 # an awaited stop ends the request before the grammar opens: no slot of its own
                 ends_at = stops if awaited in stops else (*stops, awaited)
                 device.start(context=context, remaining=remaining, tree_budget=self.tree_budget,
-                             stops=ends_at, top_k=self.draft_top_k)
+                             stops=ends_at, top_k=self.draft_top_k, sampling=params)
                 running = awaited
             done = self._device_round(device, stats)
+            if done is None:  # undrawn: the host decides this round (and commits it to the grammar)
+                running = None
+                return host_round(remaining, room)
             constraint.commit(done.tokens)
             if done.ends and awaited not in stops and done.tokens[-1] == awaited:
                 # The round ended at the opening token, not the request (unless max_tokens ends it there).
@@ -321,14 +338,22 @@ class SpeculativeGenerator:
 
         return host_round
 
-    def _device_round(self, device: DeviceRounds, stats: GenerationStats) -> _Committed:
+    def _device_round(self, device: DeviceRounds, stats: GenerationStats) -> _Committed | None:
         """One round on the device; a round it discards (a row failed its checks) is verified again, up to
         `round_retries` times, as a host round's would be. Faults its result met on the way back (fetched
-        again by the device rounds) are counted, and the round with them as recovered."""
+        again by the device rounds) are counted, and the round with them as recovered. None: the device could
+        not draw a row of the round (`UNDRAWN`, counted) and nothing in flight committed: the caller has the
+        host decide the position, where the device's rounds stopped."""
         faults: list[str] = []  # the discarded attempts'
         met = 0  # faults of any kind this round met
         for _ in range(self.round_retries + 1):
             done = device.round()
+            if done.fault == UNDRAWN:
+                stats.count_fault(UNDRAWN)
+                settled = device.settle()
+                if settled is None:
+                    return None
+                done = settled
             for kind in done.recovered:
                 stats.count_fault(kind, discarded=False)
             met += len(done.recovered)

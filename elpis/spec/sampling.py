@@ -82,6 +82,13 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @property
+    def inverse_temperature(self) -> float:
+        """1 / temperature, what each logit is multiplied by (not divided: a product by the same double is one
+        correctly rounded operation on every device, whether the factor is a Python float or a float64 tensor
+        in device memory, which a captured graph reads; torch on a GPU divides by a scalar this way too)."""
+        return 1.0 / self.temperature
+
+    @property
     def adjusts_logits(self) -> bool:
         """Whether a row's logits are adjusted before the draw (then a greedy token is not the raw argmax)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
@@ -188,9 +195,9 @@ def _row_exp(x: torch.Tensor) -> torch.Tensor:
 
 
 def _weights(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """(w, best): every row's weights exp(x / T - max) in float64, the most likely token weighing exactly 1,
-    and each row's max of x / T (NaN or infinite: the row is garbage)."""
-    scaled = logits.to(torch.float64) / params.temperature
+    """(w, best): every row's weights exp(x * (1/T) - max) in float64, the most likely token weighing exactly
+    1, and each row's max of x * (1/T) (NaN or infinite: the row is garbage)."""
+    scaled = logits.to(torch.float64) * params.inverse_temperature
     # torch.argmax takes NaN for the maximum, so a NaN anywhere shows up in `best`; +inf does as well.
     top = torch.argmax(scaled, dim=1, keepdim=True)
     best = scaled.gather(1, top)
@@ -198,7 +205,7 @@ def _weights(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor
 
 
 def check_finite(best: list[float]) -> None:
-    """Refuse rows whose maximum (of x / T) is NaN or infinite: the backend produced garbage."""
+    """Refuse rows whose maximum (of x * (1/T)) is NaN or infinite: the backend produced garbage."""
     for value in best:
         if not math.isfinite(value):
             raise ValueError(f"logits row has a non-finite maximum ({value}): the backend produced garbage")
@@ -235,9 +242,9 @@ EDGE_GAP = 2.0**-40
 
 @dataclass(frozen=True)
 class TopWeights:
-    """Each row's width + TOP_PAD largest logits as weights: `best` float64 [rows] the row's max of x / T, `w`
-    float64 [rows, count] exp(x / T - best) in topk's order, `ids` int64 [rows, count] their token ids, and
-    the row width `vocab`."""
+    """Each row's width + TOP_PAD largest logits as weights: `best` float64 [rows] the row's max of x * (1/T),
+    `w` float64 [rows, count] exp(x * (1/T) - best) in topk's order, `ids` int64 [rows, count] their token
+    ids, and the row width `vocab`."""
 
     best: torch.Tensor
     w: torch.Tensor
@@ -245,16 +252,21 @@ class TopWeights:
     vocab: int
 
 
-def top_weights(logits: torch.Tensor, params: SamplingParams, width: int) -> TopWeights:
+def top_weights(logits: torch.Tensor, params: SamplingParams, width: int,
+                scale: torch.Tensor | None = None) -> TopWeights:
     """The weights a top_k head is read from, on the logits' device (`_top_candidates` on the host, or a
-    backend's device draw: the same tensors either way)."""
+    backend's device draw: the same tensors either way). `scale`: the inverse temperature as a float64
+    tensor of one element on the logits' device (a captured graph's, read when it runs) in place of
+    `params.inverse_temperature`; the products are the same."""
     vocab = logits.shape[1]
     count = min(vocab, width + TOP_PAD)
     # topk ranks NaN above everything, so a NaN anywhere in a row becomes its maximum, as argmax does
     top = torch.topk(logits, count, dim=1)
-    scaled = top.values.to(torch.float64) / params.temperature
+    factor = params.inverse_temperature if scale is None else scale
+    scaled = top.values.to(torch.float64) * factor
     best = scaled[:, :1]
-    return TopWeights(best.squeeze(1), _row_exp(scaled - best), top.indices, vocab)
+    # contiguous, as the device draw reads them
+    return TopWeights(best.squeeze(1).contiguous(), _row_exp(scaled - best), top.indices, vocab)
 
 
 def _top_candidates(logits: torch.Tensor, params: SamplingParams, width: int,

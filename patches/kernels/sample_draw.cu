@@ -2,16 +2,17 @@
 // round; patch exl3-sample-draw).
 //
 // elpis.spec.sampling draws a top_k request's token from each row's top_k + TOP_PAD largest logits: their
-// weights w = exp(x / T - max) in float64 are computed by torch (the same operations whichever path follows),
-// then the host ranks them, checks the head's edge, cuts top_k, top_p and min_p and draws by inverse CDF over
-// fixed-point weights with the (seed, position) uniform. That host part took ~0.3 of a sampled call's ~0.5 ms
-// for 16 rows on an H100 (bench/results/server/README.md, session 55). Here one thread a row does the same
-// steps on the same float64 values, in integers and comparisons only (no rounding but w * 2^-40's product,
-// correctly rounded like the host's), so every token is the host's:
+// weights w = exp(x * (1/T) - max) in float64 are computed by torch (the same operations whichever path
+// follows), then the host ranks them, checks the head's edge, cuts top_k, top_p and min_p and draws by
+// inverse CDF over fixed-point weights with the (seed, position) uniform. That host part took ~0.3 of a
+// sampled call's ~0.5 ms for 16 rows on an H100 (bench/results/server/README.md, session 55). Here one
+// thread a row does the same steps on the same float64 values, in integers and comparisons only (no rounding
+// but w * 2^-40's product, correctly rounded like the host's), so every token is the host's:
 //   out[r] = the drawn id, or
 //           -1 where the head's edge does not clear the smallest weight read (ties may run past the logits
 //              read: the caller decides that call from the whole vocabulary, as the host does), or
-//           -2 where the row's maximum is not finite (the caller refuses the row).
+//           -2 where the row's maximum is not finite (the caller refuses the row),
+//           -4 where the parameters read are out of range (below).
 // The steps, in the host's order (sampling._top_candidates, _heads, _nucleus, _kept_lists, _draw):
 //   1. rank the `count` (w, id) pairs by w descending, ties by lower id;
 //   2. edge = the width-th weight, floor = the last; refuse (-1) when count < vocab, floor > 0 and not
@@ -23,8 +24,12 @@
 //      splitmix uniform; the first id whose cumulative weight passes the target.
 //
 // Inputs: weights float64 and ids int64 [rows, count] (row r at + r * count), best float64 [rows] (each row's
-// max of x / T), positions int64 [rows] (each row's absolute position, >= 0), 1 <= width <= count <=
-// kMaxCount, width <= top_k. Ampere instructions only (integer and float64 arithmetic).
+// max of x * (1/T)), 1 <= width <= count <= kMaxCount, width <= top_k, and in device memory, so that a
+// captured graph serves every request of its shape (rounds on the GPU, elpis.exl3.device_round):
+//   params int64 [3]: the seed, then top_p's and min_p's float64 bits;
+//   positions int64 [rows]: row r draws for absolute position positions[r] + offset (>= 0).
+// A row whose parameters are out of range (top_p outside (0, 1], min_p outside [0, 1], a negative position)
+// gets -4: the caller's own checks refuse them. Ampere instructions only (integer and float64 arithmetic).
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -82,10 +87,17 @@ __device__ __forceinline__ bool ranks_before(double wa, int64_t ia, double wb, i
 
 __global__ void __launch_bounds__(kThreads)
     sample_draw_kernel(const double* weights, const int64_t* ids, const double* best, uint32_t rows,
-                       uint32_t count, uint32_t vocab, uint32_t width, uint32_t top_k, double top_p,
-                       double min_p, uint64_t seed, const int64_t* positions, int64_t* out) {
+                       uint32_t count, uint32_t vocab, uint32_t width, uint32_t top_k, const int64_t* params,
+                       const int64_t* positions, int64_t offset, int64_t* out) {
     const uint32_t r = blockIdx.x * kThreads + threadIdx.x;
     if (r >= rows) return;
+    const uint64_t seed = static_cast<uint64_t>(params[0]);
+    const double top_p = __longlong_as_double(params[1]), min_p = __longlong_as_double(params[2]);
+    const int64_t position = positions[r] + offset;
+    if (!(top_p > 0.0 && top_p <= 1.0) || !(min_p >= 0.0 && min_p <= 1.0) || position < 0) {
+        out[r] = -4;
+        return;
+    }
     const double peak = best[r];
     if (!(peak - peak == 0.0)) {  // NaN or infinite
         out[r] = -2;
@@ -142,7 +154,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     uint64_t total = 0;
     for (uint32_t i = 0; i < n_kept; i++) total += uint64_t(floor(w[kept[i]] * scale));
-    const uint64_t k = uniform_bits(seed, uint64_t(positions[r]));
+    const uint64_t k = uniform_bits(seed, uint64_t(position));
     const uint64_t target = (mul_hi(k, total) << 11) | ((k * total) >> 53);  // floor(k * total / 2^53)
     uint64_t cumulative = 0;
     int64_t token = -3;  // no token passed the target: impossible while the most likely one is kept
@@ -166,15 +178,16 @@ uint32_t elpis_sample_draw_max_count() { return kMaxCount; }
 // Queue the draws of `rows` rows on `stream` (a cudaStream_t passed as an address); see the top of the file for
 // the inputs and out's values. Returns 0, -1 for arguments out of range, or the launch's cudaError_t.
 int elpis_sample_draw(const double* weights, const int64_t* ids, const double* best, uint32_t rows,
-                      uint32_t count, uint32_t vocab, uint32_t width, uint32_t top_k, double top_p, double min_p,
-                      uint64_t seed, const int64_t* positions, int64_t* out, void* stream) {
-    if (weights == nullptr || ids == nullptr || best == nullptr || positions == nullptr || out == nullptr) return -1;
+                      uint32_t count, uint32_t vocab, uint32_t width, uint32_t top_k, const int64_t* params,
+                      const int64_t* positions, int64_t offset, int64_t* out, void* stream) {
+    if (weights == nullptr || ids == nullptr || best == nullptr || params == nullptr || positions == nullptr ||
+        out == nullptr)
+        return -1;
     if (rows == 0 || rows > 65535u * kThreads || count == 0 || count > kMaxCount || count > vocab) return -1;
     if (width == 0 || width > count || width > top_k) return -1;
-    if (!(top_p > 0.0 && top_p <= 1.0) || !(min_p >= 0.0 && min_p <= 1.0)) return -1;
     const uint32_t blocks = (rows + kThreads - 1) / kThreads;
     sample_draw_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        weights, ids, best, rows, count, vocab, width, top_k, top_p, min_p, seed, positions, out);
+        weights, ids, best, rows, count, vocab, width, top_k, params, positions, offset, out);
     return static_cast<int>(cudaGetLastError());
 }
 

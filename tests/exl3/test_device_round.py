@@ -25,7 +25,11 @@ What they establish:
     continuation drafted (several tokens a round, each row counting its own path) it commits plain
     decoding's tokens under the same adjustments, greedy and sampled;
 (m) (session 53, staged): a greedy request whose grammar opens after a token the model writes runs its rounds
-    on the GPU until that token, then host rounds under the grammar: plain decoding's tokens.
+    on the GPU until that token, then host rounds under the grammar: plain decoding's tokens;
+(n) (session 56, staged): sampled top_k requests with their rounds on the GPU (each row drawn there by
+    `elpis.exl3.sample_draw`'s kernel from the request's parameters in device memory) give plain sampled
+    decoding's tokens, with the draft's trees and with the known continuation's deep trees; two requests of
+    other parameters and the same top_k run the same composed graphs.
 """
 
 from __future__ import annotations
@@ -138,8 +142,8 @@ def test_a_flagged_row_is_discarded_on_the_gpu_and_verified_again(backend, decod
     targets = rounds._targets
     calls = {"n": 0}
 
-    def flag_every_third(out):
-        ids, bad = targets(out)
+    def flag_every_third(out, positions):
+        ids, bad = targets(out, positions)
         calls["n"] += 1
         if calls["n"] % 3 == 0:
             bad[0] = 1
@@ -467,3 +471,54 @@ def test_a_grammars_request_runs_on_the_gpu_until_its_grammar_opens(backend, dec
     on_gpu = rounds.rounds - before
     assert 1 <= on_gpu < stats.rounds, (on_gpu, stats.rounds)  # the free part on the GPU, the rest the host's
     assert sum(stats.committed_per_round[:on_gpu]) == at + 1  # the GPU's rounds ended at the opening token
+
+
+def test_sampled_requests_draw_their_rounds_on_the_gpu(backend, decoder):  # noqa: F811
+    """(n) Plain sampled decoding (host rounds of the anchor alone, the host's draw) against the product path
+    with sampled rounds on the GPU: the draft's own trees (composed graphs; the second request, of other
+    parameters and the same top_k, composes nothing), then the known continuation's deep trees (rows past
+    the anchor accepted, so each row's position, its position id plus one, is the host's)."""
+    from elpis.exl3 import sample_draw
+    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+
+    rounds = backend.device_rounds
+    sample_draw.load()
+    was = rounds.sampled
+    rounds.sampled = True
+    cases = ((SamplingParams(temperature=0.7, top_k=20, top_p=0.8, seed=7), 61),
+             (SamplingParams(temperature=1.0, top_k=20, top_p=0.95, min_p=0.05, seed=8), 62))  # fmt: skip
+
+    def speculative() -> SpeculativeGenerator:
+        return SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=16, draft_top_k=4)
+
+    try:
+        composed = None
+        for sampling, seed in cases:
+            assert rounds.draws(sampling)
+            ids = prompt(1500, seed, backend.info.vocab_size)
+            request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=TOKENS, sampling=sampling,
+                                        ignore_eos=True)  # fmt: skip
+
+            def tokens(gen, request=request) -> tuple[list[int], object]:
+                steps = list(gen.generate(request))
+                return [t for step in steps for t in step.token_ids], steps[-1].stats
+
+            truth, _ = tokens(SpeculativeGenerator(backend, decoder))
+            assert truth != truth_of(backend, ids), "the sampled request drew the argmax throughout"
+            before = rounds.rounds
+            got, stats = tokens(speculative())
+            assert got == truth, f"sampled rounds on the GPU differ from plain sampled decoding ({sampling})"
+            assert rounds.rounds - before == stats.rounds and not stats.faults_detected
+            if composed is None:
+                composed = rounds.round_graphs.composed
+            else:
+                assert rounds.round_graphs.composed == composed, "the second request composed new rounds"
+            rounds._candidates = KnownContinuation(rounds, truth, len(ids) - 1)
+            try:
+                got, stats = tokens(speculative())
+            finally:
+                del rounds._candidates
+            assert got == truth, "the known continuation's sampled rounds differ from plain sampled decoding"
+            assert max(stats.committed_per_round) >= 4, stats.committed_per_round
+    finally:
+        rounds.sampled = was

@@ -21,12 +21,23 @@ from pathlib import Path
 import pytest
 import torch
 
+from elpis.backend import UNDRAWN
 from elpis.exl3 import device_round as dr
-from elpis.exl3 import draft_candidates, drafter, gdn_tree, round_plan, round_tail, tensors, verify_epilogue
+from elpis.exl3 import (
+    draft_candidates,
+    drafter,
+    gdn_tree,
+    round_plan,
+    round_tail,
+    sample_draw,
+    tensors,
+    verify_epilogue,
+)
 from elpis.exl3.draft_graph import block_pages
 from elpis.exl3.tree_graph import Captured, bucket_pages, context_bucket, packed_sizes
 from elpis.exl3.tree_verify import PAGE, GraphInputs
 from elpis.exl3.upload import padded_table
+from elpis.spec.sampling import SamplingParams, sample_rows
 from tests.kernels import cuda_emu
 from tests.spec.alternate_runs import Alternate
 
@@ -48,13 +59,15 @@ def kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     f, spans = tmp_path_factory, cuda_emu.build_span_kernels
     epilogue = spans(f, verify_epilogue, "ELPIS_VERIFY_EPILOGUE", launches=3, threads=32)
     candidates = spans(f, draft_candidates, "ELPIS_DRAFT_CANDIDATES", launches=4, threads=32)
-    return round_plan.bind(plan), round_tail.bind(tail), epilogue, candidates
+    draw = sample_draw.bind(cuda_emu.build_emulated(sample_draw.SOURCE, out / "draw", launches=1))
+    return round_plan.bind(plan), round_tail.bind(tail), epilogue, candidates, draw
 
 
 @pytest.fixture
 def cpu_rounds(kernels: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
     """The emulated kernels in place of the GPU builds; events and streams are no-ops on one CPU queue."""
-    plan_lib, tail_lib, epilogue_lib, candidates_lib = kernels
+    plan_lib, tail_lib, epilogue_lib, candidates_lib, draw_lib = kernels
+    monkeypatch.setattr(sample_draw, "_library", lambda: draw_lib)
     monkeypatch.setattr(draft_candidates, "_library", lambda: candidates_lib)
     monkeypatch.setattr(round_plan, "_library", lambda: plan_lib)
     monkeypatch.setattr(round_tail, "_library", lambda: tail_lib)
@@ -70,17 +83,44 @@ def cpu_rounds(kernels: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class StandInVerify:
-    """A captured verify's replay: logits whose row maximum is f(row's token), and the draft's export."""
+    """A captured verify's replay: logits whose row maximum is f(row's token), and the draft's export; with
+    `sampled`, each row's logits are `sampled_logits` of its token."""
 
-    def __init__(self, c: Captured) -> None:
-        self.c = c
+    def __init__(self, c: Captured, sampled: bool = False) -> None:
+        self.c, self.sampled = c, sampled
 
     def replay(self) -> None:
         c = self.c
         logits = torch.randn(1, c.out.shape[1], VOCAB + 8, dtype=torch.float16) * 0.1
         for r, t in enumerate(c.ids.tolist()):
-            logits[0, r, f(t)] = 10.0
+            if self.sampled:
+                logits[0, r, :VOCAB] = sampled_logits(t)
+            else:
+                logits[0, r, f(t)] = 10.0
         c.out.copy_(logits)
+
+
+TIED = 17  # the token after which the sampled stand-in's logits tie far past a top_k head's edge
+
+
+def sampled_logits(t: int) -> torch.Tensor:
+    """The sampled stand-in model's fp16 logits after token t: noise fixed by t, f(t) the most likely; after
+    TIED, f(t) and a flat rest, whose head edge the draw leaves to the host."""
+    if t == TIED:
+        row = torch.zeros(VOCAB)
+    else:
+        row = torch.randn(VOCAB, generator=torch.Generator().manual_seed(t)) * 1.5
+    row[f(t)] = 4.0
+    return row.half()
+
+
+def plain_sampled(prompt: list[int], n: int, params: SamplingParams) -> list[int]:
+    """The sampled stand-in's plain decoding: each token drawn by the host for its absolute position."""
+    out, t = [], prompt[-1]
+    for i in range(n):
+        t = sample_rows(sampled_logits(t).unsqueeze(0), params, [len(prompt) + i])[0]
+        out.append(t)
+    return out
 
 
 class StandInGraphs:
@@ -88,10 +128,11 @@ class StandInGraphs:
 
     table, gate = True, None
 
-    def __init__(self) -> None:
+    def __init__(self, sampled: bool = False) -> None:
         self.keys: dict[tuple[int, int], Captured] = {}
         self.replays = 0
         self.commits = 0
+        self.sampled = sampled
 
     def table_width(self, kvp: int, run: int) -> int:
         return bucket_pages(kvp + run, CACHE)
@@ -111,7 +152,7 @@ class StandInGraphs:
                          position_ids=pos.view(1, run), inputs=inputs, ints=ints)  # fmt: skip
             c.out = torch.zeros(1, run, VOCAB + 8, dtype=torch.float16)  # ExLlamaV3's head writes fp16
             c.export = [torch.zeros(1, run, 4)]
-            c.graph = StandInVerify(c)
+            c.graph = StandInVerify(c, self.sampled)
             self.keys[key] = c
         return self.keys[key]
 
@@ -258,8 +299,8 @@ class StandInBackend:
     tree = True
     run_choice = None
 
-    def __init__(self, prompt: list[int], wrong: float) -> None:
-        self.graphs = StandInGraphs()
+    def __init__(self, prompt: list[int], wrong: float, sampled: bool = False) -> None:
+        self.graphs = StandInGraphs(sampled)
         self.drafter = types.SimpleNamespace(graphs=StandInDraft(wrong))
         self.info = types.SimpleNamespace(vocab_size=VOCAB, max_context=65_536)
         self.engine = types.SimpleNamespace(device="cpu")
@@ -300,14 +341,15 @@ def plain(prompt: list[int], n: int) -> list[int]:
 
 def generate(
     rounds: dr.DeviceRounds, tokens: int, *, stops: tuple[int, ...] = (), budget: int = RUN, top_k: int = 4,
-    anchor: int | None = None,
+    anchor: int | None = None, sampling: SamplingParams | None = None,
 ) -> tuple[list[int], list[str]]:
     """Tokens and faults (discarded rounds and records read again) of one request through `round`, which
     must say that it ended exactly when the tokens or a stop token end it. It starts from the backend's
     tokens and its anchor, or `anchor` (the last token committed before)."""
     b = rounds.backend
     context = [*b.tokens, b.anchor if anchor is None else anchor]
-    rounds.start(context=context, remaining=tokens, tree_budget=budget, stops=list(stops), top_k=top_k)
+    rounds.start(context=context, remaining=tokens, tree_budget=budget, stops=list(stops), top_k=top_k,
+                 sampling=sampling)  # fmt: skip
     got: list[int] = []
     faults: list[str] = []
     ended = False
@@ -403,8 +445,8 @@ def test_flagged_rounds_are_discarded_and_verified_again(monkeypatch: pytest.Mon
     rounds = driver(StandInBackend(prompt, 0.3))
     targets, calls = rounds._targets, [0]
 
-    def every_third_flagged(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, bad = targets(out)
+    def every_third_flagged(out: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, bad = targets(out, positions)
         calls[0] += 1
         if calls[0] % 3 == 0:
             bad[0] = 1
@@ -598,9 +640,9 @@ def test_a_stand_in_for_a_piece_keeps_rounds_piece_by_piece() -> None:
     rounds.round_graphs = RoundGraphs(StandInComposer())
     targets, calls = rounds._targets, [0]
 
-    def counted(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def counted(out: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         calls[0] += 1
-        return targets(out)
+        return targets(out, positions)
 
     rounds._targets = counted  # type: ignore[method-assign]
     got, _ = generate(rounds, 30)
@@ -660,3 +702,90 @@ def test_the_run_choice_takes_eight_rows_where_sixteen_cost_more_than_they_commi
     past = [run for at, run in queued if at >= 4096 + RUN]
     assert len(past) > 100 and past.count(16) == pytest.approx(len(past) / 4, abs=2)
     assert [run for at, run in queued[:4]] == [16] * 4  # the first rounds measure
+
+
+# -- sampled requests: each row's target drawn on the device -------------------------------------------------
+SAMPLED = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.02, seed=7)
+
+
+def sampled_driver(prompt: list[int], wrong: float = 0.3) -> dr.DeviceRounds:
+    rounds = driver(StandInBackend(prompt, wrong, sampled=True))
+    rounds.sampled = True
+    return rounds
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+@pytest.mark.parametrize("composed", [False, True], ids=["pieces", "composed"])
+@pytest.mark.parametrize("prompt_len", [100, 4082])
+def test_sampled_rounds_commit_plain_decodings_draws(prompt_len: int, composed: bool) -> None:
+    """Each row's target is the host's draw for its position (its position id plus one), through the weights
+    under the inverse temperature in device memory and the draw kernel: the committed tokens are plain
+    sampled decoding's, across a bucket edge (4096), queued ahead, piece by piece or composed; a second
+    request of the same top_k, other parameters, reuses the composed graphs (the parameters are read from
+    memory), one of another top_k composes its own."""
+    from elpis.exl3.round_graph import RoundGraphs
+
+    random.seed(prompt_len)
+    torch.manual_seed(prompt_len)
+    prompt = [random.randrange(VOCAB) for _ in range(prompt_len)]
+    prompt[-1] = 5 if prompt[-1] == TIED else prompt[-1]
+    rounds = sampled_driver(prompt)
+    rounds.round_graphs = RoundGraphs(StandInComposer()) if composed else None
+    want = plain_sampled(prompt, 40, SAMPLED)
+    assert TIED not in want[:-1], "the stand-in's seed reaches the tied row: pick another"
+    got, faults = generate(rounds, 40, sampling=SAMPLED)
+    assert got == want and not faults
+    assert want != plain(prompt, 40)  # the draws are not the argmax
+    assert rounds.queued_ahead > 0
+    if not composed:
+        return
+    count = rounds.round_graphs.composed
+    for params in (SamplingParams(temperature=1.3, top_k=20, top_p=0.7, seed=8),
+                   SamplingParams(temperature=0.6, top_k=5, min_p=0.1, seed=9)):  # fmt: skip
+        again = list(prompt)
+        backend = StandInBackend(again, 0.3, sampled=True)
+        backend.graphs, backend.drafter = rounds.backend.graphs, rounds.backend.drafter  # the same keys
+        rounds.backend, rounds.drafts = backend, backend.drafter.graphs
+        got, _ = generate(rounds, 30, sampling=params)
+        assert got == plain_sampled(again, 30, params)
+        if params.top_k == SAMPLED.top_k:
+            assert rounds.round_graphs.composed == count
+    assert rounds.round_graphs.composed > count
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+def test_a_row_the_draw_leaves_to_the_host_is_undrawn_and_nothing_moves() -> None:
+    """A row whose top_k edge ties past the logits read (after TIED) is not drawn on the device: its round and
+    the one in flight after it (the same position) commit nothing, `settle` reads that one without queuing
+    more, and the host stays where the undrawn round was, for its own round to decide."""
+    random.seed(31)
+    prompt = [random.randrange(VOCAB) for _ in range(200)]
+    prompt[-1] = TIED
+    rounds = sampled_driver(prompt)
+    b = rounds.backend
+    rounds.start(context=[*b.tokens, b.anchor], remaining=20, tree_budget=RUN, stops=[], top_k=4,
+                 sampling=SAMPLED)  # fmt: skip
+    before = b.position()
+    done = rounds.round()
+    assert done.fault == UNDRAWN and done.tokens == ()
+    assert len(rounds.queued) == 1  # the round queued ahead of it
+    assert rounds.settle() is None
+    assert not rounds.queued and b.position() == rounds.settled == before and b.anchor == TIED
+    # a greedy request's negative target is a corrupt row instead (its argmax was not finite)
+    assert rounds._outcome  # the same reading serves both; the greedy one is test_flagged_rounds_*'s
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+def test_a_request_the_device_does_not_draw_is_refused_at_start() -> None:
+    random.seed(32)
+    prompt = [random.randrange(VOCAB) for _ in range(200)]
+    rounds = sampled_driver(prompt)
+    b = rounds.backend
+    for params in (SamplingParams(temperature=0.8), SamplingParams(temperature=0.8, top_k=300),
+                   SamplingParams(temperature=0.8, top_k=20, presence_penalty=1.0)):  # fmt: skip
+        assert not rounds.draws(params)
+        with pytest.raises(ValueError, match="do not draw"):
+            rounds.start(context=[*b.tokens, b.anchor], remaining=5, tree_budget=RUN, stops=[], top_k=4,
+                         sampling=params)  # fmt: skip
+    rounds.sampled = False
+    assert not rounds.draws(SAMPLED)

@@ -32,6 +32,7 @@ C_TYPES = {
     "uint32_t": ctypes.c_uint32,
     "int32_t": ctypes.c_int32,
     "uint64_t": ctypes.c_uint64,
+    "int64_t": ctypes.c_int64,
     "float": ctypes.c_float,
     "double": ctypes.c_double,
     "int": ctypes.c_int,

@@ -115,17 +115,24 @@ def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
     out = torch.empty(2, dtype=torch.int64)
 
     def call(rows: int = 2, count: int = 4, vocab: int = 4, width: int = 2, top_k: int = 2,
-             top_p: float = 1.0, min_p: float = 0.0) -> int:
+             top_p: float = 1.0, min_p: float = 0.0, offset: int = 0) -> int:
+        params = SamplingParams(temperature=1.0, top_k=2)
+        block = torch.tensor(sample_draw.param_words(params), dtype=torch.int64)
+        # the parameters read from memory, written here as they are (out of range included)
+        block[1:] = torch.tensor([top_p, min_p], dtype=torch.float64).view(torch.int64)
         return lib.elpis_sample_draw(w.data_ptr(), ids.data_ptr(), best.data_ptr(), rows, count, vocab,
-                                     width, top_k, top_p, min_p, 0, pos.data_ptr(), out.data_ptr(), None)
+                                     width, top_k, block.data_ptr(), pos.data_ptr(), offset, out.data_ptr(),
+                                     None)  # fmt: skip
 
     assert call() == 0  # flat rows read whole, top_k 2: the two lower ids of each row, one of them drawn
     assert out[0].item() in (0, 1) and out[1].item() in (4, 5)
     assert call(vocab=10) == 0 and out.tolist() == [-1, -1]  # ties past the four read: the host decides
     for bad in ({"rows": 0}, {"count": 0}, {"count": 257}, {"vocab": 3}, {"width": 0},
-                {"width": 5}, {"width": 3, "top_k": 2}, {"top_p": 0.0}, {"top_p": 1.5}, {"min_p": -0.1},
-                {"min_p": float("nan")}):  # fmt: skip
+                {"width": 5}, {"width": 3, "top_k": 2}):  # fmt: skip
         assert call(**bad) == -1, bad
+    # parameters out of range are only known when the kernel reads them: every row answers -4
+    for bad in ({"top_p": 0.0}, {"top_p": 1.5}, {"min_p": -0.1}, {"min_p": float("nan")}, {"offset": -1}):
+        assert call(**bad) == 0 and out.tolist() == [sample_draw.PARAMS_REFUSED] * 2, bad
 
 
 @pytest.mark.usefixtures("on_cpu")

@@ -6,7 +6,9 @@ protocol is served on the CPU by `HostDeviceRounds`, which decides each round th
 (the tree from the drafter at the full row budget, the verify's greedy targets, the proven acceptor, the
 commit; a round with a flagged row commits nothing), over the reference backend. The generator must turn
 those rounds into exactly plain decoding's text (stop tokens, stop strings, max_tokens), retry a discarded
-round and count it, and keep host rounds for sampled requests and logprobs.
+round and count it, draw a sampled request's rows where the device draws them (`draws`) and hand a round the
+device could not draw (`UNDRAWN`) to the host, and keep host rounds for the other sampled requests and
+logprobs.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from collections.abc import Sequence
 import pytest
 
 from elpis import accept
-from elpis.backend import BackendError, DeviceRound
+from elpis.backend import UNDRAWN, BackendError, DeviceRound
 from elpis.spec import GenerationRequest, SamplingParams
 from elpis.spec.drafters import NgramDrafter, OracleDrafter, RandomDrafter
 from elpis.spec.grammar import Grammar
 from elpis.spec.request import MAX_STOP_TOKEN_IDS
-from elpis.spec.sampling import greedy_tokens
+from elpis.spec.sampling import SamplingParams as Params
+from elpis.spec.sampling import greedy_tokens, sample_rows
 from elpis.spec.tree import build_tree, tree_shape
 from tests.grammar_cases import WEATHER, check_weather
 
@@ -33,11 +36,19 @@ Transit = dict[int, str] | None  # attempt -> the fault its result met on the wa
 class HostDeviceRounds:
     """DeviceRounds over a reference backend, deciding as elpis.exl3.device_round's kernels do; `faults` are
     the round numbers (counting attempts) whose verify gets a flagged row, `transit` those whose result met a
-    fault on its way back and was fetched again (elpis.exl3.device_round.checked_records), by kind."""
+    fault on its way back and was fetched again (elpis.exl3.device_round.checked_records), by kind. With
+    `drawing`, sampled top_k requests' rows are drawn here (`sample_rows` for each row's position, as the
+    draw kernel does); `undrawn` are the attempts whose draw the device leaves to the host, and
+    `in_flight_commits` those of them after which the round still in flight commits (`settle`)."""
 
     def __init__(self, backend, drafter, faults: Sequence[int] = (), transit: Transit = None) -> None:
         self.backend, self.drafter, self.faults = backend, drafter, set(faults)
         self.transit = transit or {}
+        self.drawing = False
+        self.undrawn: set[int] = set()
+        self.in_flight_commits: set[int] = set()
+        self.settles = 0
+        self.sampling: Params | None = None
         self.attempts = 0
         self.started = False
         self.serving = True  # False: the backend's mode keeps rounds on the host (`serves`)
@@ -49,10 +60,16 @@ class HostDeviceRounds:
     def serves(self) -> bool:
         return self.serving
 
+    def draws(self, params: Params) -> bool:
+        return self.drawing and not params.adjusts_logits and params.top_k > 0
+
     def start(self, *, context: Sequence[int], remaining: int, tree_budget: int, stops: Sequence[int],
-              top_k: int) -> None:
+              top_k: int, sampling: Params | None = None) -> None:
         if len(context) != self.backend.position() + 1:
             raise BackendError(f"context of {len(context)} tokens at position {self.backend.position()}")
+        if sampling is not None and not sampling.greedy and not self.draws(sampling):
+            raise ValueError("the device does not draw this request's rows")
+        self.sampling = None if sampling is None or sampling.greedy else sampling
         self.sequence = list(context)
         self.remaining, self.tree_budget, self.stops, self.top_k = remaining, tree_budget, tuple(stops), top_k
         self.started = True
@@ -60,6 +77,10 @@ class HostDeviceRounds:
 
     def drain(self) -> None:
         self.drains += 1
+
+    def settle(self) -> DeviceRound | None:
+        self.settles += 1
+        return self.round() if self.attempts in self.in_flight_commits else None
 
     def round(self) -> DeviceRound:
         b = self.backend
@@ -73,12 +94,21 @@ class HostDeviceRounds:
         else:
             tokens, parents = (context[-1],), (-1,)
         logits = b.verify(tokens, parents)
-        targets = greedy_tokens(logits)
+        if self.sampling is None:
+            targets = greedy_tokens(logits)
+        else:  # each row draws the token after it: the anchor's is at len(context)
+            depth: list[int] = []
+            for parent in parents:
+                depth.append(0 if parent < 0 else depth[parent] + 1)
+            targets = sample_rows(logits, self.sampling, [len(context) + d for d in depth])
         self.attempts += 1
         recovered = (self.transit[self.attempts],) if self.attempts in self.transit else ()
         if self.attempts in self.faults:
             b.abandon()
             return DeviceRound(len(tokens), (), False, "corrupt", recovered)
+        if self.attempts in self.undrawn:
+            b.abandon()
+            return DeviceRound(len(tokens), (), False, UNDRAWN, recovered)
         decision = accept.tree(list(parents), list(tokens), targets, list(self.stops), self.remaining)
         b.commit(decision.rows)
         committed = tuple(targets[r] for r in decision.rows)
@@ -162,6 +192,83 @@ def test_a_round_failing_every_attempt_fails_the_request(tiny_models, run) -> No
     backend = WithDeviceRounds(model.backend(), drafter, faults=range(1, 100))
     with pytest.raises(BackendError, match="failed all 4 attempts on the device"):
         run(backend, model.tokenizer, request, drafter, tree_budget=8)
+
+
+# -- sampled requests whose rows the device draws ------------------------------------------------------------
+SAMPLED = {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "min_p": 0.02}
+
+
+def _sampled(model, seed: int = 11, max_tokens: int = 24) -> GenerationRequest:
+    return GenerationRequest(tuple(model.tokenizer.encode(PROMPT)), max_tokens, Params(seed=seed, **SAMPLED))
+
+
+def _drawing(model, drafter) -> WithDeviceRounds:
+    backend = WithDeviceRounds(model.backend(), drafter)
+    backend.device_rounds.drawing = True
+    return backend
+
+
+@pytest.mark.parametrize("name", ["oracle", "ngram", "random"])
+def test_sampled_rounds_drawn_on_the_device_give_plain_decodings_text(tiny_models, run, name: str) -> None:
+    model = tiny_models[0]
+    for seed in (11, 12):
+        request = _sampled(model, seed)
+        plain = run(model.backend(), model.tokenizer, request)
+        drafter = _drafters(model, request)[name]
+        backend = _drawing(model, drafter)
+        got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+        assert got.same_output(plain), seed
+        assert backend.device_rounds.attempts == got.stats.rounds >= 1  # every round drawn on the "device"
+        if name == "oracle" and len(plain.token_ids) > 2:
+            assert max(got.stats.committed_per_round) > 1  # the oracle's sampled drafts are accepted
+
+
+def test_a_round_the_device_does_not_draw_is_decided_by_the_host(tiny_models, run) -> None:
+    """An undrawn round commits nothing; the round in flight after it commits nothing either (settled), the
+    host decides that position, and the device's rounds start again from the context after it."""
+    model = tiny_models[1]
+    request = _sampled(model)
+    plain = run(model.backend(), model.tokenizer, request)
+    drafter = RandomDrafter(model.backend().info.vocab_size, seed=4)  # about a token a round: many rounds
+    backend = _drawing(model, drafter)
+    rounds = backend.device_rounds
+    rounds.undrawn = {2, 5}
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+    assert got.same_output(plain)
+    assert got.stats.faults_detected == {UNDRAWN: 2} and rounds.settles == 2
+    assert len(rounds.starts) == 3  # the first, then one after each host round
+    assert got.stats.rounds == rounds.attempts  # two undrawn attempts, two host rounds in their place
+
+
+def test_a_round_in_flight_that_commits_after_an_undrawn_one_is_taken(tiny_models, run) -> None:
+    model = tiny_models[1]
+    request = _sampled(model)
+    plain = run(model.backend(), model.tokenizer, request)
+    drafter = RandomDrafter(model.backend().info.vocab_size, seed=4)
+    backend = _drawing(model, drafter)
+    rounds = backend.device_rounds
+    rounds.undrawn, rounds.in_flight_commits = {2}, {2}
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+    assert got.same_output(plain)
+    assert got.stats.faults_detected == {UNDRAWN: 1} and rounds.settles == 1
+    assert len(rounds.starts) == 1  # no host round: the device went on
+    assert rounds.committed == plain.token_ids[: len(rounds.committed)]
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [pytest.param({"temperature": 0.8, "top_p": 0.9}, id="no-top_k"),
+     pytest.param({**SAMPLED, "presence_penalty": 1.5}, id="penalised")],
+)
+def test_sampled_requests_the_device_does_not_draw_keep_host_rounds(tiny_models, run, sampling: dict) -> None:
+    model = tiny_models[0]
+    request = GenerationRequest(tuple(model.tokenizer.encode(PROMPT)), 12, Params(seed=5, **sampling))
+    plain = run(model.backend(), model.tokenizer, request)
+    drafter = NgramDrafter(max_ngram=3)
+    backend = _drawing(model, drafter)
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+    assert got.same_output(plain)
+    assert not backend.device_rounds.started and backend.device_rounds.attempts == 0
 
 
 @pytest.mark.parametrize(

@@ -16,9 +16,12 @@ stay on the GPU (`elpis.spec.generate`).
 With --device-draw, one more arm is the sampled request with registry patch exl3-sample-draw's draw installed
 for its requests (`elpis.exl3.sample_draw`): its tokens must be the sampled arm's, and "device_draw_saves_ms"
 is what it saves a round.
+With --gpu-sampled, one more arm is the sampled request with its rounds on the GPU (`DeviceRounds.draws`: its
+rows drawn there by the same kernel, session 56), checked to run there: its tokens must be the sampled
+arm's, and "gpu_rounds_save_ms" is what it saves a round against the sampled request's host rounds.
 Usage (repo root):
   python3 elpis/bench/scripts/penalty_rounds.py MODEL DRAFT --out FILE.json [--contexts 1024,8192]
-      [--tokens 40] [--pairs 3] [--budget 16] [--grammar] [--device-draw]
+      [--tokens 40] [--pairs 3] [--budget 16] [--grammar] [--device-draw] [--gpu-sampled]
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
     from elpis.spec import sampling as sampler
     from elpis.spec.grammar import Grammar
 
-    sampling = {k: v for k, v in arm.items() if k not in ("grammar", "opens_after", "device_draw")}
+    sampling = {k: v for k, v in arm.items()
+                if k not in ("grammar", "opens_after", "device_draw", "gpu_sampled")}  # fmt: skip
     grammar = None
     if "grammar" in arm:
         opens = tuple(arm["opens_after"]) if "opens_after" in arm else ()
@@ -68,10 +72,18 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
                                 sampling=SamplingParams(**sampling), ignore_eos=grammar is None,
                                 grammar=grammar)  # fmt: skip
     out: list[int] = []
-    if arm.get("device_draw"):
+    rounds = backend.device_rounds
+    drawing, read_before = (rounds.sampled, rounds.rounds) if rounds is not None else (False, 0)
+    if arm.get("gpu_sampled") and rounds is None:
+        raise SystemExit("--gpu-sampled needs rounds on the GPU (exl3-device-rounds)")
+    if arm.get("device_draw") or arm.get("gpu_sampled"):
         from elpis.exl3 import sample_draw
 
+        sample_draw.load()
+    if arm.get("device_draw"):
         sampler.use_device_draw(sample_draw.draw)
+    if rounds is not None:  # a sampled request's rounds on the GPU in its own arm only, whatever the switch
+        rounds.sampled = bool(arm.get("gpu_sampled"))
     try:
         stamps = [time.perf_counter()]
         for step in gen.generate(request):
@@ -79,6 +91,11 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
             out += step.token_ids
     finally:
         sampler.use_device_draw(None)
+        if rounds is not None:
+            rounds.sampled = drawing
+    if arm.get("gpu_sampled") and rounds.rounds - read_before < len(stamps) - 2:
+        raise SystemExit(f"the GPU ran {rounds.rounds - read_before} of the sampled request's "
+                         f"{len(stamps) - 2} rounds")  # fmt: skip
     seconds = [b - a for a, b in itertools.pairwise(stamps[1:])]
     return out, seconds[ab.WARMUP_ROUNDS:]
 
@@ -91,11 +108,15 @@ def main() -> None:
     parser.add_argument("--grammar", action="store_true", help="also time requests held to a JSON schema")
     parser.add_argument("--device-draw", action="store_true",
                         help="also time the sampled request drawn by exl3-sample-draw's kernel")
+    parser.add_argument("--gpu-sampled", action="store_true",
+                        help="also time the sampled request with its rounds on the GPU")
     args = parser.parse_args()
     backend, decoder = ab.load_ab(args.model, args.draft)
     arms = {**ARMS, **(GRAMMAR_ARMS if args.grammar else {})}
     if args.device_draw:
         arms["sampled+device-draw"] = {**RECOMMENDED, "device_draw": True}
+    if args.gpu_sampled:
+        arms["sampled-gpu-rounds"] = {**RECOMMENDED, "gpu_sampled": True}
     vocabulary = None
     if args.grammar:
         from elpis.spec.grammar import GrammarTokenizer
@@ -120,8 +141,9 @@ def main() -> None:
                                        vocabulary)
                 if tokens.setdefault(name, out) != out:
                     raise SystemExit(f"context {ctx}, arm {name}: two requests gave different tokens")
-                if name == "sampled+device-draw" and "sampled" in tokens and tokens["sampled"] != out:
-                    raise SystemExit(f"context {ctx}: the device draw's tokens are not the host draw's")
+                drawn_elsewhere = name in ("sampled+device-draw", "sampled-gpu-rounds")
+                if drawn_elsewhere and tokens.get("sampled", out) != out:
+                    raise SystemExit(f"context {ctx}: arm {name}'s tokens are not the host draw's")
                 if pair:
                     seconds[name] += times
         median = {n: statistics.median(s) * 1000 for n, s in seconds.items()}
@@ -137,6 +159,9 @@ def main() -> None:
                if args.grammar else {}),
             **({"device_draw_saves_ms": median["sampled"] - median["sampled+device-draw"]}
                if args.device_draw else {}),
+            **({"gpu_rounds_save_ms": median["sampled"] - median["sampled-gpu-rounds"],
+                "gpu_sampled_over_greedy_ms": median["sampled-gpu-rounds"] - median["greedy"]}
+               if args.gpu_sampled else {}),
             "rounds_on_the_gpu": backend.device_rounds is not None,
         }  # fmt: skip
         print("PENALTYAB " + json.dumps(doc), flush=True)
