@@ -1,8 +1,9 @@
-"""Greedy tree rounds whose decisions run on the GPU (issue 9, item 2), with no host synchronisation inside a
-round and the host one round behind. Served by default since session 41 (switch exl3-device-rounds, on) for
+"""Tree rounds whose decisions run on the GPU (issue 9, item 2), with no host synchronisation inside a round
+and the host one round behind. Served by default since session 41 (switch exl3-device-rounds, on) for
 greedy requests where it applies: its GPU tests (tests/exl3/test_device_round.py), the 24 GiB test and the
 whole GPU suite pass with it on, and it is 0.5-0.8 ms a round faster than host rounds at 1K and 8K (H100,
-calls 153-154 and 157).
+calls 153-154 and 157). Since session 56 sampled top_k requests run here too where exl3-sample-draw is on
+(`draws`; each row drawn in the round: `_targets`).
 
 A host round (`elpis.spec.generate`) reads the draft's candidates back, builds the tree, fills the verify's
 inputs, reads the verify's row checks and greedy tokens back, runs the acceptor and fills the commit's inputs:
