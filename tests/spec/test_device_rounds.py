@@ -278,8 +278,9 @@ def test_sampled_requests_the_device_does_not_draw_keep_host_rounds(tiny_models,
      pytest.param({"logit_bias": ((799, 5.0),)}, id="greedy-with-a-bias")],
 )
 def test_sampled_and_logprobs_requests_keep_host_rounds(tiny_models, run, request_kind: dict) -> None:
-    """The device rounds take the verify's raw argmax: a request that samples, wants logprobs or adjusts its
-    logits (penalties, logit_bias) keeps host rounds."""
+    """Device rounds that do not draw (`draws` False, as exl3's with exl3-sample-draw off) take the verify's
+    raw argmax: a request that samples, wants logprobs or adjusts its logits (penalties, logit_bias) keeps
+    host rounds."""
     model = tiny_models[0]
     kind = dict(request_kind)
     top_logprobs = kind.pop("top_logprobs", None)
@@ -417,3 +418,30 @@ def test_a_grammar_open_from_the_start_or_without_a_free_stop_slot_keeps_host_ro
         got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
         assert got.same_output(plain) and got.stats.rounds >= 1
         assert backend.device_rounds.attempts == 0
+
+
+def test_a_sampled_grammars_request_draws_on_the_device_until_its_grammar_opens(grammar_model, vocabulary,
+                                                                               run) -> None:  # fmt: skip
+    """A sampled request whose grammar opens after a token it draws freely: its rounds are drawn on the
+    device up to that token (one of them undrawn and decided by the host), then host rounds mask their
+    rows. Plain sampled decoding's text under the grammar."""
+    model = grammar_model
+    prompt = tuple(model.tokenizer.encode(GRAMMAR_PROMPT, special=False))
+    sampling = Params(seed=13, **SAMPLED)
+    free = run(model.backend(), model.tokenizer, GenerationRequest(prompt, 16, sampling)).token_ids
+    at = next(i for i in range(4, len(free)) if free[i] not in free[:i])
+    grammar = Grammar.json_schema(vocabulary, WEATHER, opens_after=(free[at],))
+    request = GenerationRequest(prompt, 48, sampling, grammar=grammar)
+    plain = run(model.backend(), model.tokenizer, request)
+    assert plain.token_ids[: at + 1] == free[: at + 1]
+    drafter = RandomDrafter(model.backend().info.vocab_size, seed=4)  # about a token a round
+    backend = _drawing(model, drafter)
+    rounds = backend.device_rounds
+    rounds.undrawn = {2}
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+    assert got.same_output(plain)
+    assert got.stats.faults_detected == {UNDRAWN: 1} and rounds.settles == 1
+    opener = (*model.backend().info.stop_token_ids, free[at])
+    assert rounds.starts == [opener, opener]  # started again after the host's round
+    assert rounds.committed[-1] == free[at]  # the device's last round ended at the opening token
+    assert got.stats.rounds > rounds.attempts  # the grammar's part ran on the host
