@@ -1,5 +1,5 @@
 """A top_k request's draw on the GPU (`patches/kernels/sample_draw.cu`; issue 9: the host's share of a sampled
-round; registry switch `exl3-sample-draw`, off until its GPU A/B).
+round; registry switch `exl3-sample-draw`, on since session 56).
 
 `elpis.spec.sampling` draws a top_k request's tokens from each row's largest logits: torch computes their
 float64 weights, then the host ranks them, cuts top_k, top_p and min_p and draws. With the switch on, the
@@ -7,7 +7,9 @@ weights torch computed (the same tensors) go to one launch, one thread a row, wh
 integers and comparisons, and only the tokens are read back. Every token is the host's: the kernel's rows
 equal the host's on rows of every kind under the CPU emulation (tests/kernels/test_sample_draw_emu.py) and on
 the GPU (tests/kernels/test_sample_draw.py). Where a row's head edge ties past the logits read, the call is
-drawn from the whole vocabulary on the host, as without the switch.
+drawn from the whole vocabulary on the host, as without the switch. Rounds on the GPU
+(`elpis.exl3.device_round`) queue the same kernel inside a round's graph (`queue`), its parameters read from
+device memory.
 
 The library is built by `elpis.nvcc.load` for the current GPU and called through ctypes with device pointers
 on the current stream; `bind` sets the entries' types on any build (the GPU's, or the CPU emulation).

@@ -166,7 +166,11 @@ def main() -> None:
         }  # fmt: skip
         print("PENALTYAB " + json.dumps(doc), flush=True)
         documents.append(doc)
-    args.out.write_text(json.dumps({"arms": arms, "contexts": documents}, indent=1) + "\n")
+    from elpis.bench.hardware import machine_facts
+
+    # the GPU, the software versions and the revision beside the figures
+    report = {"machine": machine_facts(), "arms": arms, "contexts": documents}
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":
