@@ -5,7 +5,8 @@ tokens excluded, as OpenAI and vLLM count them) and `seen[t]` whether t is in th
 before p (the repetition penalty's set, as in vLLM and Hugging Face), each logit x[t] of the row becomes, in
 float64 and in this order:
 
-1. repetition: x / r where seen and x > 0, x * r where seen and x <= 0;
+1. repetition: x * (1 / r) where seen and x > 0, x * r where seen and x <= 0 (a product by the reciprocal,
+   what torch computes for x / r on a GPU, written so on every device and in the GPU rounds' kernel);
 2. frequency and presence: x - (f * count + q * [count > 0]);
 3. bias: x + logit_bias[t].
 
@@ -97,7 +98,7 @@ class History:
             seen = seen.clone().index_put_(at, ones > 0)
         if p.repetition_penalty != 1.0:
             r = float(p.repetition_penalty)
-            x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+            x = torch.where(seen, torch.where(x > 0, x * (1.0 / r), x * r), x)
         if p.frequency_penalty or p.presence_penalty:
             present = (counts > 0).to(torch.float64)
             x = x - (counts * float(p.frequency_penalty) + present * float(p.presence_penalty))

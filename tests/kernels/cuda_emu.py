@@ -191,6 +191,9 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
 // 1 MiB a fiber's stack, from one arena kept across blocks and launches (malloc maps it lazily; pages are
 // touched only as used, and once: a fresh mapping per block faulted its pages in again for every block).
 constexpr size_t emu_stack_bytes = size_t(1) << 20;

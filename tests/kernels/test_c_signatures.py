@@ -19,6 +19,7 @@ from elpis.exl3 import (
     embed_gather,
     gdn_ba,
     gdn_tree,
+    round_adjust,
     round_plan,
     round_tail,
     rows_gemm,
@@ -75,6 +76,7 @@ BINDINGS = [
     *((rows_gemm.SOURCE, name, args) for name, args in rows_gemm.ENTRY_ARGS.items()),
     *((rows_gemm.SOURCE, name, args) for name, (args, _) in rows_gemm.SIZE_ENTRIES.items()),
     *((sample_draw.SOURCE, name, args) for name, args in sample_draw.ENTRY_ARGS.items()),
+    *((round_adjust.SOURCE, name, args) for name, args in round_adjust.ENTRY_ARGS.items()),
 ]
 
 
