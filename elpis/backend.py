@@ -129,17 +129,17 @@ class DeviceRounds(Protocol):
         ...
 
     def draws(self, sampling: SamplingParams) -> bool:
-        """Whether rounds here draw a sampled request's targets under `sampling` (the host's tokens, row by
-        row); greedy requests need no draw."""
+        """Whether rounds here decide a request's targets under `sampling` (the host's tokens, row by row):
+        greedy or drawn, with or without penalties and logit_bias."""
         ...
 
     def start(self, *, context: Sequence[int], remaining: int, tree_budget: int, stops: Sequence[int],
-              top_k: int, sampling: SamplingParams | None = None) -> None:
+              top_k: int, sampling: SamplingParams | None = None, generated: int = 0) -> None:
         """Take over the backend's begun sequence, whose tokens so far are `context` (the prompt, then every
         committed token; its last is the anchor the next round starts from): `remaining` tokens to generate at
-        most, a round ending at the first of `stops` it commits, each row's target drawn under `sampling`
-        (None or greedy: the argmax). A sequence may be taken over again after host rounds or after rounds
-        here that ended at a stop."""
+        most, a round ending at the first of `stops` it commits, each row's target decided under `sampling`
+        (None: the raw argmax), whose penalties count the last `generated` tokens of `context` as generated. A
+        sequence may be taken over again after host rounds or after rounds here that ended at a stop."""
         ...
 
     def settle(self) -> DeviceRound | None:

@@ -2,8 +2,9 @@
 and the host one round behind. Served by default since session 41 (switch exl3-device-rounds, on) for
 greedy requests where it applies: its GPU tests (tests/exl3/test_device_round.py), the 24 GiB test and the
 whole GPU suite pass with it on, and it is 0.5-0.8 ms a round faster than host rounds at 1K and 8K (H100,
-calls 153-154 and 157). Since session 56 sampled top_k requests run here too where exl3-sample-draw is on
-(`draws`; each row drawn in the round: `_targets`).
+calls 153-154 and 157). Since session 56 sampled top_k requests run here too where exl3-sample-draw is on,
+and requests with penalties or logit_bias where exl3-round-adjust is on (`draws`; each row adjusted and drawn
+in the round: `_targets`).
 
 A host round (`elpis.spec.generate`) reads the draft's candidates back, builds the tree, fills the verify's
 inputs, reads the verify's row checks and greedy tokens back, runs the acceptor and fills the commit's inputs:
@@ -64,7 +65,15 @@ import torch
 
 from elpis.accept import abi
 from elpis.backend import UNDRAWN, BackendError, DeviceRound
-from elpis.exl3 import round_check, round_graph, round_plan, round_tail, sample_draw, verify_epilogue
+from elpis.exl3 import (
+    round_adjust,
+    round_check,
+    round_graph,
+    round_plan,
+    round_tail,
+    sample_draw,
+    verify_epilogue,
+)
 from elpis.exl3.draft_graph import block_pages
 from elpis.exl3.tree_graph import verify_pages
 from elpis.spec import sampling
@@ -211,11 +220,14 @@ class DeviceRounds:
     draft blocks and the embedding gather (each required: without them the host must see the tree)."""
 
     def __init__(
-        self, backend: Exl3Backend, *, round_graphs: bool | None = None, sampled: bool | None = None
+        self, backend: Exl3Backend, *, round_graphs: bool | None = None, sampled: bool | None = None,
+        adjusting: bool | None = None,
     ) -> None:
         """`round_graphs`: each round key's rounds as one composed graph launch (`elpis.exl3.round_graph`);
         None: the registry switch exl3-round-graph. `sampled`: sampled top_k requests' rounds here too, their
-        targets drawn on the GPU (`elpis.exl3.sample_draw`); None: the registry switch exl3-sample-draw."""
+        targets drawn on the GPU (`elpis.exl3.sample_draw`); None: the registry switch exl3-sample-draw.
+        `adjusting`: requests with penalties or logit_bias too, their rows adjusted on the GPU
+        (`elpis.exl3.round_adjust`); None: the registry switch exl3-round-adjust."""
         graphs, drafter = backend.graphs, backend.drafter
         if not backend.tree or graphs is None or graphs.table is None:
             raise BackendError(
@@ -260,6 +272,9 @@ class DeviceRounds:
         self.sampled = patches.enabled(sample_draw.PATCH) if sampled is None else sampled
         if self.sampled:
             sample_draw.load()
+        self.adjusting = patches.enabled(round_adjust.PATCH) if adjusting is None else adjusting
+        if self.adjusting:
+            round_adjust.load()
 
     def _buffers(self, dev: torch.device | str, run: int, *, pin_memory: bool) -> None:
         """The state block, cells, record slots and conditioning inputs on `dev` (host slots pinned on a GPU
@@ -296,6 +311,12 @@ class DeviceRounds:
         self.sampling: SamplingParams | None = None  # the request's, None for a greedy one
         self.draw_params = torch.zeros((sample_draw.PARAM_WORDS,), dtype=torch.int64, device=dev)
         self.inverse_temperature = torch.zeros((1,), dtype=torch.float64, device=dev)
+        # a request's penalties and logit_bias: its history in device memory (made at the first such request),
+        # and each row count's adjusted rows (float64 [run, vocab], made at its first adjusted round)
+        self.adjusting = False  # whether requests that adjust their logits run here (`draws`)
+        self.adjusts = False  # whether the request's rows are adjusted
+        self.history: round_adjust.DeviceHistory | None = None
+        self._adjusted: dict[int, torch.Tensor] = {}
 
     @property
     def choice(self) -> RunChoice | None:
@@ -321,22 +342,27 @@ class DeviceRounds:
         return bool(self.backend.tree)
 
     def draws(self, params: SamplingParams) -> bool:
-        """Whether a sampled request's rows are drawn here: with sampled rounds on, a top_k draw the kernel
-        takes (`sample_draw.row_count`) of raw logits (no penalty or bias adjusts them)."""
-        vocab = self.backend.info.vocab_size
-        return self.sampled and not params.adjusts_logits and sample_draw.row_count(params, vocab) > 0
+        """Whether a request's targets are decided here: greedy ones, sampled ones with sampled rounds on and
+        a top_k draw the kernel takes (`sample_draw.row_count`), and either with penalties or logit_bias only
+        where adjusting rounds are on."""
+        if params.adjusts_logits and not self.adjusting:
+            return False
+        if params.greedy:
+            return True
+        return self.sampled and sample_draw.row_count(params, self.backend.info.vocab_size) > 0
 
     def start(self, *, context: Sequence[int], remaining: int, tree_budget: int, stops: Sequence[int],
-              top_k: int, sampling: SamplingParams | None = None) -> None:
+              top_k: int, sampling: SamplingParams | None = None, generated: int = 0) -> None:
         """Take over the backend's active sequence (begun, nothing pending) for rounds on the GPU: right after
         its prompt, or again after host rounds or rounds here that ended at a stop. `context` is its tokens;
-        the last is the anchor (the backend holds the others). `sampling`: a sampled request's parameters,
-        which `draws` must take (None or greedy: the rows' argmax)."""
+        the last is the anchor (the backend holds the others). `sampling`: the request's parameters, which
+        `draws` must take (None: greedy without adjustments); `generated`: how many of `context`'s last tokens
+        were generated (the rest is the prompt), which penalties count."""
         self.drain()
-        if sampling is not None and sampling.greedy:
-            sampling = None
         if sampling is not None and not self.draws(sampling):
             raise ValueError("rounds on the GPU do not draw this request's rows (DeviceRounds.draws)")
+        if not 0 <= generated <= len(context):
+            raise ValueError(f"{generated} generated tokens in a context of {len(context)}")
         b = self.backend
         if not b.active or b.pending is not None:
             raise BackendError("rounds on the GPU start on a begun sequence with no pending verify")
@@ -365,10 +391,17 @@ class DeviceRounds:
             tree_budget=tree_budget, stops=stops, epoch=self.epoch,
         )  # fmt: skip
         self.state.copy_(torch.from_numpy(words))  # from pageable memory: synchronous, once per request
-        self.sampling = sampling
-        if sampling is not None:
-            self.draw_params.copy_(torch.tensor(sample_draw.param_words(sampling), dtype=torch.int64))
-            self.inverse_temperature.fill_(sampling.inverse_temperature)  # a float64 holds it exactly
+        self.adjusts = sampling is not None and sampling.adjusts_logits
+        if self.adjusts:
+            assert sampling is not None
+            if self.history is None:
+                self.history = round_adjust.DeviceHistory(b.info.vocab_size, self.state.device)
+            cut = len(context) - generated
+            self.history.start(sampling, context[:cut], context[cut:])
+        self.sampling = None if sampling is None or sampling.greedy else sampling
+        if self.sampling is not None:
+            self.draw_params.copy_(torch.tensor(sample_draw.param_words(self.sampling), dtype=torch.int64))
+            self.inverse_temperature.fill_(self.sampling.inverse_temperature)  # a float64 holds it exactly
         self.settled = b.position()
 
     def drain(self) -> None:
@@ -543,6 +576,10 @@ class DeviceRounds:
         outputs = (self.records[slot][round_plan.RECORD_WORDS :], moves, commit_plan, self.cond_index,
                    self.cond_kvp)  # fmt: skip
         round_tail.decide(self.cells, ids, bad, self.state, c.block_table[0], c.page_count, *outputs)
+        if self.adjusts:  # the tokens it committed join the history the next round's rows are adjusted by
+            assert self.history is not None
+            at = round_plan.RECORD_WORDS + round_tail.REC_TOKENS
+            self.history.count(self.records[slot][at : at + abi.MAX_ROWS].to(torch.int64))
 
     def _copy_records(self, slot: int) -> None:
         self.host_records[slot].copy_(self.records[slot], non_blocking=True)
@@ -564,7 +601,7 @@ class DeviceRounds:
         by the graph, so their identities stay unique while it lives). Not the page count: the tail reads it
         from device memory."""
         dc, cond = keys
-        return (id(c), id(dc), id(cond), slot, self.top_k, self._draw_top_k())
+        return (id(c), id(dc), id(cond), slot, self.top_k, self._draw_top_k(), self.adjusts)
 
     def _draw_top_k(self) -> int:
         """The top_k a sampled request's captured draw bakes in (its shapes), 0 for a greedy request."""
@@ -639,10 +676,28 @@ class DeviceRounds:
         and the kernel's draw (`sample_draw`) for each row's position (its position id, `positions`, plus
         one: the token the row draws follows it), the host's tokens; a row it leaves to the host gets a
         target < 0, which the tail refuses (`UNDRAWN`). The host's digest check has no counterpart: the
-        logits never leave the device."""
+        logits never leave the device. A request with penalties or logit_bias has its rows adjusted first
+        (`round_adjust`, the history in device memory), and its targets are the adjusted rows' argmax or
+        draw, as `History.adjusted` then `sample_rows` give them on the host."""
         verify_epilogue.row_results(out, self.ids, self.bad)
+        rows = out
+        if self.adjusts:  # the request's penalties and bias, each row counting its own path
+            assert self.history is not None
+            rows = self._adjusted_rows(out.shape)
+            round_adjust.queue(out, self.cells, self.history, rows)
         params = self.sampling
         if params is not None:
-            top = sampling.top_weights(out, params, min(params.top_k, out.shape[1]), self.inverse_temperature)
+            width = min(params.top_k, out.shape[1])
+            top = sampling.top_weights(rows, params, width, self.inverse_temperature)
             sample_draw.queue(top, params.top_k, self.draw_params, positions.to(torch.int64), 1, self.ids)
+        elif self.adjusts:
+            self.ids.copy_(sampling.greedy_ids(rows))  # the adjusted argmax, -1 where not finite
         return self.ids, self.bad
+
+    def _adjusted_rows(self, shape: torch.Size) -> torch.Tensor:
+        """The row count's buffer of adjusted rows, made at its first adjusted round (eager, before any
+        capture of it) and kept: a composed graph addresses it."""
+        run = shape[0]
+        if run not in self._adjusted:
+            self._adjusted[run] = torch.empty(tuple(shape), dtype=torch.float64, device=self.state.device)
+        return self._adjusted[run]

@@ -243,31 +243,45 @@ class SpeculativeGenerator:
 
     def _round_source(self, request: GenerationRequest, stops: tuple[int, ...], context: list[int],
                       stats: GenerationStats) -> Callable[[int, int], _Committed]:
-        """How each round is run: on the backend's device for a request without logprobs or logit adjustments,
-        greedy or with a draw the device takes (`DeviceRounds.draws`), when the backend has rounds there
-        (`elpis.backend.DeviceRounds`) and a drafter is set, else on the host. A round the device could not
-        draw (`UNDRAWN`) is the host's, and the device's rounds start again after it. A grammar's request
-        runs there too while its grammar is closed: each round ends at the opening token the grammar awaits,
-        as at a stop, and the rounds after the last one are the host's, which mask their rows."""
+        """How each round is run: on the backend's device for a request without logprobs whose targets the
+        device decides (`DeviceRounds.draws`: greedy, sampled with a draw it takes, adjusted where it
+        adjusts), when the backend has rounds there (`elpis.backend.DeviceRounds`) and a drafter is set, else
+        on the host. A round the device could not draw (`UNDRAWN`) is the host's, and the device's rounds
+        start again after it; the request's history (penalties, logit_bias) is one for both, each committed
+        token counted. A grammar's request runs there too while its grammar is closed: each round ends at the
+        opening token the grammar awaits, as at a stop, and the rounds after the last one are the host's,
+        which mask their rows."""
         device = getattr(self.backend, "device_rounds", None)
         params = request.sampling
-        on_device = (device is not None and self.drafter is not None and not params.adjusts_logits
-                     and request.top_logprobs is None and device.serves()
-                     and (params.greedy or device.draws(params)))
+        on_device = (device is not None and self.drafter is not None and request.top_logprobs is None
+                     and device.serves() and device.draws(params))
         constraint = request.grammar.start() if request.grammar is not None else None
-        host_round = self._host_rounds(request, stops, context, stats, constraint)
+        history = (History(params, request.prompt_ids, self.backend.info.vocab_size)
+                   if params.adjusts_logits else None)
+        host_round = self._host_rounds(request, stops, context, stats, constraint, history)
         if not on_device:
             return host_round
+        prompt_length = len(request.prompt_ids)
+
+        def start(remaining: int, ends_at: tuple[int, ...]) -> None:
+            device.start(context=context, remaining=remaining, tree_budget=self.tree_budget, stops=ends_at,
+                         top_k=self.draft_top_k, sampling=params, generated=len(context) - prompt_length)
+
+        def device_round() -> _Committed | None:
+            done = self._device_round(device, stats)
+            if done is not None and history is not None:
+                history.commit(done.tokens)  # for the host's rounds after these
+            return done
+
         if constraint is None:
             started = False
 
             def round_on_device(remaining: int, room: int) -> _Committed:
                 nonlocal started
                 if not started:
-                    device.start(context=context, remaining=remaining, tree_budget=self.tree_budget,
-                                 stops=stops, top_k=self.draft_top_k, sampling=params)
+                    start(remaining, stops)
                     started = True
-                done = self._device_round(device, stats)
+                done = device_round()
                 if done is None:  # undrawn: the host decides this round; the device starts again after it
                     started = False
                     return host_round(remaining, room)
@@ -285,11 +299,9 @@ class SpeculativeGenerator:
                 return host_round(remaining, room)
             if running != awaited:
                 # an awaited stop ends the request before the grammar opens: no slot of its own
-                ends_at = stops if awaited in stops else (*stops, awaited)
-                device.start(context=context, remaining=remaining, tree_budget=self.tree_budget,
-                             stops=ends_at, top_k=self.draft_top_k, sampling=params)
+                start(remaining, stops if awaited in stops else (*stops, awaited))
                 running = awaited
-            done = self._device_round(device, stats)
+            done = device_round()
             if done is None:  # undrawn: the host decides this round (and commits it to the grammar)
                 running = None
                 return host_round(remaining, room)
@@ -304,14 +316,13 @@ class SpeculativeGenerator:
         return round_until_open
 
     def _host_rounds(self, request: GenerationRequest, stops: tuple[int, ...], context: list[int],
-                     stats: GenerationStats,
-                     constraint: Constraint | None) -> Callable[[int, int], _Committed]:
-        """Rounds on the host: the tree built here, the verify's rows adjusted and masked and sampled here."""
+                     stats: GenerationStats, constraint: Constraint | None,
+                     history: History | None) -> Callable[[int, int], _Committed]:
+        """Rounds on the host: the tree built here, the verify's rows adjusted (`history`, the request's
+        penalties and bias) and masked and sampled here."""
         backend = self.backend
         link = backend if isinstance(backend, RoundLink) else RoundLink(backend)
         tracker = RoundTracker(next(_EPOCHS), backend.info.vocab_size)
-        history = (History(request.sampling, request.prompt_ids, backend.info.vocab_size)
-                   if request.sampling.adjusts_logits else None)
         costs = None
         choice: RunChoice | None = None
         if self.drafter is not None:

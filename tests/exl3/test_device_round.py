@@ -29,7 +29,10 @@ What they establish:
 (n) (session 56, staged): sampled top_k requests with their rounds on the GPU (each row drawn there by
     `elpis.exl3.sample_draw`'s kernel from the request's parameters in device memory) give plain sampled
     decoding's tokens, with the draft's trees and with the known continuation's deep trees; two requests of
-    other parameters and the same top_k run the same composed graphs.
+    other parameters and the same top_k run the same composed graphs;
+(o) (session 56, staged): requests with penalties and logit_bias, greedy and sampled, with their rows adjusted
+    on the GPU (`elpis.exl3.round_adjust`, each row counting its own path) give plain decoding's tokens under
+    the same adjustments, with the draft's trees and with the known continuation's deep trees.
 """
 
 from __future__ import annotations
@@ -414,7 +417,8 @@ def test_penalised_requests_keep_host_rounds_and_plain_decodings_tokens(backend,
     got, stats = tokens(gen, penalised)
     assert got == truth, "a penalised request with accepted drafts differs from plain penalised decoding"
     assert max(stats.committed_per_round) >= 4 and stats.rounds < TOKENS // 2, stats.committed_per_round
-    assert backend.device_rounds.rounds == before, "a penalised request ran a round on the GPU"
+    if not backend.device_rounds.adjusting:  # (o) runs them on the GPU
+        assert backend.device_rounds.rounds == before, "a penalised request ran a round on the GPU"
 
 
 def small_vocabulary(tokenizer_json: str, vocab_size: int):
@@ -522,3 +526,48 @@ def test_sampled_requests_draw_their_rounds_on_the_gpu(backend, decoder):  # noq
             assert max(stats.committed_per_round) >= 4, stats.committed_per_round
     finally:
         rounds.sampled = was
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_penalised_requests_adjust_their_rows_on_the_gpu(backend, decoder, temperature):  # noqa: F811
+    """(o) The request of (l) (three tokens biased by +100 beside every penalty) with adjusting rounds on:
+    every round on the GPU, each row adjusted there counting its own path, plain penalised decoding's tokens
+    with the draft's own trees (composed) and with the known continuation's deep trees."""
+    from elpis.exl3 import round_adjust, sample_draw
+    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+
+    ids = prompt(1200, 57, backend.info.vocab_size)
+    favoured = tuple((t, 100.0) for t in (101, 202, 303))
+    sampling = SamplingParams(temperature=temperature, top_k=20 if temperature else 0, seed=9,
+                              logit_bias=favoured, frequency_penalty=2.0, presence_penalty=1.5,
+                              repetition_penalty=1.2)  # fmt: skip
+    request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=TOKENS, sampling=sampling, ignore_eos=True)
+
+    def tokens(gen) -> tuple[list[int], object]:
+        steps = list(gen.generate(request))
+        return [t for step in steps for t in step.token_ids], steps[-1].stats
+
+    def speculative() -> SpeculativeGenerator:
+        return SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=16, draft_top_k=4)
+
+    truth, _ = tokens(SpeculativeGenerator(backend, decoder))  # host rounds of the anchor alone
+    rounds = backend.device_rounds
+    round_adjust.load()
+    sample_draw.load()
+    was = rounds.adjusting, rounds.sampled
+    rounds.adjusting = rounds.sampled = True
+    try:
+        assert rounds.draws(sampling)
+        before = rounds.rounds
+        got, stats = tokens(speculative())
+        assert got == truth, "penalised rounds on the GPU differ from plain penalised decoding"
+        assert rounds.rounds - before == stats.rounds and not stats.faults_detected
+        rounds._candidates = KnownContinuation(rounds, truth, len(ids) - 1)
+        try:
+            got, stats = tokens(speculative())
+        finally:
+            del rounds._candidates
+        assert got == truth, "the known continuation's penalised rounds differ from plain penalised decoding"
+        assert max(stats.committed_per_round) >= 4, stats.committed_per_round
+    finally:
+        rounds.adjusting, rounds.sampled = was

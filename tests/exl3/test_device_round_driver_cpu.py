@@ -27,6 +27,7 @@ from elpis.exl3 import (
     draft_candidates,
     drafter,
     gdn_tree,
+    round_adjust,
     round_plan,
     round_tail,
     sample_draw,
@@ -37,7 +38,8 @@ from elpis.exl3.draft_graph import block_pages
 from elpis.exl3.tree_graph import Captured, bucket_pages, context_bucket, packed_sizes
 from elpis.exl3.tree_verify import PAGE, GraphInputs
 from elpis.exl3.upload import padded_table
-from elpis.spec.sampling import SamplingParams, sample_rows
+from elpis.spec.penalties import History
+from elpis.spec.sampling import SamplingParams, greedy_tokens, sample_rows
 from tests.kernels import cuda_emu
 from tests.spec.alternate_runs import Alternate
 
@@ -60,14 +62,16 @@ def kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     epilogue = spans(f, verify_epilogue, "ELPIS_VERIFY_EPILOGUE", launches=3, threads=32)
     candidates = spans(f, draft_candidates, "ELPIS_DRAFT_CANDIDATES", launches=4, threads=32)
     draw = sample_draw.bind(cuda_emu.build_emulated(sample_draw.SOURCE, out / "draw", launches=1))
-    return round_plan.bind(plan), round_tail.bind(tail), epilogue, candidates, draw
+    adjust = round_adjust.bind(cuda_emu.build_emulated(round_adjust.SOURCE, out / "adjust", launches=1))
+    return round_plan.bind(plan), round_tail.bind(tail), epilogue, candidates, draw, adjust
 
 
 @pytest.fixture
 def cpu_rounds(kernels: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
     """The emulated kernels in place of the GPU builds; events and streams are no-ops on one CPU queue."""
-    plan_lib, tail_lib, epilogue_lib, candidates_lib, draw_lib = kernels
+    plan_lib, tail_lib, epilogue_lib, candidates_lib, draw_lib, adjust_lib = kernels
     monkeypatch.setattr(sample_draw, "_library", lambda: draw_lib)
+    monkeypatch.setattr(round_adjust, "_library", lambda: adjust_lib)
     monkeypatch.setattr(draft_candidates, "_library", lambda: candidates_lib)
     monkeypatch.setattr(round_plan, "_library", lambda: plan_lib)
     monkeypatch.setattr(round_tail, "_library", lambda: tail_lib)
@@ -84,29 +88,30 @@ def cpu_rounds(kernels: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
 
 class StandInVerify:
     """A captured verify's replay: logits whose row maximum is f(row's token), and the draft's export; with
-    `sampled`, each row's logits are `sampled_logits` of its token."""
+    `sampled`, each row's logits are `sampled_logits` of its token (`ties`: TIED's flat row too)."""
 
-    def __init__(self, c: Captured, sampled: bool = False) -> None:
-        self.c, self.sampled = c, sampled
+    def __init__(self, c: Captured, sampled: bool = False, ties: bool = False) -> None:
+        self.c, self.sampled, self.ties = c, sampled, ties
 
     def replay(self) -> None:
         c = self.c
         logits = torch.randn(1, c.out.shape[1], VOCAB + 8, dtype=torch.float16) * 0.1
         for r, t in enumerate(c.ids.tolist()):
             if self.sampled:
-                logits[0, r, :VOCAB] = sampled_logits(t)
+                logits[0, r, :VOCAB] = sampled_logits(t, self.ties)
             else:
                 logits[0, r, f(t)] = 10.0
         c.out.copy_(logits)
 
 
-TIED = 17  # the token after which the sampled stand-in's logits tie far past a top_k head's edge
+TIED = 17  # the token after which the sampled stand-in's logits may tie far past a top_k head's edge
 
 
-def sampled_logits(t: int) -> torch.Tensor:
-    """The sampled stand-in model's fp16 logits after token t: noise fixed by t, f(t) the most likely; after
-    TIED, f(t) and a flat rest, whose head edge the draw leaves to the host."""
-    if t == TIED:
+def sampled_logits(t: int, ties: bool = False) -> torch.Tensor:
+    """The sampled stand-in model's fp16 logits after token t: noise fixed by t, f(t) the most likely; with
+    `ties`, after TIED f(t) and a flat rest, whose head edge the draw leaves to the host (any tree row holding
+    TIED, drafted or not, then makes its round undrawn)."""
+    if ties and t == TIED:
         row = torch.zeros(VOCAB)
     else:
         row = torch.randn(VOCAB, generator=torch.Generator().manual_seed(t)) * 1.5
@@ -128,11 +133,11 @@ class StandInGraphs:
 
     table, gate = True, None
 
-    def __init__(self, sampled: bool = False) -> None:
+    def __init__(self, sampled: bool = False, ties: bool = False) -> None:
         self.keys: dict[tuple[int, int], Captured] = {}
         self.replays = 0
         self.commits = 0
-        self.sampled = sampled
+        self.sampled, self.ties = sampled, ties
 
     def table_width(self, kvp: int, run: int) -> int:
         return bucket_pages(kvp + run, CACHE)
@@ -152,7 +157,7 @@ class StandInGraphs:
                          position_ids=pos.view(1, run), inputs=inputs, ints=ints)  # fmt: skip
             c.out = torch.zeros(1, run, VOCAB + 8, dtype=torch.float16)  # ExLlamaV3's head writes fp16
             c.export = [torch.zeros(1, run, 4)]
-            c.graph = StandInVerify(c, self.sampled)
+            c.graph = StandInVerify(c, self.sampled, self.ties)
             self.keys[key] = c
         return self.keys[key]
 
@@ -299,8 +304,8 @@ class StandInBackend:
     tree = True
     run_choice = None
 
-    def __init__(self, prompt: list[int], wrong: float, sampled: bool = False) -> None:
-        self.graphs = StandInGraphs(sampled)
+    def __init__(self, prompt: list[int], wrong: float, sampled: bool = False, ties: bool = False) -> None:
+        self.graphs = StandInGraphs(sampled, ties)
         self.drafter = types.SimpleNamespace(graphs=StandInDraft(wrong))
         self.info = types.SimpleNamespace(vocab_size=VOCAB, max_context=65_536)
         self.engine = types.SimpleNamespace(device="cpu")
@@ -708,8 +713,8 @@ def test_the_run_choice_takes_eight_rows_where_sixteen_cost_more_than_they_commi
 SAMPLED = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.02, seed=7)
 
 
-def sampled_driver(prompt: list[int], wrong: float = 0.3) -> dr.DeviceRounds:
-    rounds = driver(StandInBackend(prompt, wrong, sampled=True))
+def sampled_driver(prompt: list[int], wrong: float = 0.3, ties: bool = False) -> dr.DeviceRounds:
+    rounds = driver(StandInBackend(prompt, wrong, sampled=True, ties=ties))
     rounds.sampled = True
     return rounds
 
@@ -728,11 +733,9 @@ def test_sampled_rounds_commit_plain_decodings_draws(prompt_len: int, composed: 
     random.seed(prompt_len)
     torch.manual_seed(prompt_len)
     prompt = [random.randrange(VOCAB) for _ in range(prompt_len)]
-    prompt[-1] = 5 if prompt[-1] == TIED else prompt[-1]
     rounds = sampled_driver(prompt)
     rounds.round_graphs = RoundGraphs(StandInComposer()) if composed else None
     want = plain_sampled(prompt, 40, SAMPLED)
-    assert TIED not in want[:-1], "the stand-in's seed reaches the tied row: pick another"
     got, faults = generate(rounds, 40, sampling=SAMPLED)
     assert got == want and not faults
     assert want != plain(prompt, 40)  # the draws are not the argmax
@@ -761,7 +764,7 @@ def test_a_row_the_draw_leaves_to_the_host_is_undrawn_and_nothing_moves() -> Non
     random.seed(31)
     prompt = [random.randrange(VOCAB) for _ in range(200)]
     prompt[-1] = TIED
-    rounds = sampled_driver(prompt)
+    rounds = sampled_driver(prompt, ties=True)
     b = rounds.backend
     rounds.start(context=[*b.tokens, b.anchor], remaining=20, tree_budget=RUN, stops=[], top_k=4,
                  sampling=SAMPLED)  # fmt: skip
@@ -789,3 +792,79 @@ def test_a_request_the_device_does_not_draw_is_refused_at_start() -> None:
                          sampling=params)  # fmt: skip
     rounds.sampled = False
     assert not rounds.draws(SAMPLED)
+
+
+# -- requests with penalties and logit_bias: each row adjusted on the device --------------------------------
+FAVOURED = ((3, 6.0), (4, 6.0), (5, 6.0))  # the stand-in then repeats these, which the penalties see
+
+
+def plain_adjusted(prompt: list[int], n: int, params: SamplingParams) -> list[int]:
+    """The sampled stand-in's plain decoding under `params`' adjustments (History, one row at a time)."""
+    history = History(params, prompt, VOCAB)
+    out, t = [], prompt[-1]
+    for i in range(n):
+        row = history.adjusted(sampled_logits(t).float().unsqueeze(0), [()])
+        t = greedy_tokens(row)[0] if params.greedy else sample_rows(row, params, [len(prompt) + i])[0]
+        history.commit([t])
+        out.append(t)
+    return out
+
+
+ADJUSTED = [
+    SamplingParams(frequency_penalty=2.0, presence_penalty=1.5, logit_bias=FAVOURED),
+    SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=7, presence_penalty=1.5, logit_bias=FAVOURED),
+    SamplingParams(temperature=1.0, top_k=8, seed=8, repetition_penalty=1.4, frequency_penalty=0.7,
+                   logit_bias=FAVOURED),
+]
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+@pytest.mark.parametrize("composed", [False, True], ids=["pieces", "composed"])
+@pytest.mark.parametrize("params", ADJUSTED, ids=["greedy", "sampled-presence", "sampled-repetition"])
+def test_adjusted_rounds_commit_plain_decodings_tokens(params: SamplingParams, composed: bool) -> None:
+    """Each row adjusted by the history in device memory and its own path (read from the cells), the tokens
+    each round commits counted into the history in stream order, the rounds queued ahead: plain decoding's
+    tokens under the adjustments, which change them."""
+    from elpis.exl3.round_graph import RoundGraphs
+
+    random.seed(41)
+    torch.manual_seed(41)
+    prompt = [random.randrange(6, VOCAB) for _ in range(300)]
+    rounds = sampled_driver(prompt, wrong=0.2)
+    rounds.adjusting = True
+    rounds.round_graphs = RoundGraphs(StandInComposer()) if composed else None
+    want = plain_adjusted(prompt, 40, params)
+    unpenalised = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                                 seed=params.seed, logit_bias=FAVOURED)  # fmt: skip
+    assert want != plain_adjusted(prompt, 40, unpenalised), "the penalties changed nothing"
+    got, faults = generate(rounds, 40, sampling=params)
+    assert got == want and not faults
+    assert rounds.queued_ahead > 0
+
+
+@pytest.mark.usefixtures("cpu_rounds")
+def test_adjusted_rounds_started_again_count_the_tokens_generated_before() -> None:
+    """Rounds that ended at a stop (as a grammar's opening token ends them) start again with the tokens
+    generated so far counted by the penalties (`generated`), not taken for the prompt's."""
+    random.seed(43)
+    torch.manual_seed(43)
+    prompt = [random.randrange(6, VOCAB) for _ in range(300)]
+    params = ADJUSTED[0]
+    want = plain_adjusted(prompt, 40, params)
+    pause = want[6]
+    first = want.index(pause)
+    rounds = sampled_driver(prompt, wrong=0.2)
+    rounds.adjusting = True
+    before, _ = generate(rounds, 40, stops=(pause,), sampling=params)
+    assert before == want[: first + 1]
+    b = rounds.backend
+    context = [*b.tokens, before[-1]]
+    rounds.start(context=context, remaining=40 - len(before), tree_budget=RUN, stops=[], top_k=4,
+                 sampling=params, generated=len(before))  # fmt: skip
+    after: list[int] = []
+    while len(before) + len(after) < 40:
+        done = rounds.round()
+        assert done.fault is None
+        after.extend(done.tokens)
+    rounds.drain()
+    assert before + after == want

@@ -23,6 +23,7 @@ from elpis.backend import UNDRAWN, BackendError, DeviceRound
 from elpis.spec import GenerationRequest, SamplingParams
 from elpis.spec.drafters import NgramDrafter, OracleDrafter, RandomDrafter
 from elpis.spec.grammar import Grammar
+from elpis.spec.penalties import History, tree_paths
 from elpis.spec.request import MAX_STOP_TOKEN_IDS
 from elpis.spec.sampling import SamplingParams as Params
 from elpis.spec.sampling import greedy_tokens, sample_rows
@@ -38,13 +39,17 @@ class HostDeviceRounds:
     the round numbers (counting attempts) whose verify gets a flagged row, `transit` those whose result met a
     fault on its way back and was fetched again (elpis.exl3.device_round.checked_records), by kind. With
     `drawing`, sampled top_k requests' rows are drawn here (`sample_rows` for each row's position, as the
-    draw kernel does); `undrawn` are the attempts whose draw the device leaves to the host, and
-    `in_flight_commits` those of them after which the round still in flight commits (`settle`)."""
+    draw kernel does), and with `adjusting` rows are adjusted for penalties and logit_bias first (a History
+    of the request's prompt and generated tokens, each row counting its own path, as the adjust kernel does);
+    `undrawn` are the attempts whose draw the device leaves to the host, and `in_flight_commits` those of
+    them after which the round still in flight commits (`settle`)."""
 
     def __init__(self, backend, drafter, faults: Sequence[int] = (), transit: Transit = None) -> None:
         self.backend, self.drafter, self.faults = backend, drafter, set(faults)
         self.transit = transit or {}
         self.drawing = False
+        self.adjusting = False
+        self.history: History | None = None
         self.undrawn: set[int] = set()
         self.in_flight_commits: set[int] = set()
         self.settles = 0
@@ -61,15 +66,22 @@ class HostDeviceRounds:
         return self.serving
 
     def draws(self, params: Params) -> bool:
-        return self.drawing and not params.adjusts_logits and params.top_k > 0
+        if params.adjusts_logits and not self.adjusting:
+            return False
+        return params.greedy or (self.drawing and params.top_k > 0)
 
     def start(self, *, context: Sequence[int], remaining: int, tree_budget: int, stops: Sequence[int],
-              top_k: int, sampling: Params | None = None) -> None:
+              top_k: int, sampling: Params | None = None, generated: int = 0) -> None:
         if len(context) != self.backend.position() + 1:
             raise BackendError(f"context of {len(context)} tokens at position {self.backend.position()}")
-        if sampling is not None and not sampling.greedy and not self.draws(sampling):
+        if sampling is not None and not self.draws(sampling):
             raise ValueError("the device does not draw this request's rows")
         self.sampling = None if sampling is None or sampling.greedy else sampling
+        self.history = None
+        if sampling is not None and sampling.adjusts_logits:
+            cut = len(context) - generated
+            self.history = History(sampling, context[:cut], self.backend.info.vocab_size)
+            self.history.commit(context[cut:])
         self.sequence = list(context)
         self.remaining, self.tree_budget, self.stops, self.top_k = remaining, tree_budget, tuple(stops), top_k
         self.started = True
@@ -94,6 +106,8 @@ class HostDeviceRounds:
         else:
             tokens, parents = (context[-1],), (-1,)
         logits = b.verify(tokens, parents)
+        if self.history is not None:
+            logits = self.history.adjusted(logits, tree_paths(tokens, parents))
         if self.sampling is None:
             targets = greedy_tokens(logits)
         else:  # each row draws the token after it: the anchor's is at len(context)
@@ -112,6 +126,8 @@ class HostDeviceRounds:
         decision = accept.tree(list(parents), list(tokens), targets, list(self.stops), self.remaining)
         b.commit(decision.rows)
         committed = tuple(targets[r] for r in decision.rows)
+        if self.history is not None:
+            self.history.commit(committed)
         self.remaining -= decision.count
         self.sequence.extend(committed)
         self.committed.extend(committed)
@@ -253,6 +269,64 @@ def test_a_round_in_flight_that_commits_after_an_undrawn_one_is_taken(tiny_model
     assert got.stats.faults_detected == {UNDRAWN: 1} and rounds.settles == 1
     assert len(rounds.starts) == 1  # no host round: the device went on
     assert rounds.committed == plain.token_ids[: len(rounds.committed)]
+
+
+# -- requests with penalties and logit_bias, adjusted on the device ------------------------------------------
+# the tiny models then repeat these tokens, which the penalties see
+FAVOURED = ((101, 100.0), (202, 100.0), (303, 100.0))
+ADJUSTED = {
+    "greedy-frequency": {"frequency_penalty": 2.0, "presence_penalty": 1.5},
+    "greedy-everything": {"repetition_penalty": 1.3, "frequency_penalty": 2.0, "presence_penalty": 1.0},
+    "sampled-presence": {**SAMPLED, "presence_penalty": 1.5},
+    "sampled-everything": {**SAMPLED, "repetition_penalty": 1.5, "frequency_penalty": 2.0},
+}
+
+
+def _adjusting(model, drafter) -> WithDeviceRounds:
+    backend = _drawing(model, drafter)
+    backend.device_rounds.adjusting = True
+    return backend
+
+
+@pytest.mark.parametrize("name", ["oracle", "random"])
+@pytest.mark.parametrize("kind", ADJUSTED)
+def test_adjusted_rounds_on_the_device_give_plain_decodings_text(tiny_models, run, kind: str,
+                                                                  name: str) -> None:  # fmt: skip
+    """Penalties and bias adjusted on the device, each row counting its own path, the history started from
+    the prompt: plain decoding's text under the same adjustments (which change it)."""
+    model = tiny_models[0]
+    prompt = tuple(model.tokenizer.encode(PROMPT))
+    request = GenerationRequest(prompt, 24, Params(seed=11, logit_bias=FAVOURED, **ADJUSTED[kind]))
+    plain = run(model.backend(), model.tokenizer, request)
+    biased = {k: v for k, v in ADJUSTED[kind].items() if k in SAMPLED}
+    biased_only = GenerationRequest(prompt, 24, Params(seed=11, logit_bias=FAVOURED, **biased))
+    assert plain.token_ids != run(model.backend(), model.tokenizer, biased_only).token_ids  # penalties matter
+    drafter = (OracleDrafter(model.backend(), request.sampling, prompt_length=len(prompt)) if name == "oracle"
+               else RandomDrafter(model.backend().info.vocab_size, seed=3))  # fmt: skip
+    backend = _adjusting(model, drafter)
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+    assert got.same_output(plain)
+    assert backend.device_rounds.attempts == got.stats.rounds >= 1
+    if name == "oracle":
+        assert max(got.stats.committed_per_round) > 2  # deep paths, each counted into its own rows
+
+
+def test_an_undrawn_adjusted_round_is_decided_by_the_host_with_the_devices_tokens_counted(tiny_models,
+                                                                                         run) -> None:
+    """After device rounds commit tokens, a host round (the undrawn position) adjusts its rows by a history
+    that counts them too, and the device's rounds start again from the whole history."""
+    model = tiny_models[1]
+    prompt = tuple(model.tokenizer.encode(PROMPT))
+    params = Params(seed=12, logit_bias=FAVOURED, **ADJUSTED["sampled-everything"])
+    request = GenerationRequest(prompt, 24, params)
+    plain = run(model.backend(), model.tokenizer, request)
+    drafter = RandomDrafter(model.backend().info.vocab_size, seed=4)
+    backend = _adjusting(model, drafter)
+    rounds = backend.device_rounds
+    rounds.undrawn = {3, 6, 9, 12, 15}
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+    assert got.same_output(plain)
+    assert got.stats.faults_detected == {UNDRAWN: 5} and len(rounds.starts) == 6
 
 
 @pytest.mark.parametrize(

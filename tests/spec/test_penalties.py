@@ -37,7 +37,7 @@ def _by_hand(row: list[float], params: SamplingParams, prompt: list[int],
     out = []
     for t, x in enumerate(row):
         if t in seen and params.repetition_penalty != 1.0:
-            x = x / params.repetition_penalty if x > 0 else x * params.repetition_penalty
+            x = x * (1.0 / params.repetition_penalty) if x > 0 else x * params.repetition_penalty
         c = float(counts.get(t, 0))
         x = x - (c * params.frequency_penalty + (1.0 if c > 0 else 0.0) * params.presence_penalty)
         out.append(x + bias.get(t, 0.0))

@@ -19,9 +19,12 @@ is what it saves a round.
 With --gpu-sampled, one more arm is the sampled request with its rounds on the GPU (`DeviceRounds.draws`: its
 rows drawn there by the same kernel, session 56), checked to run there: its tokens must be the sampled
 arm's, and "gpu_rounds_save_ms" is what it saves a round against the sampled request's host rounds.
+With --gpu-adjusted, two more arms are the penalised requests (greedy and sampled, `presence_penalty` 1.5)
+with their rows adjusted on the GPU and their rounds there (registry patch exl3-round-adjust): their tokens
+must be the host-round arms', and "gpu_adjusted_saves_ms" is what they save a round.
 Usage (repo root):
   python3 elpis/bench/scripts/penalty_rounds.py MODEL DRAFT --out FILE.json [--contexts 1024,8192]
-      [--tokens 40] [--pairs 3] [--budget 16] [--grammar] [--device-draw] [--gpu-sampled]
+      [--tokens 40] [--pairs 3] [--budget 16] [--grammar] [--device-draw] [--gpu-sampled] [--gpu-adjusted]
 """
 
 from __future__ import annotations
@@ -61,8 +64,8 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
     from elpis.spec import sampling as sampler
     from elpis.spec.grammar import Grammar
 
-    sampling = {k: v for k, v in arm.items()
-                if k not in ("grammar", "opens_after", "device_draw", "gpu_sampled")}  # fmt: skip
+    switches = ("grammar", "opens_after", "device_draw", "gpu_sampled", "gpu_adjusted")
+    sampling = {k: v for k, v in arm.items() if k not in switches}
     grammar = None
     if "grammar" in arm:
         opens = tuple(arm["opens_after"]) if "opens_after" in arm else ()
@@ -73,17 +76,23 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
                                 grammar=grammar)  # fmt: skip
     out: list[int] = []
     rounds = backend.device_rounds
-    drawing, read_before = (rounds.sampled, rounds.rounds) if rounds is not None else (False, 0)
-    if arm.get("gpu_sampled") and rounds is None:
-        raise SystemExit("--gpu-sampled needs rounds on the GPU (exl3-device-rounds)")
+    on_gpu = bool(arm.get("gpu_sampled") or arm.get("gpu_adjusted"))
+    kept = (rounds.sampled, rounds.adjusting) if rounds is not None else (False, False)
+    read_before = rounds.rounds if rounds is not None else 0
+    if on_gpu and rounds is None:
+        raise SystemExit("--gpu-sampled and --gpu-adjusted need rounds on the GPU (exl3-device-rounds)")
     if arm.get("device_draw") or arm.get("gpu_sampled"):
         from elpis.exl3 import sample_draw
 
         sample_draw.load()
+    if arm.get("gpu_adjusted"):
+        from elpis.exl3 import round_adjust
+
+        round_adjust.load()
     if arm.get("device_draw"):
         sampler.use_device_draw(sample_draw.draw)
-    if rounds is not None:  # a sampled request's rounds on the GPU in its own arm only, whatever the switch
-        rounds.sampled = bool(arm.get("gpu_sampled"))
+    if rounds is not None:  # sampled and adjusted rounds on the GPU in their own arms only, switches aside
+        rounds.sampled, rounds.adjusting = bool(arm.get("gpu_sampled")), bool(arm.get("gpu_adjusted"))
     try:
         stamps = [time.perf_counter()]
         for step in gen.generate(request):
@@ -92,10 +101,10 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
     finally:
         sampler.use_device_draw(None)
         if rounds is not None:
-            rounds.sampled = drawing
-    if arm.get("gpu_sampled") and rounds.rounds - read_before < len(stamps) - 2:
-        raise SystemExit(f"the GPU ran {rounds.rounds - read_before} of the sampled request's "
-                         f"{len(stamps) - 2} rounds")  # fmt: skip
+            rounds.sampled, rounds.adjusting = kept
+    if on_gpu and rounds.rounds - read_before < len(stamps) - 2:
+        raise SystemExit(f"the GPU ran {rounds.rounds - read_before} of the request's {len(stamps) - 2} "
+                         "rounds")  # fmt: skip
     seconds = [b - a for a, b in itertools.pairwise(stamps[1:])]
     return out, seconds[ab.WARMUP_ROUNDS:]
 
@@ -110,6 +119,8 @@ def main() -> None:
                         help="also time the sampled request drawn by exl3-sample-draw's kernel")
     parser.add_argument("--gpu-sampled", action="store_true",
                         help="also time the sampled request with its rounds on the GPU")
+    parser.add_argument("--gpu-adjusted", action="store_true",
+                        help="also time the penalised requests with their rows adjusted on the GPU")
     args = parser.parse_args()
     backend, decoder = ab.load_ab(args.model, args.draft)
     arms = {**ARMS, **(GRAMMAR_ARMS if args.grammar else {})}
@@ -117,6 +128,13 @@ def main() -> None:
         arms["sampled+device-draw"] = {**RECOMMENDED, "device_draw": True}
     if args.gpu_sampled:
         arms["sampled-gpu-rounds"] = {**RECOMMENDED, "gpu_sampled": True}
+    if args.gpu_adjusted:
+        arms["greedy+presence-gpu-rounds"] = {**ARMS["greedy+presence"], "gpu_adjusted": True}
+        arms["sampled+presence-gpu-rounds"] = {**ARMS["sampled+presence"], "gpu_sampled": True,
+                                               "gpu_adjusted": True}  # fmt: skip
+    same_as = {"sampled+device-draw": "sampled", "sampled-gpu-rounds": "sampled",
+               "greedy+presence-gpu-rounds": "greedy+presence",
+               "sampled+presence-gpu-rounds": "sampled+presence"}  # arms whose tokens must be another's
     vocabulary = None
     if args.grammar:
         from elpis.spec.grammar import GrammarTokenizer
@@ -141,9 +159,9 @@ def main() -> None:
                                        vocabulary)
                 if tokens.setdefault(name, out) != out:
                     raise SystemExit(f"context {ctx}, arm {name}: two requests gave different tokens")
-                drawn_elsewhere = name in ("sampled+device-draw", "sampled-gpu-rounds")
-                if drawn_elsewhere and tokens.get("sampled", out) != out:
-                    raise SystemExit(f"context {ctx}: arm {name}'s tokens are not the host draw's")
+                twin = same_as.get(name)
+                if twin is not None and tokens.get(twin, out) != out:
+                    raise SystemExit(f"context {ctx}: arm {name}'s tokens are not arm {twin}'s")
                 if pair:
                     seconds[name] += times
         median = {n: statistics.median(s) * 1000 for n, s in seconds.items()}
@@ -162,6 +180,10 @@ def main() -> None:
             **({"gpu_rounds_save_ms": median["sampled"] - median["sampled-gpu-rounds"],
                 "gpu_sampled_over_greedy_ms": median["sampled-gpu-rounds"] - median["greedy"]}
                if args.gpu_sampled else {}),
+            **({"gpu_adjusted_saves_ms": {
+                "greedy": median["greedy+presence"] - median["greedy+presence-gpu-rounds"],
+                "sampled": median["sampled+presence"] - median["sampled+presence-gpu-rounds"]}}
+               if args.gpu_adjusted else {}),
             "rounds_on_the_gpu": backend.device_rounds is not None,
         }  # fmt: skip
         print("PENALTYAB " + json.dumps(doc), flush=True)
