@@ -21,7 +21,8 @@ What they establish:
 (i)-(k) (session 50, staged): rounds that change their verify's row count (8 or 16) every round, on the GPU
     and (sampled) on the host, and the run choice over the graphs' load-time times, give plain decoding's
     tokens;
-(l) (session 51, staged): a request with penalties and logit_bias keeps host rounds, and with the known
+(l) (session 51, staged): a request with penalties and logit_bias keeps host rounds where exl3-round-adjust is
+    off (the test turns it off), and with the known
     continuation drafted (several tokens a round, each row counting its own path) it commits plain
     decoding's tokens under the same adjustments, greedy and sampled;
 (m) (session 53, staged): a greedy request whose grammar opens after a token the model writes runs its rounds
@@ -412,13 +413,18 @@ def test_penalised_requests_keep_host_rounds_and_plain_decodings_tokens(backend,
     truth, _ = tokens(SpeculativeGenerator(backend, decoder), penalised)
     biased, _ = tokens(SpeculativeGenerator(backend, decoder), request())
     assert truth != biased, f"the penalties changed nothing: {truth}"
-    before = backend.device_rounds.rounds  # rounds read back from the GPU, every request's
-    gen = SpeculativeGenerator(backend, decoder, drafter=KnownHostDrafter(len(ids), truth), tree_budget=16)
-    got, stats = tokens(gen, penalised)
+    rounds = backend.device_rounds
+    before = rounds.rounds  # rounds read back from the GPU, every request's
+    adjusting = rounds.adjusting
+    rounds.adjusting = False  # host rounds, as with exl3-round-adjust off ((o) runs them on the GPU)
+    try:
+        known = KnownHostDrafter(len(ids), truth)
+        got, stats = tokens(SpeculativeGenerator(backend, decoder, drafter=known, tree_budget=16), penalised)
+    finally:
+        rounds.adjusting = adjusting
     assert got == truth, "a penalised request with accepted drafts differs from plain penalised decoding"
     assert max(stats.committed_per_round) >= 4 and stats.rounds < TOKENS // 2, stats.committed_per_round
-    if not backend.device_rounds.adjusting:  # (o) runs them on the GPU
-        assert backend.device_rounds.rounds == before, "a penalised request ran a round on the GPU"
+    assert rounds.rounds == before, "a penalised request ran a round on the GPU with adjusting rounds off"
 
 
 def small_vocabulary(tokenizer_json: str, vocab_size: int):

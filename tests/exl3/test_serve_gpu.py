@@ -1,8 +1,8 @@
 """`elpis serve --backend exl3` on the GPU, end to end over HTTP (session 50).
 
 The served configuration (tree mode with the DFlash2 draft, rounds on the GPU for greedy requests and, with
-exl3-sample-draw on, sampled top_k ones, host rounds for other sampled ones, the run choice between 8 and 16
-rows) answers chat completions, whole and streamed,
+exl3-sample-draw and exl3-round-adjust on, sampled top_k ones and penalised ones, host rounds for other
+sampled ones, the run choice between 8 and 16 rows) answers chat completions, whole and streamed,
 with the text of the same configuration serving trees of one row (`--tree-budget 1`: plain decoding through
 the same kernels), greedy and sampled, with penalties and logit_bias (session 51), and with grammars:
 json_schema, json_object and a required tool call (session 52). Every other server test runs on the CPU
@@ -32,7 +32,8 @@ CHAT = "/v1/chat/completions"
 REQUESTS = {
     "greedy": {"temperature": 0.0},
     "sampled": {"temperature": 0.8, "seed": 5},
-    # Qwen's recommended non-thinking settings; greedy with every penalty and a bias (both: host rounds)
+    # Qwen's recommended non-thinking settings; greedy with every penalty and a bias (rounds on the GPU with
+    # exl3-round-adjust on, host rounds with it off)
     "recommended": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "presence_penalty": 1.5, "seed": 6},
     # without the penalty: rounds on the GPU, its rows drawn there, where exl3-sample-draw is on (session 56)
     "recommended-unpenalised": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "seed": 9},
