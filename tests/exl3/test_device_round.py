@@ -123,6 +123,22 @@ class KnownContinuation:
         return packed
 
 
+def speculative(backend, decoder):  # noqa: F811
+    """The product path's generator: the backend's DFlash2 draft, trees of up to 16 rows."""
+    from elpis.spec import SpeculativeGenerator
+
+    return SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=16, draft_top_k=4)
+
+
+def with_known_continuation(rounds, truth: list[int], start: int, run):
+    """`run()`'s result, the draft's candidates replaced by the known continuation (`KnownContinuation`)."""
+    rounds._candidates = KnownContinuation(rounds, truth, start)
+    try:
+        return run()
+    finally:
+        del rounds._candidates
+
+
 def test_deep_trees_of_the_known_continuation_commit_plain_decodings_tokens(backend, decoder):  # noqa: F811
     ids = prompt(2500, 52, backend.info.vocab_size)
     truth = truth_of(backend, ids)
@@ -498,9 +514,6 @@ def test_sampled_requests_draw_their_rounds_on_the_gpu(backend, decoder):  # noq
     cases = ((SamplingParams(temperature=0.7, top_k=20, top_p=0.8, seed=7), 61),
              (SamplingParams(temperature=1.0, top_k=20, top_p=0.95, min_p=0.05, seed=8), 62))  # fmt: skip
 
-    def speculative() -> SpeculativeGenerator:
-        return SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=16, draft_top_k=4)
-
     try:
         composed = None
         for sampling, seed in cases:
@@ -516,18 +529,18 @@ def test_sampled_requests_draw_their_rounds_on_the_gpu(backend, decoder):  # noq
             truth, _ = tokens(SpeculativeGenerator(backend, decoder))
             assert truth != truth_of(backend, ids), "the sampled request drew the argmax throughout"
             before = rounds.rounds
-            got, stats = tokens(speculative())
+            got, stats = tokens(speculative(backend, decoder))
             assert got == truth, f"sampled rounds on the GPU differ from plain sampled decoding ({sampling})"
             assert rounds.rounds - before == stats.rounds and not stats.faults_detected
             if composed is None:
                 composed = rounds.round_graphs.composed
             else:
                 assert rounds.round_graphs.composed == composed, "the second request composed new rounds"
-            rounds._candidates = KnownContinuation(rounds, truth, len(ids) - 1)
-            try:
-                got, stats = tokens(speculative())
-            finally:
-                del rounds._candidates
+
+            def deep(tokens=tokens) -> tuple[list[int], object]:
+                return tokens(speculative(backend, decoder))
+
+            got, stats = with_known_continuation(rounds, truth, len(ids) - 1, deep)
             assert got == truth, "the known continuation's sampled rounds differ from plain sampled decoding"
             assert max(stats.committed_per_round) >= 4, stats.committed_per_round
     finally:
@@ -553,9 +566,6 @@ def test_penalised_requests_adjust_their_rows_on_the_gpu(backend, decoder, tempe
         steps = list(gen.generate(request))
         return [t for step in steps for t in step.token_ids], steps[-1].stats
 
-    def speculative() -> SpeculativeGenerator:
-        return SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=16, draft_top_k=4)
-
     truth, _ = tokens(SpeculativeGenerator(backend, decoder))  # host rounds of the anchor alone
     rounds = backend.device_rounds
     round_adjust.load()
@@ -565,14 +575,11 @@ def test_penalised_requests_adjust_their_rows_on_the_gpu(backend, decoder, tempe
     try:
         assert rounds.draws(sampling)
         before = rounds.rounds
-        got, stats = tokens(speculative())
+        got, stats = tokens(speculative(backend, decoder))
         assert got == truth, "penalised rounds on the GPU differ from plain penalised decoding"
         assert rounds.rounds - before == stats.rounds and not stats.faults_detected
-        rounds._candidates = KnownContinuation(rounds, truth, len(ids) - 1)
-        try:
-            got, stats = tokens(speculative())
-        finally:
-            del rounds._candidates
+        got, stats = with_known_continuation(rounds, truth, len(ids) - 1,
+                                             lambda: tokens(speculative(backend, decoder)))  # fmt: skip
         assert got == truth, "the known continuation's penalised rounds differ from plain penalised decoding"
         assert max(stats.committed_per_round) >= 4, stats.committed_per_round
     finally:
