@@ -1,6 +1,7 @@
 #!/bin/bash
-# Call 221 (session 56; a fresh machine, LIMIT ~240): tests (n) and (o) again after they came to share
-# speculative() and with_known_continuation() (the same calls), with the registry's defaults.
+# Call 221 (staged in session 56, whose device time ran out, for the next one; a fresh machine, LIMIT ~240):
+# tests (n) and (o) again after they came to share speculative() and with_known_continuation() (the same
+# calls), with the registry's defaults.
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set to this machine's revision.
 LIMIT=${LIMIT:-240}
 T0=$(date +%s)
