@@ -119,9 +119,9 @@ class DeviceRound:
 class DeviceRounds(Protocol):
     """Speculative rounds whose tree, acceptance and commit run on the backend's device, with one host
     read-back per round (elpis.exl3.device_round). The generator uses it, when the backend has one, for
-    requests without logprobs or logit adjustments that are greedy or whose draw it `draws`, and for a
-    grammar's requests until the grammar opens: their rounds end at the awaited opening token as at a stop,
-    and host rounds (or device rounds started again) go on from there."""
+    requests without logprobs whose targets it decides (`draws`: greedy or sampled, with or without
+    penalties and logit_bias), and for a grammar's requests until the grammar opens: their rounds end at the
+    awaited opening token as at a stop, and host rounds (or device rounds started again) go on from there."""
 
     def serves(self) -> bool:
         """Whether the backend's current mode runs its speculative rounds here (a backend switched to chain

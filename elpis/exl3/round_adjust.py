@@ -14,7 +14,6 @@ on the current stream; `bind` sets the entries' types on any build (the GPU's, o
 from __future__ import annotations
 
 import ctypes
-import struct
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -57,10 +56,6 @@ def load() -> None:
     _library()
 
 
-def _bits(x: float) -> int:
-    return struct.unpack("<q", struct.pack("<d", x))[0]
-
-
 def param_words(params: SamplingParams) -> list[int]:
     """The parameters block for `params`: which adjustments it makes (History._rows' conditions), then r,
     1 / r, f and q as float64 bits."""
@@ -68,8 +63,8 @@ def param_words(params: SamplingParams) -> list[int]:
     flags = ((REPETITION if r != 1.0 else 0)
              | (FREQUENCY_PRESENCE if params.frequency_penalty or params.presence_penalty else 0)
              | (BIAS if params.logit_bias else 0))  # fmt: skip
-    return [flags, _bits(r), _bits(1.0 / r), _bits(float(params.frequency_penalty)),
-            _bits(float(params.presence_penalty))]  # fmt: skip
+    values = (r, 1.0 / r, params.frequency_penalty, params.presence_penalty)
+    return [flags, *(tensors.float64_word(v) for v in values)]
 
 
 class DeviceHistory:

@@ -18,7 +18,6 @@ on the current stream; `bind` sets the entries' types on any build (the GPU's, o
 from __future__ import annotations
 
 import ctypes
-import struct
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -72,8 +71,7 @@ def _signed(bits: int) -> int:
 def param_words(params: SamplingParams) -> list[int]:
     """The parameters block's int64 words for `params`: the seed (64 bits), top_p's and min_p's float64
     bits."""
-    (top_p,), (min_p,) = struct.unpack("<q", struct.pack("<d", params.top_p)), \
-        struct.unpack("<q", struct.pack("<d", params.min_p))  # fmt: skip
+    top_p, min_p = tensors.float64_word(params.top_p), tensors.float64_word(params.min_p)
     return [_signed(params.seed & sampling.MASK64), top_p, min_p]
 
 

@@ -1,9 +1,11 @@
 """One check of a tensor handed to one of elpis's CUDA kernels through ctypes, where a wrong dtype, shape,
 layout or device would not fail but be misread: each binding (tree attention, the GDN tree kernel, the
-1-16-row EXL3 GEMM) calls `check_tensor` on every argument before the launch."""
+1-16-row EXL3 GEMM) calls `check_tensor` on every argument before the launch. And `float64_word`, how a float
+travels in an int64 parameters block that a captured kernel reads from device memory."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -76,3 +78,8 @@ def check_logit_rows(who: str, logits: torch.Tensor, *, max_rows: int, max_vocab
         raise ValueError(f"{who}: logits {shape}, strides {strides}: a row stride past uint32")
     if logits.data_ptr() % 16 or (stride * logits.element_size()) % 16:
         raise ValueError(f"{who}: logits {shape}, strides {strides}: rows must be 16-byte aligned")
+
+
+def float64_word(x: float) -> int:
+    """`x`'s IEEE-754 float64 bits as a signed int64 (a kernel reads them with __longlong_as_double)."""
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]

@@ -774,8 +774,12 @@ def test_a_row_the_draw_leaves_to_the_host_is_undrawn_and_nothing_moves() -> Non
     assert len(rounds.queued) == 1  # the round queued ahead of it
     assert rounds.settle() is None
     assert not rounds.queued and b.position() == rounds.settled == before and b.anchor == TIED
-    # a greedy request's negative target is a corrupt row instead (its argmax was not finite)
-    assert rounds._outcome  # the same reading serves both; the greedy one is test_flagged_rounds_*'s
+    # the same tail status in a greedy request is a corrupt row (its argmax was not finite): verified again
+    refused = round_tail.RoundTail(round_tail.STATUS_NON_FINITE, 0, False, -1, before, (), (), 0, 0)
+    result = dr.DeviceRoundResult(types.SimpleNamespace(rows=RUN), refused)
+    assert rounds._outcome(result).fault == UNDRAWN
+    rounds.sampling = None
+    assert rounds._outcome(result).fault == "corrupt"
 
 
 @pytest.mark.usefixtures("cpu_rounds")
