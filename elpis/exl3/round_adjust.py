@@ -23,12 +23,13 @@ from elpis import nvcc
 from elpis.accept import abi
 from elpis.exl3 import tensors
 from elpis.paths import PATCHES_DIR
+from elpis.spec.penalties import Steps
 from elpis.spec.sampling import SamplingParams
 
 PATCH = "exl3-round-adjust"
 SOURCE = PATCHES_DIR / "kernels" / "round_adjust.cu"
 PARAM_WORDS = 5  # the flags, then the float64 bits of r, 1 / r, f and q
-REPETITION, FREQUENCY_PRESENCE, BIAS = 1, 2, 4  # the flags, as History._rows tests them
+REPETITION, FREQUENCY_PRESENCE, BIAS = 1, 2, 4  # the flags: the steps `penalties.Steps` names
 
 _VP, _U32 = ctypes.c_void_p, ctypes.c_uint32
 ENTRY_ARGS: dict[str, tuple[type, ...]] = {
@@ -57,12 +58,12 @@ def load() -> None:
 
 
 def param_words(params: SamplingParams) -> list[int]:
-    """The parameters block for `params`: which adjustments it makes (History._rows' conditions), then r,
-    1 / r, f and q as float64 bits."""
+    """The parameters block for `params`: which steps it takes (`penalties.Steps`, as History's), then
+    r, 1 / r, f and q as float64 bits."""
     r = float(params.repetition_penalty)
-    flags = ((REPETITION if r != 1.0 else 0)
-             | (FREQUENCY_PRESENCE if params.frequency_penalty or params.presence_penalty else 0)
-             | (BIAS if params.logit_bias else 0))  # fmt: skip
+    steps = Steps.of(params)
+    flags = ((REPETITION if steps.repetition else 0) | (FREQUENCY_PRESENCE if steps.frequency_presence else 0)
+             | (BIAS if steps.bias else 0))  # fmt: skip
     values = (r, 1.0 / r, params.frequency_penalty, params.presence_penalty)
     return [flags, *(tensors.float64_word(v) for v in values)]
 

@@ -20,10 +20,26 @@ bits. The rows are adjusted together with elementwise operations only, so no row
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from elpis.spec.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Steps:
+    """Which of the three steps a request's adjustment takes (the others would leave every value as it is);
+    the host's `History` and the GPU rounds' kernel (elpis.exl3.round_adjust) take the same ones."""
+
+    repetition: bool
+    frequency_presence: bool
+    bias: bool
+
+    @classmethod
+    def of(cls, params: SamplingParams) -> Steps:
+        frequency_presence = bool(params.frequency_penalty or params.presence_penalty)
+        return cls(params.repetition_penalty != 1.0, frequency_presence, bool(params.logit_bias))
 
 
 def tree_paths(tokens: Sequence[int], parents: Sequence[int]) -> list[tuple[int, ...]]:
@@ -96,12 +112,13 @@ class History:
             ones = torch.ones(len(where), dtype=torch.float64, device=device)
             counts = counts.clone().index_put_(at, ones, accumulate=True)
             seen = seen.clone().index_put_(at, ones > 0)
-        if p.repetition_penalty != 1.0:
+        steps = Steps.of(p)
+        if steps.repetition:
             r = float(p.repetition_penalty)
             x = torch.where(seen, torch.where(x > 0, x * (1.0 / r), x * r), x)
-        if p.frequency_penalty or p.presence_penalty:
+        if steps.frequency_presence:
             present = (counts > 0).to(torch.float64)
             x = x - (counts * float(p.frequency_penalty) + present * float(p.presence_penalty))
-        if p.logit_bias:
+        if steps.bias:
             x = x + self._bias
         return x
