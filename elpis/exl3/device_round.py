@@ -73,6 +73,7 @@ from elpis.exl3 import (
     round_tail,
     sample_draw,
     verify_epilogue,
+    vocab_draw,
 )
 from elpis.exl3.draft_graph import block_pages
 from elpis.exl3.tree_graph import verify_pages
@@ -221,13 +222,15 @@ class DeviceRounds:
 
     def __init__(
         self, backend: Exl3Backend, *, round_graphs: bool | None = None, sampled: bool | None = None,
-        adjusting: bool | None = None,
+        adjusting: bool | None = None, whole_vocab: bool | None = None,
     ) -> None:
         """`round_graphs`: each round key's rounds as one composed graph launch (`elpis.exl3.round_graph`);
         None: the registry switch exl3-round-graph. `sampled`: sampled top_k requests' rounds here too, their
         targets drawn on the GPU (`elpis.exl3.sample_draw`); None: the registry switch exl3-sample-draw.
         `adjusting`: requests with penalties or logit_bias too, their rows adjusted on the GPU
-        (`elpis.exl3.round_adjust`); None: the registry switch exl3-round-adjust."""
+        (`elpis.exl3.round_adjust`); None: the registry switch exl3-round-adjust. `whole_vocab`: sampled
+        requests without top_k too, drawn over their whole vocabulary on the GPU (`elpis.exl3.vocab_draw`);
+        None: the registry switch exl3-vocab-draw."""
         graphs, drafter = backend.graphs, backend.drafter
         if not backend.tree or graphs is None or graphs.table is None:
             raise BackendError(
@@ -275,6 +278,9 @@ class DeviceRounds:
         self.adjusting = patches.enabled(round_adjust.PATCH) if adjusting is None else adjusting
         if self.adjusting:
             round_adjust.load()
+        self.whole_vocab = patches.enabled(vocab_draw.PATCH) if whole_vocab is None else whole_vocab
+        if self.whole_vocab:
+            vocab_draw.load()
 
     def _buffers(self, dev: torch.device | str, run: int, *, pin_memory: bool) -> None:
         """The state block, cells, record slots and conditioning inputs on `dev` (host slots pinned on a GPU
@@ -307,7 +313,8 @@ class DeviceRounds:
         self.round_graphs: round_graph.RoundGraphs | None = None  # composed rounds (`elpis.exl3.round_graph`)
         # a sampled request's draw: its parameters (`sample_draw.param_words`) and inverse temperature in
         # device memory, written at `start`, which the captured draws read when they run
-        self.sampled = False  # whether sampled requests' rounds run here (`draws`)
+        self.sampled = False  # whether sampled top_k requests' rounds run here (`draws`)
+        self.whole_vocab = False  # whether sampled requests without top_k run here (`draws`)
         self.sampling: SamplingParams | None = None  # the request's, None for a greedy one
         self.draw_params = torch.zeros((sample_draw.PARAM_WORDS,), dtype=torch.int64, device=dev)
         self.inverse_temperature = torch.zeros((1,), dtype=torch.float64, device=dev)
@@ -342,14 +349,20 @@ class DeviceRounds:
         return bool(self.backend.tree)
 
     def draws(self, params: SamplingParams) -> bool:
-        """Whether a request's targets are decided here: greedy ones, sampled ones with sampled rounds on and
-        a top_k draw the kernel takes (`sample_draw.row_count`), and either with penalties or logit_bias only
-        where adjusting rounds are on."""
+        """Whether a request's targets are decided here: greedy ones, sampled top_k ones with sampled rounds
+        on and a top_k draw the kernel takes (`sample_draw.row_count`), sampled ones without top_k with
+        whole-vocabulary draws on and rows their kernels take (`vocab_draw.fits`: the verify's fp16 logits, a
+        penalised request's float64 rows), and any of them with penalties or logit_bias only where adjusting
+        rounds are on."""
         if params.adjusts_logits and not self.adjusting:
             return False
         if params.greedy:
             return True
-        return self.sampled and sample_draw.row_count(params, self.backend.info.vocab_size) > 0
+        vocab = self.backend.info.vocab_size
+        if not params.top_k:
+            rows = torch.float64 if params.adjusts_logits else torch.float16
+            return self.whole_vocab and vocab_draw.fits(params, rows, vocab)
+        return self.sampled and sample_draw.row_count(params, vocab) > 0
 
     def start(self, *, context: Sequence[int], remaining: int, tree_budget: int, stops: Sequence[int],
               top_k: int, sampling: SamplingParams | None = None, generated: int = 0) -> None:
@@ -601,11 +614,15 @@ class DeviceRounds:
         by the graph, so their identities stay unique while it lives). Not the page count: the tail reads it
         from device memory."""
         dc, cond = keys
-        return (id(c), id(dc), id(cond), slot, self.top_k, self._draw_top_k(), self.adjusts)
+        return (id(c), id(dc), id(cond), slot, self.top_k, self._draw_shape(), self.adjusts)
 
-    def _draw_top_k(self) -> int:
-        """The top_k a sampled request's captured draw bakes in (its shapes), 0 for a greedy request."""
-        return 0 if self.sampling is None else self.sampling.top_k
+    def _draw_shape(self) -> tuple[int, bool] | None:
+        """What a sampled request's captured draw bakes in: its top_k (its shapes), and without top_k whether
+        it reads the rows' heads (`vocab_draw.reads_head`: which launch); None for a greedy request."""
+        params = self.sampling
+        if params is None:
+            return None
+        return params.top_k, not params.top_k and vocab_draw.reads_head(params)
 
     def _compose(self, c: Captured, keys: tuple[DraftCaptured, ConditionCaptured], slot: int) -> None:
         """Compose the round key's graph from the pieces `_queue_pieces` ran (each captured by now)."""
@@ -686,7 +703,10 @@ class DeviceRounds:
             rows = self._adjusted_rows(out.shape)
             round_adjust.queue(out, self.cells, self.history, rows)
         params = self.sampling
-        if params is not None:
+        if params is not None and not params.top_k:  # over the whole vocabulary, as the host's draw
+            vocab_draw.queue(rows, params, self.inverse_temperature, self.draw_params,
+                             positions.to(torch.int64), 1, self.ids)  # fmt: skip
+        elif params is not None:
             width = min(params.top_k, out.shape[1])
             top = sampling.top_weights(rows, params, width, self.inverse_temperature)
             sample_draw.queue(top, params.top_k, self.draw_params, positions.to(torch.int64), 1, self.ids)

@@ -23,7 +23,8 @@ weights reach top_p of theirs), min_p (relative to the most likely token, whose 
 tokens are sampled by inverse CDF in token-id order over their fixed-point weights, exactly; a token under
 2^-44 of the most likely one's weight is never drawn. With top_k, only its head is ranked, on the host; top_p
 without top_k ranks the whole vocabulary with one stable sort on the device and finds its prefix by an exact
-integer search (session 52: 9.1 ms for 16 rows on an H100 when the head was widened on the host).
+integer search (session 52: 9.1 ms for 16 rows on an H100 when the head was widened on the host). A backend's
+device draws (`use_device_draw`, `use_vocab_draw`) take the same steps on the same values where installed.
 """
 
 from __future__ import annotations
@@ -432,6 +433,19 @@ def use_device_draw(draw: DeviceDraw | None) -> None:
     _device_draw = draw
 
 
+# A backend may also draw a request without top_k on its device (elpis.exl3.vocab_draw, registry switch
+# exl3-vocab-draw) from the logits themselves: the same operations on the same values. It answers None where
+# the host should decide (a top_p prefix running past the weights it reads, or rows it does not read).
+VocabDraw = Callable[[torch.Tensor, SamplingParams, Sequence[int]], "list[int] | None"]
+_vocab_draw: VocabDraw | None = None
+
+
+def use_vocab_draw(draw: VocabDraw | None) -> None:
+    """Install (or, with None, remove) the device draw without top_k for rows on a CUDA device."""
+    global _vocab_draw
+    _vocab_draw = draw
+
+
 def sample_row(row: torch.Tensor, params: SamplingParams, position: int) -> int:
     """The target token for one logits row drawn for absolute `position` under `params`."""
     if row.dim() != 1:
@@ -447,6 +461,10 @@ def sample_rows(logits: torch.Tensor, params: SamplingParams, positions: Sequenc
     if params.greedy:
         return greedy_tokens(logits)
     if not params.top_k:
+        if _vocab_draw is not None and logits.is_cuda:
+            drawn = _vocab_draw(logits, params, positions)
+            if drawn is not None:
+                return drawn
         return _fixed_draws(_kept_fixed(logits, params), params, positions)
     top = None
     if _device_draw is not None and logits.is_cuda:

@@ -6,8 +6,9 @@
 // follows), then the host ranks them, checks the head's edge, cuts top_k, top_p and min_p and draws by
 // inverse CDF over fixed-point weights with the (seed, position) uniform. That host part took ~0.3 of a
 // sampled call's ~0.5 ms for 16 rows on an H100 (bench/results/server/README.md, session 55). Here one
-// thread a row does the same steps on the same float64 values, in integers and comparisons only (no rounding
-// but w * 2^-40's product, correctly rounded like the host's), so every token is the host's:
+// thread a row does the same steps (sample_draw_steps.cuh, shared with vocab_draw.cu) on the same float64
+// values, in integers and comparisons only (no rounding but w * 2^-40's product, correctly rounded like the
+// host's), so every token is the host's:
 //   out[r] = the drawn id, or
 //           -1 where the head's edge does not clear the smallest weight read (ties may run past the logits
 //              read: the caller decides that call from the whole vocabulary, as the host does), or
@@ -33,57 +34,12 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "sample_draw_steps.cuh"
+
 namespace {
 
-constexpr uint32_t kThreads = 32;     // a row a thread: a verify's 16 rows are one warp
-constexpr uint32_t kMaxCount = 256;   // the most weights a row: top_k <= 240 with the host's 16 of padding
-constexpr int kFixedBits = 44;        // sampling.FIXED_BITS
-constexpr double kEdgeGap = 0x1p-40;  // sampling.EDGE_GAP
-
-__device__ __forceinline__ uint64_t mul_hi(uint64_t a, uint64_t b) {
-#ifdef ELPIS_CUDA_EMU
-    return uint64_t((static_cast<unsigned __int128>(a) * b) >> 64);
-#else
-    return __umul64hi(a, b);
-#endif
-}
-
-// sampling._mix64: splitmix64's finaliser
-__device__ __forceinline__ uint64_t mix64(uint64_t x) {
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-// sampling.position_uniform's 53 bits: u = k / 2^53
-__device__ __forceinline__ uint64_t uniform_bits(uint64_t seed, uint64_t position) {
-    const uint64_t key = mix64(seed ^ 0x9E3779B97F4A7C15ull);
-    return mix64(key + position * 0xD1B54A32D192ED03ull) >> 11;
-}
-
-// ceil(top_p * mass) exactly, for 0 < top_p < 1 and mass < 2^63: top_p = m / 2^s with m < 2^53 an integer.
-__device__ __forceinline__ uint64_t reach_of(double top_p, uint64_t mass) {
-    int e = 0;
-    const double f = frexp(top_p, &e);              // top_p = f * 2^e, 0.5 <= f < 1
-    const uint64_t m = uint64_t(ldexp(f, 53));      // exact: f has at most 53 significant bits
-    const int s = 53 - e;                           // >= 54 since top_p < 1
-    const uint64_t lo = m * mass, hi = mul_hi(m, mass);
-    if (s >= 128) return (lo | hi) ? 1u : 0u;       // 0 < m * mass / 2^s < 1
-    uint64_t q, rem;
-    if (s >= 64) {
-        q = s == 64 ? hi : hi >> (s - 64);
-        rem = (s == 64 ? 0 : hi & ((uint64_t(1) << (s - 64)) - 1)) | lo;
-    } else {
-        q = (lo >> s) | (hi << (64 - s));
-        rem = lo & ((uint64_t(1) << s) - 1);
-    }
-    return q + (rem != 0);
-}
-
-// Whether (wa, ia) ranks before (wb, ib): the larger weight, then the lower id.
-__device__ __forceinline__ bool ranks_before(double wa, int64_t ia, double wb, int64_t ib) {
-    return wa > wb || (wa == wb && ia < ib);
-}
+using sample_steps::kMaxCount;
+constexpr uint32_t kThreads = 32;  // a row a thread: a verify's 16 rows are one warp
 
 __global__ void __launch_bounds__(kThreads)
     sample_draw_kernel(const double* weights, const int64_t* ids, const double* best, uint32_t rows,
@@ -105,19 +61,12 @@ __global__ void __launch_bounds__(kThreads)
     }
     const double* w = weights + uint64_t(r) * count;
     const int64_t* id = ids + uint64_t(r) * count;
-    // 1. the ranking, by insertion (count is a few dozen for the served top_k)
+    // 1. the ranking
     uint16_t order[kMaxCount];
-    for (uint32_t i = 0; i < count; i++) {
-        uint32_t j = i;
-        while (j > 0 && ranks_before(w[i], id[i], w[order[j - 1]], id[order[j - 1]])) {
-            order[j] = order[j - 1];
-            j--;
-        }
-        order[j] = uint16_t(i);
-    }
+    sample_steps::rank(w, id, count, order);
     // 2. the edge against the smallest weight read
     const double edge = w[order[width - 1]], floor_w = w[order[count - 1]];
-    if (count < vocab && floor_w > 0.0 && !(edge > floor_w * (1.0 + kEdgeGap))) {
+    if (count < vocab && floor_w > 0.0 && !(edge > floor_w * (1.0 + sample_steps::kEdgeGap))) {
         out[r] = -1;
         return;
     }
@@ -125,47 +74,21 @@ __global__ void __launch_bounds__(kThreads)
     uint32_t head = 0;
     while (head < count && head < top_k && w[order[head]] >= edge && w[order[head]] > 0.0) head++;
     // 4. top_p's prefix over the head's fixed-point weights
-    const double scale = double(uint64_t(1) << kFixedBits);
     if (top_p < 1.0) {
         uint64_t mass = 0;
-        for (uint32_t i = 0; i < head; i++) mass += uint64_t(floor(w[order[i]] * scale));
-        const uint64_t reach = reach_of(top_p, mass);
+        for (uint32_t i = 0; i < head; i++) mass += sample_steps::fixed_of(w[order[i]]);
+        const uint64_t reach = sample_steps::reach_of(top_p, mass);
         uint64_t total = 0;
         uint32_t n = 0;
         while (n < head) {
-            total += uint64_t(floor(w[order[n]] * scale));
+            total += sample_steps::fixed_of(w[order[n]]);
             n++;
             if (total >= reach) break;
         }
         head = n;
     }
     // 5. the kept tokens in id order, and the draw over their fixed-point weights
-    uint16_t kept[kMaxCount];
-    uint32_t n_kept = 0;
-    for (uint32_t i = 0; i < head; i++) {
-        const uint32_t at = order[i];
-        if (!(w[at] >= min_p)) continue;
-        uint32_t j = n_kept++;
-        while (j > 0 && id[at] < id[kept[j - 1]]) {
-            kept[j] = kept[j - 1];
-            j--;
-        }
-        kept[j] = uint16_t(at);
-    }
-    uint64_t total = 0;
-    for (uint32_t i = 0; i < n_kept; i++) total += uint64_t(floor(w[kept[i]] * scale));
-    const uint64_t k = uniform_bits(seed, uint64_t(position));
-    const uint64_t target = (mul_hi(k, total) << 11) | ((k * total) >> 53);  // floor(k * total / 2^53)
-    uint64_t cumulative = 0;
-    int64_t token = -3;  // no token passed the target: impossible while the most likely one is kept
-    for (uint32_t i = 0; i < n_kept; i++) {
-        cumulative += uint64_t(floor(w[kept[i]] * scale));
-        if (cumulative > target) {
-            token = id[kept[i]];
-            break;
-        }
-    }
-    out[r] = token;
+    out[r] = sample_steps::draw_kept(w, id, order, head, min_p, seed, uint64_t(position));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ tests/exl3/test_device_round.py."""
 
 from __future__ import annotations
 
+import ctypes
 import random
 import types
 from pathlib import Path
@@ -33,14 +34,16 @@ from elpis.exl3 import (
     sample_draw,
     tensors,
     verify_epilogue,
+    vocab_draw,
 )
 from elpis.exl3.draft_graph import block_pages
 from elpis.exl3.tree_graph import Captured, bucket_pages, context_bucket, packed_sizes
 from elpis.exl3.tree_verify import PAGE, GraphInputs
 from elpis.exl3.upload import padded_table
+from elpis.spec import sampling
 from elpis.spec.penalties import History
 from elpis.spec.sampling import SamplingParams, greedy_tokens, sample_rows
-from tests.kernels import cuda_emu
+from tests.kernels import cuda_emu, test_vocab_draw_emu
 from tests.spec.alternate_runs import Alternate
 
 VOCAB, RUN, BLOCK, CACHE = 1000, 16, 8, 270_336
@@ -64,6 +67,13 @@ def kernels(tmp_path_factory: pytest.TempPathFactory) -> tuple:
     draw = sample_draw.bind(cuda_emu.build_emulated(sample_draw.SOURCE, out / "draw", launches=1))
     adjust = round_adjust.bind(cuda_emu.build_emulated(round_adjust.SOURCE, out / "adjust", launches=1))
     return round_plan.bind(plan), round_tail.bind(tail), epilogue, candidates, draw, adjust
+
+
+@pytest.fixture(scope="module")
+def vocab_kernels(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    # blocks of 32 threads and spans of 256 values: four spans a row of the stand-in's 1,000 (the tokens do
+    # not depend on either: tests/kernels/test_vocab_draw_emu.py)
+    return test_vocab_draw_emu.build(tmp_path_factory, 32, 256, 64)
 
 
 @pytest.fixture
@@ -872,3 +882,116 @@ def test_adjusted_rounds_started_again_count_the_tokens_generated_before() -> No
         after.extend(done.tokens)
     rounds.drain()
     assert before + after == want
+
+
+# -- sampled requests without top_k: each row drawn over its whole vocabulary on the device ------------------
+WHOLE_VOCAB = [
+    SamplingParams(temperature=0.8, seed=7),  # every token kept: the pick
+    SamplingParams(temperature=0.8, top_p=0.9, seed=7),  # the head
+    SamplingParams(temperature=1.1, min_p=0.05, seed=8),
+    SamplingParams(temperature=0.8, top_p=0.95, seed=9, presence_penalty=1.5, logit_bias=FAVOURED),  # float64
+]
+
+
+@pytest.fixture
+def vocab_rounds(cpu_rounds: None, vocab_kernels: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole-vocabulary draw's kernels emulated too, and the host's exp the emulation's (the CPU's)."""
+    monkeypatch.setattr(vocab_draw, "_library", lambda: vocab_kernels)
+    monkeypatch.setattr(sampling, "_row_exp", test_vocab_draw_emu._cpu_exp)
+
+
+@pytest.fixture
+def sharp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampled stand-in's rows four times as sharp: a real model's heads, whose top_p prefix and min_p
+    cut lie
+    well inside the 256 weights the head reads on every row of a tree (the stand-in's own noise, 1.5 against a
+    maximum of 4, runs top_p 0.9's prefix past them, so every round would be the host's)."""
+    plain_rows = sampled_logits
+
+    def sharper(t: int, ties: bool = False) -> torch.Tensor:
+        return (plain_rows(t, ties).float() * 4).half()
+
+    monkeypatch.setitem(globals(), "sampled_logits", sharper)
+
+
+def whole_vocab_driver(prompt: list[int], wrong: float = 0.3, ties: bool = False) -> dr.DeviceRounds:
+    rounds = sampled_driver(prompt, wrong, ties)
+    rounds.whole_vocab = rounds.adjusting = True
+    return rounds
+
+
+@pytest.mark.usefixtures("vocab_rounds", "sharp")
+@pytest.mark.parametrize("composed", [False, True], ids=["pieces", "composed"])
+@pytest.mark.parametrize("params", WHOLE_VOCAB, ids=["all", "top_p", "min_p", "top_p-presence"])
+def test_sampled_rounds_without_top_k_commit_plain_decodings_draws(params: SamplingParams,
+                                                                  composed: bool) -> None:
+    """Each row's target is the host's whole-vocabulary draw for its position (the verify's fp16 rows read in
+    place, or a penalised request's float64 rows): plain sampled decoding's tokens, queued ahead, piece by
+    piece or composed."""
+    from elpis.exl3.round_graph import RoundGraphs
+
+    random.seed(51)
+    torch.manual_seed(51)
+    prompt = [random.randrange(6, VOCAB) for _ in range(300)]
+    rounds = whole_vocab_driver(prompt, wrong=0.2)
+    assert rounds.draws(params)
+    rounds.round_graphs = RoundGraphs(StandInComposer()) if composed else None
+    want = (plain_adjusted if params.adjusts_logits else plain_sampled)(prompt, 30, params)
+    assert want != plain(prompt, 30)  # the draws are not the argmax
+    got, faults = generate(rounds, 30, sampling=params)
+    assert got == want and not faults
+    assert rounds.queued_ahead > 0
+
+
+@pytest.mark.usefixtures("vocab_rounds", "sharp")
+def test_composed_draws_without_top_k_are_keyed_by_their_launch() -> None:
+    """A request of other parameters but the same launch (the head's, or the pick's) replays the composed
+    graphs, its parameters read from memory; a request of the other launch composes its own."""
+    from elpis.exl3.round_graph import RoundGraphs
+
+    random.seed(53)
+    prompt = [random.randrange(VOCAB) for _ in range(200)]
+    rounds = whole_vocab_driver(prompt)
+    rounds.round_graphs = RoundGraphs(StandInComposer())
+    composed = []
+    for params in (SamplingParams(temperature=0.8, top_p=0.9, seed=1),
+                   SamplingParams(temperature=1.2, seed=2),
+                   SamplingParams(temperature=0.6, min_p=0.1, seed=3),
+                   SamplingParams(temperature=0.5, seed=4)):  # fmt: skip
+        backend = StandInBackend(list(prompt), 0.3, sampled=True)
+        # the same keys
+        backend.graphs, backend.drafter = rounds.backend.graphs, rounds.backend.drafter
+        rounds.backend, rounds.drafts = backend, backend.drafter.graphs
+        got, faults = generate(rounds, 20, sampling=params)
+        assert got == plain_sampled(prompt, 20, params) and not faults
+        composed.append(rounds.round_graphs.composed)
+    assert composed[1] > composed[0]  # the pick's graphs are not the head's
+    assert composed[3] == composed[2] == composed[1]  # min_p reads the head; another pick request replays
+
+
+@pytest.mark.usefixtures("vocab_rounds")
+def test_a_prefix_past_the_weights_read_is_undrawn() -> None:
+    """After TIED the stand-in's row is flat but for one token, so top_p 0.9's prefix runs past the 256
+    weights
+    the head reads: that round is undrawn, for the host to decide from the whole vocabulary."""
+    random.seed(57)
+    prompt = [random.randrange(VOCAB) for _ in range(200)]
+    prompt[-1] = TIED
+    rounds = whole_vocab_driver(prompt, ties=True)
+    b = rounds.backend
+    rounds.start(context=[*b.tokens, b.anchor], remaining=20, tree_budget=RUN, stops=[], top_k=4,
+                 sampling=SamplingParams(temperature=0.8, top_p=0.9, seed=5))  # fmt: skip
+    done = rounds.round()
+    assert done.fault == UNDRAWN and done.tokens == ()
+    assert rounds.settle() is None and b.anchor == TIED
+
+
+@pytest.mark.usefixtures("vocab_rounds")
+def test_requests_without_top_k_run_here_only_with_the_switch() -> None:
+    rounds = whole_vocab_driver([1, 2, 3])
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    assert rounds.draws(params) and rounds.draws(SamplingParams(temperature=0.8, presence_penalty=1.0))
+    rounds.adjusting = False
+    assert not rounds.draws(SamplingParams(temperature=0.8, presence_penalty=1.0))
+    rounds.whole_vocab = False
+    assert not rounds.draws(params) and rounds.draws(SamplingParams(temperature=0.8, top_k=5))

@@ -27,6 +27,7 @@ from elpis.exl3 import (
     tree_attention,
     verify_epilogue,
     verify_gate,
+    vocab_draw,
 )
 
 C_TYPES = {
@@ -77,6 +78,7 @@ BINDINGS = [
     *((rows_gemm.SOURCE, name, args) for name, (args, _) in rows_gemm.SIZE_ENTRIES.items()),
     *((sample_draw.SOURCE, name, args) for name, args in sample_draw.ENTRY_ARGS.items()),
     *((round_adjust.SOURCE, name, args) for name, args in round_adjust.ENTRY_ARGS.items()),
+    *((vocab_draw.SOURCE, name, args) for name, args in vocab_draw.ENTRY_ARGS.items()),
 ]
 
 

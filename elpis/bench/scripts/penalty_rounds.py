@@ -22,9 +22,15 @@ arm's, and "gpu_rounds_save_ms" is what it saves a round against the sampled req
 With --gpu-adjusted, two more arms are the penalised requests (greedy and sampled, `presence_penalty` 1.5)
 with their rows adjusted on the GPU and their rounds there (registry patch exl3-round-adjust): their tokens
 must be the host-round arms', and "gpu_adjusted_saves_ms" is what they save a round.
+With --gpu-vocab, four more arms are sampled requests without top_k, as OpenAI clients send them (temperature
+alone, and temperature with top_p 0.8), on host rounds and with their rounds on the GPU (registry patch
+exl3-vocab-draw, session 57): the GPU arms' tokens must be the host arms', and "gpu_vocab_saves_ms" is what
+they save a round. A top_p row whose prefix runs past the 256 weights the GPU reads is the host's (an undrawn
+round), as a random model's flat rows may be: that arm's JSON counts its undrawn rounds.
 Usage (repo root):
   python3 elpis/bench/scripts/penalty_rounds.py MODEL DRAFT --out FILE.json [--contexts 1024,8192]
       [--tokens 40] [--pairs 3] [--budget 16] [--grammar] [--device-draw] [--gpu-sampled] [--gpu-adjusted]
+      [--gpu-vocab]
 """
 
 from __future__ import annotations
@@ -38,6 +44,10 @@ from typing import Any
 from elpis.bench import rounds_ab as ab
 
 RECOMMENDED = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "seed": 3}
+VOCAB_ARMS: dict[str, dict[str, Any]] = {  # with --gpu-vocab: what OpenAI clients send, no top_k
+    "temperature": {"temperature": 0.8, "seed": 4},
+    "top_p": {"temperature": 0.7, "top_p": 0.8, "seed": 5},
+}
 # A JSON schema whose one string the random model fills for the whole request: rows masked inside a string.
 TEXT_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 ARMS: dict[str, dict[str, Any]] = {
@@ -56,15 +66,16 @@ GRAMMAR_ARMS: dict[str, dict[str, Any]] = {  # with --grammar: the same two requ
 
 
 def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget: int,
-              arm: dict[str, Any], vocabulary: Any = None) -> tuple[list[int], list[float]]:
-    """One request through the speculation core with the draft's trees: its tokens and each round's seconds
-    after the warm-up rounds (the first step holds the prefill). An arm's "grammar" is a JSON schema over
-    `vocabulary` (a grammar ends the request when complete, so it keeps the model's end of sequence)."""
+              arm: dict[str, Any], vocabulary: Any = None) -> tuple[list[int], list[float], int]:
+    """One request through the speculation core with the draft's trees: its tokens, each round's seconds
+    after the warm-up rounds (the first step holds the prefill) and its undrawn rounds. An arm's "grammar" is
+    a JSON schema over `vocabulary` (a grammar ends the request when complete, so it keeps the model's end of
+    sequence)."""
     from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
     from elpis.spec import sampling as sampler
     from elpis.spec.grammar import Grammar
 
-    switches = ("grammar", "opens_after", "device_draw", "gpu_sampled", "gpu_adjusted")
+    switches = ("grammar", "opens_after", "device_draw", "gpu_sampled", "gpu_adjusted", "gpu_vocab")
     sampling = {k: v for k, v in arm.items() if k not in switches}
     grammar = None
     if "grammar" in arm:
@@ -75,9 +86,10 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
                                 sampling=SamplingParams(**sampling), ignore_eos=grammar is None,
                                 grammar=grammar)  # fmt: skip
     out: list[int] = []
+    undrawn = 0
     rounds = backend.device_rounds
-    on_gpu = bool(arm.get("gpu_sampled") or arm.get("gpu_adjusted"))
-    kept = (rounds.sampled, rounds.adjusting) if rounds is not None else (False, False)
+    on_gpu = bool(arm.get("gpu_sampled") or arm.get("gpu_adjusted") or arm.get("gpu_vocab"))
+    kept = (rounds.sampled, rounds.adjusting, rounds.whole_vocab) if rounds is not None else (False,) * 3
     read_before = rounds.rounds if rounds is not None else 0
     if on_gpu and rounds is None:
         raise SystemExit("--gpu-sampled and --gpu-adjusted need rounds on the GPU (exl3-device-rounds)")
@@ -89,24 +101,32 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
         from elpis.exl3 import round_adjust
 
         round_adjust.load()
+    if arm.get("gpu_vocab"):
+        from elpis.exl3 import vocab_draw
+
+        vocab_draw.load()
     if arm.get("device_draw"):
         sampler.use_device_draw(sample_draw.draw)
     if rounds is not None:  # sampled and adjusted rounds on the GPU in their own arms only, switches aside
         rounds.sampled, rounds.adjusting = bool(arm.get("gpu_sampled")), bool(arm.get("gpu_adjusted"))
+        rounds.whole_vocab = bool(arm.get("gpu_vocab"))
     try:
         stamps = [time.perf_counter()]
         for step in gen.generate(request):
             stamps.append(time.perf_counter())
             out += step.token_ids
+            if step.stats is not None:
+                undrawn = step.stats.faults_detected.get("undrawn", 0)
     finally:
         sampler.use_device_draw(None)
         if rounds is not None:
-            rounds.sampled, rounds.adjusting = kept
-    if on_gpu and rounds.rounds - read_before < len(stamps) - 2:
+            rounds.sampled, rounds.adjusting, rounds.whole_vocab = kept
+    may_undraw = arm.get("top_p", 1.0) < 1.0 and not arm.get("top_k")
+    if on_gpu and not may_undraw and rounds.rounds - read_before < len(stamps) - 2:
         raise SystemExit(f"the GPU ran {rounds.rounds - read_before} of the request's {len(stamps) - 2} "
                          "rounds")  # fmt: skip
     seconds = [b - a for a, b in itertools.pairwise(stamps[1:])]
-    return out, seconds[ab.WARMUP_ROUNDS:]
+    return out, seconds[ab.WARMUP_ROUNDS:], undrawn
 
 
 def main() -> None:
@@ -121,6 +141,8 @@ def main() -> None:
                         help="also time the sampled request with its rounds on the GPU")
     parser.add_argument("--gpu-adjusted", action="store_true",
                         help="also time the penalised requests with their rows adjusted on the GPU")
+    parser.add_argument("--gpu-vocab", action="store_true",
+                        help="also time sampled requests without top_k, on host rounds and on the GPU")
     args = parser.parse_args()
     backend, decoder = ab.load_ab(args.model, args.draft)
     arms = {**ARMS, **(GRAMMAR_ARMS if args.grammar else {})}
@@ -132,7 +154,12 @@ def main() -> None:
         arms["greedy+presence-gpu-rounds"] = {**ARMS["greedy+presence"], "gpu_adjusted": True}
         arms["sampled+presence-gpu-rounds"] = {**ARMS["sampled+presence"], "gpu_sampled": True,
                                                "gpu_adjusted": True}  # fmt: skip
+    if args.gpu_vocab:
+        for name, arm in VOCAB_ARMS.items():
+            arms[name] = arm
+            arms[f"{name}-gpu-rounds"] = {**arm, "gpu_vocab": True}
     same_as = {"sampled+device-draw": "sampled", "sampled-gpu-rounds": "sampled",
+               **{f"{name}-gpu-rounds": name for name in VOCAB_ARMS},
                "greedy+presence-gpu-rounds": "greedy+presence",
                "sampled+presence-gpu-rounds": "sampled+presence"}  # arms whose tokens must be another's
     vocabulary = None
@@ -153,10 +180,12 @@ def main() -> None:
         prompt = make_prompt(ctx, 31, backend.info.vocab_size)
         seconds: dict[str, list[float]] = {name: [] for name in names}
         tokens: dict[str, list[int]] = {}
+        undrawn: dict[str, int] = dict.fromkeys(names, 0)
         for pair in range(args.pairs + 1):  # the first pass warms every arm up and is not timed
             for name in names if pair % 2 else names[::-1]:
-                out, times = rounds_of(backend, decoder, prompt, args.tokens, args.budget, arms[name],
-                                       vocabulary)
+                out, times, missed = rounds_of(backend, decoder, prompt, args.tokens, args.budget, arms[name],
+                                               vocabulary)  # fmt: skip
+                undrawn[name] += missed
                 if tokens.setdefault(name, out) != out:
                     raise SystemExit(f"context {ctx}, arm {name}: two requests gave different tokens")
                 twin = same_as.get(name)
@@ -184,6 +213,11 @@ def main() -> None:
                 "greedy": median["greedy+presence"] - median["greedy+presence-gpu-rounds"],
                 "sampled": median["sampled+presence"] - median["sampled+presence-gpu-rounds"]}}
                if args.gpu_adjusted else {}),
+            **({"gpu_vocab_saves_ms": {name: median[name] - median[f"{name}-gpu-rounds"] for name in
+            VOCAB_ARMS},
+                "gpu_vocab_over_greedy_ms": {name: median[f"{name}-gpu-rounds"] - median["greedy"]
+                                             for name in VOCAB_ARMS},
+                "undrawn_rounds": undrawn} if args.gpu_vocab else {}),
             "rounds_on_the_gpu": backend.device_rounds is not None,
         }  # fmt: skip
         print("PENALTYAB " + json.dumps(doc), flush=True)

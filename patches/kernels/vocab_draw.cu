@@ -1,0 +1,382 @@
+// A sampled request's draw without top_k, on the GPU (issue 9: sampled rounds on the GPU; patch exl3-vocab-draw).
+//
+// elpis.spec.sampling draws a request without top_k from its whole vocabulary (`_kept_fixed`, `_fixed_draws`):
+// every token's weight w = exp(x * (1/T) - max) in float64 and fixed-point weight floor(w * 2^44); top_p keeps
+// the shortest prefix of a stable descending sort whose weights reach ceil(top_p * the row's mass), min_p keeps
+// w >= min_p, and the kept tokens are drawn by inverse CDF in id order with the (seed, position) uniform. On the
+// host that is a sort of the vocabulary and a read-back a call; OpenAI clients send no top_k, so it is the sampled
+// request they send. Here, with the same operations on the same values (the products and the difference correctly
+// rounded as torch's, exp the same CUDA math function torch's exp calls), so every token is the host's:
+//
+//   mass: one block a span of a row (the proved partition of bend/row_spans.bend, read by the proved strides of
+//         bend/row_scan_schedule.bend, row_scan.cuh) sums the span's fixed-point weights; integers, so the sum
+//         does not depend on the order.
+//   head (top_p < 1, or min_p > 0): a thread a row ranks the row's largest weights (sampling.top_weights, count
+//         of them) as sample_draw.cu does, walks top_p's prefix against the whole row's mass, and draws over the
+//         prefix's tokens with w >= min_p (sample_draw_steps.cuh). The prefix must end on a weight clear of the
+//         smallest weight read (a token not read weighs at most that one, within exp's rounding), and with top_p
+//         = 1 the smallest weight read must be clear below min_p; otherwise the row answers -1 and the host
+//         decides from the whole vocabulary, as without the patch.
+//   pick (top_p = 1, min_p = 0: every token kept): a block a row finds the span its target falls in from the
+//         spans' sums, recomputes that span's weights into shared memory, and finds the token in id order.
+//
+//   out[r] = the drawn id, or -1 (head: a prefix not clear of the weights read; the host decides), -2 where the
+//            row's maximum is not finite (the caller refuses the row), -4 where the parameters read are out of
+//            range or are the other launch's (top_p = 1 and min_p = 0 is the pick's, anything else the head's).
+//
+// Inputs: logits fp16 (the verify's output, read in place), fp32 or float64 (a penalised request's adjusted rows):
+// `vocab` values a row, row r at logits + r * row_stride, rows 16-byte aligned (8 for float64); scale float64 [1]
+// (the inverse temperature) and best float64 [rows] (each row's max of x * (1/T)), params int64 [3] (the seed,
+// top_p's and min_p's float64 bits) and positions int64 [rows] (row r draws for positions[r] + offset) in device
+// memory, read when the launch runs, so one captured graph serves every request of its launch; sums: uint64 [rows,
+// spans] of workspace. Ampere instructions only (integer and float64 arithmetic, 16-byte read-only loads).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "row_scan.cuh"
+#include "sample_draw_steps.cuh"
+
+namespace {
+
+// Threads of a block, a power of two; values a span and the most spans a row (a test build takes fewer and
+// shorter: the tokens do not depend on them).
+#ifndef ELPIS_VOCAB_DRAW_THREADS
+#define ELPIS_VOCAB_DRAW_THREADS 256
+#endif
+#ifndef ELPIS_VOCAB_DRAW_SPAN_VALUES
+#define ELPIS_VOCAB_DRAW_SPAN_VALUES 4096
+#endif
+#ifndef ELPIS_VOCAB_DRAW_MAX_SPANS
+#define ELPIS_VOCAB_DRAW_MAX_SPANS 64
+#endif
+constexpr uint32_t kThreads = ELPIS_VOCAB_DRAW_THREADS;
+constexpr uint32_t kSpanValues = ELPIS_VOCAB_DRAW_SPAN_VALUES;
+static_assert(kThreads >= 32 && kThreads <= 1024 && (kThreads & (kThreads - 1)) == 0, "a power of two block");
+static_assert(kSpanValues >= 8 && kSpanValues <= 8192, "a span's weights fit the pick's shared memory");
+// log2 of a span's values and of the most spans a row, inside the row spans' proved domain
+constexpr uint32_t kSpanShift = row_scan::log2_in_domain<kSpanValues, ELPIS_ROWSPANS_MAX_BASE>();
+constexpr uint32_t kSpanCap = row_scan::log2_in_domain<ELPIS_VOCAB_DRAW_MAX_SPANS, ELPIS_ROWSPANS_MAX_CAP>();
+constexpr uint32_t kHeadThreads = 32;  // the head: a row a thread
+
+// The row kinds: fp16 and fp32 rows in 16-byte vectors (row_scan.cuh), float64 rows a value at a time.
+constexpr uint32_t kFp16 = 0, kFp32 = 1, kFp64 = 2;
+
+// log2 of the values in a span's unit: a 16-byte vector of fp16 or fp32 values, or one float64 value.
+__host__ __device__ inline uint32_t unit_shift(uint32_t kind) {
+    return kind == kFp64 ? 0u : elpis_rowspans_vector_shift(kind == kFp16 ? 1u : 0u);
+}
+// The units of a row of `vocab` values (the values past the last vector belong to the last span).
+__host__ __device__ inline uint32_t units_of(uint32_t kind, uint32_t vocab) {
+    return kind == kFp64 ? vocab : elpis_rowspans_vectors(vocab, kind == kFp16 ? 1u : 0u);
+}
+__host__ __device__ inline row_scan::Spans spans_of(uint32_t kind, uint32_t vocab) {
+    const uint32_t total = units_of(kind, vocab);
+    const uint32_t shift = elpis_rowspans_span_shift(total, kSpanShift - unit_shift(kind), kSpanCap);
+    return row_scan::Spans{elpis_rowspans_span_count(total, shift), shift};
+}
+// The values [begin, end) of span s.
+__host__ __device__ inline void span_values(uint32_t kind, uint32_t vocab, row_scan::Spans spans, uint32_t s,
+                                            uint32_t* begin, uint32_t* end) {
+    const uint32_t u = unit_shift(kind), total = units_of(kind, vocab);
+    *begin = elpis_rowspans_span_begin(s, spans.shift) << u;
+    *end = s + 1u == spans.count ? vocab : elpis_rowspans_span_end(total, s, spans.shift) << u;
+}
+
+// f(x, i) for each value x (exact in float64) at index i that thread threadIdx.x reads of span s of a row.
+template <typename T>
+struct Values {
+    template <typename F>
+    __device__ static void of_span(const T* row, uint32_t vocab, row_scan::Spans spans, uint32_t s, F&& f) {
+        row_scan::each_logit_of_span<T, kThreads>(row, vocab, spans, s, [&](uint32_t b, uint32_t i) {
+            f(static_cast<double>(row_scan::Logit<T>::value(b)), i);
+        });
+    }
+};
+template <>
+struct Values<double> {
+    template <typename F>
+    __device__ static void of_span(const double* row, uint32_t vocab, row_scan::Spans spans, uint32_t s, F&& f) {
+        const uint32_t first = elpis_rowspans_span_begin(s, spans.shift);
+        const uint32_t end = elpis_rowspans_span_end(vocab, s, spans.shift);
+        row_scan::each_of_stride<kThreads>(first, end, [&](uint32_t i) { f(row[i], i); });
+    }
+};
+
+// sampling._weights then _fixed_weights of one value: exp(x * (1/T) - best), each operation rounded once (no fma
+// contraction), floor(w * 2^44). exp of anything below -1000 (-inf included) is 0, the smallest subnormal being
+// exp(-744.4): skipping it there is the same value, and without that branch ptxas spilled registers around exp's
+// out-of-range path inlined sixteen times a vector pair (68-156 bytes on sm_90).
+__device__ __forceinline__ uint64_t fixed_weight(double x, double inverse, double best) {
+    const double d = __dsub_rn(__dmul_rn(x, inverse), best);
+    return d < -1000.0 ? 0u : sample_steps::fixed_of(exp(d));
+}
+
+__device__ __forceinline__ bool finite(double x) { return x - x == 0.0; }
+
+// Block (span s, row r): the span's fixed-point weights summed into sums[r * spans + s] (0 for a row whose maximum
+// is not finite: the draw refuses it).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    vocab_mass_kernel(const T* __restrict__ logits, uint32_t row_stride, uint32_t vocab, row_scan::Spans spans,
+                      const double* __restrict__ scale, const double* __restrict__ best,
+                      unsigned long long* __restrict__ sums) {
+    __shared__ unsigned long long slots[kThreads];
+    const uint32_t t = threadIdx.x, s = blockIdx.x, r = blockIdx.y;
+    const double inverse = *scale, peak = best[r];
+    unsigned long long acc = 0;
+    if (finite(peak)) {
+        Values<T>::of_span(logits + static_cast<size_t>(r) * row_stride, vocab, spans, s,
+                           [&](double x, uint32_t) { acc += fixed_weight(x, inverse, peak); });
+    }
+    slots[t] = acc;
+    __syncthreads();
+    row_scan::halving_tree<kThreads>([&](uint32_t a, uint32_t b) { slots[a] += slots[b]; });
+    if (t == 0) sums[static_cast<size_t>(r) * spans.count + s] = slots[0];
+}
+
+// The parameters a row reads, or false where they are out of range (-4).
+struct Params {
+    uint64_t seed;
+    double top_p, min_p;
+    int64_t position;
+};
+__device__ __forceinline__ bool read_params(const int64_t* params, const int64_t* positions, int64_t offset,
+                                            uint32_t r, Params* p) {
+    p->seed = static_cast<uint64_t>(params[0]);
+    p->top_p = __longlong_as_double(params[1]);
+    p->min_p = __longlong_as_double(params[2]);
+    p->position = positions[r] + offset;
+    return p->top_p > 0.0 && p->top_p <= 1.0 && p->min_p >= 0.0 && p->min_p <= 1.0 && p->position >= 0;
+}
+__device__ __forceinline__ bool keeps_everything(const Params& p) { return p.top_p == 1.0 && p.min_p == 0.0; }
+
+__device__ __forceinline__ uint64_t row_mass(const unsigned long long* sums, uint32_t spans, uint32_t r) {
+    uint64_t mass = 0;
+    for (uint32_t s = 0; s < spans; s++) mass += sums[static_cast<size_t>(r) * spans + s];
+    return mass;
+}
+
+// Thread r: the head's draw (top of the file) from the row's `count` largest weights and its spans' sums.
+__global__ void __launch_bounds__(kHeadThreads)
+    vocab_head_kernel(const double* weights, const int64_t* ids, const double* best, uint32_t rows, uint32_t count,
+                      uint32_t vocab, const unsigned long long* sums, uint32_t spans, const int64_t* params,
+                      const int64_t* positions, int64_t offset, int64_t* out) {
+    const uint32_t r = blockIdx.x * kHeadThreads + threadIdx.x;
+    if (r >= rows) return;
+    Params p;
+    if (!read_params(params, positions, offset, r, &p) || keeps_everything(p)) {
+        out[r] = -4;
+        return;
+    }
+    if (!finite(best[r])) {
+        out[r] = -2;
+        return;
+    }
+    const double* w = weights + uint64_t(r) * count;
+    const int64_t* id = ids + uint64_t(r) * count;
+    uint16_t order[sample_steps::kMaxCount];
+    sample_steps::rank(w, id, count, order);
+    const double floor_w = w[order[count - 1]];
+    const bool partial = count < vocab;  // tokens not read weigh at most floor_w (within exp's rounding)
+    uint32_t head = count;
+    if (p.top_p < 1.0) {
+        const uint64_t reach = sample_steps::reach_of(p.top_p, row_mass(sums, spans, r));
+        uint64_t total = 0;
+        uint32_t n = 0;
+        bool reached = false;
+        while (n < count) {
+            const double wn = w[order[n]];
+            if (partial && floor_w > 0.0 && !(wn > floor_w * (1.0 + sample_steps::kEdgeGap))) break;
+            total += sample_steps::fixed_of(wn);
+            n++;
+            if (total >= reach) {
+                reached = true;
+                break;
+            }
+        }
+        if (!reached) {
+            out[r] = -1;
+            return;
+        }
+        head = n;
+    } else if (partial && !(floor_w * (1.0 + sample_steps::kEdgeGap) < p.min_p)) {
+        out[r] = -1;  // a token not read may reach min_p
+        return;
+    }
+    out[r] = sample_steps::draw_kept(w, id, order, head, p.min_p, p.seed, uint64_t(p.position));
+}
+
+// Block r: every token kept; the draw's target among the spans' sums, then that span's weights in id order.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    vocab_pick_kernel(const T* __restrict__ logits, uint32_t kind, uint32_t row_stride, uint32_t vocab,
+                      row_scan::Spans spans, const double* __restrict__ scale, const double* __restrict__ best,
+                      const unsigned long long* __restrict__ sums, const int64_t* __restrict__ params,
+                      const int64_t* __restrict__ positions, int64_t offset, int64_t* __restrict__ out) {
+    __shared__ unsigned long long weights[kSpanValues + 8];  // the span's weights (the last span's singles too)
+    __shared__ unsigned long long parts[kThreads];
+    __shared__ uint32_t found;
+    __shared__ unsigned long long before, target;
+    const uint32_t t = threadIdx.x, r = blockIdx.x;
+    Params p;
+    const bool valid = read_params(params, positions, offset, r, &p) && keeps_everything(p);
+    const double inverse = *scale, peak = best[r];
+    if (!valid || !finite(peak)) {  // the same answer on every thread of the block: all return here
+        if (t == 0) out[r] = valid ? -2 : -4;
+        return;
+    }
+    if (t == 0) {
+        const unsigned long long mass = row_mass(sums, spans.count, r);
+        target = sample_steps::draw_target(p.seed, uint64_t(p.position), mass);
+        unsigned long long cumulative = 0;
+        found = spans.count - 1;  // target < mass (a uniform below 1), so some span passes it
+        for (uint32_t s = 0; s < spans.count; s++) {
+            const unsigned long long next = cumulative + sums[static_cast<size_t>(r) * spans.count + s];
+            if (next > target) {
+                found = s;
+                break;
+            }
+            cumulative = next;
+        }
+        before = cumulative;
+    }
+    __syncthreads();
+    uint32_t begin = 0, end = 0;
+    span_values(kind, vocab, spans, found, &begin, &end);
+    Values<T>::of_span(logits + static_cast<size_t>(r) * row_stride, vocab, spans, found,
+                       [&](double x, uint32_t i) { weights[i - begin] = fixed_weight(x, inverse, peak); });
+    __syncthreads();
+    // thread c sums the c-th run of `per` weights, then thread 0 walks the runs and the run holding the target
+    const uint32_t n = end - begin, per = (n + kThreads - 1) / kThreads;
+    unsigned long long part = 0;
+    for (uint32_t i = t * per; i < n && i < (t + 1) * per; i++) part += weights[i];
+    parts[t] = part;
+    __syncthreads();
+    if (t == 0) {
+        unsigned long long cumulative = before;
+        int64_t token = -3;  // no token passed the target: impossible, the span's sum passes it
+        for (uint32_t c = 0; c < kThreads && token < 0; c++) {
+            if (cumulative + parts[c] <= target) {
+                cumulative += parts[c];
+                continue;
+            }
+            for (uint32_t i = c * per; i < n && i < (c + 1) * per; i++) {
+                cumulative += weights[i];
+                if (cumulative > target) {
+                    token = static_cast<int64_t>(begin + i);
+                    break;
+                }
+            }
+        }
+        out[r] = token;
+    }
+}
+
+template <typename T>
+void launch_mass(const void* logits, uint32_t row_stride, uint32_t vocab, uint32_t rows, row_scan::Spans spans,
+                 const double* scale, const double* best, unsigned long long* sums, cudaStream_t st) {
+    vocab_mass_kernel<T><<<dim3(spans.count, rows), kThreads, 0, st>>>(static_cast<const T*>(logits), row_stride,
+                                                                      vocab, spans, scale, best, sums);
+}
+
+template <typename T>
+void launch_pick(const void* logits, uint32_t kind, uint32_t row_stride, uint32_t vocab, uint32_t rows,
+                 row_scan::Spans spans, const double* scale, const double* best, const unsigned long long* sums,
+                 const int64_t* params, const int64_t* positions, int64_t offset, int64_t* out, cudaStream_t st) {
+    vocab_pick_kernel<T><<<rows, kThreads, 0, st>>>(static_cast<const T*>(logits), kind, row_stride, vocab, spans,
+                                                   scale, best, sums, params, positions, offset, out);
+}
+
+// Whether a call's rows fit the kernels: the kind, the alignment, and spans inside the proved domain. `whole`:
+// the pick's spans must also fit its shared memory (no longer than kSpanValues values).
+bool rows_fit(const void* logits, uint32_t kind, uint32_t row_stride, uint32_t vocab, uint32_t rows, bool whole) {
+    if (logits == nullptr || kind > kFp64 || rows == 0u || rows > 65535u || vocab == 0u || vocab > row_stride)
+        return false;
+    const uint32_t per = 1u << unit_shift(kind), bytes = kind == kFp16 ? 2u : kind == kFp32 ? 4u : 8u;
+    if (reinterpret_cast<uintptr_t>(logits) % (per * bytes) != 0u || row_stride % per != 0u) return false;
+    if (units_of(kind, vocab) >= ELPIS_ROWSPANS_MAX_TOTAL) return false;
+    return !whole || spans_of(kind, vocab).shift + unit_shift(kind) <= kSpanShift;
+}
+
+// The mass launch on rows of `kind`; false where the workspace is short.
+bool queue_mass(const void* logits, uint32_t kind, uint32_t row_stride, uint32_t vocab, uint32_t rows,
+                const double* scale, const double* best, void* sums, uint64_t sums_bytes, cudaStream_t st) {
+    const row_scan::Spans spans = spans_of(kind, vocab);
+    if (sums == nullptr || sums_bytes < 8u * uint64_t(rows) * spans.count || reinterpret_cast<uintptr_t>(sums) % 8u)
+        return false;
+    auto* out = static_cast<unsigned long long*>(sums);
+    if (kind == kFp16)
+        launch_mass<__half>(logits, row_stride, vocab, rows, spans, scale, best, out, st);
+    else if (kind == kFp32)
+        launch_mass<float>(logits, row_stride, vocab, rows, spans, scale, best, out, st);
+    else
+        launch_mass<double>(logits, row_stride, vocab, rows, spans, scale, best, out, st);
+    return true;
+}
+
+}  // namespace
+
+extern "C" {
+
+int elpis_vocab_draw_threads(void) { return kThreads; }
+uint32_t elpis_vocab_draw_max_count(void) { return sample_steps::kMaxCount; }
+
+// The spans a row of `vocab` values of `kind` (0 fp16, 1 fp32, 2 float64) is cut into: the workspace takes
+// rows * spans * 8 bytes. -1 for a kind out of range or a row longer than the spans' proved domain.
+int elpis_vocab_draw_spans(uint32_t kind, uint32_t vocab) {
+    if (kind > kFp64 || vocab == 0u || units_of(kind, vocab) >= ELPIS_ROWSPANS_MAX_TOTAL) return -1;
+    return static_cast<int>(spans_of(kind, vocab).count);
+}
+
+// 1 where the pick takes rows of `vocab` values of `kind` (a span no longer than its shared memory holds), else 0.
+int elpis_vocab_draw_picks(uint32_t kind, uint32_t vocab) {
+    return elpis_vocab_draw_spans(kind, vocab) > 0 && spans_of(kind, vocab).shift + unit_shift(kind) <= kSpanShift;
+}
+
+// The head's draw (top_p < 1 or min_p > 0) of `rows` rows into out int64 [rows]: the mass of each row of `logits`,
+// then the draw from each row's `count` largest weights (weights float64 and ids int64 [rows, count], from
+// sampling.top_weights, whose best is `best`), on `stream` (a cudaStream_t passed as an address). Returns 0, -1
+// for arguments out of range, or the launches' cudaError_t.
+int elpis_vocab_draw_head(const void* logits, uint32_t kind, uint32_t row_stride, uint32_t vocab, uint32_t rows,
+                          const double* scale, const double* weights, const int64_t* ids, const double* best,
+                          uint32_t count, const int64_t* params, const int64_t* positions, int64_t offset,
+                          void* sums, uint64_t sums_bytes, int64_t* out, void* stream) {
+    if (!rows_fit(logits, kind, row_stride, vocab, rows, false) || scale == nullptr || weights == nullptr ||
+        ids == nullptr || best == nullptr || params == nullptr || positions == nullptr || out == nullptr)
+        return -1;
+    if (count == 0u || count > sample_steps::kMaxCount || count > vocab) return -1;
+    const cudaStream_t st = static_cast<cudaStream_t>(stream);
+    if (!queue_mass(logits, kind, row_stride, vocab, rows, scale, best, sums, sums_bytes, st)) return -1;
+    const uint32_t blocks = (rows + kHeadThreads - 1) / kHeadThreads;
+    vocab_head_kernel<<<blocks, kHeadThreads, 0, st>>>(weights, ids, best, rows, count, vocab,
+                                                       static_cast<const unsigned long long*>(sums),
+                                                       spans_of(kind, vocab).count, params, positions, offset, out);
+    return static_cast<int>(cudaGetLastError());
+}
+
+// The pick's draw (top_p = 1 and min_p = 0) of `rows` rows into out int64 [rows]: the mass of each row of
+// `logits` (whose maxima of x * (1/T) are `best`), then each row's token in id order. Returns as the head's.
+int elpis_vocab_draw_pick(const void* logits, uint32_t kind, uint32_t row_stride, uint32_t vocab, uint32_t rows,
+                          const double* scale, const double* best, const int64_t* params, const int64_t* positions,
+                          int64_t offset, void* sums, uint64_t sums_bytes, int64_t* out, void* stream) {
+    if (!rows_fit(logits, kind, row_stride, vocab, rows, true) || scale == nullptr || best == nullptr ||
+        params == nullptr || positions == nullptr || out == nullptr)
+        return -1;
+    const cudaStream_t st = static_cast<cudaStream_t>(stream);
+    if (!queue_mass(logits, kind, row_stride, vocab, rows, scale, best, sums, sums_bytes, st)) return -1;
+    const row_scan::Spans spans = spans_of(kind, vocab);
+    const auto* done = static_cast<const unsigned long long*>(sums);
+    if (kind == kFp16)
+        launch_pick<__half>(logits, kind, row_stride, vocab, rows, spans, scale, best, done, params, positions,
+                            offset, out, st);
+    else if (kind == kFp32)
+        launch_pick<float>(logits, kind, row_stride, vocab, rows, spans, scale, best, done, params, positions,
+                           offset, out, st);
+    else
+        launch_pick<double>(logits, kind, row_stride, vocab, rows, spans, scale, best, done, params, positions,
+                            offset, out, st);
+    return static_cast<int>(cudaGetLastError());
+}
+
+}  // extern "C"

@@ -1,0 +1,256 @@
+"""The vocab draw kernels (patches/kernels/vocab_draw.cu) on the CPU, through the CUDA emulation of
+tests/kernels/cuda_emu.py: for sampled requests without top_k, their tokens are the host sampler's
+(`sampling._kept_fixed`, `_fixed_draws`) on rows of every kind, fp16 and float64, under every filter (top_p
+from 1e-300 to 1, min_p, both, neither); they decline exactly where a top_p prefix or min_p runs past the
+weights read, refuse non-finite rows as the host does, and refuse bad arguments. The emulated exp is the
+CPU's, so the host's `_row_exp` is the same function here (`math.exp` a value); on the GPU both are CUDA's exp
+(tests/kernels/test_vocab_draw.py)."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import pytest
+import torch
+
+from elpis.exl3 import sample_draw, tensors, vocab_draw
+from elpis.spec import sampling
+from elpis.spec.sampling import SamplingParams
+from tests.kernels import cuda_emu
+from tests.spec.sampling_rows import rows_of_every_kind
+
+# short spans: several a row of a test's vocabulary
+SMALL = {"THREADS": 32, "SPAN_VALUES": 256, "MAX_SPANS": 64}
+
+
+def build(tmp_path_factory: pytest.TempPathFactory, threads: int, span_values: int,
+          max_spans: int) -> ctypes.CDLL:
+    out = tmp_path_factory.mktemp(f"vocab_draw_{threads}_{span_values}")
+    defines = {"ELPIS_VOCAB_DRAW_THREADS": threads, "ELPIS_VOCAB_DRAW_SPAN_VALUES": span_values,
+               "ELPIS_VOCAB_DRAW_MAX_SPANS": max_spans}  # fmt: skip
+    needs = ("row_spans.h", "row_scan_schedule.h")
+    built = cuda_emu.build_emulated(vocab_draw.SOURCE, out, launches=3, needs=needs, defines=defines)
+    return vocab_draw.bind(built, threads=threads)
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    return build(tmp_path_factory, SMALL["THREADS"], SMALL["SPAN_VALUES"], SMALL["MAX_SPANS"])
+
+
+def _cpu_exp(x: torch.Tensor) -> torch.Tensor:
+    """The CPU's exp of every value, as the emulated kernels compute it."""
+    return torch.tensor([math.exp(v) for v in x.flatten().tolist()], dtype=torch.float64).view(x.shape)
+
+
+@pytest.fixture
+def on_cpu(lib: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The binding's own checks and calls on the emulated kernels, and the host's exp the emulation's."""
+    monkeypatch.setattr(vocab_draw, "_library", lambda: lib)
+    monkeypatch.setattr(tensors, "KERNEL_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(sampling, "_row_exp", _cpu_exp)
+
+
+def host_tokens(logits: torch.Tensor, params: SamplingParams, positions: list[int]) -> list[int]:
+    return sampling._fixed_draws(sampling._kept_fixed(logits, params), params, positions)
+
+
+def kernel_tokens(logits: torch.Tensor, params: SamplingParams, positions: list[int]) -> list[int] | None:
+    """The kernels' tokens through the binding's call, which the CPU rows reach here as a device's would."""
+    return vocab_draw.draw(logits, params, positions)
+
+
+def padded(logits: torch.Tensor) -> torch.Tensor:
+    """`logits` as a view of rows 16-byte aligned (a verify's output is read in place so), the values past
+    the last whole vector of a row its last span's singles."""
+    rows, vocab = logits.shape
+    wide = torch.zeros(rows, -(-vocab // 8) * 8, dtype=logits.dtype, device=logits.device)
+    wide[:, :vocab] = logits
+    return wide[:, :vocab]
+
+
+def declined(logits: torch.Tensor, params: SamplingParams) -> bool:
+    """Whether the host's own weights say the head cannot decide (the kernel's rule, restated from them): the
+    top_p prefix ends on a weight not clear of the smallest read, or min_p is not clear above it."""
+    w, _ = sampling._weights(logits, params)
+    vocab = w.shape[1]
+    count = min(vocab, vocab_draw.HEAD_WIDTH + sampling.TOP_PAD)
+    if not vocab_draw.reads_head(params) or count == vocab:
+        return False
+    order = torch.sort(w[0], descending=True, stable=True)
+    ranked, floor = order.values, float(order.values[count - 1])
+    if params.top_p == 1.0:
+        return not floor * (1.0 + sampling.EDGE_GAP) < params.min_p
+    fixed = sampling._fixed_weights(ranked)
+    mass = int(fixed.sum())
+    reach = math.ceil(sampling.Fraction(params.top_p) * mass)
+    n = int(torch.searchsorted(torch.cumsum(fixed, 0), torch.tensor([reach], device=fixed.device))[0]) + 1
+    clear = floor == 0.0 or float(ranked[n - 1]) > floor * (1.0 + sampling.EDGE_GAP)
+    return not (n <= count and clear)
+
+
+# (filters, the fewest calls of a test's 24 the kernels must decide)
+FILTERS = [
+    ({}, 24),  # every token kept: the pick
+    ({"top_p": 0.9}, 6),
+    ({"top_p": 0.8, "min_p": 0.05}, 6),
+    ({"top_p": 0.5}, 6),
+    # e first token alone (the reach's shift past 128 bits); the coarse row's first token ties past the ights
+    # ad at both temperatures (hundreds of tokens share each of its six values)
+    ({"top_p": 1e-300}, 22),
+    ({"top_p": 1e-5}, 22),
+    # the whole mass but a sliver: past the weights read on most rows
+    ({"top_p": math.nextafter(1.0, 0.0)}, 2),
+    ({"min_p": 0.2}, 6),
+    ({"min_p": 1e-9}, 2),  # below the smallest weight read on most rows: declined
+]
+
+
+@pytest.mark.usefixtures("on_cpu")
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize(("filters", "fewest"), FILTERS,
+                         ids=[("-".join(f"{k}={v:g}" for k, v in f.items()) or "all") for f, _ in FILTERS])
+def test_the_kernels_tokens_are_the_hosts(seed: int, filters: dict, fewest: int) -> None:
+    logits = padded(rows_of_every_kind(3001, seed))
+    positions = [seed * 1000 + 17 * r for r in range(logits.shape[0])]
+    drawn = 0
+    for temperature in (0.3, 1.5):
+        params = SamplingParams(temperature=temperature, seed=seed - 7, **filters)
+        # one row a call: a declined head sends only its own call to the host
+        for r in range(logits.shape[0]):
+            row = logits[r : r + 1]
+            got = kernel_tokens(row, params, positions[r : r + 1])
+            assert (got is None) == declined(row, params), (r, temperature)
+            if got is not None:
+                assert got == host_tokens(row, params, positions[r : r + 1]), (r, temperature)
+                drawn += 1
+        some = [0, 3, 4, 7, 8]
+        together = kernel_tokens(logits[some], params, [positions[i] for i in some])
+        if together is not None:  # rows drawn together are each drawn as alone
+            assert together == host_tokens(logits[some], params, [positions[i] for i in some])
+    assert drawn >= fewest
+
+
+@pytest.mark.usefixtures("on_cpu")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("filters", [{}, {"top_p": 0.95}], ids=["all", "top_p"])
+def test_every_row_kind_and_many_positions(dtype: torch.dtype, filters: dict) -> None:
+    """Each kind the kernels read (fp16 in 16-byte vectors, the last span's single values; float64 a value at
+    a time), a row-strided view read in place, and 48 positions spread over the draw."""
+    base = (rows_of_every_kind(1003, 5)[3:4] * 2000).to(dtype)  # a head of a few comparable tokens
+    wide = torch.zeros(48, 1008, dtype=dtype)
+    wide[:, :1003] = base
+    rows = wide[:, :1003]  # rows 1008 apart: a verify's output read in place
+    params = SamplingParams(temperature=1.0, seed=987654321, **filters)
+    positions = list(range(5_000, 5_048))
+    got = kernel_tokens(rows, params, positions)
+    assert got == host_tokens(rows, params, positions)
+    assert len(set(got)) > 3
+
+
+@pytest.mark.usefixtures("on_cpu")
+def test_the_pick_reaches_every_span() -> None:
+    """A flat row: every token equally likely, so 200 positions land in every span of 256 values and at both
+    ends of a row; the pick's span search and its walk within the span are the host's."""
+    row = torch.zeros(200, 1500)
+    params = SamplingParams(temperature=0.7, seed=3)
+    positions = list(range(200))
+    got = kernel_tokens(row, params, positions)
+    assert got == host_tokens(row, params, positions)
+    assert {t // 256 for t in got} == set(range(6))
+
+
+@pytest.mark.usefixtures("on_cpu")
+def test_the_kernels_refuse_garbage_as_the_host_does() -> None:
+    bad = rows_of_every_kind(300, 1)[:2].clone()
+    bad[1, 17] = float("nan")
+    bad = padded(bad)
+    for filters in ({}, {"top_p": 0.9}):
+        params = SamplingParams(temperature=0.7, **filters)
+        with pytest.raises(ValueError, match="non-finite"):
+            kernel_tokens(bad, params, [0, 1])
+        with pytest.raises(ValueError, match="non-finite"):
+            host_tokens(bad, params, [0, 1])
+        with pytest.raises(ValueError, match="position"):
+            kernel_tokens(bad[:1], params, [-1])
+    with pytest.raises(ValueError, match="without top_k"):
+        kernel_tokens(bad[:1], SamplingParams(temperature=0.7, top_k=5), [0])
+
+
+@pytest.mark.usefixtures("on_cpu")
+def test_sample_rows_takes_the_installed_draw(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installed, the draw serves sample_rows' calls without top_k on the kernels' device, and not others."""
+    calls: list[int] = []
+
+    def counted(logits: torch.Tensor, params: SamplingParams, positions: list[int]) -> list[int] | None:
+        calls.append(len(positions))
+        return vocab_draw.draw(logits, params, positions)
+
+    monkeypatch.setattr(sampling, "_vocab_draw", counted)
+    # the CPU rows stand in for a GPU's
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    rows = padded(rows_of_every_kind(700, 2)[[0, 7, 8]])
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=5)
+    assert sampling.sample_rows(rows, params, [1, 2, 3]) == host_tokens(rows, params, [1, 2, 3])
+    sampling.sample_rows(rows, SamplingParams(temperature=0.8, top_k=4), [1, 2, 3])
+    assert calls == [3]
+
+
+def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
+    rows = torch.zeros(2, 64, dtype=torch.float16)
+    scale = torch.ones(1, dtype=torch.float64)
+    best = torch.zeros(2, dtype=torch.float64)
+    pos = torch.zeros(2, dtype=torch.int64)
+    out = torch.empty(2, dtype=torch.int64)
+    sums = torch.zeros(2 * lib.elpis_vocab_draw_spans(0, 64), dtype=torch.int64)
+    w = torch.ones(2, 4, dtype=torch.float64)
+    ids = torch.arange(8, dtype=torch.int64).view(2, 4)
+
+    def words(top_p: float, min_p: float) -> torch.Tensor:
+        block = torch.tensor(sample_draw.param_words(SamplingParams(temperature=1.0)), dtype=torch.int64)
+        block[1:] = torch.tensor([top_p, min_p], dtype=torch.float64).view(torch.int64)
+        return block
+
+    def pick(*, kind: int = 0, stride: int = 64, vocab: int = 64, n: int = 2, sums_bytes: int | None = None,
+             top_p: float = 1.0, min_p: float = 0.0, offset: int = 0) -> int:
+        block = words(top_p, min_p)
+        return lib.elpis_vocab_draw_pick(rows.data_ptr(), kind, stride, vocab, n, scale.data_ptr(),
+                                         best.data_ptr(), block.data_ptr(), pos.data_ptr(), offset,
+                                         sums.data_ptr(), 8 * sums.numel() if sums_bytes is None else
+                                         sums_bytes, out.data_ptr(), None)  # fmt: skip
+
+    def head(*, count: int = 4, top_p: float = 0.5, min_p: float = 0.0) -> int:
+        block = words(top_p, min_p)
+        return lib.elpis_vocab_draw_head(rows.data_ptr(), 0, 64, 64, 2, scale.data_ptr(), w.data_ptr(),
+                                         ids.data_ptr(), best.data_ptr(), count, block.data_ptr(),
+                                         pos.data_ptr(), 0, sums.data_ptr(), 8 * sums.numel(), out.data_ptr(),
+                                         None)  # fmt: skip
+
+    assert pick() == 0 and all(0 <= t < 64 for t in out.tolist())
+    for bad in ({"kind": 3}, {"stride": 60}, {"vocab": 65}, {"vocab": 0}, {"n": 0}, {"sums_bytes": 8}):
+        assert pick(**bad) == -1, bad
+    # parameters are only known when the kernels read them: the other launch's, or out of range, answer -4
+    for bad in ({"top_p": 0.9}, {"min_p": 0.1}, {"top_p": 0.0}, {"offset": -1}):
+        assert pick(**bad) == 0 and out.tolist() == [vocab_draw.PARAMS_REFUSED] * 2, bad
+    assert head(top_p=1.0) == 0 and out.tolist() == [vocab_draw.PARAMS_REFUSED] * 2  # the pick's request
+    for bad in ({"count": 0}, {"count": 257}):
+        assert head(**bad) == -1, bad
+    assert lib.elpis_vocab_draw_spans(3, 64) == -1 and lib.elpis_vocab_draw_spans(0, 0) == -1
+    # the pick's spans must fit its shared memory: 64 spans of 256 values at most in this build
+    assert lib.elpis_vocab_draw_picks(2, 64 * 256) == 1 and lib.elpis_vocab_draw_picks(2, 64 * 256 + 1) == 0
+
+
+def test_the_served_build_draws_the_hosts_tokens(tmp_path_factory: pytest.TempPathFactory,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The served block and spans (256 threads, 4,096 values a span) on a row of several spans."""
+    built = build(tmp_path_factory, vocab_draw.THREADS, 4096, 64)
+    monkeypatch.setattr(vocab_draw, "_library", lambda: built)
+    monkeypatch.setattr(tensors, "KERNEL_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(sampling, "_row_exp", _cpu_exp)
+    rows = rows_of_every_kind(9001, 4)[[0, 3, 8]] * torch.tensor([[4.0], [3000.0], [1.0]])  # peaked heads
+    rows = padded(rows.half())
+    for filters in ({}, {"top_p": 0.9, "min_p": 0.01}):
+        params = SamplingParams(temperature=0.9, seed=77, **filters)
+        got = kernel_tokens(rows, params, [10, 11, 12])
+        assert got == host_tokens(rows, params, [10, 11, 12])
