@@ -256,6 +256,32 @@ def test_a_round_the_device_does_not_draw_is_decided_by_the_host(tiny_models, ru
     assert got.stats.rounds == rounds.attempts  # two undrawn attempts, two host rounds in their place
 
 
+def test_undrawn_rounds_in_a_row_leave_the_device_ever_longer_stretches_of_host_rounds(tiny_models,
+                                                                                       run) -> None:
+    """A device that leaves every round to the host (rows too flat for its draw) is tried again after 1, 2,
+    4, ... host rounds, not after each one: a few tries over the request, plain decoding's text; a round it
+    commits in between resets the stretch."""
+    model = tiny_models[1]
+    request = _sampled(model)
+    plain = run(model.backend(), model.tokenizer, request)
+    drafter = RandomDrafter(model.backend().info.vocab_size, seed=4)
+    backend = _drawing(model, drafter)
+    rounds = backend.device_rounds
+    rounds.undrawn = set(range(1, 1000))
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+    assert got.same_output(plain)
+    tries = rounds.attempts
+    assert got.stats.faults_detected == {UNDRAWN: tries}
+    # tries after 1, 2, 4, ... host rounds: the k-th try comes after 2^k - 1 rounds
+    assert got.stats.rounds >= 2 ** (tries - 1) - 1 and tries <= got.stats.rounds.bit_length() + 1
+    rounds = _drawing(model, drafter).device_rounds
+    rounds.undrawn = {1, 2, 3, 5, 6}  # three in a row (1 + 2 host rounds after the first two), a commit, two
+    got = run(rounds.backend, model.tokenizer, request, drafter, tree_budget=8)
+    assert got.same_output(plain)
+    # attempts 1-3 undrawn (then 1, 2, 4 host rounds), 4 commits (the stretch resets), 5 and 6 undrawn (1, 2)
+    assert rounds.attempts >= 7 and got.stats.faults_detected == {UNDRAWN: 5}
+
+
 def test_a_round_in_flight_that_commits_after_an_undrawn_one_is_taken(tiny_models, run) -> None:
     model = tiny_models[1]
     request = _sampled(model)
