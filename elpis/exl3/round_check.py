@@ -82,8 +82,9 @@ def _expected(given: Buffers, parents: list[int], draft: list[int], stops: list[
     kvp, ids = int(state[round_plan.STATE_KVP]), [int(i) for i in given["ids"]]
     path: list[int] = []
     ends = False
-    if status is None:
-        decision = accept.tree(parents, draft, ids[: len(parents)], stops, budget)
+    if status is None:  # an undecided target is never read where the round commits: any id stands for it
+        targets = [0 if i == round_tail.UNDECIDED else i for i in ids[: len(parents)]]
+        decision = accept.tree(parents, draft, targets, stops, budget)
         path, ends, status = list(decision.rows), decision.ends, 0
     record = np.full(round_tail.RECORD_WORDS, 0, dtype=np.int32)
     record[round_tail.REC_STATUS], record[round_tail.REC_COUNT] = status, len(path)
@@ -161,6 +162,15 @@ def _rounds() -> list[tuple[Buffers, Buffers]]:
         ([6, 7, 2**32], [0, 0, 0], abi.ERR_ID),  # the acceptor's own refusal, with its code
     ):
         given = buffers(cells, ids, bad, state)
+        cases.append((given, _expected(given, parents, draft, [], 10, status)))
+    # a drawn target the draw left to the host: ignored off the committed path (row 3), refused on it (the
+    # path's rows 0-2, the last one's target committed too)
+    parents, draft = [-1, 0, 1, 0], [5, 6, 7, 9]
+    cells = round_tail.tree_cells(parents, draft, [], 10)
+    undecided = round_tail.UNDECIDED
+    for ids, status in (([6, 7, 8, undecided], None), ([6, undecided, 8, 3], round_tail.STATUS_NON_FINITE),
+                        ([6, 7, undecided, 3], round_tail.STATUS_NON_FINITE)):  # fmt: skip
+        given = buffers(cells, ids, [0] * 4, state)
         cases.append((given, _expected(given, parents, draft, [], 10, status)))
     # slots past the sequence's pages, which the table's padding (page 0) would take if the kernel ignored the
     # count; and counts the table cannot hold

@@ -40,6 +40,10 @@ REC_EPOCH = REC_TOKENS + MAX_ROWS
 REC_ROUND = REC_EPOCH + 1
 RECORD_WORDS = REC_ROUND + 1
 STATUS_FLAGGED_ROW, STATUS_NON_FINITE, STATUS_SLOT_OUTSIDE_PAGES = 1, 2, 3
+# A drawn target the draw left to the host (the draw kernels' answer, kUndecided): off the committed path the
+# round commits as if it were any id (the acceptor never reads it); on the path the round is refused
+# (STATUS_NON_FINITE)
+UNDECIDED = -5
 
 _I32, _U32, _VP = ctypes.c_int32, ctypes.c_uint32, ctypes.c_void_p
 ENTRY_ARGS: dict[str, tuple[type, ...]] = {

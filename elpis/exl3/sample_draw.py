@@ -24,7 +24,7 @@ from functools import lru_cache
 import torch
 
 from elpis import nvcc
-from elpis.exl3 import tensors
+from elpis.exl3 import round_tail, tensors
 from elpis.paths import PATCHES_DIR
 from elpis.spec import sampling
 from elpis.spec.sampling import SamplingParams
@@ -33,7 +33,7 @@ PATCH = "exl3-sample-draw"
 SOURCE = PATCHES_DIR / "kernels" / "sample_draw.cu"
 MAX_COUNT = 256  # the kernel's per-thread arrays: the weights of a row it takes at most
 # the kernel's answers for a row it does not draw
-EDGE_UNCLEAR, NOT_FINITE, PARAMS_REFUSED = -1, -2, -4
+EDGE_UNCLEAR, NOT_FINITE, PARAMS_REFUSED = round_tail.UNDECIDED, -2, -4
 PARAM_WORDS = 3  # the parameters block: the seed, then top_p's and min_p's float64 bits
 
 _VP, _U32, _I64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int64

@@ -9,7 +9,12 @@
 //              target cells are filled here. round_plan.cu writes 0 rows for a round it refused or found
 //              idle, which the acceptor refuses: such a round commits nothing;
 //   ids        every verified row's greedy target (elpis.spec.sampling.greedy_ids: argmax, lowest id on
-//              ties; -1 where the row's maximum is not finite), int64 [run];
+//              ties; -1 where the row's maximum is not finite), int64 [run], or a sampled request's drawn one
+//              (sample_draw.cu, vocab_draw.cu), -5 (kUndecided) where the draw left the row to the host. The
+//              acceptor reads the targets of the rows on the path it commits and no others, so an undecided
+//              row off that path is decided as if its target were 0 (any id: it is never read) and the round
+//              commits; on the path it refuses the round (status 2), which the host then decides. Any other
+//              negative target, on any row, refuses the round as before;
 //   bad        the row checks, int32 [run]: nonzero for a row holding NaN or +inf or whose digest changed;
 //   state      the request's state block (round_state.cuh), read for kvp and advanced on a commit;
 //   pages      the verify key's block table row, int32 [width]: the sequence's cache pages first (the K/V
@@ -56,6 +61,7 @@ constexpr int kRecTokens = kRecPath + kMaxRows;
 constexpr int kRecEpoch = kRecTokens + kMaxRows, kRecRound = kRecEpoch + 1;
 constexpr int kRecordWords = kRecRound + 1;
 constexpr int32_t kFlaggedRow = 1, kNonFinite = 2, kSlotOutsidePages = 3;
+constexpr int64_t kUndecided = -5;  // a drawn target the draw left to the host (the ids above)
 static_assert(sizeof(GdnTreePlan) <= kPlanCapacity, "a packed commit plan fits the commit's plan input");
 
 // The cache page and offset of sequence slot s, or false past the sequence's pages.
@@ -124,11 +130,11 @@ __global__ void round_tail_kernel(const int64_t* __restrict__ cells_in, const in
             if (bad[r] != 0) status = kFlaggedRow;
         }
         for (int r = 0; r < rows && status == 0; r++) {
-            if (ids[r] < 0) status = kNonFinite;
+            if (ids[r] < 0 && ids[r] != kUndecided) status = kNonFinite;
         }
     }
     if (status == 0) {
-        for (int r = 0; r < rows; r++) cells[ELPIS_TREE_TARGET + r] = ids[r];
+        for (int r = 0; r < rows; r++) cells[ELPIS_TREE_TARGET + r] = ids[r] == kUndecided ? 0 : ids[r];
         const int32_t code = elpis_check_tree(cells, path);
         if (code < 2) {  // a decision commits at least the anchor: count << 1 | ends >= 2
             status = code < 0 ? code : ELPIS_ERR_INTERNAL;
@@ -136,6 +142,9 @@ __global__ void round_tail_kernel(const int64_t* __restrict__ cells_in, const in
             count = code >> 1;
             ends = code & 1;
             end = path[count - 1];
+            for (int i = 0; i < count; i++) {
+                if (ids[path[i]] == kUndecided) status = kNonFinite;  // the path reads it: the host decides
+            }
         }
     }
     if (status == 0 && !write_moves(path, count, kvp, run, pages, npages, moves_out)) status = kSlotOutsidePages;

@@ -10,13 +10,13 @@
 // values, in integers and comparisons only (no rounding but w * 2^-40's product, correctly rounded like the
 // host's), so every token is the host's:
 //   out[r] = the drawn id, or
-//           -1 where the head's edge does not clear the smallest weight read (ties may run past the logits
+//           -5 where the head's edge does not clear the smallest weight read (ties may run past the logits
 //              read: the caller decides that call from the whole vocabulary, as the host does), or
 //           -2 where the row's maximum is not finite (the caller refuses the row),
 //           -4 where the parameters read are out of range (below).
 // The steps, in the host's order (sampling._top_candidates, _heads, _nucleus, _kept_lists, _draw):
 //   1. rank the `count` (w, id) pairs by w descending, ties by lower id;
-//   2. edge = the width-th weight, floor = the last; refuse (-1) when count < vocab, floor > 0 and not
+//   2. edge = the width-th weight, floor = the last; refuse (-5) when count < vocab, floor > 0 and not
 //      edge > floor * (1 + 2^-40);
 //   3. the head: the ranked pairs with w >= edge and w > 0, at most top_k of them;
 //   4. top_p < 1: the shortest prefix of the head whose fixed-point weights floor(w * 2^44) reach
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads)
     // 2. the edge against the smallest weight read
     const double edge = w[order[width - 1]], floor_w = w[order[count - 1]];
     if (count < vocab && floor_w > 0.0 && !(edge > floor_w * (1.0 + sample_steps::kEdgeGap))) {
-        out[r] = -1;
+        out[r] = sample_steps::kUndecided;
         return;
     }
     // 3. the head: a prefix of the ranking (w >= edge, then w > 0), at most top_k long

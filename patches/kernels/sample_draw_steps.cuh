@@ -12,6 +12,9 @@ namespace sample_steps {
 constexpr uint32_t kMaxCount = 256;   // the most weights a row: top_k <= 240 with the host's 16 of padding
 constexpr int kFixedBits = 44;        // sampling.FIXED_BITS
 constexpr double kEdgeGap = 0x1p-40;  // sampling.EDGE_GAP
+// A row's answer where the draw leaves it to the host: round_tail.cu's kUndecided, which the round's acceptor
+// ignores off the committed path
+constexpr int64_t kUndecided = -5;
 
 __device__ __forceinline__ uint64_t mul_hi(uint64_t a, uint64_t b) {
 #ifdef ELPIS_CUDA_EMU

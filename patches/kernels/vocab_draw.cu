@@ -15,12 +15,12 @@
 //         of them) as sample_draw.cu does, walks top_p's prefix against the whole row's mass, and draws over the
 //         prefix's tokens with w >= min_p (sample_draw_steps.cuh). The prefix must end on a weight clear of the
 //         smallest weight read (a token not read weighs at most that one, within exp's rounding), and with top_p
-//         = 1 the smallest weight read must be clear below min_p; otherwise the row answers -1 and the host
+//         = 1 the smallest weight read must be clear below min_p; otherwise the row answers -5 and the host
 //         decides from the whole vocabulary, as without the patch.
 //   pick (top_p = 1, min_p = 0: every token kept): a block a row finds the span its target falls in from the
 //         spans' sums, recomputes that span's weights into shared memory, and finds the token in id order.
 //
-//   out[r] = the drawn id, or -1 (head: a prefix not clear of the weights read; the host decides), -2 where the
+//   out[r] = the drawn id, or -5 (head: a prefix not clear of the weights read; the host decides), -2 where the
 //            row's maximum is not finite (the caller refuses the row), -4 where the parameters read are out of
 //            range or are the other launch's (top_p = 1 and min_p = 0 is the pick's, anything else the head's).
 //
@@ -196,12 +196,12 @@ __global__ void __launch_bounds__(kHeadThreads)
             }
         }
         if (!reached) {
-            out[r] = -1;
+            out[r] = sample_steps::kUndecided;
             return;
         }
         head = n;
     } else if (partial && !(floor_w * (1.0 + sample_steps::kEdgeGap) < p.min_p)) {
-        out[r] = -1;  // a token not read may reach min_p
+        out[r] = sample_steps::kUndecided;  // a token not read may reach min_p
         return;
     }
     out[r] = sample_steps::draw_kept(w, id, order, head, p.min_p, p.seed, uint64_t(p.position));

@@ -119,8 +119,8 @@ TIED = 17  # the token after which the sampled stand-in's logits may tie far pas
 
 def sampled_logits(t: int, ties: bool = False) -> torch.Tensor:
     """The sampled stand-in model's fp16 logits after token t: noise fixed by t, f(t) the most likely; with
-    `ties`, after TIED f(t) and a flat rest, whose head edge the draw leaves to the host (any tree row holding
-    TIED, drafted or not, then makes its round undrawn)."""
+    `ties`, after TIED f(t) and a flat rest, whose head edge the draw leaves to the host (a round whose
+    committed path reads such a row is then undrawn; round_tail ignores one off the path)."""
     if ties and t == TIED:
         row = torch.zeros(VOCAB)
     else:

@@ -162,6 +162,31 @@ def test_only_the_trees_rows_are_checked_and_more_rows_than_verified_are_refused
     assert got.status == abi.ERR_SIZE
 
 
+def test_an_undecided_target_off_the_path_is_ignored_and_on_it_refuses_the_round(lib) -> None:
+    """A sampled row the draw left to the host (UNDECIDED): off the committed path the acceptor never reads
+    it and the round commits the path as with any target there; on the path (a row it walks through, or the
+    last, whose target it commits) the round is refused for the host to decide. Other negative targets
+    refuse the round wherever they are."""
+    parents, draft = [-1, 0, 1, 0, 3], [5, 6, 7, 9, 4]
+    cells = round_tail.tree_cells(parents, draft, [], 10)
+    undecided = round_tail.UNDECIDED
+    for off_path in ([6, 7, 8, undecided, 2], [6, 7, 8, 1, undecided], [6, 7, 8, undecided, undecided]):
+        state = _state(300)
+        got, moves_out, plan_out, after = _decide(lib, cells, off_path, [0] * 5, state)
+        want = accept.tree(parents, draft, [6, 7, 8, 0, 0], [], 10)
+        assert got.status == 0 and got.path == tuple(want.rows) == (0, 1, 2) and got.tokens == (6, 7, 8)
+        moves, plan = _want_inputs(300, [0, 1, 2])
+        assert np.array_equal(moves_out, moves) and np.array_equal(plan_out, plan)
+        assert after[round_plan.STATE_KVP] == 303
+    for on_path in ([undecided, 7, 8, 1, 2], [6, undecided, 8, 1, 2], [6, 7, undecided, 1, 2]):
+        state = _state(300)
+        got, moves_out, plan_out, after = _decide(lib, cells, on_path, [0] * 5, state)
+        assert (got.status, got.count, got.tokens) == (round_tail.STATUS_NON_FINITE, 0, ())
+        assert after.tolist() == _counted(state).tolist()
+    got, *_ = _decide(lib, cells, [6, 7, 8, -1, 2], [0] * 5, _state(300))  # a non-finite greedy row anywhere
+    assert got.status == round_tail.STATUS_NON_FINITE
+
+
 def test_a_slot_outside_the_pages_commits_nothing(lib) -> None:
     kvp = len(PAGES) * PAGE - 2  # the verify's last slots lie past the sequence's pages
     cells = round_tail.tree_cells([-1, 0, 0, 2], [5, 6, 7, 8], [], 10)
