@@ -222,7 +222,7 @@ class DeviceRounds:
 
     def __init__(
         self, backend: Exl3Backend, *, round_graphs: bool | None = None, sampled: bool | None = None,
-        adjusting: bool | None = None, whole_vocab: bool | None = None,
+        adjusting: bool | None = None, whole_vocab: bool | None = None, vocab_heads: bool | None = None,
     ) -> None:
         """`round_graphs`: each round key's rounds as one composed graph launch (`elpis.exl3.round_graph`);
         None: the registry switch exl3-round-graph. `sampled`: sampled top_k requests' rounds here too, their
@@ -230,7 +230,8 @@ class DeviceRounds:
         `adjusting`: requests with penalties or logit_bias too, their rows adjusted on the GPU
         (`elpis.exl3.round_adjust`); None: the registry switch exl3-round-adjust. `whole_vocab`: sampled
         requests without top_k too, drawn over their whole vocabulary on the GPU (`elpis.exl3.vocab_draw`);
-        None: the registry switch exl3-vocab-draw."""
+        None: the registry switch exl3-vocab-draw. `vocab_heads`: among those, the ones whose draw reads the
+        rows' heads (top_p < 1 or min_p > 0) too; None: the registry switch exl3-vocab-draw-heads."""
         graphs, drafter = backend.graphs, backend.drafter
         if not backend.tree or graphs is None or graphs.table is None:
             raise BackendError(
@@ -279,6 +280,7 @@ class DeviceRounds:
         if self.adjusting:
             round_adjust.load()
         self.whole_vocab = patches.enabled(vocab_draw.PATCH) if whole_vocab is None else whole_vocab
+        self.vocab_heads = patches.enabled(vocab_draw.HEADS_PATCH) if vocab_heads is None else vocab_heads
         if self.whole_vocab:
             vocab_draw.load()
 
@@ -315,6 +317,7 @@ class DeviceRounds:
         # device memory, written at `start`, which the captured draws read when they run
         self.sampled = False  # whether sampled top_k requests' rounds run here (`draws`)
         self.whole_vocab = False  # whether sampled requests without top_k run here (`draws`)
+        self.vocab_heads = False  # and among them those whose draw reads the rows' heads
         self.sampling: SamplingParams | None = None  # the request's, None for a greedy one
         self.draw_params = torch.zeros((sample_draw.PARAM_WORDS,), dtype=torch.int64, device=dev)
         self.inverse_temperature = torch.zeros((1,), dtype=torch.float64, device=dev)
@@ -351,8 +354,9 @@ class DeviceRounds:
     def draws(self, params: SamplingParams) -> bool:
         """Whether a request's targets are decided here: greedy ones, sampled top_k ones with sampled rounds
         on and a top_k draw the kernel takes (`sample_draw.row_count`), sampled ones without top_k with
-        whole-vocabulary draws on and rows their kernels take (`vocab_draw.fits`: the verify's fp16 logits, a
-        penalised request's float64 rows), and any of them with penalties or logit_bias only where adjusting
+        whole-vocabulary draws on (those with top_p < 1 or min_p > 0 only with the heads' switch on too) and
+        rows their kernels take (`vocab_draw.fits`: the verify's fp16 logits, a penalised request's float64
+        rows), and any of them with penalties or logit_bias only where adjusting
         rounds are on."""
         if params.adjusts_logits and not self.adjusting:
             return False
@@ -361,7 +365,8 @@ class DeviceRounds:
         vocab = self.backend.info.vocab_size
         if not params.top_k:
             rows = torch.float64 if params.adjusts_logits else torch.float16
-            return self.whole_vocab and vocab_draw.fits(params, rows, vocab)
+            heads = self.vocab_heads or not vocab_draw.reads_head(params)
+            return self.whole_vocab and heads and vocab_draw.fits(params, rows, vocab)
         return self.sampled and sample_draw.row_count(params, vocab) > 0
 
     def start(self, *, context: Sequence[int], remaining: int, tree_budget: int, stops: Sequence[int],

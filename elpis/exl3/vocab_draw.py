@@ -30,6 +30,9 @@ from elpis.spec import sampling
 from elpis.spec.sampling import SamplingParams
 
 PATCH = "exl3-vocab-draw"
+# the head's launch in rounds on the GPU (top_p < 1 or min_p > 0 without top_k), a switch of its own: a row
+# whose prefix runs past the weights read leaves its round to the host, which on flat rows is every round
+HEADS_PATCH = "exl3-vocab-draw-heads"
 SOURCE = PATCHES_DIR / "kernels" / "vocab_draw.cu"
 THREADS = 256  # the mass's and the pick's block
 HEAD_WIDTH = sample_draw.MAX_COUNT - sampling.TOP_PAD  # the head's weights read: the kernel's most, 256

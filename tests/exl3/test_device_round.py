@@ -620,8 +620,8 @@ def test_sampled_requests_without_top_k_draw_their_rounds_on_the_gpu(backend, de
     rounds = backend.device_rounds
     vocab_draw.load()
     round_adjust.load()
-    was = rounds.whole_vocab, rounds.adjusting
-    rounds.whole_vocab = rounds.adjusting = True
+    was = rounds.whole_vocab, rounds.vocab_heads, rounds.adjusting
+    rounds.whole_vocab = rounds.vocab_heads = rounds.adjusting = True
     try:
         assert rounds.draws(sampling)
         before = rounds.rounds
@@ -637,4 +637,4 @@ def test_sampled_requests_without_top_k_draw_their_rounds_on_the_gpu(backend, de
         if case != "top_p":
             assert max(stats.committed_per_round) >= 4, stats.committed_per_round
     finally:
-        rounds.whole_vocab, rounds.adjusting = was
+        rounds.whole_vocab, rounds.vocab_heads, rounds.adjusting = was

@@ -916,7 +916,7 @@ def sharp(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def whole_vocab_driver(prompt: list[int], wrong: float = 0.3, ties: bool = False) -> dr.DeviceRounds:
     rounds = sampled_driver(prompt, wrong, ties)
-    rounds.whole_vocab = rounds.adjusting = True
+    rounds.whole_vocab = rounds.vocab_heads = rounds.adjusting = True
     return rounds
 
 
@@ -993,5 +993,8 @@ def test_requests_without_top_k_run_here_only_with_the_switch() -> None:
     assert rounds.draws(params) and rounds.draws(SamplingParams(temperature=0.8, presence_penalty=1.0))
     rounds.adjusting = False
     assert not rounds.draws(SamplingParams(temperature=0.8, presence_penalty=1.0))
+    rounds.vocab_heads = False  # top_p's rounds stay the host's; temperature alone's still run here
+    assert not rounds.draws(params) and rounds.draws(SamplingParams(temperature=0.8))
     rounds.whole_vocab = False
-    assert not rounds.draws(params) and rounds.draws(SamplingParams(temperature=0.8, top_k=5))
+    assert not rounds.draws(SamplingParams(temperature=0.8))
+    assert rounds.draws(SamplingParams(temperature=0.8, top_k=5))

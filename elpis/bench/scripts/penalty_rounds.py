@@ -89,7 +89,8 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
     undrawn = 0
     rounds = backend.device_rounds
     on_gpu = bool(arm.get("gpu_sampled") or arm.get("gpu_adjusted") or arm.get("gpu_vocab"))
-    kept = (rounds.sampled, rounds.adjusting, rounds.whole_vocab) if rounds is not None else (False,) * 3
+    kept = ((rounds.sampled, rounds.adjusting, rounds.whole_vocab, rounds.vocab_heads) if rounds is not None
+            else (False,) * 4)
     read_before = rounds.rounds if rounds is not None else 0
     if on_gpu and rounds is None:
         raise SystemExit("--gpu-sampled and --gpu-adjusted need rounds on the GPU (exl3-device-rounds)")
@@ -109,7 +110,7 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
         sampler.use_device_draw(sample_draw.draw)
     if rounds is not None:  # sampled and adjusted rounds on the GPU in their own arms only, switches aside
         rounds.sampled, rounds.adjusting = bool(arm.get("gpu_sampled")), bool(arm.get("gpu_adjusted"))
-        rounds.whole_vocab = bool(arm.get("gpu_vocab"))
+        rounds.whole_vocab = rounds.vocab_heads = bool(arm.get("gpu_vocab"))
     try:
         stamps = [time.perf_counter()]
         for step in gen.generate(request):
@@ -120,7 +121,7 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
     finally:
         sampler.use_device_draw(None)
         if rounds is not None:
-            rounds.sampled, rounds.adjusting, rounds.whole_vocab = kept
+            rounds.sampled, rounds.adjusting, rounds.whole_vocab, rounds.vocab_heads = kept
     may_undraw = arm.get("top_p", 1.0) < 1.0 and not arm.get("top_k")
     if on_gpu and not may_undraw and rounds.rounds - read_before < len(stamps) - 2:
         raise SystemExit(f"the GPU ran {rounds.rounds - read_before} of the request's {len(stamps) - 2} "
