@@ -131,8 +131,7 @@ NEUTRAL_PATCHES: dict[str, str] = {
     "(each rounded once, CUDA's exp as torch's, sums of integers), so the host's tokens (CPU emulation; the "
     "GPU checks are test_vocab_draw.py's and test_device_round.py's)",
     "exl3-vocab-draw-heads": "runs the head's draws of exl3-vocab-draw in rounds on the GPU: the same "
-    "kernels, "
-    "the same tokens (the GPU check is test_device_round.py's (p) top_p)",
+    "kernels, the same tokens (the GPU check is test_device_round.py's (p) top_p)",
     "exl3-embed-gather": "the captured graphs gather the embedding rows ExLlamaV3's host lookup returns, "
     "widened to fp32 exactly (CPU emulation; the GPU checks are test_embed_gather.py's)",
     "exl3-gdn-qkv-channel-major": "the GDN qkv GEMM writes the bits ExLlamaV3's bf16 cast and copy of its "
