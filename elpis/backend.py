@@ -94,9 +94,10 @@ class Drafter(Protocol):
         ...
 
 
-# A sampled round on the device that could not draw one of its rows there (the row's top_k head ties past the
-# logits the device reads, or a row's maximum is not finite): nothing is committed, and the host decides the
-# position (`DeviceRounds.settle`, then a host round), as it draws such a row from the whole vocabulary.
+# A sampled round on the device that could not draw a row of its committed path there (the row's top_k head
+# ties past the logits the device reads, or its top_p prefix runs past them, or a row's maximum is not
+# finite): nothing is committed, and the host decides the position (`DeviceRounds.settle`, then a host round),
+# as it draws such a row from the whole vocabulary.
 UNDRAWN = "undrawn"
 
 

@@ -3,8 +3,9 @@ and the host one round behind. Served by default since session 41 (switch exl3-d
 greedy requests where it applies: its GPU tests (tests/exl3/test_device_round.py), the 24 GiB test and the
 whole GPU suite pass with it on, and it is 0.5-0.8 ms a round faster than host rounds at 1K and 8K (H100,
 calls 153-154 and 157). Since session 56 sampled top_k requests run here too where exl3-sample-draw is on,
-and requests with penalties or logit_bias where exl3-round-adjust is on (`draws`; each row adjusted and drawn
-in the round: `_targets`).
+and requests with penalties or logit_bias where exl3-round-adjust is on, and since session 57 sampled requests
+without top_k where exl3-vocab-draw is on (over their whole vocabulary; those with top_p or min_p only with
+exl3-vocab-draw-heads) (`draws`; each row adjusted and drawn in the round: `_targets`).
 
 A host round (`elpis.spec.generate`) reads the draft's candidates back, builds the tree, fills the verify's
 inputs, reads the verify's row checks and greedy tokens back, runs the acceptor and fills the commit's inputs:
