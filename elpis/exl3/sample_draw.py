@@ -18,7 +18,7 @@ on the current stream; `bind` sets the entries' types on any build (the GPU's, o
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import torch
@@ -131,13 +131,20 @@ def draw(weights: sampling.TopWeights, params: SamplingParams, positions: Sequen
     block = torch.tensor([*param_words(params), *positions], dtype=torch.int64).to(device)
     out = torch.empty(rows, dtype=torch.int64, device=device)
     queue(weights, params.top_k, block[:PARAM_WORDS], block[PARAM_WORDS:], 0, out)
+    return read_tokens(out, best.tolist, "sample draw")
+
+
+def read_tokens(out: torch.Tensor, maxima: Callable[[], list[float]], who: str) -> list[int] | None:
+    """The tokens a draw wrote into `out` (this kernel's, or `vocab_draw`'s), read back: None where a row was
+    left to the host (EDGE_UNCLEAR); a row whose maximum is not finite is refused as the host refuses it
+    (`maxima`: the rows' maxima of x * (1/T), read only then)."""
     tokens = out.tolist()
     if NOT_FINITE in tokens:
-        sampling.check_finite(best.tolist())
+        sampling.check_finite(maxima())
     if EDGE_UNCLEAR in tokens:
         return None
     if any(t < 0 for t in tokens):
-        raise AssertionError(f"sample draw kernel: a row was not drawn ({tokens})")
+        raise AssertionError(f"{who} kernel: a row was not drawn ({tokens})")
     return tokens
 
 

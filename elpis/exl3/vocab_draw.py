@@ -38,7 +38,8 @@ THREADS = 256  # the mass's and the pick's block
 HEAD_WIDTH = sample_draw.MAX_COUNT - sampling.TOP_PAD  # the head's weights read: the kernel's most, 256
 KINDS = {torch.float16: 0, torch.float32: 1, torch.float64: 2}  # the row kinds the kernels read
 # the kernels' answers for a row they do not draw (sample_draw's)
-EDGE_UNCLEAR, NOT_FINITE, PARAMS_REFUSED = sample_draw.EDGE_UNCLEAR, sample_draw.NOT_FINITE, -4
+EDGE_UNCLEAR, NOT_FINITE = sample_draw.EDGE_UNCLEAR, sample_draw.NOT_FINITE
+PARAMS_REFUSED = sample_draw.PARAMS_REFUSED
 
 _VP, _U32, _U64, _I64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int64
 ENTRY_ARGS: dict[str, tuple[type, ...]] = {
@@ -165,14 +166,11 @@ def draw(logits: torch.Tensor, params: SamplingParams, positions: Sequence[int])
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=device)
     words = sample_draw.PARAM_WORDS
     queue(logits, params, scale, block[:words], block[words:], 0, out)
-    tokens = out.tolist()
-    if NOT_FINITE in tokens:
-        sampling.check_finite((logits.amax(dim=1).to(torch.float64) * params.inverse_temperature).tolist())
-    if EDGE_UNCLEAR in tokens:
-        return None
-    if any(t < 0 for t in tokens):
-        raise AssertionError(f"vocab draw kernel: a row was not drawn ({tokens})")
-    return tokens
+
+    def maxima() -> list[float]:
+        return (logits.amax(dim=1).to(torch.float64) * params.inverse_temperature).tolist()
+
+    return sample_draw.read_tokens(out, maxima, "vocab draw")
 
 
 def install() -> None:
