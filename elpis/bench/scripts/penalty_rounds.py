@@ -22,11 +22,12 @@ arm's, and "gpu_rounds_save_ms" is what it saves a round against the sampled req
 With --gpu-adjusted, two more arms are the penalised requests (greedy and sampled, `presence_penalty` 1.5)
 with their rows adjusted on the GPU and their rounds there (registry patch exl3-round-adjust): their tokens
 must be the host-round arms', and "gpu_adjusted_saves_ms" is what they save a round.
-With --gpu-vocab, four more arms are sampled requests without top_k, as OpenAI clients send them (temperature
-alone, and temperature with top_p 0.8), on host rounds and with their rounds on the GPU (registry patch
-exl3-vocab-draw, session 57): the GPU arms' tokens must be the host arms', and "gpu_vocab_saves_ms" is what
-they save a round. A top_p row whose prefix runs past the 256 weights the GPU reads is the host's (an undrawn
-round), as a random model's flat rows may be: that arm's JSON counts its undrawn rounds.
+With --gpu-vocab, six more arms are sampled requests without top_k, as OpenAI clients send them (temperature
+alone, and temperature with top_p 0.8, warm and cold), on host rounds and with their rounds on the GPU
+(registry patches exl3-vocab-draw and -heads, session 57): the GPU arms' tokens must be the host arms', and
+"gpu_vocab_saves_ms" is what they save a round. A top_p row whose prefix runs past the 256 weights the GPU
+reads is the host's (an undrawn round), as a random model's flat rows may be: the JSON counts each arm's
+undrawn rounds.
 Usage (repo root):
   python3 elpis/bench/scripts/penalty_rounds.py MODEL DRAFT --out FILE.json [--contexts 1024,8192]
       [--tokens 40] [--pairs 3] [--budget 16] [--grammar] [--device-draw] [--gpu-sampled] [--gpu-adjusted]
@@ -47,6 +48,9 @@ RECOMMENDED = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "seed": 3}
 VOCAB_ARMS: dict[str, dict[str, Any]] = {  # with --gpu-vocab: what OpenAI clients send, no top_k
     "temperature": {"temperature": 0.8, "seed": 4},
     "top_p": {"temperature": 0.7, "top_p": 0.8, "seed": 5},
+    # a random model's rows are flat, so top_p's prefix runs past the head's 256 weights; cold, they are
+    # peaked as a real model's, and the head's rounds run on the GPU
+    "top_p-cold": {"temperature": 0.1, "top_p": 0.8, "seed": 6},
 }
 # A JSON schema whose one string the random model fills for the whole request: rows masked inside a string.
 TEXT_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
