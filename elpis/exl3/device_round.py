@@ -357,8 +357,7 @@ class DeviceRounds:
         on and a top_k draw the kernel takes (`sample_draw.row_count`), sampled ones without top_k with
         whole-vocabulary draws on (those with top_p < 1 or min_p > 0 only with the heads' switch on too) and
         rows their kernels take (`vocab_draw.fits`: the verify's fp16 logits, a penalised request's float64
-        rows), and any of them with penalties or logit_bias only where adjusting
-        rounds are on."""
+        rows), and any of them with penalties or logit_bias only where adjusting rounds are on."""
         if params.adjusts_logits and not self.adjusting:
             return False
         if params.greedy:
@@ -709,13 +708,14 @@ class DeviceRounds:
             rows = self._adjusted_rows(out.shape)
             round_adjust.queue(out, self.cells, self.history, rows)
         params = self.sampling
-        if params is not None and not params.top_k:  # over the whole vocabulary, as the host's draw
-            vocab_draw.queue(rows, params, self.inverse_temperature, self.draw_params,
-                             positions.to(torch.int64), 1, self.ids)  # fmt: skip
-        elif params is not None:
-            width = min(params.top_k, out.shape[1])
-            top = sampling.top_weights(rows, params, width, self.inverse_temperature)
-            sample_draw.queue(top, params.top_k, self.draw_params, positions.to(torch.int64), 1, self.ids)
+        if params is not None:
+            at = positions.to(torch.int64)
+            if not params.top_k:  # over the whole vocabulary, as the host's draw
+                vocab_draw.queue(rows, params, self.inverse_temperature, self.draw_params, at, 1, self.ids)
+            else:
+                width = min(params.top_k, out.shape[1])
+                top = sampling.top_weights(rows, params, width, self.inverse_temperature)
+                sample_draw.queue(top, params.top_k, self.draw_params, at, 1, self.ids)
         elif self.adjusts:
             self.ids.copy_(sampling.greedy_ids(rows))  # the adjusted argmax, -1 where not finite
         return self.ids, self.bad

@@ -104,10 +104,14 @@ def _kind(rows: torch.Tensor) -> int:
     return KINDS[rows.dtype]
 
 
+def _maxima(rows: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Each row's max of x * (1/T), as `sampling._weights` computes it (`scale`: 1/T, a float64 [1])."""
+    return rows.amax(dim=1).to(torch.float64) * scale
+
+
 def queue(
-    rows: torch.Tensor, params: SamplingParams, scale: torch.Tensor, block: torch.Tensor, positions:
-    torch.Tensor,
-    offset: int, out: torch.Tensor,
+    rows: torch.Tensor, params: SamplingParams, scale: torch.Tensor, block: torch.Tensor,
+    positions: torch.Tensor, offset: int, out: torch.Tensor,
 ) -> None:
     """Queue the draws of every row of `rows` ([n, vocab], rows contiguous: a verify's logits read in place,
     or adjusted float64 rows) into `out` (int64 [n]: a token or one of the kernels' answers) in stream order,
@@ -139,8 +143,7 @@ def queue(
         err = lib.elpis_vocab_draw_head(*shape, top.w.data_ptr(), top.ids.data_ptr(), top.best.data_ptr(),
                                         count, *tail)  # fmt: skip
     else:
-        # each row's max of x * (1/T), as sampling._weights'
-        best = rows.amax(dim=1).to(torch.float64) * scale
+        best = _maxima(rows, scale)  # held while the launch is queued: the kernel reads it
         err = lib.elpis_vocab_draw_pick(*shape, best.data_ptr(), *tail)
     if err != 0:
         why = "arguments refused (rows unaligned, or a row past the spans)" if err < 0 else f"error {err}"
@@ -166,11 +169,7 @@ def draw(logits: torch.Tensor, params: SamplingParams, positions: Sequence[int])
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=device)
     words = sample_draw.PARAM_WORDS
     queue(logits, params, scale, block[:words], block[words:], 0, out)
-
-    def maxima() -> list[float]:
-        return (logits.amax(dim=1).to(torch.float64) * params.inverse_temperature).tolist()
-
-    return sample_draw.read_tokens(out, maxima, "vocab draw")
+    return sample_draw.read_tokens(out, lambda: _maxima(logits, scale).tolist(), "vocab draw")
 
 
 def install() -> None:

@@ -75,7 +75,8 @@ class _Backoff:
     stretch: int = 1
 
     def undrawn(self) -> None:
-        self.owed, self.stretch = self.stretch, min(2 * self.stretch, MAX_HOST_STRETCH)
+        """An undrawn round: the host decides it, the first of its stretch, and is owed the rest."""
+        self.owed, self.stretch = self.stretch - 1, min(2 * self.stretch, MAX_HOST_STRETCH)
 
     def drawn(self) -> None:
         self.stretch = 1
@@ -315,7 +316,6 @@ class SpeculativeGenerator:
                 if done is None:  # undrawn: the host decides this round; the device starts again after it
                     started = False
                     backoff.undrawn()
-                    backoff.host_turn()
                     return host_round(remaining, room)
                 backoff.drawn()
                 return done
@@ -338,7 +338,6 @@ class SpeculativeGenerator:
             if done is None:  # undrawn: the host decides this round (and commits it to the grammar)
                 running = None
                 backoff.undrawn()
-                backoff.host_turn()
                 return host_round(remaining, room)
             backoff.drawn()
             constraint.commit(done.tokens)

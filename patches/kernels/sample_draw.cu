@@ -47,16 +47,13 @@ __global__ void __launch_bounds__(kThreads)
                        const int64_t* positions, int64_t offset, int64_t* out) {
     const uint32_t r = blockIdx.x * kThreads + threadIdx.x;
     if (r >= rows) return;
-    const uint64_t seed = static_cast<uint64_t>(params[0]);
-    const double top_p = __longlong_as_double(params[1]), min_p = __longlong_as_double(params[2]);
-    const int64_t position = positions[r] + offset;
-    if (!(top_p > 0.0 && top_p <= 1.0) || !(min_p >= 0.0 && min_p <= 1.0) || position < 0) {
-        out[r] = -4;
+    sample_steps::Params p;
+    if (!sample_steps::read_params(params, positions, offset, r, &p)) {
+        out[r] = sample_steps::kParamsRefused;
         return;
     }
-    const double peak = best[r];
-    if (!(peak - peak == 0.0)) {  // NaN or infinite
-        out[r] = -2;
+    if (!sample_steps::finite(best[r])) {
+        out[r] = sample_steps::kNotFinite;
         return;
     }
     const double* w = weights + uint64_t(r) * count;
@@ -66,7 +63,7 @@ __global__ void __launch_bounds__(kThreads)
     sample_steps::rank(w, id, count, order);
     // 2. the edge against the smallest weight read
     const double edge = w[order[width - 1]], floor_w = w[order[count - 1]];
-    if (count < vocab && floor_w > 0.0 && !(edge > floor_w * (1.0 + sample_steps::kEdgeGap))) {
+    if (!sample_steps::clears_floor(edge, floor_w, count < vocab)) {
         out[r] = sample_steps::kUndecided;
         return;
     }
@@ -74,10 +71,10 @@ __global__ void __launch_bounds__(kThreads)
     uint32_t head = 0;
     while (head < count && head < top_k && w[order[head]] >= edge && w[order[head]] > 0.0) head++;
     // 4. top_p's prefix over the head's fixed-point weights
-    if (top_p < 1.0) {
+    if (p.top_p < 1.0) {
         uint64_t mass = 0;
         for (uint32_t i = 0; i < head; i++) mass += sample_steps::fixed_of(w[order[i]]);
-        const uint64_t reach = sample_steps::reach_of(top_p, mass);
+        const uint64_t reach = sample_steps::reach_of(p.top_p, mass);
         uint64_t total = 0;
         uint32_t n = 0;
         while (n < head) {
@@ -88,7 +85,7 @@ __global__ void __launch_bounds__(kThreads)
         head = n;
     }
     // 5. the kept tokens in id order, and the draw over their fixed-point weights
-    out[r] = sample_steps::draw_kept(w, id, order, head, min_p, seed, uint64_t(position));
+    out[r] = sample_steps::draw_kept(w, id, order, head, p.min_p, p.seed, uint64_t(p.position));
 }
 
 }  // namespace

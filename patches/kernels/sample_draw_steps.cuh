@@ -12,9 +12,36 @@ namespace sample_steps {
 constexpr uint32_t kMaxCount = 256;   // the most weights a row: top_k <= 240 with the host's 16 of padding
 constexpr int kFixedBits = 44;        // sampling.FIXED_BITS
 constexpr double kEdgeGap = 0x1p-40;  // sampling.EDGE_GAP
-// A row's answer where the draw leaves it to the host: round_tail.cu's kUndecided, which the round's acceptor
-// ignores off the committed path
-constexpr int64_t kUndecided = -5;
+// A row's answers where the draw does not draw it: left to the host (round_tail.cu's kUndecided, which the
+// round's acceptor ignores off the committed path), a maximum not finite (the caller refuses the row), parameters
+// out of range (the caller's own checks refuse them)
+constexpr int64_t kUndecided = -5, kNotFinite = -2, kParamsRefused = -4;
+
+__device__ __forceinline__ bool finite(double x) { return x - x == 0.0; }  // not NaN, not infinite
+
+// A row's draw parameters, read from device memory: params int64 [3] (the seed, then top_p's and min_p's float64
+// bits) and the row's position, positions[r] + offset. False where they are out of range (kParamsRefused): top_p
+// outside (0, 1], min_p outside [0, 1], a negative position.
+struct Params {
+    uint64_t seed;
+    double top_p, min_p;
+    int64_t position;
+};
+__device__ __forceinline__ bool read_params(const int64_t* params, const int64_t* positions, int64_t offset,
+                                            uint32_t r, Params* p) {
+    p->seed = static_cast<uint64_t>(params[0]);
+    p->top_p = __longlong_as_double(params[1]);
+    p->min_p = __longlong_as_double(params[2]);
+    p->position = positions[r] + offset;
+    return p->top_p > 0.0 && p->top_p <= 1.0 && p->min_p >= 0.0 && p->min_p <= 1.0 && p->position >= 0;
+}
+
+// Whether weight w ranks clear of every token not read: those weigh at most floor_w, the smallest weight read,
+// within exp's rounding (sampling.TOP_PAD's rule). Always where every token was read (`partial` false) or
+// floor_w is 0 (the tokens not read weigh 0 too).
+__device__ __forceinline__ bool clears_floor(double w, double floor_w, bool partial) {
+    return !partial || !(floor_w > 0.0) || w > floor_w * (1.0 + kEdgeGap);
+}
 
 __device__ __forceinline__ uint64_t mul_hi(uint64_t a, uint64_t b) {
 #ifdef ELPIS_CUDA_EMU

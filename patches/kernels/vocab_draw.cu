@@ -58,6 +58,9 @@ static_assert(kSpanValues >= 8 && kSpanValues <= 8192, "a span's weights fit the
 constexpr uint32_t kSpanShift = row_scan::log2_in_domain<kSpanValues, ELPIS_ROWSPANS_MAX_BASE>();
 constexpr uint32_t kSpanCap = row_scan::log2_in_domain<ELPIS_VOCAB_DRAW_MAX_SPANS, ELPIS_ROWSPANS_MAX_CAP>();
 constexpr uint32_t kHeadThreads = 32;  // the head: a row a thread
+using sample_steps::finite;
+using sample_steps::Params;
+using sample_steps::read_params;
 
 // The row kinds: fp16 and fp32 rows in 16-byte vectors (row_scan.cuh), float64 rows a value at a time.
 constexpr uint32_t kFp16 = 0, kFp32 = 1, kFp64 = 2;
@@ -112,8 +115,6 @@ __device__ __forceinline__ uint64_t fixed_weight(double x, double inverse, doubl
     return d < -1000.0 ? 0u : sample_steps::fixed_of(exp(d));
 }
 
-__device__ __forceinline__ bool finite(double x) { return x - x == 0.0; }
-
 // Block (span s, row r): the span's fixed-point weights summed into sums[r * spans + s] (0 for a row whose maximum
 // is not finite: the draw refuses it).
 template <typename T>
@@ -135,20 +136,7 @@ __global__ void __launch_bounds__(kThreads)
     if (t == 0) sums[static_cast<size_t>(r) * spans.count + s] = slots[0];
 }
 
-// The parameters a row reads, or false where they are out of range (-4).
-struct Params {
-    uint64_t seed;
-    double top_p, min_p;
-    int64_t position;
-};
-__device__ __forceinline__ bool read_params(const int64_t* params, const int64_t* positions, int64_t offset,
-                                            uint32_t r, Params* p) {
-    p->seed = static_cast<uint64_t>(params[0]);
-    p->top_p = __longlong_as_double(params[1]);
-    p->min_p = __longlong_as_double(params[2]);
-    p->position = positions[r] + offset;
-    return p->top_p > 0.0 && p->top_p <= 1.0 && p->min_p >= 0.0 && p->min_p <= 1.0 && p->position >= 0;
-}
+// Whether a request keeps every token (the pick's; anything else is the head's).
 __device__ __forceinline__ bool keeps_everything(const Params& p) { return p.top_p == 1.0 && p.min_p == 0.0; }
 
 __device__ __forceinline__ uint64_t row_mass(const unsigned long long* sums, uint32_t spans, uint32_t r) {
@@ -166,11 +154,11 @@ __global__ void __launch_bounds__(kHeadThreads)
     if (r >= rows) return;
     Params p;
     if (!read_params(params, positions, offset, r, &p) || keeps_everything(p)) {
-        out[r] = -4;
+        out[r] = sample_steps::kParamsRefused;
         return;
     }
     if (!finite(best[r])) {
-        out[r] = -2;
+        out[r] = sample_steps::kNotFinite;
         return;
     }
     const double* w = weights + uint64_t(r) * count;
@@ -187,7 +175,7 @@ __global__ void __launch_bounds__(kHeadThreads)
         bool reached = false;
         while (n < count) {
             const double wn = w[order[n]];
-            if (partial && floor_w > 0.0 && !(wn > floor_w * (1.0 + sample_steps::kEdgeGap))) break;
+            if (!sample_steps::clears_floor(wn, floor_w, partial)) break;
             total += sample_steps::fixed_of(wn);
             n++;
             if (total >= reach) {
@@ -223,7 +211,7 @@ __global__ void __launch_bounds__(kThreads)
     const bool valid = read_params(params, positions, offset, r, &p) && keeps_everything(p);
     const double inverse = *scale, peak = best[r];
     if (!valid || !finite(peak)) {  // the same answer on every thread of the block: all return here
-        if (t == 0) out[r] = valid ? -2 : -4;
+        if (t == 0) out[r] = valid ? sample_steps::kNotFinite : sample_steps::kParamsRefused;
         return;
     }
     if (t == 0) {
