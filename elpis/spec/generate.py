@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import torch
 
@@ -44,6 +45,7 @@ from elpis.spec.request import (
 from elpis.spec.run_choice import RunChoice
 from elpis.spec.sampling import sample_rows, top_logprobs
 from elpis.spec.stops import StopStringScanner
+from elpis.spec.thinking import ThinkingTracker
 from elpis.spec.tree import (
     MAX_ROWS,
     DraftTree,
@@ -120,7 +122,9 @@ class SpeculativeGenerator:
         if grammar is not None and grammar.tokenizer.vocab_size != info.vocab_size:
             raise ValueError(f"the grammar was built for {grammar.tokenizer.vocab_size} token ids; the model "
                              f"has {info.vocab_size}")
-        named = (("prompt", request.prompt_ids), ("stop token", stops), ("logit_bias token", biased))
+        closing = request.thinking.close if request.thinking is not None else ()
+        named = (("prompt", request.prompt_ids), ("stop token", stops), ("logit_bias token", biased),
+                 ("thinking's closing token", closing))
         for name, ids in named:
             bad = [t for t in ids if t >= info.vocab_size]
             if bad:
@@ -138,14 +142,25 @@ class SpeculativeGenerator:
         tree = build_tree(context[-1], block, rows, max_depth=depth, vocab_size=self.backend.info.vocab_size)
         return tree.prefix(choose_row_count(tree, costs[:rows] if costs else None))
 
+    def _forced_tree(self, context: list[int], forced: Sequence[int], remaining: int, room: int) -> DraftTree:
+        """A forced round's tree: the anchor and then the forced tokens but the last, a chain of as many rows
+        as a round of this generator may verify here (`tree_shape`), the forced tokens' count at most."""
+        rows, depth = tree_shape(self.tree_budget, room, remaining)
+        count = min(len(forced), rows, depth + 1)
+        tokens = (context[-1], *forced[: count - 1])
+        return DraftTree(tokens, tuple(range(-1, count - 1)), tuple(range(count)), (0.0,) * count)
+
     def _round(self, link: RoundLink, tracker: RoundTracker, tree: DraftTree, context: list[int],
                request: GenerationRequest, stops: tuple[int, ...], remaining: int,
                stats: GenerationStats,
                history: History | None,
-               constraint: Constraint | None) -> tuple[torch.Tensor, list[int], accept.TreeDecision]:
+               constraint: Constraint | None,
+               forced: Sequence[int] = ()) -> tuple[torch.Tensor, list[int], accept.TreeDecision]:
         """Verify, sample, accept and commit one round; an attempt failing a check is discarded and the
         same tree verified again. Returns the checked (raw) logits, the targets and the committed decision.
-        `history`: the request's adjustments, `constraint` its grammar (None when it has none)."""
+        `history`: the request's adjustments, `constraint` its grammar (None when it has none). `forced`: a
+        forced round's targets, one a row of its chain (`_forced_tree`), in place of the rows' draws: the
+        acceptor commits them as it commits drawn ones, up to a stop token or the remaining tokens."""
         base = len(context)  # absolute position of the token the anchor row draws
         adjusted = history is not None or constraint is not None
         paths = tree_paths(tree.tokens, tree.parents) if adjusted else []
@@ -157,7 +172,9 @@ class SpeculativeGenerator:
                 result = link.verify_round(asked, tree.tokens, tree.parents)
                 # The grammar's masks are host work on the tree alone: done while the device verifies.
                 masks = constraint.row_masks(paths) if constraint is not None else None
-                if request.sampling.greedy and not adjusted:
+                if forced:
+                    logits, targets = tracker.check_verify(asked, len(tree), result), list(forced)
+                elif request.sampling.greedy and not adjusted:
                     logits, targets = tracker.check_verify_greedy(asked, len(tree), result)  # with the checks
                 else:
                     logits = tracker.check_verify(asked, len(tree), result)
@@ -223,7 +240,17 @@ class SpeculativeGenerator:
         scanner = StopStringScanner(request.stop_strings)
         stats = GenerationStats(prompt_tokens=len(request.prompt_ids), cached_tokens=cached)
         want_logprobs = request.top_logprobs is not None
-        next_round = self._round_source(request, stops, context, stats)
+        params = request.sampling
+        constraint = request.grammar.start() if request.grammar is not None else None
+        history = (History(params, request.prompt_ids, self.backend.info.vocab_size)
+                   if params.adjusts_logits else None)
+        host_round = self._host_rounds(request, stops, context, stats, constraint, history)
+
+        def fresh_source() -> Callable[[int, int], _Committed]:
+            return self._round_source(request, stops, context, stats, constraint, history, host_round)
+
+        next_round = fresh_source()
+        thinking = ThinkingTracker(request.thinking) if request.thinking is not None else None
 
         def final(ids: list[int], logprobs: list[TokenLogprob] | None, reason: str) -> Step:
             if scanner.cut is None and scanner.feed(detokenizer.flush()):
@@ -239,8 +266,20 @@ class SpeculativeGenerator:
             if room < 1:
                 yield final([], [] if want_logprobs else None, "length")
                 return
-            done = next_round(remaining, room)
+            closing = thinking.due() if thinking is not None else ()
+            if closing:  # the reasoning's budget is spent: its closing tokens, committed by the host
+                done = host_round(remaining, room, closing)
+            else:  # no round commits past what the budget has left
+                done = next_round(thinking.cap(remaining) if thinking is not None else remaining, room)
             committed = list(done.tokens)
+            if thinking is not None:
+                thinking.saw(committed, forced=bool(closing))
+            if done.ends and committed[-1] not in stops and len(committed) < remaining:
+                # The round ended at the budget's cap, not at the request's end: rounds on the device, which
+                # ended there (what they queued past it idles), start again from here with the request's.
+                done = replace(done, ends=False)
+                self._drain_device()
+                next_round = fresh_source()
             context.extend(committed)
             stats.rounds += 1
             stats.committed_per_round.append(len(committed))
@@ -270,7 +309,8 @@ class SpeculativeGenerator:
             yield Step(ids, scanner.release(final=False), logprobs)
 
     def _round_source(self, request: GenerationRequest, stops: tuple[int, ...], context: list[int],
-                      stats: GenerationStats) -> Callable[[int, int], _Committed]:
+                      stats: GenerationStats, constraint: Constraint | None, history: History | None,
+                      host_round: Callable[[int, int], _Committed]) -> Callable[[int, int], _Committed]:
         """How each round is run: on the backend's device for a request without logprobs whose targets the
         device decides (`DeviceRounds.draws`: greedy, sampled with a draw it takes, adjusted where it
         adjusts), when the backend has rounds there (`elpis.backend.DeviceRounds`) and a drafter is set, else
@@ -278,15 +318,13 @@ class SpeculativeGenerator:
         start again after it (after more host rounds where undrawn rounds follow each other: `_Backoff`); the
         request's history (penalties, logit_bias) is one for both, each committed token counted. A grammar's
         request runs there too while its grammar is closed: each round ends at the opening token the grammar
-        awaits, as at a stop, and the rounds after the last one are the host's, which mask their rows."""
+        awaits, as at a stop, and the rounds after the last one are the host's, which mask their rows.
+        `constraint`, `history` and `host_round` are the request's, shared by every source it makes (a new one
+        starts the device's rounds again: `_rounds`, after a round that ended short of the request's end)."""
         device = getattr(self.backend, "device_rounds", None)
         params = request.sampling
         on_device = (device is not None and self.drafter is not None and request.top_logprobs is None
                      and device.serves() and device.draws(params))
-        constraint = request.grammar.start() if request.grammar is not None else None
-        history = (History(params, request.prompt_ids, self.backend.info.vocab_size)
-                   if params.adjusts_logits else None)
-        host_round = self._host_rounds(request, stops, context, stats, constraint, history)
         if not on_device:
             return host_round
         prompt_length = len(request.prompt_ids)
@@ -352,9 +390,10 @@ class SpeculativeGenerator:
 
     def _host_rounds(self, request: GenerationRequest, stops: tuple[int, ...], context: list[int],
                      stats: GenerationStats, constraint: Constraint | None,
-                     history: History | None) -> Callable[[int, int], _Committed]:
+                     history: History | None) -> HostRound:
         """Rounds on the host: the tree built here, the verify's rows adjusted (`history`, the request's
-        penalties and bias) and masked and sampled here."""
+        penalties and bias) and masked and sampled here; or, with `forced` tokens, a forced round: the tree is
+        the anchor and the first of them in a chain, and its targets are theirs (`_round`)."""
         backend = self.backend
         link = backend if isinstance(backend, RoundLink) else RoundLink(backend)
         tracker = RoundTracker(next(_EPOCHS), backend.info.vocab_size)
@@ -364,15 +403,18 @@ class SpeculativeGenerator:
             costs = verify_costs(getattr(backend, "verify_cost", None), self.tree_budget)
             choice = getattr(backend, "run_choice", None)
 
-        def host_round(remaining: int, room: int) -> _Committed:
+        def host_round(remaining: int, room: int, forced: Sequence[int] = ()) -> _Committed:
             budget = run = None
-            if choice is not None:  # the row count the backend verifies at (`elpis.spec.run_choice`)
-                run = choice.choose(backend.position(), self.tree_budget)
-                budget = choice.budget_at(run, self.tree_budget)
-                choice.chose(run, self.tree_budget)
-            tree = self._tree(context, remaining, room, costs, budget, constraint)
+            if forced:
+                tree = self._forced_tree(context, forced, remaining, room)
+            else:
+                if choice is not None:  # the row count the backend verifies at (`elpis.spec.run_choice`)
+                    run = choice.choose(backend.position(), self.tree_budget)
+                    budget = choice.budget_at(run, self.tree_budget)
+                    choice.chose(run, self.tree_budget)
+                tree = self._tree(context, remaining, room, costs, budget, constraint)
             logits, targets, decision = self._round(link, tracker, tree, context, request, stops, remaining,
-                                                    stats, history, constraint)
+                                                    stats, history, constraint, forced[: len(tree)])
             committed = tuple(targets[r] for r in decision.rows)
             if history is not None:
                 history.commit(committed)
@@ -383,6 +425,12 @@ class SpeculativeGenerator:
             return _Committed(committed, decision.ends, len(tree), [logits[r] for r in decision.rows])
 
         return host_round
+
+    def _drain_device(self) -> None:
+        """Drop the device's rounds in flight (queued past a round that ended), if it has rounds."""
+        device = getattr(self.backend, "device_rounds", None)
+        if device is not None:
+            device.drain()
 
     def _device_round(self, device: DeviceRounds, stats: GenerationStats) -> _Committed | None:
         """One round on the device; a round it discards (a row failed its checks) is verified again, up to
@@ -414,6 +462,12 @@ class SpeculativeGenerator:
             stats.count_fault(done.fault)
         raise BackendError(f"round {stats.rounds} failed all {len(faults)} attempts on the device "
                            f"({', '.join(faults)}); nothing of it was committed")
+
+
+class HostRound(Protocol):
+    """A request's host rounds (`SpeculativeGenerator._host_rounds`): `forced` tokens make a forced round."""
+
+    def __call__(self, remaining: int, room: int, forced: Sequence[int] = ()) -> _Committed: ...
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from elpis.spec.grammar import Grammar
 from elpis.spec.sampling import MAX_TOP_LOGPROBS, SamplingParams
+from elpis.spec.thinking import ThinkingBudget
 
 MAX_STOP_TOKEN_IDS = 4  # what the proven acceptor takes; more are refused, never enforced another way
 
@@ -32,6 +33,8 @@ class GenerationRequest:
     ignore_eos: bool = False
     top_logprobs: int | None = None
     grammar: Grammar | None = None  # structured output: the tokens each draw may take (elpis.spec.grammar)
+    # reasoning tokens at most, for a prompt that opens the model's thinking block (elpis.spec.thinking)
+    thinking: ThinkingBudget | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", _ids("prompt_ids", self.prompt_ids))
@@ -54,6 +57,8 @@ class GenerationRequest:
             raise ValueError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {self.top_logprobs!r}")
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
             raise ValueError(f"grammar must be a Grammar, got {type(self.grammar).__name__}")
+        if self.thinking is not None and not isinstance(self.thinking, ThinkingBudget):
+            raise ValueError(f"thinking must be a ThinkingBudget, got {type(self.thinking).__name__}")
         if self.grammar is not None and self.ignore_eos:
             # A complete grammar allows only the end of the sequence; ignoring it would leave the grammar.
             raise ValueError("ignore_eos cannot be combined with a grammar (structured output)")

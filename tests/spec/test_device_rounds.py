@@ -545,3 +545,29 @@ def test_a_sampled_grammars_request_draws_on_the_device_until_its_grammar_opens(
     assert rounds.starts == [opener, opener]  # started again after the host's round
     assert rounds.committed[-1] == free[at]  # the device's last round ended at the opening token
     assert got.stats.rounds > rounds.attempts  # the grammar's part ran on the host
+
+
+# -- a thinking budget ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("limit", [0, 6])
+@pytest.mark.parametrize("name", ["oracle", "ngram"])
+def test_rounds_on_the_device_under_a_thinking_budget_give_plain_decodings_text(tiny_models, run, name: str,
+                                                                                limit: int) -> None:
+    """The device's rounds start capped at what the budget has left; the round that reaches it ends them
+    there (what they queued past it is drained), the host commits the closing tokens, and the device's
+    rounds start again after them with the request's own remaining tokens."""
+    from elpis.spec.thinking import ThinkingBudget
+
+    model = tiny_models[0]
+    free = run(model.backend(), model.tokenizer, _request(model, max_tokens=24, ignore_eos=True))
+    close = tuple(t for t in range(1000, 2000) if t not in free.token_ids)[:2]
+    request = _request(model, max_tokens=24, ignore_eos=True, thinking=ThinkingBudget(limit, close))
+    plain = run(model.backend(), model.tokenizer, request)
+    assert tuple(plain.token_ids[limit : limit + 2]) == close
+    drafter = _drafters(model, request)[name]
+    backend = WithDeviceRounds(model.backend(), drafter)
+    rounds = backend.device_rounds
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+    assert got.same_output(plain)
+    # before the budget (none with a budget of 0) and after the closing tokens, rounds on the device
+    assert len(rounds.starts) == (2 if limit else 1) and rounds.drains >= (1 if limit else 0)
+    assert rounds.committed == [t for i, t in enumerate(plain.token_ids) if not limit <= i < limit + 2]
