@@ -34,6 +34,9 @@ What they establish:
 (o) (session 56, staged): requests with penalties and logit_bias, greedy and sampled, with their rows adjusted
     on the GPU (`elpis.exl3.round_adjust`, each row counting its own path) give plain decoding's tokens under
     the same adjustments, with the draft's trees and with the known continuation's deep trees.
+(q) (session 58, staged): a request under a thinking budget: rounds on the GPU capped at the budget, the
+    closing tokens committed by a forced host round, rounds on the GPU again after them; plain decoding's
+    tokens, greedy and sampled.
 """
 
 from __future__ import annotations
@@ -638,3 +641,34 @@ def test_sampled_requests_without_top_k_draw_their_rounds_on_the_gpu(backend, de
             assert max(stats.committed_per_round) >= 4, stats.committed_per_round
     finally:
         rounds.whole_vocab, rounds.vocab_heads, rounds.adjusting = was
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_thinking_budget_caps_the_gpus_rounds_and_closes_the_reasoning(backend, decoder, temperature):  # noqa: F811
+    """(q) Plain decoding under a thinking budget against the product path: the GPU's rounds start capped at
+    what the budget has left, end there, the host commits the closing tokens in a forced round, and the
+    GPU's rounds start again after them; the tokens are plain decoding's, the closing tokens where the
+    budget puts them."""
+    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+    from elpis.spec.thinking import ThinkingBudget
+
+    rounds = backend.device_rounds
+    sampling = SamplingParams(temperature=temperature, seed=9)
+    assert rounds.draws(sampling)
+    ids = prompt(1500, 63, backend.info.vocab_size)
+    free = truth_of(backend, ids)
+    close = tuple(t for t in range(1000, 2000) if t not in free)[:2]
+    request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=TOKENS, sampling=sampling, ignore_eos=True,
+                                thinking=ThinkingBudget(13, close))  # fmt: skip
+
+    def tokens(gen) -> tuple[list[int], object]:
+        steps = list(gen.generate(request))
+        return [t for step in steps for t in step.token_ids], steps[-1].stats
+
+    truth, _ = tokens(SpeculativeGenerator(backend, decoder))
+    assert tuple(truth[13:15]) == close
+    before = rounds.rounds
+    got, stats = tokens(speculative(backend, decoder))
+    assert got == truth, "rounds under a thinking budget differ from plain decoding"
+    on_gpu = rounds.rounds - before
+    assert 2 <= on_gpu < stats.rounds and not stats.faults_detected  # the forced round was the host's
