@@ -13,6 +13,7 @@ import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -68,6 +69,15 @@ class ClientGone(Exception):
     """The client closed the connection or stopped reading."""
 
 
+@dataclass(frozen=True)
+class ChatRun:
+    """A chat request on its way: its job on the queue, the splitter its text goes through, its prompt."""
+
+    job: Job
+    splitter: OutputSplitter
+    prompt_ids: list[int]
+
+
 def error_response(err: APIError) -> web.Response:
     headers = dict(err.headers)
     if err.status == 401:
@@ -114,6 +124,7 @@ class OpenAIServer:
             ("POST", "/v1/chat/completions", self.chat),
             ("POST", "/v1/chat/completions/render", self.render),
             ("POST", "/v1/completions", self.completions),
+            ("POST", "/v1/responses", self.responses),
             ("POST", "/tokenize", self.tokenize),
             ("POST", "/detokenize", self.detokenize),
         ]
@@ -399,10 +410,9 @@ class OpenAIServer:
         self._budget(service, len(ids), asked, 1)
         return web.json_response({"prompt": text, "token_ids": ids, "count": len(ids)})
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        service = self.ready()
-        chat = validate_request(ChatRequest, await self.read_json(request))
-        self._check_model(service, chat.model)
+    async def _launch_chat(self, service: ModelService, chat: ChatRequest) -> ChatRun:
+        """Prompt, budget, tool decoder, splitter and grammar of a chat request, and its job on the queue.
+        Shared by /v1/chat/completions and /v1/responses (which translates its request into a chat one)."""
         text, prompt_ids = await asyncio.to_thread(self._prepare_chat, service, chat)
         max_tokens = self._budget(
             service, len(prompt_ids), chat.output_budget(), self.limits.default_chat_max_tokens
@@ -420,6 +430,14 @@ class OpenAIServer:
         splitter = OutputSplitter(starts_in_reasoning=reasoning, tools=decoder)
         grammar = await asyncio.to_thread(request_grammar, service, chat, reasoning, decoder)
         job = self._start_job(service, chat, prompt_ids, max_tokens, top_logprobs, grammar)
+        return ChatRun(job, splitter, prompt_ids)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        service = self.ready()
+        chat = validate_request(ChatRequest, await self.read_json(request))
+        self._check_model(service, chat.model)
+        run = await self._launch_chat(service, chat)
+        job, splitter, prompt_ids = run.job, run.splitter, run.prompt_ids
         head = ResponseHead(new_id("chatcmpl-"), service.model_id, "chat.completion")
         try:
             if chat.stream:
@@ -428,6 +446,11 @@ class OpenAIServer:
             return await self._whole_chat(service, chat, job, splitter, prompt_ids, head)
         finally:
             self._abandon(job)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        from elpis.server.responses_http import create_response  # imported late: it imports this module
+
+        return await create_response(self, request)
 
     @staticmethod
     def _chat_finish(reason: str, splitter: OutputSplitter, chat: ChatRequest) -> str:

@@ -495,7 +495,10 @@ def _location(loc: tuple[Any, ...]) -> str:
     return out
 
 
-_ROLES = {"system", "developer", "user", "assistant", "tool"}
+# Tags of discriminated unions, which pydantic puts into `loc` after an item's index: chat's roles and the
+# Responses API's input item types (responses_request.py). They are not fields.
+_TAGS = {"system", "developer", "user", "assistant", "tool",
+         "message", "function_call", "function_call_output", "reasoning", "unsupported"}
 _TYPE_TAGS = {"str", "int", "bool", "float", "dict", "list"}
 
 
@@ -505,15 +508,18 @@ def _clean_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     for part in loc:
         if isinstance(part, str) and ("[" in part or part in _TYPE_TAGS):
             continue
-        if isinstance(part, str) and part in _ROLES and kept and isinstance(kept[-1], int):
+        if isinstance(part, str) and part in _TAGS and kept and isinstance(kept[-1], int):
             continue
         kept.append(part)
     return tuple(kept)
 
 
-def validate_request(model: type[ModelT], body: dict[str, Any]) -> ModelT:
-    """Validate a decoded body; any problem is an APIError(400) naming the field."""
-    fields = {key: value for key, value in body.items() if key not in IGNORED_FIELDS}
+def validate_request(
+    model: type[ModelT], body: dict[str, Any], ignored: frozenset[str] = IGNORED_FIELDS
+) -> ModelT:
+    """Validate a decoded body; any problem is an APIError(400) naming the field. Fields in `ignored` are
+    dropped unread."""
+    fields = {key: value for key, value in body.items() if key not in ignored}
     try:
         request = model.model_validate(fields)
     except ValidationError as exc:
