@@ -55,9 +55,11 @@ from elpis.server.responses import (
 )
 from elpis.server.scheduler import Job, JobEnd, Scheduler
 from elpis.server.service import ModelService
+from elpis.server.thinking import thinking_budget
 from elpis.server.toolcalls import ToolCallDecoder
 from elpis.spec import GenerationRequest, SamplingParams, Step
 from elpis.spec.grammar import Grammar
+from elpis.spec.thinking import ThinkingBudget
 
 log = logging.getLogger("elpis.server")
 
@@ -289,6 +291,7 @@ class OpenAIServer:
         max_tokens: int,
         top_logprobs: int | None,
         grammar: Grammar | None = None,
+        thinking: ThinkingBudget | None = None,
     ) -> Job:
         self._check_token_ids(service, fields)
         stop = threading.Event()
@@ -302,6 +305,7 @@ class OpenAIServer:
                 ignore_eos=fields.ignore_eos,
                 top_logprobs=top_logprobs,
                 grammar=grammar,
+                thinking=thinking,
             )
             steps: Iterator[Step] = service.generator.generate(request, should_stop=stop.is_set)
         except ValueError as exc:  # the generator checks ids, stops and limits before anything runs
@@ -429,7 +433,8 @@ class OpenAIServer:
         reasoning = prompt_opens_reasoning(text)
         splitter = OutputSplitter(starts_in_reasoning=reasoning, tools=decoder)
         grammar = await asyncio.to_thread(request_grammar, service, chat, reasoning, decoder)
-        job = self._start_job(service, chat, prompt_ids, max_tokens, top_logprobs, grammar)
+        thinking = thinking_budget(service, chat.thinking_token_budget, reasoning)
+        job = self._start_job(service, chat, prompt_ids, max_tokens, top_logprobs, grammar, thinking)
         return ChatRun(job, splitter, prompt_ids)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:

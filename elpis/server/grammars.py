@@ -20,11 +20,6 @@ from elpis.server.toolgrammar import tool_call_lark
 from elpis.spec.grammar import Grammar
 
 
-def _single_token(service: ModelService, text: str) -> int | None:
-    ids = service.tokenizer.encode(text, special=True)
-    return ids[0] if len(ids) == 1 else None
-
-
 def request_grammar(service: ModelService, chat: ChatRequest, reasoning: bool,
                     calls: ToolCallDecoder | None) -> Grammar | None:
     """The grammar for `chat` (see the module docstring); `reasoning`: the answer starts inside `<think>`;
@@ -47,7 +42,7 @@ def request_grammar(service: ModelService, chat: ChatRequest, reasoning: bool,
         raise _no_vocabulary(field)
     openers: list[int] = []
     if reasoning:
-        close = _single_token(service, THINK_CLOSE)
+        close = service.single_token(THINK_CLOSE)
         if close is None and field == "tools":
             return None  # as without a grammar vocabulary: the decoder alone judges calls
         if close is None:
@@ -108,7 +103,7 @@ def _tool_grammar(service: ModelService, calls: ToolCallDecoder, required: bool,
                   openers: list[int]) -> Grammar | None:
     assert service.grammar_vocabulary is not None
     calls_only = calls.only is not None or required
-    open_token = _single_token(service, TOOL_CALL_OPEN)
+    open_token = service.single_token(TOOL_CALL_OPEN)
     if open_token is None and not calls_only:
         return None  # no token marks where a call begins
     lark = tool_call_lark(calls.tools, only=calls.only, parallel=calls.parallel, calls_only=calls_only,

@@ -348,6 +348,8 @@ class ChatRequest(SamplingFields):
     response_format: ResponseFormat | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
+    # reasoning tokens at most before the server closes the block (elpis.server.thinking; moot without it)
+    thinking_token_budget: int | None = Field(default=None, ge=0)
 
     def check(self) -> None:
         super().check()

@@ -50,6 +50,11 @@ class ModelService:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special=False)
 
+    def single_token(self, text: str) -> int | None:
+        """The one token `text` encodes to (special tokens included), or None where it takes several."""
+        ids = self.tokenizer.encode(text, special=True)
+        return ids[0] if len(ids) == 1 else None
+
     def describe(self) -> dict[str, Any]:
         info = self.generator.backend.info
         return {
