@@ -27,7 +27,7 @@ from elpis.server.channels import (
     ToolCallEvent,
     prompt_opens_reasoning,
 )
-from elpis.server.errors import APIError, bad_request
+from elpis.server.errors import APIError, anthropic_error_body, bad_request
 from elpis.server.grammars import completion_grammar, request_grammar
 from elpis.server.limits import Limits
 from elpis.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -65,6 +65,7 @@ log = logging.getLogger("elpis.server")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/health"})  # everything else needs the API key
+ANTHROPIC_PREFIX = "/v1/messages"  # Anthropic's Messages API: its errors come in Anthropic's envelope
 
 
 class ClientGone(Exception):
@@ -78,13 +79,19 @@ class ChatRun:
     job: Job
     splitter: OutputSplitter
     prompt_ids: list[int]
+    max_tokens: int  # the budget it runs with (what was asked, or what fits; see _launch_chat)
 
 
-def error_response(err: APIError) -> web.Response:
+def is_anthropic(path: str) -> bool:
+    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
+
+
+def error_response(err: APIError, anthropic: bool = False) -> web.Response:
     headers = dict(err.headers)
     if err.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    response = web.json_response(err.body(), status=err.status, headers=headers)
+    body = anthropic_error_body(err) if anthropic else err.body()
+    response = web.json_response(body, status=err.status, headers=headers)
     if err.close:
         response.force_close()
     return response
@@ -127,6 +134,8 @@ class OpenAIServer:
             ("POST", "/v1/chat/completions/render", self.render),
             ("POST", "/v1/completions", self.completions),
             ("POST", "/v1/responses", self.responses),
+            ("POST", "/v1/messages", self.messages),
+            ("POST", "/v1/messages/count_tokens", self.count_message_tokens),
             ("POST", "/tokenize", self.tokenize),
             ("POST", "/detokenize", self.detokenize),
         ]
@@ -148,22 +157,26 @@ class OpenAIServer:
     # ---------------------------------------------------------------------------------- middlewares
 
     def _authorized(self, request: web.Request) -> bool:
-        return request.path in OPEN_PATHS or self.authorizer.allows(
-            request.headers.getall("Authorization", [])
+        return request.path in OPEN_PATHS or self.authorizer.allows_request(
+            request.headers.getall("Authorization", []), request.headers.getall("x-api-key", [])
         )
 
     @staticmethod
     def _unauthorized() -> APIError:
         return APIError(
-            401, "missing or invalid API key (Authorization: Bearer <key>)", "invalid_api_key", close=True
+            401,
+            "missing or invalid API key (Authorization: Bearer <key>, or x-api-key: <key>)",
+            "invalid_api_key",
+            close=True,
         )
 
     async def _expect(self, request: web.Request) -> web.StreamResponse | None:
         # `Expect: 100-continue`: answer auth and size problems before the client sends the body.
+        anthropic = is_anthropic(request.path)
         if not self._authorized(request):
-            return error_response(self._unauthorized())
+            return error_response(self._unauthorized(), anthropic)
         if request.content_length is not None and request.content_length > self.limits.max_body_bytes:
-            return error_response(self._too_large())
+            return error_response(self._too_large(), anthropic)
         return await _default_expect_handler(request)
 
     @web.middleware
@@ -176,19 +189,20 @@ class OpenAIServer:
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         route = request.match_info.route.resource
         endpoint = route.canonical if route is not None else "other"
+        anthropic = is_anthropic(request.path)
         try:
             response = await handler(request)
         except APIError as err:
-            response = error_response(err)
+            response = error_response(err, anthropic)
         except web.HTTPException as exc:
             code = _HTTP_CODES.get(exc.status, "invalid_request")
             message = "not found" if exc.status == 404 else exc.reason
-            response = error_response(APIError(exc.status, message, code, close=exc.status == 413))
+            response = error_response(APIError(exc.status, message, code, close=exc.status == 413), anthropic)
         except (asyncio.CancelledError, ConnectionError):
             raise
         except Exception as exc:
             log.error("[serve] internal error: %s", type(exc).__name__, exc_info=exc)
-            response = error_response(APIError(500, "internal server error", "internal_error"))
+            response = error_response(APIError(500, "internal server error", "internal_error"), anthropic)
         self.metrics.request_done(endpoint, response.status)
         return response
 
@@ -414,13 +428,18 @@ class OpenAIServer:
         self._budget(service, len(ids), asked, 1)
         return web.json_response({"prompt": text, "token_ids": ids, "count": len(ids)})
 
-    async def _launch_chat(self, service: ModelService, chat: ChatRequest) -> ChatRun:
+    async def _launch_chat(
+        self, service: ModelService, chat: ChatRequest, fit_context: bool = False
+    ) -> ChatRun:
         """Prompt, budget, tool decoder, splitter and grammar of a chat request, and its job on the queue.
-        Shared by /v1/chat/completions and /v1/responses (which translates its request into a chat one)."""
+        Shared by /v1/chat/completions, /v1/responses and /v1/messages (which translate their requests into
+        chat ones). With `fit_context` an asked budget the context cannot hold is lowered to what it can
+        (the Messages API's rule: such an answer ends `model_context_window_exceeded`) instead of a 400."""
         text, prompt_ids = await asyncio.to_thread(self._prepare_chat, service, chat)
-        max_tokens = self._budget(
-            service, len(prompt_ids), chat.output_budget(), self.limits.default_chat_max_tokens
-        )
+        asked = chat.output_budget()
+        if fit_context and asked is not None:
+            asked = max(1, min(asked, service.max_context - len(prompt_ids)))  # a prompt too long still 400s
+        max_tokens = self._budget(service, len(prompt_ids), asked, self.limits.default_chat_max_tokens)
         top_logprobs = (chat.top_logprobs or 0) if chat.logprobs else None
         decoder = None
         if chat.tools_enabled() and chat.tools:
@@ -435,7 +454,7 @@ class OpenAIServer:
         grammar = await asyncio.to_thread(request_grammar, service, chat, reasoning, decoder)
         thinking = thinking_budget(service, chat.thinking_token_budget, reasoning)
         job = self._start_job(service, chat, prompt_ids, max_tokens, top_logprobs, grammar, thinking)
-        return ChatRun(job, splitter, prompt_ids)
+        return ChatRun(job, splitter, prompt_ids, max_tokens)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         service = self.ready()
@@ -456,6 +475,16 @@ class OpenAIServer:
         from elpis.server.responses_http import create_response  # imported late: it imports this module
 
         return await create_response(self, request)
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        from elpis.server.messages_http import create_message  # imported late: it imports this module
+
+        return await create_message(self, request)
+
+    async def count_message_tokens(self, request: web.Request) -> web.Response:
+        from elpis.server.messages_http import count_tokens
+
+        return await count_tokens(self, request)
 
     @staticmethod
     def _chat_finish(reason: str, splitter: OutputSplitter, chat: ChatRequest) -> str:

@@ -78,10 +78,12 @@ def is_loopback(host: str) -> bool:
 
 
 class Authorizer:
-    """Checks `Authorization: Bearer <key>` headers; `key=None` means authentication is off."""
+    """Checks `Authorization: Bearer <key>` headers, and `x-api-key: <key>` (how Anthropic's clients send
+    it); `key=None` means authentication is off."""
 
     def __init__(self, key: str | None) -> None:
         self._expected = None if key is None else ("Bearer " + key).encode("ascii")
+        self._key = None if key is None else key.encode("ascii")
 
     @property
     def enabled(self) -> bool:
@@ -97,3 +99,24 @@ class Authorizer:
         except UnicodeEncodeError:
             return False
         return hmac.compare_digest(given, self._expected)
+
+    def allows_request(self, authorization: list[str], api_key: list[str]) -> bool:
+        """A request's credentials: at least one of the two headers, and every one sent must hold the key
+        (a wrong one is never outvoted by a right one)."""
+        if self._expected is None:
+            return True
+        if not authorization and not api_key:
+            return False
+        if authorization and not self.allows(authorization):
+            return False
+        return not api_key or self._allows_api_key(api_key)
+
+    def _allows_api_key(self, header_values: list[str]) -> bool:
+        assert self._key is not None
+        if len(header_values) != 1:
+            return False
+        try:
+            given = header_values[0].encode("ascii")
+        except UnicodeEncodeError:
+            return False
+        return hmac.compare_digest(given, self._key)

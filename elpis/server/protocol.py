@@ -497,10 +497,13 @@ def _location(loc: tuple[Any, ...]) -> str:
     return out
 
 
-# Tags of discriminated unions, which pydantic puts into `loc` after an item's index: chat's roles and the
-# Responses API's input item types (responses_request.py). They are not fields.
+# Tags of discriminated unions, which pydantic puts into `loc` after an item's index: chat's roles, the
+# Responses API's input item types (responses_request.py) and the Messages API's block types
+# (messages_request.py). They are not fields.
 _TAGS = {"system", "developer", "user", "assistant", "tool",
-         "message", "function_call", "function_call_output", "reasoning", "unsupported"}
+         "message", "function_call", "function_call_output", "reasoning", "unsupported",
+         "anthropic_text", "anthropic_tool_use", "anthropic_tool_result", "anthropic_thinking",
+         "anthropic_redacted_thinking", "anthropic_unsupported"}
 _TYPE_TAGS = {"str", "int", "bool", "float", "dict", "list"}
 
 

@@ -1,0 +1,206 @@
+"""`POST /v1/messages` and `POST /v1/messages/count_tokens`: the request runs as the chat request it turns
+into (`messages_request`), through the server's shared chat path (`OpenAIServer._launch_chat`: prompt,
+budget, tool decoder, grammar, thinking budget, scheduler), and its output is rendered in Anthropic's shapes
+(`messages_output`), whole or as typed SSE events.
+
+A stream sends `message_start` at once (also while the request waits in the queue; `ping` events while
+waiting), then each content block's `content_block_start`, deltas and `content_block_stop` as tokens are
+committed, then `message_delta` (stop reason, final usage) and `message_stop`. A failure after the 200 is an
+`error` event, and the stream ends there. A client that leaves cancels the generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from elpis.server import sse
+from elpis.server.app import ChatRun, ClientGone, OpenAIServer
+from elpis.server.errors import APIError, anthropic_error_body
+from elpis.server.messages_output import (
+    BlockBuilder,
+    MessageShell,
+    matched_stop_sequence,
+    messages_usage,
+    stop_reason,
+)
+from elpis.server.messages_request import (
+    MESSAGES_IGNORED,
+    CountTokensRequest,
+    MessagesRequest,
+    chat_body,
+    messages_vocabulary,
+)
+from elpis.server.protocol import ChatRequest, RenderRequest, validate_request
+from elpis.server.scheduler import JobEnd
+from elpis.server.service import ModelService
+from elpis.spec import Step
+
+log = logging.getLogger("elpis.server")
+PING = {"type": "ping"}
+
+
+def event_frame(event: dict[str, Any]) -> bytes:
+    """One typed SSE event: `event: <type>` and its JSON."""
+    return b"event: " + event["type"].encode("utf-8") + b"\n" + sse.data_frame(event)
+
+
+async def create_message(server: OpenAIServer, request: web.Request) -> web.StreamResponse:
+    service = server.ready()
+    asked = validate_request(MessagesRequest, await server.read_json(request), MESSAGES_IGNORED)
+    server._check_model(service, asked.model)
+    translated = chat_body(asked)  # its own errors name this request's fields already
+    with messages_vocabulary():
+        chat = validate_request(ChatRequest, translated)
+        run = await server._launch_chat(service, chat, fit_context=True)
+    shell = MessageShell(service.model_id)
+    show_thinking = asked.thinking is None or asked.thinking.display != "omitted"
+    try:
+        if asked.stream:
+            return await _stream(server, request, service, asked, run, shell, BlockBuilder(show_thinking))
+        return await _whole(server, service, asked, run, shell, BlockBuilder(show_thinking))
+    finally:
+        server._abandon(run.job)
+
+
+async def count_tokens(server: OpenAIServer, request: web.Request) -> web.Response:
+    """The prompt's length in tokens, rendered as `/v1/messages` would render it; nothing is generated."""
+    service = server.ready()
+    asked = validate_request(CountTokensRequest, await server.read_json(request), MESSAGES_IGNORED)
+    server._check_model(service, asked.model)
+    translated = chat_body(asked)
+    with messages_vocabulary():
+        chat = validate_request(RenderRequest, translated)
+        _, ids = await asyncio.to_thread(server._prepare_chat, service, chat)
+    return web.json_response({"input_tokens": len(ids)})
+
+
+async def _ending(
+    service: ModelService,
+    asked: MessagesRequest,
+    run: ChatRun,
+    builder: BlockBuilder,
+    final: Step,
+    token_ids: Sequence[int],
+) -> tuple[str, str | None]:
+    """The stop reason and the matched stop sequence."""
+    assert final.finish_reason is not None
+    reason = stop_reason(
+        final.finish_reason,
+        tool_uses=builder.tool_uses,
+        last_token=token_ids[-1] if token_ids else None,
+        model_stops=service.generator.backend.info.stop_token_ids,
+        budget=run.max_tokens,
+        asked=asked.max_tokens,
+    )
+    if reason != "stop_sequence_unknown":
+        return reason, None
+
+    def decode(ids: Sequence[int]) -> str:
+        return service.tokenizer.decode(ids, skip_special=False)
+
+    matched = await asyncio.to_thread(matched_stop_sequence, decode, token_ids, asked.stop_sequences or [])
+    if matched is None:  # not expected: the generator stopped on a string none of the sequences is in
+        log.warning("[serve] a stop the model did not make matched no stop sequence")
+        return "end_turn", None
+    return "stop_sequence", matched
+
+
+async def _whole(
+    server: OpenAIServer,
+    service: ModelService,
+    asked: MessagesRequest,
+    run: ChatRun,
+    shell: MessageShell,
+    builder: BlockBuilder,
+) -> web.Response:
+    token_ids: list[int] = []
+    final: Step | None = None
+    async for step in server._whole_steps(run.job):  # a failed job raises its error (503 ...)
+        token_ids += step.token_ids
+        builder.feed(run.splitter.feed(step.text))
+        if step.finish_reason is not None:
+            builder.feed(run.splitter.finish(stopped=step.finish_reason == "stop"))
+            final = step
+    assert final is not None and final.stats is not None
+    if final.finish_reason == "cancelled":
+        raise server._shutdown_cut()
+    builder.finish()
+    reason, sequence = await _ending(service, asked, run, builder, final, token_ids)
+    return web.json_response(shell.body(builder.blocks, messages_usage(final.stats), reason, sequence))
+
+
+async def _stream(
+    server: OpenAIServer,
+    request: web.Request,
+    service: ModelService,
+    asked: MessagesRequest,
+    run: ChatRun,
+    shell: MessageShell,
+    builder: BlockBuilder,
+) -> web.StreamResponse:
+    response, write = await server._open_stream(request)
+
+    async def send(event: dict[str, Any]) -> None:
+        await write(event_frame(event))
+
+    async def fail(error: APIError) -> None:
+        await send(anthropic_error_body(error))
+
+    async def ping() -> None:
+        await send(PING)
+
+    try:
+        # The cache is not consulted until the job runs: until the final usage, the whole prompt is input.
+        start = {
+            "input_tokens": len(run.prompt_ids),
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": 0,
+        }
+        await send({"type": "message_start", "message": shell.body([], start)})
+        token_ids: list[int] = []
+        final: Step | None = None
+        while True:
+            item = await server._next_item(run.job, ping)
+            if isinstance(item, JobEnd):
+                if item.error is not None:
+                    await fail(item.error)
+                    return response
+                break
+            step: Step = item
+            token_ids += step.token_ids
+            events = run.splitter.feed(step.text)
+            if step.finish_reason is not None:
+                events += run.splitter.finish(stopped=step.finish_reason == "stop")
+                final = step
+                server._count_generation(step)
+            for event in builder.feed(events):
+                await send(event)
+        assert final is not None and final.stats is not None
+        if final.finish_reason == "cancelled":
+            await fail(server._shutdown_cut())
+            return response
+        for event in builder.finish():
+            await send(event)
+        reason, sequence = await _ending(service, asked, run, builder, final, token_ids)
+        await send(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                "usage": messages_usage(final.stats),
+            }
+        )
+        await send({"type": "message_stop"})
+    except ClientGone as gone:
+        log.info("[serve] stream ended early: %s", gone)
+    except Exception as exc:  # the 200 is already out: report in the stream
+        log.error("[serve] internal error while streaming: %s", type(exc).__name__, exc_info=exc)
+        with contextlib.suppress(ClientGone):
+            await fail(APIError(500, "internal server error", "internal_error"))
+    return response
