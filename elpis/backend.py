@@ -114,15 +114,21 @@ class DeviceRound:
     ends: bool
     fault: str | None = None
     recovered: tuple[str, ...] = ()
+    # a request with top_logprobs: each committed token's (id, log-probability, alternatives), from its row's
+    # raw logits as the host computes them (`elpis.spec.sampling.top_logprobs`); None otherwise
+    logprobs: tuple[tuple[int, float, list[tuple[int, float]]], ...] | None = None
 
 
 @runtime_checkable
 class DeviceRounds(Protocol):
     """Speculative rounds whose tree, acceptance and commit run on the backend's device, with one host
     read-back per round (elpis.exl3.device_round). The generator uses it, when the backend has one, for
-    requests without logprobs whose targets it decides (`draws`: greedy or sampled, with or without
-    penalties and logit_bias), and for a grammar's requests until the grammar opens: their rounds end at the
-    awaited opening token as at a stop, and host rounds (or device rounds started again) go on from there."""
+    requests whose targets it decides (`draws`: greedy or sampled, with or without penalties and
+    logit_bias; with logprobs only where `reports_logprobs`), and for a grammar's requests until the grammar
+    opens: their rounds end at the awaited opening token as at a stop, and host rounds (or device rounds
+    started again) go on from there."""
+
+    reports_logprobs: bool  # whether rounds here report the committed tokens' log-probabilities (`start`)
 
     def serves(self) -> bool:
         """Whether the backend's current mode runs its speculative rounds here (a backend switched to chain
@@ -135,12 +141,15 @@ class DeviceRounds(Protocol):
         ...
 
     def start(self, *, context: Sequence[int], remaining: int, tree_budget: int, stops: Sequence[int],
-              top_k: int, sampling: SamplingParams | None = None, generated: int = 0) -> None:
+              top_k: int, sampling: SamplingParams | None = None, generated: int = 0,
+              top_logprobs: int | None = None) -> None:
         """Take over the backend's begun sequence, whose tokens so far are `context` (the prompt, then every
         committed token; its last is the anchor the next round starts from): `remaining` tokens to generate at
         most, a round ending at the first of `stops` it commits, each row's target decided under `sampling`
-        (None: the raw argmax), whose penalties count the last `generated` tokens of `context` as generated. A
-        sequence may be taken over again after host rounds or after rounds here that ended at a stop."""
+        (None: the raw argmax), whose penalties count the last `generated` tokens of `context` as generated,
+        each round reporting its tokens' log-probabilities with `top_logprobs` alternatives (None: none; only
+        where `reports_logprobs`). A sequence may be taken over again after host rounds or after rounds here
+        that ended at a stop."""
         ...
 
     def settle(self) -> DeviceRound | None:

@@ -5,7 +5,11 @@ whole GPU suite pass with it on, and it is 0.5-0.8 ms a round faster than host r
 calls 153-154 and 157). Since session 56 sampled top_k requests run here too where exl3-sample-draw is on,
 and requests with penalties or logit_bias where exl3-round-adjust is on, and since session 57 sampled requests
 without top_k where exl3-vocab-draw is on (over their whole vocabulary; those with top_p or min_p only with
-exl3-vocab-draw-heads) (`draws`; each row adjusted and drawn in the round: `_targets`).
+exl3-vocab-draw-heads) (`draws`; each row adjusted and drawn in the round: `_targets`), and since session 58
+requests with logprobs where exl3-round-logprobs is on: each round keeps its verify's logits in its record
+slot's buffer (one device copy in the round's graph), and the host computes the committed rows'
+log-probabilities from them as a host round does, on a side stream, while the GPU runs the next round
+(`_read`).
 
 A host round (`elpis.spec.generate`) reads the draft's candidates back, builds the tree, fills the verify's
 inputs, reads the verify's row checks and greedy tokens back, runs the acceptor and fills the commit's inputs:
@@ -80,8 +84,9 @@ from elpis.exl3.draft_graph import block_pages
 from elpis.exl3.tree_graph import verify_pages
 from elpis.spec import sampling
 from elpis.spec.faults import DROPPED, REPEATED, STALE
+from elpis.spec.request import TokenLogprob
 from elpis.spec.run_choice import RunChoice
-from elpis.spec.sampling import SamplingParams
+from elpis.spec.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 if TYPE_CHECKING:
     from elpis.exl3.backend import Exl3Backend
@@ -90,6 +95,7 @@ if TYPE_CHECKING:
 
 
 PATCH = "exl3-device-rounds"  # the registry switch (patches/registry.json), read by load_backend
+LOGPROBS_PATCH = "exl3-round-logprobs"  # requests with logprobs run here too (`reports_logprobs`)
 
 # Tail statuses that discard a round (the next one verifies the same position again), as fault kinds
 FAULTS = {round_tail.STATUS_FLAGGED_ROW: "corrupt", round_tail.STATUS_NON_FINITE: "corrupt"}
@@ -128,6 +134,7 @@ class DeviceRoundResult:
     plan: round_plan.PlannedTree
     tail: round_tail.RoundTail
     recovered: tuple[str, ...] = ()  # faults of the records' way back, detected and read again
+    logprobs: tuple[TokenLogprob, ...] | None = None  # the committed tokens', for logprobs requests
 
 
 def queue_reach(
@@ -224,6 +231,7 @@ class DeviceRounds:
     def __init__(
         self, backend: Exl3Backend, *, round_graphs: bool | None = None, sampled: bool | None = None,
         adjusting: bool | None = None, whole_vocab: bool | None = None, vocab_heads: bool | None = None,
+        logprobs: bool | None = None,
     ) -> None:
         """`round_graphs`: each round key's rounds as one composed graph launch (`elpis.exl3.round_graph`);
         None: the registry switch exl3-round-graph. `sampled`: sampled top_k requests' rounds here too, their
@@ -232,7 +240,9 @@ class DeviceRounds:
         (`elpis.exl3.round_adjust`); None: the registry switch exl3-round-adjust. `whole_vocab`: sampled
         requests without top_k too, drawn over their whole vocabulary on the GPU (`elpis.exl3.vocab_draw`);
         None: the registry switch exl3-vocab-draw. `vocab_heads`: among those, the ones whose draw reads the
-        rows' heads (top_p < 1 or min_p > 0) too; None: the registry switch exl3-vocab-draw-heads."""
+        rows' heads (top_p < 1 or min_p > 0) too; None: the registry switch exl3-vocab-draw-heads.
+        `logprobs`: requests with logprobs too (`reports_logprobs`); None: the registry switch
+        exl3-round-logprobs."""
         graphs, drafter = backend.graphs, backend.drafter
         if not backend.tree or graphs is None or graphs.table is None:
             raise BackendError(
@@ -284,6 +294,7 @@ class DeviceRounds:
         self.vocab_heads = patches.enabled(vocab_draw.HEADS_PATCH) if vocab_heads is None else vocab_heads
         if self.whole_vocab:
             vocab_draw.load()
+        self.reports_logprobs = patches.enabled(LOGPROBS_PATCH) if logprobs is None else logprobs
 
     def _buffers(self, dev: torch.device | str, run: int, *, pin_memory: bool) -> None:
         """The state block, cells, record slots and conditioning inputs on `dev` (host slots pinned on a GPU
@@ -328,6 +339,13 @@ class DeviceRounds:
         self.adjusts = False  # whether the request's rows are adjusted
         self.history: round_adjust.DeviceHistory | None = None
         self._adjusted: dict[int, torch.Tensor] = {}
+        # a request's logprobs: its top_logprobs count (None: no logprobs), each record slot's copy of its
+        # round's verify logits (made at the first such round, kept: composed graphs address it), and the
+        # stream the host reads them on while the next round runs
+        self.reports_logprobs = False  # whether requests with logprobs run here (`start`)
+        self.top_logprobs: int | None = None
+        self._kept: dict[int, torch.Tensor] = {}
+        self._side: torch.cuda.Stream | None = None
 
     @property
     def choice(self) -> RunChoice | None:
@@ -370,15 +388,21 @@ class DeviceRounds:
         return self.sampled and sample_draw.row_count(params, vocab) > 0
 
     def start(self, *, context: Sequence[int], remaining: int, tree_budget: int, stops: Sequence[int],
-              top_k: int, sampling: SamplingParams | None = None, generated: int = 0) -> None:
+              top_k: int, sampling: SamplingParams | None = None, generated: int = 0,
+              top_logprobs: int | None = None) -> None:
         """Take over the backend's active sequence (begun, nothing pending) for rounds on the GPU: right after
         its prompt, or again after host rounds or rounds here that ended at a stop. `context` is its tokens;
         the last is the anchor (the backend holds the others). `sampling`: the request's parameters, which
         `draws` must take (None: greedy without adjustments); `generated`: how many of `context`'s last tokens
-        were generated (the rest is the prompt), which penalties count."""
+        were generated (the rest is the prompt), which penalties count. `top_logprobs`: the request's count of
+        alternatives when it asks for logprobs (only where `reports_logprobs`)."""
         self.drain()
         if sampling is not None and not self.draws(sampling):
             raise ValueError("rounds on the GPU do not draw this request's rows (DeviceRounds.draws)")
+        if top_logprobs is not None and not self.reports_logprobs:
+            raise ValueError("rounds on the GPU report no logprobs here (exl3-round-logprobs is off)")
+        if top_logprobs is not None and not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {top_logprobs}")
         if not 0 <= generated <= len(context):
             raise ValueError(f"{generated} generated tokens in a context of {len(context)}")
         b = self.backend
@@ -417,6 +441,7 @@ class DeviceRounds:
             cut = len(context) - generated
             self.history.start(sampling, context[:cut], context[cut:])
         self.sampling = None if sampling is None or sampling.greedy else sampling
+        self.top_logprobs = top_logprobs
         if self.sampling is not None:
             self.draw_params.copy_(torch.tensor(sample_draw.param_words(self.sampling), dtype=torch.int64))
             self.inverse_temperature.fill_(self.sampling.inverse_temperature)  # a float64 holds it exactly
@@ -470,7 +495,7 @@ class DeviceRounds:
             fault = UNDRAWN  # a drawn target < 0: the kernel's answer for a row it leaves to the host
         if tail.status != 0 and fault is None:
             raise BackendError(f"the acceptor on the GPU refused the round's cells (code {tail.status})")
-        return DeviceRound(result.plan.rows, tail.tokens, tail.ends, fault, result.recovered)
+        return DeviceRound(result.plan.rows, tail.tokens, tail.ends, fault, result.recovered, result.logprobs)
 
     def _run(self, kvp: int) -> int:
         """The row count of a round from about `kvp`: the run choice's, or the backend's."""
@@ -598,6 +623,36 @@ class DeviceRounds:
             assert self.history is not None
             at = round_plan.RECORD_WORDS + round_tail.REC_TOKENS
             self.history.count(self.records[slot][at : at + abi.MAX_ROWS].to(torch.int64))
+        if self.top_logprobs is not None:  # the raw logits, kept in the slot until the round is read
+            self._kept_logits(slot, out)[: out.shape[0]].copy_(out)
+
+    def _kept_logits(self, slot: int, out: torch.Tensor) -> torch.Tensor:
+        """Record slot `slot`'s buffer of a round's verify logits (`out`'s dtype, every row a round can
+        have), made at its first logprobs round (eager, before any capture of it) and kept."""
+        if slot not in self._kept:
+            shape = (abi.MAX_ROWS, out.shape[1])
+            self._kept[slot] = torch.empty(shape, dtype=out.dtype, device=self.state.device)
+        return self._kept[slot]
+
+    def _logprobs(self, slot: int, tail: round_tail.RoundTail) -> tuple[TokenLogprob, ...]:
+        """The committed tokens' log-probabilities from the slot's kept logits, each row widened to fp32 as
+        the verify hands it to a host round (`Exl3Backend.verify`) and read by `sampling.top_logprobs`, as
+        the host's: the same values. On a CUDA device on a side stream, so that reading them back waits for
+        this round (already done) and not for the round queued after it."""
+        rows = self._kept[slot]
+        assert self.top_logprobs is not None
+        count = self.top_logprobs
+
+        def read() -> tuple[TokenLogprob, ...]:
+            pairs = zip(tail.path, tail.tokens, strict=True)
+            return tuple(sampling.top_logprobs(rows[r].float(), t, count) for r, t in pairs)
+
+        if rows.device.type != "cuda":
+            return read()
+        if self._side is None:
+            self._side = torch.cuda.Stream(device=rows.device)
+        with torch.cuda.stream(self._side):
+            return read()
 
     def _copy_records(self, slot: int) -> None:
         self.host_records[slot].copy_(self.records[slot], non_blocking=True)
@@ -619,7 +674,8 @@ class DeviceRounds:
         by the graph, so their identities stay unique while it lives). Not the page count: the tail reads it
         from device memory."""
         dc, cond = keys
-        return (id(c), id(dc), id(cond), slot, self.top_k, self._draw_shape(), self.adjusts)
+        return (id(c), id(dc), id(cond), slot, self.top_k, self._draw_shape(), self.adjusts,
+                self.top_logprobs is not None)
 
     def _draw_shape(self) -> tuple[int, bool] | None:
         """What a sampled request's captured draw bakes in: its top_k (its shapes), and without top_k whether
@@ -661,10 +717,11 @@ class DeviceRounds:
         if self.round_graphs is not None:
             self.round_graphs.release(q.number)
         self.last_words = words
+        tail = round_tail.read_record(words[round_plan.RECORD_WORDS :])
+        reads = self.top_logprobs is not None and tail.status == 0
+        logprobs = self._logprobs(q.slot, tail) if reads else None
         result = DeviceRoundResult(
-            round_plan.read_record(words[: round_plan.RECORD_WORDS]),
-            round_tail.read_record(words[round_plan.RECORD_WORDS :]),
-            recovered,
+            round_plan.read_record(words[: round_plan.RECORD_WORDS]), tail, recovered, logprobs
         )
         plan, tail = result.plan, result.tail
         if tail.kvp != self.settled:

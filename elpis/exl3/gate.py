@@ -132,6 +132,10 @@ NEUTRAL_PATCHES: dict[str, str] = {
     "GPU checks are test_vocab_draw.py's and test_device_round.py's)",
     "exl3-vocab-draw-heads": "runs the head's draws of exl3-vocab-draw in rounds on the GPU: the same "
     "kernels, the same tokens (the GPU check is test_device_round.py's (p) top_p)",
+    "exl3-round-logprobs": "runs logprobs requests' rounds on the GPU: each round keeps its verify's logits "
+    "and the host reads the committed rows' log-probabilities from them with the host's own function, so "
+    "the same tokens and values (CPU: test_device_round_driver_cpu.py; the GPU check is "
+    "test_device_round.py's (r))",
     "exl3-embed-gather": "the captured graphs gather the embedding rows ExLlamaV3's host lookup returns, "
     "widened to fp32 exactly (CPU emulation; the GPU checks are test_embed_gather.py's)",
     "exl3-gdn-qkv-channel-major": "the GDN qkv GEMM writes the bits ExLlamaV3's bf16 cast and copy of its "

@@ -291,7 +291,9 @@ class SpeculativeGenerator:
             hit_stop_string = False
             for i, token in enumerate(committed):
                 ids.append(token)
-                if logprobs is not None:
+                if logprobs is not None and done.logprobs is not None:  # the device's, as the host's below
+                    logprobs.append(done.logprobs[i])
+                elif logprobs is not None:
                     assert done.logits is not None
                     logprobs.append(top_logprobs(done.logits[i], token, request.top_logprobs or 0))
                 if token in stops:
@@ -311,19 +313,21 @@ class SpeculativeGenerator:
     def _round_source(self, request: GenerationRequest, stops: tuple[int, ...], context: list[int],
                       stats: GenerationStats, constraint: Constraint | None, history: History | None,
                       host_round: Callable[[int, int], _Committed]) -> Callable[[int, int], _Committed]:
-        """How each round is run: on the backend's device for a request without logprobs whose targets the
-        device decides (`DeviceRounds.draws`: greedy, sampled with a draw it takes, adjusted where it
-        adjusts), when the backend has rounds there (`elpis.backend.DeviceRounds`) and a drafter is set, else
-        on the host. A round the device could not draw (`UNDRAWN`) is the host's, and the device's rounds
-        start again after it (after more host rounds where undrawn rounds follow each other: `_Backoff`); the
-        request's history (penalties, logit_bias) is one for both, each committed token counted. A grammar's
-        request runs there too while its grammar is closed: each round ends at the opening token the grammar
-        awaits, as at a stop, and the rounds after the last one are the host's, which mask their rows.
-        `constraint`, `history` and `host_round` are the request's, shared by every source it makes (a new one
-        starts the device's rounds again: `_rounds`, after a round that ended short of the request's end)."""
+        """How each round is run: on the backend's device for a request whose targets the device decides
+        (`DeviceRounds.draws`: greedy, sampled with a draw it takes, adjusted where it adjusts) and, if it
+        asks for logprobs, whose rounds there report them (`reports_logprobs`), when the backend has rounds
+        there (`elpis.backend.DeviceRounds`) and a drafter is set, else on the host. A round the device could
+        not draw (`UNDRAWN`) is the host's, and the device's rounds start again after it (after more host
+        rounds where undrawn rounds follow each other: `_Backoff`); the request's history (penalties,
+        logit_bias) is one for both, each committed token counted. A grammar's request runs there too while
+        its grammar is closed: each round ends at the opening token the grammar awaits, as at a stop, and the
+        rounds after the last one are the host's, which mask their rows. `constraint`, `history` and
+        `host_round` are the request's, shared by every source it makes (a new one starts the device's rounds
+        again: `_rounds`, after a round that ended short of the request's end)."""
         device = getattr(self.backend, "device_rounds", None)
         params = request.sampling
-        on_device = (device is not None and self.drafter is not None and request.top_logprobs is None
+        logprobs_here = request.top_logprobs is None or getattr(device, "reports_logprobs", False)
+        on_device = (device is not None and self.drafter is not None and logprobs_here
                      and device.serves() and device.draws(params))
         if not on_device:
             return host_round
@@ -331,7 +335,8 @@ class SpeculativeGenerator:
 
         def start(remaining: int, ends_at: tuple[int, ...]) -> None:
             device.start(context=context, remaining=remaining, tree_budget=self.tree_budget, stops=ends_at,
-                         top_k=self.draft_top_k, sampling=params, generated=len(context) - prompt_length)
+                         top_k=self.draft_top_k, sampling=params, generated=len(context) - prompt_length,
+                         top_logprobs=request.top_logprobs)
 
         def device_round() -> _Committed | None:
             done = self._device_round(device, stats)
@@ -457,7 +462,7 @@ class SpeculativeGenerator:
                                        f"tree of {done.tree_rows} rows")
                 if met or faults:
                     stats.rounds_recovered += 1
-                return _Committed(done.tokens, done.ends, done.tree_rows, None)
+                return _Committed(done.tokens, done.ends, done.tree_rows, None, done.logprobs)
             faults.append(done.fault)
             stats.count_fault(done.fault)
         raise BackendError(f"round {stats.rounds} failed all {len(faults)} attempts on the device "
@@ -473,9 +478,11 @@ class HostRound(Protocol):
 @dataclass(frozen=True)
 class _Committed:
     """What a round committed: the target tokens, whether the acceptor ended the request, the tree's rows, and
-    each committed token's logits row (host rounds; None on the device, which keeps no logits)."""
+    each committed token's logits row (host rounds; None on the device, which keeps no logits), or, from the
+    device, a logprobs request's log-probabilities of them, computed there from the same rows."""
 
     tokens: tuple[int, ...]
     ends: bool
     tree_rows: int
     logits: list[torch.Tensor] | None
+    logprobs: tuple[TokenLogprob, ...] | None = None

@@ -37,6 +37,9 @@ What they establish:
 (q) (session 58, staged): a request under a thinking budget: rounds on the GPU capped at the budget, the
     closing tokens committed by a forced host round, rounds on the GPU again after them; plain decoding's
     tokens, greedy and sampled.
+(r) (session 58, staged): requests with logprobs with their rounds on the GPU (exl3-round-logprobs): plain
+    decoding's tokens and log-probabilities, greedy and sampled, with the draft's trees and the known
+    continuation's deep ones; every round on the GPU.
 """
 
 from __future__ import annotations
@@ -672,3 +675,44 @@ def test_a_thinking_budget_caps_the_gpus_rounds_and_closes_the_reasoning(backend
     assert got == truth, "rounds under a thinking budget differ from plain decoding"
     on_gpu = rounds.rounds - before
     assert 2 <= on_gpu < stats.rounds and not stats.faults_detected  # the forced round was the host's
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_logprobs_requests_run_their_rounds_on_the_gpu(backend, decoder, temperature):  # noqa: F811
+    """(r) Plain decoding with logprobs (host rounds of the anchor alone, the host's log-probabilities from
+    each row) against the product path with logprobs rounds on the GPU (each round's logits kept on the
+    GPU, the committed rows' log-probabilities read from them): the same tokens and the same values, bit for
+    bit, with the draft's trees and with the known continuation's deep trees (rows past the anchor report
+    theirs)."""
+    from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
+
+    rounds = backend.device_rounds
+    was = rounds.reports_logprobs, rounds.sampled
+    rounds.reports_logprobs = rounds.sampled = True
+    sampling = SamplingParams(temperature=temperature, top_k=20 if temperature else 0, seed=12)
+    ids = prompt(1500, 64, backend.info.vocab_size)
+    request = GenerationRequest(prompt_ids=tuple(ids), max_tokens=TOKENS, sampling=sampling, ignore_eos=True,
+                                top_logprobs=5)  # fmt: skip
+
+    def outcome(gen) -> tuple[list[int], list, object]:
+        steps = list(gen.generate(request))
+        return ([t for step in steps for t in step.token_ids], [lp for step in steps for lp in step.logprobs],
+                steps[-1].stats)  # fmt: skip
+
+    try:
+        truth, truth_logprobs, _ = outcome(SpeculativeGenerator(backend, decoder))
+        assert len(truth_logprobs) == TOKENS and all(len(lp[2]) == 5 for lp in truth_logprobs)
+        before = rounds.rounds
+        got, logprobs, stats = outcome(speculative(backend, decoder))
+        assert got == truth, "logprobs rounds on the GPU differ from plain decoding"
+        assert logprobs == truth_logprobs, "the GPU rounds' log-probabilities differ from the host's"
+        assert rounds.rounds - before == stats.rounds and not stats.faults_detected
+
+        def deep():
+            return outcome(speculative(backend, decoder))
+
+        got, logprobs, stats = with_known_continuation(rounds, truth, len(ids) - 1, deep)
+        assert (got, logprobs) == (truth, truth_logprobs), "deep trees' logprobs differ from plain decoding's"
+        assert max(stats.committed_per_round) >= 4, stats.committed_per_round
+    finally:
+        rounds.reports_logprobs, rounds.sampled = was

@@ -998,3 +998,47 @@ def test_requests_without_top_k_run_here_only_with_the_switch() -> None:
     rounds.whole_vocab = False
     assert not rounds.draws(SamplingParams(temperature=0.8))
     assert rounds.draws(SamplingParams(temperature=0.8, top_k=5))
+
+
+# -- logprobs requests ---------------------------------------------------------------------------------------
+@pytest.mark.usefixtures("cpu_rounds")
+@pytest.mark.parametrize("composed", [False, True], ids=["pieces", "composed"])
+def test_logprobs_rounds_report_the_host_rounds_log_probabilities(composed: bool) -> None:
+    """A logprobs request's rounds keep each verify's logits in their record slot (one copy in the round's
+    graph) and report every committed token's log-probabilities from its row, widened to fp32 as a host
+    round's verify hands it over: the host's values, rounds queued ahead, piece by piece or composed (the
+    copy is part of the key: a greedy request's composed rounds are not a logprobs request's)."""
+    from elpis.exl3.round_graph import RoundGraphs
+
+    random.seed(41)
+    torch.manual_seed(41)
+    prompt = [random.randrange(VOCAB) for _ in range(300)]
+    rounds = sampled_driver(prompt)  # the stand-in's rows are noisy: their log-probabilities differ
+    rounds.round_graphs = RoundGraphs(StandInComposer()) if composed else None
+    with pytest.raises(ValueError, match="report no logprobs"):
+        rounds.start(context=prompt, remaining=8, tree_budget=RUN, stops=[], top_k=4, top_logprobs=2)
+    rounds.reports_logprobs = True
+    anchor = rounds.backend.anchor
+    if composed:
+        first, _ = generate(rounds, 20)  # a greedy request first: its composed rounds copy nothing
+        anchor, before = first[-1], rounds.round_graphs.composed
+    context = [*rounds.backend.tokens, anchor]
+    rounds.start(context=context, remaining=40, tree_budget=RUN, stops=[], top_k=4, top_logprobs=3)
+    tokens: list[int] = []
+    reported: list = []
+    while True:
+        d = rounds.round()
+        assert d.fault is None and d.logprobs is not None and len(d.logprobs) == len(d.tokens)
+        tokens.extend(d.tokens)
+        reported.extend(d.logprobs)
+        if d.ends:
+            break
+    rounds.drain()
+    previous = [context[-1], *tokens[:-1]]
+    assert tokens == [greedy_tokens(sampled_logits(p).float().unsqueeze(0))[0] for p in previous]
+    assert rounds.queued_ahead > 0
+    pairs = zip(previous, tokens, strict=True)
+    want = [sampling.top_logprobs(sampled_logits(p).float(), t, 3) for p, t in pairs]
+    assert reported == want
+    if composed:
+        assert rounds.round_graphs.composed > before

@@ -26,7 +26,7 @@ from elpis.spec.grammar import Grammar
 from elpis.spec.penalties import History, tree_paths
 from elpis.spec.request import MAX_STOP_TOKEN_IDS
 from elpis.spec.sampling import SamplingParams as Params
-from elpis.spec.sampling import greedy_tokens, sample_rows
+from elpis.spec.sampling import greedy_tokens, sample_rows, top_logprobs
 from elpis.spec.tree import build_tree, tree_shape
 from tests.grammar_cases import WEATHER, check_weather
 
@@ -61,6 +61,8 @@ class HostDeviceRounds:
         self.starts: list[tuple[int, ...]] = []  # each start's stop ids
         self.committed: list[int] = []  # every token these rounds committed
         self.drains = 0
+        self.reports_logprobs = False  # True: logprobs requests run here, each round reporting its tokens'
+        self.top_logprobs: int | None = None
 
     def serves(self) -> bool:
         return self.serving
@@ -71,7 +73,11 @@ class HostDeviceRounds:
         return params.greedy or (self.drawing and params.top_k > 0)
 
     def start(self, *, context: Sequence[int], remaining: int, tree_budget: int, stops: Sequence[int],
-              top_k: int, sampling: Params | None = None, generated: int = 0) -> None:
+              top_k: int, sampling: Params | None = None, generated: int = 0,
+              top_logprobs: int | None = None) -> None:
+        if top_logprobs is not None and not self.reports_logprobs:
+            raise ValueError("the device reports no logprobs")
+        self.top_logprobs = top_logprobs
         if len(context) != self.backend.position() + 1:
             raise BackendError(f"context of {len(context)} tokens at position {self.backend.position()}")
         if sampling is not None and not self.draws(sampling):
@@ -105,7 +111,7 @@ class HostDeviceRounds:
             tokens, parents = tree.tokens, tree.parents
         else:
             tokens, parents = (context[-1],), (-1,)
-        logits = b.verify(tokens, parents)
+        raw = logits = b.verify(tokens, parents)
         if self.history is not None:
             logits = self.history.adjusted(logits, tree_paths(tokens, parents))
         if self.sampling is None:
@@ -131,7 +137,11 @@ class HostDeviceRounds:
         self.remaining -= decision.count
         self.sequence.extend(committed)
         self.committed.extend(committed)
-        return DeviceRound(len(tokens), committed, decision.ends, recovered=recovered)
+        logprobs = None
+        if self.top_logprobs is not None:  # from the raw rows, as exl3's rounds read their kept logits
+            pairs = zip(decision.rows, committed, strict=True)
+            logprobs = tuple(top_logprobs(raw[r], t, self.top_logprobs) for r, t in pairs)
+        return DeviceRound(len(tokens), committed, decision.ends, recovered=recovered, logprobs=logprobs)
 
 
 class WithDeviceRounds:
@@ -571,3 +581,27 @@ def test_rounds_on_the_device_under_a_thinking_budget_give_plain_decodings_text(
     # before the budget (none with a budget of 0) and after the closing tokens, rounds on the device
     assert len(rounds.starts) == (2 if limit else 1) and rounds.drains >= (1 if limit else 0)
     assert rounds.committed == [t for i, t in enumerate(plain.token_ids) if not limit <= i < limit + 2]
+
+
+# -- logprobs requests ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("count", [0, 3])
+@pytest.mark.parametrize("sampling", [{}, SAMPLED, {"presence_penalty": 1.5, "logit_bias": ((799, 5.0),)}],
+                         ids=["greedy", "sampled", "adjusted"])
+def test_logprobs_requests_run_on_a_device_that_reports_them(tiny_models, run, sampling: dict,
+                                                             count: int) -> None:
+    """Where the device's rounds report the committed tokens' log-probabilities, a logprobs request runs
+    there: plain decoding's tokens and log-probabilities (the model's own, before any adjustment), every
+    round on the device."""
+    model = tiny_models[0]
+    request = GenerationRequest(tuple(model.tokenizer.encode(PROMPT)), 16, Params(seed=5, **sampling),
+                                top_logprobs=count)  # fmt: skip
+    plain = run(model.backend(), model.tokenizer, request)
+    drafter = OracleDrafter(model.backend(), request.sampling, prompt_length=len(request.prompt_ids))
+    backend = _adjusting(model, drafter)
+    rounds = backend.device_rounds
+    rounds.reports_logprobs = True
+    got = run(backend, model.tokenizer, request, drafter, tree_budget=8)
+    assert got.same_output(plain) and len(got.logprobs) == len(plain.token_ids)
+    assert rounds.attempts == got.stats.rounds and rounds.started
+    assert max(got.stats.committed_per_round) > 1  # rows past the anchor reported theirs
+    assert all(len(entry[2]) == count for entry in got.logprobs)

@@ -28,10 +28,13 @@ alone, and temperature with top_p 0.8, warm and cold), on host rounds and with t
 "gpu_vocab_saves_ms" is what they save a round. A top_p row whose prefix runs past the 256 weights the GPU
 reads is the host's (an undrawn round), as a random model's flat rows may be: the JSON counts each arm's
 undrawn rounds.
+With --gpu-logprobs, four more arms ask for logprobs (top_logprobs 5), greedy and sampled: on host rounds,
+and with their rounds on the GPU (registry patch exl3-round-logprobs, session 58); each GPU arm's tokens and
+log-probabilities must be its host twin's, and "gpu_logprobs_saves_ms" is what its rounds save.
 Usage (repo root):
   python3 elpis/bench/scripts/penalty_rounds.py MODEL DRAFT --out FILE.json [--contexts 1024,8192]
       [--tokens 40] [--pairs 3] [--budget 16] [--grammar] [--device-draw] [--gpu-sampled] [--gpu-adjusted]
-      [--gpu-vocab]
+      [--gpu-vocab] [--gpu-logprobs]
 """
 
 from __future__ import annotations
@@ -51,6 +54,10 @@ VOCAB_ARMS: dict[str, dict[str, Any]] = {  # with --gpu-vocab: what OpenAI clien
     # a random model's rows are flat, so top_p's prefix runs past the head's 256 weights; cold, they are
     # peaked as a real model's, and the head's rounds run on the GPU
     "top_p-cold": {"temperature": 0.1, "top_p": 0.8, "seed": 6},
+}
+LOGPROBS_ARMS: dict[str, dict[str, Any]] = {  # with --gpu-logprobs: five alternatives a token, as UIs ask
+    "greedy+logprobs": {"top_logprobs": 5},
+    "sampled+logprobs": {**RECOMMENDED, "top_logprobs": 5, "gpu_sampled": True},
 }
 # A JSON schema whose one string the random model fills for the whole request: rows masked inside a string.
 TEXT_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
@@ -79,7 +86,8 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
     from elpis.spec import sampling as sampler
     from elpis.spec.grammar import Grammar
 
-    switches = ("grammar", "opens_after", "device_draw", "gpu_sampled", "gpu_adjusted", "gpu_vocab")
+    switches = ("grammar", "opens_after", "device_draw", "gpu_sampled", "gpu_adjusted", "gpu_vocab",
+                "gpu_logprobs", "top_logprobs")
     sampling = {k: v for k, v in arm.items() if k not in switches}
     grammar = None
     if "grammar" in arm:
@@ -88,13 +96,15 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
     gen = SpeculativeGenerator(backend, decoder, drafter=backend.drafter, tree_budget=budget, draft_top_k=4)
     request = GenerationRequest(prompt_ids=tuple(prompt), max_tokens=tokens,
                                 sampling=SamplingParams(**sampling), ignore_eos=grammar is None,
-                                grammar=grammar)  # fmt: skip
-    out: list[int] = []
+                                grammar=grammar, top_logprobs=arm.get("top_logprobs"))  # fmt: skip
+    out: list[Any] = []  # the tokens; with logprobs, (token, its log-probabilities) pairs
     undrawn = 0
     rounds = backend.device_rounds
     on_gpu = bool(arm.get("gpu_sampled") or arm.get("gpu_adjusted") or arm.get("gpu_vocab"))
-    kept = ((rounds.sampled, rounds.adjusting, rounds.whole_vocab, rounds.vocab_heads) if rounds is not None
-            else (False,) * 4)
+    if "top_logprobs" in arm:  # its rounds run on the GPU only where they report logprobs
+        on_gpu = bool(arm.get("gpu_logprobs"))
+    kept = ((rounds.sampled, rounds.adjusting, rounds.whole_vocab, rounds.vocab_heads,
+             rounds.reports_logprobs) if rounds is not None else (False,) * 5)
     read_before = rounds.rounds if rounds is not None else 0
     if on_gpu and rounds is None:
         raise SystemExit("--gpu-sampled and --gpu-adjusted need rounds on the GPU (exl3-device-rounds)")
@@ -115,17 +125,20 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
     if rounds is not None:  # sampled and adjusted rounds on the GPU in their own arms only, switches aside
         rounds.sampled, rounds.adjusting = bool(arm.get("gpu_sampled")), bool(arm.get("gpu_adjusted"))
         rounds.whole_vocab = rounds.vocab_heads = bool(arm.get("gpu_vocab"))
+        rounds.reports_logprobs = bool(arm.get("gpu_logprobs"))
     try:
         stamps = [time.perf_counter()]
         for step in gen.generate(request):
             stamps.append(time.perf_counter())
-            out += step.token_ids
+            out += step.token_ids if step.logprobs is None else list(zip(step.token_ids, step.logprobs,
+                                                                          strict=True))
             if step.stats is not None:
                 undrawn = step.stats.faults_detected.get("undrawn", 0)
     finally:
         sampler.use_device_draw(None)
         if rounds is not None:
-            rounds.sampled, rounds.adjusting, rounds.whole_vocab, rounds.vocab_heads = kept
+            (rounds.sampled, rounds.adjusting, rounds.whole_vocab, rounds.vocab_heads,
+             rounds.reports_logprobs) = kept
     may_undraw = arm.get("top_p", 1.0) < 1.0 and not arm.get("top_k")
     if on_gpu and not may_undraw and rounds.rounds - read_before < len(stamps) - 2:
         raise SystemExit(f"the GPU ran {rounds.rounds - read_before} of the request's {len(stamps) - 2} "
@@ -148,6 +161,8 @@ def main() -> None:
                         help="also time the penalised requests with their rows adjusted on the GPU")
     parser.add_argument("--gpu-vocab", action="store_true",
                         help="also time sampled requests without top_k, on host rounds and on the GPU")
+    parser.add_argument("--gpu-logprobs", action="store_true",
+                        help="also time requests with logprobs, on host rounds and on the GPU")
     args = parser.parse_args()
     backend, decoder = ab.load_ab(args.model, args.draft)
     arms = {**ARMS, **(GRAMMAR_ARMS if args.grammar else {})}
@@ -163,7 +178,12 @@ def main() -> None:
         for name, arm in VOCAB_ARMS.items():
             arms[name] = arm
             arms[f"{name}-gpu-rounds"] = {**arm, "gpu_vocab": True}
+    if args.gpu_logprobs:
+        for name, arm in LOGPROBS_ARMS.items():
+            arms[name] = arm
+            arms[f"{name}-gpu-rounds"] = {**arm, "gpu_logprobs": True}
     same_as = {"sampled+device-draw": "sampled", "sampled-gpu-rounds": "sampled",
+               **{f"{name}-gpu-rounds": name for name in LOGPROBS_ARMS},
                **{f"{name}-gpu-rounds": name for name in VOCAB_ARMS},
                "greedy+presence-gpu-rounds": "greedy+presence",
                "sampled+presence-gpu-rounds": "sampled+presence"}  # arms whose tokens must be another's
@@ -223,6 +243,8 @@ def main() -> None:
                 "gpu_vocab_over_greedy_ms": {name: median[f"{name}-gpu-rounds"] - median["greedy"]
                                              for name in VOCAB_ARMS},
                 "undrawn_rounds": undrawn} if args.gpu_vocab else {}),
+            **({"gpu_logprobs_saves_ms": {name: median[name] - median[f"{name}-gpu-rounds"]
+                                          for name in LOGPROBS_ARMS}} if args.gpu_logprobs else {}),
             "rounds_on_the_gpu": backend.device_rounds is not None,
         }  # fmt: skip
         print("PENALTYAB " + json.dumps(doc), flush=True)
