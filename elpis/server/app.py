@@ -342,10 +342,14 @@ class OpenAIServer:
                 assert on_idle is not None
                 await on_idle()
 
-    async def _whole_steps(self, job: Job) -> AsyncIterator[Step]:
-        """A job's steps for a whole (non-streamed) answer: a failed job raises; the last step is counted."""
+    async def _job_steps(
+        self, job: Job, on_idle: Callable[[], Awaitable[None]] | None = None
+    ) -> AsyncIterator[Step]:
+        """A job's steps (`on_idle` runs while none comes: a stream's keepalive): a failed job raises its
+        error, which a whole answer answers and a stream, its 200 already out, reports in-band; the last step
+        is counted."""
         while True:
-            item = await self._next_item(job, None)
+            item = await self._next_item(job, on_idle)
             if isinstance(item, JobEnd):
                 if item.error is not None:
                     raise item.error
@@ -353,6 +357,17 @@ class OpenAIServer:
             if item.finish_reason is not None:
                 self._count_generation(item)
             yield item
+
+    async def _split_steps(
+        self, job: Job, splitter: OutputSplitter, on_idle: Callable[[], Awaitable[None]] | None = None
+    ) -> AsyncIterator[tuple[Step, list[TextEvent | ToolCallEvent]]]:
+        """A chat-shaped job's steps (`_job_steps`), each with the output events its text completes; the
+        splitter is finished at the last step. Chat, the Responses API and the Messages API read them."""
+        async for step in self._job_steps(job, on_idle):
+            events = splitter.feed(step.text)
+            if step.finish_reason is not None:
+                events += splitter.finish(stopped=step.finish_reason == "stop")
+            yield step, events
 
     def _count_generation(self, step: Step) -> None:
         if step.stats is not None:
@@ -507,12 +522,11 @@ class OpenAIServer:
         token_ids: list[int] = []
         logprobs: list[Any] = []
         final: Step | None = None
-        async for step in self._whole_steps(job):
+        async for step, events in self._split_steps(job, splitter):
             token_ids += step.token_ids
             logprobs += step.logprobs or []
-            turn.add(splitter.feed(step.text))
+            turn.add(events)
             if step.finish_reason is not None:
-                turn.add(splitter.finish(stopped=step.finish_reason == "stop"))
                 final = step
         assert final is not None and final.stats is not None and final.finish_reason is not None
         if final.finish_reason == "cancelled":
@@ -609,23 +623,17 @@ class OpenAIServer:
             # with return_token_ids, the prompt ids ride on the first chunk
             await write(chunk(first, **({"prompt_token_ids": prompt_ids} if chat.return_token_ids else {})))
             final: Step | None = None
-            while True:
-                item = await self._next_item(job, keepalive)
-                if isinstance(item, JobEnd):
-                    if item.error is not None:
-                        await write(sse.data_frame(item.error.body()))
-                        return response
-                    break
-                step: Step = item
-                pending_ids.extend(step.token_ids)
-                pending_logprobs.extend(step.logprobs or [])
-                events = splitter.feed(step.text)
-                if step.finish_reason is not None:
-                    events += splitter.finish(stopped=step.finish_reason == "stop")
-                    final = step
-                    self._count_generation(step)
-                for delta in deltas(events):
-                    await write(chunk(delta))
+            try:
+                async for step, events in self._split_steps(job, splitter, keepalive):
+                    pending_ids.extend(step.token_ids)
+                    pending_logprobs.extend(step.logprobs or [])
+                    if step.finish_reason is not None:
+                        final = step
+                    for delta in deltas(events):
+                        await write(chunk(delta))
+            except APIError as error:  # the job failed
+                await write(sse.data_frame(error.body()))
+                return response
             assert final is not None and final.stats is not None and final.finish_reason is not None
             if final.finish_reason == "cancelled":
                 await write(sse.data_frame(self._shutdown_cut().body()))
@@ -686,7 +694,7 @@ class OpenAIServer:
         token_ids: list[int] = []
         logprobs: list[Any] = []
         final: Step | None = None
-        async for step in self._whole_steps(job):
+        async for step in self._job_steps(job):
             texts.append(step.text)
             token_ids += step.token_ids
             logprobs += step.logprobs or []
@@ -726,37 +734,33 @@ class OpenAIServer:
 
         try:
             final: Step | None = None
-            while True:
-                item = await self._next_item(job, keepalive)
-                if isinstance(item, JobEnd):
-                    if item.error is not None:
-                        await write(sse.data_frame(item.error.body()))
-                        return response
-                    break
-                step: Step = item
-                if step.finish_reason is not None:
-                    final = step
-                    self._count_generation(step)
-                    if step.finish_reason == "cancelled":
-                        await write(sse.data_frame(self._shutdown_cut().body()))
-                        return response
-                if not (step.text or step.token_ids or step.finish_reason):
-                    continue
-                choice: dict[str, Any] = {
-                    "index": 0,
-                    "text": step.text,
-                    "logprobs": None,
-                    "finish_reason": step.finish_reason,
-                }
-                if completion.logprobs is not None and step.logprobs:
-                    choice["logprobs"] = completion_logprobs(step.logprobs, service.token_text, offset)
-                if completion.return_token_ids:
-                    choice["token_ids"] = step.token_ids
-                    if first:
-                        choice["prompt_token_ids"] = prompt_ids
-                first = False
-                offset += len(step.text)
-                await write(sse.data_frame(head.envelope([choice], **usage_field)))
+            try:
+                async for step in self._job_steps(job, keepalive):
+                    if step.finish_reason is not None:
+                        final = step
+                        if step.finish_reason == "cancelled":
+                            await write(sse.data_frame(self._shutdown_cut().body()))
+                            return response
+                    if not (step.text or step.token_ids or step.finish_reason):
+                        continue
+                    choice: dict[str, Any] = {
+                        "index": 0,
+                        "text": step.text,
+                        "logprobs": None,
+                        "finish_reason": step.finish_reason,
+                    }
+                    if completion.logprobs is not None and step.logprobs:
+                        choice["logprobs"] = completion_logprobs(step.logprobs, service.token_text, offset)
+                    if completion.return_token_ids:
+                        choice["token_ids"] = step.token_ids
+                        if first:
+                            choice["prompt_token_ids"] = prompt_ids
+                    first = False
+                    offset += len(step.text)
+                    await write(sse.data_frame(head.envelope([choice], **usage_field)))
+            except APIError as error:  # the job failed
+                await write(sse.data_frame(error.body()))
+                return response
             assert final is not None and final.stats is not None
             if completion.include_usage():
                 await write(sse.data_frame(head.envelope([], usage=usage(final.stats))))

@@ -90,15 +90,8 @@ class Authorizer:
         return self._expected is not None
 
     def allows(self, header_values: list[str]) -> bool:
-        if self._expected is None:
-            return True
-        if len(header_values) != 1:
-            return False
-        try:
-            given = header_values[0].encode("ascii")
-        except UnicodeEncodeError:
-            return False
-        return hmac.compare_digest(given, self._expected)
+        """An Authorization header's values: exactly one, `Bearer <key>`."""
+        return self._expected is None or _one_value_is(header_values, self._expected)
 
     def allows_request(self, authorization: list[str], api_key: list[str]) -> bool:
         """A request's credentials: at least one of the two headers, and every one sent must hold the key
@@ -113,10 +106,15 @@ class Authorizer:
 
     def _allows_api_key(self, header_values: list[str]) -> bool:
         assert self._key is not None
-        if len(header_values) != 1:
-            return False
-        try:
-            given = header_values[0].encode("ascii")
-        except UnicodeEncodeError:
-            return False
-        return hmac.compare_digest(given, self._key)
+        return _one_value_is(header_values, self._key)
+
+
+def _one_value_is(header_values: list[str], expected: bytes) -> bool:
+    """Exactly one header value, equal to `expected` (compared in constant time; non-ASCII never is)."""
+    if len(header_values) != 1:
+        return False
+    try:
+        given = header_values[0].encode("ascii")
+    except UnicodeEncodeError:
+        return False
+    return hmac.compare_digest(given, expected)

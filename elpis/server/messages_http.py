@@ -37,7 +37,6 @@ from elpis.server.messages_request import (
     messages_vocabulary,
 )
 from elpis.server.protocol import ChatRequest, RenderRequest, validate_request
-from elpis.server.scheduler import JobEnd
 from elpis.server.service import ModelService
 from elpis.spec import Step
 
@@ -121,11 +120,10 @@ async def _whole(
 ) -> web.Response:
     token_ids: list[int] = []
     final: Step | None = None
-    async for step in server._whole_steps(run.job):  # a failed job raises its error (503 ...)
+    async for step, events in server._split_steps(run.job, run.splitter):  # a failed job raises (503 ...)
         token_ids += step.token_ids
-        builder.feed(run.splitter.feed(step.text))
+        builder.feed(events)
         if step.finish_reason is not None:
-            builder.feed(run.splitter.finish(stopped=step.finish_reason == "stop"))
             final = step
     assert final is not None and final.stats is not None
     if final.finish_reason == "cancelled":
@@ -166,22 +164,16 @@ async def _stream(
         await send({"type": "message_start", "message": shell.body([], start)})
         token_ids: list[int] = []
         final: Step | None = None
-        while True:
-            item = await server._next_item(run.job, ping)
-            if isinstance(item, JobEnd):
-                if item.error is not None:
-                    await fail(item.error)
-                    return response
-                break
-            step: Step = item
-            token_ids += step.token_ids
-            events = run.splitter.feed(step.text)
-            if step.finish_reason is not None:
-                events += run.splitter.finish(stopped=step.finish_reason == "stop")
-                final = step
-                server._count_generation(step)
-            for event in builder.feed(events):
-                await send(event)
+        try:
+            async for step, events in server._split_steps(run.job, run.splitter, ping):
+                token_ids += step.token_ids
+                if step.finish_reason is not None:
+                    final = step
+                for event in builder.feed(events):
+                    await send(event)
+        except APIError as error:  # the job failed
+            await fail(error)
+            return response
         assert final is not None and final.stats is not None
         if final.finish_reason == "cancelled":
             await fail(server._shutdown_cut())

@@ -30,7 +30,6 @@ from elpis.server.responses_request import (
     chat_body,
     responses_vocabulary,
 )
-from elpis.server.scheduler import JobEnd
 from elpis.server.service import ModelService
 from elpis.spec import Step
 
@@ -80,11 +79,10 @@ async def _whole(
     builder = OutputBuilder()
     token_ids: list[int] = []
     final: Step | None = None
-    async for step in server._whole_steps(run.job):  # a failed job raises its error (503 ...)
+    async for step, events in server._split_steps(run.job, run.splitter):  # a failed job raises (503 ...)
         token_ids += step.token_ids
-        builder.feed(run.splitter.feed(step.text))
+        builder.feed(events)
         if step.finish_reason is not None:
-            builder.feed(run.splitter.finish(stopped=step.finish_reason == "stop"))
             final = step
     assert final is not None and final.finish_reason is not None
     if final.finish_reason == "cancelled":
@@ -116,22 +114,16 @@ async def _stream(
         await send({"type": "response.in_progress", "response": shell.body("in_progress")})
         token_ids: list[int] = []
         final: Step | None = None
-        while True:
-            item = await server._next_item(run.job, keepalive)
-            if isinstance(item, JobEnd):
-                if item.error is not None:
-                    await fail(item.error)
-                    return response
-                break
-            step: Step = item
-            token_ids += step.token_ids
-            events = run.splitter.feed(step.text)
-            if step.finish_reason is not None:
-                events += run.splitter.finish(stopped=step.finish_reason == "stop")
-                final = step
-                server._count_generation(step)
-            for event in builder.feed(events):
-                await send(event)
+        try:
+            async for step, events in server._split_steps(run.job, run.splitter, keepalive):
+                token_ids += step.token_ids
+                if step.finish_reason is not None:
+                    final = step
+                for event in builder.feed(events):
+                    await send(event)
+        except APIError as error:  # the job failed
+            await fail(error)
+            return response
         assert final is not None and final.finish_reason is not None
         if final.finish_reason == "cancelled":
             await fail(server._shutdown_cut())
