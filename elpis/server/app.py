@@ -369,6 +369,27 @@ class OpenAIServer:
                 events += splitter.finish(stopped=step.finish_reason == "stop")
             yield step, events
 
+    async def _relay(
+        self,
+        run: ChatRun,
+        relay: Callable[[list[TextEvent | ToolCallEvent]], Awaitable[None]],
+        on_idle: Callable[[], Awaitable[None]] | None = None,
+    ) -> tuple[Step, list[int]]:
+        """A chat-shaped job run to its end, each step's output events handed to `relay` (an API's builder:
+        a stream's sends them): the last step and every token id. A failed job raises its error and a
+        cancelled one the shutdown's (a whole answer answers it; a stream reports it in-band)."""
+        token_ids: list[int] = []
+        final: Step | None = None
+        async for step, events in self._split_steps(run.job, run.splitter, on_idle):
+            token_ids += step.token_ids
+            if step.finish_reason is not None:
+                final = step
+            await relay(events)
+        assert final is not None and final.stats is not None
+        if final.finish_reason == "cancelled":
+            raise self._shutdown_cut()
+        return final, token_ids
+
     def _count_generation(self, step: Step) -> None:
         if step.stats is not None:
             stats = step.stats

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from elpis.server import sse
 from elpis.server.app import ChatRun, ClientGone, OpenAIServer
+from elpis.server.channels import TextEvent, ToolCallEvent
 from elpis.server.errors import APIError, anthropic_error_body
 from elpis.server.messages_output import (
     BlockBuilder,
@@ -118,16 +119,12 @@ async def _whole(
     shell: MessageShell,
     builder: BlockBuilder,
 ) -> web.Response:
-    token_ids: list[int] = []
-    final: Step | None = None
-    async for step, events in server._split_steps(run.job, run.splitter):  # a failed job raises (503 ...)
-        token_ids += step.token_ids
+
+    async def collect(events: list[TextEvent | ToolCallEvent]) -> None:
         builder.feed(events)
-        if step.finish_reason is not None:
-            final = step
-    assert final is not None and final.stats is not None
-    if final.finish_reason == "cancelled":
-        raise server._shutdown_cut()
+
+    final, token_ids = await server._relay(run, collect)  # a failed job raises its error (503 ...)
+    assert final.stats is not None
     builder.finish()
     reason, sequence = await _ending(service, asked, run, builder, final, token_ids)
     return web.json_response(shell.body(builder.blocks, messages_usage(final.stats), reason, sequence))
@@ -153,6 +150,10 @@ async def _stream(
     async def ping() -> None:
         await send(PING)
 
+    async def relay(events: list[TextEvent | ToolCallEvent]) -> None:
+        for event in builder.feed(events):
+            await send(event)
+
     try:
         # The cache is not consulted until the job runs: until the final usage, the whole prompt is input.
         start = {
@@ -162,22 +163,12 @@ async def _stream(
             "output_tokens": 0,
         }
         await send({"type": "message_start", "message": shell.body([], start)})
-        token_ids: list[int] = []
-        final: Step | None = None
         try:
-            async for step, events in server._split_steps(run.job, run.splitter, ping):
-                token_ids += step.token_ids
-                if step.finish_reason is not None:
-                    final = step
-                for event in builder.feed(events):
-                    await send(event)
-        except APIError as error:  # the job failed
+            final, token_ids = await server._relay(run, relay, ping)
+        except APIError as error:  # the job failed, or the shutdown cut it
             await fail(error)
             return response
-        assert final is not None and final.stats is not None
-        if final.finish_reason == "cancelled":
-            await fail(server._shutdown_cut())
-            return response
+        assert final.stats is not None
         for event in builder.finish():
             await send(event)
         reason, sequence = await _ending(service, asked, run, builder, final, token_ids)

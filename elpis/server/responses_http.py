@@ -21,6 +21,7 @@ from aiohttp import web
 
 from elpis.server import sse
 from elpis.server.app import ChatRun, ClientGone, OpenAIServer
+from elpis.server.channels import TextEvent, ToolCallEvent
 from elpis.server.errors import APIError
 from elpis.server.protocol import ChatRequest, validate_request
 from elpis.server.responses_output import OutputBuilder, ResponseShell, reasoning_tokens, responses_usage
@@ -77,16 +78,11 @@ async def _whole(
     server: OpenAIServer, service: ModelService, run: ChatRun, shell: ResponseShell
 ) -> web.Response:
     builder = OutputBuilder()
-    token_ids: list[int] = []
-    final: Step | None = None
-    async for step, events in server._split_steps(run.job, run.splitter):  # a failed job raises (503 ...)
-        token_ids += step.token_ids
+
+    async def collect(events: list[TextEvent | ToolCallEvent]) -> None:
         builder.feed(events)
-        if step.finish_reason is not None:
-            final = step
-    assert final is not None and final.finish_reason is not None
-    if final.finish_reason == "cancelled":
-        raise server._shutdown_cut()
+
+    final, token_ids = await server._relay(run, collect)  # a failed job raises its error (503 ...)
     status = _status(final)
     builder.finish(status)
     return web.json_response(shell.body(status, builder, await _usage(service, run, final, token_ids)))
@@ -109,24 +105,17 @@ async def _stream(
     async def keepalive() -> None:
         await write(sse.KEEPALIVE)
 
+    async def relay(events: list[TextEvent | ToolCallEvent]) -> None:
+        for event in builder.feed(events):
+            await send(event)
+
     try:
         await send({"type": "response.created", "response": shell.body("in_progress")})
         await send({"type": "response.in_progress", "response": shell.body("in_progress")})
-        token_ids: list[int] = []
-        final: Step | None = None
         try:
-            async for step, events in server._split_steps(run.job, run.splitter, keepalive):
-                token_ids += step.token_ids
-                if step.finish_reason is not None:
-                    final = step
-                for event in builder.feed(events):
-                    await send(event)
-        except APIError as error:  # the job failed
+            final, token_ids = await server._relay(run, relay, keepalive)
+        except APIError as error:  # the job failed, or the shutdown cut it
             await fail(error)
-            return response
-        assert final is not None and final.finish_reason is not None
-        if final.finish_reason == "cancelled":
-            await fail(server._shutdown_cut())
             return response
         status = _status(final)
         for event in builder.finish(status):
