@@ -107,6 +107,46 @@ def qwen_text(tiny_model: Path):
     return load_tokenizer(tiny_model), load_chat_template(tiny_model)
 
 
+@pytest.fixture(scope="module")
+def tiny(tiny_model: Path, qwen_text) -> Iterator[RunningServer]:
+    """A server on the CPU reference backend over the tiny model, n-gram drafting (one per test module)."""
+    from elpis.reference.loader import load_backend
+    from elpis.spec import SpeculativeGenerator
+    from elpis.spec.drafters import NgramDrafter
+
+    tokenizer, template = qwen_text
+
+    def load() -> ModelService:
+        backend = load_backend(tiny_model, max_context=2048, model_id="tiny")
+        generator = SpeculativeGenerator(backend, tokenizer, drafter=NgramDrafter(), tree_budget=8)
+        return ModelService("tiny", tokenizer, template, generator, max_context=2048)
+
+    with running_server(load) as server:
+        yield server
+
+
+def typed_events(lines: list[str]) -> list[dict]:
+    """The events of a stream whose frames name their type (`event: T` then `data: {"type": T, ...}`), as
+    the Responses and Messages APIs send them; keep-alive comments are skipped."""
+    import json
+
+    events, kind = [], None
+    for line in lines:
+        if not line or line.startswith(":"):
+            continue  # frame separator, keep-alive comment
+        if line.startswith("event: "):
+            assert kind is None, line
+            kind = line.removeprefix("event: ")
+            continue
+        assert line.startswith("data: ") and kind is not None, line
+        event = json.loads(line.removeprefix("data: "))
+        assert event["type"] == kind
+        events.append(event)
+        kind = None
+    assert kind is None
+    return events
+
+
 def key_file(directory: Path, key: str = API_KEY, mode: int = 0o600) -> Path:
     path = directory / "api-key"
     path.write_text(key + "\n")

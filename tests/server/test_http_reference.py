@@ -19,21 +19,6 @@ from .conftest import running_server
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_model, qwen_text):
-    from elpis.reference.loader import load_backend
-
-    tokenizer, template = qwen_text
-
-    def load() -> ModelService:
-        backend = load_backend(tiny_model, max_context=2048, model_id="tiny")
-        generator = SpeculativeGenerator(backend, tokenizer, drafter=NgramDrafter(), tree_budget=8)
-        return ModelService("tiny", tokenizer, template, generator, max_context=2048)
-
-    with running_server(load) as server:
-        yield server
-
-
 def ask(server, text: str, **kwargs):
     return server.client().chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": text}], **kwargs

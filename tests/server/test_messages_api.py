@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from elpis.server.thinking import CLOSING_TEXT
 
-from .conftest import API_KEY, running_server
+from .conftest import API_KEY, running_server, typed_events
 from .test_http_scripted import SCRIPTS
 from .test_protocol import json_values
 from .test_responses_api import recording_service
@@ -90,25 +90,6 @@ def refused(reply: httpx.Response, status: int, kind: str) -> str:
     return data["error"]["message"]
 
 
-def parse_sse(lines: list[str]) -> list[dict]:
-    """Events of a Messages stream: each an `event:` line and a `data:` line of the same type."""
-    events, kind = [], None
-    for line in lines:
-        if not line:
-            continue
-        if line.startswith("event: "):
-            assert kind is None, line
-            kind = line.removeprefix("event: ")
-            continue
-        assert line.startswith("data: ") and kind is not None, line
-        event = json.loads(line.removeprefix("data: "))
-        assert event["type"] == kind
-        events.append(event)
-        kind = None
-    assert kind is None
-    return events
-
-
 def stream(server, data: dict) -> list[dict]:
     with httpx.stream(
         "POST", server.url + "/v1/messages", json={**data, "stream": True}, headers=KEY, timeout=60
@@ -116,7 +97,7 @@ def stream(server, data: dict) -> list[dict]:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         lines = list(r.iter_lines())
-    return [e for e in parse_sse(lines) if e["type"] != "ping"]
+    return [e for e in typed_events(lines) if e["type"] != "ping"]
 
 
 def fold(events: list[dict]) -> dict:
@@ -775,7 +756,7 @@ def test_a_queued_stream_gets_pings(slow) -> None:
         time.sleep(0.01)
     asked = {**body("hi SCRIPT:hello"), "stream": True}
     with httpx.stream("POST", slow.url + "/v1/messages", json=asked, headers=KEY, timeout=30) as r:
-        events = parse_sse(list(r.iter_lines()))
+        events = typed_events(list(r.iter_lines()))
     first.join()
     kinds = [e["type"] for e in events]
     assert kinds[0] == "message_start" and kinds[1] == "ping"  # waiting: pings before the first block

@@ -6,32 +6,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-from elpis.server.service import ModelService
-from elpis.spec import SpeculativeGenerator
-from elpis.spec.drafters import NgramDrafter
 from tests.grammar_cases import WEATHER, check_weather
 
-from .conftest import running_server
 from .test_messages_api import TOOLS, fold, ok, post, refused, stream
 
 NO_THINK = {"thinking": {"type": "disabled"}}
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model, qwen_text):
-    from elpis.reference.loader import load_backend
-
-    tokenizer, template = qwen_text
-
-    def load() -> ModelService:
-        backend = load_backend(tiny_model, max_context=2048, model_id="tiny")
-        generator = SpeculativeGenerator(backend, tokenizer, drafter=NgramDrafter(), tree_budget=8)
-        return ModelService("tiny", tokenizer, template, generator, max_context=2048)
-
-    with running_server(load) as server:
-        yield server
 
 
 def ask(text: str, max_tokens: int, **extra) -> dict:

@@ -23,7 +23,7 @@ from elpis.spec import SpeculativeGenerator
 from elpis.spec.drafters import NgramDrafter
 from tests.grammar_cases import WEATHER, check_weather
 
-from .conftest import API_KEY, running_server
+from .conftest import API_KEY, running_server, typed_events
 from .scripted import ScriptedBackend
 from .test_http_scripted import SCRIPTS
 from .test_protocol import json_values
@@ -93,25 +93,6 @@ def ok(server, body: dict) -> dict:
     return reply.json()
 
 
-def parse_sse(lines: list[str]) -> list[dict]:
-    """Events of a Responses stream: each an `event:` line and a `data:` line of the same type."""
-    events, kind = [], None
-    for line in lines:
-        if not line or line.startswith(":"):
-            continue  # frame separator, keep-alive comment
-        if line.startswith("event: "):
-            assert kind is None, line
-            kind = line.removeprefix("event: ")
-            continue
-        assert line.startswith("data: ") and kind is not None, line
-        event = json.loads(line.removeprefix("data: "))
-        assert event["type"] == kind
-        events.append(event)
-        kind = None
-    assert kind is None
-    return events
-
-
 def stream(server, body: dict) -> list[dict]:
     with httpx.stream(
         "POST", server.url + "/v1/responses", json={**body, "stream": True}, headers=AUTH, timeout=60
@@ -120,7 +101,7 @@ def stream(server, body: dict) -> list[dict]:
         assert r.headers["content-type"].startswith("text/event-stream")
         lines = list(r.iter_lines())
     assert "data: [DONE]" not in lines  # the Responses API has no sentinel
-    events = parse_sse(lines)
+    events = typed_events(lines)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     return events
 
@@ -680,21 +661,6 @@ def test_translation_never_raises_anything_but_a_400(body: dict) -> None:
 
 
 # --------------------------------------------------------------------------- the CPU reference backend
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model, qwen_text):
-    from elpis.reference.loader import load_backend
-
-    tokenizer, template = qwen_text
-
-    def load() -> ModelService:
-        backend = load_backend(tiny_model, max_context=2048, model_id="tiny")
-        generator = SpeculativeGenerator(backend, tokenizer, drafter=NgramDrafter(), tree_budget=8)
-        return ModelService("tiny", tokenizer, template, generator, max_context=2048)
-
-    with running_server(load) as server:
-        yield server
 
 
 NO_THINK = {"reasoning": {"effort": "none"}}
