@@ -488,7 +488,9 @@ class OpenAIServer:
         reasoning = prompt_opens_reasoning(text)
         splitter = OutputSplitter(starts_in_reasoning=reasoning, tools=decoder)
         grammar = await asyncio.to_thread(request_grammar, service, chat, reasoning, decoder)
-        thinking = thinking_budget(service, chat.thinking_token_budget, reasoning)
+        asked_thinking = chat.thinking_token_budget
+        limit = self.limits.default_thinking_budget if asked_thinking is None else asked_thinking
+        thinking = thinking_budget(service, limit, reasoning)
         job = self._start_job(service, chat, prompt_ids, max_tokens, top_logprobs, grammar, thinking)
         return ChatRun(job, splitter, prompt_ids, max_tokens)
 

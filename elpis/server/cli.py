@@ -163,6 +163,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.shutdown_grace_s,
         help="seconds the running request may finish after SIGTERM before it is cancelled",
     )
+    limits.add_argument(
+        "--thinking-budget",
+        type=_token_count,
+        default=None,
+        metavar="TOKENS",
+        help="reasoning tokens at most for chat requests that name no thinking_token_budget (or Anthropic "
+        "thinking.budget_tokens): past it the server closes the reasoning and the model answers (default: "
+        "no budget)",
+    )
     limits.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
 
@@ -174,7 +183,19 @@ def _limits(args: argparse.Namespace) -> Limits:
         keepalive_s=args.keepalive,
         max_queue=args.max_queue,
         shutdown_grace_s=args.shutdown_grace,
+        default_thinking_budget=args.thinking_budget,
     )
+
+
+def _token_count(text: str) -> int:
+    """A count of tokens for argparse: an integer >= 0."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of tokens: {text!r}") from None
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"a token count is >= 0, got {count}")
+    return count
 
 
 def _port(text: str) -> int:

@@ -16,3 +16,5 @@ class Limits:
     shutdown_grace_s: float = 30.0  # the running request may finish for this long on SIGTERM
     default_chat_max_tokens: int = 4096
     default_completion_max_tokens: int = 256
+    # reasoning tokens at most for chat requests that name no budget (`thinking_token_budget`); None: none
+    default_thinking_budget: int | None = None

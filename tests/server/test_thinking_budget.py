@@ -97,3 +97,27 @@ def test_a_malformed_budget_is_refused(server, value) -> None:
     assert reply.status_code == 400
     error = reply.json()["error"]
     assert error["param"] == "thinking_token_budget", error
+
+
+def test_the_servers_default_budget_holds_requests_that_name_none(qwen_text) -> None:
+    """`elpis serve --thinking-budget N`: a request without a budget of its own is held to N; one that names
+    a budget keeps its own."""
+    service, backend = scripted_service(qwen_text)
+    with running_server(lambda: service, default_thinking_budget=3) as running:
+        running.backend = backend
+        reasoning, _ = _expected(running, 3)
+        held = _chat(running).json()["choices"][0]["message"]
+        assert held["reasoning_content"] == reasoning
+        own = _chat(running, thinking_token_budget=500).json()["choices"][0]["message"]
+        assert own["content"] == "Hello! How can I help?"
+
+
+@pytest.mark.parametrize("value", ["-1", "many"])
+def test_a_malformed_default_budget_is_refused_at_start(value: str) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "elpis.cli", "serve", "--thinking-budget", value],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 2 and "argument --thinking-budget" in result.stderr
+    assert "Traceback" not in result.stderr
