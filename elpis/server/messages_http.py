@@ -26,7 +26,6 @@ from elpis.server.errors import APIError, anthropic_error_body
 from elpis.server.messages_output import (
     BlockBuilder,
     MessageShell,
-    matched_stop_sequence,
     messages_usage,
     stop_reason,
 )
@@ -80,15 +79,9 @@ async def count_tokens(server: OpenAIServer, request: web.Request) -> web.Respon
     return web.json_response({"input_tokens": len(ids)})
 
 
-async def _ending(
-    service: ModelService,
-    asked: MessagesRequest,
-    run: ChatRun,
-    builder: BlockBuilder,
-    final: Step,
-    token_ids: Sequence[int],
-) -> tuple[str, str | None]:
-    """The stop reason and the matched stop sequence."""
+def _ending(service: ModelService, asked: MessagesRequest, run: ChatRun, builder: BlockBuilder, final: Step,
+            token_ids: Sequence[int]) -> tuple[str, str | None]:
+    """The stop reason and the matched stop sequence (the generator's: `Step.stop_string`)."""
     assert final.finish_reason is not None
     reason = stop_reason(
         final.finish_reason,
@@ -98,17 +91,12 @@ async def _ending(
         budget=run.max_tokens,
         asked=asked.max_tokens,
     )
-    if reason != "stop_sequence_unknown":
+    if reason != "stop_sequence":
         return reason, None
-
-    def decode(ids: Sequence[int]) -> str:
-        return service.tokenizer.decode(ids, skip_special=False)
-
-    matched = await asyncio.to_thread(matched_stop_sequence, decode, token_ids, asked.stop_sequences or [])
-    if matched is None:  # not expected: the generator stopped on a string none of the sequences is in
+    if final.stop_string is None:  # not expected: a stop neither the model's nor one of the sequences
         log.warning("[serve] a stop the model did not make matched no stop sequence")
         return "end_turn", None
-    return "stop_sequence", matched
+    return reason, final.stop_string
 
 
 async def _whole(
@@ -126,7 +114,7 @@ async def _whole(
     final, token_ids = await server._relay(run, collect)  # a failed job raises its error (503 ...)
     assert final.stats is not None
     builder.finish()
-    reason, sequence = await _ending(service, asked, run, builder, final, token_ids)
+    reason, sequence = _ending(service, asked, run, builder, final, token_ids)
     return web.json_response(shell.body(builder.blocks, messages_usage(final.stats), reason, sequence))
 
 
@@ -171,7 +159,7 @@ async def _stream(
         assert final.stats is not None
         for event in builder.finish():
             await send(event)
-        reason, sequence = await _ending(service, asked, run, builder, final, token_ids)
+        reason, sequence = _ending(service, asked, run, builder, final, token_ids)
         await send(
             {
                 "type": "message_delta",

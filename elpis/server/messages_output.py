@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -126,9 +126,9 @@ def stop_reason(
     model_stops: Sequence[int],
     budget: int,
     asked: int,
-) -> StopReason | Literal["stop_sequence_unknown"]:
+) -> StopReason:
     """Why the message ended. A stop that is not the model's own end of turn is one of the request's stop
-    sequences (`stop_sequence_unknown` until `matched_stop_sequence` names it). A length stop is
+    sequences (the generator names it: `Step.stop_string`). A length stop is
     `max_tokens` when the request's own budget ran out, else the context did (the budget was lowered)."""
     if finish_reason == "length":
         return "max_tokens" if budget >= asked else "model_context_window_exceeded"
@@ -136,18 +136,7 @@ def stop_reason(
         return "tool_use"
     if last_token is None or last_token in model_stops:
         return "end_turn"
-    return "stop_sequence_unknown"
-
-
-def matched_stop_sequence(
-    decode: Callable[[Sequence[int]], str], token_ids: Sequence[int], stop_sequences: Sequence[str]
-) -> str | None:
-    """Which stop sequence ended the text. No sequence was complete before the last token (the generator
-    stops at the first), so every occurrence in the whole text ends in that token: the one that starts first
-    is the generator's cut, and among those starting there the shortest was complete first."""
-    text = decode(token_ids)
-    found = [(start, len(stop), stop) for stop in stop_sequences if (start := text.find(stop)) >= 0]
-    return min(found)[2] if found else None
+    return "stop_sequence"
 
 
 def messages_usage(stats: GenerationStats) -> dict[str, Any]:

@@ -255,7 +255,7 @@ class SpeculativeGenerator:
         def final(ids: list[int], logprobs: list[TokenLogprob] | None, reason: str) -> Step:
             if scanner.cut is None and scanner.feed(detokenizer.flush()):
                 reason = "stop"
-            return Step(ids, scanner.release(final=True), logprobs, reason, stats)
+            return Step(ids, scanner.release(final=True), logprobs, reason, stats, scanner.matched)
 
         while True:
             if should_stop():
@@ -303,7 +303,7 @@ class SpeculativeGenerator:
                     break
             stats.completion_tokens += len(ids)
             if hit_stop_string:
-                yield Step(ids, scanner.release(final=True), logprobs, "stop", stats)
+                yield Step(ids, scanner.release(final=True), logprobs, "stop", stats, scanner.matched)
                 return
             if done.ends:
                 yield final(ids, logprobs, "stop" if committed[-1] in stops else "length")

@@ -112,3 +112,4 @@ class Step:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None  # None while running; "stop" | "length" | "cancelled" at the end
     stats: GenerationStats | None = None  # on the last step only
+    stop_string: str | None = None  # on the last step, the stop string that ended the text, if one did

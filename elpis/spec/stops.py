@@ -19,6 +19,7 @@ class StopStringScanner:
         self._text = ""
         self._released = 0
         self.cut: int | None = None  # index of the first stop string's start, once found
+        self.matched: str | None = None  # the stop string found there (the shorter of two starting there)
 
     @property
     def text(self) -> str:
@@ -33,13 +34,14 @@ class StopStringScanner:
         self._text += delta
         if not delta:
             return False
-        starts = [
-            found
+        found = [
+            (start, len(stop), stop)
             for stop in self._stops
-            if (found := self._text.find(stop, max(0, old_length - len(stop) + 1))) != -1
+            if (start := self._text.find(stop, max(0, old_length - len(stop) + 1))) != -1
         ]
-        if starts:
-            self.cut = min(starts)
+        if found:
+            # the first to start is the cut; of two starting there, the shorter was complete first
+            self.cut, _, self.matched = min(found)
             return True
         return False
 

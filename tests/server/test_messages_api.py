@@ -813,18 +813,6 @@ def test_error_types_follow_anthropics_table() -> None:
     }
 
 
-def test_the_matched_stop_sequence_is_the_first_to_complete() -> None:
-    from elpis.server.messages_output import matched_stop_sequence
-
-    def decode(ids):
-        return "".join(chr(i) for i in ids)
-
-    ids = [ord(c) for c in "one two HALT"]
-    assert matched_stop_sequence(decode, ids, ["ALT", "HALT", "nope"]) == "HALT"  # starts first
-    assert matched_stop_sequence(decode, ids, ["HALT", "HA"]) == "HA"  # the same start: the shorter
-    assert matched_stop_sequence(decode, ids, ["nope"]) is None
-
-
 def test_authorizer_takes_either_header() -> None:
     from elpis.server.auth import Authorizer
 

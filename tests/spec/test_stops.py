@@ -64,3 +64,35 @@ def test_random_chunkings_cut_at_the_first_completed_stop(seed: int) -> None:
     assert stopped == (expected is not None)
     assert "".join(out) == (text if expected is None else text[:expected])
     assert scanned == "".join(out)
+
+
+@pytest.mark.parametrize(("chunks", "stops", "matched"), [
+    (["one two HALT"], ["ALT", "HALT", "nope"], "HALT"),  # the first to start
+    (["one two HALT"], ["HALT", "HA"], "HA"),  # the same start: the shorter, complete first
+    (["one two H", "A", "LT"], ["HALT", "HA"], "HA"),
+    (["one two"], ["nope"], None),
+])  # fmt: skip
+def test_the_scanner_names_the_stop_string_that_cut_the_text(chunks, stops, matched) -> None:
+    scanner = StopStringScanner(stops)
+    for chunk in chunks:
+        if scanner.feed(chunk):
+            break
+    assert scanner.matched == matched
+    assert (scanner.cut is None) == (matched is None)
+
+
+def test_the_last_step_names_the_stop_string(tiny_models, run) -> None:
+    """A request cut by one of its stop strings says which on its last step (Anthropic's stop_sequence);
+    one ended otherwise names none."""
+    from elpis.spec import GenerationRequest, SamplingParams
+
+    model = tiny_models[0]
+    prompt = tuple(model.tokenizer.encode("one two three, one two three, one two"))
+    free = run(model.backend(), model.tokenizer, GenerationRequest(prompt, 24, SamplingParams()))
+    assert free.steps[-1].stop_string is None
+    words = free.text.split()
+    assert len(words) >= 3
+    stop = words[2]
+    cut = run(model.backend(), model.tokenizer,
+              GenerationRequest(prompt, 24, SamplingParams(), stop_strings=("zzzz-never", stop)))  # fmt: skip
+    assert cut.finish_reason == "stop" and cut.steps[-1].stop_string == stop
