@@ -1,8 +1,11 @@
 """Chat request -> the model's own chat template input (messages, tools, thinking controls) -> prompt text.
 
 What the OpenAI shape and the Qwen3.8 template disagree on is settled here:
-- `developer` messages are system messages; leading system/developer messages are merged into one,
-  because the template takes a system message only at the start.
+- `developer` messages are system messages, and every system/developer message is merged, in order, into
+  one leading system message: the template takes a system message only at the start and refuses one
+  anywhere else, while agent clients send them later too (Codex adds a developer message to each turn;
+  opencode and others inject system messages mid-conversation). A late instruction so applies from the start
+  of the conversation: the one place the model can read it.
 - assistant tool-call arguments arrive as JSON text; the template wants a mapping.
 - tool results are put back in the order of the calls they answer (the template drops ids, so order is
   the only link the model sees).
@@ -166,14 +169,9 @@ def _ordered_tool_results(messages: list[Message]) -> list[tuple[int, Message]]:
 def chat_input(request: ChatRequest) -> ChatInput:
     messages: list[dict[str, Any]] = []
     system_parts: list[str] = []
-    leading = True
     for index, message in _ordered_tool_results(request.messages):
-        if isinstance(message, SystemMessage) and leading:
+        if isinstance(message, SystemMessage):  # wherever it came: see the module docstring
             system_parts.append(content_text(message.content))
-            continue
-        leading = False
-        if isinstance(message, SystemMessage):
-            messages.append({"role": "system", "content": content_text(message.content)})
         elif isinstance(message, AssistantMessage):
             messages.append(_assistant(index, message))
         elif isinstance(message, ToolMessage):

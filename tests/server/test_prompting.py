@@ -77,8 +77,23 @@ def test_template_errors_are_400s_with_the_template_message() -> None:
     with pytest.raises(APIError, match="No user query found") as info:
         render(messages=[{"role": "system", "content": "only system"}])
     assert info.value.status == 400
-    with pytest.raises(APIError, match="System message must be at the beginning"):
-        render(messages=[{"role": "user", "content": "a"}, {"role": "system", "content": "late"}])
+
+
+def test_late_system_and_developer_messages_join_the_leading_system_message_in_order() -> None:
+    """The template refuses a system message past the start; agent clients send them there (Codex's per-turn
+    developer message): each joins the one leading system message, in the order sent."""
+    text = render(
+        messages=[
+            {"role": "system", "content": "A."},
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {"role": "developer", "content": "C."},
+            {"role": "user", "content": "d"},
+            {"role": "system", "content": "E."},
+        ]
+    )
+    assert text.count("<|im_start|>system") == 1 and "A.\n\nC.\n\nE." in text
+    assert text.index("E.") < text.index("<|im_start|>user\na")
 
 
 def test_tool_round_trip_renders_calls_and_ordered_results() -> None:
