@@ -721,3 +721,23 @@ def test_reference_model_named_tool_call_is_well_formed(tiny) -> None:
     assert call["name"] == "get_time" and json.loads(call["arguments"]) in ({"zone": "UTC"}, {"zone": "CET"})
     free = ok(tiny, {**body, "tool_choice": "auto"})
     assert "function_call" not in [item["type"] for item in free["output"]]  # unheld, it writes no call
+
+
+def test_codexs_per_turn_developer_messages_join_the_leading_system_message(fast) -> None:
+    """Codex sends `instructions` and a developer message with each turn, after earlier turns: the prompt
+    holds one system message with all of them in order (the template refuses one past the start)."""
+    body = {
+        "instructions": "You are Codex.",
+        "input": [
+            {"type": "message", "role": "developer", "content": "Sandbox: read-only."},
+            {"type": "message", "role": "user", "content": "hi"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hello"}]},
+            {"type": "message", "role": "developer", "content": "Sandbox: workspace-write."},
+            {"type": "message", "role": "user", "content": "again SCRIPT:hello"},
+        ],
+    }
+    ok(fast, body)
+    text = fast.server.service.tokenizer.decode(fast.backend.prompts[-1])
+    assert text.count("<|im_start|>system") == 1
+    assert text.index("You are Codex.") < text.index("read-only") < text.index("workspace-write")
+    assert text.index("workspace-write") < text.index("<|im_start|>user")
