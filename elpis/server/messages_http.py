@@ -44,11 +44,6 @@ log = logging.getLogger("elpis.server")
 PING = {"type": "ping"}
 
 
-def event_frame(event: dict[str, Any]) -> bytes:
-    """One typed SSE event: `event: <type>` and its JSON."""
-    return b"event: " + event["type"].encode("utf-8") + b"\n" + sse.data_frame(event)
-
-
 async def create_message(server: OpenAIServer, request: web.Request) -> web.StreamResponse:
     service = server.ready()
     asked = validate_request(MessagesRequest, await server.read_json(request), MESSAGES_IGNORED)
@@ -130,7 +125,7 @@ async def _stream(
     response, write = await server._open_stream(request)
 
     async def send(event: dict[str, Any]) -> None:
-        await write(event_frame(event))
+        await write(sse.event_frame(event))
 
     async def fail(error: APIError) -> None:
         await send(anthropic_error_body(error))

@@ -37,11 +37,6 @@ from elpis.spec import Step
 log = logging.getLogger("elpis.server")
 
 
-def event_frame(event: dict[str, Any]) -> bytes:
-    """One typed SSE event: `event: <type>` and its JSON."""
-    return b"event: " + event["type"].encode("utf-8") + b"\n" + sse.data_frame(event)
-
-
 async def create_response(server: OpenAIServer, request: web.Request) -> web.StreamResponse:
     service = server.ready()
     asked = validate_request(ResponsesRequest, await server.read_json(request), RESPONSES_IGNORED)
@@ -96,7 +91,7 @@ async def _stream(
     builder = OutputBuilder()
 
     async def send(event: dict[str, Any]) -> None:
-        await write(event_frame({**event, "sequence_number": next(numbers)}))
+        await write(sse.event_frame({**event, "sequence_number": next(numbers)}))
 
     async def fail(error: APIError) -> None:
         body = {"code": error.code, "message": error.message}

@@ -1,4 +1,5 @@
-"""Server-sent events framing (text/event-stream), as OpenAI clients read it."""
+"""Server-sent events framing (text/event-stream): chat's data-only frames, as OpenAI clients read them, and
+the typed frames of the Responses and Messages APIs."""
 
 from __future__ import annotations
 
@@ -18,3 +19,8 @@ def data_frame(payload: dict[str, Any]) -> bytes:
     return (
         b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
     )
+
+
+def event_frame(event: dict[str, Any]) -> bytes:
+    """One typed event (the Responses and Messages APIs): `event: <its type>`, then its JSON."""
+    return b"event: " + event["type"].encode("utf-8") + b"\n" + data_frame(event)
