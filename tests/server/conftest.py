@@ -152,3 +152,19 @@ def key_file(directory: Path, key: str = API_KEY, mode: int = 0o600) -> Path:
     path.write_text(key + "\n")
     os.chmod(path, mode)
     return path
+
+
+def assert_cancelled_job_stopped(server: RunningServer, cancelled_before: int) -> int:
+    """After a client left a stream: the scheduler goes idle, the backend runs no more rounds, and the job is
+    counted as cancelled. Returns the backend's verify calls, for a bound on how far the job got."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while server.server.scheduler.running is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.server.scheduler.running is None
+    calls = server.backend.verify_calls
+    time.sleep(0.2)
+    assert server.backend.verify_calls == calls  # the job stopped: no more rounds
+    assert server.server.metrics.cancelled == cancelled_before + 1
+    return calls

@@ -40,6 +40,7 @@ class ScriptedBackend:
         self.delay_s = delay_s
         self.verify_calls = 0
         self.begun: list[str] = []  # script names, in the order their sequences began
+        self.prompts: list[list[int]] = []  # every prompt begun (to assert what the template rendered)
         self._finished: list[list[int]] = []
         self._lock = threading.Lock()  # detects overlapping sequences (the scheduler must prevent them)
         self._active = False
@@ -55,6 +56,7 @@ class ScriptedBackend:
                 raise AssertionError("two sequences at once")
             self._active = True
         prompt = [int(t) for t in prompt]
+        self.prompts.append(prompt)
         names = _MARKER.findall(self.tokenizer.decode(prompt))
         name = names[-1] if names else "default"
         self.begun.append(name)
