@@ -3,13 +3,14 @@ on the GPU; registry switch `exl3-vocab-draw`).
 
 OpenAI clients send temperature and top_p but no top_k, and `elpis.spec.sampling` draws such a request from
 its whole vocabulary: every weight, a stable sort of them for top_p, and a read-back of each row's mass for
-top_p's exact reach, so its rounds stayed on the host. Here two launches draw the same tokens with nothing
+top_p's exact reach, so its rounds stayed on the host. Here the kernels draw the same tokens with nothing
 read back: the whole row's fixed-point mass, summed span by span, then either the head's draw (top_p < 1 or
 min_p > 0: the row's HEAD_WIDTH + TOP_PAD largest weights, `sampling.top_weights`, ranked and cut against that
 mass, as `sample_draw`'s kernel does for top_k) or the pick (top_p = 1 and min_p = 0: every token kept, found
-in id order from the spans' sums). A head whose top_p prefix runs past the weights read, or whose smallest
-weight read is not clear below min_p, answers for the host, which decides from the whole vocabulary as without
-the switch.
+in id order from the spans' sums). A row the head cannot decide (its top_p prefix runs past the weights read,
+or its smallest weight read is not clear below min_p: a flat row) goes to the nucleus: an exact radix select
+of top_p's prefix over the whole row, then the pick's draw over the kept tokens. Only rows whose spans the
+pick's shared memory does not hold (past the model's vocabulary) are left to the host.
 
 `queue` runs inside a round's graph (`elpis.exl3.device_round`), its parameters read from device memory;
 `draw` serves host rounds on a CUDA device (`sampling.use_vocab_draw`). The tokens equal the host's under the
@@ -30,8 +31,8 @@ from elpis.spec import sampling
 from elpis.spec.sampling import SamplingParams
 
 PATCH = "exl3-vocab-draw"
-# the head's launch in rounds on the GPU (top_p < 1 or min_p > 0 without top_k), a switch of its own: a row
-# whose prefix runs past the weights read leaves its round to the host, which on flat rows is every round
+# the head's launch in rounds on the GPU (top_p < 1 or min_p > 0 without top_k), a switch of its own: it reads
+# the rows' heads and, for rows they do not decide (flat rows), runs the nucleus over the whole row
 HEADS_PATCH = "exl3-vocab-draw-heads"
 SOURCE = PATCHES_DIR / "kernels" / "vocab_draw.cu"
 THREADS = 256  # the mass's and the pick's block
@@ -48,10 +49,11 @@ ENTRY_ARGS: dict[str, tuple[type, ...]] = {
     "elpis_vocab_draw_pick": (_VP, _U32, _U32, _U32, _U32, _VP, _VP, _VP, _VP, _I64, _VP, _U64, _VP, _VP),
     "elpis_vocab_draw_spans": (_U32, _U32),
     "elpis_vocab_draw_picks": (_U32, _U32),
+    "elpis_vocab_draw_head_words": (_U32, _U32, _U32),
     "elpis_vocab_draw_threads": (),
     "elpis_vocab_draw_max_count": (),
 }  # fmt: skip
-RESTYPES = {"elpis_vocab_draw_max_count": _U32}
+RESTYPES = {"elpis_vocab_draw_max_count": _U32, "elpis_vocab_draw_head_words": _U64}
 
 
 def bind(lib: ctypes.CDLL, threads: int = THREADS) -> ctypes.CDLL:
@@ -132,10 +134,12 @@ def queue(
     spans = lib.elpis_vocab_draw_spans(kind, vocab)
     if spans < 0:
         raise ValueError(f"vocab draw: a row of {vocab} values is past the proved row spans' domain")
-    sums = torch.empty(n * spans, dtype=torch.int64, device=rows.device)
+    # the head's workspace holds the nucleus's bins, kept weights and cuts after the spans' sums
+    words = lib.elpis_vocab_draw_head_words(kind, vocab, n) if reads_head(params) else n * spans
+    work = torch.empty(words, dtype=torch.int64, device=rows.device)
     stream = torch.cuda.current_stream(rows.device).cuda_stream if rows.device.type == "cuda" else None
     shape = (rows.data_ptr(), kind, rows.stride(0), vocab, n, scale.data_ptr())
-    tail = (block.data_ptr(), positions.data_ptr(), offset, sums.data_ptr(), 8 * sums.numel(), out.data_ptr(),
+    tail = (block.data_ptr(), positions.data_ptr(), offset, work.data_ptr(), 8 * work.numel(), out.data_ptr(),
             stream)  # fmt: skip
     if reads_head(params):
         top = sampling.top_weights(rows, params, min(HEAD_WIDTH, vocab), scale)
@@ -151,9 +155,9 @@ def queue(
 
 
 def draw(logits: torch.Tensor, params: SamplingParams, positions: Sequence[int]) -> list[int] | None:
-    """Every row's token, in one call and one read-back; None where the host should decide (a head not clear
-    of the weights read, or rows these kernels do not read). A row whose maximum is not finite is refused with
-    ValueError, as the host refuses it."""
+    """Every row's token, in one call and one read-back; None where the host should decide (rows these kernels
+    do not read, or a head not clear of the weights read on rows too long for the nucleus). A row whose
+    maximum is not finite is refused with ValueError, as the host refuses it."""
     if not takes(params):
         raise ValueError("vocab draw: a sampled request without top_k only")
     if logits.dim() != 2 or logits.shape[0] != len(positions):

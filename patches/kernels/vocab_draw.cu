@@ -15,12 +15,15 @@
 //         of them) as sample_draw.cu does, walks top_p's prefix against the whole row's mass, and draws over the
 //         prefix's tokens with w >= min_p (sample_draw_steps.cuh). The prefix must end on a weight clear of the
 //         smallest weight read (a token not read weighs at most that one, within exp's rounding), and with top_p
-//         = 1 the smallest weight read must be clear below min_p; otherwise the row answers -5 and the host
-//         decides from the whole vocabulary, as without the patch.
+//         = 1 the smallest weight read must be clear below min_p; otherwise the row is left undecided (-5) for:
+//   nucleus (the rows the head leaves undecided): top_p's prefix over the whole row by an exact radix select on
+//         the logits' bits (below, before nucleus_hist_kernel), then the kept weights summed a span and the token
+//         found in id order as the pick does. Where the row's spans do not fit the pick's shared memory the
+//         nucleus does not run and such a row stays -5: the host decides from the whole vocabulary.
 //   pick (top_p = 1, min_p = 0: every token kept): a block a row finds the span its target falls in from the
 //         spans' sums, recomputes that span's weights into shared memory, and finds the token in id order.
 //
-//   out[r] = the drawn id, or -5 (head: a prefix not clear of the weights read; the host decides), -2 where the
+//   out[r] = the drawn id, or -5 (a row the head and nucleus leave undecided; the host decides), -2 where the
 //            row's maximum is not finite (the caller refuses the row), -4 where the parameters read are out of
 //            range or are the other launch's (top_p = 1 and min_p = 0 is the pick's, anything else the head's).
 //
@@ -28,8 +31,9 @@
 // `vocab` values a row, row r at logits + r * row_stride, rows 16-byte aligned (8 for float64); scale float64 [1]
 // (the inverse temperature) and best float64 [rows] (each row's max of x * (1/T)), params int64 [3] (the seed,
 // top_p's and min_p's float64 bits) and positions int64 [rows] (row r draws for positions[r] + offset) in device
-// memory, read when the launch runs, so one captured graph serves every request of its launch; sums: uint64 [rows,
-// spans] of workspace. Ampere instructions only (integer and float64 arithmetic, 16-byte read-only loads).
+// memory, read when the launch runs, so one captured graph serves every request of its launch; workspace: uint64
+// [rows, spans] for the pick, elpis_vocab_draw_head_words for the head (the nucleus's bins, kept weights and
+// cuts). Ampere instructions only (integer and float64 arithmetic, shared-memory atomics, 16-byte read-only loads).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -86,14 +90,38 @@ __host__ __device__ inline void span_values(uint32_t kind, uint32_t vocab, row_s
     *end = s + 1u == spans.count ? vocab : elpis_rowspans_span_end(total, s, spans.shift) << u;
 }
 
-// f(x, i) for each value x (exact in float64) at index i that thread threadIdx.x reads of span s of a row.
+// A logit's bits as an unsigned key that orders as the values do (negative values reversed below the positive).
+template <uint32_t kWidth>
+__host__ __device__ inline uint64_t sortable(uint64_t bits) {
+    constexpr uint64_t sign = uint64_t(1) << (kWidth - 1), mask = kWidth == 64 ? ~uint64_t(0) : (sign << 1) - 1;
+    return (bits & sign) ? (~bits & mask) : (bits | sign);
+}
+template <uint32_t kWidth>
+__host__ __device__ inline uint64_t unsortable(uint64_t key) {
+    constexpr uint64_t sign = uint64_t(1) << (kWidth - 1), mask = kWidth == 64 ? ~uint64_t(0) : (sign << 1) - 1;
+    return (key & sign) ? (key ^ sign) : (~key & mask);
+}
+
+// f(x, i) for each value x (exact in float64) at index i that thread threadIdx.x reads of span s of a row; keyed:
+// f(key, x, i) with the value's bits as a key that orders as the values do (the nucleus's select); value_of: the
+// value of a key.
 template <typename T>
 struct Values {
+    static constexpr uint32_t kWidth = 8 * sizeof(T);
+    template <typename F>
+    __device__ static void keyed(const T* row, uint32_t vocab, row_scan::Spans spans, uint32_t s, F&& f) {
+        row_scan::each_logit_of_span<T, kThreads>(row, vocab, spans, s, [&](uint32_t b, uint32_t i) {
+            f(sortable<kWidth>(b), static_cast<double>(row_scan::Logit<T>::value(b)), i);
+        });
+    }
     template <typename F>
     __device__ static void of_span(const T* row, uint32_t vocab, row_scan::Spans spans, uint32_t s, F&& f) {
         row_scan::each_logit_of_span<T, kThreads>(row, vocab, spans, s, [&](uint32_t b, uint32_t i) {
             f(static_cast<double>(row_scan::Logit<T>::value(b)), i);
         });
+    }
+    __device__ static double value_of(uint64_t key) {
+        return static_cast<double>(row_scan::Logit<T>::value(static_cast<uint32_t>(unsortable<kWidth>(key))));
     }
 };
 template <>
@@ -103,6 +131,15 @@ struct Values<double> {
         const uint32_t first = elpis_rowspans_span_begin(s, spans.shift);
         const uint32_t end = elpis_rowspans_span_end(vocab, s, spans.shift);
         row_scan::each_of_stride<kThreads>(first, end, [&](uint32_t i) { f(row[i], i); });
+    }
+    template <typename F>
+    __device__ static void keyed(const double* row, uint32_t vocab, row_scan::Spans spans, uint32_t s, F&& f) {
+        of_span(row, vocab, spans, s, [&](double x, uint32_t i) {
+            f(sortable<64>(static_cast<uint64_t>(__double_as_longlong(x))), x, i);
+        });
+    }
+    __device__ static double value_of(uint64_t key) {
+        return __longlong_as_double(static_cast<long long>(unsortable<64>(key)));
     }
 };
 
@@ -195,32 +232,26 @@ __global__ void __launch_bounds__(kHeadThreads)
     out[r] = sample_steps::draw_kept(w, id, order, head, p.min_p, p.seed, uint64_t(p.position));
 }
 
-// Block r: every token kept; the draw's target among the spans' sums, then that span's weights in id order.
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    vocab_pick_kernel(const T* __restrict__ logits, uint32_t kind, uint32_t row_stride, uint32_t vocab,
-                      row_scan::Spans spans, const double* __restrict__ scale, const double* __restrict__ best,
-                      const unsigned long long* __restrict__ sums, const int64_t* __restrict__ params,
-                      const int64_t* __restrict__ positions, int64_t offset, int64_t* __restrict__ out) {
+// The draw in id order over a row's kept weights (sampling._fixed_draws), by the whole block: the target floor(u *
+// total) of the kept weights' total (`span_sums`: each span's kept weights, summed), the span it falls in, that
+// span's kept weights recomputed into shared memory (weigh(key, x, i): a token's kept weight, 0 where it is not
+// kept), and the token in id order; thread 0 writes it to *out. Every thread of the block must call it.
+template <typename T, typename Weigh>
+__device__ void pick_in_id_order(const T* row, uint32_t kind, uint32_t vocab, row_scan::Spans spans,
+                                 const unsigned long long* span_sums, const Params& p, Weigh&& weigh, int64_t* out) {
     __shared__ unsigned long long weights[kSpanValues + 8];  // the span's weights (the last span's singles too)
     __shared__ unsigned long long parts[kThreads];
     __shared__ uint32_t found;
     __shared__ unsigned long long before, target;
-    const uint32_t t = threadIdx.x, r = blockIdx.x;
-    Params p;
-    const bool valid = read_params(params, positions, offset, r, &p) && keeps_everything(p);
-    const double inverse = *scale, peak = best[r];
-    if (!valid || !finite(peak)) {  // the same answer on every thread of the block: all return here
-        if (t == 0) out[r] = valid ? sample_steps::kNotFinite : sample_steps::kParamsRefused;
-        return;
-    }
+    const uint32_t t = threadIdx.x;
     if (t == 0) {
-        const unsigned long long mass = row_mass(sums, spans.count, r);
-        target = sample_steps::draw_target(p.seed, uint64_t(p.position), mass);
+        unsigned long long total = 0;
+        for (uint32_t s = 0; s < spans.count; s++) total += span_sums[s];
+        target = sample_steps::draw_target(p.seed, uint64_t(p.position), total);
         unsigned long long cumulative = 0;
-        found = spans.count - 1;  // target < mass (a uniform below 1), so some span passes it
+        found = spans.count - 1;  // target < total (a uniform below 1), so some span passes it
         for (uint32_t s = 0; s < spans.count; s++) {
-            const unsigned long long next = cumulative + sums[static_cast<size_t>(r) * spans.count + s];
+            const unsigned long long next = cumulative + span_sums[s];
             if (next > target) {
                 found = s;
                 break;
@@ -232,8 +263,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     uint32_t begin = 0, end = 0;
     span_values(kind, vocab, spans, found, &begin, &end);
-    Values<T>::of_span(logits + static_cast<size_t>(r) * row_stride, vocab, spans, found,
-                       [&](double x, uint32_t i) { weights[i - begin] = fixed_weight(x, inverse, peak); });
+    Values<T>::keyed(row, vocab, spans, found,
+                     [&](uint64_t key, double x, uint32_t i) { weights[i - begin] = weigh(key, x, i); });
     __syncthreads();
     // thread c sums the c-th run of `per` weights, then thread 0 walks the runs and the run holding the target
     const uint32_t n = end - begin, per = (n + kThreads - 1) / kThreads;
@@ -257,8 +288,345 @@ __global__ void __launch_bounds__(kThreads)
                 }
             }
         }
-        out[r] = token;
+        *out = token;
     }
+}
+
+// Block r: every token kept; the draw's target among the spans' sums, then that span's weights in id order.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    vocab_pick_kernel(const T* __restrict__ logits, uint32_t kind, uint32_t row_stride, uint32_t vocab,
+                      row_scan::Spans spans, const double* __restrict__ scale, const double* __restrict__ best,
+                      const unsigned long long* __restrict__ sums, const int64_t* __restrict__ params,
+                      const int64_t* __restrict__ positions, int64_t offset, int64_t* __restrict__ out) {
+    const uint32_t t = threadIdx.x, r = blockIdx.x;
+    Params p;
+    const bool valid = read_params(params, positions, offset, r, &p) && keeps_everything(p);
+    const double inverse = *scale, peak = best[r];
+    if (!valid || !finite(peak)) {  // the same answer on every thread of the block: all return here
+        if (t == 0) out[r] = valid ? sample_steps::kNotFinite : sample_steps::kParamsRefused;
+        return;
+    }
+    pick_in_id_order(logits + static_cast<size_t>(r) * row_stride, kind, vocab, spans,
+                     sums + static_cast<size_t>(r) * spans.count, p,
+                     [&](uint64_t, double x, uint32_t) { return fixed_weight(x, inverse, peak); }, out + r);
+}
+
+// ---- The nucleus: the rows the head leaves undecided (out[r] == kUndecided), decided over the whole vocabulary.
+// A row's top_p prefix of the stable descending sort is {w > w*} and the first c of {w == w*} by id, for the
+// boundary weight w* and count c. w = exp(x * (1/T) - best) does not decrease as the logit x grows, so the tokens
+// above a logit value are a prefix of that order, and w* is found by a radix select on x's bits made sortable (16,
+// 32 or 64 of them), eight bits a pass, each pass summing the candidates' fixed-point weights a digit (integers:
+// the sums do not depend on the order). The tokens of w*'s class may span several logit values (x = +0 and -0,
+// or values too close to move the difference with best): the class is widened while the next logit value present
+// above or below weighs w* too. Then the kept tokens' weights (with min_p) are summed a span and drawn from in id
+// order as the pick does. Four launches after the head: the first digit's sums a span, the rest of the cut a row,
+// the kept weights a span, the draw a row; every block of a row the head decided returns at once. --------------
+
+constexpr uint32_t kDigitBits = 8, kBins = 1u << kDigitBits;
+constexpr uint32_t kCutWords = 4;  // a row's cut: lowest and highest key of w*'s class, the last id kept, status
+constexpr uint64_t kCutFailed = 0, kCutPrefix = 1, kCutAll = 2;  // status: kCutFailed leaves the row undecided
+
+// exp(x * (1/T) - best) as sampling._weights computes it (fixed_weight's w).
+__device__ __forceinline__ double weight_of(double x, double inverse, double best) {
+    const double d = __dsub_rn(__dmul_rn(x, inverse), best);
+    return d < -1000.0 ? 0.0 : exp(d);
+}
+
+// The key bits a row kind's logits have.
+template <typename T>
+constexpr uint32_t kKeyBits = 8 * sizeof(T);
+template <typename T>
+__device__ __forceinline__ uint32_t digit_of(uint64_t key, uint32_t pass) {
+    return static_cast<uint32_t>(key >> (kKeyBits<T> - kDigitBits * (pass + 1))) & (kBins - 1);
+}
+
+// Whether the cut keeps the token of `key` at index i (kCutPrefix: above the class, or in it up to the last id kept).
+__device__ __forceinline__ bool cut_keeps(const unsigned long long* cut, uint64_t key, uint32_t i) {
+    return cut[3] == kCutAll || key > cut[1] || (key >= cut[0] && key <= cut[1] && i <= cut[2]);
+}
+
+// Block (span s, row r) of a row left undecided: the span's fixed-point weights summed by the first digit of their
+// keys into hist[(r * spans + s) * kBins + digit] (every digit written).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    nucleus_hist_kernel(const T* __restrict__ logits, uint32_t row_stride, uint32_t vocab, row_scan::Spans spans,
+                        const double* __restrict__ scale, const double* __restrict__ best,
+                        const int64_t* __restrict__ out, unsigned long long* __restrict__ hist) {
+    __shared__ unsigned long long bins[kBins];
+    const uint32_t t = threadIdx.x, s = blockIdx.x, r = blockIdx.y;
+    if (out[r] != sample_steps::kUndecided) return;
+    for (uint32_t b = t; b < kBins; b += kThreads) bins[b] = 0;
+    __syncthreads();
+    const double inverse = *scale, peak = best[r];
+    Values<T>::keyed(logits + static_cast<size_t>(r) * row_stride, vocab, spans, s,
+                     [&](uint64_t key, double x, uint32_t) {
+                         const uint64_t q = fixed_weight(x, inverse, peak);
+                         if (q != 0u) atomicAdd(&bins[digit_of<T>(key, 0)], static_cast<unsigned long long>(q));
+                     });
+    __syncthreads();
+    unsigned long long* mine = hist + (static_cast<size_t>(r) * spans.count + s) * kBins;
+    for (uint32_t b = t; b < kBins; b += kThreads) mine[b] = bins[b];
+}
+
+// Thread 0's step of the select: the highest digit whose bin, with every higher one, reaches `reach`; bins above it
+// are added to *above. False where none does (impossible: the bins hold the candidates' whole weight).
+__device__ inline bool settle(const unsigned long long* bins, unsigned long long reach, unsigned long long* above,
+                              uint32_t* digit) {
+    for (uint32_t b = kBins; b-- > 0;) {
+        if (*above + bins[b] >= reach) {
+            *digit = b;
+            return true;
+        }
+        *above += bins[b];
+    }
+    return false;
+}
+
+// The lowest key above `hi` and the highest below `lo` present in a row, with how many tokens hold each (a count of
+// 0: none).
+struct Neighbours {
+    unsigned long long up, down;
+    uint32_t up_n, down_n;
+};
+
+// Block r of a row left undecided: the rest of the select (the other digits, over the whole row), w*'s class, and
+// the id of the class's c-th token; written to cuts[r * kCutWords, +kCutWords). top_p = 1 (min_p alone) keeps all.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    nucleus_cut_kernel(const T* __restrict__ logits, uint32_t kind, uint32_t row_stride, uint32_t vocab,
+                       row_scan::Spans spans, const double* __restrict__ scale, const double* __restrict__ best,
+                       const unsigned long long* __restrict__ sums, const unsigned long long* __restrict__ hist,
+                       const int64_t* __restrict__ params, const int64_t* __restrict__ positions, int64_t offset,
+                       const int64_t* __restrict__ out, unsigned long long* __restrict__ cuts) {
+    constexpr uint32_t kPasses = kKeyBits<T> / kDigitBits;
+    __shared__ unsigned long long bins[kBins];
+    __shared__ uint32_t counts[kBins];
+    __shared__ unsigned long long prefix, above, reach, lo, hi, widened_above, members;
+    __shared__ uint32_t digit, tie_span;
+    __shared__ unsigned long long tie_rank;
+    __shared__ bool ok, widened;
+    __shared__ Neighbours near[kThreads];
+    __shared__ uint32_t span_members[1u << kSpanCap];
+    __shared__ uint8_t in_class[kSpanValues + 8];
+    __shared__ uint32_t parts[kThreads];
+    const uint32_t t = threadIdx.x, r = blockIdx.x;
+    if (out[r] != sample_steps::kUndecided) return;
+    Params p;
+    read_params(params, positions, offset, r, &p);  // in range: the head read them
+    unsigned long long* cut = cuts + static_cast<size_t>(r) * kCutWords;
+    if (p.top_p == 1.0) {  // min_p alone: every token passes the cut
+        if (t == 0) cut[0] = cut[1] = cut[2] = 0, cut[3] = kCutAll;
+        return;
+    }
+    const T* row = logits + static_cast<size_t>(r) * row_stride;
+    const double inverse = *scale, peak = best[r];
+    // the first digit: the spans' bins summed
+    for (uint32_t b = t; b < kBins; b += kThreads) {
+        unsigned long long total = 0;
+        for (uint32_t s = 0; s < spans.count; s++) total += hist[(static_cast<size_t>(r) * spans.count + s) * kBins + b];
+        bins[b] = total;
+    }
+    __syncthreads();
+    if (t == 0) {
+        reach = sample_steps::reach_of(p.top_p, row_mass(sums, spans.count, r));
+        above = 0;
+        ok = settle(bins, reach, &above, &digit);
+        prefix = digit;
+    }
+    __syncthreads();
+    // the other digits: the row's tokens whose keys start with the prefix, each pass over the whole row; the last
+    // pass's bins hold one logit value each, so they count tokens and weigh each value once
+    for (uint32_t pass = 1; pass < kPasses && ok; pass++) {
+        const bool last = pass + 1 == kPasses;
+        for (uint32_t b = t; b < kBins; b += kThreads) bins[b] = 0, counts[b] = 0;
+        __syncthreads();
+        const uint32_t shift = kKeyBits<T> - kDigitBits * pass;
+        const unsigned long long want = prefix;
+        for (uint32_t s = 0; s < spans.count; s++) {
+            Values<T>::keyed(row, vocab, spans, s, [&](uint64_t key, double x, uint32_t) {
+                if ((key >> shift) != want) return;
+                if (last) {
+                    atomicAdd(&counts[digit_of<T>(key, pass)], 1u);
+                } else {
+                    const uint64_t q = fixed_weight(x, inverse, peak);
+                    if (q != 0u) atomicAdd(&bins[digit_of<T>(key, pass)], static_cast<unsigned long long>(q));
+                }
+            });
+        }
+        __syncthreads();
+        if (last) {
+            for (uint32_t b = t; b < kBins; b += kThreads) {
+                const double x = Values<T>::value_of((want << kDigitBits) | b);
+                bins[b] = counts[b] == 0u ? 0u : counts[b] * fixed_weight(x, inverse, peak);
+            }
+            __syncthreads();
+        }
+        if (t == 0) {
+            ok = settle(bins, reach, &above, &digit);
+            prefix = (want << kDigitBits) | digit;
+        }
+        __syncthreads();
+    }
+    if (!ok) {
+        if (t == 0) cut[3] = kCutFailed;
+        return;
+    }
+    // w*'s class: the key found, widened while the next key present above or below weighs the same
+    const double w_star = weight_of(Values<T>::value_of(prefix), inverse, peak);
+    const uint64_t q_star = sample_steps::fixed_of(w_star);
+    if (t == 0) {
+        lo = hi = prefix;
+        members = counts[digit];
+        widened_above = 0;
+    }
+    __syncthreads();
+    for (;;) {
+        Neighbours mine{~0ull, 0ull, 0u, 0u};
+        const unsigned long long low = lo, high = hi;
+        for (uint32_t s = 0; s < spans.count; s++) {
+            Values<T>::keyed(row, vocab, spans, s, [&](uint64_t key, double, uint32_t) {
+                if (key > high && key <= mine.up) mine.up_n = key == mine.up ? mine.up_n + 1 : 1, mine.up = key;
+                if (key < low && key >= mine.down)
+                    mine.down_n = key == mine.down ? mine.down_n + 1 : 1, mine.down = key;
+            });
+        }
+        near[t] = mine;
+        __syncthreads();
+        row_scan::halving_tree<kThreads>([&](uint32_t a, uint32_t b) {
+            Neighbours& x = near[a];
+            const Neighbours& y = near[b];
+            if (y.up < x.up) x.up = y.up, x.up_n = y.up_n;
+            else if (y.up == x.up) x.up_n += y.up_n;
+            if (y.down > x.down) x.down = y.down, x.down_n = y.down_n;
+            else if (y.down == x.down) x.down_n += y.down_n;
+        });
+        if (t == 0) {
+            const Neighbours& n = near[0];
+            widened = false;
+            if (n.up_n != 0u && weight_of(Values<T>::value_of(n.up), inverse, peak) == w_star) {
+                hi = n.up, members += n.up_n, widened_above += n.up_n, widened = true;
+            }
+            if (n.down_n != 0u && weight_of(Values<T>::value_of(n.down), inverse, peak) == w_star) {
+                lo = n.down, members += n.down_n, widened = true;
+            }
+        }
+        __syncthreads();
+        if (!widened) break;
+    }
+    // c: the class's tokens kept, the fewest whose weights take the tokens above the class to the reach
+    const unsigned long long low = lo, high = hi;
+    const unsigned long long above_class = above - q_star * widened_above;
+    const unsigned long long wanted = (reach - above_class + q_star - 1) / q_star;
+    if (!(q_star > 0u && wanted >= 1u && wanted <= members)) {
+        if (t == 0) cut[3] = kCutFailed;
+        return;
+    }
+    // the class's wanted-th token by id: its span from each span's count of class tokens, then in id order there
+    for (uint32_t s = t; s < spans.count; s += kThreads) span_members[s] = 0;
+    __syncthreads();
+    for (uint32_t s = 0; s < spans.count; s++) {
+        uint32_t n = 0;
+        Values<T>::keyed(row, vocab, spans, s, [&](uint64_t key, double, uint32_t) { n += key >= low && key <= high; });
+        if (n != 0u) atomicAdd(&span_members[s], n);
+    }
+    __syncthreads();
+    if (t == 0) {
+        unsigned long long cumulative = 0;
+        tie_span = spans.count;  // the span holding it
+        for (uint32_t s = 0; s < spans.count; s++) {
+            if (cumulative + span_members[s] >= wanted) {
+                tie_span = s;
+                break;
+            }
+            cumulative += span_members[s];
+        }
+        tie_rank = wanted - cumulative;  // its rank among the span's class tokens
+    }
+    __syncthreads();
+    if (tie_span == spans.count) {  // impossible: the class holds `members` >= wanted tokens
+        if (t == 0) cut[3] = kCutFailed;
+        return;
+    }
+    uint32_t begin = 0, end = 0;
+    span_values(kind, vocab, spans, tie_span, &begin, &end);
+    Values<T>::keyed(row, vocab, spans, tie_span,
+                     [&](uint64_t key, double, uint32_t i) { in_class[i - begin] = key >= low && key <= high; });
+    __syncthreads();
+    const uint32_t n = end - begin, per = (n + kThreads - 1) / kThreads;
+    uint32_t part = 0;
+    for (uint32_t i = t * per; i < n && i < (t + 1) * per; i++) part += in_class[i];
+    parts[t] = part;
+    __syncthreads();
+    if (t == 0) {
+        unsigned long long rank = tie_rank;
+        uint64_t last = ~0ull;
+        for (uint32_t c = 0; c < kThreads && last == ~0ull; c++) {
+            if (parts[c] < rank) {
+                rank -= parts[c];
+                continue;
+            }
+            for (uint32_t i = c * per; i < n && i < (c + 1) * per; i++) {
+                rank -= in_class[i];
+                if (in_class[i] && rank == 0u) {
+                    last = begin + i;
+                    break;
+                }
+            }
+        }
+        cut[0] = low, cut[1] = high, cut[2] = last, cut[3] = last == ~0ull ? kCutFailed : kCutPrefix;
+    }
+}
+
+// Block (span s, row r) of a row left undecided: the span's kept weights (the cut's tokens with w >= min_p) summed
+// into kept[r * spans + s].
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    nucleus_kept_kernel(const T* __restrict__ logits, uint32_t row_stride, uint32_t vocab, row_scan::Spans spans,
+                        const double* __restrict__ scale, const double* __restrict__ best,
+                        const int64_t* __restrict__ params, const int64_t* __restrict__ out,
+                        const unsigned long long* __restrict__ cuts, unsigned long long* __restrict__ kept) {
+    __shared__ unsigned long long slots[kThreads];
+    const uint32_t t = threadIdx.x, s = blockIdx.x, r = blockIdx.y;
+    const unsigned long long* cut = cuts + static_cast<size_t>(r) * kCutWords;
+    if (out[r] != sample_steps::kUndecided || cut[3] == kCutFailed) return;
+    const double inverse = *scale, peak = best[r], min_p = __longlong_as_double(params[2]);
+    unsigned long long acc = 0;
+    Values<T>::keyed(logits + static_cast<size_t>(r) * row_stride, vocab, spans, s,
+                     [&](uint64_t key, double x, uint32_t i) {
+                         if (!cut_keeps(cut, key, i)) return;
+                         const double w = weight_of(x, inverse, peak);
+                         if (w >= min_p) acc += sample_steps::fixed_of(w);
+                     });
+    slots[t] = acc;
+    __syncthreads();
+    row_scan::halving_tree<kThreads>([&](uint32_t a, uint32_t b) { slots[a] += slots[b]; });
+    if (t == 0) kept[static_cast<size_t>(r) * spans.count + s] = slots[0];
+}
+
+// Block r of a row left undecided: the draw over its kept weights in id order (a cut that failed leaves it so).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    nucleus_pick_kernel(const T* __restrict__ logits, uint32_t kind, uint32_t row_stride, uint32_t vocab,
+                        row_scan::Spans spans, const double* __restrict__ scale, const double* __restrict__ best,
+                        const int64_t* __restrict__ params, const int64_t* __restrict__ positions, int64_t offset,
+                        const unsigned long long* __restrict__ cuts, const unsigned long long* __restrict__ kept,
+                        int64_t* __restrict__ out) {
+    const uint32_t r = blockIdx.x;
+    const unsigned long long* cut = cuts + static_cast<size_t>(r) * kCutWords;
+    // read before any thread can write it: pick_in_id_order passes block barriers first
+    if (out[r] != sample_steps::kUndecided || cut[3] == kCutFailed) return;
+    Params p;
+    read_params(params, positions, offset, r, &p);
+    const double inverse = *scale, peak = best[r];
+    pick_in_id_order(logits + static_cast<size_t>(r) * row_stride, kind, vocab, spans,
+                     kept + static_cast<size_t>(r) * spans.count, p,
+                     [&](uint64_t key, double x, uint32_t i) -> unsigned long long {
+                         if (!cut_keeps(cut, key, i)) return 0u;
+                         const double w = weight_of(x, inverse, peak);
+                         return w >= p.min_p ? sample_steps::fixed_of(w) : 0u;
+                     },
+                     out + r);
 }
 
 template <typename T>
@@ -274,6 +642,32 @@ void launch_pick(const void* logits, uint32_t kind, uint32_t row_stride, uint32_
                  const int64_t* params, const int64_t* positions, int64_t offset, int64_t* out, cudaStream_t st) {
     vocab_pick_kernel<T><<<rows, kThreads, 0, st>>>(static_cast<const T*>(logits), kind, row_stride, vocab, spans,
                                                    scale, best, sums, params, positions, offset, out);
+}
+
+// The nucleus's four launches after the head's, over the workspace after the spans' sums: the first digit's bins,
+// the spans' kept weights, then the rows' cuts (layout: nucleus_words).
+template <typename T>
+void launch_nucleus(const void* logits, uint32_t kind, uint32_t row_stride, uint32_t vocab, uint32_t rows,
+                    row_scan::Spans spans, const double* scale, const double* best, unsigned long long* work,
+                    const int64_t* params, const int64_t* positions, int64_t offset, int64_t* out, cudaStream_t st) {
+    const T* row = static_cast<const T*>(logits);
+    const size_t n = static_cast<size_t>(rows) * spans.count;
+    unsigned long long *sums = work, *hist = sums + n, *kept = hist + n * kBins, *cuts = kept + n;
+    nucleus_hist_kernel<T><<<dim3(spans.count, rows), kThreads, 0, st>>>(row, row_stride, vocab, spans, scale, best,
+                                                                         out, hist);
+    nucleus_cut_kernel<T><<<rows, kThreads, 0, st>>>(row, kind, row_stride, vocab, spans, scale, best, sums, hist,
+                                                     params, positions, offset, out, cuts);
+    nucleus_kept_kernel<T><<<dim3(spans.count, rows), kThreads, 0, st>>>(row, row_stride, vocab, spans, scale, best,
+                                                                         params, out, cuts, kept);
+    nucleus_pick_kernel<T><<<rows, kThreads, 0, st>>>(row, kind, row_stride, vocab, spans, scale, best, params,
+                                                      positions, offset, cuts, kept, out);
+}
+
+// The head's workspace in 8-byte words: the spans' sums, and where the nucleus takes the rows (spans its shared
+// memory holds: rows_fit's `whole`) its bins, kept weights and cuts too.
+uint64_t head_words(uint32_t kind, uint32_t vocab, uint32_t rows, bool nucleus) {
+    const uint64_t n = uint64_t(rows) * spans_of(kind, vocab).count;
+    return nucleus ? n * (kBins + 2) + uint64_t(rows) * kCutWords : n;
 }
 
 // Whether a call's rows fit the kernels: the kind, the alignment, and spans inside the proved domain. `whole`:
@@ -322,24 +716,43 @@ int elpis_vocab_draw_picks(uint32_t kind, uint32_t vocab) {
     return elpis_vocab_draw_spans(kind, vocab) > 0 && spans_of(kind, vocab).shift + unit_shift(kind) <= kSpanShift;
 }
 
+// The head's workspace a call of `rows` rows of `vocab` values of `kind` takes, in 8-byte words (0: out of range).
+uint64_t elpis_vocab_draw_head_words(uint32_t kind, uint32_t vocab, uint32_t rows) {
+    if (elpis_vocab_draw_spans(kind, vocab) < 0 || rows == 0u) return 0;
+    return head_words(kind, vocab, rows, elpis_vocab_draw_picks(kind, vocab) == 1);
+}
+
 // The head's draw (top_p < 1 or min_p > 0) of `rows` rows into out int64 [rows]: the mass of each row of `logits`,
 // then the draw from each row's `count` largest weights (weights float64 and ids int64 [rows, count], from
-// sampling.top_weights, whose best is `best`), on `stream` (a cudaStream_t passed as an address). Returns 0, -1
-// for arguments out of range, or the launches' cudaError_t.
+// sampling.top_weights, whose best is `best`), then the nucleus for the rows the head leaves undecided (where the
+// spans fit its shared memory: elpis_vocab_draw_picks), on `stream` (a cudaStream_t passed as an address).
+// `work`: elpis_vocab_draw_head_words words. Returns 0, -1 for arguments out of range, or the launches' cudaError_t.
 int elpis_vocab_draw_head(const void* logits, uint32_t kind, uint32_t row_stride, uint32_t vocab, uint32_t rows,
                           const double* scale, const double* weights, const int64_t* ids, const double* best,
                           uint32_t count, const int64_t* params, const int64_t* positions, int64_t offset,
-                          void* sums, uint64_t sums_bytes, int64_t* out, void* stream) {
+                          void* work, uint64_t work_bytes, int64_t* out, void* stream) {
     if (!rows_fit(logits, kind, row_stride, vocab, rows, false) || scale == nullptr || weights == nullptr ||
         ids == nullptr || best == nullptr || params == nullptr || positions == nullptr || out == nullptr)
         return -1;
     if (count == 0u || count > sample_steps::kMaxCount || count > vocab) return -1;
+    const bool nucleus = rows_fit(logits, kind, row_stride, vocab, rows, true);
+    if (work_bytes < 8u * head_words(kind, vocab, rows, nucleus)) return -1;
     const cudaStream_t st = static_cast<cudaStream_t>(stream);
-    if (!queue_mass(logits, kind, row_stride, vocab, rows, scale, best, sums, sums_bytes, st)) return -1;
+    if (!queue_mass(logits, kind, row_stride, vocab, rows, scale, best, work, work_bytes, st)) return -1;
+    const row_scan::Spans spans = spans_of(kind, vocab);
+    auto* words = static_cast<unsigned long long*>(work);
     const uint32_t blocks = (rows + kHeadThreads - 1) / kHeadThreads;
-    vocab_head_kernel<<<blocks, kHeadThreads, 0, st>>>(weights, ids, best, rows, count, vocab,
-                                                       static_cast<const unsigned long long*>(sums),
-                                                       spans_of(kind, vocab).count, params, positions, offset, out);
+    vocab_head_kernel<<<blocks, kHeadThreads, 0, st>>>(weights, ids, best, rows, count, vocab, words, spans.count,
+                                                       params, positions, offset, out);
+    if (nucleus && kind == kFp16)
+        launch_nucleus<__half>(logits, kind, row_stride, vocab, rows, spans, scale, best, words, params, positions,
+                               offset, out, st);
+    else if (nucleus && kind == kFp32)
+        launch_nucleus<float>(logits, kind, row_stride, vocab, rows, spans, scale, best, words, params, positions,
+                              offset, out, st);
+    else if (nucleus)
+        launch_nucleus<double>(logits, kind, row_stride, vocab, rows, spans, scale, best, words, params, positions,
+                               offset, out, st);
     return static_cast<int>(cudaGetLastError());
 }
 

@@ -592,13 +592,14 @@ def test_penalised_requests_adjust_their_rows_on_the_gpu(backend, decoder, tempe
         rounds.adjusting, rounds.sampled = was
 
 
-@pytest.mark.parametrize("case", ["temperature", "top_p", "penalised"])
+@pytest.mark.parametrize("case", ["temperature", "top_p", "min_p", "penalised"])
 def test_sampled_requests_without_top_k_draw_their_rounds_on_the_gpu(backend, decoder, case):  # noqa: F811
     """(p) Plain sampled decoding without top_k (host rounds of the anchor alone, the host's whole-vocabulary
     draw, no device draw installed) against the product path with whole-vocabulary rounds on the GPU
-    (exl3-vocab-draw): every token kept (the pick; a penalised request's float64 rows too), and top_p (the
-    head, whose rounds may be left to the host where a row's prefix runs past the 256 weights read: counted,
-    the tokens the same), with the draft's own trees and with the known continuation's deep trees."""
+    (exl3-vocab-draw): every token kept (the pick; a penalised request's float64 rows too), and top_p and
+    min_p (the head, and the nucleus for the random model's flat rows, whose cut runs past the 256 weights the
+    head reads), every round on the GPU, with the draft's own trees and with the known continuation's deep
+    trees."""
     from elpis.exl3 import round_adjust, vocab_draw
     from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
     from elpis.spec import sampling as sampler
@@ -607,6 +608,7 @@ def test_sampled_requests_without_top_k_draw_their_rounds_on_the_gpu(backend, de
     sampling = {
         "temperature": SamplingParams(temperature=0.8, seed=71),
         "top_p": SamplingParams(temperature=0.6, top_p=0.9, seed=72),
+        "min_p": SamplingParams(temperature=1.0, min_p=0.02, seed=74),
         "penalised": SamplingParams(temperature=0.9, seed=73, logit_bias=favoured, presence_penalty=1.5),
     }[case]
     ids = prompt(1300, 70 + len(case), backend.info.vocab_size)
@@ -635,13 +637,11 @@ def test_sampled_requests_without_top_k_draw_their_rounds_on_the_gpu(backend, de
         assert got == truth, f"rounds without top_k on the GPU differ from plain sampled decoding ({case})"
         undrawn = stats.faults_detected.get("undrawn", 0)
         print(f"(p) {case}: {stats.rounds} rounds, {rounds.rounds - before} on the GPU, {undrawn} undrawn")
-        if case != "top_p":  # the pick draws every row
-            assert rounds.rounds - before == stats.rounds and not stats.faults_detected
+        assert rounds.rounds - before == stats.rounds and not stats.faults_detected
         got, stats = with_known_continuation(rounds, truth, len(ids) - 1,
                                              lambda: tokens(speculative(backend, decoder)))  # fmt: skip
         assert got == truth, "the known continuation's rounds without top_k differ from plain decoding"
-        if case != "top_p":
-            assert max(stats.committed_per_round) >= 4, stats.committed_per_round
+        assert max(stats.committed_per_round) >= 4, stats.committed_per_round
     finally:
         rounds.whole_vocab, rounds.vocab_heads, rounds.adjusting = was
 

@@ -129,11 +129,11 @@ def sampled_logits(t: int, ties: bool = False) -> torch.Tensor:
     return row.half()
 
 
-def plain_sampled(prompt: list[int], n: int, params: SamplingParams) -> list[int]:
+def plain_sampled(prompt: list[int], n: int, params: SamplingParams, ties: bool = False) -> list[int]:
     """The sampled stand-in's plain decoding: each token drawn by the host for its absolute position."""
     out, t = [], prompt[-1]
     for i in range(n):
-        t = sample_rows(sampled_logits(t).unsqueeze(0), params, [len(prompt) + i])[0]
+        t = sample_rows(sampled_logits(t, ties).unsqueeze(0), params, [len(prompt) + i])[0]
         out.append(t)
     return out
 
@@ -903,9 +903,9 @@ def vocab_rounds(cpu_rounds: None, vocab_kernels: ctypes.CDLL, monkeypatch: pyte
 @pytest.fixture
 def sharp(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sampled stand-in's rows four times as sharp: a real model's heads, whose top_p prefix and min_p
-    cut lie
-    well inside the 256 weights the head reads on every row of a tree (the stand-in's own noise, 1.5 against a
-    maximum of 4, runs top_p 0.9's prefix past them, so every round would be the host's)."""
+    cut lie well inside the 256 weights the head reads on every row of a tree, so the head decides them (the
+    stand-in's own noise, 1.5 against a maximum of 4, runs top_p 0.9's prefix past them, for the nucleus:
+    test_a_cut_past_the_weights_read_is_drawn_on_the_device)."""
     plain_rows = sampled_logits
 
     def sharper(t: int, ties: bool = False) -> torch.Tensor:
@@ -970,20 +970,21 @@ def test_composed_draws_without_top_k_are_keyed_by_their_launch() -> None:
 
 
 @pytest.mark.usefixtures("vocab_rounds")
-def test_a_prefix_past_the_weights_read_is_undrawn() -> None:
-    """After TIED the stand-in's row is flat but for one token, so top_p 0.9's prefix runs past the 256
-    weights
-    the head reads: that round is undrawn, for the host to decide from the whole vocabulary."""
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.8, top_p=0.9, seed=5),
+                                    SamplingParams(temperature=0.8, min_p=1e-4, seed=6)],
+                         ids=["top_p", "min_p"])
+def test_a_cut_past_the_weights_read_is_drawn_on_the_device(params: SamplingParams) -> None:
+    """The stand-in's own rows (noise 1.5 against a maximum of 4) and its flat row after TIED run top_p 0.9's
+    prefix, and min_p 1e-4's cut, past the 256 weights the head reads: the nucleus decides those rows on the
+    device, plain sampled decoding's tokens with no round undrawn."""
     random.seed(57)
     prompt = [random.randrange(VOCAB) for _ in range(200)]
     prompt[-1] = TIED
     rounds = whole_vocab_driver(prompt, ties=True)
-    b = rounds.backend
-    rounds.start(context=[*b.tokens, b.anchor], remaining=20, tree_budget=RUN, stops=[], top_k=4,
-                 sampling=SamplingParams(temperature=0.8, top_p=0.9, seed=5))  # fmt: skip
-    done = rounds.round()
-    assert done.fault == UNDRAWN and done.tokens == ()
-    assert rounds.settle() is None and b.anchor == TIED
+    first = sampled_logits(TIED, ties=True).unsqueeze(0)
+    assert test_vocab_draw_emu.declined(first, params)  # the head alone leaves the first row undecided
+    got, faults = generate(rounds, 20, sampling=params)
+    assert got == plain_sampled(prompt, 20, params, ties=True) and not faults
 
 
 @pytest.mark.usefixtures("vocab_rounds")

@@ -22,12 +22,12 @@ arm's, and "gpu_rounds_save_ms" is what it saves a round against the sampled req
 With --gpu-adjusted, two more arms are the penalised requests (greedy and sampled, `presence_penalty` 1.5)
 with their rows adjusted on the GPU and their rounds there (registry patch exl3-round-adjust): their tokens
 must be the host-round arms', and "gpu_adjusted_saves_ms" is what they save a round.
-With --gpu-vocab, six more arms are sampled requests without top_k, as OpenAI clients send them (temperature
-alone, and temperature with top_p 0.8, warm and cold), on host rounds and with their rounds on the GPU
-(registry patches exl3-vocab-draw and -heads, session 57): the GPU arms' tokens must be the host arms', and
-"gpu_vocab_saves_ms" is what they save a round. A top_p row whose prefix runs past the 256 weights the GPU
-reads is the host's (an undrawn round), as a random model's flat rows may be: the JSON counts each arm's
-undrawn rounds.
+With --gpu-vocab, eight more arms are sampled requests without top_k, as OpenAI clients send them (temperature
+alone, temperature with top_p 0.8, warm and cold, and min_p 0.05), on host rounds and with their rounds on the
+GPU (registry patches exl3-vocab-draw and -heads, session 57): the GPU arms' tokens must be the host arms',
+and "gpu_vocab_saves_ms" is what they save a round. A random model's rows are flat, so top_p's prefix and
+min_p's cut run past the 256 weights the head reads: the nucleus decides those rows (session 59), and every
+round of a GPU arm must run on the GPU (the JSON still counts each arm's undrawn rounds).
 With --gpu-logprobs, four more arms ask for logprobs (top_logprobs 5), greedy and sampled: on host rounds,
 and with their rounds on the GPU (registry patch exl3-round-logprobs, session 58); each GPU arm's tokens and
 log-probabilities must be its host twin's, and "gpu_logprobs_saves_ms" is what its rounds save.
@@ -51,9 +51,10 @@ RECOMMENDED = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "seed": 3}
 VOCAB_ARMS: dict[str, dict[str, Any]] = {  # with --gpu-vocab: what OpenAI clients send, no top_k
     "temperature": {"temperature": 0.8, "seed": 4},
     "top_p": {"temperature": 0.7, "top_p": 0.8, "seed": 5},
-    # a random model's rows are flat, so top_p's prefix runs past the head's 256 weights; cold, they are
-    # peaked as a real model's, and the head's rounds run on the GPU
+    # a random model's rows are flat, so top_p's prefix runs past the head's 256 weights (for the nucleus);
+    # cold, they are peaked as a real model's, and the head decides
     "top_p-cold": {"temperature": 0.1, "top_p": 0.8, "seed": 6},
+    "min_p": {"temperature": 1.0, "min_p": 0.05, "seed": 7},  # flat rows: min_p's cut past the head too
 }
 LOGPROBS_ARMS: dict[str, dict[str, Any]] = {  # with --gpu-logprobs: five alternatives a token, as UIs ask
     "greedy+logprobs": {"top_logprobs": 5},
@@ -139,8 +140,7 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
         if rounds is not None:
             (rounds.sampled, rounds.adjusting, rounds.whole_vocab, rounds.vocab_heads,
              rounds.reports_logprobs) = kept
-    may_undraw = arm.get("top_p", 1.0) < 1.0 and not arm.get("top_k")
-    if on_gpu and not may_undraw and rounds.rounds - read_before < len(stamps) - 2:
+    if on_gpu and rounds.rounds - read_before < len(stamps) - 2:
         raise SystemExit(f"the GPU ran {rounds.rounds - read_before} of the request's {len(stamps) - 2} "
                          "rounds")  # fmt: skip
     seconds = [b - a for a, b in itertools.pairwise(stamps[1:])]
