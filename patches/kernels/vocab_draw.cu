@@ -517,8 +517,8 @@ __global__ void __launch_bounds__(kThreads)
     // c: the class's tokens kept, the fewest whose weights take the tokens above the class to the reach
     const unsigned long long low = lo, high = hi;
     const unsigned long long above_class = above - q_star * widened_above;
-    const unsigned long long wanted = (reach - above_class + q_star - 1) / q_star;
-    if (!(q_star > 0u && wanted >= 1u && wanted <= members)) {
+    const unsigned long long wanted = q_star == 0u ? 0u : (reach - above_class + q_star - 1) / q_star;
+    if (!(wanted >= 1u && wanted <= members)) {  // impossible: the last digit's bin holds the reach
         if (t == 0) cut[3] = kCutFailed;
         return;
     }
