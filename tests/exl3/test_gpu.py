@@ -51,17 +51,19 @@ def prompt(n: int, seed: int, vocab: int) -> list[int]:
 
 
 def spec_generate(
-    backend, decoder, ids: Sequence[int], tokens: int, drafter=None, budget: int = 8, draft_top_k: int = 1
+    backend, decoder, ids: Sequence[int], tokens: int, drafter=None, budget: int = 8, draft_top_k: int = 1,
+    sampling=None, top_logprobs: int | None = None,
 ):
     """The product path: the speculation core with the compiled, proven acceptor (chains by default:
-    draft_top_k=1)."""
+    draft_top_k=1; greedy unless `sampling` says otherwise)."""
     from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
 
     gen = SpeculativeGenerator(
         backend, decoder, drafter=drafter, tree_budget=budget if drafter else 1, draft_top_k=draft_top_k
     )
     request = GenerationRequest(
-        prompt_ids=tuple(ids), max_tokens=tokens, sampling=SamplingParams(), ignore_eos=True
+        prompt_ids=tuple(ids), max_tokens=tokens, sampling=sampling or SamplingParams(), ignore_eos=True,
+        top_logprobs=top_logprobs,
     )
     out, stats = [], None
     for step in gen.generate(request):
@@ -377,7 +379,9 @@ def test_24gib_budget_full_model(tree: bool, device_rounds: bool):
     (`exl3-device-rounds` with `exl3-embed-gather`: the served generator, its rounds' graphs, state blocks and
     record slots; since session 37), with whatever run choice the registry's switch gives (exl3-run-choice:
     both row counts' graphs captured; the JSON line names the rounds at each and the graphs' load-time
-    times). Needs the full synthetic checkpoints
+    times), then a second request continuing the first from the prefix cache, sampled with top_p and
+    asking for logprobs (session 59: its rounds on the GPU too, the random model's flat rows drawn by the
+    vocab draw's nucleus, and the logprobs' record buffers made). Needs the full synthetic checkpoints
     (ELPIS_FULL_TARGET / ELPIS_FULL_DRAFT); `elpis bench engine` records the same run."""
     target, draft = os.environ.get("ELPIS_FULL_TARGET"), os.environ.get("ELPIS_FULL_DRAFT")
     if not (target and draft):
@@ -406,12 +410,23 @@ def test_24gib_budget_full_model(tree: bool, device_rounds: bool):
         ids = prompt(262000, 1, b.info.vocab_size)
         loaded = torch.cuda.max_memory_allocated()
         out, _, rounds = {generate}
+        sampled_rounds = sampled_on_gpu = 0
+        if {device_rounds!r}:  # a sampled logprobs request after it, from the prefix cache
+            from elpis.spec import SamplingParams
+            before = b.device_rounds.rounds
+            more, cached, per_round = spec_generate(
+                b, BenchDecoder({target!r}), [*ids, *out], 64, drafter=b.drafter, budget={budget},
+                draft_top_k=DEFAULT_DRAFT_TOP_K, sampling=SamplingParams(temperature=0.7, top_p=0.9, seed=5),
+                top_logprobs=5)
+            assert len(more) == 64 and cached > 0, (len(more), cached)
+            sampled_rounds, sampled_on_gpu = len(per_round), b.device_rounds.rounds - before
         choice = b.run_choice
         timed = b.warmup.round_seconds if b.warmup else {{}}
         print(json.dumps({{"tokens": len(out), "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
                           "peak_after_load_gib": loaded / 2**30, "rounds": len(rounds), "tree": {tree!r},
                           "graph_replays": b.graphs.replays if b.graphs else None,
                           "device_rounds": b.device_rounds.rounds if b.device_rounds else None,
+                          "sampled_rounds": sampled_rounds, "sampled_rounds_on_gpu": sampled_on_gpu,
                           "runs_chosen": choice.chosen if choice else None,
                           "round_seconds": {{f"{{r}}/{{k}}": t for (r, k), t in timed.items()}}}}))
     """)
@@ -422,5 +437,6 @@ def test_24gib_budget_full_model(tree: bool, device_rounds: bool):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     print(json.dumps({"test": "24gib", **result}))
     assert result["tokens"] == 128 and result["peak_gib"] < 24.0
-    if device_rounds:  # every round went through the GPU's rounds, not a host fallback
-        assert result["device_rounds"] == result["rounds"] >= 1
+    if device_rounds:  # every round of both requests went through the GPU's rounds, not a host fallback
+        assert result["sampled_rounds_on_gpu"] == result["sampled_rounds"] >= 1
+        assert result["device_rounds"] == result["rounds"] + result["sampled_rounds"]
