@@ -392,8 +392,10 @@ struct Neighbours {
 
 // Block r of a row left undecided: the rest of the select (the other digits, over the whole row), w*'s class, and
 // the id of the class's c-th token; written to cuts[r * kCutWords, +kCutWords). top_p = 1 (min_p alone) keeps all.
+// A block a multiprocessor named in the bound: without it ptxas held the float64 build to 32 registers on sm_90 and
+// spilled 40 bytes (a row's cut is 16-odd blocks of the whole GPU, not an occupancy question).
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     nucleus_cut_kernel(const T* __restrict__ logits, uint32_t kind, uint32_t row_stride, uint32_t vocab,
                        row_scan::Spans spans, const double* __restrict__ scale, const double* __restrict__ best,
                        const unsigned long long* __restrict__ sums, const unsigned long long* __restrict__ hist,
@@ -472,7 +474,8 @@ __global__ void __launch_bounds__(kThreads)
         if (t == 0) cut[3] = kCutFailed;
         return;
     }
-    // w*'s class: the key found, widened while the next key present above or below weighs the same
+    // w*'s class: the key found, widened while the next key present above or below weighs the same. The same pass
+    // counts each span's tokens of the class as it stands, which the id cut below reads once the class holds.
     const double w_star = weight_of(Values<T>::value_of(prefix), inverse, peak);
     const uint64_t q_star = sample_steps::fixed_of(w_star);
     if (t == 0) {
@@ -480,18 +483,22 @@ __global__ void __launch_bounds__(kThreads)
         members = counts[digit];
         widened_above = 0;
     }
-    __syncthreads();
     for (;;) {
-        Neighbours mine{~0ull, 0ull, 0u, 0u};
+        for (uint32_t s = t; s < spans.count; s += kThreads) span_members[s] = 0;
+        __syncthreads();
+        unsigned long long up = ~0ull, down = 0;
+        uint32_t up_n = 0, down_n = 0;
         const unsigned long long low = lo, high = hi;
         for (uint32_t s = 0; s < spans.count; s++) {
+            uint32_t in = 0;
             Values<T>::keyed(row, vocab, spans, s, [&](uint64_t key, double, uint32_t) {
-                if (key > high && key <= mine.up) mine.up_n = key == mine.up ? mine.up_n + 1 : 1, mine.up = key;
-                if (key < low && key >= mine.down)
-                    mine.down_n = key == mine.down ? mine.down_n + 1 : 1, mine.down = key;
+                in += key >= low && key <= high;
+                if (key > high && key <= up) up_n = key == up ? up_n + 1 : 1, up = key;
+                if (key < low && key >= down) down_n = key == down ? down_n + 1 : 1, down = key;
             });
+            if (in != 0u) atomicAdd(&span_members[s], in);
         }
-        near[t] = mine;
+        near[t] = Neighbours{up, down, up_n, down_n};
         __syncthreads();
         row_scan::halving_tree<kThreads>([&](uint32_t a, uint32_t b) {
             Neighbours& x = near[a];
@@ -522,15 +529,7 @@ __global__ void __launch_bounds__(kThreads)
         if (t == 0) cut[3] = kCutFailed;
         return;
     }
-    // the class's wanted-th token by id: its span from each span's count of class tokens, then in id order there
-    for (uint32_t s = t; s < spans.count; s += kThreads) span_members[s] = 0;
-    __syncthreads();
-    for (uint32_t s = 0; s < spans.count; s++) {
-        uint32_t n = 0;
-        Values<T>::keyed(row, vocab, spans, s, [&](uint64_t key, double, uint32_t) { n += key >= low && key <= high; });
-        if (n != 0u) atomicAdd(&span_members[s], n);
-    }
-    __syncthreads();
+    // the class's wanted-th token by id: its span from the spans' counts, then in id order there
     if (t == 0) {
         unsigned long long cumulative = 0;
         tie_span = spans.count;  // the span holding it
