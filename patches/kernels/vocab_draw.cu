@@ -54,6 +54,11 @@ namespace {
 #ifndef ELPIS_VOCAB_DRAW_MAX_SPANS
 #define ELPIS_VOCAB_DRAW_MAX_SPANS 64
 #endif
+// The exp of the weights: CUDA's, as torch's. An emulated test build names a deliberately non-monotone one to check
+// that the nucleus never rests on exp being monotone (nucleus_kept_kernel's check).
+#ifndef ELPIS_VOCAB_DRAW_EXP
+#define ELPIS_VOCAB_DRAW_EXP exp
+#endif
 constexpr uint32_t kThreads = ELPIS_VOCAB_DRAW_THREADS;
 constexpr uint32_t kSpanValues = ELPIS_VOCAB_DRAW_SPAN_VALUES;
 static_assert(kThreads >= 32 && kThreads <= 1024 && (kThreads & (kThreads - 1)) == 0, "a power of two block");
@@ -149,7 +154,7 @@ struct Values<double> {
 // out-of-range path inlined sixteen times a vector pair (68-156 bytes on sm_90).
 __device__ __forceinline__ uint64_t fixed_weight(double x, double inverse, double best) {
     const double d = __dsub_rn(__dmul_rn(x, inverse), best);
-    return d < -1000.0 ? 0u : sample_steps::fixed_of(exp(d));
+    return d < -1000.0 ? 0u : sample_steps::fixed_of(ELPIS_VOCAB_DRAW_EXP(d));
 }
 
 // Block (span s, row r): the span's fixed-point weights summed into sums[r * spans + s] (0 for a row whose maximum
@@ -320,17 +325,22 @@ __global__ void __launch_bounds__(kThreads)
 // the sums do not depend on the order). The tokens of w*'s class may span several logit values (x = +0 and -0,
 // or values too close to move the difference with best): the class is widened while the next logit value present
 // above or below weighs w* too. Then the kept tokens' weights (with min_p) are summed a span and drawn from in id
-// order as the pick does. Four launches after the head: the first digit's sums a span, the rest of the cut a row,
+// order as the pick does. That the order of the logits is the weights' rests on exp being monotone, which CUDA does
+// not promise (its exp is within an ulp): the kept pass checks every token's weight against w* by its key (above the
+// class heavier, in it equal, below lighter), and a row where one is not is left to the host, so the tokens are the
+// host's either way. Four launches after the head: the first digit's sums a span, the rest of the cut a row,
 // the kept weights a span, the draw a row; every block of a row the head decided returns at once. --------------
 
 constexpr uint32_t kDigitBits = 8, kBins = 1u << kDigitBits;
-constexpr uint32_t kCutWords = 4;  // a row's cut: lowest and highest key of w*'s class, the last id kept, status
+// A row's cut: the lowest and highest key of w*'s class, the last id kept, the status, w*'s bits, and whether the
+// kept pass found a token's weight out of its key's order (then the row is left undecided).
+constexpr uint32_t kCutWords = 6;
 constexpr uint64_t kCutFailed = 0, kCutPrefix = 1, kCutAll = 2;  // status: kCutFailed leaves the row undecided
 
 // exp(x * (1/T) - best) as sampling._weights computes it (fixed_weight's w).
 __device__ __forceinline__ double weight_of(double x, double inverse, double best) {
     const double d = __dsub_rn(__dmul_rn(x, inverse), best);
-    return d < -1000.0 ? 0.0 : exp(d);
+    return d < -1000.0 ? 0.0 : ELPIS_VOCAB_DRAW_EXP(d);
 }
 
 // The key bits a row kind's logits have.
@@ -418,7 +428,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     read_params(params, positions, offset, r, &p);  // in range: the head read them
     unsigned long long* cut = cuts + static_cast<size_t>(r) * kCutWords;
     if (p.top_p == 1.0) {  // min_p alone: every token passes the cut
-        if (t == 0) cut[0] = cut[1] = cut[2] = 0, cut[3] = kCutAll;
+        if (t == 0) cut[0] = cut[1] = cut[2] = cut[4] = cut[5] = 0, cut[3] = kCutAll;
         return;
     }
     const T* row = logits + static_cast<size_t>(r) * row_stride;
@@ -574,29 +584,36 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         }
         cut[0] = low, cut[1] = high, cut[2] = last, cut[3] = last == ~0ull ? kCutFailed : kCutPrefix;
+        cut[4] = static_cast<unsigned long long>(__double_as_longlong(w_star)), cut[5] = 0;
     }
 }
 
 // Block (span s, row r) of a row left undecided: the span's kept weights (the cut's tokens with w >= min_p) summed
-// into kept[r * spans + s].
+// into kept[r * spans + s]; with a prefix cut, each token's weight checked against w* by its key (cut[5] set where
+// one is out of order).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     nucleus_kept_kernel(const T* __restrict__ logits, uint32_t row_stride, uint32_t vocab, row_scan::Spans spans,
                         const double* __restrict__ scale, const double* __restrict__ best,
                         const int64_t* __restrict__ params, const int64_t* __restrict__ out,
-                        const unsigned long long* __restrict__ cuts, unsigned long long* __restrict__ kept) {
+                        unsigned long long* __restrict__ cuts, unsigned long long* __restrict__ kept) {
     __shared__ unsigned long long slots[kThreads];
     const uint32_t t = threadIdx.x, s = blockIdx.x, r = blockIdx.y;
-    const unsigned long long* cut = cuts + static_cast<size_t>(r) * kCutWords;
+    unsigned long long* cut = cuts + static_cast<size_t>(r) * kCutWords;
     if (out[r] != sample_steps::kUndecided || cut[3] == kCutFailed) return;
     const double inverse = *scale, peak = best[r], min_p = __longlong_as_double(params[2]);
+    const bool prefix = cut[3] == kCutPrefix;
+    const double w_star = __longlong_as_double(static_cast<long long>(cut[4]));
     unsigned long long acc = 0;
+    bool out_of_order = false;
     Values<T>::keyed(logits + static_cast<size_t>(r) * row_stride, vocab, spans, s,
                      [&](uint64_t key, double x, uint32_t i) {
-                         if (!cut_keeps(cut, key, i)) return;
                          const double w = weight_of(x, inverse, peak);
-                         if (w >= min_p) acc += sample_steps::fixed_of(w);
+                         if (prefix)
+                             out_of_order |= key > cut[1] ? !(w > w_star) : key < cut[0] ? !(w < w_star) : w != w_star;
+                         if (cut_keeps(cut, key, i) && w >= min_p) acc += sample_steps::fixed_of(w);
                      });
+    if (out_of_order) cut[5] = 1;  // any block of the row may set it; the pick reads it after this launch
     slots[t] = acc;
     __syncthreads();
     row_scan::halving_tree<kThreads>([&](uint32_t a, uint32_t b) { slots[a] += slots[b]; });
@@ -614,7 +631,7 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t r = blockIdx.x;
     const unsigned long long* cut = cuts + static_cast<size_t>(r) * kCutWords;
     // read before any thread can write it: pick_in_id_order passes block barriers first
-    if (out[r] != sample_steps::kUndecided || cut[3] == kCutFailed) return;
+    if (out[r] != sample_steps::kUndecided || cut[3] == kCutFailed || cut[5] != 0) return;
     Params p;
     read_params(params, positions, offset, r, &p);
     const double inverse = *scale, peak = best[r];

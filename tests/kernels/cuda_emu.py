@@ -182,6 +182,15 @@ inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; 
 inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
 inline long long __double_as_longlong(double d) { long long i; std::memcpy(&i, &d, 8); return i; }
+// A deliberately non-monotone exp for kernels that must not rest on exp's monotonicity (a build names it
+// through a define): the CPU's exp, times (1 + 2^-40) for about half the arguments, picked by a hash of their
+// bits (tests/kernels/test_vocab_draw_emu.py restates it on the host).
+inline double emu_exp_bumped(double d) {
+    uint64_t bits;
+    std::memcpy(&bits, &d, 8);
+    const double e = std::exp(d);
+    return ((bits * 0x9E3779B97F4A7C15ull) >> 63) ? e * (1.0 + 0x1p-40) : e;
+}
 // Atomics: fibers switch only at barriers, so a plain read-modify-write is atomic here.
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
     const unsigned long long old = *p;

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import struct
 
 import pytest
 import torch
@@ -25,10 +26,12 @@ SMALL = {"THREADS": 32, "SPAN_VALUES": 256, "MAX_SPANS": 64}
 
 
 def build(tmp_path_factory: pytest.TempPathFactory, threads: int, span_values: int,
-          max_spans: int) -> ctypes.CDLL:
-    out = tmp_path_factory.mktemp(f"vocab_draw_{threads}_{span_values}")
+          max_spans: int, exp: str = "exp") -> ctypes.CDLL:
+    """An emulated build of the kernels (`exp`: the function its weights take, cuda_emu's emu_exp_bumped for a
+    non-monotone one)."""
+    out = tmp_path_factory.mktemp(f"vocab_draw_{threads}_{span_values}_{exp}")
     defines = {"ELPIS_VOCAB_DRAW_THREADS": threads, "ELPIS_VOCAB_DRAW_SPAN_VALUES": span_values,
-               "ELPIS_VOCAB_DRAW_MAX_SPANS": max_spans}  # fmt: skip
+               "ELPIS_VOCAB_DRAW_MAX_SPANS": max_spans, "ELPIS_VOCAB_DRAW_EXP": exp}  # fmt: skip
     needs = ("row_spans.h", "row_scan_schedule.h")
     built = cuda_emu.build_emulated(vocab_draw.SOURCE, out, launches=7, needs=needs, defines=defines)
     return vocab_draw.bind(built, threads=threads)
@@ -150,6 +153,45 @@ def test_a_weight_shared_by_several_logit_values_is_cut_by_id(dtype: torch.dtype
         assert len({t for t in got if t >= 10}) > 10  # most draws land among the shared weight's tokens
 
 
+def _bumped_exp(x: torch.Tensor) -> torch.Tensor:
+    """cuda_emu's emu_exp_bumped on the host: the CPU's exp, times (1 + 2^-40) for about half the arguments,
+    picked by a hash of their bits; not monotone where arguments closer than the bump straddle it."""
+    out = []
+    for d in x.flatten().tolist():
+        e = math.exp(d)
+        bits = struct.unpack("<Q", struct.pack("<d", d))[0]
+        out.append(e * (1.0 + 2.0**-40) if ((bits * 0x9E3779B97F4A7C15) & sampling.MASK64) >> 63 else e)
+    return torch.tensor(out, dtype=torch.float64).view(x.shape)
+
+
+def test_the_nucleus_does_not_rest_on_exp_being_monotone(tmp_path_factory: pytest.TempPathFactory,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With an exp that is not monotone (host and kernels the same one), the nucleus's select by logit order
+    is not the host's order by weight wherever the reversals reach its cut: the kept pass sees a weight out of
+    its key's order and leaves the row to the host. Rows whose reversals stay clear of the cut are still
+    drawn, the host's tokens."""
+    built = build(tmp_path_factory, *SMALL.values(), exp="emu_exp_bumped")
+    monkeypatch.setattr(vocab_draw, "_library", lambda: built)
+    monkeypatch.setattr(tensors, "KERNEL_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(sampling, "_row_exp", _bumped_exp)
+    params = SamplingParams(temperature=1.0, top_p=0.5, seed=3)
+    # consecutive doubles: x - best an ulp apart, so the bump reverses weights all through the row
+    vocab = 3001
+    x = 0.25 + torch.arange(vocab, dtype=torch.float64) * 2.0**-54
+    crowded = padded(x[torch.randperm(vocab, generator=torch.Generator().manual_seed(5))].unsqueeze(0))
+    w, _ = sampling._weights(crowded, params)
+    by_weight = torch.sort(w[0], descending=True, stable=True).indices
+    by_logit = torch.sort(crowded[0], descending=True, stable=True).indices
+    assert not torch.equal(by_weight, by_logit)  # the host's order is not the logits'
+    assert declined(crowded, params) and kernel_tokens(crowded, params, [7]) is None
+    # random rows: values far apart, the bump reverses nothing near a cut
+    rows = padded(rows_of_every_kind(3001, 2).to(torch.float64)[[0, 3, 7]])
+    positions = [11, 12, 13]
+    got = kernel_tokens(rows, params, positions)
+    assert got is not None and got == host_tokens(rows, params, positions)
+    assert declined(rows[1:2], params)  # the nearly flat row drawn by the nucleus
+
+
 @pytest.mark.usefixtures("on_cpu")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
 @pytest.mark.parametrize("filters", [{}, {"top_p": 0.95}], ids=["all", "top_p"])
@@ -256,7 +298,7 @@ def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
     assert head(top_p=1.0) == 0 and out.tolist() == [vocab_draw.PARAMS_REFUSED] * 2  # the pick's request
     # the head's workspace: the spans' sums, then the nucleus's bins (256 a span), kept weights and cuts
     spans = lib.elpis_vocab_draw_spans(0, 64)
-    assert work.numel() == 2 * spans * (256 + 2) + 2 * 4
+    assert work.numel() == 2 * spans * (256 + 2) + 2 * 6
     for bad in ({"count": 0}, {"count": 257}, {"work_bytes": 8 * work.numel() - 8}):
         assert head(**bad) == -1, bad
     assert lib.elpis_vocab_draw_head_words(3, 64, 2) == 0 and lib.elpis_vocab_draw_head_words(0, 64, 0) == 0
