@@ -231,7 +231,7 @@ class DeviceRounds:
     def __init__(
         self, backend: Exl3Backend, *, round_graphs: bool | None = None, sampled: bool | None = None,
         adjusting: bool | None = None, whole_vocab: bool | None = None, vocab_heads: bool | None = None,
-        logprobs: bool | None = None,
+        vocab_nucleus: bool | None = None, logprobs: bool | None = None,
     ) -> None:
         """`round_graphs`: each round key's rounds as one composed graph launch (`elpis.exl3.round_graph`);
         None: the registry switch exl3-round-graph. `sampled`: sampled top_k requests' rounds here too, their
@@ -241,8 +241,9 @@ class DeviceRounds:
         requests without top_k too, drawn over their whole vocabulary on the GPU (`elpis.exl3.vocab_draw`);
         None: the registry switch exl3-vocab-draw. `vocab_heads`: among those, the ones whose draw reads the
         rows' heads (top_p < 1 or min_p > 0) too; None: the registry switch exl3-vocab-draw-heads.
-        `logprobs`: requests with logprobs too (`reports_logprobs`); None: the registry switch
-        exl3-round-logprobs."""
+        `vocab_nucleus`: the heads' rows their weights do not decide drawn on the GPU too, over the whole row;
+        None: the registry switch exl3-vocab-draw-nucleus. `logprobs`: requests with logprobs too
+        (`reports_logprobs`); None: the registry switch exl3-round-logprobs."""
         graphs, drafter = backend.graphs, backend.drafter
         if not backend.tree or graphs is None or graphs.table is None:
             raise BackendError(
@@ -292,6 +293,8 @@ class DeviceRounds:
             round_adjust.load()
         self.whole_vocab = patches.enabled(vocab_draw.PATCH) if whole_vocab is None else whole_vocab
         self.vocab_heads = patches.enabled(vocab_draw.HEADS_PATCH) if vocab_heads is None else vocab_heads
+        self.vocab_nucleus = (patches.enabled(vocab_draw.NUCLEUS_PATCH) if vocab_nucleus is None
+                              else vocab_nucleus)  # fmt: skip
         if self.whole_vocab:
             vocab_draw.load()
         self.reports_logprobs = patches.enabled(LOGPROBS_PATCH) if logprobs is None else logprobs
@@ -330,6 +333,7 @@ class DeviceRounds:
         self.sampled = False  # whether sampled top_k requests' rounds run here (`draws`)
         self.whole_vocab = False  # whether sampled requests without top_k run here (`draws`)
         self.vocab_heads = False  # and among them those whose draw reads the rows' heads
+        self.vocab_nucleus = False  # and whether the head's launch decides the rows its weights do not
         self.sampling: SamplingParams | None = None  # the request's, None for a greedy one
         self.draw_params = torch.zeros((sample_draw.PARAM_WORDS,), dtype=torch.int64, device=dev)
         self.inverse_temperature = torch.zeros((1,), dtype=torch.float64, device=dev)
@@ -677,13 +681,15 @@ class DeviceRounds:
         return (id(c), id(dc), id(cond), slot, self.top_k, self._draw_shape(), self.adjusts,
                 self.top_logprobs is not None)
 
-    def _draw_shape(self) -> tuple[int, bool] | None:
+    def _draw_shape(self) -> tuple[int, bool, bool] | None:
         """What a sampled request's captured draw bakes in: its top_k (its shapes), and without top_k whether
-        it reads the rows' heads (`vocab_draw.reads_head`: which launch); None for a greedy request."""
+        it reads the rows' heads (`vocab_draw.reads_head`: which launch) and whether the nucleus follows the
+        head's launch; None for a greedy request."""
         params = self.sampling
         if params is None:
             return None
-        return params.top_k, not params.top_k and vocab_draw.reads_head(params)
+        heads = not params.top_k and vocab_draw.reads_head(params)
+        return params.top_k, heads, heads and self.vocab_nucleus
 
     def _compose(self, c: Captured, keys: tuple[DraftCaptured, ConditionCaptured], slot: int) -> None:
         """Compose the round key's graph from the pieces `_queue_pieces` ran (each captured by now)."""
@@ -768,7 +774,8 @@ class DeviceRounds:
         if params is not None:
             at = positions.to(torch.int64)
             if not params.top_k:  # over the whole vocabulary, as the host's draw
-                vocab_draw.queue(rows, params, self.inverse_temperature, self.draw_params, at, 1, self.ids)
+                vocab_draw.queue(rows, params, self.inverse_temperature, self.draw_params, at, 1, self.ids,
+                                 nucleus=self.vocab_nucleus)
             else:
                 width = min(params.top_k, out.shape[1])
                 top = sampling.top_weights(rows, params, width, self.inverse_temperature)

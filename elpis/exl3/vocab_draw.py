@@ -8,9 +8,10 @@ read back: the whole row's fixed-point mass, summed span by span, then either th
 min_p > 0: the row's HEAD_WIDTH + TOP_PAD largest weights, `sampling.top_weights`, ranked and cut against that
 mass, as `sample_draw`'s kernel does for top_k) or the pick (top_p = 1 and min_p = 0: every token kept, found
 in id order from the spans' sums). A row the head cannot decide (its top_p prefix runs past the weights read,
-or its smallest weight read is not clear below min_p: a flat row) goes to the nucleus: an exact radix select
-of top_p's prefix over the whole row, then the pick's draw over the kept tokens. Only rows whose spans the
-pick's shared memory does not hold (past the model's vocabulary) are left to the host.
+or its smallest weight read is not clear below min_p: a flat row) is left to the host, or with the switch
+`exl3-vocab-draw-nucleus` goes to the nucleus: an exact radix select of top_p's prefix over the whole row,
+then the pick's draw over the kept tokens (only rows whose spans the pick's shared memory does not hold, past
+the model's vocabulary, are then left to the host).
 
 `queue` runs inside a round's graph (`elpis.exl3.device_round`), its parameters read from device memory;
 `draw` serves host rounds on a CUDA device (`sampling.use_vocab_draw`). The tokens equal the host's under the
@@ -20,20 +21,22 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import torch
 
 from elpis import nvcc
-from elpis.exl3 import sample_draw, tensors
+from elpis.exl3 import patches, sample_draw, tensors
 from elpis.paths import PATCHES_DIR
 from elpis.spec import sampling
 from elpis.spec.sampling import SamplingParams
 
 PATCH = "exl3-vocab-draw"
-# the head's launch in rounds on the GPU (top_p < 1 or min_p > 0 without top_k), a switch of its own: it reads
-# the rows' heads and, for rows they do not decide (flat rows), runs the nucleus over the whole row
+# the head's launch in rounds on the GPU (top_p < 1 or min_p > 0 without top_k), a switch of its own
 HEADS_PATCH = "exl3-vocab-draw-heads"
+# the nucleus: rows the head's weights leave undecided (flat rows) decided over the whole row on the GPU
+# instead of by the host, in rounds on the GPU and in host rounds' draws alike
+NUCLEUS_PATCH = "exl3-vocab-draw-nucleus"
 SOURCE = PATCHES_DIR / "kernels" / "vocab_draw.cu"
 THREADS = 256  # the mass's and the pick's block
 HEAD_WIDTH = sample_draw.MAX_COUNT - sampling.TOP_PAD  # the head's weights read: the kernel's most, 256
@@ -44,8 +47,8 @@ PARAMS_REFUSED = sample_draw.PARAMS_REFUSED
 
 _VP, _U32, _U64, _I64 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int64
 ENTRY_ARGS: dict[str, tuple[type, ...]] = {
-    "elpis_vocab_draw_head": (_VP, _U32, _U32, _U32, _U32, _VP, _VP, _VP, _VP, _U32, _VP, _VP, _I64, _VP,
-                              _U64, _VP, _VP),
+    "elpis_vocab_draw_head": (_VP, _U32, _U32, _U32, _U32, _VP, _VP, _VP, _VP, _U32, _U32, _VP, _VP, _I64,
+                              _VP, _U64, _VP, _VP),
     "elpis_vocab_draw_pick": (_VP, _U32, _U32, _U32, _U32, _VP, _VP, _VP, _VP, _I64, _VP, _U64, _VP, _VP),
     "elpis_vocab_draw_spans": (_U32, _U32),
     "elpis_vocab_draw_picks": (_U32, _U32),
@@ -113,14 +116,14 @@ def _maxima(rows: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def queue(
     rows: torch.Tensor, params: SamplingParams, scale: torch.Tensor, block: torch.Tensor,
-    positions: torch.Tensor, offset: int, out: torch.Tensor,
+    positions: torch.Tensor, offset: int, out: torch.Tensor, *, nucleus: bool,
 ) -> None:
     """Queue the draws of every row of `rows` ([n, vocab], rows contiguous: a verify's logits read in place,
     or adjusted float64 rows) into `out` (int64 [n]: a token or one of the kernels' answers) in stream order,
     nothing read back. `scale` (float64 [1], the inverse temperature), `block` (int64 [3],
     `sample_draw.param_words`) and `positions` (int64 [n], row r drawing for positions[r] + offset) are read
     from device memory when it runs; `params` decides only which launch (`reads_head`) and is not read
-    otherwise."""
+    otherwise. `nucleus`: the head's launch decides the rows its weights do not (NUCLEUS_PATCH)."""
     if rows.dim() != 2 or rows.stride(1) != 1:
         raise ValueError(f"vocab draw: rows must be [n, vocab] with contiguous rows, got {list(rows.shape)}")
     n, vocab = rows.shape
@@ -135,7 +138,7 @@ def queue(
     if spans < 0:
         raise ValueError(f"vocab draw: a row of {vocab} values is past the proved row spans' domain")
     # the head's workspace holds the nucleus's bins, kept weights and cuts after the spans' sums
-    words = lib.elpis_vocab_draw_head_words(kind, vocab, n) if reads_head(params) else n * spans
+    words = lib.elpis_vocab_draw_head_words(kind, vocab, n) if reads_head(params) and nucleus else n * spans
     work = torch.empty(words, dtype=torch.int64, device=rows.device)
     stream = torch.cuda.current_stream(rows.device).cuda_stream if rows.device.type == "cuda" else None
     shape = (rows.data_ptr(), kind, rows.stride(0), vocab, n, scale.data_ptr())
@@ -145,7 +148,7 @@ def queue(
         top = sampling.top_weights(rows, params, min(HEAD_WIDTH, vocab), scale)
         count = top.w.shape[1]
         err = lib.elpis_vocab_draw_head(*shape, top.w.data_ptr(), top.ids.data_ptr(), top.best.data_ptr(),
-                                        count, *tail)  # fmt: skip
+                                        count, int(nucleus), *tail)  # fmt: skip
     else:
         best = _maxima(rows, scale)  # held while the launch is queued: the kernel reads it
         err = lib.elpis_vocab_draw_pick(*shape, best.data_ptr(), *tail)
@@ -154,10 +157,11 @@ def queue(
         raise RuntimeError(f"vocab draw kernel: {why}")
 
 
-def draw(logits: torch.Tensor, params: SamplingParams, positions: Sequence[int]) -> list[int] | None:
+def draw(logits: torch.Tensor, params: SamplingParams, positions: Sequence[int], *,
+         nucleus: bool = False) -> list[int] | None:
     """Every row's token, in one call and one read-back; None where the host should decide (rows these kernels
-    do not read, or a head not clear of the weights read on rows too long for the nucleus). A row whose
-    maximum is not finite is refused with ValueError, as the host refuses it."""
+    do not read, or a head not clear of the weights read, without the nucleus or on rows too long for it). A
+    row whose maximum is not finite is refused with ValueError, as the host refuses it."""
     if not takes(params):
         raise ValueError("vocab draw: a sampled request without top_k only")
     if logits.dim() != 2 or logits.shape[0] != len(positions):
@@ -172,11 +176,12 @@ def draw(logits: torch.Tensor, params: SamplingParams, positions: Sequence[int])
     scale = torch.tensor([params.inverse_temperature], dtype=torch.float64).to(device)
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=device)
     words = sample_draw.PARAM_WORDS
-    queue(logits, params, scale, block[:words], block[words:], 0, out)
+    queue(logits, params, scale, block[:words], block[words:], 0, out, nucleus=nucleus)
     return sample_draw.read_tokens(out, lambda: _maxima(logits, scale).tolist(), "vocab draw")
 
 
 def install() -> None:
-    """The registry patch's entry: draws without top_k of rows on a CUDA device go through the kernels."""
+    """The registry patch's entry: draws without top_k of rows on a CUDA device go through the kernels, with
+    the nucleus where its switch is on."""
     load()  # built (or its failure reported) now, at load, not inside the first request
-    sampling.use_vocab_draw(draw)
+    sampling.use_vocab_draw(partial(draw, nucleus=patches.enabled(NUCLEUS_PATCH)))

@@ -740,18 +740,19 @@ uint64_t elpis_vocab_draw_head_words(uint32_t kind, uint32_t vocab, uint32_t row
 
 // The head's draw (top_p < 1 or min_p > 0) of `rows` rows into out int64 [rows]: the mass of each row of `logits`,
 // then the draw from each row's `count` largest weights (weights float64 and ids int64 [rows, count], from
-// sampling.top_weights, whose best is `best`), then the nucleus for the rows the head leaves undecided (where the
-// spans fit its shared memory: elpis_vocab_draw_picks), on `stream` (a cudaStream_t passed as an address).
-// `work`: elpis_vocab_draw_head_words words. Returns 0, -1 for arguments out of range, or the launches' cudaError_t.
+// sampling.top_weights, whose best is `best`), then, with `nucleus` (registry switch exl3-vocab-draw-nucleus), the
+// nucleus for the rows the head leaves undecided (where the spans fit its shared memory: elpis_vocab_draw_picks), on
+// `stream` (a cudaStream_t passed as an address). `work`: elpis_vocab_draw_head_words words with the nucleus, the
+// spans' sums (rows * spans) without. Returns 0, -1 for arguments out of range, or the launches' cudaError_t.
 int elpis_vocab_draw_head(const void* logits, uint32_t kind, uint32_t row_stride, uint32_t vocab, uint32_t rows,
                           const double* scale, const double* weights, const int64_t* ids, const double* best,
-                          uint32_t count, const int64_t* params, const int64_t* positions, int64_t offset,
-                          void* work, uint64_t work_bytes, int64_t* out, void* stream) {
+                          uint32_t count, uint32_t nucleus_on, const int64_t* params, const int64_t* positions,
+                          int64_t offset, void* work, uint64_t work_bytes, int64_t* out, void* stream) {
     if (!rows_fit(logits, kind, row_stride, vocab, rows, false) || scale == nullptr || weights == nullptr ||
         ids == nullptr || best == nullptr || params == nullptr || positions == nullptr || out == nullptr)
         return -1;
-    if (count == 0u || count > sample_steps::kMaxCount || count > vocab) return -1;
-    const bool nucleus = rows_fit(logits, kind, row_stride, vocab, rows, true);
+    if (count == 0u || count > sample_steps::kMaxCount || count > vocab || nucleus_on > 1u) return -1;
+    const bool nucleus = nucleus_on == 1u && rows_fit(logits, kind, row_stride, vocab, rows, true);
     if (work_bytes < 8u * head_words(kind, vocab, rows, nucleus)) return -1;
     const cudaStream_t st = static_cast<cudaStream_t>(stream);
     if (!queue_mass(logits, kind, row_stride, vocab, rows, scale, best, work, work_bytes, st)) return -1;

@@ -597,9 +597,9 @@ def test_sampled_requests_without_top_k_draw_their_rounds_on_the_gpu(backend, de
     """(p) Plain sampled decoding without top_k (host rounds of the anchor alone, the host's whole-vocabulary
     draw, no device draw installed) against the product path with whole-vocabulary rounds on the GPU
     (exl3-vocab-draw): every token kept (the pick; a penalised request's float64 rows too), and top_p and
-    min_p (the head, and the nucleus for the random model's flat rows, whose cut runs past the 256 weights the
-    head reads), every round on the GPU, with the draft's own trees and with the known continuation's deep
-    trees."""
+    min_p (the head, and the nucleus, exl3-vocab-draw-nucleus, for the random model's flat rows, whose cut
+    runs past the 256 weights the head reads), every round on the GPU, with the draft's own trees and with the
+    known continuation's deep trees."""
     from elpis.exl3 import round_adjust, vocab_draw
     from elpis.spec import GenerationRequest, SamplingParams, SpeculativeGenerator
     from elpis.spec import sampling as sampler
@@ -628,8 +628,8 @@ def test_sampled_requests_without_top_k_draw_their_rounds_on_the_gpu(backend, de
     rounds = backend.device_rounds
     vocab_draw.load()
     round_adjust.load()
-    was = rounds.whole_vocab, rounds.vocab_heads, rounds.adjusting
-    rounds.whole_vocab = rounds.vocab_heads = rounds.adjusting = True
+    was = rounds.whole_vocab, rounds.vocab_heads, rounds.vocab_nucleus, rounds.adjusting
+    rounds.whole_vocab = rounds.vocab_heads = rounds.vocab_nucleus = rounds.adjusting = True
     try:
         assert rounds.draws(sampling)
         before = rounds.rounds
@@ -643,7 +643,7 @@ def test_sampled_requests_without_top_k_draw_their_rounds_on_the_gpu(backend, de
         assert got == truth, "the known continuation's rounds without top_k differ from plain decoding"
         assert max(stats.committed_per_round) >= 4, stats.committed_per_round
     finally:
-        rounds.whole_vocab, rounds.vocab_heads, rounds.adjusting = was
+        rounds.whole_vocab, rounds.vocab_heads, rounds.vocab_nucleus, rounds.adjusting = was
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])

@@ -914,9 +914,11 @@ def sharp(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(globals(), "sampled_logits", sharper)
 
 
-def whole_vocab_driver(prompt: list[int], wrong: float = 0.3, ties: bool = False) -> dr.DeviceRounds:
+def whole_vocab_driver(prompt: list[int], wrong: float = 0.3, ties: bool = False,
+                       nucleus: bool = True) -> dr.DeviceRounds:
     rounds = sampled_driver(prompt, wrong, ties)
     rounds.whole_vocab = rounds.vocab_heads = rounds.adjusting = True
+    rounds.vocab_nucleus = nucleus
     return rounds
 
 
@@ -985,6 +987,23 @@ def test_a_cut_past_the_weights_read_is_drawn_on_the_device(params: SamplingPara
     assert test_vocab_draw_emu.declined(first, params)  # the head alone leaves the first row undecided
     got, faults = generate(rounds, 20, sampling=params)
     assert got == plain_sampled(prompt, 20, params, ties=True) and not faults
+
+
+@pytest.mark.usefixtures("vocab_rounds")
+def test_without_the_nucleus_a_prefix_past_the_weights_read_is_undrawn() -> None:
+    """Without the nucleus (its switch off), the first row after TIED, flat but for one token, runs top_p
+    0.9's prefix past the 256 weights the head reads: that round is undrawn, for the host to decide from the
+    whole vocabulary."""
+    random.seed(57)
+    prompt = [random.randrange(VOCAB) for _ in range(200)]
+    prompt[-1] = TIED
+    rounds = whole_vocab_driver(prompt, ties=True, nucleus=False)
+    b = rounds.backend
+    rounds.start(context=[*b.tokens, b.anchor], remaining=20, tree_budget=RUN, stops=[], top_k=4,
+                 sampling=SamplingParams(temperature=0.8, top_p=0.9, seed=5))  # fmt: skip
+    done = rounds.round()
+    assert done.fault == UNDRAWN and done.tokens == ()
+    assert rounds.settle() is None and b.anchor == TIED
 
 
 @pytest.mark.usefixtures("vocab_rounds")

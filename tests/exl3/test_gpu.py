@@ -399,7 +399,8 @@ def test_24gib_budget_full_model(tree: bool, device_rounds: bool):
         import json, os, sys, torch
         sys.path.insert(0, {str(REPO)!r})
         if {device_rounds!r}:
-            os.environ.update(ELPIS_PATCH_DEVICE_ROUNDS="1", ELPIS_PATCH_EMBED_GATHER="1")
+            os.environ.update(ELPIS_PATCH_DEVICE_ROUNDS="1", ELPIS_PATCH_EMBED_GATHER="1",
+                              ELPIS_PATCH_VOCAB_DRAW_NUCLEUS="1")
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(24 * 2**30 / total)
         from tests.exl3.test_gpu import oracle_generate, prompt, spec_generate

@@ -6,6 +6,8 @@ the same tokens as without it. The CPU emulation's run is tests/kernels/test_voc
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -24,7 +26,7 @@ def draw():
     from elpis.exl3 import vocab_draw
 
     vocab_draw._library()
-    return vocab_draw.draw
+    return partial(vocab_draw.draw, nucleus=True)
 
 
 @pytest.mark.parametrize("vocab", [9001, 248_320])

@@ -1,10 +1,11 @@
 """The vocab draw kernels (patches/kernels/vocab_draw.cu) on the CPU, through the CUDA emulation of
 tests/kernels/cuda_emu.py: for sampled requests without top_k, their tokens are the host sampler's
 (`sampling._kept_fixed`, `_fixed_draws`) on rows of every kind, fp16 and float64, under every filter (top_p
-from 1e-300 to 1, min_p, both, neither); they decline exactly where a top_p prefix or min_p runs past the
-weights read, refuse non-finite rows as the host does, and refuse bad arguments. The emulated exp is the
-CPU's, so the host's `_row_exp` is the same function here (`math.exp` a value); on the GPU both are CUDA's exp
-(tests/kernels/test_vocab_draw.py)."""
+from 1e-300 to 1, min_p, both, neither). Without the nucleus they decline exactly where a top_p prefix or
+min_p runs past the weights read; with it those rows are drawn too (ties across logit values of one weight
+cut by id, a non-monotone exp's rows out of order left to the host). They refuse non-finite rows as the host
+does, and bad arguments. The emulated exp is the CPU's, so the host's `_row_exp` is the same function here
+(`math.exp` a value); on the GPU both are CUDA's exp (tests/kernels/test_vocab_draw.py)."""
 
 from __future__ import annotations
 
@@ -59,9 +60,11 @@ def host_tokens(logits: torch.Tensor, params: SamplingParams, positions: list[in
     return sampling._fixed_draws(sampling._kept_fixed(logits, params), params, positions)
 
 
-def kernel_tokens(logits: torch.Tensor, params: SamplingParams, positions: list[int]) -> list[int] | None:
-    """The kernels' tokens through the binding's call, which the CPU rows reach here as a device's would."""
-    return vocab_draw.draw(logits, params, positions)
+def kernel_tokens(logits: torch.Tensor, params: SamplingParams, positions: list[int],
+                  nucleus: bool = True) -> list[int] | None:
+    """The kernels' tokens through the binding's call, which the CPU rows reach here as a device's would (with
+    the nucleus unless told otherwise)."""
+    return vocab_draw.draw(logits, params, positions, nucleus=nucleus)
 
 
 def padded(logits: torch.Tensor) -> torch.Tensor:
@@ -115,7 +118,8 @@ FILTERS = [
 @pytest.mark.parametrize(("filters", "fewest"), FILTERS,
                          ids=[("-".join(f"{k}={v:g}" for k, v in f.items()) or "all") for f, _ in FILTERS])
 def test_the_kernels_tokens_are_the_hosts(seed: int, filters: dict, fewest: int) -> None:
-    """Every row drawn, each the host's token: by the head where its weights decide, else by the nucleus."""
+    """Every row drawn, each the host's token: by the head where its weights decide, else by the nucleus;
+    without the nucleus, the calls the head cannot decide are left to the host (None), and only those."""
     logits = padded(rows_of_every_kind(3001, seed))
     positions = [seed * 1000 + 17 * r for r in range(logits.shape[0])]
     by_nucleus = 0
@@ -123,8 +127,10 @@ def test_the_kernels_tokens_are_the_hosts(seed: int, filters: dict, fewest: int)
         params = SamplingParams(temperature=temperature, seed=seed - 7, **filters)
         for r in range(logits.shape[0]):
             row = logits[r : r + 1]
-            got = kernel_tokens(row, params, positions[r : r + 1])
-            assert got == host_tokens(row, params, positions[r : r + 1]), (r, temperature)
+            host = host_tokens(row, params, positions[r : r + 1])
+            assert kernel_tokens(row, params, positions[r : r + 1]) == host, (r, temperature)
+            alone = kernel_tokens(row, params, positions[r : r + 1], nucleus=False)
+            assert alone == (None if declined(row, params) else host), (r, temperature)
             by_nucleus += declined(row, params)
         # rows drawn together are each drawn as alone, whichever of them the nucleus decides
         got = kernel_tokens(logits, params, positions)
@@ -282,12 +288,14 @@ def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
 
     work = torch.zeros(lib.elpis_vocab_draw_head_words(0, 64, 2), dtype=torch.int64)
 
-    def head(*, count: int = 4, top_p: float = 0.5, min_p: float = 0.0, work_bytes: int | None = None) -> int:
+    def head(*, count: int = 4, top_p: float = 0.5, min_p: float = 0.0, work_bytes: int | None = None,
+             nucleus: int = 1) -> int:
         block = words(top_p, min_p)
         return lib.elpis_vocab_draw_head(rows.data_ptr(), 0, 64, 64, 2, scale.data_ptr(), w.data_ptr(),
-                                         ids.data_ptr(), best.data_ptr(), count, block.data_ptr(),
-                                         pos.data_ptr(), 0, work.data_ptr(), 8 * work.numel() if work_bytes
-                                         is None else work_bytes, out.data_ptr(), None)  # fmt: skip
+                                         ids.data_ptr(), best.data_ptr(), count, nucleus, block.data_ptr(),
+                                         pos.data_ptr(), 0, work.data_ptr(),
+                                         8 * work.numel() if work_bytes is None else work_bytes,
+                                         out.data_ptr(), None)  # fmt: skip
 
     assert pick() == 0 and all(0 <= t < 64 for t in out.tolist())
     for bad in ({"kind": 3}, {"stride": 60}, {"vocab": 65}, {"vocab": 0}, {"n": 0}, {"sums_bytes": 8}):
@@ -299,8 +307,9 @@ def test_bad_arguments_are_refused(lib: ctypes.CDLL) -> None:
     # the head's workspace: the spans' sums, then the nucleus's bins (256 a span), kept weights and cuts
     spans = lib.elpis_vocab_draw_spans(0, 64)
     assert work.numel() == 2 * spans * (256 + 2) + 2 * 6
-    for bad in ({"count": 0}, {"count": 257}, {"work_bytes": 8 * work.numel() - 8}):
+    for bad in ({"count": 0}, {"count": 257}, {"work_bytes": 8 * work.numel() - 8}, {"nucleus": 2}):
         assert head(**bad) == -1, bad
+    assert head(nucleus=0, work_bytes=8 * 2 * spans) == 0  # without the nucleus, the spans' sums alone
     assert lib.elpis_vocab_draw_head_words(3, 64, 2) == 0 and lib.elpis_vocab_draw_head_words(0, 64, 0) == 0
     # a row longer than the pick's spans hold: no nucleus, the spans' sums alone
     long = 64 * 256 + 1

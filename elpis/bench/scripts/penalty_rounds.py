@@ -24,10 +24,10 @@ with their rows adjusted on the GPU and their rounds there (registry patch exl3-
 must be the host-round arms', and "gpu_adjusted_saves_ms" is what they save a round.
 With --gpu-vocab, eight more arms are sampled requests without top_k, as OpenAI clients send them (temperature
 alone, temperature with top_p 0.8, warm and cold, and min_p 0.05), on host rounds and with their rounds on the
-GPU (registry patches exl3-vocab-draw and -heads, session 57): the GPU arms' tokens must be the host arms',
-and "gpu_vocab_saves_ms" is what they save a round. A random model's rows are flat, so top_p's prefix and
-min_p's cut run past the 256 weights the head reads: the nucleus decides those rows (session 59), and every
-round of a GPU arm must run on the GPU (the JSON still counts each arm's undrawn rounds).
+GPU (registry patches exl3-vocab-draw, -heads and -nucleus, sessions 57 and 59): the GPU arms' tokens must be
+the host arms', and "gpu_vocab_saves_ms" is what they save a round. A random model's rows are flat, so top_p's
+prefix and min_p's cut run past the 256 weights the head reads: the nucleus decides those rows (session 59),
+and every round of a GPU arm must run on the GPU (the JSON still counts each arm's undrawn rounds).
 With --gpu-logprobs, four more arms ask for logprobs (top_logprobs 5), greedy and sampled: on host rounds,
 and with their rounds on the GPU (registry patch exl3-round-logprobs, session 58); each GPU arm's tokens and
 log-probabilities must be its host twin's, and "gpu_logprobs_saves_ms" is what its rounds save.
@@ -104,8 +104,8 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
     on_gpu = bool(arm.get("gpu_sampled") or arm.get("gpu_adjusted") or arm.get("gpu_vocab"))
     if "top_logprobs" in arm:  # its rounds run on the GPU only where they report logprobs
         on_gpu = bool(arm.get("gpu_logprobs"))
-    kept = ((rounds.sampled, rounds.adjusting, rounds.whole_vocab, rounds.vocab_heads,
-             rounds.reports_logprobs) if rounds is not None else (False,) * 5)
+    kept = ((rounds.sampled, rounds.adjusting, rounds.whole_vocab, rounds.vocab_heads, rounds.vocab_nucleus,
+             rounds.reports_logprobs) if rounds is not None else (False,) * 6)
     read_before = rounds.rounds if rounds is not None else 0
     if on_gpu and rounds is None:
         raise SystemExit("--gpu-sampled and --gpu-adjusted need rounds on the GPU (exl3-device-rounds)")
@@ -125,7 +125,7 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
         sampler.use_device_draw(sample_draw.draw)
     if rounds is not None:  # sampled and adjusted rounds on the GPU in their own arms only, switches aside
         rounds.sampled, rounds.adjusting = bool(arm.get("gpu_sampled")), bool(arm.get("gpu_adjusted"))
-        rounds.whole_vocab = rounds.vocab_heads = bool(arm.get("gpu_vocab"))
+        rounds.whole_vocab = rounds.vocab_heads = rounds.vocab_nucleus = bool(arm.get("gpu_vocab"))
         rounds.reports_logprobs = bool(arm.get("gpu_logprobs"))
     try:
         stamps = [time.perf_counter()]
@@ -138,7 +138,7 @@ def rounds_of(backend: Any, decoder: Any, prompt: list[int], tokens: int, budget
     finally:
         sampler.use_device_draw(None)
         if rounds is not None:
-            (rounds.sampled, rounds.adjusting, rounds.whole_vocab, rounds.vocab_heads,
+            (rounds.sampled, rounds.adjusting, rounds.whole_vocab, rounds.vocab_heads, rounds.vocab_nucleus,
              rounds.reports_logprobs) = kept
     if on_gpu and rounds.rounds - read_before < len(stamps) - 2:
         raise SystemExit(f"the GPU ran {rounds.rounds - read_before} of the request's {len(stamps) - 2} "
