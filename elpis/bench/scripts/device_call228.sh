@@ -6,6 +6,7 @@
 #    round on the GPU now, plain decoding's tokens), with (a) beside it;
 # 2. penalty_rounds.py --gpu-vocab at 1K: top_p 0.8 and min_p 0.05 on flat rows, GPU rounds against host rounds
 #    (session 58: 19.38 ms with every device try undrawn against 18.58 on host rounds).
+# exl3-vocab-draw-nucleus is off by default: the tests and the bench arms turn it on themselves.
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
 LIMIT=${LIMIT:-570}
 T0=$(date +%s)

@@ -3,6 +3,7 @@
 # the served generator's rounds on the GPU, now followed by a sampled top_p request asking for logprobs from the
 # prefix cache: its rounds on the GPU through the vocab draw's nucleus (the random model's flat rows), and the
 # logprobs' record buffers (15.9 MB, made at the first such request; session 58 left them out of this test).
+# The test turns exl3-vocab-draw-nucleus (off by default) on for that mode.
 # Run with run(carry=[".whl", ".device"]) and ELPIS_GIT_REVISION set.
 LIMIT=${LIMIT:-300}
 T0=$(date +%s)
