@@ -132,6 +132,11 @@ NEUTRAL_PATCHES: dict[str, str] = {
     "GPU checks are test_vocab_draw.py's and test_device_round.py's)",
     "exl3-vocab-draw-heads": "runs the head's draws of exl3-vocab-draw in rounds on the GPU: the same "
     "kernels, the same tokens (the GPU check is test_device_round.py's (p) top_p)",
+    "exl3-vocab-draw-nucleus": "draws the rows the head's weights leave undecided over the whole row: "
+    "top_p's prefix by an exact integer select, the boundary's ties cut by id as the host's stable sort, "
+    "each weight checked against the boundary's by its key (a row out of order is the host's), so the host's "
+    "tokens (CPU emulation, a non-monotone exp included; the GPU checks are test_vocab_draw.py's and "
+    "test_device_round.py's (p))",
     "exl3-round-logprobs": "runs logprobs requests' rounds on the GPU: each round keeps its verify's logits "
     "and the host reads the committed rows' log-probabilities from them with the host's own function, so "
     "the same tokens and values (CPU: test_device_round_driver_cpu.py; the GPU check is "
