@@ -351,9 +351,17 @@ __device__ __forceinline__ uint32_t digit_of(uint64_t key, uint32_t pass) {
     return static_cast<uint32_t>(key >> (kKeyBits<T> - kDigitBits * (pass + 1))) & (kBins - 1);
 }
 
-// Whether the cut keeps the token of `key` at index i (kCutPrefix: above the class, or in it up to the last id kept).
-__device__ __forceinline__ bool cut_keeps(const unsigned long long* cut, uint64_t key, uint32_t i) {
-    return cut[3] == kCutAll || key > cut[1] || (key >= cut[0] && key <= cut[1] && i <= cut[2]);
+// A row's cut as the kept pass and the draw read it, once a block: which tokens it keeps (kCutPrefix: above the
+// class, or in it up to the last id kept; kCutAll: every token).
+struct Cut {
+    unsigned long long lo, hi, last;
+    bool all;
+    __device__ bool keeps(uint64_t key, uint32_t i) const {
+        return all || key > hi || (key >= lo && key <= hi && i <= last);
+    }
+};
+__device__ __forceinline__ Cut cut_of(const unsigned long long* cut) {
+    return Cut{cut[0], cut[1], cut[2], cut[3] == kCutAll};
 }
 
 // Block (span s, row r) of a row left undecided: the span's fixed-point weights summed by the first digit of their
@@ -602,16 +610,16 @@ __global__ void __launch_bounds__(kThreads)
     unsigned long long* cut = cuts + static_cast<size_t>(r) * kCutWords;
     if (out[r] != sample_steps::kUndecided || cut[3] == kCutFailed) return;
     const double inverse = *scale, peak = best[r], min_p = __longlong_as_double(params[2]);
-    const bool prefix = cut[3] == kCutPrefix;
+    const Cut c = cut_of(cut);
     const double w_star = __longlong_as_double(static_cast<long long>(cut[4]));
     unsigned long long acc = 0;
     bool out_of_order = false;
     Values<T>::keyed(logits + static_cast<size_t>(r) * row_stride, vocab, spans, s,
                      [&](uint64_t key, double x, uint32_t i) {
                          const double w = weight_of(x, inverse, peak);
-                         if (prefix)
-                             out_of_order |= key > cut[1] ? !(w > w_star) : key < cut[0] ? !(w < w_star) : w != w_star;
-                         if (cut_keeps(cut, key, i) && w >= min_p) acc += sample_steps::fixed_of(w);
+                         if (!c.all)  // heavier above the class, equal in it, lighter below
+                             out_of_order |= key > c.hi ? !(w > w_star) : key < c.lo ? !(w < w_star) : w != w_star;
+                         if (c.keeps(key, i) && w >= min_p) acc += sample_steps::fixed_of(w);
                      });
     if (out_of_order) cut[5] = 1;  // any block of the row may set it; the pick reads it after this launch
     slots[t] = acc;
@@ -635,10 +643,11 @@ __global__ void __launch_bounds__(kThreads)
     Params p;
     read_params(params, positions, offset, r, &p);
     const double inverse = *scale, peak = best[r];
+    const Cut c = cut_of(cut);
     pick_in_id_order(logits + static_cast<size_t>(r) * row_stride, kind, vocab, spans,
                      kept + static_cast<size_t>(r) * spans.count, p,
                      [&](uint64_t key, double x, uint32_t i) -> unsigned long long {
-                         if (!cut_keeps(cut, key, i)) return 0u;
+                         if (!c.keeps(key, i)) return 0u;
                          const double w = weight_of(x, inverse, peak);
                          return w >= p.min_p ? sample_steps::fixed_of(w) : 0u;
                      },
