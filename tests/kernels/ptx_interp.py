@@ -34,13 +34,15 @@ cores' summation), not the GPU's bits. An `extern __shared__` array (dynamic sha
 `dynamic_shared` bytes `run_block` is given.
 
 Implemented: integer and predicate arithmetic (integer div rounded toward zero; a zero divisor and the signed
-minimum over -1 refused), byte permutes, bit inserts, float64 add/sub/min/max and comparisons; float32 add,
-sub, mul (correctly rounded), fma in every rounding mode (exact: in float64 where TwoSum shows the sum exact,
-else in rationals), div.rn and sqrt.rn (correctly rounded), comparisons, widening cvt (fp16 and bf16
-included), cvt.rn.bf16.f32, cvt.rn.f16.f32 (a NaN refused), cvt from integers and cvt.sat; loads and
-stores of every space, ld.param through a parameter's address (a struct parameter indexed at run time),
-branches; inline asm's { } scopes, whose `.reg` names are renamed apart; module-scope .shared variables (a
-device function's static __shared__), given to each entry that names them.
+minimum over -1 refused), byte permutes, bit inserts, float64 add/sub/mul/min/max, abs and comparisons;
+float32 add, sub, mul (correctly rounded), fma in every rounding mode (exact: in float64 where TwoSum shows
+the sum exact, else in rationals), float64 fma.rn (exact, in rationals), div.rn and sqrt.rn (correctly
+rounded), comparisons, widening cvt (fp16 and bf16 included), cvt.rn.bf16.f32, cvt.rn.f16.f32 (a NaN
+refused), cvt from integers (to float64 by rn), a float to an integral value of its own type (rni, rzi, rmi,
+rpi) and cvt.sat; loads and stores of every space, ld.param through a parameter's address (a struct
+parameter indexed at run time), branches; inline asm's { } scopes, whose `.reg` names are renamed apart;
+module-scope .shared variables (a device function's static __shared__, arrays and scalars), given to each
+entry that names them.
 
 `Machine.watch(addr, nbytes)` records every load and store touching a range (`Watch.touches`: thread, PTX
 line, address, size, barriers passed, run order), so a test can check which places each thread reads and
@@ -48,7 +50,8 @@ writes, in its program order; `Machine.symbol` gives a shared variable's address
 unrounded mul.f32 read by an unrounded add or sub (which ptxas may fuse into one fma) and approximate
 instructions (ex2.approx) are refused unless the machine is `approximate=True`, where the add is rounded twice
 and 2^x correctly rounded: results PTX allows, not necessarily the GPU's bits. Any other opcode or modifier
-raises `PtxUnsupported` naming it, so a test fails loudly instead of interpreting it wrongly. No atomics,
+raises `PtxUnsupported` naming it, so a test fails loudly instead of interpreting it wrongly. Atomics:
+atom.shared.add on u32 and u64 only (the race detector lets atomics meet atomics, not plain accesses). No
 calls, vote, match or warp barriers.
 """
 
@@ -74,6 +77,17 @@ _REG_WIDTH = {"%p": 1, "%rs": 16, "%r": 32, "%rd": 64, "%f": 32, "%fd": 64, "%SP
 _ENTRY = re.compile(r"^(?:\.visible\s+)?\.entry\s+(\S+)\($")
 _PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+([^\s\[,]+)(?:\[(\d+)\])?,?$")
 _SPACE_DECL = re.compile(r"^\.(local|shared)\s+\.align\s+(\d+)\s+\.b8\s+(\S+)\[(\d+)\];$")
+# a scalar variable (`static __shared__ unsigned long long x;`): (space, alignment, type, name)
+_SCALAR_DECL = re.compile(r"^\.(local|shared)\s+\.align\s+(\d+)\s+\.([busf](?:8|16|32|64))\s+([^\s\[\]]+);$")
+
+
+def _space_decl(line: str) -> tuple[str, str, int, int] | None:
+    """(space, name, alignment, bytes) of a .local or .shared declaration: a .b8 array or a scalar."""
+    if (m := _SPACE_DECL.match(line)) is not None:
+        return m.group(1), m.group(3), int(m.group(2)), int(m.group(4))
+    if (m := _SCALAR_DECL.match(line)) is not None:
+        return m.group(1), m.group(4), int(m.group(2)), int(m.group(3)[1:]) // 8
+    return None
 _DYNAMIC_SHARED = re.compile(r"^\.extern\s+\.shared\s+\.align\s+(\d+)\s+\.b8\s+(\S+)\[\];$")
 _ADDRESS = re.compile(r"\[([^+\]]+)(?:\+(-?(?:0x[0-9a-fA-F]+|\d+)))?\]")
 _BLOCK_DIRECTIVE = re.compile(r"\.(maxntid|reqntid|minnctapersm|maxnreg)\s+([\d,\s]+)")
@@ -210,9 +224,9 @@ class PtxProgram:
         while i < len(lines):
             if ".func" in lines[i].split("//", 1)[0]:
                 raise PtxUnsupported(f"device functions ({lines[i].strip()})")
-            dm = _SPACE_DECL.match(lines[i].strip())
-            if dm is not None and dm.group(1) == "shared":
-                self.module_shared.append(("shared", dm.group(3), int(dm.group(2)), int(dm.group(4))))
+            dm = _space_decl(lines[i].strip())
+            if dm is not None and dm[0] == "shared":
+                self.module_shared.append(dm)
             if (xm := _DYNAMIC_SHARED.match(lines[i].strip())) is not None:
                 self.module_dynamic.append((xm.group(2), int(xm.group(1))))
             m = _ENTRY.match(lines[i])
@@ -263,9 +277,9 @@ class PtxProgram:
             if line.endswith(":"):
                 labels[line[:-1]] = len(code)
                 continue
-            dm = _SPACE_DECL.match(line)
+            dm = _space_decl(line)
             if dm:
-                decls.append((dm.group(1), dm.group(3), int(dm.group(2)), int(dm.group(4))))
+                decls.append(dm)
                 continue
             if line.startswith(".") or not line.endswith(";"):
                 raise PtxUnsupported(f"{line!r}")
@@ -579,9 +593,9 @@ class _Thread:
             raise PtxUnsupported(f"address {op!r}")
         return (self.value(parts[0]) + parts[1]) & _mask(64)
 
-    def note(self, addr: int, nbytes: int, write: bool) -> None:
-        """A load's or store's bytes, for the block's race detector (a one-thread launch has none) and the
-        machine's watches."""
+    def note(self, addr: int, nbytes: int, write: bool, atomic: bool = False) -> None:
+        """A load's or store's bytes (or an atomic's, `atomic`), for the block's race detector (a one-thread
+        launch has none) and the machine's watches."""
         for w in self.m.watches:
             if addr < w.high and w.low < addr + nbytes:
                 barriers = self.block.report.barriers if self.block is not None else 0
@@ -589,7 +603,7 @@ class _Thread:
                 w.touches.append(Touch(self.m.touches, self.tid, line, addr, nbytes, write, barriers))
                 self.m.touches += 1
         if self.block is not None:
-            self.block.note(self.tid, self.entry.code[self.pc - 1].line, addr, nbytes, write)
+            self.block.note(self.tid, self.entry.code[self.pc - 1].line, addr, nbytes, write, atomic)
 
     def run(self, max_steps: int) -> int:
         """Run a one-thread launch to its end; the instructions run."""
@@ -685,6 +699,7 @@ class _Block:
         self.writer: dict[int, Access] = {}
         self.reader: dict[int, Access] = {}  # the interval's first reader of a byte
         self.other_reader: dict[int, Access] = {}  # a reader other than the first, if any
+        self.atomic: dict[int, Access] = {}  # the interval's first atomic on a byte
         self.written: set[int] = set()  # shared bytes written this launch
         self._seen: set[tuple[int, int]] = set()  # (line, line) pairs already reported
         self._unwritten_lines: set[int] = set()
@@ -694,12 +709,27 @@ class _Block:
             return "shared"
         return None if self.private[0] <= addr < self.private[1] else "global"
 
-    def note(self, thread: int, line: int, addr: int, nbytes: int, write: bool) -> None:
+    def note(self, thread: int, line: int, addr: int, nbytes: int, write: bool, atomic: bool = False) -> None:
+        """An access's bytes. Atomics on a byte do not race with each other (each is one indivisible
+        read-modify-write, in whatever order), but do with any plain load or store of it in the interval."""
         space = self.space(addr)
         if space is None:  # a thread's own local depot: no other thread can reach it
             return
         me = Access(thread, line, write)
+        if atomic:
+            for b in range(addr, addr + nbytes):
+                for other in (self.writer.get(b), self.reader.get(b), self.other_reader.get(b)):
+                    if other is not None and other.thread != thread:
+                        self._race(b, space, other, me)
+                self.atomic.setdefault(b, me)
+                if space == "shared" and b not in self.written and line not in self._unwritten_lines:
+                    self._unwritten_lines.add(line)
+                    self.report.unwritten_reads.append((me, b))
+            return
         for b in range(addr, addr + nbytes):
+            a = self.atomic.get(b)
+            if a is not None and a.thread != thread:
+                self._race(b, space, a, me)
             w = self.writer.get(b)
             if w is not None and w.thread != thread:
                 self._race(b, space, w, me)
@@ -731,6 +761,7 @@ class _Block:
         self.writer.clear()
         self.reader.clear()
         self.other_reader.clear()
+        self.atomic.clear()
         self.report.barriers += 1
 
 
@@ -1237,6 +1268,12 @@ def _cvt(t: _Thread, mods: list[str], ops: list[str]) -> None:
         return
     if (dk, sk, rounding) == ("f", "f", None) and dw > sw:  # widening is exact (a NaN's payload: numpy's)
         t.set(ops[0], _from_float(_to_float(a, sw), dw))
+    elif (dk, sk) == ("f", "f") and dw == sw and rounding in _TO_INTEGER:  # to an integral value, same type
+        x = _to_float(a, sw)
+        r = x if not math.isfinite(x) else float(_TO_INTEGER[rounding](x))
+        t.set(ops[0], _from_float(math.copysign(r, x) if r == 0 else r, dw))  # floor(-0.5) is -1, trunc -0
+    elif (dk, dw) == ("f", 64) and sk in ("s", "u") and rounding == "rn":  # Python's float(int) rounds so
+        t.set(ops[0], _from_float(float(_signed(a, sw) if sk == "s" else a), 64))
     elif sk == "f" and dk in ("s", "u") and rounding in _TO_INTEGER:
         t.set(ops[0], _float_to_integer(_to_float(a, sw), rounding, dk == "s", dw))
     elif "f" in (dk, sk) or rounding is not None:
@@ -1270,9 +1307,32 @@ def _round_f32(q: Fraction, mode: str) -> int:
     return bits | (0x80000000 if negative else 0)
 
 
+def _fma_f64(t: _Thread, ops: list[str]) -> None:
+    """fma.rn.f64: a * b + c rounded once to nearest even from its exact value (a rational; Python's float of
+    a Fraction rounds correctly, subnormals included). Infinities and NaNs as IEEE gives them; an overflow is
+    refused."""
+    a, b, c = (_to_float(t.value(op), 64) for op in ops[1:4])
+    if not (math.isfinite(a) and math.isfinite(b) and math.isfinite(c)):
+        t.set(ops[0], _from_float(a * b + c, 64))
+        return
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    if exact == 0:  # two zeros of one sign keep it; an exact cancellation is +0
+        product_negative = (math.copysign(1.0, a) < 0) != (math.copysign(1.0, b) < 0)
+        negative = a * b == 0 and c == 0 and product_negative and math.copysign(1.0, c) < 0
+        t.set(ops[0], _from_float(-0.0 if negative else 0.0, 64))
+        return
+    try:
+        t.set(ops[0], _from_float(float(exact), 64))
+    except OverflowError as e:
+        raise PtxUnsupported("fma.rn.f64 past the largest double") from e
+
+
 def _fma(t: _Thread, mods: list[str], ops: list[str]) -> None:
     """fma.rn/rz/rm/rp.f32: a * b + c rounded once from its exact value (in float64 where TwoSum shows the
-    sum exact there, else in rationals)."""
+    sum exact there, else in rationals); fma.rn.f64 (`_fma_f64`)."""
+    if mods == ["rn", "f64"]:
+        _fma_f64(t, ops)
+        return
     if len(mods) != 2 or mods[0] not in ("rn", "rz", "rm", "rp") or mods[1] != "f32":
         raise PtxUnsupported(f"fma.{'.'.join(mods)}")
     a, b, c = _to_float(t.value(ops[1]), 32), _to_float(t.value(ops[2]), 32), _to_float(t.value(ops[3]), 32)
@@ -1454,6 +1514,30 @@ def _st(t: _Thread, mods: list[str], ops: list[str]) -> None:
         t.m.store(addr + i * nbytes, nbytes, t.value(v))
 
 
+def _atom(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    """atom.shared.add.u32 / .u64 (d = the old value, the sum stored): one indivisible read-modify-write, so
+    the race detector lets atomics on a byte meet each other, not plain accesses."""
+    if len(mods) != 3 or mods[0] != "shared" or mods[1] != "add" or mods[2] not in ("u32", "u64"):
+        raise PtxUnsupported(f"atom.{'.'.join(mods)}")
+    bits = int(mods[2][1:])
+    addr, nbytes = t.address(ops[1]), bits // 8
+    if addr % nbytes:
+        raise RuntimeError(f"misaligned {bits}-bit atomic at {addr:#x}")
+    t.note(addr, nbytes, write=True, atomic=True)
+    old = t.m.load(addr, nbytes)
+    t.m.store(addr, nbytes, (old + t.value(ops[2])) & _mask(bits))
+    t.set(ops[0], old)
+
+
+def _abs(t: _Thread, mods: list[str], ops: list[str]) -> None:
+    """abs.f32 / .f64 (the sign bit cleared, NaN or not; no ftz) and abs.s32 / .s64."""
+    kind, width = _type_of(mods[-1])
+    if len(mods) != 1:
+        raise PtxUnsupported(f"abs.{'.'.join(mods)}")
+    a = t.value(ops[1]) & _mask(width)
+    t.set(ops[0], a & ~(1 << (width - 1)) if kind == "f" else abs(_signed(a, width)))
+
+
 _HANDLERS: dict[str, _Handler] = {
     "add": _binary("add", lambda a, b, k, w: a + b),
     "sub": _binary("sub", lambda a, b, k, w: a - b),
@@ -1482,4 +1566,6 @@ _HANDLERS: dict[str, _Handler] = {
     "popc": _popc,
     "ld": _ld,
     "st": _st,
+    "atom": _atom,
+    "abs": _abs,
 }
