@@ -46,7 +46,7 @@ def program(request: pytest.FixtureRequest) -> PtxProgram:
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """The same build emulated: the spans it cuts a row into (the launches' argument)."""
+    """The same build emulated: the spans it cuts a row into (the launches' argument) and its workspace."""
     return test_vocab_draw_emu.build(tmp_path_factory, THREADS, SPAN_VALUES, MAX_SPANS)
 
 
@@ -81,7 +81,9 @@ def interpreted_nucleus(program: PtxProgram, emulated: ctypes.CDLL, rows: torch.
     block = m.put(np.array(sample_draw.param_words(params), dtype=np.int64))
     at = m.put(np.array(positions, dtype=np.int64))
     out = m.put(np.full(n, vocab_draw.EDGE_UNCLEAR, dtype=np.int64))
-    sums = m.put(np.zeros(n * count * (256 + 2) + n * CUT_WORDS, dtype=np.int64))
+    words = n * count * (256 + 2) + n * CUT_WORDS  # the head entry's layout: sums, bins, kept weights, cuts
+    assert emulated.elpis_vocab_draw_head_words(vocab_draw.KINDS[dtype], vocab, n) == words
+    sums = m.put(np.zeros(words, dtype=np.int64))
     hist = sums + 8 * n * count
     kept = hist + 8 * n * count * 256
     cuts = kept + 8 * n * count
