@@ -148,13 +148,17 @@ struct Values<double> {
     }
 };
 
-// sampling._weights then _fixed_weights of one value: exp(x * (1/T) - best), each operation rounded once (no fma
-// contraction), floor(w * 2^44). exp of anything below -1000 (-inf included) is 0, the smallest subnormal being
-// exp(-744.4): skipping it there is the same value, and without that branch ptxas spilled registers around exp's
-// out-of-range path inlined sixteen times a vector pair (68-156 bytes on sm_90).
-__device__ __forceinline__ uint64_t fixed_weight(double x, double inverse, double best) {
+// sampling._weights of one value: exp(x * (1/T) - best), each operation rounded once (no fma contraction). exp of
+// anything below -1000 (-inf included) is 0, the smallest subnormal being exp(-744.4): skipping it there is the same
+// value, and without that branch ptxas spilled registers around exp's out-of-range path inlined sixteen times a
+// vector pair (68-156 bytes on sm_90).
+__device__ __forceinline__ double weight_of(double x, double inverse, double best) {
     const double d = __dsub_rn(__dmul_rn(x, inverse), best);
-    return d < -1000.0 ? 0u : sample_steps::fixed_of(ELPIS_VOCAB_DRAW_EXP(d));
+    return d < -1000.0 ? 0.0 : ELPIS_VOCAB_DRAW_EXP(d);
+}
+// ... then _fixed_weights: floor(w * 2^44).
+__device__ __forceinline__ uint64_t fixed_weight(double x, double inverse, double best) {
+    return sample_steps::fixed_of(weight_of(x, inverse, best));
 }
 
 // Block (span s, row r): the span's fixed-point weights summed into sums[r * spans + s] (0 for a row whose maximum
@@ -336,12 +340,6 @@ constexpr uint32_t kDigitBits = 8, kBins = 1u << kDigitBits;
 // kept pass found a token's weight out of its key's order (then the row is left undecided).
 constexpr uint32_t kCutWords = 6;
 constexpr uint64_t kCutFailed = 0, kCutPrefix = 1, kCutAll = 2;  // status: kCutFailed leaves the row undecided
-
-// exp(x * (1/T) - best) as sampling._weights computes it (fixed_weight's w).
-__device__ __forceinline__ double weight_of(double x, double inverse, double best) {
-    const double d = __dsub_rn(__dmul_rn(x, inverse), best);
-    return d < -1000.0 ? 0.0 : ELPIS_VOCAB_DRAW_EXP(d);
-}
 
 // The key bits a row kind's logits have.
 template <typename T>
