@@ -129,6 +129,21 @@ def test_gdn_ba_is_on_by_default_and_follows_its_switch_in_tree_mode_only(monkey
     assert default_gdn_ba(tree=True) is False
 
 
+def test_the_vocab_draws_family_is_on_by_default_and_each_switch_turns_its_part_off(monkeypatch):
+    """Sampled requests without top_k run on the GPU by default, flat rows included (the nucleus, on since
+    session 60: bench/results/server/README.md); each part's switch still turns it off alone."""
+    from elpis.exl3 import vocab_draw
+
+    registry = {p.id: p for p in patches.load_registry()}
+    family = (vocab_draw.PATCH, vocab_draw.HEADS_PATCH, vocab_draw.NUCLEUS_PATCH)
+    for patch in family:
+        monkeypatch.delenv(registry[patch].switch, raising=False)
+        assert registry[patch].default is True and patches.enabled(patch), patch
+    monkeypatch.setenv(registry[vocab_draw.NUCLEUS_PATCH].switch, "0")
+    assert not patches.enabled(vocab_draw.NUCLEUS_PATCH)
+    assert patches.enabled(vocab_draw.PATCH) and patches.enabled(vocab_draw.HEADS_PATCH)
+
+
 def test_prefill_groups_are_on_by_default_with_exllamas_chunks_only(monkeypatch):
     from elpis.exl3 import DEFAULT_PREFILL_GROUP, default_prefill_group
     from elpis.exl3.prefill_groups import PATCH
