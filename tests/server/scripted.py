@@ -8,6 +8,8 @@ for a real model that has learnt the script, so speculation commits exactly the 
 prefix cache (the longest common prefix with every finished sequence) so `cached_tokens` is exercised,
 can be slowed down per verify call (disconnect and queue tests), and fails on `SCRIPT:explode` (fatal
 engine error tests).
+
+The scripts the HTTP tests share (`SCRIPTS`), the service over them and a running server live here too.
 """
 
 from __future__ import annotations
@@ -15,11 +17,17 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
 from elpis.backend import BackendError, BackendInfo
+from elpis.server.service import ModelService
+from elpis.spec import SpeculativeGenerator
+from elpis.spec.drafters import NgramDrafter
+
+from .conftest import RunningServer, running_server
 
 _MARKER = re.compile(r"SCRIPT:(\w+)")
 
@@ -102,3 +110,52 @@ class ScriptedBackend:
 
     def position(self) -> int:
         return len(self._tokens)
+
+
+CALL = (
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+)
+SCRIPTS = {
+    "default": "Default.\n</think>\n\nDefault answer.",
+    "hello": "The user greets me.\nI greet back.\n</think>\n\nHello! How can I help?",
+    "nothink": "Plain answer, no reasoning.",
+    "tool": "Needs the weather tool.\n</think>\n\nLet me check.\n\n" + CALL,
+    "two_tools": "Two cities.\n</think>\n\n" + CALL + "\n" + CALL.replace("Paris", "Rome"),
+    "after_tool": "The tool said sunny.\n</think>\n\nIt will be sunny in Paris for 3 days.",
+    "broken": "Hmm.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</function>\n"
+    "</tool_call>",
+    "repeat": "</think>\n\n"
+    + "one two three four five six. " * 6
+    + "HALT and more text after. "
+    + "seven " * 20,
+    "long": "</think>\n\n" + " ".join(f"w{i}" for i in range(400)),
+}
+
+
+def scripted_service(
+    qwen_text, *, delay_s: float = 0.0, drafter: bool = True
+) -> tuple[ModelService, ScriptedBackend]:
+    tokenizer, template = qwen_text
+    backend = ScriptedBackend(tokenizer, dict(SCRIPTS), delay_s=delay_s)
+    for i in range(50):
+        backend.add_script(f"client{i}", f"</think>\n\nClient {i} gets answer {i * i}.")
+    generator = SpeculativeGenerator(
+        backend, tokenizer, drafter=NgramDrafter() if drafter else None, tree_budget=8
+    )
+    service = ModelService("scripted", tokenizer, template, generator, max_context=4096)
+    # The scripts are fixed texts, some deliberately malformed, that these tests expect back verbatim; a
+    # tool-call grammar would rewrite them. Grammars are tested on real models (test_http_reference,
+    # test_toolgrammar).
+    service.grammar_vocabulary = None
+    return service, backend
+
+
+@contextmanager
+def scripted_server(qwen_text, *, delay_s: float = 0.0, drafter: bool = True,
+                    **limits: int) -> Iterator[RunningServer]:
+    """A running server over `scripted_service`, its backend at `server.backend` (it keeps every prompt)."""
+    service, backend = scripted_service(qwen_text, delay_s=delay_s, drafter=drafter)
+    with running_server(lambda: service, **limits) as server:
+        server.backend = backend
+        yield server

@@ -18,33 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elpis.server.service import ModelService
-from elpis.spec import SpeculativeGenerator
-from elpis.spec.drafters import NgramDrafter
-
 from .conftest import API_KEY, assert_cancelled_job_stopped, running_server
-from .scripted import ScriptedBackend
+from .scripted import SCRIPTS, scripted_server, scripted_service
 from .test_protocol import bodies
 
-CALL = (
-    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
-)
-SCRIPTS = {
-    "default": "Default.\n</think>\n\nDefault answer.",
-    "hello": "The user greets me.\nI greet back.\n</think>\n\nHello! How can I help?",
-    "nothink": "Plain answer, no reasoning.",
-    "tool": "Needs the weather tool.\n</think>\n\nLet me check.\n\n" + CALL,
-    "two_tools": "Two cities.\n</think>\n\n" + CALL + "\n" + CALL.replace("Paris", "Rome"),
-    "after_tool": "The tool said sunny.\n</think>\n\nIt will be sunny in Paris for 3 days.",
-    "broken": "Hmm.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</function>\n"
-    "</tool_call>",
-    "repeat": "</think>\n\n"
-    + "one two three four five six. " * 6
-    + "HALT and more text after. "
-    + "seven " * 20,
-    "long": "</think>\n\n" + " ".join(f"w{i}" for i in range(400)),
-}
 TOOLS = [
     {
         "type": "function",
@@ -61,37 +38,15 @@ TOOLS = [
 ]
 
 
-def scripted_service(
-    qwen_text, *, delay_s: float = 0.0, drafter: bool = True
-) -> tuple[ModelService, ScriptedBackend]:
-    tokenizer, template = qwen_text
-    backend = ScriptedBackend(tokenizer, dict(SCRIPTS), delay_s=delay_s)
-    for i in range(50):
-        backend.add_script(f"client{i}", f"</think>\n\nClient {i} gets answer {i * i}.")
-    generator = SpeculativeGenerator(
-        backend, tokenizer, drafter=NgramDrafter() if drafter else None, tree_budget=8
-    )
-    service = ModelService("scripted", tokenizer, template, generator, max_context=4096)
-    # The scripts are fixed texts, some deliberately malformed, that these tests expect back verbatim; a
-    # tool-call grammar would rewrite them. Grammars are tested on real models (test_http_reference,
-    # test_toolgrammar).
-    service.grammar_vocabulary = None
-    return service, backend
-
-
 @pytest.fixture(scope="module")
 def fast(qwen_text):
-    service, backend = scripted_service(qwen_text)
-    with running_server(lambda: service, max_body_bytes=256 * 1024) as server:
-        server.backend = backend
+    with scripted_server(qwen_text, max_body_bytes=256 * 1024) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def slow(qwen_text):
-    service, backend = scripted_service(qwen_text, delay_s=0.03, drafter=False)
-    with running_server(lambda: service, max_queue=1) as server:
-        server.backend = backend
+    with scripted_server(qwen_text, delay_s=0.03, drafter=False, max_queue=1) as server:
         yield server
 
 

@@ -21,9 +21,8 @@ from hypothesis import strategies as st
 from elpis.server.thinking import CLOSING_TEXT
 
 from .conftest import API_KEY, assert_cancelled_job_stopped, running_server, typed_events
-from .test_http_scripted import SCRIPTS
+from .scripted import SCRIPTS, scripted_server, scripted_service
 from .test_protocol import json_values
-from .test_responses_api import recording_service
 
 KEY = {"x-api-key": API_KEY, "anthropic-version": "2023-06-01"}
 BEARER = {"Authorization": f"Bearer {API_KEY}"}
@@ -53,17 +52,13 @@ CHAT_TOOLS = [
 
 @pytest.fixture(scope="module")
 def fast(qwen_text):
-    service, backend = recording_service(qwen_text)
-    with running_server(lambda: service) as server:
-        server.backend = backend
+    with scripted_server(qwen_text) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def slow(qwen_text):
-    service, backend = recording_service(qwen_text, delay_s=0.03)
-    with running_server(lambda: service, max_queue=1) as server:
-        server.backend = backend
+    with scripted_server(qwen_text, delay_s=0.03, max_queue=1) as server:
         yield server
 
 
@@ -757,7 +752,7 @@ def test_a_queued_stream_gets_pings(slow) -> None:
 
 
 def test_a_failure_after_the_200_is_an_error_event(qwen_text) -> None:
-    service, _ = recording_service(qwen_text)
+    service, _ = scripted_service(qwen_text)
     with running_server(lambda: service) as server:
         events = stream(server, body("SCRIPT:explode"))
         assert [e["type"] for e in events] == ["message_start", "error"]

@@ -16,14 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elpis.server.service import ModelService
-from elpis.spec import SpeculativeGenerator
-from elpis.spec.drafters import NgramDrafter
 from tests.grammar_cases import WEATHER, check_weather
 
 from .conftest import API_KEY, assert_cancelled_job_stopped, running_server, typed_events
-from .scripted import ScriptedBackend
-from .test_http_scripted import SCRIPTS
+from .scripted import SCRIPTS, scripted_server, scripted_service
 from .test_protocol import json_values
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -42,28 +38,15 @@ TOOLS = [
 CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in TOOLS[0].items() if k != "type"}}]
 
 
-def recording_service(qwen_text, *, delay_s: float = 0.0) -> tuple[ModelService, ScriptedBackend]:
-    tokenizer, template = qwen_text
-    backend = ScriptedBackend(tokenizer, dict(SCRIPTS), delay_s=delay_s)  # it keeps every prompt
-    generator = SpeculativeGenerator(backend, tokenizer, drafter=NgramDrafter(), tree_budget=8)
-    service = ModelService("scripted", tokenizer, template, generator, max_context=4096)
-    service.grammar_vocabulary = None  # the scripts are fixed texts; grammars are tested on the tiny model
-    return service, backend
-
-
 @pytest.fixture(scope="module")
 def fast(qwen_text):
-    service, backend = recording_service(qwen_text)
-    with running_server(lambda: service) as server:
-        server.backend = backend
+    with scripted_server(qwen_text) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def slow(qwen_text):
-    service, backend = recording_service(qwen_text, delay_s=0.03)
-    with running_server(lambda: service, max_queue=1) as server:
-        server.backend = backend
+    with scripted_server(qwen_text, delay_s=0.03, max_queue=1) as server:
         yield server
 
 
@@ -550,7 +533,7 @@ def test_client_disconnect_mid_stream_cancels_generation(slow) -> None:
 
 
 def test_a_failure_after_the_200_is_response_failed(qwen_text) -> None:
-    service, _ = recording_service(qwen_text)
+    service, _ = scripted_service(qwen_text)
     with running_server(lambda: service) as server:
         events = stream(server, {"input": "SCRIPT:explode"})
         assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.failed"]

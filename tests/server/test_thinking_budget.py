@@ -12,7 +12,8 @@ import pytest
 from elpis.server.thinking import CLOSING_TEXT
 
 from .conftest import API_KEY, running_server
-from .test_http_scripted import SCRIPTS, scripted_service, user
+from .scripted import SCRIPTS, scripted_service
+from .test_http_scripted import user
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 HTTP = httpx.Client(timeout=60)
